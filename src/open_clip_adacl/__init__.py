@@ -1,0 +1,18 @@
+"""open_clip_adacl: losses (AdaCL and its peers) and model configs for OpenCLIP pretraining.
+
+The library never imports the trainer (`training`); it only needs torch and open_clip.
+"""
+from .losses import LossOption, create_loss, get_loss_class, list_losses, register_loss
+from .models import MODEL_CONFIG_DIR, register_model_configs
+
+register_model_configs()
+
+__all__ = [
+    "LossOption",
+    "create_loss",
+    "get_loss_class",
+    "list_losses",
+    "register_loss",
+    "MODEL_CONFIG_DIR",
+    "register_model_configs",
+]

@@ -1,0 +1,76 @@
+"""Collectives used by the losses, kept apart from the math (see ADACL.md section 5).
+
+`RowGroup` abstracts "the ranks that together hold the rows of the global similarity matrix":
+with one process, or when every rank holds all rows (OpenCLIP's full-logits regime), its
+reductions are the identity and cost nothing; with `--local-loss` each rank holds its own rows and
+the reductions are all-reduces over the default process group. Every method is a tensor op with no
+host synchronisation.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from open_clip.loss import gather_features
+
+
+class RowGroup:
+    """Reductions over the ranks that share the rows of the similarity matrix."""
+
+    def __init__(self, split_across_ranks: bool):
+        self.split_across_ranks = split_across_ranks and dist.is_available() and dist.is_initialized()
+
+    def _reduce(self, tensor: torch.Tensor, op_name: str) -> torch.Tensor:
+        if not self.split_across_ranks:
+            return tensor
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op_name))
+        return tensor
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._reduce(tensor, "SUM")
+
+    def max(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._reduce(tensor, "MAX")
+
+    def min(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._reduce(tensor, "MIN")
+
+    def from_owner(self, value: torch.Tensor, is_owner: torch.Tensor) -> torch.Tensor:
+        """The value held by the (single) owning rank, on every rank, bit-exactly.
+
+        Non-owners contribute zeros to a sum, and adding zeros is exact in floating point.
+        """
+        return self.sum(torch.where(is_owner, value, torch.zeros_like(value)))
+
+
+def gather_batch(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    *,
+    rank: int,
+    world_size: int,
+    local_loss: bool,
+    gather_with_grad: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """All ranks' features concatenated in rank order, with OpenCLIP's gradient semantics."""
+    if world_size == 1:
+        return image_features, text_features
+    return gather_features(
+        image_features,
+        text_features,
+        local_loss=local_loss,
+        gather_with_grad=gather_with_grad,
+        rank=rank,
+        world_size=world_size,
+    )
+
+
+def gather_no_grad(tensor: Optional[torch.Tensor], world_size: int) -> Optional[torch.Tensor]:
+    """All ranks' copies of `tensor` concatenated along dim 0 (no gradient); O(N) for indices."""
+    if tensor is None or world_size == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts, dim=0)

@@ -1,0 +1,149 @@
+"""What every registered loss shares.
+
+`Loss` fixes the interface the trainer relies on (OpenCLIP's `ClipLoss.forward` signature plus
+`sample_index`, `stats`, `on_epoch_start`). `ContrastiveLoss` is InfoNCE over the global batch
+with OpenCLIP's `ClipLoss` semantics in both distributed regimes; losses that change the logits
+(AdaCL's positive margins, GloFND's masks, FNE's weights) override `adjust_logits` only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..distributed import RowGroup, gather_batch, gather_no_grad
+
+DIRECTIONS = ("i2t", "t2i")
+
+
+@dataclass(frozen=True)
+class LossOption:
+    """A keyword argument of a loss; the trainer exposes it as `flag` (default `--<loss>-<name>`)."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: Optional[Sequence[Any]] = None
+    flag: Optional[str] = None
+
+
+class Loss(nn.Module):
+    """Interface of every registered loss.
+
+    forward(image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None,
+    output_dict=False) returns the loss (or `{"contrastive_loss": loss}`). After each forward,
+    `stats` holds 0-dim tensors for logging; they are never part of the loss. State that must
+    survive a resume lives in buffers, so `state_dict()` checkpoints it.
+    """
+
+    options: Tuple[LossOption, ...] = ()
+    registered_name: str = ""
+
+    def __init__(self, *, rank: int = 0, world_size: int = 1, local_loss: bool = False,
+                 gather_with_grad: bool = False):
+        super().__init__()
+        self.rank = rank
+        self.world_size = world_size
+        self.local_loss = local_loss
+        self.gather_with_grad = gather_with_grad
+        self.stats: Dict[str, torch.Tensor] = {}
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Called by the trainer before each epoch (epochs count from 0)."""
+
+    @staticmethod
+    def wrap_output(loss: torch.Tensor, output_dict: bool):
+        return {"contrastive_loss": loss} if output_dict else loss
+
+
+@dataclass
+class GlobalBatch:
+    """The similarities this rank holds, and what a loss needs to reason about the global batch.
+
+    Rows are queries, columns the N candidates of the global batch. In the full-logits regime
+    every rank holds all N rows; with `local_loss` a rank holds its own b rows.
+    """
+
+    image_features: torch.Tensor      # rows x D, this rank's queries (image side)
+    text_features: torch.Tensor       # rows x D
+    all_image_features: torch.Tensor  # N x D
+    all_text_features: torch.Tensor   # N x D
+    logits_per_image: torch.Tensor    # rows x N, logit_scale * cos (+ logit_bias)
+    logits_per_text: torch.Tensor     # rows x N
+    labels: torch.Tensor              # rows, the positive column of each row (its global row index)
+    logit_scale: torch.Tensor         # 0-dim, already exponentiated
+    rows: RowGroup                    # reductions over the ranks sharing the rows
+    sample_index: Optional[torch.Tensor]  # N, global sample index of each column, or None
+
+    def logits(self, direction: str) -> torch.Tensor:
+        return self.logits_per_image if direction == "i2t" else self.logits_per_text
+
+    def query_features(self, direction: str) -> torch.Tensor:
+        return self.image_features if direction == "i2t" else self.text_features
+
+    def candidate_features(self, direction: str) -> torch.Tensor:
+        return self.all_text_features if direction == "i2t" else self.all_image_features
+
+
+class ContrastiveLoss(Loss):
+    """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it."""
+
+    def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
+                    sample_index=None) -> GlobalBatch:
+        if self.world_size > 1:
+            all_image, all_text = gather_batch(
+                image_features, text_features, rank=self.rank, world_size=self.world_size,
+                local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
+            )
+            if self.local_loss:
+                logits_per_image = logit_scale * image_features @ all_text.T
+                logits_per_text = logit_scale * text_features @ all_image.T
+                queries_image, queries_text = image_features, text_features
+            else:
+                logits_per_image = logit_scale * all_image @ all_text.T
+                logits_per_text = logits_per_image.T
+                queries_image, queries_text = all_image, all_text
+        else:
+            all_image, all_text = image_features, text_features
+            queries_image, queries_text = image_features, text_features
+            logits_per_image = logit_scale * image_features @ text_features.T
+            logits_per_text = logit_scale * text_features @ image_features.T
+        if logit_bias is not None:
+            logits_per_image = logits_per_image + logit_bias
+            logits_per_text = logits_per_text + logit_bias
+
+        num_rows = logits_per_image.shape[0]
+        labels = torch.arange(num_rows, device=image_features.device, dtype=torch.long)
+        split_rows = self.world_size > 1 and self.local_loss
+        if split_rows:
+            labels = labels + num_rows * self.rank
+        return GlobalBatch(
+            image_features=queries_image,
+            text_features=queries_text,
+            all_image_features=all_image,
+            all_text_features=all_text,
+            logits_per_image=logits_per_image,
+            logits_per_text=logits_per_text,
+            labels=labels,
+            logit_scale=logit_scale,
+            rows=RowGroup(split_across_ranks=split_rows),
+            sample_index=gather_no_grad(sample_index, self.world_size),
+        )
+
+    def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+        """The logits the cross-entropy sees for `direction`; the identity for plain CLIP."""
+        return batch.logits(direction)
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
+                sample_index=None, output_dict=False):
+        batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
+        self.stats = {}
+        loss = (
+            F.cross_entropy(self.adjust_logits(batch, "i2t"), batch.labels)
+            + F.cross_entropy(self.adjust_logits(batch, "t2i"), batch.labels)
+        ) / 2
+        return self.wrap_output(loss, output_dict)

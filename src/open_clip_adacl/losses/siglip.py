@@ -1,0 +1,36 @@
+"""`siglip`: OpenCLIP's SigLipLoss (pairwise sigmoid), behind our loss interface."""
+from __future__ import annotations
+
+import open_clip
+
+from .base import Loss, LossOption
+from .registry import register_loss
+
+# What OpenCLIP's `--siglip` initialises the model with (open_clip.factory: init_logit_scale=log(10),
+# init_logit_bias=-10); the trainer applies these when a loss asks for a logit bias.
+SIGLIP_INIT_LOGIT_SCALE = 10.0
+SIGLIP_INIT_LOGIT_BIAS = -10.0
+
+
+@register_loss("siglip")
+class SigLipLoss(Loss):
+    """Sigmoid loss; needs the model's `logit_bias` (the trainer creates it as `--siglip` does)."""
+
+    needs_logit_bias = True
+    options = (
+        LossOption("dist_impl", str, None, "SigLIP's distributed exchange ('bidir', 'shift', 'reduce', 'gather')",
+                   choices=(None, "bidir", "shift", "reduce", "gather"), flag="--loss-dist-impl"),
+    )
+
+    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, dist_impl=None):
+        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+        self.siglip = open_clip.SigLipLoss(rank=rank, world_size=world_size, dist_impl=dist_impl)
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
+                sample_index=None, output_dict=False):
+        if logit_bias is None:
+            raise ValueError("the siglip loss needs the model's logit_bias; build the model with init_logit_bias "
+                             "(the trainer does this for --loss siglip)")
+        self.stats = {}
+        loss = self.siglip(image_features, text_features, logit_scale, logit_bias)
+        return self.wrap_output(loss, output_dict)
