@@ -8,6 +8,6 @@ from .base import ContrastiveLoss, LossOption
 from .registry import create_loss, get_loss_class, list_losses, register_loss
 
 # Importing the modules registers their losses.
-from . import clip, siglip  # noqa: E402,F401
+from . import adacl, clip, fne, glofnd, siglip  # noqa: E402,F401
 
 __all__ = ["ContrastiveLoss", "LossOption", "create_loss", "get_loss_class", "list_losses", "register_loss"]

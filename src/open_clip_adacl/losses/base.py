@@ -55,6 +55,9 @@ class Loss(nn.Module):
     def on_epoch_start(self, epoch: int) -> None:
         """Called by the trainer before each epoch (epochs count from 0)."""
 
+    def reset_state(self) -> None:
+        """Forget the state kept across steps (the trainer calls it to restart that state on resume)."""
+
     @staticmethod
     def wrap_output(loss: torch.Tensor, output_dict: bool):
         return {"contrastive_loss": loss} if output_dict else loss
@@ -78,6 +81,18 @@ class GlobalBatch:
     logit_scale: torch.Tensor         # 0-dim, already exponentiated
     rows: RowGroup                    # reductions over the ranks sharing the rows
     sample_index: Optional[torch.Tensor]  # N, global sample index of each column, or None
+    logit_bias: Optional[torch.Tensor] = None  # 0-dim, or None
+
+    def to_logits(self, similarity: torch.Tensor) -> torch.Tensor:
+        """Cosine similarities mapped to this batch's logit space (`logit_scale * s + logit_bias`)."""
+        logits = self.logit_scale * similarity
+        return logits if self.logit_bias is None else logits + self.logit_bias
+
+    def to_similarity(self, logits: torch.Tensor) -> torch.Tensor:
+        """The inverse of `to_logits`: the cosine similarities behind `logits`."""
+        if self.logit_bias is not None:
+            logits = logits - self.logit_bias
+        return logits / self.logit_scale
 
     def logits(self, direction: str) -> torch.Tensor:
         return self.logits_per_image if direction == "i2t" else self.logits_per_text
@@ -132,18 +147,27 @@ class ContrastiveLoss(Loss):
             logit_scale=logit_scale,
             rows=RowGroup(split_across_ranks=split_rows),
             sample_index=gather_no_grad(sample_index, self.world_size),
+            logit_bias=logit_bias,
         )
 
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         """The logits the cross-entropy sees for `direction`; the identity for plain CLIP."""
         return batch.logits(direction)
 
+    def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+        """Mean cross-entropy of one direction's rows against their positives.
+
+        Override `adjust_logits` to change the logits; override this only when the loss is not a
+        cross-entropy over a materialised logit matrix (AdaCL avoids an N x N copy this way).
+        """
+        return F.cross_entropy(self.adjust_logits(batch, direction), batch.labels)
+
+    def symmetric_loss(self, batch: GlobalBatch) -> torch.Tensor:
+        """ClipLoss's average of the image-to-text and text-to-image losses."""
+        return (self.direction_loss(batch, "i2t") + self.direction_loss(batch, "t2i")) / 2
+
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
                 sample_index=None, output_dict=False):
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         self.stats = {}
-        loss = (
-            F.cross_entropy(self.adjust_logits(batch, "i2t"), batch.labels)
-            + F.cross_entropy(self.adjust_logits(batch, "t2i"), batch.labels)
-        ) / 2
-        return self.wrap_output(loss, output_dict)
+        return self.wrap_output(self.symmetric_loss(batch), output_dict)

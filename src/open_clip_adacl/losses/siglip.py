@@ -1,7 +1,7 @@
 """`siglip`: OpenCLIP's SigLipLoss (pairwise sigmoid), behind our loss interface."""
 from __future__ import annotations
 
-import open_clip
+from open_clip.loss import SigLipLoss as OpenClipSigLipLoss
 
 from .base import Loss, LossOption
 from .registry import register_loss
@@ -24,7 +24,7 @@ class SigLipLoss(Loss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, dist_impl=None):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
-        self.siglip = open_clip.SigLipLoss(rank=rank, world_size=world_size, dist_impl=dist_impl)
+        self.siglip = OpenClipSigLipLoss(rank=rank, world_size=world_size, dist_impl=dist_impl)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
                 sample_index=None, output_dict=False):

@@ -1,0 +1,321 @@
+"""`adacl`: Adaptive Contrastive Learning (Pan, Dong, Yang, ICLR 2025) for CLIP pretraining.
+
+Per direction (image-to-text "i2t", text-to-image "t2i") and per batch:
+1. select an anchor over the global batch (selection.py: salient scores, reference rows, GDA clone
+   candidates, the median / mean / min / max candidate gap and the row u that owns it);
+2. compute the margins without gradient (adacl.py): Algorithm 1's closed forms (`literal` mode) or
+   the calibrated, bounded and smoothed variant (`calibrated` mode, ADACL.md sections 4 and 4b);
+3. replace every row's positive logit t s_ii by m1 (s_ii - m2); the negatives' logits and the
+   averaging of the two directions' cross-entropies are ClipLoss's.
+
+A degenerate batch (fewer than 3 rows, a flat reference fit, no clone candidate, or unusable
+closed forms) is trained as vanilla CL for that direction and counted in `fallback_counts`.
+
+The cross-entropy is log(exp(positive) + sum_neg exp(logit)) - positive, with the negatives'
+log-sum-exp taken from one pass over the logits that the selection shares; no modified N x N
+logit matrix is ever built. `modulate=False` skips all that and trains with ClipLoss's exact code
+path while still computing and logging the margins.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .. import adacl
+from ..selection import RowSummary, row_chunks, row_value_from_owner, select_anchor, summarize_rows, working_dtype
+from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
+from .registry import register_loss
+
+MODES = ("literal", "calibrated")
+# Why a direction fell back to vanilla CL this step (first failing guard wins; ADACL.md 3, Guards).
+FALLBACK_REASONS = ("few_rows", "flat_reference", "no_candidates", "bad_margins")
+MIN_ROWS = 3  # two reference rows with at least two negatives each
+
+
+class _NegativeLogSumExp(torch.autograd.Function):
+    """Per row: log sum_{j != positive} exp(logits_ij), value precomputed by `summarize_rows`.
+
+    Its backward writes softmax-over-negatives weights straight into the gradient, chunk by chunk,
+    so neither pass allocates anything N x N besides the gradient itself.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, positive_col: torch.Tensor, negative_lse: torch.Tensor):
+        ctx.save_for_backward(logits, positive_col, negative_lse)
+        return negative_lse.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        logits, positive_col, negative_lse = ctx.saved_tensors
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        dtype = working_dtype(logits.dtype)
+        for start, stop in row_chunks(*logits.shape, logits.device):
+            weights = (logits[start:stop].to(dtype) - negative_lse[start:stop, None]).exp_()
+            weights.mul_(grad_output[start:stop, None].to(dtype))
+            weights[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = 0
+            grad[start:stop] = weights
+        return grad, None, None
+
+
+@register_loss("adacl")
+class AdaCLLoss(ContrastiveLoss):
+    """AdaCL's positive margins on top of OpenCLIP's ClipLoss, exact over the global batch."""
+
+    options = (
+        LossOption("mode", str, "calibrated",
+                   "'literal': Algorithm 1's closed forms exactly (ADACL.md 3.7); 'calibrated': our "
+                   "extension, never weaker than vanilla (m1 >= logit_scale, m2 >= 0) with bounds and smoothing",
+                   choices=MODES),
+        LossOption("eps", float, 1e-3, "literal mode: boundary error eps, the modulated probability at the "
+                   "boundary similarity is 1 - eps"),
+        LossOption("rho", float, 0.1, "calibrated mode: eps = rho * (1 - p_vanilla(boundary)), the boundary "
+                   "error relative to vanilla CL's, in (0, 1); smaller sharpens more"),
+        LossOption("anchor_stat", str, "median", "statistic of the clone candidates' gaps s_ii - s_ij that "
+                   "picks the anchor (the paper's ablation: median best, max worst)", choices=adacl.ANCHOR_STATS),
+        LossOption("salient", str, "max", "salient score of a query: s_ii - max (or mean) of its negatives",
+                   choices=adacl.SALIENT_KINDS),
+        LossOption("anchor_prob", str, "vanilla", "p_u of the anchor pair: its vanilla probability, or "
+                   "'progressive': its probability under the previous step's margins", choices=adacl.ANCHOR_PROBS),
+        LossOption("prior_ratio", float, 1.0, "GDA prior ratio pi_not_clone / pi_clone"),
+        LossOption("boundary", float, 1.0, "boundary similarity b of Algorithm 1 (the paper: 1)"),
+        LossOption("queue_size", int, 0, "FIFO of past batches' (detached, gathered) features used as extra "
+                   "negatives, in the anchor statistics and in the denominator; 0 disables it"),
+        LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
+                   "trains with ClipLoss exactly"),
+        LossOption("scale_grad", bool, True, "write the positive as t * (m1/t).detach() * (s - m2) so it keeps "
+                   "its gradient to logit_scale (else only the negatives pull on it)"),
+        LossOption("max_scale_ratio", float, 1.1, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
+        LossOption("max_offset", float, 0.1, "calibrated mode: upper bound of m2 (lower bound 0)"),
+        LossOption("anchor_min", float, 0.0, "calibrated mode: the anchor similarity is clamped to at least this"),
+        LossOption("anchor_max", float, 0.9, "calibrated mode: ... and at most this (below the boundary)"),
+        LossOption("ema", float, 0.9, "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) "
+                   "across steps; 0 uses each batch's margins as they are"),
+        LossOption("std_floor", float, 1e-4, "a reference row whose negatives' std (cosine units) is at most "
+                   "this is degenerate: the direction falls back to vanilla"),
+    )
+
+    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
+                 eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
+                 boundary=1.0, queue_size=0, modulate=True, scale_grad=True, max_scale_ratio=1.1, max_offset=0.1,
+                 anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
+        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+        _check_choice("mode", mode, MODES)
+        _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
+        _check_choice("salient", salient, adacl.SALIENT_KINDS)
+        _check_choice("anchor_prob", anchor_prob, adacl.ANCHOR_PROBS)
+        _check(0 < eps < 1, f"eps must be in (0, 1), got {eps}")
+        _check(0 < rho < 1, f"rho must be in (0, 1), got {rho}")
+        _check(prior_ratio > 0, f"prior_ratio must be > 0, got {prior_ratio}")
+        _check(queue_size >= 0, f"queue_size must be >= 0, got {queue_size}")
+        _check(max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {max_scale_ratio}")
+        _check(max_offset >= 0, f"max_offset must be >= 0, got {max_offset}")
+        _check(anchor_min <= anchor_max < boundary,
+               f"need anchor_min <= anchor_max < boundary, got {anchor_min}, {anchor_max}, {boundary}")
+        _check(0 <= ema < 1, f"ema must be in [0, 1), got {ema}")
+        _check(std_floor >= 0, f"std_floor must be >= 0, got {std_floor}")
+        self.mode, self.eps, self.rho, self.boundary = mode, eps, rho, boundary
+        self.anchor_stat, self.salient, self.anchor_prob, self.prior_ratio = anchor_stat, salient, anchor_prob, prior_ratio
+        self.queue_size, self.modulate, self.scale_grad = queue_size, modulate, scale_grad
+        self.max_scale_ratio, self.max_offset, self.anchor_min, self.anchor_max = (
+            max_scale_ratio, max_offset, anchor_min, anchor_max)
+        self.ema, self.std_floor = ema, std_floor
+
+        directions = len(DIRECTIONS)
+        self.register_buffer("fallback_counts", torch.zeros(directions, len(FALLBACK_REASONS), dtype=torch.long))
+        self.register_buffer("modulated_steps", torch.zeros(directions, dtype=torch.long))
+        # (m1, m2) applied at the previous modulated step: `progressive` p_u.
+        self.register_buffer("previous_margins", torch.zeros(directions, 2, dtype=torch.float64))
+        self.register_buffer("previous_valid", torch.zeros(directions, dtype=torch.bool))
+        # Moving average of (m1 / logit_scale, m2): calibrated mode's smoothing.
+        self.register_buffer("ema_margins", torch.zeros(directions, 2, dtype=torch.float64))
+        self.register_buffer("ema_valid", torch.zeros(directions, dtype=torch.bool))
+        # The feature queue: allocated at the first step (the feature width is not known before).
+        self.register_buffer("queue_image", torch.zeros(0, 0))
+        self.register_buffer("queue_text", torch.zeros(0, 0))
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+        # Host copies of queue_ptr / queue_filled so the hot path never reads a tensor back.
+        self._queue_ptr = 0
+        self._queue_filled = 0
+        self._update_state = False
+
+    # --- state -------------------------------------------------------------------------------------
+
+    def reset_state(self) -> None:
+        """Back to a fresh loss: no margin history (progressive p_u, moving average), an empty
+        queue, counters at 0."""
+        for buffer in self.buffers():
+            buffer.zero_()
+        self._queue_ptr = self._queue_filled = 0
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("queue_image", "queue_text"):
+            saved = state_dict.get(prefix + name)
+            if saved is not None and saved.numel() and saved.shape[0] != self.queue_size:
+                raise ValueError(f"the checkpoint's AdaCL queue holds {saved.shape[0]} entries but queue_size is "
+                                 f"{self.queue_size}")
+            if saved is not None and saved.shape != getattr(self, name).shape:
+                setattr(self, name, torch.zeros(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # Loading is not the hot path: reading the two integers back once is fine.
+        self._queue_ptr, self._queue_filled = int(self.queue_ptr), int(self.queue_filled)
+
+    # --- forward -----------------------------------------------------------------------------------
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
+                sample_index=None, output_dict=False):
+        if self.fallback_counts.device != image_features.device:
+            self.to(image_features.device)  # the state follows the features (a Python-side check)
+        # State moves only on training steps, not in evaluation passes under no_grad.
+        self._update_state = self.training and torch.is_grad_enabled()
+        batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
+        batch_features = (batch.all_image_features.detach(), batch.all_text_features.detach())
+        batch = self._with_queue(batch)
+        self.stats = {}
+        loss = self.symmetric_loss(batch)
+        if self._update_state and self.queue_size:
+            self._enqueue(*batch_features)
+        return self.wrap_output(loss, output_dict)
+
+    def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+        logits, labels = batch.logits(direction), batch.labels
+        summary = summarize_rows(logits.detach(), labels, with_mean=self.salient == "mean")
+        positive_features = batch.candidate_features(direction).index_select(0, labels)
+        similarity = (batch.query_features(direction) * positive_features).sum(dim=-1)
+        m1, m2, modulated = self._margins(batch, direction, summary, similarity.detach())
+        if not self.modulate:
+            return super().direction_loss(batch, direction)
+        positive = adacl.modulated_positive(similarity, batch.logit_scale, m1, m2, self.scale_grad)
+        if batch.logit_bias is not None:
+            positive = positive + batch.logit_bias
+        vanilla_positive = logits.gather(1, labels[:, None]).squeeze(1)
+        positive = torch.where(modulated, positive.to(vanilla_positive.dtype), vanilla_positive)
+        negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
+        return (torch.logaddexp(negative_lse, positive) - positive).mean()
+
+    # --- margins -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _margins(self, batch: GlobalBatch, direction: str, summary: RowSummary,
+                 similarity: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(m1, m2, modulated) for one direction, all 0-dim and identical on every rank; logs stats."""
+        index = DIRECTIONS.index(direction)
+        logits, labels = batch.logits(direction), batch.labels
+        scale = batch.logit_scale.detach().double()
+        bias = 0.0 if batch.logit_bias is None else batch.logit_bias.detach().double()
+        vanilla_m1, vanilla_m2 = adacl.vanilla_margins(batch.logit_scale)
+        zero = torch.zeros((), dtype=torch.float64, device=logits.device)
+        if batch.all_image_features.shape[0] < MIN_ROWS:
+            failed = torch.tensor([True, False, False, False], device=logits.device)
+            self._record(index, failed, vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
+                         {"anchor": zero, "p_u": zero, "candidates": zero, "anchor_gap": zero,
+                          "closed_m1_over_scale": zero, "closed_m2": zero}, scale)
+            return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
+
+        selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=self.salient,
+                                  anchor_stat=self.anchor_stat, prior_ratio=self.prior_ratio,
+                                  std_floor=self.std_floor * scale)
+        anchor = row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
+        log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
+        margins = self._closed_forms(index, anchor, log_z_u, scale)
+        failed = torch.stack([torch.zeros_like(margins.valid), selection.flat_reference,
+                              selection.num_candidates == 0, ~margins.valid])
+        modulated = ~failed.any()
+        m1, m2 = margins.m1, margins.m2
+        if self.mode == "calibrated" and self.ema > 0:
+            m1, m2 = self._smoothed(index, m1 / scale, m2, modulated)
+            m1 = m1 * scale
+        m1 = torch.where(modulated, m1, vanilla_m1)
+        m2 = torch.where(modulated, m2, vanilla_m2)
+        self._record(index, failed, m1, m2, modulated, {
+            "anchor": anchor, "p_u": margins.p_u, "candidates": selection.num_candidates.double(),
+            "anchor_gap": selection.gap.double() / scale,
+            "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2}, scale)
+        return m1, m2, modulated
+
+    def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor,
+                      scale: torch.Tensor) -> adacl.Margins:
+        previous_m1: Optional[torch.Tensor] = None
+        previous_m2: Optional[torch.Tensor] = None
+        if self.anchor_prob == "progressive":
+            # Before any modulated step, the previous margins are vanilla's (t, 0): p_u is vanilla.
+            valid = self.previous_valid[index]
+            previous_m1 = torch.where(valid, self.previous_margins[index, 0], scale)
+            previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
+        if self.mode == "literal":
+            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, self.boundary, previous_m1, previous_m2)
+        return adacl.calibrated_margins(
+            anchor, log_z_u, scale, self.rho, self.boundary, anchor_min=self.anchor_min, anchor_max=self.anchor_max,
+            max_scale_ratio=self.max_scale_ratio, max_offset=self.max_offset,
+            previous_m1=previous_m1, previous_m2=previous_m2)
+
+    def _smoothed(self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor,
+                  modulated: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Moving average of (m1/t, m2) over modulated steps; a fallback step leaves it untouched."""
+        average = adacl.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.ema,
+                                   self.ema_valid[index])
+        if self._update_state:
+            self.ema_margins[index] = torch.where(modulated, average, self.ema_margins[index])
+            self.ema_valid[index] |= modulated
+        return average[0], average[1]
+
+    def _record(self, index: int, failed: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
+                modulated: torch.Tensor, diagnostics: Dict[str, torch.Tensor], scale: torch.Tensor) -> None:
+        """Update the counters and the progressive state (training steps only) and fill `stats`."""
+        if self._update_state:
+            first_failure = torch.zeros_like(failed)
+            first_failure[torch.argmax(failed.int()).view(1)] = True  # argmax: the first failing guard
+            self.fallback_counts[index] += (first_failure & failed).long()
+            self.modulated_steps[index] += modulated.long()
+            self.previous_margins[index] = torch.where(modulated, torch.stack([m1, m2]), self.previous_margins[index])
+            self.previous_valid[index] |= modulated
+        direction = DIRECTIONS[index]
+        stats = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, "modulated": modulated.double(), **diagnostics,
+                 "fallbacks": self.fallback_counts[index].sum().double()}
+        stats.update({f"fallback_{reason}": self.fallback_counts[index, i].double()
+                      for i, reason in enumerate(FALLBACK_REASONS)})
+        for name, value in stats.items():
+            value = value.double()
+            self.stats[f"{direction}/{name}"] = torch.where(torch.isfinite(value), value, torch.zeros_like(value))
+
+    # --- feature queue -----------------------------------------------------------------------------
+
+    def _with_queue(self, batch: GlobalBatch) -> GlobalBatch:
+        """Appends the queue's entries as extra negative columns (ADACL.md section 6)."""
+        if not self._queue_filled:
+            return batch
+        queued_image = self.queue_image[:self._queue_filled].to(batch.image_features.dtype)
+        queued_text = self.queue_text[:self._queue_filled].to(batch.text_features.dtype)
+        extra_per_image = batch.logit_scale * batch.image_features @ queued_text.T
+        extra_per_text = batch.logit_scale * batch.text_features @ queued_image.T
+        if batch.logit_bias is not None:
+            extra_per_image = extra_per_image + batch.logit_bias
+            extra_per_text = extra_per_text + batch.logit_bias
+        return replace(batch, logits_per_image=torch.cat([batch.logits_per_image, extra_per_image], dim=1),
+                       logits_per_text=torch.cat([batch.logits_per_text, extra_per_text], dim=1))
+
+    @torch.no_grad()
+    def _enqueue(self, image_features: torch.Tensor, text_features: torch.Tensor) -> None:
+        """Writes the global batch's features over the oldest entries (identical on every rank)."""
+        if self.queue_image.shape != (self.queue_size, image_features.shape[1]):
+            self.queue_image = image_features.new_zeros(self.queue_size, image_features.shape[1])
+            self.queue_text = text_features.new_zeros(self.queue_size, text_features.shape[1])
+        count = min(image_features.shape[0], self.queue_size)
+        slots = (self._queue_ptr + torch.arange(count, device=image_features.device)) % self.queue_size
+        self.queue_image.index_copy_(0, slots, image_features[-count:].to(self.queue_image.dtype))
+        self.queue_text.index_copy_(0, slots, text_features[-count:].to(self.queue_text.dtype))
+        self._queue_ptr = (self._queue_ptr + count) % self.queue_size
+        self._queue_filled = min(self._queue_filled + count, self.queue_size)
+        self.queue_ptr.fill_(self._queue_ptr)
+        self.queue_filled.fill_(self._queue_filled)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    _check(value in choices, f"{name} must be one of {choices}, got {value!r}")
