@@ -1,0 +1,124 @@
+"""Clone-negative selection: does the model prefer an image's true caption over a one-edit clone of it?
+
+The SugarCrepe idea on our scene generator: each held-out image comes with its true caption and,
+per edit type (e.g. `color`, `shape`, `size`, `relation`), a clone caption that changes exactly
+that detail. Accuracy for an edit type is the fraction of images (that have such a clone) where
+cos(image, true caption) > cos(image, clone caption); `overall_acc` pools every (image, clone) pair.
+
+This is clip-benchmark's `image_caption_selection` metric (its `text_acc`, the one that matters
+for one image and two captions), computed here because its loaders cannot read our data: the
+`sugar_crepe/*` builder wants COCO's val2017 and SugarCrepe's own seven task names, and `wds/`
+sets are classification or retrieval only. Two differences, both deliberate: the image and
+every clone caption are encoded once for all edit types, and an exact tie counts as a failure
+(clip-benchmark's argmax picks the first caption, the true one, on a tie; a tie only happens when
+the tokenizer truncates the edit away, and then the model cannot tell the captions apart).
+
+Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
+`{"caption": str, "clones": {edit_type: str or null}}` (written by `training.scenes`).
+"""
+from __future__ import annotations
+
+import warnings
+from itertools import islice
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+import torch
+import webdataset as wds
+from PIL import Image
+
+CloneSample = tuple[Image.Image, str, dict[str, str]]
+
+
+def read_clone_selection(data_dir: str | Path) -> Iterator[CloneSample]:
+    """Yield (image, true caption, {edit type: clone caption}) from the shards in `data_dir`, in order."""
+    shards = sorted(str(path) for path in Path(data_dir).glob("*.tar"))
+    if not shards:
+        raise FileNotFoundError(f"no .tar shards in {data_dir}")
+    dataset = wds.WebDataset(shards, shardshuffle=False).decode("pil").to_tuple("png", "json")
+    for image, meta in dataset:
+        clones = {edit: text for edit, text in meta["clones"].items() if text}
+        yield image, meta["caption"], clones
+
+
+def clone_selection_accuracy(
+        true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor]
+) -> dict[str, float]:
+    """Per-edit-type and pooled accuracy of preferring the true caption.
+
+    true_similarity: (N,) cos(image i, true caption i).
+    clone_similarity: edit type -> (N,) cos(image i, clone i of that type), NaN where image i has none.
+    Returns `<edit>_acc` per edit type and `overall_acc` over all (image, clone) pairs.
+    """
+    metrics, num_correct, num_pairs = {}, 0, 0
+    for edit, similarity in sorted(clone_similarity.items()):
+        present = ~similarity.isnan()
+        correct = true_similarity[present] > similarity[present]
+        metrics[f"{edit}_acc"] = correct.float().mean().item()
+        num_correct += int(correct.sum())
+        num_pairs += int(present.sum())
+    metrics["overall_acc"] = num_correct / num_pairs
+    return metrics
+
+
+def batches(samples: Iterator[CloneSample], batch_size: int) -> Iterator[list[CloneSample]]:
+    while batch := list(islice(samples, batch_size)):
+        yield batch
+
+
+def encode_normalized(encode: Callable, inputs: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(encode(inputs).float(), dim=-1)
+
+
+def clone_similarities(
+        model: torch.nn.Module,
+        preprocess: Callable,
+        tokenizer: Callable,
+        samples: Iterator[CloneSample],
+        *,
+        device: str | torch.device,
+        batch_size: int,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(true_similarity (N,), {edit: (N,) with NaN where absent}) as `clone_selection_accuracy` takes them."""
+    true_similarity, clone_pairs, num_images, num_ties = [], [], 0, 0
+    model.eval()
+    with torch.inference_mode():
+        for batch in batches(samples, batch_size):
+            images = torch.stack([preprocess(image) for image, _, _ in batch]).to(device)
+            image_features = encode_normalized(model.encode_image, images)
+            true_tokens = tokenizer([caption for _, caption, _ in batch]).to(device)
+            true_features = encode_normalized(model.encode_text, true_tokens)
+            true_similarity.append((image_features * true_features).sum(-1).cpu())
+            # (row in batch, edit, clone caption) for every clone of every image, encoded in one call
+            clones = [(row, edit, text) for row, (_, _, edits) in enumerate(batch) for edit, text in edits.items()]
+            if clones:
+                rows = torch.tensor([row for row, _, _ in clones], device=device)
+                clone_tokens = tokenizer([text for _, _, text in clones]).to(device)
+                clone_features = encode_normalized(model.encode_text, clone_tokens)
+                similarity = (image_features[rows] * clone_features).sum(-1).cpu()
+                num_ties += int((clone_tokens == true_tokens[rows]).all(dim=1).sum())
+                clone_pairs += [(num_images + row, edit, value)
+                                for (row, edit, _), value in zip(clones, similarity.tolist())]
+            num_images += len(batch)
+    if num_ties:
+        warnings.warn(f"{num_ties} clone captions tokenize exactly like their true caption (truncated at the "
+                      "model's context length); they count as failures")
+    clone_similarity: dict[str, torch.Tensor] = {}
+    for index, edit, value in clone_pairs:
+        clone_similarity.setdefault(edit, torch.full((num_images,), float("nan")))[index] = value
+    return torch.cat(true_similarity), clone_similarity
+
+
+def evaluate_clone_selection(
+        model: torch.nn.Module,
+        preprocess: Callable,
+        tokenizer: Callable,
+        data_dir: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        batch_size: int = 64,
+) -> dict[str, float]:
+    """Clone-selection accuracy per edit type (`<edit>_acc`) and pooled (`overall_acc`) on `data_dir`'s shards."""
+    true_similarity, clone_similarity = clone_similarities(
+        model, preprocess, tokenizer, read_clone_selection(data_dir), device=device, batch_size=batch_size)
+    return clone_selection_accuracy(true_similarity, clone_similarity)

@@ -1,0 +1,346 @@
+"""The webdataset pipeline: batch format, splitting, sampling, exact resume, hostile shards, errors."""
+import io
+import json
+import tarfile
+from collections import Counter
+from dataclasses import replace
+
+import open_clip
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+from torchvision.transforms.functional import to_tensor
+
+import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
+from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+
+TRAIN = "train/shard-{000000..000003}.tar"
+TEXT_BYTES = 128
+
+
+def byte_tokenizer(texts):
+    """UTF-8 bytes padded to TEXT_BYTES: a tokenizer whose output decodes back to the caption."""
+    rows = [list(text.encode()) + [0] * (TEXT_BYTES - len(text.encode())) for text in texts]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def decode_texts(tokens):
+    return [bytes(row[row > 0].tolist()).decode() for row in tokens]
+
+
+def config(root, **overrides):
+    return replace(DataConfig(train_data=str(root / TRAIN), batch_size=32, workers=0, seed=7), **overrides)
+
+
+def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
+    """All batches of `epoch` (or of each epoch in `epochs`, set in turn on one loader)."""
+    info = build_train_data(cfg, preprocess, byte_tokenizer, epoch=epoch)
+    if epochs == (None,):
+        return list(info.dataloader)
+    runs = []
+    for each in epochs:
+        info.set_epoch(each)
+        runs.append(list(info.dataloader))
+    return runs
+
+
+def indices(batches):
+    return torch.cat([batch[2] for batch in batches]).tolist()
+
+
+def split_samples(root, split="train"):
+    """key -> json metadata, read straight from the shards."""
+    samples = wds.WebDataset(str(root / split / "shard-{000000..000003}.tar" if split == "train"
+                                 else root / split / "shard-000000.tar"), shardshuffle=False)
+    return {int(json.loads(s["json"])["key"]): json.loads(s["json"]) for s in samples}
+
+
+def assert_same_batches(actual, expected):
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        for got_tensor, want_tensor in zip(got[:3], want[:3]):
+            assert torch.equal(got_tensor, want_tensor)
+
+
+def test_batches_have_the_documented_format_with_open_clip_transforms(demo_shards):
+    _, preprocess, _ = open_clip.create_model_and_transforms("adacl-tiny")
+    tokenizer = open_clip.get_tokenizer("adacl-tiny")
+    info = build_train_data(config(demo_shards, batch_size=64), preprocess, tokenizer)
+    assert (info.num_batches, info.num_samples) == (8, 512)
+    assert (info.dataloader.num_batches, info.dataloader.num_samples) == (8, 512)  # OpenCLIP's attributes
+    batches = list(info.dataloader)
+    assert len(batches) == 8
+    meta = split_samples(demo_shards)
+    for images, texts, sample_index, skip_counts in batches:
+        assert images.shape == (64, 3, 32, 32) and images.dtype == torch.float32
+        assert texts.shape == (64, 24) and texts.dtype == torch.long
+        assert sample_index.dtype == torch.long and skip_counts.dtype == torch.long
+        assert skip_counts.tolist() == [0] * len(SKIP_REASONS)
+        expected = tokenizer([meta[i]["caption"] for i in sample_index.tolist()])
+        assert torch.equal(texts, expected)  # the caption of the very sample the index names
+    assert sorted(indices(batches)) == sorted(meta)  # sample_index is the json key
+
+
+def test_one_epoch_splits_over_ranks_and_workers_without_overlap(demo_shards):
+    per_rank = [indices(train_batches(config(demo_shards, rank=rank, world_size=2, workers=2)))
+                for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 256
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(512))
+
+
+def test_order_is_deterministic_by_seed_and_epoch(demo_shards):
+    cfg = config(demo_shards)
+    first = indices(train_batches(cfg))
+    assert first == indices(train_batches(cfg))
+    assert first != indices(train_batches(cfg, epoch=1))
+    assert first != indices(train_batches(replace(cfg, seed=8)))
+    assert sorted(first) == sorted(indices(train_batches(cfg, epoch=1)))
+
+
+def test_resampled_sources_follow_the_upsampling_factors(demo_shards):
+    sources = f"{demo_shards}/train/shard-{{000000..000001}}.tar::{demo_shards}/train/shard-{{000002..000003}}.tar"
+    cfg = config(demo_shards, train_data=sources, dataset_resampled=True, train_data_upsampling_factors="1::3",
+                 train_num_samples=2048, batch_size=64)
+    drawn = indices(train_batches(cfg))
+    assert len(drawn) == 2048
+    second_source = sum(index >= 256 for index in drawn) / len(drawn)
+    assert 0.65 < second_source < 0.85  # 3 / (1 + 3), per shard as in OpenCLIP
+    with pytest.raises(ValueError, match="dataset_resampled"):
+        build_train_data(replace(cfg, dataset_resampled=False), to_tensor, byte_tokenizer)
+    with pytest.raises(ValueError, match="upsampling factors"):
+        build_train_data(replace(cfg, train_data_upsampling_factors="1::2::3"), to_tensor, byte_tokenizer)
+
+
+def test_caption_key_list_samples_one_field_per_sample(demo_shards):
+    meta = split_samples(demo_shards)
+    cfg = config(demo_shards, caption_key="txt,txt_alt")
+    epoch0, epoch1 = train_batches(cfg, epochs=(0, 1))
+
+    def fields(batches):
+        chosen = {}
+        for batch in batches:
+            for index, text in zip(batch[2].tolist(), decode_texts(batch[1])):
+                options = {"txt": meta[index]["caption"], "txt_alt": meta[index]["caption_alt"]}
+                chosen[index] = next(field for field, option in options.items() if option == text)
+        return chosen
+
+    first, second = fields(epoch0), fields(epoch1)
+    assert 0.35 < Counter(first.values())["txt_alt"] / len(first) < 0.65
+    assert first == fields(train_batches(cfg))  # deterministic
+    assert first != second  # re-drawn each epoch
+    val = build_val_data(replace(cfg, val_data=str(demo_shards / "val/shard-000000.tar")), to_tensor, byte_tokenizer)
+    val_meta = split_samples(demo_shards, "val")
+    for batch in val.dataloader:  # validation always reads the first field
+        assert decode_texts(batch[1]) == [val_meta[i]["caption"] for i in batch[2].tolist()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_batches_resumes_exactly_mid_epoch(demo_shards, workers):
+    augment = open_clip.image_transform(32, is_train=True)  # random crops: augmentation must match too
+    cfg = config(demo_shards, workers=workers, batch_size=16)  # 32 batches per epoch
+    uninterrupted = train_batches(cfg, epoch=1, preprocess=augment, epochs=(1, 2))
+    for skip in (1, 5):
+        resumed = train_batches(replace(cfg, skip_batches=skip), epoch=1, preprocess=augment, epochs=(1, 2))
+        assert_same_batches(resumed[0], uninterrupted[0][skip:])
+        assert_same_batches(resumed[1], uninterrupted[1])  # the next epoch is whole again
+
+
+def test_reading_in_workers_is_deterministic_and_covers_the_same_samples(demo_shards):
+    """Worker processes give the same batches run after run, and the same samples as the main process."""
+    cfg = config(demo_shards, world_size=2, rank=1)
+    assert_same_batches(train_batches(replace(cfg, workers=2)), train_batches(replace(cfg, workers=2)))
+    in_main = indices(train_batches(replace(cfg, workers=0)))
+    assert sorted(in_main) == sorted(indices(train_batches(replace(cfg, workers=2))))
+
+
+def test_batches_hold_one_edit_clone_captions(demo_shards):
+    """The demo data's purpose: captions in a batch that differ by one attribute or the relation."""
+    meta = split_samples(demo_shards)
+    with_neighbour = 0
+    batches = train_batches(config(demo_shards, batch_size=64))
+    for batch in batches:
+        scenes = [meta[i]["scene"] for i in batch[2].tolist()]
+        with_neighbour += sum(any(_one_edit_apart(a, b) for b in scenes if b is not a) for a in scenes)
+    assert with_neighbour / (64 * len(batches)) > 0.2
+
+
+def _one_edit_apart(a, b):
+    opposite = {"to the left of": "to the right of", "to the right of": "to the left of",
+                "above": "below", "below": "above"}
+    specs_a = [(o["size"], o["color"], o["shape"]) for o in a["objects"]]
+    specs_b = [(o["size"], o["color"], o["shape"]) for o in b["objects"]]
+    if len(specs_a) != len(specs_b):
+        return False
+    if specs_a == specs_b:
+        return b["relation"] == opposite[a["relation"]]
+    if a["relation"] != b["relation"]:
+        return False
+    if specs_b[:2] == specs_a[1::-1] and specs_a[2:] == specs_b[2:]:
+        return True
+    changed = [sum(x != y for x, y in zip(sa, sb)) for sa, sb in zip(specs_a, specs_b)]
+    return sorted(changed) == [0] * (len(changed) - 1) + [1]
+
+
+def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
+    cfg = DataConfig(dataset_type="synthetic", train_num_samples=100, batch_size=16, workers=0, seed=1)
+    info = build_train_data(cfg, to_tensor, byte_tokenizer)
+    batches = list(info.dataloader)
+    assert info.num_batches == len(batches) == 6
+    images, texts, sample_index, skip_counts = batches[0]
+    assert images.shape == (16, 3, 224, 224) and sample_index.dtype == torch.long
+    assert skip_counts.shape == (len(SKIP_REASONS),)
+    assert_same_batches(list(build_train_data(replace(cfg, skip_batches=4), to_tensor, byte_tokenizer).dataloader),
+                        batches[4:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile shards
+
+
+def png(size=8, colour=(200, 30, 30)):
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def good(key):
+    return {"__key__": f"{key:09d}", "png": png(), "txt": f"caption {key}".encode(),
+            "json": json.dumps({"key": f"{key:09d}"}).encode()}
+
+
+def write_tar(path, samples):
+    with wds.TarWriter(str(path), encoder=False) as sink:
+        for sample in samples:
+            sink.write(sample)
+
+
+def write_hostile_shards(directory):
+    """Shards with one sample of every kind of damage; returns (urls, good keys, expected skips)."""
+    directory.mkdir()
+    damaged = [
+        {**good(100), "png": b"these bytes are not an image"},
+        {**good(101), "txt": b"   "},
+        {**good(102), "txt": b"caption \xff\xfe"},
+        {key: value for key, value in good(103).items() if key != "txt"},
+        {key: value for key, value in good(104).items() if key != "png"},
+        {**good(105), "json": b"{not json"},
+        {**good(106), "png": png(size=40)},  # 1600 pixels, over the test's max_image_pixels
+    ]
+    write_tar(directory / "a.tar", [good(0), good(1), *damaged[:4], good(2), {**good(1), "txt": b"again"},
+                                    *damaged[4:], good(3)])
+    write_tar(directory / "full.tar", [good(10), good(11), good(12)])
+    data = (directory / "full.tar").read_bytes()
+    with tarfile.open(directory / "full.tar") as tar:
+        last_png = next(m for m in tar.getmembers() if m.name == "000000012.png")
+    (directory / "b.tar").write_bytes(data[:last_png.offset_data + last_png.size // 2])  # truncated mid-image
+    (directory / "full.tar").unlink()
+    (directory / "c.tar").mkdir()  # exists, but cannot be read as a file
+    urls = "::".join(str(directory / name) for name in ("a.tar", "b.tar", "c.tar"))
+    expected = {"bad_image": 1, "empty_caption": 1, "non_utf8_caption": 1, "missing_caption": 1,
+                "missing_image": 2, "bad_json": 1, "huge_image": 1, "duplicate_key": 1, "bad_tar": 1,
+                "unreadable_shard": 1}  # missing_image 2: sample 104 and the truncated sample 12
+    return urls, [0, 1, 2, 3, 10, 11], expected
+
+
+def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
+    urls, good_keys, expected = write_hostile_shards(tmp_path / "hostile")
+    cfg = DataConfig(val_data=urls, batch_size=4, workers=0, max_image_pixels=1000)
+    batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    assert sorted(indices(batches)) == good_keys
+    assert [text for b in batches for text in decode_texts(b[1])].count("caption 1") == 1  # the first copy wins
+    totals = sum(batch[3] for batch in batches)
+    assert dict(zip(SKIP_REASONS, totals.tolist())) == {reason: expected.get(reason, 0) for reason in SKIP_REASONS}
+
+
+def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
+    urls, good_keys, _ = write_hostile_shards(tmp_path / "hostile")
+    cfg = DataConfig(train_data=urls, train_num_samples=48, batch_size=4, workers=2, max_image_pixels=1000,
+                     dataset_type="webdataset", dataset_resampled=True)
+    batches = list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    assert len(batches) == 12 and all(len(batch[2]) == 4 for batch in batches)
+    assert set(indices(batches)) <= set(good_keys)
+    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    assert all(totals[reason] > 0 for reason in ("bad_image", "unreadable_shard", "bad_tar", "duplicate_key"))
+
+
+def test_a_reader_whose_shards_are_all_unreadable_stops_with_a_clear_error(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    write_tar(directory / "good.tar", [good(key) for key in range(8)])
+    (directory / "garbage.tar").write_bytes(b"not a tar file at all" * 100)
+    urls = f"{directory}/good.tar::{directory}/garbage.tar"
+    outcomes = []
+    for rank in range(2):  # one rank draws the garbage shard
+        cfg = DataConfig(train_data=urls, train_num_samples=16, batch_size=4, world_size=2, rank=rank, workers=0)
+        try:
+            outcomes.append(len(list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)))
+        except RuntimeError as error:
+            assert "none of its shards yielded a usable sample" in str(error) and "bad_tar=1" in str(error)
+            outcomes.append("error")
+    assert sorted(outcomes, key=str) == [2, "error"]
+
+
+def test_no_readable_shard_at_all_fails_before_training(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    (directory / "0.tar").write_bytes(b"garbage")
+    (directory / "1.tar").mkdir()
+    cfg = DataConfig(train_data=f"{directory}/{{0..1}}.tar", train_num_samples=16, batch_size=4)
+    with pytest.raises(RuntimeError, match="none of the 2 shards"):
+        build_train_data(cfg, to_tensor, byte_tokenizer)
+
+
+def test_missing_shards_are_named_before_training(demo_shards):
+    cfg = config(demo_shards, train_data=str(demo_shards / "train/shard-{000000..000005}.tar"))
+    with pytest.raises(FileNotFoundError, match="2 of the 6 shards.*shard-000004.tar"):
+        build_train_data(cfg, to_tensor, byte_tokenizer)
+    with pytest.raises(FileNotFoundError, match="val_data"):
+        build_val_data(config(demo_shards, val_data=str(demo_shards / "nowhere.tar")), to_tensor, byte_tokenizer)
+
+
+def test_impossible_configurations_are_rejected(demo_shards):
+    with pytest.raises(ValueError, match="cannot be split"):
+        build_train_data(config(demo_shards, workers=3, world_size=2), to_tensor, byte_tokenizer)
+    with pytest.raises(ValueError, match="do not fill one batch"):
+        build_train_data(config(demo_shards, train_num_samples=40, batch_size=32, world_size=2), to_tensor,
+                         byte_tokenizer)
+    with pytest.raises(ValueError, match="skip_batches"):
+        build_train_data(config(demo_shards, skip_batches=16), to_tensor, byte_tokenizer)
+    with pytest.raises(ValueError, match="dataset type"):
+        build_train_data(config(demo_shards, train_data="data.csv"), to_tensor, byte_tokenizer)
+
+
+def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    samples = [{"__key__": f"img-{n}", "png": png(), "txt": b"a caption"} for n in range(6)]
+    samples += [{"__key__": "img-text-key", "png": png(), "txt": b"a caption", "json": b'{"key": "abc"}'},
+                {"__key__": "img-huge-key", "png": png(), "txt": b"a caption", "json": b'{"key": "9' + b"9" * 30 + b'"}'},
+                {"__key__": "img-int-key", "png": png(), "txt": b"a caption", "json": b'{"key": 42}'}]
+    write_tar(directory / "0.tar", samples)
+    cfg = DataConfig(val_data=str(directory / "0.tar"), batch_size=9, workers=0)
+    first = indices(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    again = indices(build_val_data(replace(cfg, workers=1), to_tensor, byte_tokenizer).dataloader)  # other process
+    assert first == again and len(set(first)) == 9 and first[-1] == 42
+    assert all(0 <= index < 2**63 for index in first)
+
+
+def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    write_tar(directory / "0.tar", [{**good(key), "png": b"not an image"} for key in range(8)])
+    cfg = DataConfig(train_data=str(directory / "0.tar"), train_num_samples=8, batch_size=4, workers=0)
+    with pytest.raises(RuntimeError, match="images in a row could not be decoded.*bad_image=1000"):
+        list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
+
+
+def test_reading_in_the_main_process_leaves_the_callers_random_state_alone(demo_shards):
+    augment = open_clip.image_transform(32, is_train=True)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    for _ in build_train_data(config(demo_shards, workers=0), augment, byte_tokenizer).dataloader:
+        pass
+    assert torch.equal(torch.rand(3), expected)
