@@ -1,0 +1,152 @@
+"""Process-group setup and the few collectives the trainer needs, in one place.
+
+Launchers: torchrun (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT) and SLURM's srun
+(SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; MASTER_ADDR defaults to the first host of
+SLURM_NODELIST and MASTER_PORT to one derived from SLURM_JOB_ID). Rank detection and process-group
+creation are OpenCLIP's (`open_clip_train.distributed`); the backend is gloo on CPU and nccl on CUDA.
+DDP wrapping is ours: OpenCLIP passes `device_ids=[device]`, which DDP rejects for CPU modules.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+from open_clip_train.distributed import init_distributed_device_so
+from torch.nn.parallel import DistributedDataParallel
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """Where this process runs: its ranks, the world size and its torch device."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_master(self) -> bool:
+        return self.local_rank == 0
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'gpu[003-005,9],cpu1' -> 'gpu003'."""
+    first = re.match(r"[^,\[]+(\[[^\]]*\])?", nodelist.strip())
+    if first is None:
+        raise ValueError(f"cannot parse SLURM_NODELIST {nodelist!r}")
+    host = first.group(0)
+    bracket = first.group(1)
+    if bracket is None:
+        return host
+    first_range = bracket[1:-1].split(",")[0]
+    return host[: -len(bracket)] + first_range.split("-")[0]
+
+
+def set_slurm_rendezvous_env() -> None:
+    """Under srun, fill MASTER_ADDR/MASTER_PORT (env:// rendezvous) when the job script did not."""
+    if "SLURM_PROCID" not in os.environ:
+        return
+    if "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = first_slurm_host(os.environ.get("SLURM_NODELIST", "127.0.0.1"))
+    if "MASTER_PORT" not in os.environ:
+        # Derived from the job id so that two jobs sharing a node do not collide.
+        job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
+        os.environ["MASTER_PORT"] = str(DEFAULT_MASTER_PORT + job_id % 10000)
+
+
+def init_distributed(
+    device: str = "cuda",
+    *,
+    dist_backend: Optional[str] = None,
+    dist_url: Optional[str] = None,
+    no_set_device_rank: bool = False,
+) -> DistributedEnv:
+    """Initialise the default process group when launched by torchrun or srun; else a single process.
+
+    An unavailable `device` falls back to the CPU with a warning (as OpenCLIP does).
+    """
+    set_slurm_rendezvous_env()
+    info = init_distributed_device_so(
+        device=device, dist_backend=dist_backend, dist_url=dist_url, no_set_device_rank=no_set_device_rank,
+    )
+    return DistributedEnv(
+        rank=info["global_rank"],
+        local_rank=info["local_rank"],
+        world_size=info["world_size"],
+        device=torch.device(info["device"]),
+    )
+
+
+def wrap_ddp(model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool = False,
+             sync_batchnorm: bool = False) -> torch.nn.Module:
+    """DistributedDataParallel for several ranks (no device_ids on CPU); the model itself otherwise."""
+    if not env.distributed:
+        return model
+    if sync_batchnorm:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    device_ids = [env.device] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, static_graph=static_graph)
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP (whose state_dict has no 'module.' prefix)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistributedEnv) -> torch.Tensor:
+    """Sum of `tensor` over ranks (a copy; the input is unchanged)."""
+    tensor = tensor.clone()
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_rank(flag: bool, env: DistributedEnv) -> bool:
+    """True on every rank when `flag` is true on at least one."""
+    if not env.distributed:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def broadcast_object(obj: Any, env: DistributedEnv, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank."""
+    if not env.distributed:
+        return obj
+    objects = [obj if env.rank == src else None]
+    dist.broadcast_object_list(objects, src=src)
+    return objects[0]
+
+
+def all_gather_object(obj: Any, env: DistributedEnv) -> List[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not env.distributed:
+        return [obj]
+    objects: List[Any] = [None] * env.world_size
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def barrier(env: DistributedEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def shutdown(env: DistributedEnv) -> None:
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()

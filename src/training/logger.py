@@ -1,0 +1,86 @@
+"""Console/file logging and the metrics record (`<logs>/<name>/metrics.jsonl`, optional tensorboard).
+
+metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoch":
+- kind "train": a logged training step: loss, lr, logit_scale, samples_per_second,
+  samples_per_second_per_gpu, data_time, batch_time, num_nonfinite_steps, and the loss's own
+  diagnostics as "stats/<name>" (floats; logged, never part of the loss);
+- kind "epoch": an epoch summary: loss (mean over the epoch's finite steps), num_steps,
+  num_nonfinite_steps, seconds, samples_per_second and "skipped/<reason>" sample counts;
+- kind "val": validation / zero-shot metrics after an epoch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Dict, Optional
+
+_FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
+_HANDLER_TAG = "_open_clip_adacl_handler"
+
+
+def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: int = 0,
+                  log_all_ranks: bool = False) -> None:
+    """Log to stderr (and `log_file`); replaces handlers from an earlier call in the same process."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_TAG, False):
+            root.removeHandler(handler)
+            handler.close()
+    fmt = _FORMAT if rank == 0 else _FORMAT.replace("%(levelname)s", f"rank {rank} | %(levelname)s")
+    formatter = logging.Formatter(fmt, datefmt="%Y-%m-%d,%H:%M:%S")
+    handlers = [logging.StreamHandler()]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        setattr(handler, _HANDLER_TAG, True)
+        root.addHandler(handler)
+    # Other ranks log warnings only, unless asked to log everything.
+    root.setLevel(level if rank == 0 or log_all_ranks else max(level, logging.WARNING))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly value: tensors and numpy scalars become floats; NaN/inf become strings."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsWriter:
+    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard (rank 0 only)."""
+
+    def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, enabled: bool = True):
+        self.enabled = enabled and run_dir is not None
+        self.path = os.path.join(run_dir, "metrics.jsonl") if self.enabled else None
+        self.tb_writer = None
+        if self.enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb_writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+
+    def write(self, kind: str, *, step: int, epoch: int, values: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb_writer is not None:
+            for name, value in record.items():
+                if name not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
+                    self.tb_writer.add_scalar(f"{kind}/{name}", value, step)
+
+    def close(self) -> None:
+        if self.tb_writer is not None:
+            self.tb_writer.close()
+            self.tb_writer = None
+
+
+def read_metrics(path: str, kind: Optional[str] = None) -> list:
+    """The records of a metrics.jsonl (optionally only those of one kind)."""
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if kind is None or r["kind"] == kind]

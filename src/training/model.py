@@ -1,0 +1,207 @@
+"""Model, tokenizer, optimizer, LR schedule and mixed precision, built as OpenCLIP's trainer builds them.
+
+The model comes from `open_clip.create_model_and_transforms` (our `adacl-tiny` config is registered by
+importing `open_clip_adacl`), the schedules from `open_clip_train.scheduler` and autocast from
+`open_clip_train.precision`. On CPU, `--precision amp` means fp16 autocast and `amp_bf16` bf16
+autocast; both are slower than fp32 there.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import open_clip
+import torch
+from open_clip_train.precision import get_autocast
+from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
+
+import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
+
+
+@dataclass
+class ModelConfig:
+    """What decides the architecture, its initial weights and its preprocessing (OpenCLIP's flags)."""
+
+    name: str
+    pretrained: str = ""
+    precision: str = "fp32"
+    force_image_size: Optional[Union[int, Tuple[int, int]]] = None
+    force_context_length: Optional[int] = None
+    force_quick_gelu: bool = False
+    force_custom_text: bool = False
+    force_patch_dropout: Optional[float] = None
+    pretrained_image: bool = False
+    image_mean: Optional[Tuple[float, ...]] = None
+    image_std: Optional[Tuple[float, ...]] = None
+    image_interpolation: Optional[str] = None
+    image_resize_mode: Optional[str] = None
+    aug_cfg: Dict[str, Any] = field(default_factory=dict)
+    cache_dir: Optional[str] = None
+    lock_image: bool = False
+    lock_image_unlocked_groups: int = 0
+    lock_image_freeze_bn_stats: bool = False
+    lock_text: bool = False
+    lock_text_unlocked_layers: int = 0
+    lock_text_freeze_layer_norm: bool = False
+    grad_checkpointing: bool = False
+    # Extra constructor kwargs, e.g. OpenCLIP's --siglip init (init_logit_scale, init_logit_bias).
+    model_kwargs: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ModelBundle:
+    model: torch.nn.Module
+    preprocess_train: Callable
+    preprocess_val: Callable
+    tokenizer: Callable
+
+
+def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
+    """The CLIP model (dict output), its train/val transforms and tokenizer; towers locked as asked."""
+    model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+        cfg.name,
+        cfg.pretrained or None,
+        precision=cfg.precision,
+        device=device,
+        force_quick_gelu=cfg.force_quick_gelu,
+        force_custom_text=cfg.force_custom_text,
+        force_patch_dropout=cfg.force_patch_dropout,
+        force_image_size=cfg.force_image_size,
+        force_context_length=cfg.force_context_length,
+        image_mean=cfg.image_mean,
+        image_std=cfg.image_std,
+        image_interpolation=cfg.image_interpolation,
+        image_resize_mode=cfg.image_resize_mode,
+        aug_cfg=cfg.aug_cfg,
+        pretrained_image=cfg.pretrained_image,
+        output_dict=True,
+        cache_dir=cfg.cache_dir,
+        **cfg.model_kwargs,
+    )
+    if cfg.lock_image:
+        # LiT: https://arxiv.org/abs/2111.07991
+        model.lock_image_tower(unlocked_groups=cfg.lock_image_unlocked_groups,
+                               freeze_bn_stats=cfg.lock_image_freeze_bn_stats)
+    if cfg.lock_text:
+        # OpenCLIP's built-in text tower cannot keep its LayerNorms trainable (lock_text_tower asserts
+        # freeze_layer_norm, so OpenCLIP's own --lock-text crashes without --lock-text-freeze-layer-norm);
+        # they are frozen with the other weights. Hugging Face towers (CustomTextCLIP) honour the flag.
+        freeze_layer_norm = cfg.lock_text_freeze_layer_norm or not isinstance(model, open_clip.CustomTextCLIP)
+        model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked_layers, freeze_layer_norm=freeze_layer_norm)
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing()
+    tokenizer = open_clip.get_tokenizer(cfg.name, context_length=cfg.force_context_length, cache_dir=cfg.cache_dir)
+    return ModelBundle(model, preprocess_train, preprocess_val, tokenizer)
+
+
+def open_clip_model_config(cfg: ModelConfig) -> Dict[str, Any]:
+    """The model config open_clip builds this model from, with our overrides applied.
+
+    Mirrors the overrides `open_clip.create_model` applies to the named config, so that the config
+    written by `training.export` rebuilds this exact architecture under stock open_clip.
+    """
+    model_cfg = copy.deepcopy(open_clip.get_model_config(cfg.name))
+    if model_cfg is None:
+        raise ValueError(f"no open_clip model config named {cfg.name!r}")
+    if cfg.force_quick_gelu:
+        model_cfg["quick_gelu"] = True
+    if cfg.force_patch_dropout is not None:
+        model_cfg["vision_cfg"]["patch_dropout"] = cfg.force_patch_dropout
+    if cfg.force_image_size is not None:
+        model_cfg["vision_cfg"]["image_size"] = cfg.force_image_size
+    if cfg.force_context_length is not None:
+        model_cfg["text_cfg"]["context_length"] = cfg.force_context_length
+    if cfg.force_custom_text:
+        model_cfg["custom_text"] = True
+    model_cfg.update(cfg.model_kwargs)
+    return model_cfg
+
+
+def preprocess_config(model: torch.nn.Module) -> Dict[str, Any]:
+    """The image preprocessing open_clip attached to the model (size, mean, std, interpolation...)."""
+    return dict(open_clip.get_model_preprocess_cfg(model))
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimisation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float
+    wd: float
+    beta1: float
+    beta2: float
+    eps: float
+
+
+def exclude_from_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
+    """OpenCLIP's rule: no weight decay on gains, biases, norms and logit_scale."""
+    return param.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW with OpenCLIP's two parameter groups (decayed weights, undecayed gains/biases)."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    no_decay = [p for name, p in trainable if exclude_from_weight_decay(name, p)]
+    decay = [p for name, p in trainable if not exclude_from_weight_decay(name, p)]
+    optimizer = torch.optim.AdamW(
+        [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": cfg.wd}],
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+    )
+    logging.info(f"Created AdamW optimizer: lr {cfg.lr}, betas ({cfg.beta1}, {cfg.beta2}), eps {cfg.eps}, "
+                 f"weight decay {cfg.wd} on {len(decay)} tensors, 0 on {len(no_decay)}")
+    return optimizer
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "cosine"  # cosine | const | const-cooldown
+    lr: float = 5e-4
+    warmup: int = 10000
+    epochs: int = 32
+    epochs_cooldown: Optional[int] = None
+    lr_cooldown_power: float = 1.0
+    lr_cooldown_end: float = 0.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig,
+                    steps_per_epoch: int) -> Callable[[int], float]:
+    """OpenCLIP's LR schedule: a function `step -> lr` that also sets the optimizer's lr."""
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.name == "cosine":
+        return cosine_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
+    if cfg.name == "const":
+        return const_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
+    if cfg.name == "const-cooldown":
+        cooldown_steps = steps_per_epoch * cfg.epochs_cooldown
+        return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, cooldown_steps,
+                                 cfg.lr_cooldown_power, cfg.lr_cooldown_end)
+    raise ValueError(f"unknown LR scheduler {cfg.name!r}")
+
+
+@dataclass
+class Precision:
+    """How a step runs: autocast context, input dtype and the gradient scaler (fp16 amp only)."""
+
+    name: str
+    autocast: Callable
+    input_dtype: Optional[torch.dtype]
+    scaler: Optional[torch.amp.GradScaler]
+
+
+def build_precision(precision: str, device: torch.device) -> Precision:
+    scaler = torch.amp.GradScaler(device=device.type) if precision == "amp" else None
+    return Precision(
+        name=precision,
+        autocast=get_autocast(precision, device_type=device.type),
+        input_dtype=open_clip.get_input_dtype(precision),
+        scaler=scaler,
+    )
+
+
+def trainable_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

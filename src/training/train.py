@@ -1,0 +1,301 @@
+"""The training loop: one epoch of steps, each a forward/backward over the global batch and an update.
+
+Semantics follow `open_clip_train.train.train_one_epoch` (gradient accumulation, gradient clipping,
+logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differences:
+- the loss's `stats` are logged, never summed into the loss;
+- a step whose loss is NaN/inf on any rank is skipped (no update) and counted; after
+  `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
+- samples the data pipeline skipped (corrupt image, empty caption, ...) are counted per reason,
+  summed over ranks at the end of the epoch and reported in its summary;
+- mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from .checkpoint import Checkpointer, TrainState, restore_rng_state
+from .distributed import DistributedEnv, all_reduce_sum, any_rank, unwrap_model
+from .logger import MetricsWriter
+from .model import Precision
+
+MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps had a NaN/inf loss: the run diverged."""
+
+
+@dataclass
+class TrainConfig:
+    accum_freq: int = 1
+    grad_clip_norm: Optional[float] = None
+    log_every_n_steps: int = 100
+    max_nonfinite_steps: int = 10
+    skip_scheduler: bool = False
+
+
+@dataclass
+class MicroBatch:
+    images: torch.Tensor
+    texts: torch.Tensor
+    sample_index: torch.Tensor
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor                # detached loss of the global batch
+    stats: Dict[str, torch.Tensor]    # the loss's diagnostics (detached)
+    logit_scale: torch.Tensor         # detached, exponentiated
+    finite: bool                      # this rank's loss was finite
+
+
+def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
+    images, texts, sample_index = batch[0], batch[1], batch[2]
+    return MicroBatch(
+        images=images.to(device=device, dtype=input_dtype, non_blocking=True),
+        texts=texts.to(device=device, non_blocking=True),
+        sample_index=sample_index.to(device=device, non_blocking=True),
+    )
+
+
+def _loss_of(loss_fn: torch.nn.Module, image_features, text_features, model_out: Dict[str, torch.Tensor],
+             sample_index: torch.Tensor) -> torch.Tensor:
+    return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
+                   sample_index=sample_index)
+
+
+def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def forward_backward(model: torch.nn.Module, loss_fn: torch.nn.Module, micro_batches: List[MicroBatch],
+                     precision: Precision) -> StepOutput:
+    """Accumulate into `.grad` the gradient of the loss over the batch formed by `micro_batches`.
+
+    With one micro-batch this is a plain forward/backward. With several (--accum-freq), OpenCLIP's
+    scheme: features of every micro-batch are first computed without gradients; then each
+    micro-batch is re-encoded with gradients and the loss is taken over all features, its own
+    swapped in, so the summed gradients equal those of one large batch while only one micro-batch's
+    activations are alive at a time. (As in OpenCLIP, the loss runs once per micro-batch.)
+    """
+    if len(micro_batches) == 1:
+        batch = micro_batches[0]
+        with precision.autocast():
+            model_out = model(batch.images, batch.texts)
+            loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out,
+                            batch.sample_index)
+        _backward(loss, precision.scaler)
+        finite = bool(torch.isfinite(loss))
+    else:
+        with torch.no_grad(), precision.autocast():
+            cached = [model(batch.images, batch.texts) for batch in micro_batches]
+        sample_index = torch.cat([batch.sample_index for batch in micro_batches])
+        finite = True
+        for j, batch in enumerate(micro_batches):
+            # Gradients are all-reduced once, on the last micro-batch.
+            is_last = j == len(micro_batches) - 1
+            sync = nullcontext() if is_last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+            with sync:
+                with precision.autocast():
+                    model_out = model(batch.images, batch.texts)
+                    image_features = torch.cat([c["image_features"] for c in cached[:j]] + [model_out["image_features"]]
+                                               + [c["image_features"] for c in cached[j + 1:]])
+                    text_features = torch.cat([c["text_features"] for c in cached[:j]] + [model_out["text_features"]]
+                                              + [c["text_features"] for c in cached[j + 1:]])
+                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index)
+                _backward(loss, precision.scaler)
+            finite = finite and bool(torch.isfinite(loss))
+    stats = {name: value.detach() for name, value in getattr(loss_fn, "stats", {}).items()}
+    return StepOutput(loss=loss.detach(), stats=stats, logit_scale=model_out["logit_scale"].detach(), finite=finite)
+
+
+def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+                 grad_clip_norm: Optional[float]) -> None:
+    """Clip, step the optimizer (through the scaler for fp16 amp) and clamp logit_scale."""
+    scaler = precision.scaler
+    if grad_clip_norm is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm, norm_type=2.0)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        unwrap_model(model).logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
+
+def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, precision: str, limit: int,
+                        loss: torch.Tensor) -> None:
+    """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row."""
+    optimizer.zero_grad(set_to_none=True)
+    state.num_nonfinite_steps += 1
+    state.consecutive_nonfinite_steps += 1
+    logging.warning(f"Step {state.step}: non-finite loss ({loss.item()}); step skipped "
+                    f"({state.consecutive_nonfinite_steps} in a row)")
+    if state.consecutive_nonfinite_steps >= limit:
+        message = nonfinite_message(state, optimizer.param_groups[0]["lr"], precision, limit)
+        logging.error(message)
+        raise NonFiniteLossError(message)
+
+
+def nonfinite_message(state: TrainState, lr: float, precision: str, limit: int) -> str:
+    return (
+        f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {state.step} "
+        f"(epoch {state.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
+        f"too high for this batch size and warmup (lower --lr or raise --warmup; --grad-clip-norm helps), "
+        f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32). Resume from the "
+        f"last checkpoint with --resume latest after changing them."
+    )
+
+
+@dataclass
+class EpochResult:
+    loss: float                 # mean loss over the epoch's finite steps (rank 0's)
+    num_steps: int
+    num_nonfinite_steps: int
+    skipped: Dict[str, int]     # samples the data pipeline skipped, per reason, summed over ranks
+    seconds: float
+
+
+def train_one_epoch(
+    model: torch.nn.Module,
+    loss_fn: torch.nn.Module,
+    dataloader,
+    num_batches: int,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Optional[Callable[[int], float]],
+    precision: Precision,
+    state: TrainState,
+    cfg: TrainConfig,
+    env: DistributedEnv,
+    *,
+    skip_reasons: Sequence[str],
+    metrics: MetricsWriter,
+    checkpointer: Optional[Checkpointer] = None,
+) -> EpochResult:
+    """Train on the rest of epoch `state.epoch` (all of it, or what follows a mid-epoch resume).
+
+    `dataloader` yields (images, texts, sample_index, skip_counts) and, when resuming mid-epoch, has
+    already been told to skip the `state.batches_in_epoch` batches consumed before the interruption.
+    `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
+    restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
+    """
+    model.train()
+    loss_fn.on_epoch_start(state.epoch)
+    state.start_epoch(len(skip_reasons))
+    steps_per_epoch = num_batches // cfg.accum_freq
+    step_in_epoch = state.batches_in_epoch // cfg.accum_freq
+    num_nonfinite_at_start = state.num_nonfinite_steps
+    epoch_start = end = time.time()
+
+    batches = iter(dataloader)
+    if state.rng is not None:
+        # Restored here, after the loader's iterator drew its seed, so the next batch and step see
+        # exactly the random numbers they saw before the interruption.
+        restore_rng_state(state.rng[env.rank])
+        state.rng = None
+
+    micro_batches: List[MicroBatch] = []
+    for batch in batches:
+        if step_in_epoch >= steps_per_epoch:
+            break
+        state.skip_counts += batch[3].cpu()
+        micro_batches.append(to_device(batch, env.device, precision.input_dtype))
+        state.batches_in_epoch += 1
+        if len(micro_batches) < cfg.accum_freq:
+            continue
+        data_time = time.time() - end
+
+        if scheduler is not None and not cfg.skip_scheduler:
+            scheduler(state.step)
+        optimizer.zero_grad(set_to_none=True)
+        out = forward_backward(model, loss_fn, micro_batches, precision)
+        num_samples = sum(len(b.images) for b in micro_batches)
+        micro_batches = []
+
+        # Every rank takes the same decision, or DDP replicas would drift apart.
+        if any_rank(not out.finite, env):
+            skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss)
+        else:
+            apply_update(model, optimizer, precision, cfg.grad_clip_norm)
+            state.consecutive_nonfinite_steps = 0
+            state.loss_sum += out.loss.item()
+            state.num_loss_steps += 1
+        state.step += 1
+        step_in_epoch += 1
+
+        batch_time = time.time() - end
+        end = time.time()
+        if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
+            _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
+                      num_samples * env.world_size, batch_time, data_time, env)
+        # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
+        # of the next epoch rather than as the end of this one.
+        if checkpointer is not None and step_in_epoch < steps_per_epoch:
+            checkpointer.maybe_save_step(state)
+
+    skipped = all_reduce_sum(state.skip_counts.to(env.device), env).cpu().tolist()
+    result = EpochResult(
+        loss=state.loss_sum / max(state.num_loss_steps, 1),
+        num_steps=step_in_epoch,
+        num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
+        skipped=dict(zip(skip_reasons, skipped)),
+        seconds=time.time() - epoch_start,
+    )
+    _log_epoch(metrics, state, result, env)
+    return result
+
+
+def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
+              steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
+              env: DistributedEnv) -> None:
+    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard."""
+    lr = optimizer.param_groups[0]["lr"]
+    values: Dict[str, Any] = {
+        "loss": out.loss.item(),
+        "lr": lr,
+        "logit_scale": out.logit_scale.item(),
+        "samples_per_second": global_samples / batch_time,
+        "samples_per_second_per_gpu": global_samples / batch_time / env.world_size,
+        "batch_time": batch_time,
+        "data_time": data_time,
+        "num_nonfinite_steps": state.num_nonfinite_steps,
+        **{f"stats/{name}": value.item() for name, value in out.stats.items()},
+    }
+    percent = 100.0 * step_in_epoch / steps_per_epoch
+    stats = " ".join(f"{name}: {value.item():#.4g}" for name, value in out.stats.items())
+    logging.info(
+        f"Train Epoch: {state.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
+        f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
+        f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
+        f"Loss: {values['loss']:#.5g}" + (f" | {stats}" if stats else "")
+    )
+    metrics.write("train", step=state.step, epoch=state.epoch, values=values)
+
+
+def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, env: DistributedEnv) -> None:
+    if not env.is_master:
+        return
+    skipped = ", ".join(f"{reason} {count}" for reason, count in result.skipped.items() if count) or "none"
+    logging.info(
+        f"Epoch {state.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
+        f"({result.num_nonfinite_steps} skipped as non-finite), skipped samples: {skipped}, "
+        f"{result.seconds:.1f} s"
+    )
+    metrics.write("epoch", step=state.step, epoch=state.epoch, values={
+        "loss": result.loss,
+        "num_steps": result.num_steps,
+        "num_nonfinite_steps": result.num_nonfinite_steps,
+        "seconds": result.seconds,
+        **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
+    })

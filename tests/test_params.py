@@ -1,0 +1,148 @@
+"""The command line: OpenCLIP's flags and defaults, generated loss flags, clear errors before any work."""
+import pytest
+from open_clip_train.params import parse_args as openclip_parse_args
+
+from open_clip_adacl import get_loss_class, list_losses
+from training import params
+from training.params import ConfigError, parse_args, validate_args
+
+# Flags whose default deliberately differs from OpenCLIP's, and why.
+DIFFERENT_DEFAULTS = {
+    "precision",  # None = amp on CUDA (OpenCLIP's default), fp32 on CPU
+}
+
+
+def _valid(*extra):
+    return ["--train-data", "shards/{0..1}.tar", "--model", "adacl-tiny", *extra]
+
+
+def test_defaults_match_openclip():
+    ours = vars(parse_args([]))
+    theirs = vars(openclip_parse_args([]))
+    shared = (set(ours) & set(theirs)) - DIFFERENT_DEFAULTS
+    assert len(shared) > 60
+    differing = {name: (ours[name], theirs[name]) for name in shared if ours[name] != theirs[name]}
+    assert differing == {}
+
+
+def test_every_issue_flag_is_accepted():
+    args = parse_args(_valid(
+        "--train-data-upsampling-factors", "1", "--train-num-samples", "100", "--dataset-type", "webdataset",
+        "--dataset-resampled", "--val-data", "v.tar", "--val-num-samples", "10", "--batch-size", "8",
+        "--epochs", "2", "--lr", "1e-3", "--wd", "0.1", "--beta1", "0.8", "--beta2", "0.9", "--eps", "1e-7",
+        "--warmup", "5", "--lr-scheduler", "const", "--precision", "fp32", "--workers", "0", "--pretrained", "",
+        "--seed", "3", "--logs", "L", "--name", "N", "--save-frequency", "2", "--save-most-recent",
+        "--report-to", "tensorboard", "--local-loss", "--gather-with-grad", "--grad-checkpointing",
+        "--accum-freq", "2", "--grad-clip-norm", "1.0", "--log-every-n-steps", "5", "--device", "cpu",
+        "--force-image-size", "48", "--lock-image", "--lock-text", "--val-frequency", "1", "--zeroshot-frequency", "1",
+        "--imagenet-val", "iv", "--epochs-cooldown", "1", "--lr-cooldown-end", "0.0", "--lr-cooldown-power", "2",
+        "--dist-url", "env://", "--dist-backend", "gloo", "--delete-previous-checkpoint", "--log-local",
+        "--caption-key", "txt,alt", "--save-every-n-steps", "10", "--max-nonfinite-steps", "3",
+    ))
+    validate_args(args, world_size=2)
+    assert (args.lr, args.beta1, args.beta2, args.eps) == (1e-3, 0.8, 0.9, 1e-7)
+    assert args.force_image_size == 48 and args.accum_freq == 2 and args.caption_key == "txt,alt"
+
+
+def test_optimizer_defaults_follow_the_model_name_like_openclip():
+    vit = parse_args(["--model", "ViT-B-32"])
+    rn = parse_args(["--model", "RN50"])
+    assert (vit.lr, vit.beta1, vit.beta2, vit.eps) == (5e-4, 0.9, 0.98, 1e-6)
+    assert (rn.lr, rn.beta1, rn.beta2, rn.eps) == (5e-4, 0.9, 0.999, 1e-8)
+
+
+@pytest.mark.parametrize("flag", sorted(params.UNSUPPORTED_FLAGS))
+def test_unsupported_openclip_flag_is_named(flag):
+    with pytest.raises(ConfigError, match=f"{flag} is not supported by open_clip_adacl"):
+        parse_args(_valid(flag, "x"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset-type", "csv"], "--dataset-type csv is not supported by open_clip_adacl"),
+    (["--report-to", "wandb"], "--report-to wandb is not supported by open_clip_adacl"),
+    (["--opt", "timm/lamb"], "--opt timm/lamb is not supported by open_clip_adacl"),
+])
+def test_unsupported_openclip_values_are_named(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_args(parse_args(_valid(*argv)), world_size=1)
+
+
+def test_unknown_flag_still_fails_in_argparse(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(_valid("--no-such-flag"))
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, world_size, message", [
+    (["--local-loss"], 2, "--local-loss without --gather-with-grad gives wrong gradients.*add --gather-with-grad"),
+    (["--accum-freq", "0"], 1, "--accum-freq must be >= 1"),
+    (["--batch-size", "0"], 1, "--batch-size must be >= 1"),
+    (["--save-every-n-steps", "-1"], 1, "--save-every-n-steps must be >= 0"),
+    (["--max-nonfinite-steps", "0"], 1, "--max-nonfinite-steps must be >= 1"),
+    (["--resume", "/no/such/checkpoint.pt"], 1, "--resume /no/such/checkpoint.pt: no such file"),
+    (["--lr-scheduler", "const-cooldown"], 1, "needs --epochs-cooldown"),
+    (["--lr-scheduler", "linear"], 1, "--lr-scheduler 'linear' is unknown"),
+    (["--model", "ViT-B-33"], 1, "--model 'ViT-B-33' is not a known model config; did you mean ViT-B-32"),
+    (["--model", "coca_ViT-B-32"], 1, "CoCa"),
+])
+def test_invalid_combinations_are_rejected_with_a_fix(argv, world_size, message):
+    args = parse_args(_valid(*argv))
+    with pytest.raises(ConfigError, match=message):
+        validate_args(args, world_size=world_size)
+
+
+def test_local_loss_alone_is_fine_on_one_rank():
+    validate_args(parse_args(_valid("--local-loss")), world_size=1)
+
+
+def test_missing_train_data_is_an_error_unless_synthetic():
+    with pytest.raises(ConfigError, match="--train-data is required"):
+        validate_args(parse_args(["--model", "adacl-tiny"]), world_size=1)
+    validate_args(parse_args(["--model", "adacl-tiny", "--dataset-type", "synthetic"]), world_size=1)
+
+
+@pytest.mark.parametrize("loss_name", list_losses())
+def test_every_loss_option_has_a_flag_and_reaches_the_loss(loss_name):
+    flags = {f.flag: f for f in params.loss_flags().values()}
+    options = get_loss_class(loss_name).options
+    for option in options:
+        assert params.loss_option_flag(loss_name, option) in flags
+    args = parse_args(_valid("--loss", loss_name))
+    assert args.loss_options == {option.name: option.default for option in options}
+
+
+def test_loss_flag_value_is_passed_and_choices_are_checked(capsys):
+    args = parse_args(_valid("--loss", "siglip", "--loss-dist-impl", "shift"))
+    assert args.loss_options == {"dist_impl": "shift"}
+    with pytest.raises(SystemExit):
+        parse_args(_valid("--loss", "siglip", "--loss-dist-impl", "sideways"))
+    assert "invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+def test_loss_flag_of_another_loss_is_an_error():
+    with pytest.raises(ConfigError, match="--loss-dist-impl is an option of --loss siglip, but --loss is 'clip'"):
+        parse_args(_valid("--loss", "clip", "--loss-dist-impl", "bidir"))
+
+
+def test_siglip_flag_is_an_alias():
+    assert parse_args(_valid("--siglip")).loss == "siglip"
+    assert params.logit_init_for_loss("siglip")["init_logit_bias"] == -10.0
+    assert params.logit_init_for_loss("clip") == {}
+    with pytest.raises(ConfigError, match="--siglip means --loss siglip"):
+        parse_args(_valid("--siglip", "--loss", "glofnd"))
+
+
+def test_precision_defaults_to_amp_on_cuda_and_fp32_on_cpu():
+    assert params.resolve_precision(None, "cuda") == "amp"
+    assert params.resolve_precision(None, "cpu") == "fp32"
+    assert params.resolve_precision("amp_bf16", "cpu") == "amp_bf16"
+
+
+def test_cli_prints_config_errors_and_exits_with_status_2():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "training.main", "--horovod"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --horovod is not supported by open_clip_adacl")

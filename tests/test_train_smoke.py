@@ -1,0 +1,178 @@
+"""The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
+import math
+
+import pytest
+import torch
+
+from open_clip_adacl import create_loss
+from training.checkpoint import TrainState, load_checkpoint
+from training.distributed import DistributedEnv
+from training.logger import MetricsWriter, read_metrics
+from training.main import main
+from training.model import ModelConfig, OptimizerConfig, build_model, build_optimizer, build_precision
+from training.train import NonFiniteLossError, TrainConfig, train_one_epoch
+
+
+def train_argv(demo_shards, logs, name, *extra):
+    return [
+        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--model", "adacl-tiny", "--batch-size", "32", "--lr", "2e-3", "--warmup", "4", "--wd", "0.1",
+        "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
+        *extra,
+    ]
+
+
+def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
+    summary = main(train_argv(demo_shards, tmp_path, "smoke", "--epochs", "3",
+                              "--val-data", str(demo_shards / "val" / "shard-000000.tar"),
+                              "--report-to", "tensorboard"))
+    run = tmp_path / "smoke"
+    steps = read_metrics(run / "metrics.jsonl", "train")
+    assert [r["step"] for r in steps] == list(range(1, 49)) and summary.step == 48 and summary.epoch == 3
+    losses = [r["loss"] for r in steps]
+    first, last = sum(losses[:8]) / 8, sum(losses[-8:]) / 8
+    assert last < first - 0.4, (first, last)  # ln(32) = 3.47 is chance level
+    assert all(0 < r["logit_scale"] <= 100 and r["lr"] > 0 and r["samples_per_second"] > 0 for r in steps)
+
+    epochs = read_metrics(run / "metrics.jsonl", "epoch")
+    assert [r["epoch"] for r in epochs] == [0, 1, 2] and all(r["num_steps"] == 16 for r in epochs)
+    assert all(r["skipped/bad_image"] == 0 for r in epochs)
+    val = read_metrics(run / "metrics.jsonl", "val")
+    assert len(val) == 3 and val[-1]["val/image_to_text_R@1"] > 1 / 128  # above chance
+    assert (run / "checkpoints" / "results.jsonl").is_file()
+    assert list((run / "tensorboard").iterdir())
+
+    params_txt = (run / "params.txt").read_text()
+    assert "loss: clip" in params_txt and "loss_options: {}" in params_txt and "precision: fp32" in params_txt
+    out_log = (run / "out.log").read_text()
+    assert "Train Epoch: 2 [16/16 steps (100%)]" in out_log and "Done: 3 epochs, 48 steps" in out_log
+    assert summary.checkpoint == str(run / "checkpoints" / "epoch_3.pt")
+    checkpoint = load_checkpoint(summary.checkpoint)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (3, 48)
+    assert summary.final_loss == pytest.approx(epochs[-1]["loss"])
+
+
+def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):
+    main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
+    from training.params import ConfigError
+
+    with pytest.raises(ConfigError, match="already holds a run; continue it with --resume latest"):
+        main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
+
+
+def test_missing_shards_are_a_clear_error_before_training(tmp_path):
+    from training.params import ConfigError
+
+    with pytest.raises(ConfigError, match="do not exist"):
+        main(["--train-data", str(tmp_path / "nowhere-{000..003}.tar"), "--model", "adacl-tiny",
+              "--device", "cpu", "--workers", "0", "--logs", str(tmp_path), "--name", "missing"])
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_rejected_loss_option_stops_before_any_file_is_written(demo_shards, tmp_path):
+    from training.params import ConfigError
+
+    with pytest.raises(ConfigError, match="--loss glofnd: .*data_size"):
+        main(train_argv(demo_shards, tmp_path, "no-data-size", "--loss", "glofnd"))
+    assert not (tmp_path / "no-data-size").exists()
+
+
+def test_locked_towers_and_weight_decay_groups_follow_openclip():
+    model = build_model(ModelConfig("adacl-tiny", lock_image=True), torch.device("cpu")).model
+    assert not any(p.requires_grad for p in model.visual.parameters())
+    optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.2, beta1=0.9, beta2=0.98, eps=1e-6))
+    no_decay, decay = optimizer.param_groups
+    assert (no_decay["weight_decay"], decay["weight_decay"]) == (0.0, 0.2)
+    named = {id(p): name for name, p in model.named_parameters()}
+    assert "logit_scale" in {named[id(p)] for p in no_decay["params"]}
+    assert all(p.ndim >= 2 and "bias" not in named[id(p)] for p in decay["params"])
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for group in optimizer.param_groups for p in group["params"]} == trainable
+
+
+def test_dry_run_checks_the_shards_without_training(demo_shards, tmp_path, capsys):
+    assert main(train_argv(demo_shards, tmp_path, "dry", "--epochs", "2", "--dry-run")) is None
+    out = capsys.readouterr().out
+    assert "dry run OK" in out and "16 steps per epoch, 32 steps in 2 epochs" in out
+    assert not (tmp_path / "dry").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop's rules on hand-made batches
+# ---------------------------------------------------------------------------------------------
+
+NUM_REASONS = 2
+
+
+class PoisonableClip(torch.nn.Module):
+    """The clip loss, made NaN for batches whose first sample_index is negative."""
+
+    def __init__(self):
+        super().__init__()
+        self.clip = create_loss("clip")
+        self.stats = {}
+        self.epochs_started = []
+
+    def on_epoch_start(self, epoch):
+        self.epochs_started.append(epoch)
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None):
+        loss = self.clip(image_features, text_features, logit_scale)
+        self.stats = {"positives": torch.tensor(float(len(sample_index)))}
+        return loss * float("nan") if sample_index[0] < 0 else loss
+
+
+def _batches(poisoned, num=6, batch=4):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(num):
+        index = torch.arange(batch) + batch * i
+        if i in poisoned:
+            index = -index - 1
+        out.append((torch.randn(batch, 3, 32, 32, generator=g), torch.randint(1, 500, (batch, 24), generator=g),
+                    index, torch.tensor([i, 1])))
+    return out
+
+
+def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
+    optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
+    loss_fn = PoisonableClip()
+    state = TrainState()
+    snapshots = []
+    optimizer.register_step_post_hook(lambda *_: snapshots.append(state.step))
+    metrics = MetricsWriter(str(tmp_path))
+    result = train_one_epoch(model, loss_fn, batches, len(batches), optimizer, None, build_precision("fp32", torch.device("cpu")),
+                             state, TrainConfig(accum_freq=accum_freq, log_every_n_steps=1,
+                                                max_nonfinite_steps=max_nonfinite),
+                             DistributedEnv(), skip_reasons=("bad_image", "empty_caption"), metrics=metrics)
+    return result, state, snapshots, loss_fn
+
+
+def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
+    result, state, optimizer_steps, loss_fn = _run_epoch(_batches(poisoned={1, 2}), tmp_path)
+    assert optimizer_steps == [0, 3, 4, 5]  # no update at steps 1 and 2
+    assert (result.num_steps, result.num_nonfinite_steps, state.step) == (6, 2, 6)
+    assert state.consecutive_nonfinite_steps == 0 and loss_fn.epochs_started == [0]
+    assert math.isfinite(result.loss)
+    records = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["num_nonfinite_steps"] for r in records] == [0, 1, 2, 2, 2, 2]
+    assert records[0]["stats/positives"] == 4.0  # the loss's stats are logged as floats
+
+
+def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
+    result, *_ = _run_epoch(_batches(poisoned=set()), tmp_path)
+    assert result.skipped == {"bad_image": 0 + 1 + 2 + 3 + 4 + 5, "empty_caption": 6}
+    [epoch] = read_metrics(tmp_path / "metrics.jsonl", "epoch")
+    assert epoch["skipped/bad_image"] == 15 and epoch["num_steps"] == 6
+
+
+def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes(tmp_path):
+    with pytest.raises(NonFiniteLossError, match="3 consecutive steps.*learning rate.*precision"):
+        _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3)
+
+
+def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
+    result, state, optimizer_steps, _ = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, accum_freq=2)
+    assert (result.num_steps, state.step, state.batches_in_epoch) == (3, 3, 6)
