@@ -24,7 +24,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import adacl
-from ..selection import RowSummary, row_chunks, row_value_from_owner, select_anchor, summarize_rows, working_dtype
+from ..selection import (RowSummary, ensure_workspace, row_chunks, row_value_from_owner, select_anchor,
+                         summarize_rows, working_dtype)
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
 from .registry import register_loss
 
@@ -49,14 +50,13 @@ class _NegativeLogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         logits, positive_col, negative_lse = ctx.saved_tensors
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         dtype = working_dtype(logits.dtype)
+        grad = torch.empty(logits.shape, dtype=dtype, device=logits.device)
         for start, stop in row_chunks(*logits.shape, logits.device):
-            weights = (logits[start:stop].to(dtype) - negative_lse[start:stop, None]).exp_()
-            weights.mul_(grad_output[start:stop, None].to(dtype))
+            weights = torch.sub(logits[start:stop], negative_lse[start:stop, None], out=grad[start:stop])
+            weights.exp_().mul_(grad_output[start:stop, None])
             weights[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = 0
-            grad[start:stop] = weights
-        return grad, None, None
+        return grad.to(logits.dtype), None, None
 
 
 @register_loss("adacl")
@@ -140,6 +140,8 @@ class AdaCLLoss(ContrastiveLoss):
         self._queue_ptr = 0
         self._queue_filled = 0
         self._update_state = False
+        # Reused int32 scratch for the selection's candidate keys (not state: never checkpointed).
+        self._workspace: Optional[torch.Tensor] = None
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -187,11 +189,13 @@ class AdaCLLoss(ContrastiveLoss):
         m1, m2, modulated = self._margins(batch, direction, summary, similarity.detach())
         if not self.modulate:
             return super().direction_loss(batch, direction)
-        positive = adacl.modulated_positive(similarity, batch.logit_scale, m1, m2, self.scale_grad)
+        # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
+        # would cost an N x N scatter in the backward).
+        positive = torch.where(modulated, adacl.modulated_positive(similarity, batch.logit_scale, m1, m2,
+                                                                   self.scale_grad),
+                               batch.logit_scale * similarity)
         if batch.logit_bias is not None:
             positive = positive + batch.logit_bias
-        vanilla_positive = logits.gather(1, labels[:, None]).squeeze(1)
-        positive = torch.where(modulated, positive.to(vanilla_positive.dtype), vanilla_positive)
         negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
         return (torch.logaddexp(negative_lse, positive) - positive).mean()
 
@@ -210,13 +214,14 @@ class AdaCLLoss(ContrastiveLoss):
         if batch.all_image_features.shape[0] < MIN_ROWS:
             failed = torch.tensor([True, False, False, False], device=logits.device)
             self._record(index, failed, vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
-                         {"anchor": zero, "p_u": zero, "candidates": zero, "anchor_gap": zero,
-                          "closed_m1_over_scale": zero, "closed_m2": zero}, scale)
+                         {"anchor": zero, "anchor_used": zero, "p_u": zero, "log_z_u": zero, "candidates": zero,
+                          "anchor_gap": zero, "closed_m1_over_scale": zero, "closed_m2": zero}, scale)
             return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
 
+        self._workspace = ensure_workspace(self._workspace, logits.numel(), logits.device)
         selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=self.salient,
                                   anchor_stat=self.anchor_stat, prior_ratio=self.prior_ratio,
-                                  std_floor=self.std_floor * scale)
+                                  std_floor=self.std_floor * scale, workspace=self._workspace)
         anchor = row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
         log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
         margins = self._closed_forms(index, anchor, log_z_u, scale)
@@ -230,8 +235,8 @@ class AdaCLLoss(ContrastiveLoss):
         m1 = torch.where(modulated, m1, vanilla_m1)
         m2 = torch.where(modulated, m2, vanilla_m2)
         self._record(index, failed, m1, m2, modulated, {
-            "anchor": anchor, "p_u": margins.p_u, "candidates": selection.num_candidates.double(),
-            "anchor_gap": selection.gap.double() / scale,
+            "anchor": anchor, "anchor_used": margins.anchor, "p_u": margins.p_u, "log_z_u": log_z_u,
+            "candidates": selection.num_candidates.double(), "anchor_gap": selection.gap.double() / scale,
             "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2}, scale)
         return m1, m2, modulated
 
@@ -271,14 +276,12 @@ class AdaCLLoss(ContrastiveLoss):
             self.modulated_steps[index] += modulated.long()
             self.previous_margins[index] = torch.where(modulated, torch.stack([m1, m2]), self.previous_margins[index])
             self.previous_valid[index] |= modulated
-        direction = DIRECTIONS[index]
-        stats = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, "modulated": modulated.double(), **diagnostics,
-                 "fallbacks": self.fallback_counts[index].sum().double()}
-        stats.update({f"fallback_{reason}": self.fallback_counts[index, i].double()
-                      for i, reason in enumerate(FALLBACK_REASONS)})
-        for name, value in stats.items():
-            value = value.double()
-            self.stats[f"{direction}/{name}"] = torch.where(torch.isfinite(value), value, torch.zeros_like(value))
+        stats = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, "modulated": modulated, **diagnostics,
+                 "fallbacks": self.fallback_counts[index].sum()}
+        stats.update({f"fallback_{reason}": self.fallback_counts[index, i] for i, reason in enumerate(FALLBACK_REASONS)})
+        # One stacked op instead of one per stat: a diagnostic of a degenerate batch may be non-finite.
+        values = torch.stack([value.double() for value in stats.values()]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in zip(stats, values.unbind())})
 
     # --- feature queue -----------------------------------------------------------------------------
 
@@ -286,8 +289,9 @@ class AdaCLLoss(ContrastiveLoss):
         """Appends the queue's entries as extra negative columns (ADACL.md section 6)."""
         if not self._queue_filled:
             return batch
-        queued_image = self.queue_image[:self._queue_filled].to(batch.image_features.dtype)
-        queued_text = self.queue_text[:self._queue_filled].to(batch.text_features.dtype)
+        # Copies: the backward needs these entries after this step has overwritten the queue.
+        queued_image = self.queue_image[:self._queue_filled].to(batch.image_features.dtype, copy=True)
+        queued_text = self.queue_text[:self._queue_filled].to(batch.text_features.dtype, copy=True)
         extra_per_image = batch.logit_scale * batch.image_features @ queued_text.T
         extra_per_text = batch.logit_scale * batch.text_features @ queued_image.T
         if batch.logit_bias is not None:

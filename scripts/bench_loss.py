@@ -1,0 +1,163 @@
+"""Forward+backward time and peak memory of the AdaCL loss against OpenCLIP's ClipLoss.
+
+    python scripts/bench_loss.py --sizes 1024 4096 --threads 1 [--output bench.md]
+    python scripts/bench_loss.py --device cuda --sizes 8192 32768
+
+Every loss sees the same random unit features (N x D, positives correlated with their queries so
+that clone candidates exist) and logit_scale 14.3. Time: the median over `--repeats` interleaved
+rounds (one warm-up step each first), wall clock, synchronised on CUDA. Peak memory: on the CPU
+the peak resident set of a fresh subprocess per case above its resident set once the inputs exist
+(tracemalloc does not see torch's allocations); on CUDA `torch.cuda.max_memory_allocated` above the
+allocation before the step. Both are reported relative to ClipLoss measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Sequence
+
+import torch
+import torch.nn.functional as F
+
+CASES = ("clip", "adacl-literal", "adacl-calibrated")
+
+
+def build_loss(case: str):
+    import open_clip
+    from open_clip_adacl import create_loss
+
+    if case == "clip":
+        return open_clip.ClipLoss()
+    return create_loss("adacl", mode=case.split("-", 1)[1])
+
+
+def make_features(num: int, dim: int, device: str, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    image = F.normalize(torch.randn(num, dim, generator=generator), dim=-1)
+    text = F.normalize(image + torch.randn(num, dim, generator=generator), dim=-1)
+    return image.to(device), text.to(device)
+
+
+def train_step(loss_fn, image: torch.Tensor, text: torch.Tensor) -> None:
+    image = image.clone().requires_grad_()
+    text = text.clone().requires_grad_()
+    scale = torch.tensor(14.3, device=image.device, requires_grad=True)
+    loss_fn(image, text, scale).backward()
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_cases(num: int, dim: int, device: str, repeats: int) -> Dict[str, float]:
+    """Median seconds per forward+backward of each case, rounds interleaved so drift hits all alike."""
+    image, text = make_features(num, dim, device)
+    losses = {case: build_loss(case) for case in CASES}
+    for loss_fn in losses.values():
+        train_step(loss_fn, image, text)
+    seconds: Dict[str, List[float]] = {case: [] for case in CASES}
+    for _ in range(repeats):
+        for case, loss_fn in losses.items():
+            _synchronize(device)
+            start = time.perf_counter()
+            train_step(loss_fn, image, text)
+            _synchronize(device)
+            seconds[case].append(time.perf_counter() - start)
+    return {case: statistics.median(values) for case, values in seconds.items()}
+
+
+def _resident_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_worker(case: str, num: int, dim: int, device: str) -> int:
+    """Peak bytes of two training steps above what the inputs already take (this process only)."""
+    image, text = make_features(num, dim, device)
+    loss_fn = build_loss(case)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(2):
+            train_step(loss_fn, image, text)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    base = _resident_bytes("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # resets the peak (VmHWM) to the current resident set
+    for _ in range(2):
+        train_step(loss_fn, image, text)
+    return _resident_bytes("VmHWM") - base
+
+
+def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int) -> int:
+    """`peak_memory_worker` in a fresh interpreter, so no earlier case's memory counts."""
+    command = [sys.executable, os.path.abspath(__file__), "--memory-worker", case, "--sizes", str(num),
+               "--dim", str(dim), "--device", device, "--threads", str(threads)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return int(json.loads(output.strip().splitlines()[-1])["peak_bytes"])
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    lines = ["| N | loss | time (ms) | time ratio | peak memory (MiB) | memory ratio |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['N']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} | "
+                     f"{row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int) -> List[dict]:
+    rows = []
+    for num in sizes:
+        seconds = time_cases(num, dim, device, repeats)
+        peak = {case: measure_peak_memory(case, num, dim, device, threads) for case in CASES}
+        for case in CASES:
+            rows.append({"N": num, "loss": case, "seconds": seconds[case], "peak_bytes": peak[case],
+                         "time_ratio": seconds[case] / seconds["clip"],
+                         "memory_ratio": peak[case] / peak["clip"]})
+    return rows
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], help="global batch sizes N")
+    parser.add_argument("--dim", type=int, default=512, help="feature width D")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--output", help="also write the markdown table to this file")
+    parser.add_argument("--memory-worker", choices=CASES, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.memory_worker:
+        print(json.dumps({"peak_bytes": peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device)}))
+        return
+    rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'cpu'}, " \
+                                                                         f"{args.threads} thread(s)"
+    report = (f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, {device}; median of "
+              f"{args.repeats} rounds; ratios against ClipLoss in the same run.\n\n{markdown_table(rows)}\n")
+    print(report)
+    if args.output:
+        with open(args.output, "w") as handle:
+            handle.write(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+"""AdaCL's math as small pure functions (ADACL.md sections 3, 4 and 4b).
+
+Conventions. `similarities` is a rows x C matrix whose row `i` holds one query's scores against C
+candidates; `positive_col` (rows,) is the column of each row's positive and every other column is
+a negative. Scores may be cosines or logits `t * cos + bias`: every selection step (salient scores,
+reference rows, the GDA candidate set, the order of the gaps) is invariant under such a positive
+affine map, which is why `selection.py` can work on the logits it already has. Scalars are 0-dim
+tensors; the closed forms are evaluated in float64. Nothing here communicates across ranks
+(`selection.py` does) or keeps state across steps (the loss does).
+
+Section numbers refer to ADACL.md; "Eq." to the paper (Pan, Dong, Yang, ICLR 2025).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+SALIENT_KINDS = ("max", "mean")
+ANCHOR_STATS = ("median", "mean", "min", "max")
+ANCHOR_PROBS = ("vanilla", "progressive")
+
+Scalar = Union[float, torch.Tensor]
+
+
+def _f64(value: Scalar) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=torch.float64)
+
+
+# --- 3.1-3.2: salient scores and reference rows -------------------------------------------------
+
+def negative_mask(num_rows: int, num_cols: int, positive_col: torch.Tensor) -> torch.Tensor:
+    """rows x C bool, True where the entry is a negative (every column but the row's positive)."""
+    cols = torch.arange(num_cols, device=positive_col.device)
+    return cols[None, :] != positive_col[:, None]
+
+
+def salient_scores(similarities: torch.Tensor, positive_col: torch.Tensor, kind: str = "max") -> torch.Tensor:
+    """How far each query's positive stands out (section 3.1; Eq. 7's formula was not recovered).
+
+    `max`: s_ii - max_{j != i} s_ij. `mean`: s_ii - mean_{j != i} s_ij. Shapes: rows x C -> rows.
+    """
+    if kind not in SALIENT_KINDS:
+        raise ValueError(f"salient must be one of {SALIENT_KINDS}, got {kind!r}")
+    negatives = negative_mask(*similarities.shape, positive_col)
+    positive = similarities.gather(1, positive_col[:, None]).squeeze(1)
+    if kind == "max":
+        other = similarities.masked_fill(~negatives, float("-inf")).amax(dim=1)
+    else:
+        other = torch.where(negatives, similarities, 0).sum(dim=1) / negatives.sum(dim=1)
+    return positive - other
+
+
+def reference_rows(salient: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(most salient row, least salient row) (section 3.2), ties to the lowest index.
+
+    The most salient row's negatives form S_sln (class "not clone"); the least salient row's
+    negatives form S_cln (class "clone"). Shapes: rows -> two 0-dim int64.
+    """
+    return torch.argmax(salient), torch.argmin(salient)  # both return the first extreme index
+
+
+# --- 3.3-3.4: Gaussian discriminant analysis and the clone candidates --------------------------
+
+def gaussian_fit(values: torch.Tensor, weights: Optional[torch.Tensor] = None,
+                 std_floor: Scalar = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Maximum-likelihood 1-D Gaussian (mean, population std) of `values` (section 3.3), in float64.
+
+    `weights` (same shape, 0/1) selects the entries, e.g. a row's negatives. The std is floored at
+    `std_floor` so the posterior stays finite; a fit whose std equals the floor is flat, and the
+    loss treats it as a degenerate batch (guard "flat_reference").
+    """
+    values = values.double()
+    weights = torch.ones_like(values) if weights is None else weights.double()
+    count = weights.sum()
+    mean = (weights * values).sum() / count
+    variance = (weights * (values - mean) ** 2).sum() / count
+    return mean, torch.maximum(variance.sqrt(), _f64(std_floor).to(values.device))
+
+
+def gda_log_odds(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
+                 prior_ratio: Scalar = 1.0) -> torch.Tensor:
+    """log p(C|s) - log p(not C|s) for two 1-D Gaussians (section 3.3, Eq. 8-9), elementwise.
+
+    log-odds = -log(pi_n/pi_c) - log sigma_c + log sigma_n - (s-mu_c)^2/(2 sigma_c^2)
+               + (s-mu_n)^2/(2 sigma_n^2).
+    Computed in float64 and in log space, so nothing is exponentiated; returned in s's dtype.
+    """
+    s64 = s.double()
+    z_c = (s64 - _f64(mu_c)) / _f64(sigma_c)
+    z_n = (s64 - _f64(mu_n)) / _f64(sigma_n)
+    log_odds = (-torch.log(_f64(prior_ratio)) - torch.log(_f64(sigma_c)) + torch.log(_f64(sigma_n))
+                + 0.5 * (z_n - z_c) * (z_n + z_c))
+    return log_odds.to(s.dtype)
+
+
+def gda_posterior(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
+                  prior_ratio: Scalar = 1.0) -> torch.Tensor:
+    """p(C|s) = 1 / (1 + (pi_n/pi_c)(sigma_c/sigma_n) exp[(s-mu_c)^2/(2 sigma_c^2) - (s-mu_n)^2/(2 sigma_n^2)])
+
+    (section 3.3, Eq. 9; `prior_ratio` = pi_n / pi_c). The sigmoid of `gda_log_odds`: no overflow
+    for any s, in s's dtype, same shape as s.
+    """
+    return torch.sigmoid(gda_log_odds(s.double(), mu_c, sigma_c, mu_n, sigma_n, prior_ratio)).to(s.dtype)
+
+
+def gda_log_odds_coefficients(mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
+                              prior_ratio: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A, B, C) with gda_log_odds(s) = A s^2 + B s + C, in float64.
+
+    The expanded quadratic lets the selection test millions of entries with one Horner evaluation;
+    it differs from `gda_log_odds` only by rounding.
+    """
+    inv_c = 0.5 / _f64(sigma_c) ** 2
+    inv_n = 0.5 / _f64(sigma_n) ** 2
+    mu_c, mu_n = _f64(mu_c), _f64(mu_n)
+    quadratic = inv_n - inv_c
+    linear = 2 * (mu_c * inv_c - mu_n * inv_n)
+    constant = (-torch.log(_f64(prior_ratio)) - torch.log(_f64(sigma_c)) + torch.log(_f64(sigma_n))
+                + mu_n ** 2 * inv_n - mu_c ** 2 * inv_c)
+    return quadratic, linear, constant
+
+
+def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor, mu_c: Scalar,
+                         sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
+                         prior_ratio: Scalar = 1.0) -> torch.Tensor:
+    """S~ = {(i, j): j negative of i, p(C|s_ij) > 1/2} (section 3.4). rows x C -> rows x C bool.
+
+    Uses log-odds > 0, which is the same set as posterior > 1/2 without the sigmoid's rounding.
+    """
+    log_odds = gda_log_odds(similarities, mu_c, sigma_c, mu_n, sigma_n, prior_ratio)
+    return (log_odds > 0) & negative_mask(*similarities.shape, positive_col)
+
+
+# --- 3.5: the anchor ------------------------------------------------------------------------------
+
+def positive_gaps(similarities: torch.Tensor, positive_col: torch.Tensor) -> torch.Tensor:
+    """d_ij = s_ii - s_ij (section 3.5): how far each entry sits below its row's positive. rows x C."""
+    positive = similarities.gather(1, positive_col[:, None])
+    return positive - similarities
+
+
+def anchor_statistic(gaps: torch.Tensor, candidates: torch.Tensor,
+                     stat: str = "median") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The anchor element of the candidate gaps (section 3.5): (gap value, row u, column).
+
+    `median` is the lower median ((K-1)//2-th smallest of the K candidate gaps, an actual element);
+    `min` and `max` the extremes; `mean` picks the candidate whose gap is nearest to the mean gap
+    (float64 distances). Among several qualifying elements the lowest (row, column) wins. This is
+    the dense single-process definition; `selection.py` computes the same element across ranks
+    without materialising the candidate list. Needs at least one candidate.
+    """
+    if stat not in ANCHOR_STATS:
+        raise ValueError(f"anchor_stat must be one of {ANCHOR_STATS}, got {stat!r}")
+    flat_index = candidates.flatten().nonzero().squeeze(1)  # row-major, so in (row, column) order
+    values = gaps.flatten()[flat_index]
+    if stat == "mean":
+        distance = (values.double() - values.double().mean()).abs()
+        position = torch.argmin(distance)  # first minimum = lowest index
+    else:
+        if stat == "median":
+            target = torch.sort(values).values[(values.numel() - 1) // 2]
+        else:
+            target = values.min() if stat == "min" else values.max()
+        position = torch.argmax((values == target).int())  # first element equal to the target
+    element = flat_index[position]
+    return values[position], element // gaps.shape[1], element % gaps.shape[1]
+
+
+# --- 3.6: the anchor probability ----------------------------------------------------------------
+
+def anchor_log_odds(anchor: Scalar, log_z_u: Scalar, scale: Scalar, previous_m1: Optional[Scalar] = None,
+                    previous_m2: Optional[Scalar] = None) -> torch.Tensor:
+    """logit(p_u) for the anchor pair (section 3.6), float64 0-dim.
+
+    `vanilla` (no previous margins): p_u = exp(t a) / (exp(t a) + Z_u), so logit(p_u) = t a - log Z_u.
+    `progressive`: the anchor's probability under the previous step's margins,
+    logit(p_u) = m1' (a - m2') - log Z_u. Z_u = sum_{k != u} exp(t s_uk) is the anchor row's
+    negative sum (without any logit bias). Working with the log-odds keeps p_u near 1 exact.
+    """
+    anchor, log_z_u = _f64(anchor), _f64(log_z_u)
+    if previous_m1 is None:
+        return _f64(scale) * anchor - log_z_u
+    return _f64(previous_m1) * (anchor - _f64(previous_m2)) - log_z_u
+
+
+def anchor_probability(anchor: Scalar, log_z_u: Scalar, scale: Scalar, previous_m1: Optional[Scalar] = None,
+                       previous_m2: Optional[Scalar] = None) -> torch.Tensor:
+    """p_u (section 3.6): the sigmoid of `anchor_log_odds`."""
+    return torch.sigmoid(anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2))
+
+
+# --- 3.7: the margins in closed form ------------------------------------------------------------
+
+def modulated_probability(s: Scalar, m1: Scalar, m2: Scalar, log_z_u: Scalar) -> torch.Tensor:
+    """p^(s) = exp(m1 (s - m2)) / (exp(m1 (s - m2)) + Z_u): the anchor row's positive probability
+    when its positive logit is m1 (s - m2) (section 3.7, Eq. 4). Float64."""
+    return torch.sigmoid(_f64(m1) * (_f64(s) - _f64(m2)) - _f64(log_z_u))
+
+
+def margins_from_log_odds(anchor: Scalar, anchor_log_odds: Scalar, log_z_u: Scalar, eps_log_odds: Scalar,
+                          boundary: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Algorithm 1's closed forms with p_u and eps given by their log-odds (section 3.7, Eq. 4 and 6).
+
+    m1 = (logit(eps) + logit(p_u)) / (a - b), i.e. log(eps p_u / ((1-eps)(1-p_u))) / (a - b);
+    m2 = a - (logit(p_u) + log Z_u) / m1,       i.e. a + log((1-p_u) / (p_u Z_u)) / m1.
+    The unique line with p^(a) = p_u and p^(b) = 1 - eps. Float64 0-dim; may be non-finite or
+    m1 <= 0 for degenerate inputs (see `margins_valid`).
+    """
+    anchor, boundary = _f64(anchor), _f64(boundary)
+    anchor_log_odds = _f64(anchor_log_odds)
+    m1 = (_f64(eps_log_odds) + anchor_log_odds) / (anchor - boundary)
+    m2 = anchor - (anchor_log_odds + _f64(log_z_u)) / m1
+    return m1, m2
+
+
+def margins_from_anchor(anchor: Scalar, p_u: Scalar, log_z_u: Scalar, eps: Scalar,
+                        boundary: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(m1, m2) from Algorithm 1 (section 3.7) given the anchor a = s_uu, its probability p_u,
+    log Z_u and the boundary error eps; 0-dim float64 tensors."""
+    return margins_from_log_odds(anchor, torch.logit(_f64(p_u)), log_z_u, torch.logit(_f64(eps)), boundary)
+
+
+def margins_valid(m1: torch.Tensor, m2: torch.Tensor, anchor: Scalar, anchor_log_odds: Scalar,
+                  eps_log_odds: Scalar, boundary: Scalar = 1.0) -> torch.Tensor:
+    """Guard "bad_margins" (section 3, Guards): the closed forms are usable.
+
+    False when m1 or m2 is non-finite, m1 <= 0, the anchor is not below the boundary, or
+    p_u >= 1 - eps (the anchor already beats the boundary requirement). 0-dim bool.
+    """
+    return (torch.isfinite(m1) & torch.isfinite(m2) & (m1 > 0) & (_f64(anchor) < _f64(boundary))
+            & (_f64(anchor_log_odds) + _f64(eps_log_odds) < 0))
+
+
+# --- 4 and 4b: the calibrated variant and its bounds --------------------------------------------
+
+def calibrated_eps_log_odds(log_z_u: Scalar, scale: Scalar, rho: Scalar, boundary: Scalar = 1.0) -> torch.Tensor:
+    """logit(eps) for eps = rho (1 - p_vanilla(b)) (section 4): the boundary error relative to the
+    vanilla one, 1 - p_vanilla(b) = Z_u / (exp(t b) + Z_u). In log space; float64 0-dim.
+
+    With vanilla p_u this gives m1 = t + [log(1/rho) + log(1 + (1-rho) Z_u e^{-tb}) ] / (b - a) >= t,
+    and m2 = a (1 - t/m1): about t + log(1/rho)/(b - a) when Z_u << exp(t b).
+    """
+    log_eps = torch.log(_f64(rho)) + F.logsigmoid(_f64(log_z_u) - _f64(scale) * _f64(boundary))
+    return log_eps - torch.log1p(-torch.exp(log_eps))
+
+
+def calibrated_eps(log_z_u: Scalar, scale: Scalar, rho: Scalar, boundary: Scalar = 1.0) -> torch.Tensor:
+    """eps = rho (1 - p_vanilla(b)) (section 4), float64 0-dim."""
+    return torch.sigmoid(calibrated_eps_log_odds(log_z_u, scale, rho, boundary))
+
+
+def clamp_anchor(anchor: Scalar, anchor_min: float, anchor_max: float) -> torch.Tensor:
+    """Guard "anchor clamp" (section 4b): keeps a in [anchor_min, anchor_max].
+
+    An anchor near the boundary b makes m1 ~ 1/(b - a) explode; a negative anchor makes m2 < 0.
+    Costs fidelity: the closed forms use the clamped anchor whenever the real one is outside.
+    """
+    return torch.clamp(_f64(anchor), anchor_min, anchor_max)
+
+
+def bound_scale(m1: torch.Tensor, scale: Scalar, max_scale_ratio: float) -> torch.Tensor:
+    """Guard "m1 bounds" (sections 4 and 4b): m1 in [t, max_scale_ratio * t].
+
+    The lower bound makes the positive never flatter than vanilla CL; the upper bound stops the
+    model from buying loss by moving the anchor (4b: m1 / t > 1.5 collapses or stalls training).
+    Costs fidelity: p^(b) = 1 - eps no longer holds when a bound is active.
+    """
+    scale = _f64(scale)
+    return torch.minimum(torch.maximum(m1, scale), max_scale_ratio * scale)
+
+
+def anchor_offset(anchor: Scalar, anchor_logit: Scalar, m1: torch.Tensor) -> torch.Tensor:
+    """m2 that keeps the anchor condition p^(a) = p_u for a given m1: m2 = a - z_u / m1, where
+    z_u = logit(p_u) + log Z_u is the anchor pair's reference logit (t a for vanilla p_u)."""
+    return _f64(anchor) - _f64(anchor_logit) / m1
+
+
+def bound_offset(m2: torch.Tensor, max_offset: float) -> torch.Tensor:
+    """Guard "m2 bounds" (section 4b): m2 in [0, max_offset]; m2 < 0 would be a negative margin
+    (a bonus for the positive), a large m2 pins the loss. Costs the anchor condition when active."""
+    return torch.clamp(m2, 0.0, max_offset)
+
+
+def ema_update(average: torch.Tensor, value: torch.Tensor, momentum: float,
+               initialized: torch.Tensor) -> torch.Tensor:
+    """Smoothing across steps (section 4b): momentum * average + (1 - momentum) * value, or `value`
+    itself on the first update. Damps the feedback loop between the margins and the batch they are
+    computed on; costs the per-batch closed-form conditions. Same shapes in and out."""
+    return torch.where(initialized, momentum * average + (1 - momentum) * value, value)
+
+
+class Margins(NamedTuple):
+    """One direction's margins for one batch (float64 0-dim tensors)."""
+
+    m1: torch.Tensor           # applied scale of the positive logit
+    m2: torch.Tensor           # applied offset of the positive similarity
+    closed_m1: torch.Tensor    # Algorithm 1's m1 before any bound (diagnostic)
+    closed_m2: torch.Tensor
+    anchor: torch.Tensor       # the anchor the closed forms used (clamped in calibrated mode)
+    p_u: torch.Tensor
+    valid: torch.Tensor        # bool: the closed forms passed `margins_valid`
+
+
+def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, boundary: float = 1.0,
+                    previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None) -> Margins:
+    """Section 3.7 exactly: Algorithm 1's m1, m2 with a fixed eps and boundary b."""
+    log_odds = anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2)
+    eps_log_odds = torch.logit(_f64(eps))
+    m1, m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
+    valid = margins_valid(m1, m2, anchor, log_odds, eps_log_odds, boundary)
+    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid)
+
+
+def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: float, boundary: float = 1.0, *,
+                       anchor_min: float, anchor_max: float, max_scale_ratio: float, max_offset: float,
+                       previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None) -> Margins:
+    """Section 4's calibrated variant with section 4b's bounds (a project extension, not the paper).
+
+    1. clamp the anchor (`clamp_anchor`); 2. eps = rho (1 - p_vanilla(b)) (`calibrated_eps_log_odds`);
+    3. Algorithm 1's closed forms; 4. m1 bounded to [t, max_scale_ratio t] (`bound_scale`);
+    5. m2 re-derived from the anchor condition with the bounded m1 (`anchor_offset`), then bounded
+    to [0, max_offset] (`bound_offset`). With vanilla p_u and anchor_min >= 0 this guarantees
+    m1 >= t and m2 >= 0, i.e. never weaker than vanilla CL.
+    """
+    anchor = clamp_anchor(anchor, anchor_min, anchor_max)
+    log_odds = anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2)
+    eps_log_odds = calibrated_eps_log_odds(log_z_u, scale, rho, boundary)
+    closed_m1, closed_m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
+    valid = margins_valid(closed_m1, closed_m2, anchor, log_odds, eps_log_odds, boundary)
+    m1 = bound_scale(closed_m1, scale, max_scale_ratio)
+    m2 = bound_offset(anchor_offset(anchor, log_odds + _f64(log_z_u), m1), max_offset)
+    return Margins(m1, m2, closed_m1, closed_m2, anchor, torch.sigmoid(log_odds), valid)
+
+
+# --- 3.8: the loss's positive logit -------------------------------------------------------------
+
+def modulated_positive(similarity: torch.Tensor, scale: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
+                       scale_grad: bool = True) -> torch.Tensor:
+    """The positive logit m1 (s - m2) (section 3.8), margins without gradient.
+
+    With `scale_grad` it is written t * (m1 / t).detach() * (s - m2): the same value, but the
+    positive keeps its gradient to the learned logit_scale t (section 4b: without it only the
+    negatives pull on t and it falls). Shapes: similarity (rows,), scalars 0-dim -> rows.
+    """
+    m2 = m2.detach().to(similarity.dtype)
+    if scale_grad:
+        ratio = (m1.detach().double() / scale.detach().double()).to(similarity.dtype)
+        return scale * ratio * (similarity - m2)
+    return m1.detach().to(similarity.dtype) * (similarity - m2)
+
+
+def vanilla_margins(scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(t, 0): the margins under which the modulated positive equals vanilla CL's t * s."""
+    return _f64(scale.detach()), torch.zeros((), dtype=torch.float64, device=scale.device)
+

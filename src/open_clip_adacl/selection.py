@@ -1,0 +1,361 @@
+"""Exact global anchor selection over the ranks that share the rows (ADACL.md section 5).
+
+Input: this rank's rows x C logits (C = the N columns of the global batch, plus queue columns),
+`positive_col`, the global column of each row's positive, which is also the row's global index,
+and a `RowGroup`. In OpenCLIP's full-logits regime every rank holds all N rows and RowGroup's
+reductions are the identity; with `--local-loss` each rank holds its own b rows and they are
+all-reduces. Nothing of size N x N crosses ranks: the reductions move a few scalars, and the exact
+median is a radix select whose two passes each all-reduce one 65,537-bin histogram.
+
+Everything runs under `torch.no_grad()` with tensor ops only: no `.item()`, no boolean indexing, no
+data-dependent Python branch, so a GPU never waits for the host. Every rank ends with bit-identical
+results: each value either comes out of an all-reduce (min/max/integer sums are exact; a sum in
+which only the owner contributes a non-zero is exact) or is computed from such values by the same
+ops.
+
+The selection reads the logits the loss already has: every decision it makes is invariant under
+the positive affine map cos -> t cos + bias (see adacl.py), so no second matmul is needed. Rows are
+processed in chunks small enough to stay in the CPU cache (large on a GPU), and each pass recomputes
+its chunk's candidates and gaps from the logits, so the selection allocates nothing of size N x N.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+from . import adacl
+from .distributed import RowGroup
+
+# Radix digit width: two passes of 16 bits resolve a float32 exactly; each pass's histogram
+# (65,536 bins, 65,552 in the second pass) is one all-reduce of 0.5 MB, whatever N is.
+RADIX_BITS = 16
+_RADIX = 1 << RADIX_BITS
+_HALF = _RADIX // 2
+_LOW_MASK = _RADIX - 1
+# Elements per chunk: on the CPU a chunk stays in L2, so the several elementwise ops applied to
+# it cost a fraction of the same ops over the whole matrix, and the 65,536-bin histogram added per
+# chunk stays small next to the chunk (2^17 measured best on a 2 MB-L2 Xeon); on a GPU bigger
+# chunks only bound the temporaries.
+CHUNK_ELEMENTS = {"cpu": 1 << 17, "cuda": 1 << 24}
+_NO_ROW = torch.iinfo(torch.int64).max
+
+
+def row_chunks(num_rows: int, num_cols: int, device: torch.device) -> Iterator[Tuple[int, int]]:
+    """(start, stop) row ranges covering `num_rows`, each about one cache-sized chunk."""
+    step = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // max(num_cols, 1))
+    for start in range(0, num_rows, step):
+        yield start, min(start + step, num_rows)
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Selection statistics run in float32, or float64 for float64 logits (bf16/fp16 are upcast)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """Counts of each bin index (int64). `torch.bincount` on CUDA reads the maximum back to the host,
+    so the GPU path scatters instead."""
+    if bins.device.type == "cpu":
+        return torch.bincount(bins, minlength=num_bins)
+    counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
+    return counts.index_add_(0, bins.long(), torch.ones_like(bins, dtype=torch.int64))
+
+
+# --- per-row summaries ----------------------------------------------------------------------------
+
+@dataclass
+class RowSummary:
+    """Per-row quantities of this rank's rows, from one pass over the logits."""
+
+    positive: torch.Tensor       # rows: the positive logit, working dtype
+    negative_max: torch.Tensor   # rows: max over the row's negatives (-inf without negatives)
+    negative_mean: torch.Tensor  # rows, float64: mean over the negatives (NaN unless requested)
+    negative_lse: torch.Tensor   # rows: log sum_{j negative} exp(logit_ij) (-inf without negatives)
+
+
+@torch.no_grad()
+def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: bool = False) -> RowSummary:
+    """One chunked pass: positive logit, negatives' max, mean (if `with_mean`) and log-sum-exp.
+
+    The log-sum-exp over the negatives is the loss's denominator without the positive (the loss
+    adds its modulated positive to it); the max doubles as the `max` salient score's term.
+    """
+    num_rows, num_cols = logits.shape
+    dtype = working_dtype(logits.dtype)
+    positive = logits.gather(1, positive_col[:, None]).squeeze(1).to(dtype)
+    negative_max = torch.empty(num_rows, dtype=dtype, device=logits.device)
+    negative_lse = torch.empty_like(negative_max)
+    row_sum = torch.full((num_rows,), float("nan"), dtype=torch.float64, device=logits.device)
+    for start, stop in row_chunks(num_rows, num_cols, logits.device):
+        chunk = logits[start:stop].to(dtype, copy=True)  # a private copy: modified in place below
+        if with_mean:
+            row_sum[start:stop] = chunk.sum(dim=1, dtype=torch.float64)
+        chunk[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = float("-inf")
+        chunk_max = chunk.amax(dim=1)
+        shift = torch.where(torch.isfinite(chunk_max), chunk_max, torch.zeros_like(chunk_max))
+        negative_max[start:stop] = chunk_max
+        negative_lse[start:stop] = shift + chunk.sub_(shift[:, None]).exp_().sum(dim=1).log()
+    negative_mean = (row_sum - positive.double()) / max(num_cols - 1, 1)
+    return RowSummary(positive, negative_max, negative_mean, negative_lse)
+
+
+# --- global reductions over rows ------------------------------------------------------------------
+
+def _local_row(row: torch.Tensor, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(local position of global `row`, clamped into range, as a 1-element index; whether this rank
+    holds it). `row_index` (contiguous) is the global index of each local row."""
+    local = (row - row_index[0]).clamp(0, row_index.shape[0] - 1).view(1)
+    return local, row_index.index_select(0, local).squeeze(0) == row
+
+
+def row_value_from_owner(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor,
+                         rows: RowGroup) -> torch.Tensor:
+    """values[global row] on every rank, bit-exactly, from this rank's per-row vector `values`."""
+    local, is_owner = _local_row(row, row_index)
+    return rows.from_owner(values.index_select(0, local).squeeze(0), is_owner)
+
+
+def global_reference_rows(salient: torch.Tensor, row_index: torch.Tensor,
+                          rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Global (most salient, least salient) row, ties to the lowest global row: the max/min of the
+    value, then the min of the indices attaining it (two all-reduces for both)."""
+    extremes = rows.max(torch.stack([salient.max(), -salient.min()]))
+    attains = torch.stack([salient == extremes[0], salient == -extremes[1]])
+    index = torch.where(attains, row_index, torch.full_like(row_index, _NO_ROW)).amin(dim=1)
+    index = rows.min(index)
+    return index[0], index[1]
+
+
+def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: torch.Tensor,
+                   salient_row: torch.Tensor, rows: RowGroup, std_floor) -> torch.Tensor:
+    """(mu_c, sigma_c, mu_n, sigma_n), float64 (4,): Gaussians of the least salient row's negatives
+    (class clone) and of the most salient row's (class not clone), fitted by each row's owner and
+    shared bit-exactly (one all-reduce)."""
+    fits, owned = [], []
+    cols = torch.arange(logits.shape[1], device=logits.device)
+    for row in (clone_row, salient_row):
+        local, is_owner = _local_row(row, positive_col)  # a row's global index is its positive column
+        negatives = cols != positive_col.index_select(0, local)
+        fits.extend(adacl.gaussian_fit(logits.index_select(0, local).squeeze(0), negatives, std_floor))
+        owned.extend([is_owner, is_owner])
+    return rows.from_owner(torch.stack(fits), torch.stack(owned))
+
+
+# --- candidates and their gaps --------------------------------------------------------------------
+
+# Keys of entries that are not clone candidates have the sign and all exponent bits set (a negative
+# NaN, or -inf): they never equal a finite gap's key, and their high 16 bits fall in the 128 bins
+# 0xff80-0xffff, which hold no finite float, so the radix select simply empties those bins. Their
+# mantissa is left as it was so that they spread over the 128 bins: a histogram that increments
+# one counter over and over stalls on the store-to-load dependency (2-3x slower on CPUs).
+NOT_CANDIDATE_BITS = -(1 << 23)  # 0xff800000
+_NOT_CANDIDATE_BINS = slice(_HALF - 128, _HALF)  # `_high_histogram` indices of high bits 0xff80-0xffff
+
+
+@torch.no_grad()
+def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                   coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   workspace: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keys, count, high_counts) of this rank's rows (ADACL.md 3.4-3.5), in one pass.
+
+    keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
+    positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
+    the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
+    count: this rank's number of candidates. high_counts: this rank's first radix histogram
+    (see `radix_select`). `workspace`, an int32 tensor of at least rows x C elements, is reused for
+    the keys so that no fresh rows x C buffer (and its page faults) is needed each step.
+
+    The test and the key are pure integer arithmetic on the log-odds' and the gap's bits, because on
+    CPUs the comparison and selection kernels (`>`, `torch.where`) are several times slower than
+    vectorised arithmetic; "positive" is read from the sign bit, so an entry whose log-odds round
+    to exactly +0.0 counts as a candidate.
+    """
+    num_rows, num_cols = logits.shape
+    dtype = working_dtype(logits.dtype)
+    quadratic, linear, constant = (c.to(dtype) for c in coefficients)
+    keys = ensure_workspace(workspace, num_rows * num_cols, logits.device)[:num_rows * num_cols].view(num_rows, num_cols)
+    high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
+    for start, stop in row_chunks(num_rows, num_cols, logits.device):
+        x = logits[start:stop].to(dtype)
+        log_odds = ((x * quadratic).add_(linear).mul_(x).add_(constant)).float()  # Horner: (A x + B) x + C
+        # The sign bit spread over all bits (0 where log-odds >= +0, else -1), kept where NOT_CANDIDATE_BITS is.
+        not_candidate = (log_odds.view(torch.int32) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
+        not_candidate[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
+        gap_bits = (positive[start:stop, None] - x).float().view(torch.int32)
+        high_counts += _high_histogram(torch.bitwise_or(gap_bits, not_candidate, out=keys[start:stop]))
+    count = keys.numel() - high_counts[_NOT_CANDIDATE_BINS].sum()
+    high_counts[_NOT_CANDIDATE_BINS] = 0
+    return keys, count, high_counts
+
+
+def ensure_workspace(workspace: Optional[torch.Tensor], num_elements: int, device: torch.device) -> torch.Tensor:
+    """`workspace` (flat int32) when it is on `device` and holds `num_elements`, else a new one."""
+    if workspace is None or workspace.numel() < num_elements or workspace.device != device:
+        return torch.empty(num_elements, dtype=torch.int32, device=device)
+    return workspace
+
+
+def masked_keys(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Keys as `candidate_keys` writes them, for float32 `values` selected by a bool `mask`."""
+    bits = values.float().view(torch.int32)
+    return torch.where(mask, bits, bits | NOT_CANDIDATE_BITS)
+
+
+def candidate_gaps(keys: torch.Tensor, fill: float) -> torch.Tensor:
+    """The candidates' gaps as float32, `fill` for the other entries."""
+    return keys.view(torch.float32).nan_to_num(nan=fill, posinf=fill, neginf=fill)
+
+
+def _high_histogram(keys: torch.Tensor) -> torch.Tensor:
+    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys."""
+    return _histogram(((keys >> RADIX_BITS) + _HALF).reshape(-1), _RADIX)
+
+
+# Bins of the second radix pass: 8 + the low 16 bits for keys in the selected high bin, and 16 dump
+# bins (0-7 below, 65,544-65,551 above) spread by the keys' lowest 3 bits for all others (see
+# NOT_CANDIDATE_BITS on why spreading matters).
+_LOW_BINS = _RADIX + 16
+_LOW_OFFSET = 8
+
+
+def _low_histogram(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Histogram (`_LOW_BINS`) of the low 16 bits of the keys whose high 16 bits equal `high`.
+
+    relative = key ^ (high << 16) lies in [0, 2^16) exactly for those keys (the xor clears their
+    high bits and leaves a high bit, or the sign, set in every other key). Clamped to [-1, 2^16]
+    and shifted by 8 it maps them to 8 + low bits, and the others to -1 + 8 = 7 or 2^16 + 8, whose
+    low 3 bits are then replaced by the key's own to spread them. No comparison kernel involved.
+    """
+    relative = keys ^ (high << RADIX_BITS).to(torch.int32)
+    bins = relative.clamp(-1, _RADIX).add_(_LOW_OFFSET).bitwise_and_(~7).bitwise_or_(relative & 7)
+    return _histogram(bins.reshape(-1), _LOW_BINS)
+
+
+def _locate(counts: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(bin holding the k-th element (0-based) of a histogram in value order, k's rank inside it)."""
+    cumulative = counts.cumsum(0)
+    position = torch.searchsorted(cumulative, k.view(1), right=True).clamp(max=counts.numel() - 1).squeeze(0)
+    below = cumulative[position] - counts[position]
+    return position, k - below
+
+
+@torch.no_grad()
+def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
+                 high_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The exact k-th smallest (0-based) float32 among the candidate `keys` (rows x C int32, see
+    `candidate_keys` / `masked_keys`; the candidates must be finite) of all ranks; returned as its
+    key (0-dim int32).
+
+    Two passes over the float bits, high 16 then low 16, each one histogram all-reduce. Float bit
+    patterns read as int32 order positive floats upwards and negative floats downwards, so each
+    histogram is read with its negative half reversed instead of transforming every key. Ties
+    count like `torch.sort`; -0.0 sorts just before +0.0. `high_counts`: this rank's first-pass
+    histogram when the caller already has it. Needs 0 <= k < count; otherwise the result is
+    meaningless but no index is out of range.
+    """
+    if high_counts is None:
+        high_counts = sum(_high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device))
+        high_counts[_NOT_CANDIDATE_BINS] = 0
+    high_counts = rows.sum(high_counts)
+    position, rank_in_bin = _locate(torch.cat([high_counts[:_HALF].flip(0), high_counts[_HALF:]]), k)
+    high = torch.where(position < _HALF, -1 - position, position - _HALF)  # signed high 16 bits
+
+    low_counts = sum(_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device))
+    low_counts = rows.sum(low_counts)[_LOW_OFFSET:_LOW_OFFSET + _RADIX]
+    negative = high < 0
+    low_position, _ = _locate(torch.where(negative, low_counts.flip(0), low_counts), rank_in_bin)
+    low = torch.where(negative, _LOW_MASK - low_position, low_position)
+    return (high * _RADIX + low).to(torch.int32)
+
+
+def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+    """Lowest global row holding `key` (one all-reduce)."""
+    missing = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
+    for start, stop in row_chunks(*keys.shape, keys.device):
+        # difference = 0 exactly where the key matches; (d | -d) >> 31 is 0 there and -1 elsewhere,
+        # so a row's max is 0 iff it holds the key (arithmetic: faster than == and .any() on CPUs).
+        difference = keys[start:stop] ^ key
+        missing[start:stop] = ((difference | -difference) >> 31).amax(dim=1)
+    return rows.min(torch.where(missing == 0, row_index, torch.full_like(row_index, _NO_ROW)).min())
+
+
+def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
+    """Key of the global max (or min) candidate gap."""
+    fill = float("-inf") if largest else float("inf")
+    extremes = torch.stack([
+        candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
+        for start, stop in row_chunks(*keys.shape, keys.device)])
+    extreme = rows.max(extremes.max()) if largest else rows.min(extremes.min())
+    return extreme.view(torch.int32)
+
+
+def masked_mean(keys: torch.Tensor, count: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+    """Global mean of the candidate gaps, float64 (per-rank sums all-reduced)."""
+    total = sum(candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device))
+    return rows.sum(total) / count.clamp(min=1)
+
+
+def nearest_key(keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tensor,
+                rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row, key) of the candidate gap nearest to `target` (float64 distances), the lowest
+    (row, column) among equally near ones."""
+    distance = torch.empty(keys.shape[0], dtype=torch.float64, device=keys.device)
+    nearest = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
+    for start, stop in row_chunks(*keys.shape, keys.device):
+        gaps = (candidate_gaps(keys[start:stop], float("inf")).double() - target).abs()
+        distance[start:stop], column = gaps.min(dim=1)  # the first minimum: the lowest column
+        nearest[start:stop] = keys[start:stop].gather(1, column[:, None]).squeeze(1)
+    best = rows.min(distance.min())
+    row = rows.min(torch.where(distance == best, row_index, torch.full_like(row_index, _NO_ROW)).min())
+    return row, row_value_from_owner(nearest, row, row_index, rows)
+
+
+# --- the whole selection ----------------------------------------------------------------------------
+
+@dataclass
+class AnchorSelection:
+    """One direction's anchor, identical on every rank. Logit units."""
+
+    row: torch.Tensor             # 0-dim int64: global row u owning the anchor element
+    gap: torch.Tensor             # 0-dim float32: the anchor element's gap (positive - negative logit)
+    num_candidates: torch.Tensor  # 0-dim int64: |S~|
+    reference: torch.Tensor       # (4,) float64: mu_c, sigma_c, mu_n, sigma_n
+    flat_reference: torch.Tensor  # 0-dim bool: a reference fit is at the std floor
+
+
+@torch.no_grad()
+def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
+                  salient: str, anchor_stat: str, prior_ratio: float, std_floor,
+                  workspace: Optional[torch.Tensor] = None) -> AnchorSelection:
+    """ADACL.md 3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
+    the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
+
+    `std_floor` is in logit units (the loss passes floor * t); `workspace` see `candidate_keys`.
+    An empty candidate set returns num_candidates = 0 and meaningless (finite) row and gap; the
+    caller falls back to vanilla CL.
+    """
+    if salient not in adacl.SALIENT_KINDS:
+        raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
+    if anchor_stat not in adacl.ANCHOR_STATS:
+        raise ValueError(f"anchor_stat must be one of {adacl.ANCHOR_STATS}, got {anchor_stat!r}")
+    row_index = positive_col
+    negative_term = summary.negative_max if salient == "max" else summary.negative_mean
+    salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
+    reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
+    floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
+    flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
+    coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
+    keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace)
+    count = rows.sum(count)
+
+    if anchor_stat == "median":
+        key = radix_select(keys, ((count - 1) // 2).clamp(min=0), rows, high_counts)  # the lower median
+        row = first_row_with_key(keys, key, row_index, rows)
+    elif anchor_stat == "mean":
+        row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
+    else:
+        key = masked_extreme(keys, anchor_stat == "max", rows)
+        row = first_row_with_key(keys, key, row_index, rows)
+    return AnchorSelection(row, key.view(torch.float32), count, reference, flat_reference)

@@ -1,0 +1,217 @@
+"""open_clip_adacl.adacl: every function against a naive loop or an independent formula."""
+import math
+
+import pytest
+import torch
+
+from open_clip_adacl import adacl
+
+
+def _similarities(rows=6, cols=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(rows, cols, generator=g, dtype=torch.float64) * 2 - 1
+    positive_col = torch.randperm(cols, generator=g)[:rows]
+    return s, positive_col
+
+
+def _negatives(row, positive_col, cols):
+    return [j for j in range(cols) if j != positive_col[row]]
+
+
+@pytest.mark.parametrize("kind", adacl.SALIENT_KINDS)
+def test_salient_scores_match_loop(kind):
+    s, pc = _similarities()
+    expected = []
+    for i in range(s.shape[0]):
+        negatives = [s[i, j].item() for j in _negatives(i, pc, s.shape[1])]
+        other = max(negatives) if kind == "max" else sum(negatives) / len(negatives)
+        expected.append(s[i, pc[i]].item() - other)
+    torch.testing.assert_close(adacl.salient_scores(s, pc, kind), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_reference_rows_break_ties_to_the_lowest_row():
+    salient = torch.tensor([0.1, 0.5, -0.2, 0.5, -0.2])
+    most, least = adacl.reference_rows(salient)
+    assert (most.item(), least.item()) == (1, 2)
+
+
+def test_gaussian_fit_matches_loop_and_floors_the_std():
+    values = torch.tensor([0.3, -0.1, 0.7, 0.2, 0.2])
+    weights = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
+    kept = [v for v, w in zip(values.tolist(), weights.tolist()) if w]
+    mean = sum(kept) / len(kept)
+    std = math.sqrt(sum((v - mean) ** 2 for v in kept) / len(kept))
+    fit_mean, fit_std = adacl.gaussian_fit(values, weights)
+    assert fit_mean.item() == pytest.approx(mean) and fit_std.item() == pytest.approx(std)
+    assert adacl.gaussian_fit(torch.full((4,), 0.25), std_floor=1e-3)[1].item() == 1e-3
+
+
+@pytest.mark.parametrize("prior_ratio", [1.0, 0.3, 4.0])
+def test_posterior_is_bayes_rule_with_two_gaussians(prior_ratio):
+    s = torch.linspace(-1, 1, 101, dtype=torch.float64)
+    mu_c, sigma_c, mu_n, sigma_n = 0.35, 0.08, 0.05, 0.12
+    pi_c = 1 / (1 + prior_ratio)
+    def density(mu, sigma):
+        return torch.distributions.Normal(torch.tensor(mu, dtype=torch.float64), sigma).log_prob(s).exp()
+    clone = density(mu_c, sigma_c) * pi_c
+    not_clone = density(mu_n, sigma_n) * (1 - pi_c)
+    posterior = adacl.gda_posterior(s, mu_c, sigma_c, mu_n, sigma_n, prior_ratio)
+    torch.testing.assert_close(posterior, clone / (clone + not_clone), atol=1e-12, rtol=1e-9)
+
+
+def test_posterior_is_finite_at_extremes_and_keeps_the_dtype():
+    s = torch.tensor([-1e30, -1.0, 0.0, 1.0, 1e30], dtype=torch.float32)
+    posterior = adacl.gda_posterior(s, 0.3, 1e-6, -0.2, 0.5)
+    assert posterior.dtype == torch.float32
+    assert torch.isfinite(posterior).all() and ((posterior >= 0) & (posterior <= 1)).all()
+
+
+def test_log_odds_coefficients_give_the_same_quadratic():
+    s = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    params = (0.4, 0.05, -0.1, 0.2, 2.0)
+    a, b, c = adacl.gda_log_odds_coefficients(*params)
+    torch.testing.assert_close((a * s + b) * s + c, adacl.gda_log_odds(s, *params), rtol=1e-9, atol=1e-9)
+
+
+def test_clone_candidate_mask_matches_loop():
+    s, pc = _similarities(8, 12, seed=3)
+    params = (0.2, 0.3, -0.3, 0.25, 1.0)
+    mask = adacl.clone_candidate_mask(s, pc, *params)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            expected = j != pc[i] and adacl.gda_posterior(s[i, j], *params).item() > 0.5
+            assert mask[i, j].item() == expected, (i, j)
+
+
+def test_positive_gaps_match_loop():
+    s, pc = _similarities()
+    gaps = adacl.positive_gaps(s, pc)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            assert gaps[i, j].item() == s[i, pc[i]].item() - s[i, j].item()
+
+
+def _naive_anchor(gaps, mask, stat):
+    elements = [(gaps[i, j].item(), i, j) for i in range(gaps.shape[0]) for j in range(gaps.shape[1]) if mask[i, j]]
+    values = sorted(v for v, _, _ in elements)
+    if stat == "mean":
+        mean = sum(values) / len(values)
+        return min(elements, key=lambda e: (abs(e[0] - mean), e[1], e[2]))
+    target = {"median": values[(len(values) - 1) // 2], "min": values[0], "max": values[-1]}[stat]
+    return min(e for e in elements if e[0] == target)[0:3]
+
+
+@pytest.mark.parametrize("stat", adacl.ANCHOR_STATS)
+def test_anchor_statistic_matches_loop_with_ties(stat):
+    g = torch.Generator().manual_seed(7)
+    gaps = (torch.randint(-3, 4, (5, 7), generator=g) / 4).double()  # few distinct values: many ties
+    mask = torch.rand(5, 7, generator=g) > 0.3
+    value, row, col = adacl.anchor_statistic(gaps, mask, stat)
+    assert (value.item(), row.item(), col.item()) == _naive_anchor(gaps, mask, stat)
+
+
+def test_anchor_probability_vanilla_and_progressive():
+    g = torch.Generator().manual_seed(1)
+    s = torch.rand(7, generator=g, dtype=torch.float64) * 2 - 1  # row u: s[0] positive, others negatives
+    scale, bias = 14.3, -2.0
+    logits = scale * s + bias
+    log_z_u = torch.logsumexp(logits[1:], 0) - bias
+    vanilla = math.exp(logits[0]) / (math.exp(logits[0]) + sum(math.exp(v) for v in logits[1:]))
+    assert adacl.anchor_probability(s[0], log_z_u, scale).item() == pytest.approx(vanilla, rel=1e-12)
+    m1, m2 = 17.0, 0.05
+    modulated = math.exp(m1 * (s[0] - m2) + bias)
+    progressive = modulated / (modulated + sum(math.exp(v) for v in logits[1:]))
+    assert adacl.anchor_probability(s[0], log_z_u, scale, m1, m2).item() == pytest.approx(progressive, rel=1e-12)
+
+
+def test_closed_forms_meet_both_conditions_on_random_inputs():
+    g = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        anchor = torch.rand((), generator=g, dtype=torch.float64) * 1.8 - 0.9
+        log_z_u = torch.rand((), generator=g, dtype=torch.float64) * 30
+        p_u = torch.rand((), generator=g, dtype=torch.float64) * 0.9 + 0.01
+        eps = 10 ** -(torch.rand((), generator=g, dtype=torch.float64) * 7 + 1)
+        if p_u >= 1 - eps:
+            continue
+        m1, m2 = adacl.margins_from_anchor(anchor, p_u, log_z_u, eps)
+        assert m1.dim() == 0 and m2.dim() == 0
+        torch.testing.assert_close(adacl.modulated_probability(anchor, m1, m2, log_z_u), p_u, rtol=1e-9, atol=0)
+        torch.testing.assert_close(adacl.modulated_probability(1.0, m1, m2, log_z_u), 1 - eps, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("scale,anchor,log_z,eps,ratio,m2", [
+    (14.3, 0.02, 5.5, 1e-2, 0.70, -0.008),
+    (14.3, 0.02, 5.5, 1e-4, 1.03, 0.001),
+    (100.0, 0.30, 27.9, 1e-4, 0.10, -2.65),
+    (100.0, 0.30, 27.9, 1e-8, 0.23, -0.99),
+])
+def test_literal_margins_reproduce_the_clip_regime_table(scale, anchor, log_z, eps, ratio, m2):
+    """ADACL.md section 4's table: the literal closed forms flatten the positive at CLIP temperatures."""
+    margins = adacl.literal_margins(anchor, log_z, scale, eps)
+    assert (margins.m1 / scale).item() == pytest.approx(ratio, abs=0.006)
+    assert margins.m2.item() == pytest.approx(m2, abs=0.006)
+    assert margins.valid
+
+
+def test_margins_valid_rejects_degenerate_closed_forms():
+    log_z = torch.tensor(3.0, dtype=torch.float64)
+    assert not adacl.literal_margins(0.9, log_z, 100.0, 1e-3).valid  # p_u >= 1 - eps
+    assert not adacl.literal_margins(1.0, log_z, 14.3, 1e-3).valid  # anchor at the boundary: m1 = inf
+    assert adacl.literal_margins(0.2, log_z, 14.3, 1e-3).valid
+
+
+def test_calibrated_eps_is_relative_to_the_vanilla_boundary_error():
+    scale, log_z, rho = 14.3, 6.0, 0.1
+    vanilla_boundary = math.exp(scale) / (math.exp(scale) + math.exp(log_z))
+    assert adacl.calibrated_eps(log_z, scale, rho).item() == pytest.approx(rho * (1 - vanilla_boundary), rel=1e-12)
+    # With Z_u << exp(t b): m1 ~ t + log(1/rho) / (b - a) and m2 = a (1 - t / m1).
+    anchor = 0.3
+    margins = adacl.calibrated_margins(anchor, log_z, scale, rho, anchor_min=0.0, anchor_max=0.9,
+                                       max_scale_ratio=100.0, max_offset=1.0)
+    expected_m1 = scale + math.log(1 / rho) / (1 - anchor)
+    assert margins.m1.item() == pytest.approx(expected_m1, rel=1e-3)
+    assert margins.m2.item() == pytest.approx(anchor * (1 - scale / margins.m1.item()), rel=1e-9)
+
+
+def test_calibrated_margins_are_never_weaker_than_vanilla():
+    g = torch.Generator().manual_seed(4)
+    for _ in range(300):
+        scale = torch.rand((), generator=g, dtype=torch.float64) * 99 + 1
+        anchor = torch.rand((), generator=g, dtype=torch.float64) * 2.4 - 1.2
+        log_z = torch.rand((), generator=g, dtype=torch.float64) * 40 - 5
+        previous = (scale * (1 + torch.rand((), generator=g, dtype=torch.float64)),
+                    torch.rand((), generator=g, dtype=torch.float64) * 0.2)
+        for prev_m1, prev_m2 in [(None, None), previous]:
+            margins = adacl.calibrated_margins(anchor, log_z, scale, 0.1, anchor_min=0.0, anchor_max=0.9,
+                                               max_scale_ratio=1.1, max_offset=0.1,
+                                               previous_m1=prev_m1, previous_m2=prev_m2)
+            assert scale <= margins.m1 <= 1.1 * scale * (1 + 1e-12)
+            assert 0 <= margins.m2 <= 0.1
+            assert torch.isfinite(margins.m1) and torch.isfinite(margins.m2)
+
+
+def test_bounds_and_smoothing():
+    assert adacl.clamp_anchor(0.99, 0.0, 0.9).item() == 0.9
+    assert adacl.clamp_anchor(-0.5, 0.0, 0.9).item() == 0.0
+    scale = torch.tensor(10.0, dtype=torch.float64)
+    assert adacl.bound_scale(torch.tensor(5.0, dtype=torch.float64), scale, 1.1).item() == 10.0
+    assert adacl.bound_scale(torch.tensor(50.0, dtype=torch.float64), scale, 1.1).item() == pytest.approx(11.0)
+    assert adacl.bound_offset(torch.tensor(-0.3), 0.1).item() == 0.0
+    average, value = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    torch.testing.assert_close(adacl.ema_update(average, value, 0.9, torch.tensor(True)), torch.tensor([1.2, 2.2]))
+    torch.testing.assert_close(adacl.ema_update(average, value, 0.9, torch.tensor(False)), value)
+
+
+@pytest.mark.parametrize("scale_grad", [True, False])
+def test_modulated_positive_value_and_scale_gradient(scale_grad):
+    s = torch.tensor([0.3, -0.2, 0.8], requires_grad=True)
+    scale = torch.tensor(14.0, requires_grad=True)
+    m1, m2 = torch.tensor(15.4, dtype=torch.float64), torch.tensor(0.05, dtype=torch.float64)
+    positive = adacl.modulated_positive(s, scale, m1, m2, scale_grad)
+    torch.testing.assert_close(positive, (15.4 * (s - 0.05)).float(), rtol=1e-6, atol=1e-6)
+    positive.sum().backward()
+    torch.testing.assert_close(s.grad, torch.full((3,), 15.4), rtol=1e-6, atol=0)
+    if scale_grad:  # d/dt [t * (m1/t) * (s - m2)] with m1/t held fixed
+        assert scale.grad.item() == pytest.approx(1.1 * (s - 0.05).sum().item(), rel=1e-5)
+    else:
+        assert scale.grad is None
