@@ -106,7 +106,7 @@ def test_modulation_off_is_clip_bit_for_bit():
             assert torch.equal(a, b)
 
 
-def _dense_modulated_loss(x, y, scale, stats, bias=0.0, scale_grad=True):
+def _dense_modulated_loss(x, y, scale, stats, bias=0.0, positive_grad="scaled"):
     """CE over materialised logits whose diagonal is m1 (s_ii - m2), m1 and m2 from the loss's stats."""
     total = 0
     for direction, (q, c) in (("i2t", (x, y)), ("t2i", (y, x))):
@@ -114,8 +114,7 @@ def _dense_modulated_loss(x, y, scale, stats, bias=0.0, scale_grad=True):
         s = (q * c).sum(-1)
         m1 = stats[f"{direction}/m1"].float()
         m2 = stats[f"{direction}/m2"].float()
-        ratio = (m1 / scale).detach() if scale_grad else None
-        positive = (scale * ratio * (s - m2) if scale_grad else m1 * (s - m2)) + bias
+        positive = adacl.modulated_positive(s, scale, m1, m2, positive_grad) + bias
         logits = torch.where(torch.eye(len(s), dtype=torch.bool), positive[:, None].expand_as(logits), logits)
         total = total + F.cross_entropy(logits, torch.arange(len(s)))
     return total / 2
@@ -123,14 +122,15 @@ def _dense_modulated_loss(x, y, scale, stats, bias=0.0, scale_grad=True):
 
 @pytest.mark.parametrize("mode", ["literal", "calibrated"])
 @pytest.mark.parametrize("bias", [0.0, -1.5])
-def test_loss_and_gradients_match_dense_modulated_cross_entropy(mode, bias):
+@pytest.mark.parametrize("positive_grad", adacl.POSITIVE_GRADS)
+def test_loss_and_gradients_match_dense_modulated_cross_entropy(mode, bias, positive_grad):
     x, y = _features(seed=3)
-    loss_fn = create_loss("adacl", mode=mode)
+    loss_fn = create_loss("adacl", mode=mode, positive_grad=positive_grad)
     value, gx, gy, gs = _value_and_grads(loss_fn, x, y, bias=bias)
     assert loss_fn.stats["i2t/modulated"] == 1 and loss_fn.stats["t2i/modulated"] == 1
     xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
     scale = torch.tensor(SCALE, requires_grad=True)
-    reference = _dense_modulated_loss(xr, yr, scale, loss_fn.stats, bias)
+    reference = _dense_modulated_loss(xr, yr, scale, loss_fn.stats, bias, positive_grad)
     reference.backward()
     torch.testing.assert_close(value, reference.detach(), rtol=1e-5, atol=1e-5)
     for ours, ref in ((gx, xr.grad), (gy, yr.grad), (gs, scale.grad)):

@@ -202,16 +202,25 @@ def test_bounds_and_smoothing():
     torch.testing.assert_close(adacl.ema_update(average, value, 0.9, torch.tensor(False)), value)
 
 
-@pytest.mark.parametrize("scale_grad", [True, False])
-def test_modulated_positive_value_and_scale_gradient(scale_grad):
+@pytest.mark.parametrize("positive_grad", adacl.POSITIVE_GRADS)
+def test_modulated_positive_value_and_gradients(positive_grad):
     s = torch.tensor([0.3, -0.2, 0.8], requires_grad=True)
     scale = torch.tensor(14.0, requires_grad=True)
     m1, m2 = torch.tensor(15.4, dtype=torch.float64), torch.tensor(0.05, dtype=torch.float64)
-    positive = adacl.modulated_positive(s, scale, m1, m2, scale_grad)
+    positive = adacl.modulated_positive(s, scale, m1, m2, positive_grad)
     torch.testing.assert_close(positive, (15.4 * (s - 0.05)).float(), rtol=1e-6, atol=1e-6)
     positive.sum().backward()
-    torch.testing.assert_close(s.grad, torch.full((3,), 15.4), rtol=1e-6, atol=0)
-    if scale_grad:  # d/dt [t * (m1/t) * (s - m2)] with m1/t held fixed
-        assert scale.grad.item() == pytest.approx(1.1 * (s - 0.05).sum().item(), rel=1e-5)
-    else:
+    if positive_grad == "fixed":  # Algorithm 1 as written: m1 a constant
+        torch.testing.assert_close(s.grad, torch.full((3,), 15.4), rtol=1e-6, atol=0)
         assert scale.grad is None
+    elif positive_grad == "scaled":  # d/dt [t * (m1/t) * (s - m2)] with m1/t held fixed
+        torch.testing.assert_close(s.grad, torch.full((3,), 15.4), rtol=1e-6, atol=0)
+        assert scale.grad.item() == pytest.approx(1.1 * (s - 0.05).sum().item(), rel=1e-5)
+    else:  # vanilla's gradient: d/ds = t, d/dt = s
+        torch.testing.assert_close(s.grad, torch.full((3,), 14.0), rtol=1e-6, atol=0)
+        assert scale.grad.item() == pytest.approx(s.sum().item(), rel=1e-6)
+
+
+def test_unknown_positive_grad_is_an_error():
+    with pytest.raises(ValueError, match="positive_grad"):
+        adacl.modulated_positive(torch.zeros(2), torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0.0), "nope")

@@ -336,19 +336,33 @@ def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: floa
 
 # --- 3.8: the loss's positive logit -------------------------------------------------------------
 
+POSITIVE_GRADS = ("scaled", "fixed", "balanced")
+
+
 def modulated_positive(similarity: torch.Tensor, scale: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
-                       scale_grad: bool = True) -> torch.Tensor:
+                       positive_grad: str = "scaled") -> torch.Tensor:
     """The positive logit m1 (s - m2) (section 3.8), margins without gradient.
 
-    With `scale_grad` it is written t * (m1 / t).detach() * (s - m2): the same value, but the
-    positive keeps its gradient to the learned logit_scale t (section 4b: without it only the
-    negatives pull on t and it falls). Shapes: similarity (rows,), scalars 0-dim -> rows.
+    All three forms have that value; they differ in the gradient the positive passes on:
+    - `fixed`: m1 is a constant, as Algorithm 1 reads: slope m1 to s, nothing to logit_scale t.
+    - `scaled`: t * (m1 / t).detach() * (s - m2): slope m1 to s, and the positive keeps its
+      gradient to t (section 4b: without it only the negatives pull on t and it falls).
+    - `balanced`: t * s + (m1 (s - m2) - t * s).detach(): vanilla CL's gradient (slope t to s,
+      s to t). The margins become a per-row offset of the positive logit, lower than vanilla below
+      the anchor and higher above it, so the softmax's pull on a positive stays equal to its push on
+      the negatives (with slope m1 > t the pull wins, and every embedding crowds together).
+    Shapes: similarity (rows,), scalars 0-dim -> rows.
     """
     m2 = m2.detach().to(similarity.dtype)
-    if scale_grad:
+    if positive_grad == "fixed":
+        return m1.detach().to(similarity.dtype) * (similarity - m2)
+    if positive_grad == "scaled":
         ratio = (m1.detach().double() / scale.detach().double()).to(similarity.dtype)
         return scale * ratio * (similarity - m2)
-    return m1.detach().to(similarity.dtype) * (similarity - m2)
+    if positive_grad == "balanced":
+        vanilla = scale * similarity
+        return vanilla + (m1.detach().to(similarity.dtype) * (similarity - m2) - vanilla).detach()
+    raise ValueError(f"positive_grad must be one of {POSITIVE_GRADS}, got {positive_grad!r}")
 
 
 def vanilla_margins(scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -84,8 +84,10 @@ class AdaCLLoss(ContrastiveLoss):
                    "negatives, in the anchor statistics and in the denominator; 0 disables it"),
         LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
                    "trains with ClipLoss exactly"),
-        LossOption("scale_grad", bool, True, "write the positive as t * (m1/t).detach() * (s - m2) so it keeps "
-                   "its gradient to logit_scale (else only the negatives pull on it)"),
+        LossOption("positive_grad", str, "scaled", "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
+                   "m1, none to logit_scale, as Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to "
+                   "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset)",
+                   choices=adacl.POSITIVE_GRADS),
         LossOption("max_scale_ratio", float, 1.1, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
         LossOption("max_offset", float, 0.1, "calibrated mode: upper bound of m2 (lower bound 0)"),
         LossOption("anchor_min", float, 0.0, "calibrated mode: the anchor similarity is clamped to at least this"),
@@ -98,13 +100,14 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, queue_size=0, modulate=True, scale_grad=True, max_scale_ratio=1.1, max_offset=0.1,
+                 boundary=1.0, queue_size=0, modulate=True, positive_grad="scaled", max_scale_ratio=1.1, max_offset=0.1,
                  anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)
         _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
         _check_choice("salient", salient, adacl.SALIENT_KINDS)
         _check_choice("anchor_prob", anchor_prob, adacl.ANCHOR_PROBS)
+        _check_choice("positive_grad", positive_grad, adacl.POSITIVE_GRADS)
         _check(0 < eps < 1, f"eps must be in (0, 1), got {eps}")
         _check(0 < rho < 1, f"rho must be in (0, 1), got {rho}")
         _check(prior_ratio > 0, f"prior_ratio must be > 0, got {prior_ratio}")
@@ -117,7 +120,7 @@ class AdaCLLoss(ContrastiveLoss):
         _check(std_floor >= 0, f"std_floor must be >= 0, got {std_floor}")
         self.mode, self.eps, self.rho, self.boundary = mode, eps, rho, boundary
         self.anchor_stat, self.salient, self.anchor_prob, self.prior_ratio = anchor_stat, salient, anchor_prob, prior_ratio
-        self.queue_size, self.modulate, self.scale_grad = queue_size, modulate, scale_grad
+        self.queue_size, self.modulate, self.positive_grad = queue_size, modulate, positive_grad
         self.max_scale_ratio, self.max_offset, self.anchor_min, self.anchor_max = (
             max_scale_ratio, max_offset, anchor_min, anchor_max)
         self.ema, self.std_floor = ema, std_floor
@@ -192,7 +195,7 @@ class AdaCLLoss(ContrastiveLoss):
         # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
         # would cost an N x N scatter in the backward).
         positive = torch.where(modulated, adacl.modulated_positive(similarity, batch.logit_scale, m1, m2,
-                                                                   self.scale_grad),
+                                                                   self.positive_grad),
                                batch.logit_scale * similarity)
         if batch.logit_bias is not None:
             positive = positive + batch.logit_bias
