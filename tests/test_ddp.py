@@ -140,8 +140,9 @@ def test_slurm_environment_is_detected():
         assert f"rank={rank} local={rank} world=2 sum=1 backend=gloo" in output, output
 
 
-def _torchrun(demo_shards, logs, *extra):
-    """`torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU (`--` keeps --logs ours)."""
+def torchrun_command(demo_shards, logs, *extra):
+    """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
+    "ddp" under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
     argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
             "--model", "adacl-tiny", "--batch-size", "16", "--lr", "1e-3", "--warmup", "2", "--workers", "0",
             "--device", "cpu", "--logs", str(logs), "--name", "ddp", "--log-every-n-steps", "1",
@@ -149,9 +150,14 @@ def _torchrun(demo_shards, logs, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), "-m", "training.main", "--", *argv],
-                          env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(_free_port()), "-m", "training.main", "--", *argv]
+    return command, env
+
+
+def _torchrun(demo_shards, logs, *extra):
+    command, env = torchrun_command(demo_shards, logs, *extra)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _first_epoch(demo_shards, logs):

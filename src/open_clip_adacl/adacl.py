@@ -340,7 +340,7 @@ POSITIVE_GRADS = ("scaled", "fixed", "balanced")
 
 
 def modulated_positive(similarity: torch.Tensor, scale: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
-                       positive_grad: str = "scaled") -> torch.Tensor:
+                       positive_grad: str = "balanced") -> torch.Tensor:
     """The positive logit m1 (s - m2) (section 3.8), margins without gradient.
 
     All three forms have that value; they differ in the gradient the positive passes on:

@@ -48,8 +48,8 @@ Differences, each deliberate:
 Corrupt input never stops the loader: see SKIP_REASONS. Where it cannot go on, it says so
 instead of looping forever: a training reader that has tried all of its shards without one
 usable sample, or meets max(1000, 10 x shuffle buffer) undecodable images in a row, raises a
-RuntimeError naming its shards; building the data raises FileNotFoundError naming missing
-local shards and RuntimeError when no shard opens as a tar.
+DataError (a RuntimeError) naming its shards; building the data raises FileNotFoundError naming
+missing local shards and DataError when no shard opens as a tar.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ import numpy as np
 import torch
 from open_clip_train.data import DataInfo, SharedEpoch, expand_urls
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate, get_worker_info
 from webdataset.filters import _shuffle
 from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
@@ -98,6 +98,19 @@ _SHUFFLE_INITIAL = 1000
 _SYNTHETIC_CAPTION = "Dummy caption"  # what OpenCLIP's SyntheticDataset uses
 
 logger = logging.getLogger(__name__)
+
+
+class DataError(RuntimeError):
+    """The data cannot fill the epoch: every shard unreadable, or images that keep failing to decode."""
+
+
+def data_error_reason(error: DataError) -> str:
+    """The message a DataError was raised with, also when a DataLoader worker raised it (torch then
+    re-raises it in the trainer with the worker's traceback prepended)."""
+    text = str(error)
+    if "Original Traceback" not in text:
+        return text
+    return text.rsplit(f"{DataError.__name__}: ", 1)[-1].strip()
 
 
 @dataclass
@@ -330,7 +343,7 @@ class ShardStream(IterableDataset):
                     found = True
                     yield candidate
             if give_up is not None and all_tried and not found:
-                raise RuntimeError(
+                raise DataError(
                     f"{give_up}: none of its shards yielded a usable sample, so it cannot fill a batch "
                     f"(skips: {_describe(counter.counts)}). Check that these files are readable "
                     "img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt, <key>.json).")
@@ -369,8 +382,8 @@ class ShardStream(IterableDataset):
             counter.add(reason)
             failures_in_a_row += 1
             if bad_image_limit is not None and failures_in_a_row >= bad_image_limit:
-                raise RuntimeError(f"rank {self.cfg.rank}: {failures_in_a_row} images in a row could not be "
-                                   f"decoded ({_describe(counter.counts)}); are the shards' images corrupt?")
+                raise DataError(f"rank {self.cfg.rank}: {failures_in_a_row} images in a row could not be "
+                                f"decoded ({_describe(counter.counts)}); are the shards' images corrupt?")
 
     def _assemble(self, images: Iterator[tuple[Image.Image, _Candidate]],
                   counter: _SkipCounter) -> tuple[torch.Tensor, ...] | None:
@@ -394,7 +407,9 @@ class ShardStream(IterableDataset):
             indices.append(candidate.sample_index)
         if not tensors:
             return None
-        return (torch.stack(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
+        # default_collate stacks straight into shared memory inside a DataLoader worker, so handing the
+        # batch to the trainer does not copy the images a second time (torch.stack would).
+        return (default_collate(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
                 counter.take())
 
 
@@ -591,8 +606,8 @@ def _check_shards(urls: Sequence[str], flag: str) -> None:
             "Check the path and the brace range (e.g. 'dir/shard-{000000..000007}.tar').")
     local = [url for url in urls if _is_local(url)]
     if local and len(local) == len(urls) and not any(_opens_as_tar(url) for url in local):
-        raise RuntimeError(f"none of the {len(urls)} shards given by {flag} can be read as a tar "
-                           f"(e.g. {local[:3]}); check the files and their permissions.")
+        raise DataError(f"none of the {len(urls)} shards given by {flag} can be read as a tar "
+                        f"(e.g. {local[:3]}); check the files and their permissions.")
 
 
 def _opens_as_tar(path: str) -> bool:

@@ -2,8 +2,9 @@
 
 Launchers: torchrun (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT) and SLURM's srun
 (SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; MASTER_ADDR defaults to the first host of
-SLURM_NODELIST and MASTER_PORT to one derived from SLURM_JOB_ID). Rank detection and process-group
-creation are OpenCLIP's (`open_clip_train.distributed`); the backend is gloo on CPU and nccl on CUDA.
+SLURM_NODELIST, or SLURM_JOB_NODELIST, and MASTER_PORT to one derived from SLURM_JOB_ID). Rank
+detection and process-group creation are OpenCLIP's (`open_clip_train.distributed`); the backend is
+gloo on CPU and nccl on CUDA.
 DDP wrapping is ours: OpenCLIP passes `device_ids=[device]`, which DDP rejects for CPU modules.
 """
 from __future__ import annotations
@@ -61,7 +62,9 @@ def set_slurm_rendezvous_env() -> None:
     if "SLURM_PROCID" not in os.environ:
         return
     if "MASTER_ADDR" not in os.environ:
-        os.environ["MASTER_ADDR"] = first_slurm_host(os.environ.get("SLURM_NODELIST", "127.0.0.1"))
+        # srun sets both lists; some container launchers pass on only the job's.
+        nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
+        os.environ["MASTER_ADDR"] = first_slurm_host(nodelist)
     if "MASTER_PORT" not in os.environ:
         # Derived from the job id so that two jobs sharing a node do not collide.
         job_id = int(os.environ.get("SLURM_JOB_ID", "0"))

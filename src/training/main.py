@@ -24,7 +24,7 @@ from open_clip_adacl import create_loss
 
 from . import params
 from .checkpoint import Checkpointer, TrainState, find_latest_checkpoint, resume
-from .data import SKIP_REASONS, build_train_data, build_val_data
+from .data import SKIP_REASONS, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
                           unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, setup_logging
@@ -58,6 +58,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     params.validate_args(args, world_size)
     plan = check_data(args, world_size)
     if args.dry_run:
+        build_loss(args, DistributedEnv(world_size=world_size))  # the loss's own checks of its options
         print(f"dry run OK: {plan}")
         return None
     env = init_distributed(args.device, dist_backend=args.dist_backend, dist_url=args.dist_url,
@@ -280,7 +281,8 @@ def check_data(args, world_size: int) -> str:
 
 
 def cli() -> None:
-    """Console entry point: a configuration problem prints one line and exits with status 2."""
+    """Console entry point: a configuration problem prints one line and exits with status 2; data that
+    cannot fill an epoch (every shard of a rank unreadable) or a diverged run is logged and exits with 1."""
     try:
         main(sys.argv[1:])
     except ConfigError as error:
@@ -288,6 +290,9 @@ def cli() -> None:
         sys.exit(2)
     except NonFiniteLossError:
         sys.exit(1)  # the reason and what to change were logged
+    except DataError as error:
+        logging.error(f"training data: {data_error_reason(error)}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ class AdaCLLoss(ContrastiveLoss):
                    "negatives, in the anchor statistics and in the denominator; 0 disables it"),
         LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
                    "trains with ClipLoss exactly"),
-        LossOption("positive_grad", str, "scaled", "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
+        LossOption("positive_grad", str, "balanced", "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
                    "m1, none to logit_scale, as Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to "
                    "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset)",
                    choices=adacl.POSITIVE_GRADS),
@@ -100,7 +100,7 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, queue_size=0, modulate=True, positive_grad="scaled", max_scale_ratio=1.1, max_offset=0.1,
+                 boundary=1.0, queue_size=0, modulate=True, positive_grad="balanced", max_scale_ratio=1.1, max_offset=0.1,
                  anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)

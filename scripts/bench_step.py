@@ -1,0 +1,160 @@
+"""Training step time of `--loss adacl` against `--loss clip`: the trainer's own step, same model and batch.
+
+    python scripts/bench_step.py                         # CPU: ViT-S-32 at batch 8, adacl-tiny at batch 128
+    python scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --output step.json
+
+For each case (MODEL:BATCH) every loss gets its own copy of the model, built from the same seed, and
+its own AdamW; one step is `training.train.forward_backward` + `apply_update` (forward, loss,
+backward, AdamW, logit-scale clamp: what `train_one_epoch` runs per step) on one fixed random batch
+already on the device, so data loading is left out. After --warmup steps per loss, --repeats rounds
+interleave the losses so that drift on a shared machine hits all of them alike; each loss's step
+time is the median of its rounds, the ratio is that against the first loss's (clip) in the same
+run, and the paired ratio the median over rounds of the two losses' back-to-back step times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import torch
+
+from open_clip_adacl import create_loss
+from training.model import ModelConfig, OptimizerConfig, build_model, build_optimizer, build_precision
+from training.params import resolve_precision
+from training.train import MicroBatch, apply_update, forward_backward
+
+DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")
+OPTIMIZER = OptimizerConfig(lr=1e-4, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6)
+
+
+@dataclass
+class Trainee:
+    """One loss's model, optimizer and loss, ready to take steps."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: torch.nn.Module
+
+
+def parse_case(case: str) -> tuple:
+    model, _, batch = case.rpartition(":")
+    if not model or not batch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected MODEL:BATCH such as ViT-S-32:8, got {case!r}")
+    return model, int(batch)
+
+
+def random_batch(model: torch.nn.Module, batch_size: int, device: torch.device, dtype) -> MicroBatch:
+    """Images at the model's input size and token ids at its context length (fixed seed)."""
+    generator = torch.Generator().manual_seed(0)
+    height, width = model.visual.image_size if isinstance(model.visual.image_size, tuple) else (
+        model.visual.image_size,) * 2
+    images = torch.randn(batch_size, 3, height, width, generator=generator)
+    texts = torch.randint(1, model.vocab_size, (batch_size, model.context_length), generator=generator)
+    return MicroBatch(images.to(device=device, dtype=dtype), texts.to(device),
+                      torch.arange(batch_size, device=device))
+
+
+def build_trainee(model_name: str, loss_name: str, precision: str, device: torch.device) -> Trainee:
+    torch.manual_seed(0)  # the same initial weights for every loss
+    model = build_model(ModelConfig(model_name, precision=precision), device).model
+    model.train()
+    return Trainee(model, build_optimizer(model, OPTIMIZER), create_loss(loss_name).to(device))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_seconds(trainee: Trainee, batch: MicroBatch, precision, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    trainee.optimizer.zero_grad(set_to_none=True)
+    forward_backward(trainee.model, trainee.loss, [batch], precision)
+    apply_update(trainee.model, trainee.optimizer, precision, grad_clip_norm=None)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, device: torch.device, precision: str,
+               warmup: int, repeats: int) -> List[dict]:
+    """One row per loss: median step seconds, samples/s and the ratio to the first loss."""
+    trainees = {loss: build_trainee(model_name, loss, precision, device) for loss in losses}
+    first = next(iter(trainees.values())).model
+    step_precision = build_precision(precision, device)
+    batch = random_batch(first, batch_size, device, step_precision.input_dtype)
+    for trainee in trainees.values():
+        for _ in range(warmup):
+            step_seconds(trainee, batch, step_precision, device)
+    seconds: Dict[str, List[float]] = {loss: [] for loss in losses}
+    for _ in range(repeats):
+        for loss, trainee in trainees.items():
+            seconds[loss].append(step_seconds(trainee, batch, step_precision, device))
+    medians = {loss: statistics.median(values) for loss, values in seconds.items()}
+    baseline = losses[0]
+    return [{"model": model_name, "batch_size": batch_size, "loss": loss, "seconds": medians[loss],
+             "samples_per_second": batch_size / medians[loss], "ratio": medians[loss] / medians[baseline],
+             # Within a round the losses ran back to back: the median of those ratios discounts drift.
+             "paired_ratio": statistics.median(ours / theirs for ours, theirs in zip(seconds[loss], seconds[baseline])),
+             "rounds": seconds[loss]} for loss in losses]
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
+                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {row['paired_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def describe_device(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {threads} thread(s)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=parse_case, nargs="+", default=[parse_case(c) for c in DEFAULT_CASES],
+                        help="MODEL:BATCH cases (per-process batch)")
+    parser.add_argument("--losses", nargs="+", default=["clip", "adacl"], help="the first is the ratios' baseline")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default=None, help="default: fp32 on CPU, amp on CUDA (the trainer's)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per loss first")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
+    parser.add_argument("--output", help="also write the rows and settings as JSON to this file")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long check: adacl-tiny:8, 1 round")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.cases, args.warmup, args.repeats = [("adacl-tiny", 8)], 0, 1
+    return args
+
+
+def main(argv=None) -> List[dict]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    precision = resolve_precision(args.precision, device.type)
+    rows = []
+    for model_name, batch_size in args.cases:
+        rows += bench_case(model_name, batch_size, args.losses, device=device, precision=precision,
+                           warmup=args.warmup, repeats=args.repeats)
+    settings = (f"Training step (forward, loss, backward, AdamW), {precision}, torch {torch.__version__}, "
+                f"{describe_device(device, args.threads)}; median of {args.repeats} interleaved rounds after "
+                f"{args.warmup} warm-up steps; ratio against --loss {args.losses[0]} in the same run.")
+    print(f"{settings}\n\n{markdown_table(rows)}")
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump({"settings": settings, "rows": rows}, handle, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU throughput of AdaCL against CLIP, one command, at most 8 minutes (two parts of at most 4):
+#   bash scripts/gpu_bench.sh [OUTPUT_DIR]            on a CUDA machine; OUTPUT_DIR defaults to docs/gpu_bench
+#   bash scripts/gpu_bench.sh --smoke OUTPUT_DIR      the same steps on the CPU at toy sizes (a check, seconds)
+# Needs the project installed (e.g. `source scripts/setup_env.sh`).
+#   1. training step (forward, loss, backward, AdamW; amp) of ViT-B-32 at the CC12M recipe's per-GPU
+#      batch 256, --loss clip and --loss adacl: samples/s and their ratio (scripts/bench_step.py);
+#   2. the loss alone, forward + backward at N = 32768, D = 512: time and peak memory of AdaCL
+#      against OpenCLIP's ClipLoss (scripts/bench_loss.py).
+# Writes OUTPUT_DIR/step.json, step.md, loss.md and summary.md (device, commit, commands, tables),
+# which docs/THROUGHPUT.md and docs/RESULTS.md cite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SMOKE=0
+if [ "${1:-}" = "--smoke" ]; then
+    SMOKE=1
+    shift
+fi
+OUT_DIR="${1:-docs/gpu_bench}"
+PYTHON="${PYTHON:-python}"
+if ! "$PYTHON" -c "import training.train, open_clip_adacl" 2>/dev/null; then
+    echo "error: $PYTHON cannot import the project; install it first (source scripts/setup_env.sh)" >&2
+    exit 2
+fi
+if (( SMOKE )); then
+    STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
+    LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
+else
+    if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+        echo "error: no CUDA device; run with --smoke for a CPU check" >&2
+        exit 2
+    fi
+    STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup 5 --repeats 20)
+    LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 10)
+fi
+mkdir -p "$OUT_DIR"
+timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"
+timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" > /dev/null
+{
+    echo "# GPU benchmarks, $(date -u +%Y-%m-%d)"
+    echo
+    echo "Commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $("$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')")."
+    echo
+    echo "## Training step, --loss clip vs --loss adacl"
+    echo
+    echo "\`${STEP[*]}\`"
+    echo
+    cat "$OUT_DIR/step.md"
+    echo
+    echo "## Loss only"
+    echo
+    echo "\`${LOSS[*]}\`"
+    echo
+    cat "$OUT_DIR/loss.md"
+} > "$OUT_DIR/summary.md"
+cat "$OUT_DIR/summary.md"

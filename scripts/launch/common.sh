@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Shared by the launch recipes (sourced, never run): checks DATA_DIR and builds --train-data, splits
+# the global batch over the ranks, and either launches or, with --dry-run among the arguments, runs
+# the trainer's own check in this shell.
+#   DATA_DIR=/data/cc3m/train source scripts/launch/common.sh
+set -euo pipefail
+
+PYTHON="${PYTHON:-python}"
+
+fail() {
+    echo "error: $*" >&2
+    exit 2
+}
+
+[ -n "${DATA_DIR:-}" ] || fail "set DATA_DIR to the img2dataset output folder holding 00000.tar, 00001.tar, ..."
+[ -d "$DATA_DIR" ] || fail "DATA_DIR=$DATA_DIR is not a directory; point it at your img2dataset webdataset output"
+SHARDS=$(find "$DATA_DIR" -maxdepth 1 -name '*.tar' -printf '%f\n' | grep -E '^[0-9]+\.tar$' | sort || true)
+[ -n "$SHARDS" ] || fail "no NNNNN.tar shards in $DATA_DIR (img2dataset --output_format webdataset writes them)"
+FIRST=$(head -n 1 <<< "$SHARDS")
+LAST=$(tail -n 1 <<< "$SHARDS")
+# img2dataset numbers shards with zero padding; braceexpand keeps the padding of the first bound.
+# A missing shard inside the range is named by the trainer's check (run the recipe with --dry-run).
+TRAIN_DATA="$DATA_DIR/{${FIRST%.tar}..${LAST%.tar}}.tar"
+export TRAIN_DATA
+
+# per_rank_batch GLOBAL_BATCH WORLD_SIZE: the per-rank --batch-size, refusing a split that would
+# silently change the global batch (use as BATCH=$(per_rank_batch ...): the error ends the recipe).
+per_rank_batch() {
+    local global=$1 world=$2
+    if (( world < 1 || global % world != 0 )); then
+        fail "the global batch $global does not split evenly over $world ranks; set GLOBAL_BATCH to a multiple of $world"
+    fi
+    echo $(( global / world ))
+}
+
+# launch WORLD_SIZE TRAINER_ARGS...: exec "${LAUNCHER[@]}" TRAINER_ARGS (LAUNCHER ends with the
+# trainer module, e.g. (torchrun ... -m training.main --)). With --dry-run among the arguments, print
+# the launch command and run the trainer's dry run here, as rank 0 of WORLD_SIZE, so that it works on
+# a login node or on one node of a multi-node run (no GPU, no rendezvous with the other nodes).
+launch() {
+    local world=$1
+    shift
+    local arg
+    for arg in "$@"; do
+        if [ "$arg" = "--dry-run" ]; then
+            echo "launch command: $(printf '%q ' "${LAUNCHER[@]}" "$@")"
+            WORLD_SIZE="$world" RANK=0 LOCAL_RANK=0 exec "$PYTHON" -m training.main "$@"
+        fi
+    done
+    exec "${LAUNCHER[@]}" "$@"
+}
+
+# torchrun_launcher RUN_ID: LAUNCHER and WORLD for GPUS processes on each of NNODES nodes.
+# One node: --standalone (a free local port, so two single-node runs never collide). Several nodes:
+# c10d rendezvous at MASTER_ADDR:MASTER_PORT under RUN_ID, which assigns the node ranks; start the
+# same command on every node.
+torchrun_launcher() {
+    local run_id=$1
+    GPUS="${GPUS:-8}"
+    NNODES="${NNODES:-1}"
+    WORLD=$(( GPUS * NNODES ))
+    local rendezvous=(--standalone)
+    if (( NNODES > 1 )); then
+        [ -n "${MASTER_ADDR:-}" ] || fail "NNODES=$NNODES: set MASTER_ADDR to the hostname of one of the nodes (the same on every node)"
+        rendezvous=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-$run_id}")
+    fi
+    # "--" before the trainer's arguments: torchrun 2.14 otherwise claims --logs (ECOSYSTEM.md).
+    LAUNCHER=(torchrun --nnodes "$NNODES" --nproc_per_node "$GPUS" "${rendezvous[@]}" -m training.main --)
+}

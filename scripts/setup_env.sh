@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sourced by the README's commands: creates ./.venv on first use and installs the project
+# (editable, with test extras) into it; later calls reinstall only when setup.py or
+# requirements.txt changed. Needs only python3 (>= 3.10) with venv.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${ADACL_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating virtual environment in $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+STAMP="$VENV/.open_clip_adacl-installed"
+WANT="$(cat "$ROOT/setup.py" "$ROOT/requirements.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    echo "[setup] installing open_clip_adacl and its dependencies (a few minutes the first time)"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
+    echo "$WANT" > "$STAMP"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
