@@ -194,6 +194,17 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
         assert (tmp_path / "out" / name).is_file()
 
 
+def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(tmp_path):
+    from training.benchmark import KEEP_MARKER
+
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("old generated table\n\n" + KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
+    markdown = write_report(assessed_records(), report_context(tmp_path), results_md, tmp_path / "out")
+    text = results_md.read_text()
+    assert "old generated table" not in text and text.startswith(markdown)
+    assert text.endswith(KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
+
+
 def test_the_findings_name_hard_edit_types_ties_and_variants_that_change_nothing(tmp_path):
     clip = [record("clip", seed, **{"clone/color": 0.95, "clone/size": 0.85, "clone/shape": 0.52 + seed / 100})
             for seed in range(2)]

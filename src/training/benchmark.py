@@ -906,6 +906,19 @@ def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
     return True
 
 
+KEEP_MARKER = "<!-- Everything below this line is kept when the benchmark rewrites this file. -->"
+
+
+def kept_tail(results_md: Path) -> str:
+    """The hand-written sections after KEEP_MARKER in an existing report (other measurements that
+    live in the same results page), so that re-running the benchmark does not erase them."""
+    if not results_md.is_file():
+        return ""
+    text = results_md.read_text()
+    index = text.find(KEEP_MARKER)
+    return "" if index < 0 else "\n" + text[index:]
+
+
 def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, results_md: Path,
                  output_dir: Path) -> str:
     """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`."""
@@ -917,7 +930,7 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
     has_plot = write_plot(summaries, plot_path)
     write_runs_csv(records, csv_path)
     markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name)
-    results_md.write_text(markdown)
+    results_md.write_text(markdown + kept_tail(results_md))
     write_summary_csv(summaries, output_dir / "summary.csv")
     for source, name in ((results_md, "results.md"), (csv_path, "runs.csv"), (plot_path, "results.png")):
         if source.is_file() and source.resolve() != (output_dir / name).resolve():
