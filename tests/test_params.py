@@ -146,3 +146,10 @@ def test_cli_prints_config_errors_and_exits_with_status_2():
                             timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --horovod is not supported by open_clip_adacl")
+
+
+def test_the_chosen_loss_flags_record_the_values_the_run_uses():
+    args = params.parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-ema", "0.5"])
+    assert args.adacl_ema == 0.5 and args.loss_options["ema"] == 0.5
+    assert args.adacl_mode == args.loss_options["mode"] == "calibrated"  # a default, filled in for params.txt
+    assert args.glofnd_alpha is None  # another loss's option: not part of this run

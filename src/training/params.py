@@ -144,7 +144,9 @@ def option_of(loss_name: str, flag: str) -> LossOption:
 
 
 def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The chosen loss's keyword options: given flags, else the option's default.
+    """The chosen loss's keyword options: given flags, else the option's default. The chosen loss's
+    flags are filled in with those values, so params.txt records what the run used (as OpenCLIP
+    fills in --lr from the model); other losses' flags stay None.
 
     Raises ConfigError for a loss flag given while another loss is chosen.
     """
@@ -154,6 +156,7 @@ def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
         if args.loss in loss_flag.losses:
             option = option_of(args.loss, loss_flag.flag)
             options[option.name] = option.default if value is None else value
+            setattr(args, loss_flag.dest, options[option.name])
         elif value is not None:
             raise ConfigError(
                 f"{loss_flag.flag} is an option of --loss {'/'.join(loss_flag.losses)}, but --loss is "
