@@ -297,3 +297,9 @@ def test_bench_loss_measures_every_case():
     table = bench.markdown_table([{"N": 64, "loss": "clip", "seconds": 0.01, "peak_bytes": 2 ** 20,
                                    "time_ratio": 1.0, "memory_ratio": 1.0}])
     assert "| 64 | clip | 10.0 | 1.000 | 1.0 | 1.000 |" in table
+
+
+def test_positive_gradient_defaults_follow_the_mode():
+    assert create_loss("adacl", mode="literal").positive_grad == "fixed"  # Algorithm 1 as written
+    assert create_loss("adacl", mode="calibrated").positive_grad == "balanced"
+    assert create_loss("adacl", mode="literal", positive_grad="scaled").positive_grad == "scaled"

@@ -1,8 +1,7 @@
-"""AdaCL's default mode trains the tiny model without collapsing (ADACL.md 4b), and `literal`
-mode's collapse is what the guards exist for: the same budget, the same data, both checked."""
+"""AdaCL's default mode trains the tiny model without collapsing (ADACL.md 4b), with its margins
+applied and inside their bounds. (Literal mode's collapse is measured by the benchmark, over seeds,
+in docs/RESULTS.md.)"""
 import math
-
-import pytest
 
 from training.logger import read_metrics
 from training.main import main
@@ -37,10 +36,3 @@ def test_default_adacl_does_not_collapse_and_modulates(demo_shards, tmp_path):
     for r in train:
         for d in ("i2t", "t2i"):
             assert 1.0 <= r[f"stats/{d}/m1_over_scale"] <= 1.1 + 1e-9 and 0.0 <= r[f"stats/{d}/m2"] <= 0.1 + 1e-9
-
-
-@pytest.mark.slow
-def test_literal_mode_collapses_as_adacl_md_4b_measured(demo_shards, tmp_path):
-    final_loss, val, train = _train(demo_shards, tmp_path, "adacl-literal", "--loss", "adacl", "--adacl-mode", "literal")
-    assert final_loss > 0.95 * math.log(BATCH)
-    assert train[-1]["stats/i2t/anchor"] < -0.9

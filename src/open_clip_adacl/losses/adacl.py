@@ -84,10 +84,11 @@ class AdaCLLoss(ContrastiveLoss):
                    "negatives, in the anchor statistics and in the denominator; 0 disables it"),
         LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
                    "trains with ClipLoss exactly"),
-        LossOption("positive_grad", str, "balanced", "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
+        LossOption("positive_grad", str, None, "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
                    "m1, none to logit_scale, as Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to "
-                   "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset)",
-                   choices=adacl.POSITIVE_GRADS),
+                   "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset); "
+                   "default: 'fixed' in literal mode, 'balanced' in calibrated mode",
+                   choices=(None,) + adacl.POSITIVE_GRADS),
         LossOption("max_scale_ratio", float, 1.1, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
         LossOption("max_offset", float, 0.1, "calibrated mode: upper bound of m2 (lower bound 0)"),
         LossOption("anchor_min", float, 0.0, "calibrated mode: the anchor similarity is clamped to at least this"),
@@ -100,13 +101,15 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, queue_size=0, modulate=True, positive_grad="balanced", max_scale_ratio=1.1, max_offset=0.1,
+                 boundary=1.0, queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=1.1, max_offset=0.1,
                  anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)
         _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
         _check_choice("salient", salient, adacl.SALIENT_KINDS)
         _check_choice("anchor_prob", anchor_prob, adacl.ANCHOR_PROBS)
+        if positive_grad is None:  # literal mode is Algorithm 1 as written, its gradient included
+            positive_grad = "fixed" if mode == "literal" else "balanced"
         _check_choice("positive_grad", positive_grad, adacl.POSITIVE_GRADS)
         _check(0 < eps < 1, f"eps must be in (0, 1), got {eps}")
         _check(0 < rho < 1, f"rho must be in (0, 1), got {rho}")
