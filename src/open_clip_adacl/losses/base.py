@@ -171,3 +171,21 @@ class ContrastiveLoss(Loss):
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         self.stats = {}
         return self.wrap_output(self.symmetric_loss(batch), output_dict)
+
+
+class EpochGatedLoss(ContrastiveLoss):
+    """A `ContrastiveLoss` whose adjustment starts at epoch `start_epoch`, in training mode only;
+    before that, and in evaluation passes, it is plain InfoNCE (the peers' warm-up epochs)."""
+
+    def __init__(self, *, start_epoch: int, **kwargs):
+        super().__init__(**kwargs)
+        self.start_epoch = start_epoch
+        self.epoch = 0
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def active(self) -> bool:
+        """Whether this forward updates the loss's state and adjusts the logits."""
+        return self.training and self.epoch >= self.start_epoch

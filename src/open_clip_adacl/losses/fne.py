@@ -38,7 +38,7 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
+from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch, LossOption
 from .registry import register_loss
 
 MIN_WEIGHT = 1e-6  # floor of w_ij: log w stays finite, a near-certain false negative is all but removed
@@ -80,7 +80,7 @@ def false_negative_log_odds(similarity: torch.Tensor, mean: torch.Tensor, std: t
 
 
 @register_loss("fne")
-class FNELoss(ContrastiveLoss):
+class FNELoss(EpochGatedLoss):
     """InfoNCE with each negative's denominator term weighted by 1 - P(false negative) (FNE, CLIP port).
 
     Stats, per direction `d` in ("i2t", "t2i"), over the global batch: `d/weight_mean`,
@@ -104,38 +104,29 @@ class FNELoss(ContrastiveLoss):
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False,
                  prior: float = 1e-4, momentum: float = 0.99, start_epoch: int = 1, min_matched: int = 200,
                  unit_weights: bool = False):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad,
+                         start_epoch=start_epoch)
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.prior = prior
         self.momentum = momentum
-        self.start_epoch = start_epoch
         self.min_matched = min_matched
         self.unit_weights = unit_weights
-        self.epoch = 0
         for direction in DIRECTIONS:
             # rows: [positive, hardest negative]; columns: [mean, mean of squares] of the similarity
             self.register_buffer(f"{direction}_moments", torch.zeros(2, 2))
             self.register_buffer(f"{direction}_num_matched", torch.zeros(()))
-
-    def on_epoch_start(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def reset_state(self) -> None:
         """Forget the running statistics: weights wait for `min_matched` matched pairs again."""
         for buffer in self.buffers():
             buffer.zero_()
 
-    @property
-    def weighting(self) -> bool:
-        """Whether this forward updates the statistics and weights negatives."""
-        return self.training and self.epoch >= self.start_epoch
-
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         logits = batch.logits(direction)
-        if not self.weighting or logits.shape[1] < 2:
+        if not self.active or logits.shape[1] < 2:
             return logits
         with torch.no_grad():
             matched_frac = self._update_statistics(batch, direction)

@@ -32,7 +32,7 @@ import torch
 
 from ..distributed import gather_no_grad
 from ..state import SampleStateBank
-from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
+from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch, LossOption
 from .registry import register_loss
 
 ADAM_EPS = 1e-8  # the authors' value
@@ -67,7 +67,7 @@ def quantile_adam_step(
 
 
 @register_loss("glofnd")
-class GloFNDLoss(ContrastiveLoss):
+class GloFNDLoss(EpochGatedLoss):
     """InfoNCE whose negatives above their anchor's learned (1 - alpha)-quantile threshold are dropped.
 
     Stats, per direction `d` in ("i2t", "t2i"), over the global batch: `d/masked_frac` (masked
@@ -91,7 +91,8 @@ class GloFNDLoss(ContrastiveLoss):
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False,
                  data_size: Optional[int] = None, alpha: float = 1e-3, lambda_lr: float = 0.05,
                  start_epoch: int = 0, beta1: float = 0.9, beta2: float = 0.98, init_lambda: float = 1.0):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad,
+                         start_epoch=start_epoch)
         if data_size is None:
             raise ValueError("the glofnd loss needs data_size (--data-size), the number of training samples, "
                              "to size its per-sample thresholds")
@@ -101,31 +102,21 @@ class GloFNDLoss(ContrastiveLoss):
             raise ValueError(f"init_lambda must be in {list(THRESHOLD_RANGE)}, got {init_lambda}")
         self.alpha = alpha
         self.lambda_lr = lambda_lr
-        self.start_epoch = start_epoch
         self.beta1 = beta1
         self.beta2 = beta2
-        self.epoch = 0
         self.thresholds = torch.nn.ModuleDict({
             direction: SampleStateBank(data_size, THRESHOLD_FIELDS, initial={"lambda": init_lambda})
             for direction in DIRECTIONS
         })
-
-    def on_epoch_start(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def reset_state(self) -> None:
         """Every threshold back to `init_lambda`, its Adam moments and update count to 0."""
         for bank in self.thresholds.values():
             bank.reset()
 
-    @property
-    def filtering(self) -> bool:
-        """Whether this forward updates thresholds and masks negatives."""
-        return self.training and self.epoch >= self.start_epoch
-
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         logits = batch.logits(direction)
-        if not self.filtering:
+        if not self.active:
             return logits
         if batch.sample_index is None:
             raise ValueError("the glofnd loss needs sample_index (the data loader's global sample ids) "
