@@ -33,6 +33,10 @@ def test_default_adacl_does_not_collapse_and_modulates(demo_shards, tmp_path):
     # The margins were applied (not a silent fallback to vanilla CL) and stayed inside their bounds.
     modulated = [r["stats/i2t/modulated"] for r in train]
     assert sum(modulated) > 0.9 * STEPS
+    # The console line carries the headline margins; every stat reaches metrics.jsonl.
+    out_log = (tmp_path / "adacl-default" / "out.log").read_text()
+    assert "i2t/m1:" in out_log and "t2i/anchor:" in out_log and "fallback_few_rows" not in out_log
+    assert "stats/i2t/fallback_few_rows" in train[-1]
     for r in train:
         for d in ("i2t", "t2i"):
             assert 1.0 <= r[f"stats/{d}/m1_over_scale"] <= 1.1 + 1e-9 and 0.0 <= r[f"stats/{d}/m2"] <= 0.1 + 1e-9

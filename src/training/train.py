@@ -238,7 +238,8 @@ def train_one_epoch(
         end = time.time()
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
-                      num_samples * env.world_size, batch_time, data_time, env)
+                      num_samples * env.world_size, batch_time, data_time, env,
+                      console_stats=getattr(loss_fn, "console_stats", None))
         # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
         # of the next epoch rather than as the end of this one.
         if checkpointer is not None and step_in_epoch < steps_per_epoch:
@@ -258,8 +259,9 @@ def train_one_epoch(
 
 def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
               steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
-              env: DistributedEnv) -> None:
-    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard."""
+              env: DistributedEnv, console_stats: Optional[Sequence[str]] = None) -> None:
+    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
+    console line only the loss's `console_stats`, matched by the name after the direction, or all)."""
     lr = optimizer.param_groups[0]["lr"]
     values: Dict[str, Any] = {
         "loss": out.loss.item(),
@@ -273,7 +275,8 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
         **{f"stats/{name}": value.item() for name, value in out.stats.items()},
     }
     percent = 100.0 * step_in_epoch / steps_per_epoch
-    stats = " ".join(f"{name}: {value.item():#.4g}" for name, value in out.stats.items())
+    stats = " ".join(f"{name}: {value.item():#.4g}" for name, value in out.stats.items()
+                     if console_stats is None or name.rsplit("/", 1)[-1] in console_stats)
     logging.info(
         f"Train Epoch: {state.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "

@@ -63,6 +63,7 @@ class _NegativeLogSumExp(torch.autograd.Function):
 class AdaCLLoss(ContrastiveLoss):
     """AdaCL's positive margins on top of OpenCLIP's ClipLoss, exact over the global batch."""
 
+    console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
     options = (
         LossOption("mode", str, "calibrated",
                    "'literal': Algorithm 1's closed forms exactly (ADACL.md 3.7); 'calibrated': our "

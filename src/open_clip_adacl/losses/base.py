@@ -42,6 +42,9 @@ class Loss(nn.Module):
 
     options: Tuple[LossOption, ...] = ()
     registered_name: str = ""
+    # Stats shown on the trainer's console line (by name after the direction); None: all of them.
+    # Every stat still reaches metrics.jsonl and tensorboard.
+    console_stats: Optional[Tuple[str, ...]] = None
 
     def __init__(self, *, rank: int = 0, world_size: int = 1, local_loss: bool = False,
                  gather_with_grad: bool = False):
