@@ -6,6 +6,7 @@ each regime; see tests/test_clip_loss.py) and leave the same state on every rank
 """
 from __future__ import annotations
 
+import io
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -51,6 +52,27 @@ def run_steps(loss_fn, batches: Sequence[Batch], rank: int = 0, world_size: int 
         rows = slice(rank * (len(x) // world_size), (rank + 1) * (len(x) // world_size))
         steps.append(value_and_grads(loss_fn, x[rows], y[rows], index[rows]))
     return steps, {key: value.clone() for key, value in loss_fn.state_dict().items()}
+
+
+def assert_resume_is_exact(name: str, options: Dict, batches: Sequence[Batch], resume_at: int = 2):
+    """A run saved after `resume_at` steps and loaded into a fresh loss continues exactly like the
+    uninterrupted run (every step's value and gradients, and the final state). Returns the resumed loss."""
+    steps, final_state = run_steps(create_loss(name, **options), batches)
+    first = create_loss(name, **options)
+    run_steps(first, batches[:resume_at])
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = create_loss(name, **options)
+    resumed.load_state_dict(torch.load(buffer))
+    resumed_steps, resumed_state = run_steps(resumed, batches[resume_at:])
+    for ours, ref in zip(resumed_steps, steps[resume_at:]):
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b)
+    assert final_state.keys() == resumed_state.keys()
+    for key in final_state:
+        assert torch.equal(resumed_state[key], final_state[key]), key
+    return resumed
 
 
 def _rank_steps(rank: int, world_size: int, name: str, options: Dict, batches: Sequence[Batch]):

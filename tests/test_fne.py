@@ -1,5 +1,4 @@
 """fne: InfoNCE whose negatives are weighted by 1 - P(false negative) (a CLIP port of FNE)."""
-import io
 import math
 
 import pytest
@@ -8,7 +7,7 @@ import torch.nn.functional as F
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.fne import false_negative_log_odds
-from loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, make_batches, run_steps, value_and_grads
+from loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, assert_resume_is_exact, make_batches, run_steps, value_and_grads
 
 # A large prior and a short warm-up so that weights apply, and matter, within a few steps.
 ACTIVE = dict(prior=0.2, momentum=0.5, start_epoch=0, min_matched=8)
@@ -142,20 +141,7 @@ def test_weights_carry_no_gradient():
 
 def test_state_survives_save_and_resume_exactly():
     batches = make_batches(4, 16, 8, data_size=100, seed=5)
-    steps, final_state = run_steps(create_loss("fne", **ACTIVE), batches)
-    first = create_loss("fne", **ACTIVE)
-    run_steps(first, batches[:2])
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = create_loss("fne", **ACTIVE)
-    resumed.load_state_dict(torch.load(buffer))
-    resumed_steps, resumed_state = run_steps(resumed, batches[2:])
-    for ours, ref in zip(resumed_steps, steps[2:]):
-        for a, b in zip(ours, ref):
-            assert torch.equal(a, b)
-    for key in final_state:
-        assert torch.equal(resumed_state[key], final_state[key]), key
+    resumed = assert_resume_is_exact("fne", ACTIVE, batches)
     resumed.reset_state()  # what the trainer calls to restart the state on resume
     assert all(not value.any() for value in resumed.state_dict().values())
 

@@ -1,5 +1,4 @@
 """glofnd: learned per-sample thresholds that drop global false negatives from InfoNCE."""
-import io
 import math
 
 import pytest
@@ -7,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from open_clip_adacl import create_loss
-from loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, make_batches, run_steps, value_and_grads
+from loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, assert_resume_is_exact, make_batches, run_steps, value_and_grads
 
 DATA_SIZE = 40
 # Thresholds start low and move fast, so negatives are masked from the first step.
@@ -150,22 +149,7 @@ def test_mask_carries_no_gradient():
 
 def test_state_survives_save_and_resume_exactly():
     batches = make_batches(4, 16, 8, data_size=DATA_SIZE, seed=5)
-    uninterrupted = create_loss("glofnd", **ACTIVE)
-    steps, final_state = run_steps(uninterrupted, batches)
-    first = create_loss("glofnd", **ACTIVE)
-    run_steps(first, batches[:2])
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = create_loss("glofnd", **ACTIVE)
-    resumed.load_state_dict(torch.load(buffer))
-    resumed_steps, resumed_state = run_steps(resumed, batches[2:])
-    for ours, ref in zip(resumed_steps, steps[2:]):
-        for a, b in zip(ours, ref):
-            assert torch.equal(a, b)
-    assert final_state.keys() == resumed_state.keys()
-    for key in final_state:
-        assert torch.equal(resumed_state[key], final_state[key]), key
+    resumed = assert_resume_is_exact("glofnd", ACTIVE, batches)
     resumed.reset_state()  # what the trainer calls to restart the state on resume
     for bank in resumed.thresholds.values():
         assert torch.equal(bank.field("lambda"), torch.full((DATA_SIZE,), 0.3))
