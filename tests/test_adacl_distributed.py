@@ -15,6 +15,8 @@ CONFIGS = {
     "literal": {"mode": "literal"},
     "mean_progressive": {"anchor_stat": "mean", "salient": "mean", "anchor_prob": "progressive", "ema": 0.0},
     "min_bias": {"anchor_stat": "min"},
+    "gap_upper": {"boundary_kind": "gap", "candidate_region": "upper", "salient": "mean"},
+    "gap_all_literal": {"boundary_kind": "gap", "candidate_region": "all", "mode": "literal"},
 }
 REGIMES = {"full": (False, False), "local": (True, True)}
 QUEUE = {"queue_size": 48}
@@ -86,7 +88,11 @@ def _assert_matches_single_process(world_size):
                 assert ref["stats"]["i2t/modulated"] == 1 and ref["stats"]["t2i/modulated"] == 1, context
                 for key, value in ranks[0]["stats"].items():  # bit-identical margins and stats everywhere
                     assert all(torch.equal(value, other["stats"][key]) for other in ranks[1:]), (context, key)
-                    torch.testing.assert_close(value, ref["stats"][key], rtol=1e-5, atol=1e-6, msg=f"{context} {key}")
+                    # With a gap boundary the unbounded closed forms divide by the clone gap (here ~2e-3), so
+                    # the full regime's transposed logits (1 ulp off the single process's own matmul) move
+                    # these diagnostics by ~1e-5 relative; the applied margins still match at 1e-5.
+                    rtol = 1e-3 if key.split("/")[1] in ("closed_m1_over_scale", "closed_m2") and name.startswith("gap") else 1e-5
+                    torch.testing.assert_close(value, ref["stats"][key], rtol=rtol, atol=1e-6, msg=f"{context} {key}")
                 gx = torch.cat([r["gx"] for r in ranks])
                 gy = torch.cat([r["gy"] for r in ranks])
                 values = torch.stack([r["value"] for r in ranks])

@@ -67,14 +67,14 @@ def test_radix_select_equals_sort(values, mask):
         assert torch.kthvalue(values[mask], k + 1).values.item() == key.view(torch.float32).item()
 
 
-def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor):
+def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
     """ADACL.md 3.1-3.5 with adacl.py's dense functions."""
     scores = adacl.salient_scores(logits.double(), positive_col, salient)
     most, least = adacl.reference_rows(scores)
     negatives = adacl.negative_mask(*logits.shape, positive_col)
     mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
     mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
-    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n)
+    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
     gap, row, _ = adacl.anchor_statistic(adacl.positive_gaps(logits, positive_col), mask, anchor_stat)
     return gap, row, mask.sum()
 
@@ -93,6 +93,21 @@ def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
     assert chosen.num_candidates.item() == count.item()
     assert chosen.row.item() == row.item()
     assert chosen.gap.item() == gap.item()
+
+
+@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
+def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region):
+    x, y = _features(48, 16, seed=3)
+    logits = SCALE * x @ y.T
+    positive_col = torch.arange(48)
+    summary = selection.summarize_rows(logits, positive_col)
+    chosen = selection.select_anchor(logits, summary, positive_col, LOCAL, salient="max", anchor_stat="median",
+                                     prior_ratio=1.0, std_floor=1e-3, region=region)
+    gap, row, count = _dense_anchor(logits, positive_col, "max", "median", 1e-3, region)
+    assert chosen.num_candidates.item() == count.item()
+    assert (chosen.row.item(), chosen.gap.item()) == (row.item(), gap.item())
+    if region == "all":
+        assert count.item() == 48 * 47
 
 
 # --- the loss ------------------------------------------------------------------------------------------

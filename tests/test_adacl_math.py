@@ -224,3 +224,51 @@ def test_modulated_positive_value_and_gradients(positive_grad):
 def test_unknown_positive_grad_is_an_error():
     with pytest.raises(ValueError, match="positive_grad"):
         adacl.modulated_positive(torch.zeros(2), torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0.0), "nope")
+
+
+def test_candidate_regions_nest_and_upper_is_one_sided():
+    g = torch.Generator().manual_seed(4)
+    s = torch.randn(20, 30, generator=g, dtype=torch.float64) * 0.3
+    pc = torch.arange(20)
+    # A wide clone class around 0.1 and a narrow not-clone class around 0: the GDA region is two-sided.
+    params = (0.1, 0.3, 0.0, 0.1)
+    gda = adacl.clone_candidate_mask(s, pc, *params, region="gda")
+    upper = adacl.clone_candidate_mask(s, pc, *params, region="upper")
+    everything = adacl.clone_candidate_mask(s, pc, *params, region="all")
+    assert torch.equal(everything, adacl.negative_mask(20, 30, pc))
+    assert torch.equal(upper, gda & (s > 0.0))
+    assert (gda & (s < 0.0)).any() and not (upper & (s <= 0.0)).any()
+    with pytest.raises(ValueError, match="candidate_region"):
+        adacl.clone_candidate_mask(s, pc, *params, region="below")
+
+
+def test_gap_boundary_makes_the_slope_follow_the_clone_gap():
+    scale, log_z, rho = 20.0, 3.0, 0.5
+    common = dict(anchor_min=0.0, anchor_max=0.99, max_scale_ratio=100.0, max_offset=1.0)
+    close = adacl.calibrated_margins(0.8, log_z, scale, rho, gap=0.02, **common)
+    far = adacl.calibrated_margins(0.8, log_z, scale, rho, gap=0.2, **common)
+    for margins, gap in ((close, 0.02), (far, 0.2)):
+        assert margins.boundary.item() == pytest.approx(0.8 + gap)
+        # Algorithm 1's two conditions hold at the gap boundary while no bound binds.
+        assert not (margins.scale_bounded or margins.offset_bounded or margins.anchor_clamped)
+        p_anchor = adacl.modulated_probability(0.8, margins.m1, margins.m2, log_z)
+        assert p_anchor.item() == pytest.approx(margins.p_u.item(), rel=1e-9)
+        eps = adacl.calibrated_eps(log_z, scale, rho, margins.boundary)
+        assert adacl.modulated_probability(margins.boundary, margins.m1, margins.m2, log_z).item() == pytest.approx(
+            1 - eps.item(), rel=1e-9)
+    # Close clones sharpen more; about 1 + log(1/rho) / (t d) when Z_u << exp(t b).
+    assert close.m1.item() / scale > far.m1.item() / scale > 1.0
+    assert far.m1.item() / scale == pytest.approx(1 + math.log(1 / rho) / (scale * 0.2), rel=0.05)
+    # A gap at or below zero (clones above the positive) is raised to the floor: the bound then caps m1.
+    capped = adacl.calibrated_margins(0.8, log_z, scale, rho, gap=-0.1, **{**common, "max_scale_ratio": 3.0})
+    assert capped.scale_bounded and capped.m1.item() == pytest.approx(3 * scale)
+
+
+def test_bound_flags_say_which_bound_changed_the_margins():
+    free = adacl.calibrated_margins(0.5, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=10.0,
+                                    max_offset=1.0)
+    assert not (free.anchor_clamped or free.scale_bounded or free.offset_bounded)
+    bound = adacl.calibrated_margins(0.95, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=1.1,
+                                     max_offset=0.01)
+    assert bound.anchor_clamped and bound.scale_bounded and bound.offset_bounded
+    assert bound.anchor.item() == 0.9 and bound.m1.item() == pytest.approx(1.1 * 14.3) and bound.m2.item() == 0.01

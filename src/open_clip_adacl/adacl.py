@@ -20,6 +20,8 @@ import torch.nn.functional as F
 SALIENT_KINDS = ("max", "mean")
 ANCHOR_STATS = ("median", "mean", "min", "max")
 ANCHOR_PROBS = ("vanilla", "progressive")
+CANDIDATE_REGIONS = ("gda", "upper", "all")
+BOUNDARY_KINDS = ("fixed", "gap")
 
 Scalar = Union[float, torch.Tensor]
 
@@ -124,13 +126,25 @@ def gda_log_odds_coefficients(mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma
 
 def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor, mu_c: Scalar,
                          sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
-                         prior_ratio: Scalar = 1.0) -> torch.Tensor:
+                         prior_ratio: Scalar = 1.0, region: str = "gda") -> torch.Tensor:
     """S~ = {(i, j): j negative of i, p(C|s_ij) > 1/2} (section 3.4). rows x C -> rows x C bool.
 
     Uses log-odds > 0, which is the same set as posterior > 1/2 without the sigmoid's rounding.
+    `region` (section 4c): `gda` is that set as written; with unequal variances it is two-sided
+    (the quadratic log-odds is also positive far *below* both means). `upper` keeps only its part
+    above the not-clone mean, s > mu_n: the side where clone negatives (close to the positive)
+    live. `all` skips the discovery (every negative is a candidate): the control that tells
+    whether the GDA matters.
     """
-    log_odds = gda_log_odds(similarities, mu_c, sigma_c, mu_n, sigma_n, prior_ratio)
-    return (log_odds > 0) & negative_mask(*similarities.shape, positive_col)
+    if region not in CANDIDATE_REGIONS:
+        raise ValueError(f"candidate_region must be one of {CANDIDATE_REGIONS}, got {region!r}")
+    mask = negative_mask(*similarities.shape, positive_col)
+    if region == "all":
+        return mask
+    mask &= gda_log_odds(similarities, mu_c, sigma_c, mu_n, sigma_n, prior_ratio) > 0
+    if region == "upper":
+        mask &= similarities.double() > _f64(mu_n).to(similarities.device)
+    return mask
 
 
 # --- 3.5: the anchor ------------------------------------------------------------------------------
@@ -251,6 +265,19 @@ def calibrated_eps(log_z_u: Scalar, scale: Scalar, rho: Scalar, boundary: Scalar
     return torch.sigmoid(calibrated_eps_log_odds(log_z_u, scale, rho, boundary))
 
 
+def gap_boundary(anchor: Scalar, gap: Scalar, min_gap: float = 1e-3) -> torch.Tensor:
+    """Boundary b = a + d for the `gap` boundary (section 4c, a project extension): the similarity the
+    anchor row's positive would reach if it cleared its clone negative by the anchor gap d once more.
+
+    With a fixed b = 1 the calibrated slope is m1/t = 1 + log(1/rho) / (t (1 - a)), which depends on
+    how close the anchor sits to 1, not on the clones. With b = a + d it is 1 + log(1/rho) / (t d):
+    strongest when clone negatives sit close to the positive (small d), vanilla as they move away.
+    A gap at or below `min_gap` (clones above the positive) is raised to it: maximal sharpening,
+    which the m1 bound then caps. Float64 0-dim.
+    """
+    return _f64(anchor) + torch.clamp(_f64(gap), min=min_gap)
+
+
 def clamp_anchor(anchor: Scalar, anchor_min: float, anchor_max: float) -> torch.Tensor:
     """Guard "anchor clamp" (section 4b): keeps a in [anchor_min, anchor_max].
 
@@ -301,6 +328,11 @@ class Margins(NamedTuple):
     anchor: torch.Tensor       # the anchor the closed forms used (clamped in calibrated mode)
     p_u: torch.Tensor
     valid: torch.Tensor        # bool: the closed forms passed `margins_valid`
+    boundary: torch.Tensor     # the boundary b the closed forms used
+    # Which of section 4b's bounds changed the result (bool; always False in literal mode).
+    anchor_clamped: torch.Tensor
+    scale_bounded: torch.Tensor
+    offset_bounded: torch.Tensor
 
 
 def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, boundary: float = 1.0,
@@ -310,28 +342,36 @@ def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, 
     eps_log_odds = torch.logit(_f64(eps))
     m1, m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
     valid = margins_valid(m1, m2, anchor, log_odds, eps_log_odds, boundary)
-    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid)
+    inactive = torch.zeros((), dtype=torch.bool, device=m1.device)
+    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid, _f64(boundary),
+                   inactive, inactive, inactive)
 
 
-def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: float, boundary: float = 1.0, *,
+def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: float, boundary: Scalar = 1.0, *,
                        anchor_min: float, anchor_max: float, max_scale_ratio: float, max_offset: float,
-                       previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None) -> Margins:
+                       previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None,
+                       gap: Optional[Scalar] = None) -> Margins:
     """Section 4's calibrated variant with section 4b's bounds (a project extension, not the paper).
 
-    1. clamp the anchor (`clamp_anchor`); 2. eps = rho (1 - p_vanilla(b)) (`calibrated_eps_log_odds`);
-    3. Algorithm 1's closed forms; 4. m1 bounded to [t, max_scale_ratio t] (`bound_scale`);
-    5. m2 re-derived from the anchor condition with the bounded m1 (`anchor_offset`), then bounded
+    1. clamp the anchor (`clamp_anchor`); 2. the boundary: `boundary`, or with `gap` given,
+    `gap_boundary(a, gap)` (section 4c); 3. eps = rho (1 - p_vanilla(b)) (`calibrated_eps_log_odds`);
+    4. Algorithm 1's closed forms; 5. m1 bounded to [t, max_scale_ratio t] (`bound_scale`);
+    6. m2 re-derived from the anchor condition with the bounded m1 (`anchor_offset`), then bounded
     to [0, max_offset] (`bound_offset`). With vanilla p_u and anchor_min >= 0 this guarantees
-    m1 >= t and m2 >= 0, i.e. never weaker than vanilla CL.
+    m1 >= t and m2 >= 0: the positive logit m1 (s - m2) = t s + (m1 - t)(s - a) is then below
+    vanilla's for s < a and above it for s > a (section 4).
     """
-    anchor = clamp_anchor(anchor, anchor_min, anchor_max)
-    log_odds = anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2)
+    clamped = clamp_anchor(anchor, anchor_min, anchor_max)
+    boundary = _f64(boundary) if gap is None else gap_boundary(clamped, gap)
+    log_odds = anchor_log_odds(clamped, log_z_u, scale, previous_m1, previous_m2)
     eps_log_odds = calibrated_eps_log_odds(log_z_u, scale, rho, boundary)
-    closed_m1, closed_m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
-    valid = margins_valid(closed_m1, closed_m2, anchor, log_odds, eps_log_odds, boundary)
+    closed_m1, closed_m2 = margins_from_log_odds(clamped, log_odds, log_z_u, eps_log_odds, boundary)
+    valid = margins_valid(closed_m1, closed_m2, clamped, log_odds, eps_log_odds, boundary)
     m1 = bound_scale(closed_m1, scale, max_scale_ratio)
-    m2 = bound_offset(anchor_offset(anchor, log_odds + _f64(log_z_u), m1), max_offset)
-    return Margins(m1, m2, closed_m1, closed_m2, anchor, torch.sigmoid(log_odds), valid)
+    unbounded_m2 = anchor_offset(clamped, log_odds + _f64(log_z_u), m1)
+    m2 = bound_offset(unbounded_m2, max_offset)
+    return Margins(m1, m2, closed_m1, closed_m2, clamped, torch.sigmoid(log_odds), valid, boundary,
+                   clamped != _f64(anchor), m1 != closed_m1, m2 != unbounded_m2)
 
 
 # --- 3.8: the loss's positive logit -------------------------------------------------------------

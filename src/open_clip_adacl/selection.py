@@ -157,7 +157,8 @@ _NOT_CANDIDATE_BINS = slice(_HALF - 128, _HALF)  # `_high_histogram` indices of 
 @torch.no_grad()
 def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   workspace: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   workspace: Optional[torch.Tensor] = None,
+                   lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys, count, high_counts) of this rank's rows (ADACL.md 3.4-3.5), in one pass.
 
     keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
@@ -165,7 +166,8 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
     count: this rank's number of candidates. high_counts: this rank's first radix histogram
     (see `radix_select`). `workspace`, an int32 tensor of at least rows x C elements, is reused for
-    the keys so that no fresh rows x C buffer (and its page faults) is needed each step.
+    the keys so that no fresh rows x C buffer (and its page faults) is needed each step. `lower`
+    (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
     The test and the key are pure integer arithmetic on the log-odds' and the gap's bits, because on
     CPUs the comparison and selection kernels (`>`, `torch.where`) are several times slower than
@@ -182,6 +184,8 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
         log_odds = ((x * quadratic).add_(linear).mul_(x).add_(constant)).float()  # Horner: (A x + B) x + C
         # The sign bit spread over all bits (0 where log-odds >= +0, else -1), kept where NOT_CANDIDATE_BITS is.
         not_candidate = (log_odds.view(torch.int32) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
+        if lower is not None:  # lower - x >= +0 (sign bit clear) marks x <= lower as not a candidate
+            not_candidate |= (~((lower - x).float().view(torch.int32) >> 31)).bitwise_and_(NOT_CANDIDATE_BITS)
         not_candidate[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
         gap_bits = (positive[start:stop, None] - x).float().view(torch.int32)
         high_counts += _high_histogram(torch.bitwise_or(gap_bits, not_candidate, out=keys[start:stop]))
@@ -328,9 +332,10 @@ class AnchorSelection:
 @torch.no_grad()
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
-                  workspace: Optional[torch.Tensor] = None) -> AnchorSelection:
+                  workspace: Optional[torch.Tensor] = None, region: str = "gda") -> AnchorSelection:
     """ADACL.md 3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
+    `region`: the candidate region (`adacl.clone_candidate_mask`).
 
     `std_floor` is in logit units (the loss passes floor * t); `workspace` see `candidate_keys`.
     An empty candidate set returns num_candidates = 0 and meaningless (finite) row and gap; the
@@ -340,14 +345,21 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
     if anchor_stat not in adacl.ANCHOR_STATS:
         raise ValueError(f"anchor_stat must be one of {adacl.ANCHOR_STATS}, got {anchor_stat!r}")
+    if region not in adacl.CANDIDATE_REGIONS:
+        raise ValueError(f"candidate_region must be one of {adacl.CANDIDATE_REGIONS}, got {region!r}")
     row_index = positive_col
     negative_term = summary.negative_max if salient == "max" else summary.negative_mean
     salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
     reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
     floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
     flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
-    coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
-    keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace)
+    if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
+        coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
+    else:
+        coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
+    lower = reference[2] if region == "upper" else None
+    keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
+                                              lower)
     count = rows.sum(count)
 
     if anchor_stat == "median":

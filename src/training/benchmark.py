@@ -82,6 +82,15 @@ SECTIONS = (
     ("Validation retrieval", "val/",
      "R@k over the val split, both directions, and OpenCLIP's CLIP val loss (the trainer's results.jsonl)"),
     ("Training", "train/", "final loss: mean of the logged step losses over the last tenth of training"),
+    ("AdaCL mechanism", "adacl/",
+     "from every logged step, both directions pooled: the fraction of steps that were modulated (no fallback) "
+     "and on which each bound changed the closed forms, and the mean and spread (population std over steps) "
+     "of the applied m1 / logit_scale, m2, the anchor similarity and the anchor's clone gap (cosine)"),
+    ("Clone detection", "detect/",
+     "the loss's discovery step replayed on the final model over batches of whole families of the training "
+     "data (`training.clone_detection`): per `<salient>-<region>`, the precision and recall of the flagged "
+     "negatives against the true one-edit siblings and the fraction of negatives flagged; `sibling_fraction` "
+     "is the fraction of negatives that are siblings in those batches"),
 )
 
 
@@ -221,6 +230,11 @@ class Budget:
     jobs: int            # runs at a time
     log_every_n_steps: int
     precision: Optional[str] = None  # the trainer's default: fp32 on CPU, amp on CUDA
+    train_args: Tuple[str, ...] = ()  # trainer flags every run gets (e.g. --train-group-size 8)
+    # Fine-tuning regime: > 0 first trains one `clip` model for this many epochs at `pretrain_lr`
+    # (seed PRETRAIN_SEED), then every run starts from it (--pretrained) at `lr`.
+    pretrain_epochs: int = 0
+    pretrain_lr: float = 2e-3
 
     @property
     def steps(self) -> int:
@@ -235,6 +249,9 @@ QUICK = Budget(num_train=4096, num_val=512, num_test=512, shard_size=512, batch_
 # Full: a GPU; 8x the data, 4x the batch and about 12x the steps of quick (not tuned on a GPU yet).
 FULL = Budget(num_train=32768, num_val=2048, num_test=1024, shard_size=2048, batch_size=256, epochs=20, lr=1e-3,
               warmup=200, wd=0.1, workers=4, device="cuda", jobs=4, log_every_n_steps=10)
+
+
+PRETRAIN_SEED = 1000  # the pretraining run's seed, apart from the runs' seeds
 
 
 @dataclass(frozen=True)
@@ -318,10 +335,11 @@ class RunJob:
 
 
 def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data: BenchmarkData,
-               logs_dir: Path) -> List[str]:
+               logs_dir: Path, pretrained: Optional[str] = None) -> List[str]:
     """`training.main` arguments: identical for every run but for the loss flags, seed and name.
 
-    Validation runs after the last epoch only, and only the final checkpoint is saved.
+    Validation runs after the last epoch only, and only the final checkpoint is saved. With
+    `pretrained`, the run fine-tunes that checkpoint.
     """
     argv = [
         "--train-data", data.train_data, "--val-data", data.val_data, "--train-num-samples", str(data.num_train),
@@ -334,23 +352,41 @@ def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data:
     ]
     if budget.precision:
         argv += ["--precision", budget.precision]
-    return argv
+    if pretrained:
+        argv += ["--pretrained", pretrained]
+    return argv + list(budget.train_args)
+
+
+def pretrain_job(budget: Budget, data: BenchmarkData, output_dir: Path) -> RunJob:
+    """The fine-tuning regime's starting point: `clip` for `budget.pretrain_epochs` at `pretrain_lr`."""
+    pretrain_budget = replace(budget, epochs=budget.pretrain_epochs, lr=budget.pretrain_lr)
+    return make_job(LossVariant(BASELINE), PRETRAIN_SEED, pretrain_budget, data, output_dir, name_prefix="pretrain-")
+
+
+def pretrained_checkpoint(job: RunJob) -> str:
+    """The final checkpoint of a finished run."""
+    checkpoints = sorted((job.run_dir / "checkpoints").glob("epoch_*.pt"), key=lambda path: int(path.stem[6:]))
+    if not checkpoints:
+        raise ValueError(f"the pretraining run {job.name} left no checkpoint; see {log_file(job)}")
+    return str(checkpoints[-1])
+
+
+def make_job(variant: LossVariant, seed: int, budget: Budget, data: BenchmarkData, output_dir: Path, *,
+             pretrained: Optional[str] = None, name_prefix: str = "") -> RunJob:
+    name = f"{name_prefix}{variant.slug}-seed{seed}"
+    return RunJob(
+        label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
+        train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs", pretrained),
+        logs_dir=str(output_dir / "runs"), data_root=data.root, batch_size=budget.batch_size,
+        device=budget.device, record_path=str(output_dir / "records" / f"{name}.json"),
+    )
 
 
 def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, data: BenchmarkData,
-              output_dir: Path) -> List[RunJob]:
+              output_dir: Path, pretrained: Optional[str] = None) -> List[RunJob]:
     """One job per (variant, seed), seeds outer: an interrupted benchmark has every variant's first seeds."""
-    jobs = []
-    for seed in seeds:
-        for variant in variants:
-            name = f"{variant.slug}-seed{seed}"
-            jobs.append(RunJob(
-                label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
-                train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs"),
-                logs_dir=str(output_dir / "runs"), data_root=data.root, batch_size=budget.batch_size,
-                device=budget.device, record_path=str(output_dir / "records" / f"{name}.json"),
-            ))
-    return jobs
+    return [make_job(variant, seed, budget, data, output_dir, pretrained=pretrained)
+            for seed in seeds for variant in variants]
 
 
 def run_job(job: RunJob) -> Dict[str, Any]:
@@ -405,6 +441,7 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
             metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
             metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
             metrics["train/steps"] = float(steps[-1]["step"])
+            metrics.update(mechanism_metrics(steps))
     results_path = run_dir / "checkpoints" / "results.jsonl"
     if results_path.is_file():
         lines = [line for line in results_path.read_text().splitlines() if line.strip()]
@@ -418,10 +455,34 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
     return metrics
 
 
+# AdaCL's per-step stats summarised per run (both directions pooled): how often each guard and bound
+# changed the margins, and how much the applied margins moved (docs/adacl.md).
+MECHANISM_FRACTIONS = ("modulated", "anchor_clamped", "scale_bounded", "offset_bounded")
+MECHANISM_SPREADS = ("m1_over_scale", "m2", "anchor", "anchor_gap")
+
+
+def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """`adacl/<stat>` fractions of logged steps and `adacl/<stat>_mean|_std` over logged steps, for a run
+    whose loss logged AdaCL's stats; {} otherwise."""
+    metrics: Dict[str, float] = {}
+    for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
+        values = [float(record[f"stats/{direction}/{name}"]) for record in steps for direction in ("i2t", "t2i")
+                  if f"stats/{direction}/{name}" in record]
+        if not values:
+            continue
+        if name in MECHANISM_FRACTIONS:
+            metrics[f"adacl/{name}"] = statistics.fmean(values)
+        else:
+            metrics[f"adacl/{name}_mean"] = statistics.fmean(values)
+            metrics[f"adacl/{name}_std"] = statistics.pstdev(values)
+    return metrics
+
+
 def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the demo sets."""
     import torch
 
+    from .clone_detection import evaluate_clone_detection
     from .clone_selection import evaluate_clone_selection
     from .evaluate import (CLASSIFICATION, RETRIEVAL, dataset_root, demo_datasets, evaluate_dataset,
                            export_checkpoint, infer_task, load_model, result_path, write_result)
@@ -448,7 +509,32 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     clone = evaluate_clone_selection(model, preprocess, tokenizer, root / "clone_selection", device=device,
                                      batch_size=job.batch_size)
     metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
+    shards = family_shards(job)
+    if shards:
+        detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
+                                             device=device, caption_key=train_flag(job, "--caption-key", "txt"))
+        metrics.update({f"detect/{name}": value for name, value in detection.items()})
     return metrics
+
+
+def train_flag(job: RunJob, flag: str, default: str) -> str:
+    """The value of `flag` in the job's trainer arguments (the first of a comma list), or `default`."""
+    argv = job.train_argv
+    value = argv[argv.index(flag) + 1] if flag in argv else default
+    return value.split(",")[0].strip()
+
+
+def family_shards(job: RunJob) -> List[str]:
+    """The run's training shards when they are written in families (their samples' json has a
+    `family`), for `clone_detection`; [] otherwise."""
+    import braceexpand
+    import webdataset as wds
+
+    shards = list(braceexpand.braceexpand(train_flag(job, "--train-data", "")))
+    if not shards or not Path(shards[0]).is_file():
+        return []
+    first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False, empty_check=False).decode()), {})
+    return shards if "family" in first.get("json", {}) else []
 
 
 def worker_environment(jobs: int) -> Dict[str, str]:
@@ -735,6 +821,89 @@ def tracking_baseline(records: Sequence[Mapping[str, Any]], label: str, baseline
                for key in mine[seed].keys() & theirs[seed].keys() if key != "train/steps")
 
 
+# Metrics compared seed for seed against the baseline, with a 95% interval (the "Paired" section).
+PAIRED_PREFIXES = ("clone/", "val/i2t_R@", "val/t2i_R@")
+
+
+@dataclass
+class PairedDifference:
+    mean: float          # mean over seeds of (variant - baseline)
+    half_width: float    # 95% paired-t half interval; NaN with one pair
+    n: int
+
+    @property
+    def clear(self) -> bool:
+        """The interval excludes 0."""
+        return self.n > 1 and abs(self.mean) > self.half_width
+
+    def text(self) -> str:
+        if self.n < 2:
+            return f"{self.mean:+.3f} (1 pair)"
+        return f"{self.mean:+.3f} ± {self.half_width:.3f}" + (" *" if self.clear else "")
+
+
+def paired_difference(records: Sequence[Mapping[str, Any]], label: str, baseline: str, key: str
+                      ) -> Optional[PairedDifference]:
+    """`label` minus `baseline` on `key`, over the seeds where both runs are ok (same init and data
+    order: the pairing removes the seed-to-seed variance both share), with a paired-t 95% interval."""
+    from scipy import stats
+
+    def by_seed(name: str) -> Dict[int, float]:
+        return {r["seed"]: r["metrics"][key] for r in records
+                if r["label"] == name and r["verdict"] == OK and key in r["metrics"]}
+
+    mine, theirs = by_seed(label), by_seed(baseline)
+    differences = [mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys())]
+    if not differences:
+        return None
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return PairedDifference(mean, math.nan, 1)
+    half = stats.t.ppf(0.975, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(len(differences))
+    return PairedDifference(mean, float(half), len(differences))
+
+
+def paired_keys(summaries: Sequence[VariantSummary]) -> List[str]:
+    return section_keys(summaries, PAIRED_PREFIXES)
+
+
+def paired_table(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
+                 baseline: VariantSummary) -> List[str]:
+    """Rows: variants other than the baseline; cells: paired difference ± 95% half interval."""
+    keys = paired_keys(summaries)
+    lines = ["| variant | pairs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for summary in summaries:
+        if summary is baseline:
+            continue
+        cells, pairs = [], 0
+        for key in keys:
+            difference = paired_difference(records, summary.label, baseline.label, key)
+            cells.append("-" if difference is None else difference.text())
+            pairs = max(pairs, difference.n if difference else 0)
+        lines.append(f"| `{summary.label}` | {pairs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
+                    baseline: VariantSummary) -> List[str]:
+    """One sentence per variant: the metrics where its paired interval against the baseline excludes 0."""
+    lines = []
+    for summary in summaries:
+        if summary is baseline:
+            continue
+        better, worse = [], []
+        for key in paired_keys(summaries):
+            difference = paired_difference(records, summary.label, baseline.label, key)
+            if difference is not None and difference.clear:
+                (better if difference.mean > 0 else worse).append(f"{key} {difference.text().rstrip(' *')}")
+        if not better and not worse:
+            lines.append(f"`{summary.label}` vs `{baseline.label}`: no paired difference excludes 0.")
+            continue
+        parts = ([f"better on {', '.join(better)}"] if better else []) + ([f"worse on {', '.join(worse)}"] if worse else [])
+        lines.append(f"`{summary.label}` vs `{baseline.label}`: " + "; ".join(parts) + " (95% paired intervals).")
+    return lines
+
+
 def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]]) -> List[str]:
     """The "what this shows" paragraph, computed from the numbers alone."""
     lines = []
@@ -786,7 +955,10 @@ def budget_lines(context: ReportContext) -> List[str]:
         f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
         f"classification set has as many); in `{context.data.root}`",
         f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {budget.jobs} run(s) at a time",
-    ]
+    ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
+        [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} epochs at "
+         f"lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
+        if budget.pretrain_epochs else [])
 
 
 def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
@@ -830,6 +1002,13 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     if plot_name:
         lines += [f"![main metrics, mean and standard deviation over ok runs]({plot_name})", ""]
     lines += ["## What this shows", "", *findings(summaries, records), ""]
+    baseline = next((summary for summary in summaries if summary.label == BASELINE and summary.num_ok), None)
+    if baseline is not None and len(summaries) > 1:
+        lines += ["## Paired against `clip`", "",
+                  f"Each cell: mean over seeds of (variant - `{BASELINE}`) on runs with the same seed (same "
+                  "initialisation and data order), ± the half width of its 95% paired-t interval; `*` marks an "
+                  "interval that excludes 0. Only seeds where both runs are ok are paired.", "",
+                  *paired_table(summaries, records, baseline), "", *paired_findings(summaries, records, baseline), ""]
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
@@ -1017,6 +1196,14 @@ def build_parser() -> argparse.ArgumentParser:
     overrides.add_argument("--num-train", type=int, help="training scenes")
     overrides.add_argument("--workers", type=int, help="data loader workers per run")
     overrides.add_argument("--device", type=str)
+    overrides.add_argument("--warmup", type=int, help="warmup steps")
+    overrides.add_argument("--train-args", type=shlex.split, default=None,
+                           help="extra trainer flags every run gets, one quoted string (e.g. '--train-group-size 8 "
+                                "--caption-key weak')")
+    overrides.add_argument("--pretrain-epochs", type=int,
+                           help="fine-tuning regime: first pretrain one `clip` model this many epochs, then every run "
+                                "fine-tunes it (--pretrained) at --lr")
+    overrides.add_argument("--pretrain-lr", type=float, help="learning rate of that pretraining run")
     parser.add_argument("--run-job", type=Path, help=argparse.SUPPRESS)  # what each job's process runs
     return parser
 
@@ -1024,8 +1211,10 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_budget(args: argparse.Namespace) -> Budget:
     budget = QUICK if args.budget == "quick" else FULL
     overrides = {name: getattr(args, name) for name in ("epochs", "batch_size", "lr", "num_train", "workers", "device",
-                                                    "jobs")
+                                                    "jobs", "warmup", "pretrain_epochs", "pretrain_lr")
                  if getattr(args, name) is not None}
+    if args.train_args is not None:
+        overrides["train_args"] = tuple(args.train_args)
     budget = replace(budget, **overrides)
     if min(budget.epochs, budget.batch_size, budget.num_train, budget.jobs) < 1 or budget.workers < 0:
         raise ValueError("--epochs, --batch-size, --num-train and --jobs must be >= 1, --workers >= 0")
@@ -1042,7 +1231,16 @@ def run_benchmark(variants: Sequence[LossVariant], seeds: Sequence[int], budget:
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = machine_info(budget.device)
     data = prepare_data(data_dir or output_dir / "data", budget, data_seed)
-    jobs = plan_jobs(variants, seeds, budget, data, output_dir)
+    pretrained = None
+    if budget.pretrain_epochs:
+        job = pretrain_job(budget, data, output_dir)
+        echo(f"pretraining {job.name} ({budget.pretrain_epochs} epochs) for the fine-tuning runs")
+        record = assess_run(launch_job(job, jobs=1, timeout=timeout, reuse=reuse))
+        echo(run_line(record))
+        if record["verdict"] != OK:
+            raise ValueError(f"the pretraining run {job.name} is {record['verdict']}: {'; '.join(record['reasons'])}")
+        pretrained = pretrained_checkpoint(job)
+    jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained)
     echo(f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
          f"{budget.jobs} at a time; logs in {output_dir / 'logs'}")
     records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
@@ -1065,9 +1263,12 @@ def rebuild_report(output_dir: Path, results_md: Path) -> List[Dict[str, Any]]:
         raise ValueError(f"no {saved_path}: run the benchmark into --output-dir {output_dir} first")
     saved = json.loads(saved_path.read_text())
     fields = saved["context"]
-    context = ReportContext(**{**fields, "budget": Budget(**fields["budget"]), "data": BenchmarkData(**fields["data"])})
+    budget = Budget(**{**fields["budget"], "train_args": tuple(fields["budget"].get("train_args", ()))})
+    context = ReportContext(**{**fields, "budget": budget, "data": BenchmarkData(**fields["data"])})
     variants = [parse_loss_variant(label) for label in saved["labels"]]
-    jobs = plan_jobs(variants, context.seeds, context.budget, context.data, output_dir)
+    pretrained = (pretrained_checkpoint(pretrain_job(context.budget, context.data, output_dir))
+                  if context.budget.pretrain_epochs else None)
+    jobs = plan_jobs(variants, context.seeds, context.budget, context.data, output_dir, pretrained)
     missing = [job.name for job in jobs if not Path(job.record_path).is_file()]
     if missing:
         raise ValueError(f"{output_dir} has no record of {', '.join(missing)}; run the benchmark to finish them")

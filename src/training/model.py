@@ -45,6 +45,7 @@ class ModelConfig:
     lock_text: bool = False
     lock_text_unlocked_layers: int = 0
     lock_text_freeze_layer_norm: bool = False
+    lock_logit_scale: bool = False
     grad_checkpointing: bool = False
     # Extra constructor kwargs, e.g. OpenCLIP's --siglip init (init_logit_scale, init_logit_bias).
     model_kwargs: Dict[str, float] = field(default_factory=dict)
@@ -90,6 +91,8 @@ def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
         # they are frozen with the other weights. Hugging Face towers (CustomTextCLIP) honour the flag.
         freeze_layer_norm = cfg.lock_text_freeze_layer_norm or not isinstance(model, open_clip.CustomTextCLIP)
         model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked_layers, freeze_layer_norm=freeze_layer_norm)
+    if cfg.lock_logit_scale:
+        model.logit_scale.requires_grad_(False)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing()
     tokenizer = open_clip.get_tokenizer(cfg.name, context_length=cfg.force_context_length, cache_dir=cfg.cache_dir)

@@ -266,6 +266,9 @@ def _add_model_flags(group) -> None:
                        help="Leave last n text tower layer groups unlocked.")
     group.add_argument("--lock-text-freeze-layer-norm", default=False, action="store_true",
                        help="Freeze LayerNorm running stats in text tower for any locked layers.")
+    group.add_argument("--lock-logit-scale", default=False, action="store_true",
+                       help="(not in OpenCLIP) Keep logit_scale at its initial or pretrained value: separates a "
+                            "loss's effect on the temperature from its effect on the embeddings.")
     group.add_argument("--image-mean", type=float, nargs="+", default=None, metavar="MEAN",
                        help="Override default image mean value of dataset")
     group.add_argument("--image-std", type=float, nargs="+", default=None, metavar="STD",
@@ -482,6 +485,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         lock_image_unlocked_groups=args.lock_image_unlocked_groups,
         lock_image_freeze_bn_stats=args.lock_image_freeze_bn_stats,
         lock_text=args.lock_text,
+        lock_logit_scale=args.lock_logit_scale,
         lock_text_unlocked_layers=args.lock_text_unlocked_layers,
         lock_text_freeze_layer_norm=args.lock_text_freeze_layer_norm,
         grad_checkpointing=args.grad_checkpointing,

@@ -33,6 +33,8 @@ MODES = ("literal", "calibrated")
 # Why a direction fell back to vanilla CL this step (first failing guard wins; ADACL.md 3, Guards).
 FALLBACK_REASONS = ("few_rows", "flat_reference", "no_candidates", "bad_margins")
 MIN_ROWS = 3  # two reference rows with at least two negatives each
+# Per-step 0/1 stats: which of calibrated mode's bounds changed the closed forms (docs/adacl.md).
+BOUND_STATS = ("anchor_clamped", "scale_bounded", "offset_bounded")
 
 
 class _NegativeLogSumExp(torch.autograd.Function):
@@ -80,7 +82,14 @@ class AdaCLLoss(ContrastiveLoss):
         LossOption("anchor_prob", str, "vanilla", "p_u of the anchor pair: its vanilla probability, or "
                    "'progressive': its probability under the previous step's margins", choices=adacl.ANCHOR_PROBS),
         LossOption("prior_ratio", float, 1.0, "GDA prior ratio pi_not_clone / pi_clone"),
-        LossOption("boundary", float, 1.0, "boundary similarity b of Algorithm 1 (the paper: 1)"),
+        LossOption("boundary", float, 1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by "
+                   "--adacl-boundary-kind fixed"),
+        LossOption("boundary_kind", str, "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the "
+                   "anchor plus the anchor's clone gap, so the sharpening follows how close clone negatives sit "
+                   "(docs/adacl.md)", choices=adacl.BOUNDARY_KINDS),
+        LossOption("candidate_region", str, "gda", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' "
+                   "(its part above the not-clone mean), 'all' (no discovery: every negative; a control)",
+                   choices=adacl.CANDIDATE_REGIONS),
         LossOption("queue_size", int, 0, "FIFO of past batches' (detached, gathered) features used as extra "
                    "negatives, in the anchor statistics and in the denominator; 0 disables it"),
         LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
@@ -102,13 +111,15 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=1.1, max_offset=0.1,
+                 boundary=1.0, boundary_kind="fixed", candidate_region="gda", queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=1.1, max_offset=0.1,
                  anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)
         _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
         _check_choice("salient", salient, adacl.SALIENT_KINDS)
         _check_choice("anchor_prob", anchor_prob, adacl.ANCHOR_PROBS)
+        _check_choice("boundary_kind", boundary_kind, adacl.BOUNDARY_KINDS)
+        _check_choice("candidate_region", candidate_region, adacl.CANDIDATE_REGIONS)
         if positive_grad is None:  # literal mode is Algorithm 1 as written, its gradient included
             positive_grad = "fixed" if mode == "literal" else "balanced"
         _check_choice("positive_grad", positive_grad, adacl.POSITIVE_GRADS)
@@ -118,8 +129,9 @@ class AdaCLLoss(ContrastiveLoss):
         _check(queue_size >= 0, f"queue_size must be >= 0, got {queue_size}")
         _check(max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {max_scale_ratio}")
         _check(max_offset >= 0, f"max_offset must be >= 0, got {max_offset}")
-        _check(anchor_min <= anchor_max < boundary,
-               f"need anchor_min <= anchor_max < boundary, got {anchor_min}, {anchor_max}, {boundary}")
+        _check(anchor_min <= anchor_max, f"need anchor_min <= anchor_max, got {anchor_min}, {anchor_max}")
+        _check(boundary_kind == "gap" or anchor_max < boundary,
+               f"a fixed boundary must lie above anchor_max, got anchor_max {anchor_max}, boundary {boundary}")
         _check(0 <= ema < 1, f"ema must be in [0, 1), got {ema}")
         _check(std_floor >= 0, f"std_floor must be >= 0, got {std_floor}")
         self.mode, self.eps, self.rho, self.boundary = mode, eps, rho, boundary
@@ -128,6 +140,7 @@ class AdaCLLoss(ContrastiveLoss):
         self.max_scale_ratio, self.max_offset, self.anchor_min, self.anchor_max = (
             max_scale_ratio, max_offset, anchor_min, anchor_max)
         self.ema, self.std_floor = ema, std_floor
+        self.boundary_kind, self.candidate_region = boundary_kind, candidate_region
 
         directions = len(DIRECTIONS)
         self.register_buffer("fallback_counts", torch.zeros(directions, len(FALLBACK_REASONS), dtype=torch.long))
@@ -222,16 +235,19 @@ class AdaCLLoss(ContrastiveLoss):
             failed = torch.tensor([True, False, False, False], device=logits.device)
             self._record(index, failed, vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
                          {"anchor": zero, "anchor_used": zero, "p_u": zero, "log_z_u": zero, "candidates": zero,
-                          "anchor_gap": zero, "closed_m1_over_scale": zero, "closed_m2": zero}, scale)
+                          "anchor_gap": zero, "closed_m1_over_scale": zero, "closed_m2": zero, "boundary": zero,
+                          **{name: zero for name in BOUND_STATS}}, scale)
             return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
 
         self._workspace = ensure_workspace(self._workspace, logits.numel(), logits.device)
         selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=self.salient,
                                   anchor_stat=self.anchor_stat, prior_ratio=self.prior_ratio,
-                                  std_floor=self.std_floor * scale, workspace=self._workspace)
+                                  std_floor=self.std_floor * scale, workspace=self._workspace,
+                                  region=self.candidate_region)
         anchor = row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
         log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
-        margins = self._closed_forms(index, anchor, log_z_u, scale)
+        gap = selection.gap.double() / scale  # cosine units
+        margins = self._closed_forms(index, anchor, log_z_u, scale, gap)
         failed = torch.stack([torch.zeros_like(margins.valid), selection.flat_reference,
                               selection.num_candidates == 0, ~margins.valid])
         modulated = ~failed.any()
@@ -243,12 +259,15 @@ class AdaCLLoss(ContrastiveLoss):
         m2 = torch.where(modulated, m2, vanilla_m2)
         self._record(index, failed, m1, m2, modulated, {
             "anchor": anchor, "anchor_used": margins.anchor, "p_u": margins.p_u, "log_z_u": log_z_u,
-            "candidates": selection.num_candidates.double(), "anchor_gap": selection.gap.double() / scale,
-            "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2}, scale)
+            "candidates": selection.num_candidates.double(), "anchor_gap": gap,
+            "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2,
+            "boundary": margins.boundary, "anchor_clamped": margins.anchor_clamped,
+            "scale_bounded": margins.scale_bounded, "offset_bounded": margins.offset_bounded}, scale)
         return m1, m2, modulated
 
-    def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor,
-                      scale: torch.Tensor) -> adacl.Margins:
+    def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor,
+                      gap: torch.Tensor) -> adacl.Margins:
+        """Literal or calibrated margins; `gap` (cosine) sets the boundary when boundary_kind is 'gap'."""
         previous_m1: Optional[torch.Tensor] = None
         previous_m2: Optional[torch.Tensor] = None
         if self.anchor_prob == "progressive":
@@ -256,12 +275,14 @@ class AdaCLLoss(ContrastiveLoss):
             valid = self.previous_valid[index]
             previous_m1 = torch.where(valid, self.previous_margins[index, 0], scale)
             previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
+        gap_or_none = gap if self.boundary_kind == "gap" else None
         if self.mode == "literal":
-            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, self.boundary, previous_m1, previous_m2)
+            boundary = self.boundary if gap_or_none is None else adacl.gap_boundary(anchor, gap)
+            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, boundary, previous_m1, previous_m2)
         return adacl.calibrated_margins(
             anchor, log_z_u, scale, self.rho, self.boundary, anchor_min=self.anchor_min, anchor_max=self.anchor_max,
             max_scale_ratio=self.max_scale_ratio, max_offset=self.max_offset,
-            previous_m1=previous_m1, previous_m2=previous_m2)
+            previous_m1=previous_m1, previous_m2=previous_m2, gap=gap_or_none)
 
     def _smoothed(self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor,
                   modulated: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
