@@ -292,3 +292,44 @@ def test_the_command_line_rejects_a_bad_budget_and_a_report_without_runs(tmp_pat
     with pytest.raises(ValueError, match="run the benchmark into --output-dir"):
         main(["--report-only", "--output-dir", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Paired differences and AdaCL's mechanism
+
+
+def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
+    from training.benchmark import paired_difference
+
+    # Seeds move both losses together (0.1 apart per seed); the variant is 0.02 above clip on every seed.
+    records = [assess_run(r) for seed in range(5) for r in (
+        record("clip", seed, i2t=0.3 + 0.1 * seed), record("adacl", seed, i2t=0.32 + 0.1 * seed),
+        record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)))]
+    steady = paired_difference(records, "adacl", "clip", "val/i2t_R@1")
+    assert steady.n == 5 and steady.mean == pytest.approx(0.02) and steady.half_width < 1e-9 and steady.clear
+    noisy = paired_difference(records, "noisy", "clip", "val/i2t_R@1")
+    # differences -0.05, +0.05, -0.05, +0.05, -0.05: mean -0.01, sd 0.0548, t(0.975, 4) = 2.776
+    assert noisy.mean == pytest.approx(-0.01) and noisy.half_width == pytest.approx(2.776 * 0.05477 / 5 ** 0.5, rel=1e-3)
+    assert not noisy.clear
+    # A collapsed run drops its seed from the pairs.
+    records[3] = assess_run(record("adacl", 1, loss=10.0, i2t=0.0, t2i=0.0))
+    assert paired_difference(records, "adacl", "clip", "val/i2t_R@1").n == 4
+    markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
+    assert "## Paired against `clip`" in markdown
+    assert "| `adacl` | 4 |" in markdown and "+0.020 ± 0.000 *" in markdown
+    assert "`adacl` vs `clip`: better on val/i2t_R@1 +0.020" in markdown
+    assert "`noisy` vs `clip`: no paired difference excludes 0." in markdown
+
+
+def test_mechanism_metrics_count_bound_activity_and_margin_spread():
+    from training.benchmark import mechanism_metrics
+
+    steps = [{"stats/i2t/scale_bounded": 1.0, "stats/t2i/scale_bounded": 0.0, "stats/i2t/m1_over_scale": 1.2,
+              "stats/t2i/m1_over_scale": 1.4, "stats/i2t/modulated": 1.0, "stats/t2i/modulated": 1.0},
+             {"stats/i2t/scale_bounded": 0.0, "stats/t2i/scale_bounded": 0.0, "stats/i2t/m1_over_scale": 1.6,
+              "stats/t2i/m1_over_scale": 1.8, "stats/i2t/modulated": 1.0, "stats/t2i/modulated": 0.0}]
+    metrics = mechanism_metrics(steps)
+    assert metrics["adacl/scale_bounded"] == 0.25 and metrics["adacl/modulated"] == 0.75
+    assert metrics["adacl/m1_over_scale_mean"] == pytest.approx(1.5)
+    assert metrics["adacl/m1_over_scale_std"] == pytest.approx(0.2236, rel=1e-3)
+    assert mechanism_metrics([{"loss": 1.0}]) == {}
