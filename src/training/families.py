@@ -42,8 +42,9 @@ def read_families(train_data: str, family_field: str = "family") -> dict[int, in
         for sample in _read_shard(url, _SkipCounter()):
             meta = json.loads(sample.get("json", b"{}"))
             if family_field not in meta:
-                raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: "
-                                 "these shards were not written in families (training.scenes writes them)")
+                raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
+                                 "the json field that holds the family id, or write the data in families "
+                                 "(scripts/make_synthetic_shards.py --family-size)")
             families[_sample_index(sample)] = meta[family_field]
     return families
 
