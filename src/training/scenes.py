@@ -189,7 +189,7 @@ def weak_caption(description: Description, rng: np.random.Generator) -> str:
     """A pseudo-caption, as an image captioner would write it: true of the image but lossy.
 
     Sizes dropped (p 0.5), colours mapped to COARSE_COLORS (p 0.5), the relation replaced by
-    "and" (p 0.3), the third object left out (p 0.3); never longer than `caption(description)`.
+    "and" (p 0.3), the third object left out (p 0.3). At most 22 tokens, like the gold captions.
     """
     drop_size, coarse, drop_relation, drop_third = rng.random(4) < (
         _WEAK_DROP_SIZE, _WEAK_COARSE_COLOR, _WEAK_DROP_RELATION, _WEAK_DROP_THIRD)
