@@ -3,6 +3,8 @@
 # tiny model with AdaCL on the CPU for a few minutes, export it to plain OpenCLIP format and
 # evaluate the export with the stock clip-benchmark (zero-shot classification, retrieval) and our
 # clone-negative selection. Everything goes under ./demo (DEMO_DIR to change).
+# The training data comes in families of one-edit siblings kept together in each batch; it trains on
+# the gold captions (pass --caption-key txt_weak1,txt_weak2 --val-caption-key txt for the weak ones).
 #   bash scripts/demo.sh [extra training flags, e.g. --loss clip --epochs 4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +14,16 @@ DEMO="${DEMO_DIR:-demo}"
 DATA="$DEMO/data"
 RUN_NAME="${RUN_NAME:-adacl-tiny-$(date +%Y%m%d-%H%M%S)}"
 
+# Families of 8 one-edit siblings, kept whole in each batch by --train-group-size 8 (docs/data.md).
+FAMILY_SIZE=8
+if [ -f "$DATA/manifest.json" ] && ! python -c "import json, sys; m = json.load(open('$DATA/manifest.json')); \
+        sys.exit(m['scene_config']['family_size'] != $FAMILY_SIZE or 'caption_keys' not in m)"; then
+    echo "== $DATA holds demo data from an older generator: writing it again"
+    rm -rf "$DATA"
+fi
 if [ ! -f "$DATA/manifest.json" ]; then
-    python scripts/make_synthetic_shards.py --output "$DATA" --num-train 8192 --num-val 512 --num-test 512
+    python scripts/make_synthetic_shards.py --output "$DATA" --num-train 8192 --num-val 512 --num-test 512 \
+        --family-size "$FAMILY_SIZE"
 fi
 split() { python -c "import json,sys; print('$DATA/' + json.load(open('$DATA/manifest.json'))['splits']['$1']['data'])"; }
 
@@ -21,7 +31,7 @@ echo "== training adacl-tiny with --loss adacl (log: $DEMO/logs/$RUN_NAME/out.lo
 python -m training.main \
     --train-data "$(split train)" --val-data "$(split val)" --dataset-type webdataset \
     --model adacl-tiny --loss adacl --batch-size 128 --epochs 8 --lr 2e-3 --wd 0.1 --warmup 50 \
-    --workers 1 --device cpu --precision fp32 --seed 0 --log-every-n-steps 16 \
+    --workers 1 --device cpu --precision fp32 --seed 0 --log-every-n-steps 16 --train-group-size "$FAMILY_SIZE" \
     --logs "$DEMO/logs" --name "$RUN_NAME" "$@"
 
 CHECKPOINT=$(ls -t "$DEMO/logs/$RUN_NAME/checkpoints"/epoch_*.pt | head -1)

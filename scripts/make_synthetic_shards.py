@@ -1,8 +1,14 @@
 """Write the built-in demo data (procedural scenes with clone captions); see `training.scenes`.
 
-    python scripts/make_synthetic_shards.py --output DIR [--seed 0 --num-train 4096 ...]
+    python scripts/make_synthetic_shards.py --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
+
+The train split is written in families of --family-size one-edit siblings (train with
+--train-group-size to keep them together in a batch); every sample carries its gold caption
+(txt), a paraphrase (txt_alt) and --num-weak-captions lossy pseudo-captions (txt_weak1, ...).
+See docs/data.md.
 """
 import argparse
+import json
 
 from training.scenes import write_demo_dataset
 
@@ -16,10 +22,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-test", type=int, default=512, help="test split; also each classification set")
     parser.add_argument("--shard-size", type=int, default=512, help="samples per tar shard")
     parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--family-size", type=int, default=8,
+                        help="train scenes per family of one-edit siblings (1..12; 1: independent scenes); "
+                             "keep --shard-size a multiple of it")
+    parser.add_argument("--num-weak-captions", type=int, default=2,
+                        help="weak pseudo-caption fields per sample (txt_weak1, ...; 0: none)")
     args = parser.parse_args(argv)
     demo = write_demo_dataset(args.output, seed=args.seed, num_train=args.num_train, num_val=args.num_val,
-                              num_test=args.num_test, shard_size=args.shard_size, image_size=args.image_size)
+                              num_test=args.num_test, shard_size=args.shard_size, image_size=args.image_size,
+                              family_size=args.family_size, num_weak_captions=args.num_weak_captions)
+    manifest = json.loads((demo.root / "manifest.json").read_text())
     print(f"wrote demo data to {demo.root} (manifest.json lists everything)")
+    print(f"  train families of {args.family_size}; caption fields {', '.join(manifest['caption_keys'])}")
+    rates = ", ".join(f"{key} {rate:.2%}" for key, rate in manifest["train_family_duplicate_rate"].items())
+    print(f"  exact duplicates among a family's captions (pairs): {rates}")
     for split in ("train", "val", "test"):
         print(f"  {split:5s} {demo.num_samples[split]:6d} samples  {getattr(demo, split + '_data')}")
     for name, path in demo.benchmark.items():

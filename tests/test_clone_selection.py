@@ -1,5 +1,6 @@
 """Clone-negative selection: the metric on hand-built numbers, a known-answer model, clip-benchmark agreement."""
 import json
+import math
 
 import open_clip
 import pytest
@@ -10,22 +11,33 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.clone_selection import clone_selection_accuracy, evaluate_clone_selection, read_clone_selection
+from training.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
+                                      read_clone_selection)
 
 NAN = float("nan")
 COLORS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
 VOCABULARY = ["<pad>", *COLORS, "circle", "square", "small", "big", "left", "of", "a"]
 
 
+HAND_TRUE = torch.tensor([0.9, 0.5, 0.2])
+HAND_CLONES = {
+    "color": torch.tensor([0.1, 0.6, NAN]),  # 1 of 2 present pairs won
+    "shape": torch.tensor([0.95, 0.1, 0.1]),  # 2 of 3
+    "relation": torch.tensor([NAN, NAN, 0.2]),  # an exact tie is a failure
+}
+
+
 def test_accuracy_per_edit_type_and_pooled():
-    true_similarity = torch.tensor([0.9, 0.5, 0.2])
-    metrics = clone_selection_accuracy(true_similarity, {
-        "color": torch.tensor([0.1, 0.6, NAN]),  # 1 of 2 present pairs won
-        "shape": torch.tensor([0.95, 0.1, 0.1]),  # 2 of 3
-        "relation": torch.tensor([NAN, NAN, 0.2]),  # an exact tie is a failure
-    })
+    metrics = clone_selection_accuracy(HAND_TRUE, HAND_CLONES)
     assert metrics == {"color_acc": 0.5, "shape_acc": pytest.approx(2 / 3), "relation_acc": 0.0,
                        "overall_acc": pytest.approx(3 / 6)}
+
+
+def test_margin_per_edit_type_and_pooled_in_logits():
+    metrics = clone_selection_margins(HAND_TRUE, HAND_CLONES, logit_scale=10.0)
+    # logit_scale x (true - clone) over the present pairs: color (8, -1), shape (-0.5, 4, 1), relation (0)
+    assert metrics == {"color_margin": pytest.approx(3.5), "shape_margin": pytest.approx(1.5),
+                       "relation_margin": pytest.approx(0.0), "overall_margin": pytest.approx(11.5 / 6)}
 
 
 def write_clone_shards(data_dir, samples, per_shard=2):
@@ -46,6 +58,10 @@ def word_tokenizer(texts):
 
 class ColorOnlyClip(torch.nn.Module):
     """Sees only colour: an image is its mean colour, a caption the colour words it names."""
+
+    def __init__(self):
+        super().__init__()
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(10.0)))  # OpenCLIP's parametrisation
 
     def encode_image(self, image):
         return image.mean(dim=(2, 3))
@@ -71,6 +87,21 @@ def test_known_answer_for_a_model_that_sees_only_colour(tmp_path):
     # Colour edits are always caught; shape, size and relation edits leave the features tied: failures.
     assert metrics == {"color_acc": 1.0, "shape_acc": 0.0, "size_acc": 0.0, "relation_acc": 0.0,
                        "overall_acc": pytest.approx(4 / 8)}
+    with_margins = evaluate_clone_selection(ColorOnlyClip(), to_tensor, word_tokenizer, tmp_path, batch_size=3,
+                                            margins=True)
+    assert {key: value for key, value in with_margins.items() if key.endswith("_acc")} == metrics
+    # Tied features give margin 0; a colour clone loses the whole cosine between distinct pure colours.
+    assert with_margins["shape_margin"] == with_margins["size_margin"] == with_margins["relation_margin"] == 0.0
+    assert with_margins["color_margin"] > 5.0  # of at most 10 x (1 - 0)
+    assert with_margins["overall_margin"] == pytest.approx(with_margins["color_margin"] * 4 / 8)
+
+
+def test_margins_need_a_logit_scale(tmp_path):
+    write_clone_shards(tmp_path, COLOR_BLIND_SAMPLES)
+    model = ColorOnlyClip()
+    model.logit_scale = None
+    with pytest.raises(ValueError, match="no logit_scale tensor.*margins=False"):
+        evaluate_clone_selection(model, to_tensor, word_tokenizer, tmp_path, margins=True)
 
 
 def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo_shards):
@@ -78,16 +109,24 @@ def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo
     torch.manual_seed(0)
     model, _, preprocess = open_clip.create_model_and_transforms("adacl-tiny")
     tokenizer = open_clip.get_tokenizer("adacl-tiny")
-    metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir, batch_size=50)
+    metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir, batch_size=50, margins=True)
 
     samples = list(read_clone_selection(data_dir))
-    assert set(metrics) == {"color_acc", "shape_acc", "size_acc", "relation_acc", "overall_acc"}
-    for edit in ("color", "shape", "size", "relation"):
+    edits = ("color", "shape", "size", "relation")
+    assert set(metrics) == {f"{name}_{kind}" for name in (*edits, "overall") for kind in ("acc", "margin")}
+    for edit in edits:
         # clip-benchmark's loader format for SugarCrepe: (images, [[true caption, negative caption], ...])
         pairs = [(preprocess(image), [caption, clones[edit]]) for image, caption, clones in samples if edit in clones]
-        dataloader = [(torch.stack([image for image, _ in pairs]), [texts for _, texts in pairs])]
+        images = torch.stack([image for image, _ in pairs])
+        dataloader = [(images, [texts for _, texts in pairs])]
         reference = image_caption_selection.evaluate(model, dataloader, tokenizer, device="cpu", amp=False)
         assert metrics[f"{edit}_acc"] == pytest.approx(reference["text_acc"])
+        # The margin from OpenCLIP's own forward: normalized features and exp(logit_scale).
+        with torch.no_grad():
+            image_features, true_features, scale = model(images, tokenizer([texts[0] for _, texts in pairs]))
+            _, clone_features, _ = model(images, tokenizer([texts[1] for _, texts in pairs]))
+        margin = scale * ((image_features * true_features).sum(-1) - (image_features * clone_features).sum(-1))
+        assert metrics[f"{edit}_margin"] == pytest.approx(margin.mean().item(), abs=1e-4)
     assert 0.0 < metrics["overall_acc"] < 1.0
 
 

@@ -136,10 +136,36 @@ def test_caption_key_list_samples_one_field_per_sample(demo_shards):
         assert decode_texts(batch[1]) == [val_meta[i]["caption"] for i in batch[2].tolist()]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_skip_batches_resumes_exactly_mid_epoch(demo_shards, workers):
+def test_weak_caption_training_validates_on_the_gold_caption(demo_shards):
+    meta = split_samples(demo_shards)
+    cfg = config(demo_shards, caption_key="txt_weak1,txt_weak2", val_caption_key="txt",
+                 val_data=str(demo_shards / "val/shard-000000.tar"))
+    for batch in train_batches(cfg):
+        for index, text in zip(batch[2].tolist(), decode_texts(batch[1])):
+            assert text in meta[index]["caption_weak"]
+    val_meta = split_samples(demo_shards, "val")
+    for batch in build_val_data(cfg, to_tensor, byte_tokenizer).dataloader:
+        assert decode_texts(batch[1]) == [val_meta[i]["caption"] for i in batch[2].tolist()]
+
+
+def test_group_size_keeps_runs_of_consecutive_samples_whole_in_every_batch(demo_shards):
+    """The demo's train shards hold families of 8 consecutive keys; batches of 32 get 4 whole families."""
+    meta = split_samples(demo_shards)
+    for cfg in (config(demo_shards, group_size=8), config(demo_shards, group_size=8, workers=2, world_size=2)):
+        order = indices(train_batches(cfg))
+        runs = [order[start:start + 8] for start in range(0, len(order), 8)]
+        assert all(run == list(range(run[0], run[0] + 8)) and run[0] % 8 == 0 for run in runs)
+        assert all(len({meta[index]["family"] for index in run}) == 1 for run in runs)
+        assert [run[0] for run in runs] != sorted(run[0] for run in runs)  # the runs are shuffled
+        assert len(set(order)) == len(order) == 512 // cfg.world_size
+    ungrouped = indices(train_batches(config(demo_shards)))
+    assert any(abs(a - b) > 8 for a, b in zip(ungrouped, ungrouped[1:8]))  # group size 1 scatters them
+
+
+@pytest.mark.parametrize("workers,group_size", [(0, 1), (2, 1), (2, 8)])
+def test_skip_batches_resumes_exactly_mid_epoch(demo_shards, workers, group_size):
     augment = open_clip.image_transform(32, is_train=True)  # random crops: augmentation must match too
-    cfg = config(demo_shards, workers=workers, batch_size=16)  # 32 batches per epoch
+    cfg = config(demo_shards, workers=workers, batch_size=16, group_size=group_size)  # 32 batches per epoch
     uninterrupted = train_batches(cfg, epoch=1, preprocess=augment, epochs=(1, 2))
     for skip in (1, 5):
         resumed = train_batches(replace(cfg, skip_batches=skip), epoch=1, preprocess=augment, epochs=(1, 2))
@@ -310,6 +336,11 @@ def test_impossible_configurations_are_rejected(demo_shards):
         build_train_data(config(demo_shards, skip_batches=16), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="dataset type"):
         build_train_data(config(demo_shards, train_data="data.csv"), to_tensor, byte_tokenizer)
+    with pytest.raises(ValueError, match=r"group_size \(--train-group-size\) must be >= 1"):
+        build_train_data(config(demo_shards, group_size=0), to_tensor, byte_tokenizer)
+    with pytest.raises(ValueError, match="synthetic data has none"):
+        build_train_data(DataConfig(dataset_type="synthetic", train_num_samples=64, group_size=8), to_tensor,
+                         byte_tokenizer)
 
 
 def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):

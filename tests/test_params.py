@@ -153,3 +153,12 @@ def test_the_chosen_loss_flags_record_the_values_the_run_uses():
     assert args.adacl_ema == 0.5 and args.loss_options["ema"] == 0.5
     assert args.adacl_mode == args.loss_options["mode"] == "calibrated"  # a default, filled in for params.txt
     assert args.glofnd_alpha is None  # another loss's option: not part of this run
+
+
+def test_grouping_and_validation_caption_flags_reach_the_data_config():
+    args = parse_args(["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt_weak1,txt_weak2",
+                       "--val-caption-key", "txt"])
+    cfg = params.data_config(args, rank=0, world_size=1)
+    assert (cfg.group_size, cfg.caption_key, cfg.val_caption_key) == (8, "txt_weak1,txt_weak2", "txt")
+    defaults = params.data_config(parse_args(["--train-data", "t.tar"]), rank=0, world_size=1)
+    assert (defaults.group_size, defaults.val_caption_key) == (1, None)

@@ -11,9 +11,10 @@ from clip_benchmark.datasets.builder import build_dataset
 from open_clip.tokenizer import SimpleTokenizer
 from torchvision.transforms import ToTensor
 
-from training.scenes import (BENCHMARK_DATASETS, COLORS, EDIT_TYPES, OPPOSITE_RELATION, SHAPES, SIZES, Description, ObjectSpec,
-                             PlacedObject, SceneConfig, caption, could_hold, edit_caption, edit_description,
-                             holds, paraphrases, render, sample_family, sample_scene, write_demo_dataset)
+from training.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, EDIT_TYPES, OPPOSITE_RELATION, RELATIONS,
+                             SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig, caption, could_hold,
+                             edit_caption, edit_description, family_duplicate_rate, family_edit, holds, paraphrases,
+                             render, sample_family, sample_scene, weak_caption, write_demo_dataset)
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")
@@ -122,6 +123,55 @@ def test_family_siblings_are_one_edit_clones_of_the_base():
         SceneConfig(family_size=40)
 
 
+def test_family_edit_names_the_edit_between_a_scene_and_its_clone():
+    rng = np.random.default_rng(6)
+    for scene in _scenes(100, seed=6):
+        assert family_edit(scene.description, scene.description) is None
+        for edit_type in EDIT_TYPES:
+            assert family_edit(scene.description, edit_description(scene, edit_type, rng)) == edit_type
+
+
+_WEAK_PHRASE = re.compile(r"(an?) (?:(small|large) )?(\w+) (\w+)")
+
+
+def _weak_caption_is_true(weak, description):
+    """Whether `weak` is "<phrase> <relation or and> <phrase>[ and <phrase>]" naming the description's
+    objects in order, each with its shape, its colour or that colour's coarse word, and its size or none."""
+    links = "|".join(("and", *RELATIONS))
+    phrase = r"an? (?:\w+ )?\w+ \w+"
+    match = re.fullmatch(rf"({phrase}) ({links}) ({phrase})(?: and ({phrase}))?", weak)
+    if match is None or match.group(2) not in ("and", description.relation):
+        return False
+    phrases = [text for text in match.group(1, 3, 4) if text is not None]
+    if len(phrases) not in (2, len(description.objects)):
+        return False
+    for text, spec in zip(phrases, description.objects):
+        article, size, color, shape = _WEAK_PHRASE.fullmatch(text).groups()
+        if (shape != spec.shape or color not in (spec.color, COARSE_COLORS[spec.color])
+                or size not in (None, spec.size) or article != ("an" if (size or color)[0] in "aeiou" else "a")):
+            return False
+    return True
+
+
+def test_weak_captions_are_true_lossy_and_fit_the_context():
+    tokenizer = SimpleTokenizer()
+    rng = np.random.default_rng(7)
+    weak = [(scene.description, weak_caption(scene.description, rng)) for scene in _scenes(200, seed=7) for _ in range(3)]
+    assert all(_weak_caption_is_true(text, description) for description, text in weak)
+    assert max(len(tokenizer.encode(text)) for _, text in weak) <= 24 - 2  # adacl-tiny's context, as the gold ones
+    texts = [text for _, text in weak]
+    # Every habit of the captioner shows up, and none always: the weak caption is often the gold one.
+    assert 0.2 < np.mean([" and " in text and not any(r in text for r in RELATIONS) for text in texts]) < 0.4
+    assert 0.3 < np.mean([not any(size in text.split() for size in SIZES) for text in texts]) < 0.7
+    assert any(word in text.split() for text in texts for word in ("reddish", "greenish", "bluish"))
+    assert 0.05 < np.mean([text == caption(description) for description, text in weak]) < 0.3
+
+
+def test_family_duplicate_rate_counts_equal_pairs_within_families():
+    assert family_duplicate_rate([["a", "a", "b"], ["c"], ["d", "d"]]) == pytest.approx(2 / 4)  # 3 + 0 + 1 pairs
+    assert family_duplicate_rate([["a"], ["b"]]) == 0.0
+
+
 def test_render_draws_each_object_in_its_colour_where_the_scene_puts_it():
     for scene in _scenes(40, seed=3):
         image = np.asarray(render(scene), dtype=float)
@@ -160,6 +210,37 @@ def test_split_shards_follow_the_img2dataset_layout(demo_shards):
                 assert sample["png"].startswith(b"\x89PNG")
                 keys.append(int(meta["key"]))
     assert sorted(keys) == list(range(len(keys)))  # integer keys, unique across splits
+
+
+def test_train_shards_hold_families_with_gold_and_weak_captions(demo_shards):
+    manifest = json.loads((demo_shards / "manifest.json").read_text())
+    assert manifest["scene_config"]["family_size"] == 8
+    assert manifest["caption_keys"] == ["txt", "txt_alt", "txt_weak1", "txt_weak2"]
+    families = {}
+    for sample in wds.WebDataset(str(demo_shards / "train" / "shard-{000000..000003}.tar"), shardshuffle=False):
+        meta, key = json.loads(sample["json"]), int(sample["__key__"])
+        assert meta["family"] == key // 8  # written contiguously, families of 8
+        assert (meta["family_edit"] is None) == (key % 8 == 0) and meta["family_edit"] in (None, *EDIT_TYPES)
+        assert [sample["txt_weak1"].decode(), sample["txt_weak2"].decode()] == meta["caption_weak"]
+        families.setdefault(meta["family"], []).append(meta)
+    for field, key in (("caption", "txt"), (0, "txt_weak1"), (1, "txt_weak2")):
+        rate = family_duplicate_rate([m["caption"] if field == "caption" else m["caption_weak"][field] for m in members]
+                                     for members in families.values())
+        assert rate == pytest.approx(manifest["train_family_duplicate_rate"][key])
+    rates = manifest["train_family_duplicate_rate"]
+    assert rates["txt"] == 0.0 and all(0 < rates[key] < 0.03 for key in ("txt_weak1", "txt_weak2"))
+
+
+def test_family_size_and_weak_captions_are_options(tmp_path):
+    write_demo_dataset(tmp_path, seed=1, num_train=24, num_val=4, num_test=4, shard_size=12, family_size=3,
+                       num_weak_captions=0)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["scene_config"]["family_size"] == 3 and manifest["caption_keys"] == ["txt", "txt_alt"]
+    samples = list(wds.WebDataset(str(tmp_path / "train" / "shard-{000000..000001}.tar"), shardshuffle=False))
+    assert [json.loads(s["json"])["family"] for s in samples] == [key // 3 for key in range(24)]
+    assert all(set(s) == {"__key__", "__url__", "__local_path__", "png", "txt", "txt_alt", "json"} for s in samples)
+    with pytest.raises(ValueError, match="num_weak_captions"):
+        write_demo_dataset(tmp_path / "bad", num_weak_captions=-1)
 
 
 def test_clone_selection_set_has_one_false_clone_per_edit_type(demo_shards):

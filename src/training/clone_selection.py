@@ -4,6 +4,10 @@ The SugarCrepe idea on our scene generator: each held-out image comes with its t
 per edit type (e.g. `color`, `shape`, `size`, `relation`), a clone caption that changes exactly
 that detail. Accuracy for an edit type is the fraction of images (that have such a clone) where
 cos(image, true caption) > cos(image, clone caption); `overall_acc` pools every (image, clone) pair.
+With `margins=True` it also reports the mean *logit margin* per edit type (`<edit>_margin`,
+`overall_margin`): logit_scale x (cos(image, true) - cos(image, clone)), in logits as the model's
+softmax sees them (sigmoid of it is the model's probability of the true caption against that clone
+alone). It keeps measuring small differences when accuracy saturates near 1 or sits at chance.
 
 This is clip-benchmark's `image_caption_selection` metric (its `text_acc`, the one that matters
 for one image and two captions), computed here because its loaders cannot read our data: the
@@ -59,6 +63,33 @@ def clone_selection_accuracy(
         num_pairs += int(present.sum())
     metrics["overall_acc"] = num_correct / num_pairs
     return metrics
+
+
+def clone_selection_margins(
+        true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor], logit_scale: float
+) -> dict[str, float]:
+    """Per-edit-type and pooled mean logit margin of the true caption over its clone.
+
+    Same inputs as `clone_selection_accuracy`, plus the model's logit scale (exp of its parameter).
+    Returns `<edit>_margin` per edit type and `overall_margin` over all (image, clone) pairs, in logits.
+    """
+    metrics, margins = {}, []
+    for edit, similarity in sorted(clone_similarity.items()):
+        present = ~similarity.isnan()
+        margin = logit_scale * (true_similarity[present].double() - similarity[present].double())
+        metrics[f"{edit}_margin"] = margin.mean().item()
+        margins.append(margin)
+    metrics["overall_margin"] = torch.cat(margins).mean().item()
+    return metrics
+
+
+def model_logit_scale(model: torch.nn.Module) -> float:
+    """exp(model.logit_scale), the scale OpenCLIP's CLIP multiplies cosines by to get logits."""
+    logit_scale = getattr(model, "logit_scale", None)
+    if not isinstance(logit_scale, torch.Tensor):
+        raise ValueError(f"{type(model).__name__} has no logit_scale tensor (an OpenCLIP CLIP model has one): "
+                         "clone-selection margins are in logits and need it; evaluate with margins=False")
+    return float(logit_scale.detach().exp())
 
 
 def batches(samples: Iterator[CloneSample], batch_size: int) -> Iterator[list[CloneSample]]:
@@ -117,8 +148,14 @@ def evaluate_clone_selection(
         *,
         device: str | torch.device = "cpu",
         batch_size: int = 64,
+        margins: bool = False,
 ) -> dict[str, float]:
-    """Clone-selection accuracy per edit type (`<edit>_acc`) and pooled (`overall_acc`) on `data_dir`'s shards."""
+    """Clone-selection accuracy per edit type (`<edit>_acc`) and pooled (`overall_acc`) on `data_dir`'s shards;
+    with `margins`, also the mean logit margins (`<edit>_margin`, `overall_margin`)."""
+    logit_scale = model_logit_scale(model) if margins else None  # fail before encoding anything
     true_similarity, clone_similarity = clone_similarities(
         model, preprocess, tokenizer, read_clone_selection(data_dir), device=device, batch_size=batch_size)
-    return clone_selection_accuracy(true_similarity, clone_similarity)
+    metrics = clone_selection_accuracy(true_similarity, clone_similarity)
+    if margins:
+        metrics.update(clone_selection_margins(true_similarity, clone_similarity, logit_scale))
+    return metrics

@@ -41,7 +41,12 @@ Differences, each deliberate:
     shard-local mixing. Each pass over a reader's shards drains its buffer before the next pass
     (like OpenCLIP's `with_epoch` restarting its pipeline), so a pass never repeats a sample.
   - With several `caption_key` fields ("txt,txt_alt") each sample picks one uniformly, by a hash
-    of (seed, epoch, sample_index); validation always uses the first.
+    of (seed, epoch, sample_index); validation uses the first, or `val_caption_key` (train on
+    weak captions, validate on gold ones).
+  - `group_size` K > 1 (not in OpenCLIP): the shuffle buffer holds runs of K consecutive samples
+    of a shard (positions 0..K-1, K..2K-1, ... of each shard visit) and shuffles them as units,
+    so data written in families of K (e.g. one-edit siblings, docs/data.md) reaches a batch as
+    whole families. The buffer keeps its size in samples (shuffle size / K units).
   - Validation reads every val shard once on every rank (OpenCLIP evaluates on rank 0 only),
     split over workers, unshuffled, with a partial last batch.
 
@@ -143,6 +148,10 @@ class DataConfig:
     """Number of ranks."""
     caption_key: str = "txt"
     """Caption field; a comma list samples one of them per sample (--caption-key)."""
+    val_caption_key: str | None = None
+    """Validation's caption field (--val-caption-key); default: the first of caption_key."""
+    group_size: int = 1
+    """Training shuffles runs of this many consecutive samples of a shard as units (--train-group-size)."""
     skip_batches: int = 0
     """Batches of the starting epoch already consumed (all ranks alike), for exact mid-epoch resume."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
@@ -235,6 +244,7 @@ class _Candidate:
     sample_index: int
     text: str
     image_bytes: bytes
+    shard_run: tuple[int, int]  # (shard visit, position in the shard // group_size): the shuffle's unit
 
 
 class ShardStream(IterableDataset):
@@ -254,6 +264,7 @@ class ShardStream(IterableDataset):
         self.batches_per_reader = batches_per_reader  # None: validation, one pass over the shards
         self.shuffle_size = shuffle_size
         self.caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
+        self.val_caption_key = (cfg.val_caption_key or self.caption_keys[0]).strip()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         info = get_worker_info()
@@ -287,7 +298,7 @@ class ShardStream(IterableDataset):
     def _validation_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
         counter = _SkipCounter()
         shards = ((url, True) for url in self.urls[worker::num_workers])
-        candidates = self._candidates(shards, epoch=0, counter=counter, caption_keys=self.caption_keys[:1],
+        candidates = self._candidates(shards, epoch=0, counter=counter, caption_keys=(self.val_caption_key,),
                                       give_up=None)
         images = self._decoded(candidates, counter, bad_image_limit=None)
         while (batch := self._assemble(images, counter)) is not None:
@@ -303,11 +314,10 @@ class ShardStream(IterableDataset):
         """
         cfg = self.cfg
         rng = random.Random(_stable_hash(cfg.seed, epoch, cfg.rank, reader, "samples"))
-        initial = min(_SHUFFLE_INITIAL, self.shuffle_size)
         if cfg.dataset_resampled:
             checked = self._candidates(self._resampled_shards(epoch, reader), epoch=epoch, counter=counter,
                                        caption_keys=self.caption_keys, give_up=_reader_name(cfg, reader, self.urls))
-            yield from _shuffle(checked, self.shuffle_size, initial, rng)
+            yield from self._shuffled(checked, rng)
             return
         order = random.Random(_stable_hash(cfg.seed, epoch, "shard order")).sample(self.urls, len(self.urls))
         mine = order[cfg.rank::cfg.world_size][reader::num_readers]
@@ -315,7 +325,19 @@ class ShardStream(IterableDataset):
                                     give_up=_reader_name(cfg, reader, mine))
         while True:
             one_pass = ((url, position == len(mine) - 1) for position, url in enumerate(mine))
-            yield from _shuffle(checked(one_pass), self.shuffle_size, initial, rng)
+            yield from self._shuffled(checked(one_pass), rng)
+
+    def _shuffled(self, candidates: Iterator[_Candidate], rng: random.Random) -> Iterator[_Candidate]:
+        """The sample shuffle buffer, over runs of `group_size` consecutive samples of a shard as units.
+
+        With group_size 1 this is webdataset's `_shuffle` over single samples, draw for draw.
+        """
+        group_size = self.cfg.group_size
+        runs = (list(run) for _, run in itertools.groupby(candidates, key=lambda candidate: candidate.shard_run))
+        units = max(1, self.shuffle_size // group_size)
+        initial = max(1, min(_SHUFFLE_INITIAL, self.shuffle_size) // group_size)
+        for run in _shuffle(runs, units, initial, rng):
+            yield from run
 
     def _resampled_shards(self, epoch: int, reader: int) -> Iterator[tuple[str, bool]]:
         """(url, every drawable shard has now been tried), drawn with replacement forever."""
@@ -336,9 +358,10 @@ class ShardStream(IterableDataset):
         (in this pass) without one usable sample (None: never raise, for single-pass validation).
         """
         found = False
-        for url, all_tried in shards:
-            for sample in _read_shard(url, counter):
-                candidate = self._check(sample, epoch, counter, caption_keys)
+        for visit, (url, all_tried) in enumerate(shards):
+            for position, sample in enumerate(_read_shard(url, counter)):
+                candidate = self._check(sample, epoch, counter, caption_keys,
+                                        shard_run=(visit, position // self.cfg.group_size))
                 if candidate is not None:
                     found = True
                     yield candidate
@@ -348,8 +371,8 @@ class ShardStream(IterableDataset):
                     f"(skips: {_describe(counter.counts)}). Check that these files are readable "
                     "img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt, <key>.json).")
 
-    def _check(self, sample: dict, epoch: int, counter: _SkipCounter,
-               caption_keys: tuple[str, ...]) -> _Candidate | None:
+    def _check(self, sample: dict, epoch: int, counter: _SkipCounter, caption_keys: tuple[str, ...], *,
+               shard_run: tuple[int, int]) -> _Candidate | None:
         """Cheap per-sample checks; returns None (and counts the reason) for a sample to skip."""
         image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
         if image_key is None:
@@ -367,7 +390,7 @@ class ShardStream(IterableDataset):
         if reason is not None:
             counter.add(reason)
             return None
-        return _Candidate(sample_index, text, sample[image_key])
+        return _Candidate(sample_index, text, sample[image_key], shard_run)
 
     def _decoded(self, candidates: Iterator[_Candidate], counter: _SkipCounter, *,
                  bad_image_limit: int | None) -> Iterator[tuple[Image.Image, _Candidate]]:
@@ -555,6 +578,9 @@ def _check_common(cfg: DataConfig) -> None:
                          f"rank={cfg.rank}, world_size={cfg.world_size}")
     if cfg.skip_batches < 0:
         raise ValueError(f"skip_batches must be >= 0, got {cfg.skip_batches}")
+    if cfg.group_size < 1:
+        raise ValueError(f"group_size (--train-group-size) must be >= 1 (1: shuffle single samples), "
+                         f"got {cfg.group_size}")
 
 
 def _resolve_type(dataset_type: str, data: str | None) -> str:
@@ -724,6 +750,9 @@ def _build_synthetic(cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
     if not num_samples:
         raise ValueError("dataset_type synthetic needs train_num_samples (--train-num-samples)")
     if train:
+        if cfg.group_size != 1:
+            raise ValueError("group_size (--train-group-size) groups consecutive samples of webdataset shards; "
+                             "synthetic data has none: leave it at 1")
         num_batches = num_samples // (cfg.batch_size * cfg.world_size)
         if num_batches < 1:
             raise ValueError(f"{num_samples} synthetic samples do not fill one batch of "

@@ -6,7 +6,7 @@ the flag instead of argparse's generic "unrecognized arguments" or, worse, silen
 
 Ours: `--loss` (any registered loss), one flag per loss option (`--<loss>-<option>` or the option's
 own `flag`, generated from `open_clip_adacl.get_loss_class(name).options`), `--caption-key`,
-`--save-every-n-steps` and `--max-nonfinite-steps`.
+`--val-caption-key`, `--train-group-size`, `--save-every-n-steps` and `--max-nonfinite-steps`.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
 `validate_args` rejects bad combinations before any work, and the `*_config` functions convert the
@@ -213,6 +213,13 @@ def _add_data_flags(group) -> None:
                        help="Sample shards with replacement.")
     group.add_argument("--caption-key", type=str, default="txt",
                        help="Caption field of each sample; a comma list samples one field per sample.")
+    group.add_argument("--val-caption-key", type=str, default=None,
+                       help="Caption field for validation (default: the first of --caption-key), e.g. "
+                            "train on weak captions, validate on gold ones (docs/data.md).")
+    group.add_argument("--train-group-size", type=int, default=1,
+                       help="Shuffle runs of this many consecutive samples of a shard as units, so data "
+                            "written in families (one-edit siblings) reaches a batch as whole families "
+                            "(docs/data.md). 1: shuffle single samples, as OpenCLIP.")
     group.add_argument("--imagenet-val", type=str, default=None,
                        help="Path to imagenet val set for conducting zero shot evaluation.")
     group.add_argument("--workers", type=int, default=4, help="Number of dataloader workers per GPU.")
@@ -537,5 +544,7 @@ def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_ba
         rank=0 if validation else rank,
         world_size=1 if validation else world_size,
         caption_key=args.caption_key,
+        val_caption_key=args.val_caption_key,
+        group_size=args.train_group_size,
         skip_batches=skip_batches,
     )

@@ -42,9 +42,10 @@ from __future__ import annotations
 import io
 import itertools
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import webdataset as wds
@@ -69,10 +70,14 @@ OPPOSITE_RELATION = {
     "below": "above",
 }
 EDIT_TYPES = ("color", "shape", "size", "relation")
+# The weak captioner's coarse colour words: neighbours on the colour wheel share one.
+COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "green": "greenish",
+                 "cyan": "greenish", "blue": "bluish", "purple": "bluish"}
+WEAK_CAPTION_KEY = "txt_weak{}"  # tar member / --caption-key field of the n-th weak caption (from 1)
 BENCHMARK_DATASETS = ("scenes_shape", "scenes_color", "scenes_retrieval")
 
 # Independent random streams per split / benchmark set (first word of each rng's seed).
-_STREAMS = {"train": 0, "val": 1, "test": 2, "scenes_shape": 3, "scenes_color": 4}
+_STREAMS = {"train": 0, "val": 1, "test": 2, "scenes_shape": 3, "scenes_color": 4, "weak": 5}
 _PLACEMENT_BATCH = 64
 _MAX_FAMILY_SIZE = 12
 _PLACEMENT_ROUNDS = 8
@@ -94,7 +99,7 @@ class SceneConfig:
 
     image_size: int = 32
     three_object_prob: float = 0.5
-    family_size: int = 4
+    family_size: int = 8
     small_radius: tuple[float, float] = (0.08, 0.12)
     large_radius: tuple[float, float] = (0.17, 0.25)
     noise_std: float = 6.0
@@ -168,6 +173,58 @@ def paraphrases(description: Description) -> tuple[str, str]:
     subjects = " and ".join(spec.phrase() for spec in others)
     converse = f"{subjects} {OPPOSITE_RELATION[description.relation]} {first.phrase()}"
     return converse, "there is " + caption(description)
+
+
+# A lossy captioner's habits, each drawn per caption: it often omits sizes and names colours only
+# coarsely, sometimes lists the objects without their relation or forgets the third one. Siblings'
+# weak captions then mostly lose the edit between them, yet rarely coincide exactly (measured by
+# `family_duplicate_rate`; docs/data.md).
+_WEAK_DROP_SIZE = 0.5
+_WEAK_COARSE_COLOR = 0.5
+_WEAK_DROP_RELATION = 0.3
+_WEAK_DROP_THIRD = 0.3
+
+
+def weak_caption(description: Description, rng: np.random.Generator) -> str:
+    """A pseudo-caption, as an image captioner would write it: true of the image but lossy.
+
+    Sizes dropped (p 0.5), colours mapped to COARSE_COLORS (p 0.5), the relation replaced by
+    "and" (p 0.3), the third object left out (p 0.3). At most 22 tokens, like the gold captions.
+    """
+    drop_size, coarse, drop_relation, drop_third = rng.random(4) < (
+        _WEAK_DROP_SIZE, _WEAK_COARSE_COLOR, _WEAK_DROP_RELATION, _WEAK_DROP_THIRD)
+    objects = description.objects[:2] if drop_third else description.objects
+    phrases = []
+    for spec in objects:
+        words = ([] if drop_size else [spec.size]) + [COARSE_COLORS[spec.color] if coarse else spec.color, spec.shape]
+        phrases.append(" ".join(["an" if words[0][0] in "aeiou" else "a", *words]))
+    first, second, *rest = phrases
+    link = "and" if drop_relation else description.relation
+    return f"{first} {link} {second}" + "".join(f" and {phrase}" for phrase in rest)
+
+
+def family_edit(base: Description, sibling: Description) -> str | None:
+    """The edit type that turns `base` into its one-edit `sibling` (None when they are equal)."""
+    if base == sibling:
+        return None
+    if base.relation != sibling.relation or set(base.objects) == set(sibling.objects):
+        return "relation"  # reversed, or the first two objects swapped
+    (old, new), = [(a, b) for a, b in zip(base.objects, sibling.objects) if a != b]
+    (edit,) = [name for name in ("size", "color", "shape") if getattr(old, name) != getattr(new, name)]
+    return edit
+
+
+def family_duplicate_rate(families: Iterable[Sequence[str]]) -> float:
+    """The fraction of within-family caption pairs that are exactly equal (false negatives in a batch).
+
+    families: each family's captions, one per member. 0.0 when no family has two members.
+    """
+    equal = pairs = 0
+    for captions in families:
+        counts = Counter(captions)
+        equal += sum(n * (n - 1) // 2 for n in counts.values())
+        pairs += len(captions) * (len(captions) - 1) // 2
+    return equal / pairs if pairs else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,25 +481,35 @@ def write_demo_dataset(
         shard_size: int = 512,
         image_size: int = 32,
         config: SceneConfig | None = None,
+        family_size: int | None = None,
+        num_weak_captions: int = 2,
 ) -> DemoDataset:
     """Write the train/val/test shards, the clip-benchmark sets and the clone-selection set.
 
     See the module docstring for the layout. `num_test` also sizes each classification set.
-    Same arguments -> byte-identical files. Returns the paths and shard patterns.
+    family_size: training scenes per family (None: the config's, 8 by default); keep `shard_size`
+    a multiple of it so no family straddles two shards. num_weak_captions: weak caption fields
+    per sample (`txt_weak1`, ...; 0 for none). Same arguments -> byte-identical files. Returns
+    the paths and shard patterns.
     """
     if min(num_train, num_val, num_test, shard_size) < 1:
         raise ValueError("num_train, num_val, num_test and shard_size must all be >= 1")
+    if num_weak_captions < 0:
+        raise ValueError(f"num_weak_captions must be >= 0, got {num_weak_captions}")
     config = replace(config or SceneConfig(), image_size=image_size)
+    if family_size is not None:
+        config = replace(config, family_size=family_size)
     root = Path(output_dir)
     split_sizes = {"train": num_train, "val": num_val, "test": num_test}
     first_key = dict(zip(split_sizes, np.cumsum([0, num_train, num_val]).tolist()))
-    patterns = {}
+    patterns, split_scenes = {}, {}
     for split, count in split_sizes.items():
         family_config = config if split == "train" else replace(config, family_size=1)
-        records = _caption_records(_split_scenes(seed, split, count, family_config), first_key[split])
+        split_scenes[split] = list(_split_scenes(seed, split, count, family_config))
+        records = _caption_records(split_scenes[split], first_key[split], seed, num_weak_captions)
         patterns[split] = _write_shards(root / split, records, shard_size, "shard-{:06d}.tar", with_sizes=True)
 
-    test_scenes = [scene for _, scene in _split_scenes(seed, "test", num_test, replace(config, family_size=1))]
+    test_scenes = [scene for _, _, scene in split_scenes["test"]]
     benchmark = {
         "scenes_shape": _write_classification_set(root / "benchmark", "scenes_shape", "shape", seed, num_test,
                                                   shard_size, config),
@@ -462,6 +529,9 @@ def write_demo_dataset(
         "benchmark": {name: str(path.relative_to(root)) for name, path in benchmark.items()},
         "clone_selection": "clone_selection",
         "edit_types": list(EDIT_TYPES),
+        "caption_keys": ["txt", "txt_alt", *weak_caption_keys(num_weak_captions)],
+        "train_family_duplicate_rate": _train_duplicate_rates(split_scenes["train"], first_key["train"], seed,
+                                                              num_weak_captions),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return DemoDataset(
@@ -475,33 +545,66 @@ def write_demo_dataset(
     )
 
 
-def _split_scenes(seed: int, split: str, count: int, config: SceneConfig) -> Iterator[tuple[int, Scene]]:
-    """(family index, scene) for the first `count` scenes of a split, each family from its own rng."""
+def _split_scenes(seed: int, split: str, count: int,
+                  config: SceneConfig) -> Iterator[tuple[int, str | None, Scene]]:
+    """(family index, edit from the family's base or None, scene) for the first `count` scenes of a
+    split, each family from its own rng."""
     scenes = (
-        (family, scene)
+        (family, family_edit(members[0].description, scene.description), scene)
         for family in itertools.count()
-        for scene in sample_family(np.random.default_rng([seed, _STREAMS[split], family]), config)
+        for members in [sample_family(np.random.default_rng([seed, _STREAMS[split], family]), config)]
+        for scene in members
     )
     return itertools.islice(scenes, count)
 
 
-def _caption_records(scenes: Iterable[tuple[int, Scene]], first_key: int) -> Iterator[dict]:
-    """img2dataset-style samples: png, txt, txt_alt and json with the integer key."""
-    for offset, (family, scene) in enumerate(scenes):
+def weak_caption_keys(count: int) -> list[str]:
+    """The tar member names (and --caption-key fields) of `count` weak captions: txt_weak1, ..."""
+    return [WEAK_CAPTION_KEY.format(n) for n in range(1, count + 1)]
+
+
+def _weak_captions(description: Description, seed: int, key: int, count: int) -> list[str]:
+    """The sample's weak captions; their own rng stream per key, so scenes do not depend on `count`."""
+    rng = np.random.default_rng([seed, _STREAMS["weak"], key])
+    return [weak_caption(description, rng) for _ in range(count)]
+
+
+def _train_duplicate_rates(scenes: list[tuple[int, str | None, Scene]], first_key: int, seed: int,
+                           num_weak_captions: int) -> dict[str, float]:
+    """`family_duplicate_rate` of the gold caption and of each weak caption field over the train families."""
+    by_family: dict[int, list[list[str]]] = {}
+    for offset, (family, _, scene) in enumerate(scenes):
+        texts = [caption(scene.description),
+                 *_weak_captions(scene.description, seed, first_key + offset, num_weak_captions)]
+        by_family.setdefault(family, []).append(texts)
+    keys = ["txt", *weak_caption_keys(num_weak_captions)]
+    return {key: family_duplicate_rate([member[column] for member in members] for members in by_family.values())
+            for column, key in enumerate(keys)}
+
+
+def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int, seed: int,
+                     num_weak_captions: int) -> Iterator[dict]:
+    """img2dataset-style samples: png, txt, txt_alt, txt_weak1.. and json with the integer key."""
+    for offset, (family, edit, scene) in enumerate(scenes):
         key = first_key + offset
         text = caption(scene.description)
         alternative = paraphrases(scene.description)[key % 2]
+        weak = _weak_captions(scene.description, seed, key, num_weak_captions)
         meta = {
             "key": f"{key:09d}",
             "caption": text,
             "caption_alt": alternative,
+            "caption_weak": weak,
             "width": scene.image_size,
             "height": scene.image_size,
             "family": family,
+            "family_edit": edit,
             "scene": _scene_json(scene),
         }
         yield {"__key__": meta["key"], "png": encode_png(render(scene)), "txt": text.encode(),
-               "txt_alt": alternative.encode(), "json": _json_bytes(meta)}
+               "txt_alt": alternative.encode(),
+               **{name: weak_text.encode() for name, weak_text in zip(weak_caption_keys(num_weak_captions), weak)},
+               "json": _json_bytes(meta)}
 
 
 def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:
