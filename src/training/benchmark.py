@@ -76,7 +76,8 @@ PLOT_EXCLUDED = ("val/clip_loss",)
 SECTIONS = (
     ("Clone-negative selection", "clone/",
      "accuracy of preferring an image's true caption over a clone that changes one detail "
-     "(`training.clone_selection`, the test scenes); chance 0.5"),
+     "(`training.clone_selection`, the test scenes; chance 0.5), and `_margin`: the mean logit margin "
+     "logit_scale * (cos(image, true) - cos(image, clone)), which still moves when accuracy saturates"),
     ("clip-benchmark zero-shot", ("cls/", "ret/"),
      "classification acc1 per `wds/` set, retrieval recall@k (`training.evaluate`, in process)"),
     ("Validation retrieval", "val/",
@@ -507,7 +508,7 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
                 for k in (1, 5):
                     metrics[f"ret/{short}/{side}_R@{k}"] = float(result[f"{side}_retrieval_recall@{k}"])
     clone = evaluate_clone_selection(model, preprocess, tokenizer, root / "clone_selection", device=device,
-                                     batch_size=job.batch_size)
+                                     batch_size=job.batch_size, margins=True)
     metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
     shards = family_shards(job)
     if shards:
@@ -942,6 +943,7 @@ class ReportContext:
     wall_seconds: float
     machine: Dict[str, str]
     started: str
+    siblings: Optional[Dict[str, float]] = None  # in-batch siblings of the training stream (`training.families`)
 
 
 def budget_lines(context: ReportContext) -> List[str]:
@@ -958,7 +960,12 @@ def budget_lines(context: ReportContext) -> List[str]:
     ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
         [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} epochs at "
          f"lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
-        if budget.pretrain_epochs else [])
+        if budget.pretrain_epochs else []) + (
+        [f"- clone negatives in the training batches (the real loader, seed 0, epoch 0): "
+         f"{context.siblings['siblings_per_row']:.2f} one-edit siblings per row, "
+         f"{context.siblings['sibling_fraction']:.1%} of the in-batch negatives "
+         f"(`--train-group-size {context.siblings['group_size']}`, `training.families.measure_siblings`)"]
+        if context.siblings else [])
 
 
 def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
@@ -1049,7 +1056,9 @@ def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
 
 
 def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
-    return [key for key in section_keys(summaries, PLOT_PREFIXES) if key not in PLOT_EXCLUDED]
+    """The [0, 1] metrics (accuracies, recalls); logit margins and losses have their own tables."""
+    return [key for key in section_keys(summaries, PLOT_PREFIXES)
+            if key not in PLOT_EXCLUDED and not key.endswith("_margin")]
 
 
 def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
@@ -1223,6 +1232,24 @@ def resolve_budget(args: argparse.Namespace) -> Budget:
     return budget
 
 
+def training_siblings(budget: Budget, data: BenchmarkData) -> Optional[Dict[str, float]]:
+    """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
+    the training shards are written in families; None otherwise."""
+    from .data import DataConfig
+    from .families import measure_siblings
+
+    argv = list(budget.train_args)
+    group_size = int(argv[argv.index("--train-group-size") + 1]) if "--train-group-size" in argv else 1
+    cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
+                     workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
+    try:
+        stats = measure_siblings(cfg)
+    except ValueError:  # shards without family ids
+        return None
+    return {"siblings_per_row": stats.siblings_per_row, "sibling_fraction": stats.sibling_fraction,
+            "group_size": group_size}
+
+
 def run_benchmark(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
                   results_md: Path, data_dir: Optional[Path] = None, data_seed: int = 0, command: str = "",
                   timeout: Optional[float] = None, reuse: bool = True, echo=print) -> List[Dict[str, Any]]:
@@ -1245,7 +1272,8 @@ def run_benchmark(variants: Sequence[LossVariant], seeds: Sequence[int], budget:
          f"{budget.jobs} at a time; logs in {output_dir / 'logs'}")
     records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
     context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
-                            wall_seconds=time.time() - start, machine=machine, started=started)
+                            wall_seconds=time.time() - start, machine=machine, started=started,
+                            siblings=training_siblings(budget, data))
     write_json_atomic(output_dir / BENCHMARK_FILE,
                       {"labels": [variant.label for variant in variants], "context": asdict(context)})
     write_report(records, context, results_md, output_dir)
