@@ -7,8 +7,11 @@ green triangle]" (the first object's extent is clear of each other object's alon
 both readings of the "and" are true). A *clone* caption changes exactly one detail (one object's
 colour, shape or size, or the relation: reversed, or the first two objects swapped) and is
 checked never to describe the image (`could_hold`). Training scenes come in *families*: a
-base scene plus `family_size - 1` siblings re-drawn from one-edit clones of its description,
-written next to each other, so a training batch holds captions one attribute apart.
+base scene plus `family_size - 1` (default 7) siblings re-drawn from one-edit clones of its
+description, written next to each other; `--train-group-size` keeps them together through the
+shuffle, so a training batch holds whole families of captions one attribute apart (docs/data.md).
+Each sample also carries *weak* captions from a deterministic lossy captioner (`weak_caption`),
+the paper's pseudo-caption regime: siblings' weak captions mostly lose the edit between them.
 
 Everything is deterministic by seed: every family/scene draws from its own
 `numpy.random.default_rng([seed, stream, index])`, tar members carry fixed metadata, so the same
@@ -16,13 +19,17 @@ arguments give byte-identical files.
 
 On-disk layout written by `write_demo_dataset(output_dir)`:
 
-    manifest.json                 what was written: counts, shard patterns, generator settings
+    manifest.json                 what was written: counts, shard patterns, generator settings,
+                                  caption fields, duplicate rate of each within train families
     train/shard-000000.tar ...    img2dataset layout, one sample = <key>.png, <key>.txt (caption),
     val/...  test/...             <key>.txt_alt (a true paraphrase, for --caption-key txt,txt_alt),
-                                  <key>.json {"key", "caption", "caption_alt", "width", "height",
-                                  "family", "scene": {"relation", "objects": [{size, color, shape,
-                                  x, y, radius}]}}; keys are integer strings, unique across splits
-                                  (train 0.., then val, then test)
+                                  <key>.txt_weak1, <key>.txt_weak2 (weak captions),
+                                  <key>.json {"key", "caption", "caption_alt", "caption_weak": [..],
+                                  "width", "height", "family": id, "family_edit": the sibling's edit
+                                  from its family's base (null for the base and in val/test, whose
+                                  families are single scenes), "scene": {"relation", "objects":
+                                  [{size, color, shape, x, y, radius}]}}; keys are integer strings,
+                                  unique across splits (train 0.., then val, then test)
     <split>/sizes.json            {shard file name: sample count}, read by get_dataset_size
     benchmark/scenes_shape/       clip-benchmark `wds/` classification: the shape of the one large
     benchmark/scenes_color/       object (its colour for scenes_color) next to a small distractor;
