@@ -2,7 +2,9 @@
 import hashlib
 import json
 import re
+import runpy
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,6 +243,18 @@ def test_family_size_and_weak_captions_are_options(tmp_path):
     assert all(set(s) == {"__key__", "__url__", "__local_path__", "png", "txt", "txt_alt", "json"} for s in samples)
     with pytest.raises(ValueError, match="num_weak_captions"):
         write_demo_dataset(tmp_path / "bad", num_weak_captions=-1)
+
+
+def test_make_synthetic_shards_script_writes_families_and_reports_duplicates(tmp_path, capsys):
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic_shards.py"))
+    script["main"](["--output", str(tmp_path), "--num-train", "16", "--num-val", "4", "--num-test", "4",
+                    "--shard-size", "8", "--family-size", "4", "--num-weak-captions", "1"])
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["scene_config"]["family_size"] == 4 and manifest["caption_keys"][-1] == "txt_weak1"
+    assert "train families of 4; caption fields txt, txt_alt, txt_weak1" in out
+    rate = manifest["train_family_duplicate_rate"]["txt_weak1"]
+    assert f"exact duplicates among a family's captions (pairs): txt 0.00%, txt_weak1 {rate:.2%}" in out
 
 
 def test_clone_selection_set_has_one_false_clone_per_edit_type(demo_shards):
