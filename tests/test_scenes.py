@@ -296,6 +296,8 @@ def test_make_synthetic_shards_script_writes_families_and_reports_duplicates(tmp
     assert "train families of 4; caption fields txt, txt_alt, txt_weak1" in out
     rate = manifest["train_family_duplicate_rate"]["txt_weak1"]
     assert f"exact duplicates among a family's captions (pairs): txt 0.00%, txt_weak1 {rate:.2%}" in out
+    fits = manifest["train_sibling_fits_base_rate"]["txt_weak1"]["all"]
+    assert f"siblings whose caption is also true of their family's base: txt 0.0%, txt_weak1 {fits:.1%}" in out
 
 
 def test_clone_selection_set_has_one_false_clone_per_edit_type(demo_shards):
