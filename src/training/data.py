@@ -32,8 +32,8 @@ Differences, each deliberate:
     batches. Skipped batches are read, checked and image-decoded (needed to know exactly which
     samples the uninterrupted run dropped) but neither transformed nor tokenized. Skip counts
     met while fast-forwarding are not reported again (the interrupted run reported them).
-    The stream depends on data, seed, batch_size, workers, world_size and caption_key: a resume
-    must use the same values (store them with the checkpoint's data position).
+    The stream depends on data, seed, batch_size, workers, world_size, caption_key and group_size:
+    a resume must use the same values (store them with the checkpoint's data position).
     Residual inexactness: an image that decodes but makes the preprocess transform raise is
     dropped only when transformed, so inside the skipped range it shifts later batches by one.
   - The sample shuffle buffer is OpenCLIP's 5000 (initial 1000) capped at half the mean shard

@@ -11,7 +11,7 @@ base scene plus `family_size - 1` (default 7) siblings re-drawn from one-edit cl
 description, written next to each other; `--train-group-size` keeps them together through the
 shuffle, so a training batch holds whole families of captions one attribute apart (docs/data.md).
 Each sample also carries *weak* captions from a deterministic lossy captioner (`weak_caption`),
-the paper's pseudo-caption regime: siblings' weak captions mostly lose the edit between them.
+the paper's pseudo-caption regime: siblings' weak captions blur or lose the edit between them.
 
 Everything is deterministic by seed: every family/scene draws from its own
 `numpy.random.default_rng([seed, stream, index])`, tar members carry fixed metadata, so the same
@@ -20,7 +20,8 @@ arguments give byte-identical files.
 On-disk layout written by `write_demo_dataset(output_dir)`:
 
     manifest.json                 what was written: counts, shard patterns, generator settings,
-                                  caption fields, duplicate rate of each within train families
+                                  caption fields and, per field, how alike train families' captions
+                                  are (exact duplicates, siblings' captions that fit the base)
     train/shard-000000.tar ...    img2dataset layout, one sample = <key>.png, <key>.txt (caption),
     val/...  test/...             <key>.txt_alt (a true paraphrase, for --caption-key txt,txt_alt),
                                   <key>.txt_weak1, <key>.txt_weak2 (weak captions),
@@ -184,9 +185,10 @@ def paraphrases(description: Description) -> tuple[str, str]:
 
 
 # A lossy captioner's habits, each drawn per caption: it often omits sizes and names colours only
-# coarsely, sometimes lists the objects without their relation or forgets the third one. Siblings'
-# weak captions then mostly lose the edit between them, yet rarely coincide exactly (measured by
-# `family_duplicate_rate`; docs/data.md).
+# coarsely, sometimes lists the objects without their relation or forgets the third one. About a
+# fifth of the siblings' weak captions lose the edit (they fit the family's base too), yet under 1%
+# of sibling pairs coincide exactly; lossier habits trade more of the one for more of the other
+# (measured in the manifest; docs/data.md).
 _WEAK_DROP_SIZE = 0.5
 _WEAK_COARSE_COLOR = 0.5
 _WEAK_DROP_RELATION = 0.3
