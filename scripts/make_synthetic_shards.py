@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  train families of {args.family_size}; caption fields {', '.join(manifest['caption_keys'])}")
     rates = ", ".join(f"{key} {rate:.2%}" for key, rate in manifest["train_family_duplicate_rate"].items())
     print(f"  exact duplicates among a family's captions (pairs): {rates}")
+    fits = ", ".join(f"{key} {groups['all']:.1%}" for key, groups in manifest["train_sibling_fits_base_rate"].items())
+    print(f"  siblings whose caption is also true of their family's base: {fits}")
     for split in ("train", "val", "test"):
         print(f"  {split:5s} {demo.num_samples[split]:6d} samples  {getattr(demo, split + '_data')}")
     for name, path in demo.benchmark.items():

@@ -158,6 +158,10 @@ def test_group_size_keeps_runs_of_consecutive_samples_whole_in_every_batch(demo_
         assert all(len({meta[index]["family"] for index in run}) == 1 for run in runs)
         assert [run[0] for run in runs] != sorted(run[0] for run in runs)  # the runs are shuffled
         assert len(set(order)) == len(order) == 512 // cfg.world_size
+    resampled = indices(train_batches(config(demo_shards, group_size=8, dataset_resampled=True,
+                                              train_num_samples=256)))
+    assert all(resampled[start:start + 8] == list(range(resampled[start], resampled[start] + 8))
+               for start in range(0, 256, 8))
     ungrouped = indices(train_batches(config(demo_shards)))
     assert any(abs(a - b) > 8 for a, b in zip(ungrouped, ungrouped[1:8]))  # group size 1 scatters them
 

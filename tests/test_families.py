@@ -1,4 +1,7 @@
 """In-batch siblings measured on the real batch stream of the demo's families."""
+import runpy
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,3 +29,13 @@ def test_grouping_puts_whole_families_in_each_batch(demo_shards):
 def test_shards_without_family_ids_are_named(demo_shards):
     with pytest.raises(ValueError, match="000000000 of .*shard-000000.tar has no 'lineage' in its json"):
         read_families(str(demo_shards / "train/shard-000000.tar"), family_field="lineage")
+
+
+def test_sibling_fraction_script_prints_one_line_per_group_size(demo_shards, capsys):
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "sibling_fraction.py"))
+    script["main"](["--train-data", str(demo_shards / "train/shard-{000000..000003}.tar"), "--batch-size", "32",
+                    "--train-group-size", "1,8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("--train-group-size   1:")
+    assert lines[1] == ("--train-group-size   8: 7.00 siblings per row at batch 32 (22.58% of in-batch negatives), "
+                        "16 batches")

@@ -2,7 +2,9 @@
 import hashlib
 import json
 import re
+import runpy
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ from torchvision.transforms import ToTensor
 from training.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, EDIT_TYPES, OPPOSITE_RELATION, RELATIONS,
                              SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig, caption, could_hold,
                              edit_caption, edit_description, family_duplicate_rate, family_edit, holds, paraphrases,
-                             render, sample_family, sample_scene, weak_caption, write_demo_dataset)
+                             render, sample_family, sample_scene, weak_caption, weak_caption_fits,
+                             write_demo_dataset)
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")
@@ -167,6 +170,35 @@ def test_weak_captions_are_true_lossy_and_fit_the_context():
     assert 0.05 < np.mean([text == caption(description) for description, text in weak]) < 0.3
 
 
+def test_weak_caption_fits_decides_whether_a_weak_caption_is_true_of_a_description():
+    green_star = ObjectSpec("small", "green", "star")
+    two = Description((RED_CIRCLE, BLUE_SQUARE), "to the left of")
+    three = Description((RED_CIRCLE, BLUE_SQUARE, green_star), "to the left of")
+    for text in ("a large red circle to the left of a small blue square", "a red circle and a bluish square",
+                 "a bluish square and a reddish circle", "a large reddish circle to the left of a bluish square"):
+        assert weak_caption_fits(text, two), text
+    assert weak_caption_fits("a red circle to the left of a blue square", three)  # the third left out
+    assert weak_caption_fits("a greenish star and a red circle", three)  # "and": any objects, any order
+    for text in ("a small red circle to the left of a blue square",  # wrong size
+                 "a blue square to the left of a red circle",  # the relation's objects swapped
+                 "a red circle to the right of a blue square", "a greenish circle and a blue square",
+                 "a red circle and a blue star", "a red circle and a red circle", "a red circle",
+                 "a red circle to the left of a blue square and a green star"):  # no star in `two`
+        assert not weak_caption_fits(text, two), text
+
+
+def test_a_siblings_gold_caption_never_fits_its_base_but_its_weak_caption_sometimes_does():
+    rng = np.random.default_rng(8)
+    fits = []
+    for _ in range(40):
+        base, *siblings = sample_family(rng, CONFIG)
+        for sibling in siblings:
+            assert weak_caption_fits(caption(sibling.description), sibling.description)
+            assert not weak_caption_fits(caption(sibling.description), base.description)
+            fits.append(weak_caption_fits(weak_caption(sibling.description, rng), base.description))
+    assert 0.1 < np.mean(fits) < 0.4
+
+
 def test_family_duplicate_rate_counts_equal_pairs_within_families():
     assert family_duplicate_rate([["a", "a", "b"], ["c"], ["d", "d"]]) == pytest.approx(2 / 4)  # 3 + 0 + 1 pairs
     assert family_duplicate_rate([["a"], ["b"]]) == 0.0
@@ -229,6 +261,17 @@ def test_train_shards_hold_families_with_gold_and_weak_captions(demo_shards):
         assert rate == pytest.approx(manifest["train_family_duplicate_rate"][key])
     rates = manifest["train_family_duplicate_rate"]
     assert rates["txt"] == 0.0 and all(0 < rates[key] < 0.03 for key in ("txt_weak1", "txt_weak2"))
+    fits = {"txt": [], "txt_weak1": [], "txt_weak2": []}
+    for members in families.values():
+        scene = members[0]["scene"]
+        base = Description(tuple(ObjectSpec(o["size"], o["color"], o["shape"]) for o in scene["objects"]),
+                           scene["relation"])
+        for meta in members[1:]:
+            for key, text in zip(fits, [meta["caption"], *meta["caption_weak"]]):
+                fits[key].append(weak_caption_fits(text, base))
+    for key, flags in fits.items():
+        assert manifest["train_sibling_fits_base_rate"][key]["all"] == pytest.approx(np.mean(flags))
+    assert manifest["train_sibling_fits_base_rate"]["txt"]["all"] == 0.0 < np.mean(fits["txt_weak1"])
 
 
 def test_family_size_and_weak_captions_are_options(tmp_path):
@@ -241,6 +284,20 @@ def test_family_size_and_weak_captions_are_options(tmp_path):
     assert all(set(s) == {"__key__", "__url__", "__local_path__", "png", "txt", "txt_alt", "json"} for s in samples)
     with pytest.raises(ValueError, match="num_weak_captions"):
         write_demo_dataset(tmp_path / "bad", num_weak_captions=-1)
+
+
+def test_make_synthetic_shards_script_writes_families_and_reports_duplicates(tmp_path, capsys):
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic_shards.py"))
+    script["main"](["--output", str(tmp_path), "--num-train", "16", "--num-val", "4", "--num-test", "4",
+                    "--shard-size", "8", "--family-size", "4", "--num-weak-captions", "1"])
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["scene_config"]["family_size"] == 4 and manifest["caption_keys"][-1] == "txt_weak1"
+    assert "train families of 4; caption fields txt, txt_alt, txt_weak1" in out
+    rate = manifest["train_family_duplicate_rate"]["txt_weak1"]
+    assert f"exact duplicates among a family's captions (pairs): txt 0.00%, txt_weak1 {rate:.2%}" in out
+    fits = manifest["train_sibling_fits_base_rate"]["txt_weak1"]["all"]
+    assert f"siblings whose caption is also true of their family's base: txt 0.0%, txt_weak1 {fits:.1%}" in out
 
 
 def test_clone_selection_set_has_one_false_clone_per_edit_type(demo_shards):

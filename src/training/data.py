@@ -32,8 +32,8 @@ Differences, each deliberate:
     batches. Skipped batches are read, checked and image-decoded (needed to know exactly which
     samples the uninterrupted run dropped) but neither transformed nor tokenized. Skip counts
     met while fast-forwarding are not reported again (the interrupted run reported them).
-    The stream depends on data, seed, batch_size, workers, world_size and caption_key: a resume
-    must use the same values (store them with the checkpoint's data position).
+    The stream depends on data, seed, batch_size, workers, world_size, caption_key and group_size:
+    a resume must use the same values (store them with the checkpoint's data position).
     Residual inexactness: an image that decodes but makes the preprocess transform raise is
     dropped only when transformed, so inside the skipped range it shifts later batches by one.
   - The sample shuffle buffer is OpenCLIP's 5000 (initial 1000) capped at half the mean shard
@@ -182,6 +182,9 @@ def build_train_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
                          "(--train-num-samples) with the number of training samples")
     num_readers = max(1, cfg.workers)
     num_batches = _num_batches(num_samples, cfg.batch_size * cfg.world_size, num_readers)
+    if cfg.batch_size % cfg.group_size:
+        logger.warning(f"batch size {cfg.batch_size} is not a multiple of --train-group-size {cfg.group_size}: "
+                       "batch boundaries cut some groups in two")
     _check_skip(cfg.skip_batches, num_batches)
     # OpenCLIP's 5000-sample buffer is half an img2dataset shard of 10000; keep that ratio.
     shuffle_size = max(1, min(_SHUFFLE_SIZE, (dataset_size or num_samples) // len(urls) // 2))

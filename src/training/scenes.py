@@ -7,8 +7,11 @@ green triangle]" (the first object's extent is clear of each other object's alon
 both readings of the "and" are true). A *clone* caption changes exactly one detail (one object's
 colour, shape or size, or the relation: reversed, or the first two objects swapped) and is
 checked never to describe the image (`could_hold`). Training scenes come in *families*: a
-base scene plus `family_size - 1` siblings re-drawn from one-edit clones of its description,
-written next to each other, so a training batch holds captions one attribute apart.
+base scene plus `family_size - 1` (default 7) siblings re-drawn from one-edit clones of its
+description, written next to each other; `--train-group-size` keeps them together through the
+shuffle, so a training batch holds whole families of captions one attribute apart (docs/data.md).
+Each sample also carries *weak* captions from a deterministic lossy captioner (`weak_caption`),
+the paper's pseudo-caption regime: siblings' weak captions blur or lose the edit between them.
 
 Everything is deterministic by seed: every family/scene draws from its own
 `numpy.random.default_rng([seed, stream, index])`, tar members carry fixed metadata, so the same
@@ -16,13 +19,18 @@ arguments give byte-identical files.
 
 On-disk layout written by `write_demo_dataset(output_dir)`:
 
-    manifest.json                 what was written: counts, shard patterns, generator settings
+    manifest.json                 what was written: counts, shard patterns, generator settings,
+                                  caption fields and, per field, how alike train families' captions
+                                  are (exact duplicates, siblings' captions that fit the base)
     train/shard-000000.tar ...    img2dataset layout, one sample = <key>.png, <key>.txt (caption),
     val/...  test/...             <key>.txt_alt (a true paraphrase, for --caption-key txt,txt_alt),
-                                  <key>.json {"key", "caption", "caption_alt", "width", "height",
-                                  "family", "scene": {"relation", "objects": [{size, color, shape,
-                                  x, y, radius}]}}; keys are integer strings, unique across splits
-                                  (train 0.., then val, then test)
+                                  <key>.txt_weak1, <key>.txt_weak2 (weak captions),
+                                  <key>.json {"key", "caption", "caption_alt", "caption_weak": [..],
+                                  "width", "height", "family": id, "family_edit": the sibling's edit
+                                  from its family's base (null for the base and in val/test, whose
+                                  families are single scenes), "scene": {"relation", "objects":
+                                  [{size, color, shape, x, y, radius}]}}; keys are integer strings,
+                                  unique across splits (train 0.., then val, then test)
     <split>/sizes.json            {shard file name: sample count}, read by get_dataset_size
     benchmark/scenes_shape/       clip-benchmark `wds/` classification: the shape of the one large
     benchmark/scenes_color/       object (its colour for scenes_color) next to a small distractor;
@@ -42,6 +50,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -176,9 +185,10 @@ def paraphrases(description: Description) -> tuple[str, str]:
 
 
 # A lossy captioner's habits, each drawn per caption: it often omits sizes and names colours only
-# coarsely, sometimes lists the objects without their relation or forgets the third one. Siblings'
-# weak captions then mostly lose the edit between them, yet rarely coincide exactly (measured by
-# `family_duplicate_rate`; docs/data.md).
+# coarsely, sometimes lists the objects without their relation or forgets the third one. About a
+# fifth of the siblings' weak captions lose the edit (they fit the family's base too), yet under 1%
+# of sibling pairs coincide exactly; lossier habits trade more of the one for more of the other
+# (measured in the manifest; docs/data.md).
 _WEAK_DROP_SIZE = 0.5
 _WEAK_COARSE_COLOR = 0.5
 _WEAK_DROP_RELATION = 0.3
@@ -201,6 +211,39 @@ def weak_caption(description: Description, rng: np.random.Generator) -> str:
     first, second, *rest = phrases
     link = "and" if drop_relation else description.relation
     return f"{first} {link} {second}" + "".join(f" and {phrase}" for phrase in rest)
+
+
+_WEAK_PHRASE = r"an? (?:(?:small|large) )?\w+ \w+"
+_WEAK_CAPTION = re.compile(rf"({_WEAK_PHRASE}) (and|{'|'.join(RELATIONS)}) ({_WEAK_PHRASE})(?: and ({_WEAK_PHRASE}))?")
+
+
+def weak_caption_fits(text: str, description: Description) -> bool:
+    """Whether `text`, a caption in `weak_caption`'s form, is true of a scene that `description` holds for.
+
+    Each phrase must name one of the scene's objects by its shape, with its colour or that colour's
+    COARSE_COLORS word and its size or none. With a relation the phrases name the description's
+    objects in order (the third may be left out); with "and" any two or three distinct objects.
+    """
+    match = _WEAK_CAPTION.fullmatch(text)
+    if match is None:
+        return False
+    first, link, second, third = match.groups()
+    named = []
+    for phrase in (first, second, third):
+        if phrase is not None:
+            *size, color, shape = phrase.split()[1:]
+            named.append((size[0] if size else None, color, shape))
+    by_shape = {spec.shape: spec for spec in description.objects}
+    if len({shape for _, _, shape in named}) < len(named) or not all(shape in by_shape for _, _, shape in named):
+        return False
+    if any(size not in (None, by_shape[shape].size)
+           or color not in (by_shape[shape].color, COARSE_COLORS[by_shape[shape].color])
+           for size, color, shape in named):
+        return False
+    if link == "and":
+        return True
+    in_order = [shape for _, _, shape in named] == [spec.shape for spec in description.objects[:len(named)]]
+    return link == description.relation and in_order
 
 
 def family_edit(base: Description, sibling: Description) -> str | None:
@@ -530,8 +573,7 @@ def write_demo_dataset(
         "clone_selection": "clone_selection",
         "edit_types": list(EDIT_TYPES),
         "caption_keys": ["txt", "txt_alt", *weak_caption_keys(num_weak_captions)],
-        "train_family_duplicate_rate": _train_duplicate_rates(split_scenes["train"], first_key["train"], seed,
-                                                              num_weak_captions),
+        **_train_caption_stats(split_scenes["train"], first_key["train"], seed, num_weak_captions),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return DemoDataset(
@@ -569,17 +611,36 @@ def _weak_captions(description: Description, seed: int, key: int, count: int) ->
     return [weak_caption(description, rng) for _ in range(count)]
 
 
-def _train_duplicate_rates(scenes: list[tuple[int, str | None, Scene]], first_key: int, seed: int,
-                           num_weak_captions: int) -> dict[str, float]:
-    """`family_duplicate_rate` of the gold caption and of each weak caption field over the train families."""
+def _train_caption_stats(scenes: list[tuple[int, str | None, Scene]], first_key: int, seed: int,
+                         num_weak_captions: int) -> dict[str, dict]:
+    """How much the captions tell a family's members apart, for the manifest (docs/data.md):
+
+    train_family_duplicate_rate: `family_duplicate_rate` of the gold caption and of each weak field.
+    train_sibling_fits_base_rate: per caption field and edit type ("all": pooled), the fraction of
+        siblings whose caption is also true of their family's base scene (`weak_caption_fits`):
+        the edit that makes the sibling a clone negative is lost in its caption. 0 for gold.
+    """
+    keys = ["txt", *weak_caption_keys(num_weak_captions)]
     by_family: dict[int, list[list[str]]] = {}
-    for offset, (family, _, scene) in enumerate(scenes):
+    fits: dict[str, dict[str, list[bool]]] = {key: {} for key in keys}
+    base = None
+    for offset, (family, edit, scene) in enumerate(scenes):
         texts = [caption(scene.description),
                  *_weak_captions(scene.description, seed, first_key + offset, num_weak_captions)]
         by_family.setdefault(family, []).append(texts)
-    keys = ["txt", *weak_caption_keys(num_weak_captions)]
-    return {key: family_duplicate_rate([member[column] for member in members] for members in by_family.values())
-            for column, key in enumerate(keys)}
+        if edit is None:
+            base = scene.description
+            continue
+        for key, text in zip(keys, texts):
+            for group in (edit, "all"):
+                fits[key].setdefault(group, []).append(weak_caption_fits(text, base))
+    return {
+        "train_family_duplicate_rate": {
+            key: family_duplicate_rate([member[column] for member in members] for members in by_family.values())
+            for column, key in enumerate(keys)},
+        "train_sibling_fits_base_rate": {key: {group: float(np.mean(flags)) for group, flags in sorted(groups.items())}
+                                         for key, groups in fits.items()},
+    }
 
 
 def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int, seed: int,
