@@ -87,7 +87,7 @@ class AdaCLLoss(ContrastiveLoss):
         LossOption("boundary_kind", str, "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the "
                    "anchor plus the anchor's clone gap, so the sharpening follows how close clone negatives sit "
                    "(docs/adacl.md)", choices=adacl.BOUNDARY_KINDS),
-        LossOption("candidate_region", str, "gda", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' "
+        LossOption("candidate_region", str, "upper", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' "
                    "(its part above the not-clone mean), 'all' (no discovery: every negative; a control)",
                    choices=adacl.CANDIDATE_REGIONS),
         LossOption("queue_size", int, 0, "FIFO of past batches' (detached, gathered) features used as extra "
@@ -99,8 +99,8 @@ class AdaCLLoss(ContrastiveLoss):
                    "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset); "
                    "default: 'fixed' in literal mode, 'balanced' in calibrated mode",
                    choices=(None,) + adacl.POSITIVE_GRADS),
-        LossOption("max_scale_ratio", float, 1.1, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
-        LossOption("max_offset", float, 0.1, "calibrated mode: upper bound of m2 (lower bound 0)"),
+        LossOption("max_scale_ratio", float, 4.0, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
+        LossOption("max_offset", float, 1.0, "calibrated mode: upper bound of m2 (lower bound 0)"),
         LossOption("anchor_min", float, 0.0, "calibrated mode: the anchor similarity is clamped to at least this"),
         LossOption("anchor_max", float, 0.9, "calibrated mode: ... and at most this (below the boundary)"),
         LossOption("ema", float, 0.9, "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) "
@@ -111,7 +111,7 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, boundary_kind="fixed", candidate_region="gda", queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=1.1, max_offset=0.1,
+                 boundary=1.0, boundary_kind="fixed", candidate_region="upper", queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=4.0, max_offset=1.0,
                  anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)
