@@ -304,6 +304,9 @@ def _add_checkpoint_flags(group) -> None:
                        help="Always save the most recent model trained to epoch_latest.pt.")
     group.add_argument("--save-every-n-steps", type=int, default=0,
                        help="Also save step_N.pt every N optimizer steps (0: off), so a crash loses at most N steps.")
+    group.add_argument("--keep-step-checkpoints", type=int, default=0, metavar="K",
+                       help="Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are never "
+                            "removed by this flag.")
     group.add_argument("--delete-previous-checkpoint", default=False, action="store_true",
                        help="Delete the previous checkpoint after storing a new one.")
     group.add_argument("--resume", type=str, default=None,
@@ -379,6 +382,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         (args.log_every_n_steps < 1, f"--log-every-n-steps must be >= 1, got {args.log_every_n_steps}"),
         (args.save_every_n_steps < 0,
          f"--save-every-n-steps must be >= 0 (0 turns step checkpoints off), got {args.save_every_n_steps}"),
+        (args.keep_step_checkpoints < 0,
+         f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got {args.keep_step_checkpoints}"),
         (args.max_nonfinite_steps < 1, f"--max-nonfinite-steps must be >= 1, got {args.max_nonfinite_steps}"),
         (args.grad_clip_norm is not None and not args.grad_clip_norm > 0,
          f"--grad-clip-norm must be > 0, got {args.grad_clip_norm}"),
@@ -512,7 +517,8 @@ def checkpoint_config(args: argparse.Namespace, checkpoint_dir: str) -> Checkpoi
 
     return CheckpointConfig(checkpoint_dir=checkpoint_dir, save_frequency=args.save_frequency,
                             save_most_recent=args.save_most_recent, save_every_n_steps=args.save_every_n_steps,
-                            delete_previous=args.delete_previous_checkpoint, total_epochs=args.epochs)
+                            delete_previous=args.delete_previous_checkpoint,
+                            keep_step_checkpoints=args.keep_step_checkpoints, total_epochs=args.epochs)
 
 
 def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_batches: int = 0,
