@@ -7,6 +7,11 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
 - kind "epoch": an epoch summary: loss (mean over the epoch's finite steps), num_steps,
   num_nonfinite_steps, seconds, samples_per_second and "skipped/<reason>" sample counts;
 - kind "val": validation / zero-shot metrics after an epoch.
+
+Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
+`train/loss`, `train/scale` (the logit scale), `train/lr`, `train/samples_per_second`, ... at the
+step, `val/<metric>` (e.g. `val/clip_val_loss`, `val/imagenet-zeroshot-val-top1`) at the epoch;
+ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/<name>`.
 """
 from __future__ import annotations
 
@@ -41,6 +46,27 @@ def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: i
     root.setLevel(level if rank == 0 or log_all_ranks else max(level, logging.WARNING))
 
 
+# metrics.jsonl names whose OpenCLIP tag differs.
+_OPENCLIP_TRAIN_NAMES = {"logit_scale": "scale"}
+LOSS_STATS_PREFIX = "stats/"
+
+
+def dashboard_tag(kind: str, name: str) -> str:
+    """The tensorboard tag of metric `name` of a `kind` record: OpenCLIP's where it has one."""
+    if kind == "train" and name.startswith(LOSS_STATS_PREFIX):
+        return "loss_stats/" + name[len(LOSS_STATS_PREFIX):]
+    if kind == "train":
+        return "train/" + _OPENCLIP_TRAIN_NAMES.get(name, name)
+    if kind == "val" and name.startswith("val/"):  # validation's metric names carry OpenCLIP's prefix already
+        return name
+    return f"{kind}/{name}"
+
+
+def dashboard_step(kind: str, step: int, epoch: int) -> int:
+    """OpenCLIP logs validation at the epoch, training at the step."""
+    return epoch if kind == "val" else step
+
+
 def _plain(value: Any) -> Any:
     """JSON-friendly value: tensors and numpy scalars become floats; NaN/inf become strings."""
     if hasattr(value, "item"):
@@ -71,7 +97,7 @@ class MetricsWriter:
         if self.tb_writer is not None:
             for name, value in record.items():
                 if name not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
-                    self.tb_writer.add_scalar(f"{kind}/{name}", value, step)
+                    self.tb_writer.add_scalar(dashboard_tag(kind, name), value, dashboard_step(kind, step, epoch))
 
     def close(self) -> None:
         if self.tb_writer is not None:
