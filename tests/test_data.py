@@ -309,7 +309,7 @@ def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="skip_batches"):
         build_train_data(config(demo_shards, skip_batches=16), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="dataset type"):
-        build_train_data(config(demo_shards, train_data="data.csv"), to_tensor, byte_tokenizer)
+        build_train_data(config(demo_shards, train_data="data.json"), to_tensor, byte_tokenizer)
 
 
 def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):

@@ -58,7 +58,6 @@ def test_unsupported_openclip_flag_is_named(flag):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dataset-type", "csv"], "--dataset-type csv is not supported by open_clip_adacl"),
     (["--report-to", "wandb"], "--report-to wandb is not supported by open_clip_adacl"),
     (["--opt", "timm/lamb"], "--opt timm/lamb is not supported by open_clip_adacl"),
 ])

@@ -51,9 +51,6 @@ UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--remote-sync-frequency": "sync <logs>/<name> with your own tool",
     "--remote-sync-protocol": "sync <logs>/<name> with your own tool",
     "--use-bnb-linear": "bitsandbytes layers are not supported",
-    "--csv-separator": "use webdataset shards (--dataset-type webdataset)",
-    "--csv-img-key": "use webdataset shards (--dataset-type webdataset)",
-    "--csv-caption-key": "use webdataset shards and --caption-key",
     "--imagenet-v2": "evaluate ImageNet-v2 with `python -m training.evaluate` (clip-benchmark)",
     "--wandb-notes": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
     "--wandb-project-name": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
@@ -207,8 +204,14 @@ def _add_data_flags(group) -> None:
     group.add_argument("--train-num-samples", type=int, default=None,
                        help="Samples per epoch; needed when the shards have no sizes.json.")
     group.add_argument("--val-num-samples", type=int, default=None, help="Validation samples.")
-    group.add_argument("--dataset-type", type=str, default="auto", choices=["webdataset", "synthetic", "auto", "csv"],
-                       help="webdataset, synthetic or auto (csv is OpenCLIP's and not supported here).")
+    group.add_argument("--dataset-type", type=str, default="auto", choices=["webdataset", "csv", "synthetic", "auto"],
+                       help="webdataset shards, a csv/tsv file of image paths and captions, synthetic, or auto "
+                            "(csv for .csv/.tsv, webdataset for .tar).")
+    group.add_argument("--csv-separator", type=str, default="\t", help="For csv-like datasets, which separator to use.")
+    group.add_argument("--csv-img-key", type=str, default="filepath",
+                       help="For csv-like datasets, the name of the key for the image paths.")
+    group.add_argument("--csv-caption-key", type=str, default="title",
+                       help="For csv-like datasets, the name of the key for the captions.")
     group.add_argument("--dataset-resampled", default=False, action="store_true",
                        help="Sample shards with replacement.")
     group.add_argument("--caption-key", type=str, default="txt",
@@ -361,9 +364,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Reject combinations that cannot work, each with a message saying what to change."""
     checks: List[Tuple[bool, str]] = [
-        (args.dataset_type == "csv",
-         "--dataset-type csv is not supported by open_clip_adacl; convert the data to webdataset shards "
-         "(img2dataset) and use --dataset-type webdataset"),
         (args.opt.lower() != "adamw",
          f"--opt {args.opt} is not supported by open_clip_adacl; only --opt adamw is implemented"),
         ("wandb" in args.report_to or "all" in args.report_to,
@@ -540,4 +540,7 @@ def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_ba
         world_size=1 if validation else world_size,
         caption_key=args.caption_key,
         skip_batches=skip_batches,
+        csv_separator=args.csv_separator,
+        csv_img_key=args.csv_img_key,
+        csv_caption_key=args.csv_caption_key,
     )
