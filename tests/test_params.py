@@ -58,7 +58,7 @@ def test_unsupported_openclip_flag_is_named(flag):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--report-to", "wandb"], "--report-to wandb is not supported by open_clip_adacl"),
+    (["--report-to", "mlflow"], "--report-to 'mlflow': choose tensorboard, wandb"),
     (["--opt", "timm/lamb"], "--opt timm/lamb is not supported by open_clip_adacl"),
 ])
 def test_unsupported_openclip_values_are_named(argv, message):

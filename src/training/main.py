@@ -28,7 +28,7 @@ from .checkpoint import Checkpointer, TrainState, find_latest_checkpoint, resume
 from .data import SKIP_REASONS, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
                           unwrap_model, wrap_ddp)
-from .logger import MetricsWriter, setup_logging
+from .logger import MetricsWriter, WandbConfig, setup_logging
 from .model import (ModelBundle, build_model, build_optimizer, build_precision, build_scheduler, check_pretrained,
                     open_clip_model_config, preprocess_config)
 from .params import RESUME_LATEST, ConfigError
@@ -120,7 +120,7 @@ def train(args, env: DistributedEnv, plan: StartupPlan) -> RunSummary:
         imagenet.transform = bundle.preprocess_val
     scheduler = build_scheduler(optimizer, params.scheduler_config(args), data.num_batches // args.accum_freq)
     model = wrap_ddp(bundle.model, env, static_graph=args.ddp_static_graph, sync_batchnorm=args.use_bn_sync)
-    metrics = MetricsWriter(paths.run_dir, tensorboard=args.report_to == "tensorboard", enabled=env.is_master)
+    metrics = build_metrics_writer(args, paths, env)
     checkpointer = build_checkpointer(args, paths, model, optimizer, precision.scaler, loss_fn, bundle, env)
     train_cfg = params.train_config(args)
 
@@ -252,6 +252,16 @@ def build_val_data_if_needed(args, bundle: ModelBundle, env: DistributedEnv):
         return None
     return build_val_data(params.data_config(args, rank=0, world_size=1, validation=True), bundle.preprocess_val,
                           bundle.tokenizer)
+
+
+def build_metrics_writer(args, paths: RunPaths, env: DistributedEnv) -> MetricsWriter:
+    """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
+    dashboards = params.report_to(args.report_to)
+    wandb = None
+    if "wandb" in dashboards:
+        wandb = WandbConfig(project=args.wandb_project_name, name=paths.name, notes=args.wandb_notes,
+                            resume=args.resume == RESUME_LATEST, config=params.arg_values(args))
+    return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in dashboards, wandb=wandb, enabled=env.is_master)
 
 
 def build_checkpointer(args, paths: RunPaths, model, optimizer, scaler, loss_fn, bundle: ModelBundle,

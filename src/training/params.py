@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -52,8 +53,6 @@ UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--remote-sync-protocol": "sync <logs>/<name> with your own tool",
     "--use-bnb-linear": "bitsandbytes layers are not supported",
     "--imagenet-v2": "evaluate ImageNet-v2 with `python -m training.evaluate` (clip-benchmark)",
-    "--wandb-notes": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
-    "--wandb-project-name": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
     "--copy-codebase": "record the code version yourself (e.g. git rev-parse HEAD)",
     "--momentum": "only AdamW is supported (--opt adamw)",
 }
@@ -298,7 +297,11 @@ def _add_checkpoint_flags(group) -> None:
     group.add_argument("--name", type=str, default=None,
                        help="Identifier for the experiment; default: current time and main settings.")
     group.add_argument("--report-to", type=str, default="",
-                       help="'tensorboard' or ''; metrics.jsonl is always written. (wandb is not supported.)")
+                       help="Options are ['wandb', 'tensorboard', 'wandb,tensorboard'] (or 'all'); metrics.jsonl "
+                            "is always written. wandb needs pip install 'open_clip_adacl[wandb]'.")
+    group.add_argument("--wandb-notes", default="", type=str, help="Notes if logging with wandb")
+    group.add_argument("--wandb-project-name", type=str, default="open-clip",
+                       help="Name of the project if logging with wandb.")
     group.add_argument("--debug", default=False, action="store_true", help="If true, more information is logged.")
     group.add_argument("--log-every-n-steps", type=int, default=100,
                        help="Log every n steps to console/metrics.jsonl/tensorboard.")
@@ -366,11 +369,10 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
     checks: List[Tuple[bool, str]] = [
         (args.opt.lower() != "adamw",
          f"--opt {args.opt} is not supported by open_clip_adacl; only --opt adamw is implemented"),
-        ("wandb" in args.report_to or "all" in args.report_to,
-         "--report-to wandb is not supported by open_clip_adacl; use --report-to tensorboard "
-         "(metrics are always written to <logs>/<name>/metrics.jsonl)"),
-        (args.report_to not in ("", "tensorboard", "none"),
-         f"--report-to {args.report_to!r}: choose 'tensorboard' or leave it out"),
+        (not set(report_to(args.report_to)) <= {"tensorboard", "wandb"},
+         f"--report-to {args.report_to!r}: choose tensorboard, wandb, tensorboard,wandb or all, or leave it out"),
+        ("wandb" in report_to(args.report_to) and importlib.util.find_spec("wandb") is None,
+         "--report-to wandb needs the wandb package: pip install 'open_clip_adacl[wandb]' (or pip install wandb)"),
         (args.train_data is None and args.dataset_type != "synthetic",
          "--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
          "or use --dataset-type synthetic for a smoke test"),
@@ -432,6 +434,12 @@ def _validate_model_name(name: str) -> None:
 def _validate_image_size(size) -> None:
     if isinstance(size, list) and len(size) != 2:
         raise ConfigError(f"--force-image-size takes one size or height and width, got {size}")
+
+
+def report_to(value: str) -> Tuple[str, ...]:
+    """The dashboards --report-to names (OpenCLIP's 'all' is both; '' and 'none' neither)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip() and name.strip() != "none")
+    return ("tensorboard", "wandb") if "all" in names else names
 
 
 def world_size_from_env() -> int:
