@@ -120,6 +120,8 @@ def train(args, env: DistributedEnv, plan: StartupPlan) -> RunSummary:
         imagenet.transform = bundle.preprocess_val
     scheduler = build_scheduler(optimizer, params.scheduler_config(args), data.num_batches // args.accum_freq)
     model = wrap_ddp(bundle.model, env, static_graph=args.ddp_static_graph, sync_batchnorm=args.use_bn_sync)
+    if args.torchcompile:
+        model = compile_model(model, grad_checkpointing=args.grad_checkpointing, distributed=env.distributed)
     metrics = build_metrics_writer(args, paths, env)
     checkpointer = build_checkpointer(args, paths, model, optimizer, precision.scaler, loss_fn, bundle, env)
     train_cfg = params.train_config(args)
@@ -158,6 +160,16 @@ def configure_torch(device: torch.device) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
         torch.backends.cudnn.deterministic = False
+
+
+def compile_model(model: torch.nn.Module, *, grad_checkpointing: bool, distributed: bool) -> torch.nn.Module:
+    """torch.compile around the (DDP-wrapped) model, as OpenCLIP's --torchcompile; checkpoints and
+    evaluation reach the eager model through `unwrap_model`."""
+    logging.info("Compiling model...")
+    if grad_checkpointing and distributed:
+        # OpenCLIP's workaround: compile + grad checkpointing work, but not with DDP's dynamo optimizer.
+        torch._dynamo.config.optimize_ddp = False
+    return torch.compile(model)
 
 
 def seed_everything(seed: int) -> None:

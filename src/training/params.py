@@ -19,6 +19,7 @@ import difflib
 import importlib.util
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -42,7 +43,6 @@ PRECISIONS = ("amp", "amp_bf16", "amp_bfloat16", "bf16", "fp16", "pure_bf16", "p
 UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--horovod": "launch with torchrun or srun (DDP) instead",
     "--torchscript": "train the eager model; export with `python -m training.export`",
-    "--torchcompile": "train the eager model",
     "--trace": "train the eager model",
     "--distill-model": "distillation is not implemented",
     "--distill-pretrained": "distillation is not implemented",
@@ -166,8 +166,23 @@ def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse errors as one ConfigError line (no usage screen); an unknown flag names the closest one."""
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            unknown = [arg.split("=", 1)[0] for arg in message[len(prefix):].split() if arg.startswith("-")]
+            if unknown:
+                known = [option for action in self._actions for option in action.option_strings]
+                close = difflib.get_close_matches(unknown[0], known, n=1)
+                hint = f"; the closest supported flag is {close[0]}" if close else ""
+                raise ConfigError(f"unknown flag {unknown[0]}{hint} (python -m training.main --help lists them all)")
+        raise ConfigError(f"{message} (python -m training.main --help lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="python -m training.main",
         description="CLIP pretraining with OpenCLIP 3.3.0's command line and pluggable losses (--loss).",
     )
@@ -280,6 +295,8 @@ def _add_model_flags(group) -> None:
                        help="Training augmentation overrides, key=value (open_clip AugmentationCfg).")
     group.add_argument("--grad-checkpointing", default=False, action="store_true",
                        help="Enable gradient checkpointing.")
+    group.add_argument("--torchcompile", default=False, action="store_true",
+                       help="torch.compile() the model, requires pytorch 2.0 or later.")
     group.add_argument("--force-context-length", type=int, default=None, help="Override default context length")
     group.add_argument("--force-image-size", type=int, nargs="+", default=None, help="Override default image size")
     group.add_argument("--force-quick-gelu", default=False, action="store_true",
@@ -345,6 +362,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     Fills OpenCLIP's model-dependent optimizer defaults and the chosen loss's options; call
     `validate_args` before any work.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `torchrun ... -m training.main -- FLAGS` and srun scripts may pass it through
+        argv = argv[1:]
     args = build_parser().parse_args(argv)
     if args.siglip:
         if args.loss not in ("clip", "siglip"):
