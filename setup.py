@@ -23,6 +23,7 @@ setup(
             "adacl-train=training.main:cli",
             "adacl-export=training.export:cli",
             "adacl-evaluate=training.evaluate:cli",
+            "adacl-torchrun=training.torchrun:cli",
         ]
     },
 )
