@@ -19,6 +19,7 @@ import difflib
 import importlib.util
 import math
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -460,6 +461,28 @@ def report_to(value: str) -> Tuple[str, ...]:
     """The dashboards --report-to names (OpenCLIP's 'all' is both; '' and 'none' neither)."""
     names = tuple(name.strip() for name in value.split(",") if name.strip() and name.strip() != "none")
     return ("tensorboard", "wandb") if "all" in names else names
+
+
+def command_line(values: Dict[str, Any]) -> str:
+    """`python -m training.main` with every flag whose recorded value (`arg_values`) is not the default."""
+    parts = ["python -m training.main"]
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest not in values or action.default is argparse.SUPPRESS:
+            continue
+        value, flag = values[action.dest], action.option_strings[0]
+        if value is None or value == action.default:
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            parts.append(flag if value else f"--no-{flag[2:]}")
+        elif action.nargs == 0:  # store_true
+            parts.append(flag)
+        elif isinstance(value, dict):
+            parts += [flag, *(shlex.quote(f"{key}={item}") for key, item in value.items())]
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, *(shlex.quote(str(item)) for item in value)]
+        else:
+            parts += [flag, shlex.quote(str(value))]
+    return " ".join(parts)
 
 
 def world_size_from_env() -> int:
