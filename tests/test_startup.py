@@ -104,3 +104,10 @@ def test_zero_shot_runs_on_the_folder_built_at_startup(demo_shards, tmp_path, im
     main(train_argv(demo_shards, tmp_path, "zs", "--imagenet-val", str(imagenet_like), "--zeroshot-frequency", "1"))
     [val] = read_metrics(tmp_path / "zs" / "metrics.jsonl", "val")
     assert 0.0 <= val["val/imagenet-zeroshot-val-top1"] <= val["val/imagenet-zeroshot-val-top5"] <= 1.0
+
+
+def test_weights_of_another_architecture_are_named(demo_shards, tmp_path):
+    weights = tmp_path / "other.pt"
+    torch.save({"visual.proj": torch.zeros(3, 3)}, weights)
+    with pytest.raises(ConfigError, match=f"--pretrained {weights} does not fit --model adacl-tiny: "):
+        main(train_argv(demo_shards, tmp_path, "mismatch", "--pretrained", str(weights)))

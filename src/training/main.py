@@ -102,7 +102,13 @@ def train(args, env: DistributedEnv, plan: StartupPlan) -> RunSummary:
 
     # The same initial weights on every rank, then back to the rank's own random stream.
     seed_everything(args.seed)
-    bundle = build_model(params.model_config(args), env.device)
+    try:
+        bundle = build_model(params.model_config(args), env.device)
+    except RuntimeError as error:  # e.g. load_state_dict's missing/unexpected keys
+        if not args.pretrained:
+            raise
+        raise ConfigError(f"--pretrained {args.pretrained} does not fit --model {args.model}: "
+                          f"{str(error).splitlines()[0][:300]}; pass weights of that architecture") from error
     seed_everything(args.seed + env.rank)
     optimizer = build_optimizer(bundle.model, params.optimizer_config(args))
     precision = build_precision(args.precision, env.device)
