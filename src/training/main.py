@@ -50,7 +50,6 @@ class StartupPlan:
     """What the checks before any work found: the plan's text, and what to warn about."""
 
     text: str
-    total_steps: int
     imagenet: Optional[torchvision.datasets.ImageFolder] = None  # --imagenet-val, without transform yet
     warnings: List[str] = field(default_factory=list)
 
@@ -357,7 +356,7 @@ def check_startup(args, world_size: int) -> StartupPlan:
     if args.warmup >= total_steps > 0:
         warnings.append(f"--warmup {args.warmup} >= the run's {total_steps} steps: the learning rate never reaches "
                         f"--lr {args.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of the steps)")
-    return StartupPlan(text, total_steps, imagenet, warnings)
+    return StartupPlan(text, imagenet, warnings)
 
 
 def cli() -> None:
