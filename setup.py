@@ -1,12 +1,37 @@
-from pathlib import Path
-
 from setuptools import find_packages, setup
 
-requirements = [
-    line.split("#")[0].strip()
-    for line in Path(__file__).with_name("requirements.txt").read_text().splitlines()
-    if line.split("#")[0].strip()
+# Compatible ranges, so that installing beside a cluster's stack keeps its torch; the exact versions
+# the tests pass with are in constraints.txt (scripts/setup_env.sh installs with them).
+INSTALL_REQUIRES = [
+    # torch.amp.GradScaler(device=...) and torch.load(mmap=...) need 2.3; tested with 2.14.
+    "torch>=2.3",
+    "torchvision>=0.18",
+    # open_clip 4.x rewrote training around "tasks"; we import open_clip_train's 3.x pieces.
+    "open_clip_torch>=3.3,<4",
+    # 0.2.86 is the newest open_clip_torch[training] accepts; our pipeline also runs on 1.0.x.
+    "webdataset>=0.2.86",
+    "braceexpand",
+    "numpy",
+    "pandas",  # open_clip_train.data imports it at load time
+    "pillow",
+    "huggingface_hub",
+    "safetensors",
+    "tensorboard",
+    "tqdm",
 ]
+
+EXTRAS_REQUIRE = {
+    # Evaluation (training.evaluate, the demo's table) and plots; clip_benchmark pulls transformers,
+    # scikit-learn and pycocoevalcap, which training does not need.
+    "eval": [
+        "clip-benchmark>=1.6.2,<2",
+        "numpy<2.4",  # numpy >= 2.4 breaks clip_benchmark 1.6.2's zero-shot accuracy
+        "requests",  # clip_benchmark.cli imports it
+        "matplotlib",
+    ],
+    "wandb": ["wandb"],
+    "test": ["pytest", "pytest-timeout", "packaging"],
+}
 
 setup(
     name="open_clip_adacl",
@@ -16,13 +41,14 @@ setup(
     packages=find_packages("src"),
     package_data={"open_clip_adacl": ["model_configs/*.json"]},
     python_requires=">=3.10",
-    install_requires=requirements,
-    extras_require={"test": ["pytest", "pytest-timeout"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
     entry_points={
         "console_scripts": [
             "adacl-train=training.main:cli",
             "adacl-export=training.export:cli",
             "adacl-evaluate=training.evaluate:cli",
+            "adacl-torchrun=training.torchrun:cli",
         ]
     },
 )

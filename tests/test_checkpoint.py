@@ -121,6 +121,33 @@ def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(
     assert (last["epoch"], last["step"], last["data"]["epoch"], last["data"]["batches_in_epoch"]) == (3, 9, 3, 0)
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoints_get_the_umask_mode_not_mkstemps(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        save_atomic({"step": 1}, tmp_path / "step_1.pt")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "step_1.pt").stat().st_mode & 0o777 == mode
+    assert load_checkpoint(tmp_path / "step_1.pt") == {"step": 1}
+
+
+def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(demo_shards, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        main(["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
+              "--model", "adacl-tiny", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--device", "cpu",
+              "--logs", str(tmp_path), "--name", "keep", "--epochs", "3", "--save-every-n-steps", "1",
+              "--keep-step-checkpoints", "2"])
+    finally:
+        os.umask(previous)
+    checkpoints = tmp_path / "keep" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
+        "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
+    assert {p.stat().st_mode & 0o777 for p in checkpoints.glob("*.pt")} == {0o644}
+    assert find_latest_checkpoint(checkpoints).name in ("epoch_3.pt", "step_6.pt")
+
+
 # ---------------------------------------------------------------------------------------------
 # Resuming a training run
 # ---------------------------------------------------------------------------------------------

@@ -339,7 +339,7 @@ def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="skip_batches"):
         build_train_data(config(demo_shards, skip_batches=16), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="dataset type"):
-        build_train_data(config(demo_shards, train_data="data.csv"), to_tensor, byte_tokenizer)
+        build_train_data(config(demo_shards, train_data="data.json"), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match=r"group_size \(--train-group-size\) must be >= 1"):
         build_train_data(config(demo_shards, group_size=0), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="synthetic data has none"):

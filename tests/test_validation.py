@@ -10,7 +10,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.validation import run_validation, write_results, zero_shot_imagenet
+from training.validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
 
 
 class FeatureClip(torch.nn.Module):
@@ -127,7 +127,7 @@ def test_zero_shot_on_fake_image_folder_has_the_known_accuracy(tmp_path):
         return torch.tensor([[classnames.index(text.split()[-1])] for text in texts])
 
     metrics = zero_shot_imagenet(
-        ColorClip(), tokenizer, tmp_path, to_tensor, device="cpu", batch_size=3,
+        ColorClip(), tokenizer, imagenet_folder(tmp_path, to_tensor, num_classes=3), device="cpu", batch_size=3,
         classnames=classnames, templates=["a photo of {}", "a drawing of {}"],
     )
     assert metrics == {"val/imagenet-zeroshot-val-top1": pytest.approx(7 / 8)}
@@ -139,7 +139,8 @@ def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
     model, _, preprocess = open_clip.create_model_and_transforms("adacl-tiny")
     classnames = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     metrics = zero_shot_imagenet(
-        model, open_clip.get_tokenizer("adacl-tiny"), tmp_path, preprocess, device="cpu", batch_size=4,
+        model, open_clip.get_tokenizer("adacl-tiny"), imagenet_folder(tmp_path, preprocess, num_classes=6),
+        device="cpu", batch_size=4,
         classnames=classnames, templates=["a photo of a {}."],
     )
     assert set(metrics) == {"val/imagenet-zeroshot-val-top1", "val/imagenet-zeroshot-val-top5"}
@@ -149,7 +150,21 @@ def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
 def test_zero_shot_refuses_mismatched_classnames(tmp_path):
     write_fake_image_folder(tmp_path, {"n0": ["red"], "n1": ["blue"]})
     with pytest.raises(ValueError, match="2 class folders but 3 class names"):
-        zero_shot_imagenet(ColorClip(), None, tmp_path, to_tensor, device="cpu", classnames=["a", "b", "c"])
+        zero_shot_imagenet(ColorClip(), None, imagenet_folder(tmp_path, to_tensor, num_classes=2), device="cpu",
+                           classnames=["a", "b", "c"])
+
+
+def test_imagenet_folder_names_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="is not a directory; pass ImageNet's val set as one folder per class"):
+        imagenet_folder(tmp_path / "missing")
+    write_fake_image_folder(tmp_path / "three", {"n0": ["red"], "n1": ["blue"], "n2": ["green"]})
+    with pytest.raises(ValueError, match="has 3 class folders, expected 1000"):
+        imagenet_folder(tmp_path / "three")
+    (tmp_path / "three" / "n3").mkdir()
+    with pytest.raises(ValueError, match="Found no valid file for the classes n3"):
+        imagenet_folder(tmp_path / "three", num_classes=4)
+    (tmp_path / "three" / "n3").rmdir()
+    assert imagenet_folder(tmp_path / "three", num_classes=3).classes == ["n0", "n1", "n2"]
 
 
 def test_write_results_appends_one_line_per_epoch(tmp_path):

@@ -14,5 +14,5 @@ launch "$WORLD" \
     ${IMAGENET_VAL:+--imagenet-val "$IMAGENET_VAL"} \
     --model RN50 --loss adacl --batch-size "$BATCH" --lr 1e-3 --wd 0.1 --warmup 10000 --epochs 30 \
     --precision amp --workers "${WORKERS:-8}" --local-loss --gather-with-grad \
-    --save-frequency 1 --save-every-n-steps 2000 --zeroshot-frequency 1 --report-to tensorboard \
+    --save-frequency 1 --save-every-n-steps 2000 --keep-step-checkpoints 2 --zeroshot-frequency 1 --report-to tensorboard \
     --logs "${LOGS:-./logs}" --name "${NAME:-cc3m-rn50-adacl}" --resume latest --device cuda "$@"

@@ -16,9 +16,10 @@ OpenCLIP's `--pretrained PATH` and clip-benchmark load `epoch_N.pt` directly):
   configs `training.export` writes next to the weights.
 
 Files: `epoch_N.pt` (after epoch N), `epoch_latest.pt` (--save-most-recent), `step_N.pt`
-(--save-every-n-steps) in `<logs>/<name>/checkpoints/`. Each is written to a temporary file in the
-same directory, flushed and fsynced, then renamed over the target, so a crash mid-write leaves the
-previous checkpoint intact. A failed save is logged loudly and training continues.
+(--save-every-n-steps; --keep-step-checkpoints K keeps the newest K) in `<logs>/<name>/checkpoints/`.
+Each is written to a temporary file in the same directory, flushed and fsynced, then renamed over the
+target, so a crash mid-write leaves the previous checkpoint intact; files get the umask's mode (0644
+under umask 022). A failed save is logged loudly and training continues.
 """
 from __future__ import annotations
 
@@ -101,11 +102,23 @@ def restore_rng_state(state: Dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def current_umask() -> int:
+    """The process's umask (reading it means setting it; restored at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
-    """torch.save to a temp file in the target's directory, fsync, then rename over the target."""
+    """torch.save to a temp file in the target's directory, fsync, then rename over the target.
+
+    The file gets the mode a plain open() would give (0644 under umask 022), not mkstemp's 0600, so
+    that teammates can read checkpoints on shared storage.
+    """
     path = Path(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
@@ -128,11 +141,17 @@ def load_checkpoint(path: os.PathLike) -> Dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def step_checkpoint_number(path: Path) -> Optional[int]:
+    """N for a step_N.pt file, else None."""
+    match = _CHECKPOINT_NAME.match(path.name)
+    return int(match.group(3)) if match and match.group(3) is not None else None
+
+
 def checkpoint_step(path: Path) -> int:
     """The training step a checkpoint file was written at (read lazily through mmap)."""
-    match = _CHECKPOINT_NAME.match(path.name)
-    if match and match.group(3) is not None:
-        return int(match.group(3))
+    step = step_checkpoint_number(path)
+    if step is not None:
+        return step
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step", 0))
 
 
@@ -169,6 +188,7 @@ class CheckpointConfig:
     save_most_recent: bool = False   # also epoch_latest.pt after every epoch
     save_every_n_steps: int = 0      # step_N.pt every N steps (0: off)
     delete_previous: bool = False    # remove the previous checkpoint of the same kind after a save
+    keep_step_checkpoints: int = 0   # keep only the newest K step_N.pt (0: all); epoch files are never pruned
     total_epochs: int = 1
 
 
@@ -265,19 +285,20 @@ class Checkpointer:
             self._save_and_prune(filenames, state)
 
     def _save_and_prune(self, filenames: List[str], state: TrainState) -> None:
-        """Save, then with --delete-previous-checkpoint remove the previous epoch_N.pt / older step_N.pt."""
+        """Save, then with --delete-previous-checkpoint remove the previous epoch_N.pt / older step_N.pt,
+        and with --keep-step-checkpoints K all but the newest K step_N.pt."""
         written = self.save(filenames, state)
-        if not self.cfg.delete_previous:
-            return
         checkpoint_dir = Path(self.cfg.checkpoint_dir)
+        keep_steps = 1 if self.cfg.delete_previous else self.cfg.keep_step_checkpoints
         for path in written:
-            if path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
+            if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
                 previous = checkpoint_dir / f"epoch_{state.epoch - 1}.pt"
                 previous.unlink(missing_ok=True)
-            elif path.name.startswith("step_"):
-                for older in checkpoint_dir.glob("step_*.pt"):
-                    if older != path:
-                        older.unlink()
+            elif keep_steps and step_checkpoint_number(path) is not None:
+                steps = sorted((step_checkpoint_number(p), p) for p in checkpoint_dir.glob("step_*.pt")
+                               if step_checkpoint_number(p) is not None)
+                for _, older in steps[:-keep_steps]:
+                    older.unlink(missing_ok=True)
 
 
 def resume(path: os.PathLike, *, model, optimizer, scaler, loss, env: DistributedEnv,

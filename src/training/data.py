@@ -1,4 +1,4 @@
-"""Webdataset streaming for training and validation, with OpenCLIP's behaviour plus what it lacks.
+"""Webdataset (and csv) streaming for training and validation, with OpenCLIP's behaviour plus what it lacks.
 
 Batches are tuples `(images, texts, sample_index, skip_counts)`:
   images        float B x 3 x H x W, through the model's open_clip preprocess transform
@@ -50,6 +50,13 @@ Differences, each deliberate:
   - Validation reads every val shard once on every rank (OpenCLIP evaluates on rank 0 only),
     split over workers, unshuffled, with a partial last batch.
 
+OpenCLIP's csv data (`--dataset-type csv`: one csv/tsv file, `--csv-separator`, a header naming
+the `--csv-img-key` image-path and `--csv-caption-key` caption columns) goes through the same
+checks, decoding and batching (`CsvStream`): sample_index is the row number (0-based, after the
+header); a row whose image file is missing or whose caption is empty or absent is skipped and
+counted under the same reasons as a tar sample. An epoch is every row (OpenCLIP's len(dataset)),
+in a seeded per-epoch permutation split over ranks and readers.
+
 Corrupt input never stops the loader: see SKIP_REASONS. Where it cannot go on, it says so
 instead of looping forever: a training reader that has tried all of its shards without one
 usable sample, or meets max(1000, 10 x shuffle buffer) undecodable images in a row, raises a
@@ -59,6 +66,7 @@ missing local shards and DataError when no shard opens as a tar.
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 import hashlib
 import io
@@ -72,7 +80,7 @@ import tarfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -96,7 +104,7 @@ SKIP_REASONS = (
     "bad_json",  # the json member does not parse (its key could not be trusted)
 )
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-DATASET_TYPES = ("webdataset", "synthetic", "auto")
+DATASET_TYPES = ("webdataset", "csv", "synthetic", "auto")
 
 _SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE / _SAMPLE_SHUFFLE_INITIAL
 _SHUFFLE_INITIAL = 1000
@@ -156,6 +164,12 @@ class DataConfig:
     """Batches of the starting epoch already consumed (all ranks alike), for exact mid-epoch resume."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
+    csv_separator: str = "\t"
+    """Field separator of csv data (--csv-separator; OpenCLIP's default: tab)."""
+    csv_img_key: str = "filepath"
+    """Column of csv data holding the image path (--csv-img-key)."""
+    csv_caption_key: str = "title"
+    """Column of csv data holding the caption (--csv-caption-key)."""
 
 
 @dataclass
@@ -172,8 +186,19 @@ def build_train_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
     Call `info.set_epoch(e)` before iterating epoch e; `skip_batches` applies to `epoch` only.
     """
     _check_common(cfg)
-    if _resolve_type(cfg.dataset_type, cfg.train_data) == "synthetic":
+    dataset_type = _resolve_type(cfg.dataset_type, cfg.train_data)
+    if dataset_type == "synthetic":
         return _build_synthetic(cfg, preprocess, tokenizer, epoch, cfg.train_num_samples, train=True)
+    if dataset_type == "csv":
+        rows = read_csv_rows(cfg.train_data, cfg, "train_data (--train-data)")
+        num_batches = _num_batches(cfg.train_num_samples or len(rows), cfg.batch_size * cfg.world_size,
+                                   max(1, cfg.workers))
+        _check_skip(cfg.skip_batches, num_batches)
+        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                           shared_epoch=SharedEpoch(epoch), start_epoch=epoch,
+                           batches_per_reader=num_batches // max(1, cfg.workers))
+        return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
+                            num_batches * cfg.batch_size, num_batches)
     urls, weights = _train_urls(cfg)
     dataset_size = _dataset_size(urls)
     num_samples = cfg.train_num_samples or dataset_size
@@ -208,9 +233,17 @@ def build_val_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -
     if cfg.val_data is None:
         return None
     _check_common(cfg)
-    if _resolve_type(cfg.dataset_type, cfg.val_data) == "synthetic":
+    dataset_type = _resolve_type(cfg.dataset_type, cfg.val_data)
+    if dataset_type == "synthetic":
         num_samples = cfg.val_num_samples or cfg.train_num_samples
         return _build_synthetic(cfg, preprocess, tokenizer, 0, num_samples, train=False)
+    if dataset_type == "csv":
+        rows = read_csv_rows(cfg.val_data, cfg, "val_data (--val-data)")
+        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                           shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
+        num_samples = cfg.val_num_samples or len(rows)
+        return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
+                            num_samples, math.ceil(num_samples / cfg.batch_size))
     urls, _ = expand_urls(cfg.val_data)
     _check_shards(urls, "val_data (--val-data)")
     num_samples = cfg.val_num_samples or _dataset_size(urls) or 0
@@ -300,12 +333,15 @@ class ShardStream(IterableDataset):
 
     def _validation_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
         counter = _SkipCounter()
-        shards = ((url, True) for url in self.urls[worker::num_workers])
-        candidates = self._candidates(shards, epoch=0, counter=counter, caption_keys=(self.val_caption_key,),
-                                      give_up=None)
-        images = self._decoded(candidates, counter, bad_image_limit=None)
+        images = self._decoded(self._validation_candidates(worker, num_workers, counter), counter,
+                               bad_image_limit=None)
         while (batch := self._assemble(images, counter)) is not None:
             yield batch
+
+    def _validation_candidates(self, worker: int, num_workers: int, counter: _SkipCounter) -> Iterator[_Candidate]:
+        """One pass over this worker's share of the val shards, in order."""
+        shards = ((url, True) for url in self.urls[worker::num_workers])
+        return self._candidates(shards, epoch=0, counter=counter, caption_keys=(self.val_caption_key,), give_up=None)
 
     def _training_candidates(self, epoch: int, reader: int, num_readers: int,
                              counter: _SkipCounter) -> Iterator[_Candidate]:
@@ -437,6 +473,87 @@ class ShardStream(IterableDataset):
         # batch to the trainer does not copy the images a second time (torch.stack would).
         return (default_collate(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
                 counter.take())
+
+
+@dataclass(frozen=True)
+class CsvRow:
+    """One data row of a csv file: image path and caption (None where the row lacks the column)."""
+
+    image_path: str | None
+    caption: str | None
+
+
+def read_csv_rows(path: str | None, cfg: DataConfig, flag: str) -> tuple[CsvRow, ...]:
+    """The rows of OpenCLIP's csv data (a header naming --csv-img-key and --csv-caption-key columns).
+
+    Row k (0-based, after the header) is sample k: its sample_index. A row with too few fields keeps
+    its place and is skipped when read (missing_image / missing_caption), like a bad tar sample.
+    """
+    if path is None or not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter=cfg.csv_separator)
+        header = next(reader, [])
+        missing = [f"{column!r} ({option})" for column, option in ((cfg.csv_img_key, "--csv-img-key"),
+                                                                   (cfg.csv_caption_key, "--csv-caption-key"))
+                   if column not in header]
+        if missing:
+            raise ValueError(f"{flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                             f"with --csv-separator {cfg.csv_separator!r}; pass the flags naming its columns")
+        image_column, caption_column = header.index(cfg.csv_img_key), header.index(cfg.csv_caption_key)
+        rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
+                            row[caption_column] if len(row) > caption_column else None) for row in reader)
+    if not rows:
+        raise ValueError(f"{flag}: {path} has a header but no rows")
+    return rows
+
+
+class CsvStream(ShardStream):
+    """ShardStream's batches from csv rows: image files read by path, the caption from its column.
+
+    Training: each epoch a seeded permutation of the rows, split over ranks and readers (passes
+    repeat it should bad rows leave a reader short). Validation: the rows in order.
+    """
+
+    def __init__(self, *, rows: tuple[CsvRow, ...], cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
+                 shared_epoch: SharedEpoch, start_epoch: int, batches_per_reader: int | None) -> None:
+        super().__init__(urls=(), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                         shared_epoch=shared_epoch, start_epoch=start_epoch, batches_per_reader=batches_per_reader,
+                         shuffle_size=0)
+        self.rows = rows
+
+    def _validation_candidates(self, worker: int, num_workers: int, counter: _SkipCounter) -> Iterator[_Candidate]:
+        return self._row_candidates(range(worker, len(self.rows), num_workers), counter)
+
+    def _training_candidates(self, epoch: int, reader: int, num_readers: int,
+                             counter: _SkipCounter) -> Iterator[_Candidate]:
+        order = random.Random(_stable_hash(self.cfg.seed, epoch, "row order")).sample(range(len(self.rows)),
+                                                                                      len(self.rows))
+        mine = order[self.cfg.rank::self.cfg.world_size][reader::num_readers]
+        while True:
+            found = False
+            for candidate in self._row_candidates(mine, counter):
+                found = True
+                yield candidate
+            if not found:
+                raise DataError(f"rank {self.cfg.rank} reader {reader}: none of its {len(mine)} csv rows yielded "
+                                f"a usable sample (skips: {_describe(counter.counts)}); check the image paths")
+
+    def _row_candidates(self, indices: Iterable[int], counter: _SkipCounter) -> Iterator[_Candidate]:
+        for index in indices:
+            row = self.rows[index]
+            reason, text = _caption(None if row.caption is None else row.caption.encode("utf-8"))
+            if not row.image_path:
+                reason = "missing_image"
+            if reason is not None:
+                counter.add(reason)
+                continue
+            try:
+                image_bytes = Path(row.image_path).read_bytes()
+            except OSError:  # missing, unreadable or a directory
+                counter.add("missing_image")
+                continue
+            yield _Candidate(index, text, image_bytes)
 
 
 def _read_shard(url: str, counter: _SkipCounter) -> Iterator[dict]:
@@ -587,16 +704,21 @@ def _check_common(cfg: DataConfig) -> None:
 
 
 def _resolve_type(dataset_type: str, data: str | None) -> str:
-    """OpenCLIP's --dataset-type: "auto" means webdataset for .tar data (csv is not supported here)."""
+    """OpenCLIP's --dataset-type: "auto" means csv for .csv/.tsv data, webdataset for .tar data."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type {dataset_type!r} is not supported; choose one of {DATASET_TYPES}")
     if dataset_type == "synthetic":
         return "synthetic"
     if data is None:
         raise ValueError("no data given: pass --train-data/--val-data shards or --dataset-type synthetic")
-    if dataset_type == "auto" and data.split(".")[-1] != "tar":
-        raise ValueError(f"cannot infer the dataset type of {data!r} (expected shards ending in .tar); "
-                         "pass --dataset-type webdataset or synthetic")
+    if dataset_type != "auto":
+        return dataset_type
+    extension = data.split(".")[-1]
+    if extension in ("csv", "tsv"):
+        return "csv"
+    if extension != "tar":
+        raise ValueError(f"cannot infer the dataset type of {data!r} (expected shards ending in .tar or a "
+                         ".csv/.tsv file); pass --dataset-type webdataset, csv or synthetic")
     return "webdataset"
 
 

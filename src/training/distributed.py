@@ -106,7 +106,8 @@ def wrap_ddp(model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool 
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DDP (whose state_dict has no 'module.' prefix)."""
+    """The module inside torch.compile's wrapper and DDP (whose state_dict has no '_orig_mod.' or 'module.' prefix)."""
+    model = getattr(model, "_orig_mod", model)
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

@@ -7,6 +7,13 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
 - kind "epoch": an epoch summary: loss (mean over the epoch's finite steps), num_steps,
   num_nonfinite_steps, seconds, samples_per_second and "skipped/<reason>" sample counts;
 - kind "val": validation / zero-shot metrics after an epoch.
+
+Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
+`train/loss`, `train/scale` (the logit scale), `train/lr`, `train/samples_per_second`, ... at the
+step, `val/<metric>` (e.g. `val/clip_val_loss`, `val/imagenet-zeroshot-val-top1`) at the epoch;
+ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/<name>`. wandb
+(`--report-to wandb`) gets the same keys, all at the training step (wandb needs steps that never
+decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
@@ -41,6 +49,27 @@ def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: i
     root.setLevel(level if rank == 0 or log_all_ranks else max(level, logging.WARNING))
 
 
+# metrics.jsonl names whose OpenCLIP tag differs.
+_OPENCLIP_TRAIN_NAMES = {"logit_scale": "scale"}
+LOSS_STATS_PREFIX = "stats/"
+
+
+def dashboard_tag(kind: str, name: str) -> str:
+    """The tensorboard tag of metric `name` of a `kind` record: OpenCLIP's where it has one."""
+    if kind == "train" and name.startswith(LOSS_STATS_PREFIX):
+        return "loss_stats/" + name[len(LOSS_STATS_PREFIX):]
+    if kind == "train":
+        return "train/" + _OPENCLIP_TRAIN_NAMES.get(name, name)
+    if kind == "val" and name.startswith("val/"):  # validation's metric names carry OpenCLIP's prefix already
+        return name
+    return f"{kind}/{name}"
+
+
+def dashboard_step(kind: str, step: int, epoch: int) -> int:
+    """OpenCLIP logs validation at the epoch, training at the step."""
+    return epoch if kind == "val" else step
+
+
 def _plain(value: Any) -> Any:
     """JSON-friendly value: tensors and numpy scalars become floats; NaN/inf become strings."""
     if hasattr(value, "item"):
@@ -50,17 +79,37 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class MetricsWriter:
-    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard (rank 0 only)."""
+@dataclass
+class WandbConfig:
+    """wandb.init's settings, as OpenCLIP passes them (the run's name is also its id, so a resumed run
+    continues the same wandb run)."""
 
-    def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, enabled: bool = True):
+    project: str
+    name: str
+    notes: str = ""
+    resume: bool = False
+    config: Dict[str, Any] = field(default_factory=dict)
+
+
+class MetricsWriter:
+    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only)."""
+
+    def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, wandb: Optional[WandbConfig] = None,
+                 enabled: bool = True):
         self.enabled = enabled and run_dir is not None
         self.path = os.path.join(run_dir, "metrics.jsonl") if self.enabled else None
         self.tb_writer = None
+        self.wandb_run = None
         if self.enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb_writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        if self.enabled and wandb is not None:
+            import wandb as wandb_module  # optional: pip install 'open_clip_adacl[wandb]'
+
+            self.wandb_run = wandb_module.init(project=wandb.project, name=wandb.name, id=wandb.name,
+                                               notes=wandb.notes, resume="allow" if wandb.resume else None,
+                                               config=wandb.config, dir=run_dir)
 
     def write(self, kind: str, *, step: int, epoch: int, values: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -68,15 +117,21 @@ class MetricsWriter:
         record = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        scalars = {dashboard_tag(kind, name): value for name, value in record.items()
+                   if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))}
         if self.tb_writer is not None:
-            for name, value in record.items():
-                if name not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
-                    self.tb_writer.add_scalar(f"{kind}/{name}", value, step)
+            for tag, value in scalars.items():
+                self.tb_writer.add_scalar(tag, value, dashboard_step(kind, step, epoch))
+        if self.wandb_run is not None:
+            self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
 
     def close(self) -> None:
         if self.tb_writer is not None:
             self.tb_writer.close()
             self.tb_writer = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
 
 
 def read_metrics(path: str, kind: Optional[str] = None) -> list:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import open_clip
 import torch
+from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 from open_clip_train.precision import get_autocast
 from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
 
@@ -97,6 +99,65 @@ def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
         model.set_grad_checkpointing()
     tokenizer = open_clip.get_tokenizer(cfg.name, context_length=cfg.force_context_length, cache_dir=cfg.cache_dir)
     return ModelBundle(model, preprocess_train, preprocess_val, tokenizer)
+
+
+def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] = None) -> Optional[str]:
+    """The file `--pretrained` loads from, checked before any work; ValueError saying what to change.
+
+    A tag open_clip knows for `model_name` (e.g. openai) must be in the download cache or downloadable:
+    it is fetched now, as `open_clip.create_model` would, and with HF_HUB_OFFLINE set an uncached tag
+    fails at once instead of after the hub client's retries. A file must exist and read as a checkpoint
+    or state dict (open_clip's `load_checkpoint` formats). Returns None for no pretrained weights.
+    """
+    if not pretrained or model_name.startswith(("local-dir:", "hf-hub:")):
+        return None
+    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
+    if tag_cfg:
+        return _fetch_pretrained_tag(model_name, pretrained, tag_cfg, cache_dir)
+    if not os.path.exists(pretrained):
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        raise ValueError(f"no such file, and not a pretrained tag of {model_name} (its tags: "
+                         f"{', '.join(tags) or 'none'}); pass an existing checkpoint file or one of those tags")
+    try:
+        if pretrained.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(pretrained, framework="pt") as f:
+                state_dict = dict.fromkeys(f.keys())
+        else:
+            checkpoint = torch.load(pretrained, map_location="cpu", weights_only=True, mmap=True)
+            state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise ValueError(f"cannot be read as a checkpoint ({type(error).__name__}: {error}); pass an epoch_N.pt, "
+                         f"an exported open_clip_model.safetensors or an open_clip state dict") from error
+    if not isinstance(state_dict, dict) or not state_dict:
+        raise ValueError("holds no state dict (expected a dict of tensors or a checkpoint with 'state_dict')")
+    return pretrained
+
+
+def _fetch_pretrained_tag(model_name: str, tag: str, tag_cfg: Dict[str, Any], cache_dir: Optional[str]) -> str:
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    hub_path = tag_cfg.get("hf_hub", "")
+    if hub_path and constants.HF_HUB_OFFLINE:
+        repo_id, filename = os.path.split(hub_path)
+        filename = filename or HF_WEIGHTS_NAME
+        # The names open_clip's download_pretrained_from_hf tries: a .safetensors twin first.
+        names = [HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else os.path.splitext(filename)[0] + ".safetensors",
+                 filename]
+        cached = [try_to_load_from_cache(repo_id, name, cache_dir=cache_dir) for name in names]
+        found = [path for path in cached if isinstance(path, str)]
+        if not found:
+            raise ValueError(f"the weights of {model_name} {tag} (hf-hub {hub_path}) are not in the download "
+                             f"cache and HF_HUB_OFFLINE is set; download them once where the network is reachable "
+                             f"(same --cache-dir), or pass a checkpoint file")
+        return found[0]
+    try:
+        return open_clip.download_pretrained(tag_cfg, cache_dir=cache_dir)
+    except Exception as error:  # noqa: BLE001 - network, cache and checksum failures alike
+        raise ValueError(f"the weights of {model_name} {tag} are not in the download cache and could not be "
+                         f"downloaded ({type(error).__name__}: {str(error)[:200]}); download them once where the "
+                         f"network is reachable (same --cache-dir), or pass a checkpoint file") from error
 
 
 def open_clip_model_config(cfg: ModelConfig) -> Dict[str, Any]:

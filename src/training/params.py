@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import math
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -41,7 +44,6 @@ PRECISIONS = ("amp", "amp_bf16", "amp_bfloat16", "bf16", "fp16", "pure_bf16", "p
 UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--horovod": "launch with torchrun or srun (DDP) instead",
     "--torchscript": "train the eager model; export with `python -m training.export`",
-    "--torchcompile": "train the eager model",
     "--trace": "train the eager model",
     "--distill-model": "distillation is not implemented",
     "--distill-pretrained": "distillation is not implemented",
@@ -51,12 +53,7 @@ UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--remote-sync-frequency": "sync <logs>/<name> with your own tool",
     "--remote-sync-protocol": "sync <logs>/<name> with your own tool",
     "--use-bnb-linear": "bitsandbytes layers are not supported",
-    "--csv-separator": "use webdataset shards (--dataset-type webdataset)",
-    "--csv-img-key": "use webdataset shards (--dataset-type webdataset)",
-    "--csv-caption-key": "use webdataset shards and --caption-key",
     "--imagenet-v2": "evaluate ImageNet-v2 with `python -m training.evaluate` (clip-benchmark)",
-    "--wandb-notes": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
-    "--wandb-project-name": "use --report-to tensorboard; metrics are also in <logs>/<name>/metrics.jsonl",
     "--copy-codebase": "record the code version yourself (e.g. git rev-parse HEAD)",
     "--momentum": "only AdamW is supported (--opt adamw)",
 }
@@ -170,8 +167,23 @@ def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse errors as one ConfigError line (no usage screen); an unknown flag names the closest one."""
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            unknown = [arg.split("=", 1)[0] for arg in message[len(prefix):].split() if arg.startswith("-")]
+            if unknown:
+                known = [option for action in self._actions for option in action.option_strings]
+                close = difflib.get_close_matches(unknown[0], known, n=1)
+                hint = f"; the closest supported flag is {close[0]}" if close else ""
+                raise ConfigError(f"unknown flag {unknown[0]}{hint} (python -m training.main --help lists them all)")
+        raise ConfigError(f"{message} (python -m training.main --help lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="python -m training.main",
         description="CLIP pretraining with OpenCLIP 3.3.0's command line and pluggable losses (--loss).",
     )
@@ -207,8 +219,14 @@ def _add_data_flags(group) -> None:
     group.add_argument("--train-num-samples", type=int, default=None,
                        help="Samples per epoch; needed when the shards have no sizes.json.")
     group.add_argument("--val-num-samples", type=int, default=None, help="Validation samples.")
-    group.add_argument("--dataset-type", type=str, default="auto", choices=["webdataset", "synthetic", "auto", "csv"],
-                       help="webdataset, synthetic or auto (csv is OpenCLIP's and not supported here).")
+    group.add_argument("--dataset-type", type=str, default="auto", choices=["webdataset", "csv", "synthetic", "auto"],
+                       help="webdataset shards, a csv/tsv file of image paths and captions, synthetic, or auto "
+                            "(csv for .csv/.tsv, webdataset for .tar).")
+    group.add_argument("--csv-separator", type=str, default="\t", help="For csv-like datasets, which separator to use.")
+    group.add_argument("--csv-img-key", type=str, default="filepath",
+                       help="For csv-like datasets, the name of the key for the image paths.")
+    group.add_argument("--csv-caption-key", type=str, default="title",
+                       help="For csv-like datasets, the name of the key for the captions.")
     group.add_argument("--dataset-resampled", default=False, action="store_true",
                        help="Sample shards with replacement.")
     group.add_argument("--caption-key", type=str, default="txt",
@@ -288,6 +306,8 @@ def _add_model_flags(group) -> None:
                        help="Training augmentation overrides, key=value (open_clip AugmentationCfg).")
     group.add_argument("--grad-checkpointing", default=False, action="store_true",
                        help="Enable gradient checkpointing.")
+    group.add_argument("--torchcompile", default=False, action="store_true",
+                       help="torch.compile() the model, requires pytorch 2.0 or later.")
     group.add_argument("--force-context-length", type=int, default=None, help="Override default context length")
     group.add_argument("--force-image-size", type=int, nargs="+", default=None, help="Override default image size")
     group.add_argument("--force-quick-gelu", default=False, action="store_true",
@@ -305,7 +325,11 @@ def _add_checkpoint_flags(group) -> None:
     group.add_argument("--name", type=str, default=None,
                        help="Identifier for the experiment; default: current time and main settings.")
     group.add_argument("--report-to", type=str, default="",
-                       help="'tensorboard' or ''; metrics.jsonl is always written. (wandb is not supported.)")
+                       help="Options are ['wandb', 'tensorboard', 'wandb,tensorboard'] (or 'all'); metrics.jsonl "
+                            "is always written. wandb needs pip install 'open_clip_adacl[wandb]'.")
+    group.add_argument("--wandb-notes", default="", type=str, help="Notes if logging with wandb")
+    group.add_argument("--wandb-project-name", type=str, default="open-clip",
+                       help="Name of the project if logging with wandb.")
     group.add_argument("--debug", default=False, action="store_true", help="If true, more information is logged.")
     group.add_argument("--log-every-n-steps", type=int, default=100,
                        help="Log every n steps to console/metrics.jsonl/tensorboard.")
@@ -314,6 +338,9 @@ def _add_checkpoint_flags(group) -> None:
                        help="Always save the most recent model trained to epoch_latest.pt.")
     group.add_argument("--save-every-n-steps", type=int, default=0,
                        help="Also save step_N.pt every N optimizer steps (0: off), so a crash loses at most N steps.")
+    group.add_argument("--keep-step-checkpoints", type=int, default=0, metavar="K",
+                       help="Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are never "
+                            "removed by this flag.")
     group.add_argument("--delete-previous-checkpoint", default=False, action="store_true",
                        help="Delete the previous checkpoint after storing a new one.")
     group.add_argument("--resume", type=str, default=None,
@@ -346,6 +373,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     Fills OpenCLIP's model-dependent optimizer defaults and the chosen loss's options; call
     `validate_args` before any work.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `torchrun ... -m training.main -- FLAGS` and srun scripts may pass it through
+        argv = argv[1:]
     args = build_parser().parse_args(argv)
     if args.siglip:
         if args.loss not in ("clip", "siglip"):
@@ -368,16 +398,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Reject combinations that cannot work, each with a message saying what to change."""
     checks: List[Tuple[bool, str]] = [
-        (args.dataset_type == "csv",
-         "--dataset-type csv is not supported by open_clip_adacl; convert the data to webdataset shards "
-         "(img2dataset) and use --dataset-type webdataset"),
         (args.opt.lower() != "adamw",
          f"--opt {args.opt} is not supported by open_clip_adacl; only --opt adamw is implemented"),
-        ("wandb" in args.report_to or "all" in args.report_to,
-         "--report-to wandb is not supported by open_clip_adacl; use --report-to tensorboard "
-         "(metrics are always written to <logs>/<name>/metrics.jsonl)"),
-        (args.report_to not in ("", "tensorboard", "none"),
-         f"--report-to {args.report_to!r}: choose 'tensorboard' or leave it out"),
+        (not set(report_to(args.report_to)) <= {"tensorboard", "wandb"},
+         f"--report-to {args.report_to!r}: choose tensorboard, wandb, tensorboard,wandb or all, or leave it out"),
+        ("wandb" in report_to(args.report_to) and importlib.util.find_spec("wandb") is None,
+         "--report-to wandb needs the wandb package: pip install 'open_clip_adacl[wandb]' (or pip install wandb)"),
         (args.train_data is None and args.dataset_type != "synthetic",
          "--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
          "or use --dataset-type synthetic for a smoke test"),
@@ -389,6 +415,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         (args.log_every_n_steps < 1, f"--log-every-n-steps must be >= 1, got {args.log_every_n_steps}"),
         (args.save_every_n_steps < 0,
          f"--save-every-n-steps must be >= 0 (0 turns step checkpoints off), got {args.save_every_n_steps}"),
+        (args.keep_step_checkpoints < 0,
+         f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got {args.keep_step_checkpoints}"),
         (args.max_nonfinite_steps < 1, f"--max-nonfinite-steps must be >= 1, got {args.max_nonfinite_steps}"),
         (args.grad_clip_norm is not None and not args.grad_clip_norm > 0,
          f"--grad-clip-norm must be > 0, got {args.grad_clip_norm}"),
@@ -437,6 +465,34 @@ def _validate_model_name(name: str) -> None:
 def _validate_image_size(size) -> None:
     if isinstance(size, list) and len(size) != 2:
         raise ConfigError(f"--force-image-size takes one size or height and width, got {size}")
+
+
+def report_to(value: str) -> Tuple[str, ...]:
+    """The dashboards --report-to names (OpenCLIP's 'all' is both; '' and 'none' neither)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip() and name.strip() != "none")
+    return ("tensorboard", "wandb") if "all" in names else names
+
+
+def command_line(values: Dict[str, Any]) -> str:
+    """`python -m training.main` with every flag whose recorded value (`arg_values`) is not the default."""
+    parts = ["python -m training.main"]
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest not in values or action.default is argparse.SUPPRESS:
+            continue
+        value, flag = values[action.dest], action.option_strings[0]
+        if value is None or value == action.default:
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            parts.append(flag if value else f"--no-{flag[2:]}")
+        elif action.nargs == 0:  # store_true
+            parts.append(flag)
+        elif isinstance(value, dict):
+            parts += [flag, *(shlex.quote(f"{key}={item}") for key, item in value.items())]
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, *(shlex.quote(str(item)) for item in value)]
+        else:
+            parts += [flag, shlex.quote(str(value))]
+    return " ".join(parts)
 
 
 def world_size_from_env() -> int:
@@ -523,7 +579,8 @@ def checkpoint_config(args: argparse.Namespace, checkpoint_dir: str) -> Checkpoi
 
     return CheckpointConfig(checkpoint_dir=checkpoint_dir, save_frequency=args.save_frequency,
                             save_most_recent=args.save_most_recent, save_every_n_steps=args.save_every_n_steps,
-                            delete_previous=args.delete_previous_checkpoint, total_epochs=args.epochs)
+                            delete_previous=args.delete_previous_checkpoint,
+                            keep_step_checkpoints=args.keep_step_checkpoints, total_epochs=args.epochs)
 
 
 def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_batches: int = 0,
@@ -547,4 +604,7 @@ def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_ba
         val_caption_key=args.val_caption_key,
         group_size=args.train_group_size,
         skip_batches=skip_batches,
+        csv_separator=args.csv_separator,
+        csv_img_key=args.csv_img_key,
+        csv_caption_key=args.csv_caption_key,
     )

@@ -3,8 +3,9 @@
 - `run_validation`: OpenCLIP's `evaluate` on the val shards: the CLIP loss averaged over val
   batches (`clip_val_loss`) and image-to-text / text-to-image retrieval over the whole val set
   (mean/median rank, R@1/5/10, computed by OpenCLIP's own `get_clip_metrics`).
-- `zero_shot_imagenet`: zero-shot top-1/top-5 on an ImageNet-style `ImageFolder`, with the
-  classifier built by open_clip's `build_zero_shot_classifier`.
+- `imagenet_folder`: the ImageNet val `ImageFolder`, checked (1000 class folders with images) when
+  a run starts; `zero_shot_imagenet`: zero-shot top-1/top-5 on it, with the classifier built by
+  open_clip's `build_zero_shot_classifier`.
 - `write_results`: one JSON line per evaluated epoch in `results.jsonl`.
 
 Every metric name carries the `val/` prefix OpenCLIP uses for its TensorBoard scalars, so the
@@ -90,11 +91,31 @@ def run_validation(
     return {METRIC_PREFIX + name: float(value) for name, value in metrics.items()}
 
 
+def imagenet_folder(imagenet_dir: str | Path, transform: Callable | None = None, *,
+                    num_classes: int = len(IMAGENET_CLASSNAMES)) -> torchvision.datasets.ImageFolder:
+    """The `ImageFolder` over `imagenet_dir`, checked to hold `num_classes` class folders with images.
+
+    Raises ValueError saying what is wrong (missing folder, wrong number of classes, an empty class),
+    so that a bad folder fails when a run starts rather than at its first zero-shot evaluation.
+    """
+    imagenet_dir = Path(imagenet_dir)
+    if not imagenet_dir.is_dir():
+        raise ValueError(f"{imagenet_dir} is not a directory; pass ImageNet's val set as one folder per class "
+                         f"(e.g. val/n01440764/*.JPEG, the layout torchvision's ImageFolder reads)")
+    classes = [entry.name for entry in imagenet_dir.iterdir() if entry.is_dir()]
+    if len(classes) != num_classes:
+        raise ValueError(f"{imagenet_dir} has {len(classes)} class folders, expected {num_classes} (one per ImageNet "
+                         f"synset, e.g. n01440764/); a flat folder of images needs sorting into class folders first")
+    try:
+        return torchvision.datasets.ImageFolder(str(imagenet_dir), transform=transform)
+    except FileNotFoundError as error:  # a class folder without a single image
+        raise ValueError(f"{imagenet_dir}: {error}") from error
+
+
 def zero_shot_imagenet(
         model: torch.nn.Module,
         tokenizer: Callable[[list[str]], torch.Tensor],
-        imagenet_dir: str | Path,
-        preprocess: Callable,
+        dataset: torchvision.datasets.ImageFolder,
         *,
         device: torch.device | str,
         autocast: Callable[[], ContextManager] = nullcontext,
@@ -104,7 +125,8 @@ def zero_shot_imagenet(
         templates: Sequence[str | Callable[[str], str]] = OPENAI_IMAGENET_TEMPLATES,
         input_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
-    """Zero-shot top-1/top-5 accuracy on an `ImageFolder` (e.g. ImageNet's val set, one folder per synset).
+    """Zero-shot top-1/top-5 accuracy on an `ImageFolder` (e.g. ImageNet's val set, one folder per synset,
+    from `imagenet_folder` with the model's val transform).
 
     `classnames[k]` names the k-th class folder in sorted order (ImageFolder's order, which is
     the synset order of open_clip's `IMAGENET_CLASSNAMES`); `templates` are all callables or all
@@ -113,10 +135,9 @@ def zero_shot_imagenet(
     OpenCLIP's names.
     """
     device = torch.device(device)
-    dataset = torchvision.datasets.ImageFolder(str(imagenet_dir), transform=preprocess)
     if len(dataset.classes) != len(classnames):
         raise ValueError(
-            f"{imagenet_dir} has {len(dataset.classes)} class folders but {len(classnames)} class names were given"
+            f"{dataset.root} has {len(dataset.classes)} class folders but {len(classnames)} class names were given"
         )
     dataloader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers)
     model.eval()

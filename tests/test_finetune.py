@@ -1,0 +1,84 @@
+"""Fine-tuning from our checkpoint or export (--pretrained, with --lock-image / --lock-text), and the hub-folder
+export loaded through open_clip's local-dir path (the layout its hf-hub loader reads)."""
+import json
+from pathlib import Path
+
+import open_clip
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import load_checkpoint
+from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
+from training.export import main as export_main
+from training.main import main
+from training.params import command_line
+
+
+def run_argv(demo_shards, logs, name, *extra):
+    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
+            "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--model", "adacl-tiny", "--batch-size", "32",
+            "--lr", "1e-3", "--warmup", "1", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name,
+            "--epochs", "1", *extra]
+
+
+@pytest.fixture(scope="module")
+def pretrained(demo_shards, tmp_path_factory):
+    """A short adacl run's epoch_1.pt and its hub-folder export."""
+    logs = tmp_path_factory.mktemp("pretrain")
+    summary = main(run_argv(demo_shards, logs, "base", "--loss", "adacl"))
+    hub = export_for_hub(summary.checkpoint, logs / "hub", repo_id="someone/adacl-tiny-demo")
+    return Path(summary.checkpoint), hub
+
+
+def tower(state_dict, prefix):
+    return {key: value for key, value in state_dict.items() if key.startswith(prefix)}
+
+
+def test_hub_folder_loads_through_open_clip_local_dir(pretrained):
+    checkpoint, hub = pretrained
+    assert {path.name for path in hub.iterdir()} >= {"open_clip_config.json", WEIGHTS_NAME, README_NAME}
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{hub}")
+    trained = load_checkpoint(checkpoint)["state_dict"]
+    assert all(torch.equal(value, trained[key]) for key, value in model.state_dict().items())
+    texts = ["a red cube", "two blue balls left of a star"]
+    assert torch.equal(open_clip.get_tokenizer(f"local-dir:{hub}")(texts), open_clip.get_tokenizer("adacl-tiny")(texts))
+    assert preprocess.transforms[0].size == 32
+
+
+def test_model_card_has_the_training_command_and_results(pretrained):
+    checkpoint, hub = pretrained
+    card = (hub / README_NAME).read_text()
+    assert card.startswith("---\ntags:\n- clip\n") and "library_name: open_clip" in card
+    assert f"`{command_line(load_checkpoint(checkpoint)['args'])}`" in card
+    assert "--model adacl-tiny" in card and "--loss adacl" in card and "1 epochs, 2 steps" in card
+    assert "open_clip.create_model_and_transforms('hf-hub:someone/adacl-tiny-demo')" in card
+    [results] = [json.loads(line) for line in (checkpoint.parent / "results.jsonl").read_text().splitlines()]
+    assert f"| val/clip_val_loss | {results['val/clip_val_loss']:.4f} |" in card
+
+
+def test_fine_tune_from_the_export_with_a_locked_image_tower(demo_shards, tmp_path, pretrained):
+    _, hub = pretrained
+    start = load_file(hub / WEIGHTS_NAME)
+    summary = main(run_argv(demo_shards, tmp_path, "ft-image-locked", "--loss", "clip", "--lock-image",
+                            "--pretrained", str(hub / WEIGHTS_NAME)))
+    tuned = load_checkpoint(summary.checkpoint)["state_dict"]
+    assert all(torch.equal(value, start[key]) for key, value in tower(tuned, "visual.").items())
+    assert not all(torch.equal(value, start[key]) for key, value in tower(tuned, "transformer.").items())
+
+
+def test_fine_tune_from_a_checkpoint_with_a_locked_text_tower(demo_shards, tmp_path, pretrained):
+    checkpoint, _ = pretrained
+    start = load_checkpoint(checkpoint)["state_dict"]
+    summary = main(run_argv(demo_shards, tmp_path, "ft-text-locked", "--loss", "adacl", "--lock-text",
+                            "--pretrained", str(checkpoint)))
+    tuned = load_checkpoint(summary.checkpoint)["state_dict"]
+    assert all(torch.equal(value, start[key]) for key, value in tower(tuned, "transformer.").items())
+    assert not all(torch.equal(value, start[key]) for key, value in tower(tuned, "visual.").items())
+
+
+def test_export_command_line_writes_a_hub_folder(pretrained, tmp_path, capsys):
+    checkpoint, _ = pretrained
+    output = export_main(["--checkpoint", str(checkpoint), "--hf-dir", str(tmp_path / "hub"), "--repo-id", "org/model"])
+    assert "hf upload org/model" in capsys.readouterr().out
+    assert "hf-hub:org/model" in (output / README_NAME).read_text()

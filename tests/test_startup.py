@@ -1,0 +1,113 @@
+"""Mistakes fail in the first minute: `--dry-run` and a run's startup check --pretrained, --imagenet-val,
+the run directory and the warmup before any training step."""
+import huggingface_hub
+import pytest
+import torch
+from PIL import Image
+
+from training.checkpoint import load_checkpoint
+from training.logger import read_metrics
+from training.main import main
+from training.model import ModelConfig, build_model
+from training.params import ConfigError
+
+
+def train_argv(demo_shards, logs, name, *extra):
+    return [
+        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
+        "--model", "adacl-tiny", "--batch-size", "32", "--lr", "2e-3", "--warmup", "1", "--workers", "0",
+        "--device", "cpu", "--logs", str(logs), "--name", name, "--epochs", "1", *extra,
+    ]
+
+
+def dry_run_error(argv) -> str:
+    with pytest.raises(ConfigError) as error:
+        main([*argv, "--dry-run"])
+    return str(error.value)
+
+
+def write_image_folder(root, num_classes):
+    """root/n<k>/0.png, one 8 px image per class (ImageNet's synset-folder layout)."""
+    for k in range(num_classes):
+        (root / f"n{k:08d}").mkdir(parents=True)
+        Image.new("RGB", (8, 8), (k % 256, 0, 0)).save(root / f"n{k:08d}" / "0.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagenet_like(tmp_path_factory):
+    return write_image_folder(tmp_path_factory.mktemp("imagenet") / "val", 1000)
+
+
+def test_dry_run_names_a_missing_or_unreadable_pretrained_file(demo_shards, tmp_path):
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--pretrained", str(tmp_path / "missing.pt")))
+    assert message.startswith(f"--pretrained {tmp_path / 'missing.pt'}: no such file, and not a pretrained tag")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_text("not a checkpoint")
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--pretrained", str(garbage)))
+    assert f"--pretrained {garbage}: cannot be read as a checkpoint" in message
+
+
+def test_dry_run_accepts_a_state_dict_file(demo_shards, tmp_path, capsys):
+    weights = tmp_path / "weights.pt"
+    torch.save(build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model.state_dict(), weights)
+    assert main([*train_argv(demo_shards, tmp_path, "r", "--pretrained", str(weights)), "--dry-run"]) is None
+    assert "dry run OK" in capsys.readouterr().out
+
+
+def test_dry_run_refuses_an_uncached_pretrained_tag_offline(demo_shards, tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    argv = train_argv(demo_shards, tmp_path, "r", "--model", "RN50", "--pretrained", "openai",
+                      "--cache-dir", str(tmp_path / "cache"))
+    message = dry_run_error(argv)
+    assert message.startswith("--pretrained openai: the weights of RN50 openai")
+    assert "not in the download cache and HF_HUB_OFFLINE is set" in message
+
+
+def test_dry_run_checks_the_imagenet_folder(demo_shards, tmp_path, imagenet_like, capsys):
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--imagenet-val", str(tmp_path / "nowhere")))
+    assert message.startswith("--imagenet-val: ") and "is not a directory" in message
+    three_classes = write_image_folder(tmp_path / "three", 3)
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--imagenet-val", str(three_classes)))
+    assert "has 3 class folders, expected 1000" in message
+    assert main([*train_argv(demo_shards, tmp_path, "r", "--imagenet-val", str(imagenet_like)), "--dry-run"]) is None
+    assert "dry run OK" in capsys.readouterr().out
+
+
+def test_a_bad_imagenet_folder_stops_a_run_before_training(demo_shards, tmp_path):
+    three_classes = write_image_folder(tmp_path / "three", 3)
+    with pytest.raises(ConfigError, match="--imagenet-val: .*has 3 class folders, expected 1000"):
+        main(train_argv(demo_shards, tmp_path, "bad-imagenet", "--imagenet-val", str(three_classes)))
+    assert not (tmp_path / "bad-imagenet").exists()
+
+
+def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp_path, capsys):
+    summary = main(train_argv(demo_shards, tmp_path, "taken"))
+    assert load_checkpoint(summary.checkpoint)["step"] == 2
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "taken"))
+    assert message == f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest or choose another --name"
+    assert main([*train_argv(demo_shards, tmp_path, "taken", "--resume", "latest"), "--dry-run"]) is None
+    assert "dry run OK" in capsys.readouterr().out
+
+
+def test_warmup_longer_than_the_run_is_warned_about(demo_shards, tmp_path, capsys):
+    argv = train_argv(demo_shards, tmp_path, "long-warmup", "--warmup", "10000")
+    assert main([*argv, "--dry-run"]) is None
+    err = capsys.readouterr().err
+    assert "warning: --warmup 10000 >= the run's 2 steps: the learning rate never reaches --lr 0.002" in err
+    main(argv)
+    assert "WARNING | --warmup 10000 >= the run's 2 steps" in (tmp_path / "long-warmup" / "out.log").read_text()
+
+
+@pytest.mark.slow
+def test_zero_shot_runs_on_the_folder_built_at_startup(demo_shards, tmp_path, imagenet_like):
+    main(train_argv(demo_shards, tmp_path, "zs", "--imagenet-val", str(imagenet_like), "--zeroshot-frequency", "1"))
+    [val] = read_metrics(tmp_path / "zs" / "metrics.jsonl", "val")
+    assert 0.0 <= val["val/imagenet-zeroshot-val-top1"] <= val["val/imagenet-zeroshot-val-top5"] <= 1.0
+
+
+def test_weights_of_another_architecture_are_named(demo_shards, tmp_path):
+    weights = tmp_path / "other.pt"
+    torch.save({"visual.proj": torch.zeros(3, 3)}, weights)
+    with pytest.raises(ConfigError, match=f"--pretrained {weights} does not fit --model adacl-tiny: "):
+        main(train_argv(demo_shards, tmp_path, "mismatch", "--pretrained", str(weights)))
