@@ -34,6 +34,13 @@ def _value_and_grads(loss_fn, x, y, scale=SCALE, bias=None):
     return value.detach(), x.grad, y.grad, scale.grad
 
 
+def _training_step(loss_fn, x, y, scale=SCALE, bias=None):
+    """`_value_and_grads`, then the commit of the loss's state update the trainer makes after the step."""
+    result = _value_and_grads(loss_fn, x, y, scale, bias)
+    loss_fn.commit()
+    return result
+
+
 # --- selection.py on one process ---------------------------------------------------------------------
 
 def test_summarize_rows_matches_dense():
@@ -140,7 +147,7 @@ def test_loss_and_gradients_match_dense_modulated_cross_entropy(mode, bias, posi
 def test_without_clone_candidates_the_loss_is_vanilla_and_the_fallback_is_counted():
     x, y = _features(seed=4)
     loss_fn = create_loss("adacl", prior_ratio=1e30)  # the posterior never reaches 1/2
-    ours = _value_and_grads(loss_fn, x, y)
+    ours = _training_step(loss_fn, x, y)
     ref = _value_and_grads(open_clip.ClipLoss(), x, y)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -171,7 +178,7 @@ def test_degenerate_batches_stay_finite(name, mode, anchor_stat):
     x, y, scale = _degenerate_batches()[name]
     loss_fn = create_loss("adacl", mode=mode, anchor_stat=anchor_stat, anchor_prob="progressive")
     for _ in range(2):  # the second step also exercises the progressive / moving-average state
-        value, gx, gy, gs = _value_and_grads(loss_fn, x, y, scale=scale)
+        value, gx, gy, gs = _training_step(loss_fn, x, y, scale=scale)
         assert torch.isfinite(value) and torch.isfinite(gx).all() and torch.isfinite(gy).all() and torch.isfinite(gs)
         assert all(torch.isfinite(v) for v in loss_fn.stats.values())
     if name in ("all_equal", "one", "two"):
@@ -184,7 +191,7 @@ def test_calibrated_mode_never_weaker_than_vanilla():
             x, y = _features(seed=seed, noise=0.3 + 0.3 * seed)
             loss_fn = create_loss("adacl", anchor_prob="progressive" if seed % 2 else "vanilla", ema=0.5)
             for _ in range(2):
-                _value_and_grads(loss_fn, x, y, scale=scale)
+                _training_step(loss_fn, x, y, scale=scale)
                 for direction in ("i2t", "t2i"):
                     assert loss_fn.stats[f"{direction}/m1"] >= scale * (1 - 1e-6)
                     assert loss_fn.stats[f"{direction}/m1_over_scale"] <= 1.1 + 1e-9
@@ -197,24 +204,24 @@ def test_state_moves_only_on_training_steps():
     with torch.no_grad():
         loss_fn(x, y, torch.tensor(SCALE))
     loss_fn.eval()
-    _value_and_grads(loss_fn, x, y)
+    _training_step(loss_fn, x, y)
     assert all(not value.any() for value in loss_fn.state_dict().values())
     loss_fn.train()
-    _value_and_grads(loss_fn, x, y)
+    _training_step(loss_fn, x, y)
     assert loss_fn.modulated_steps.tolist() == [1, 1] and loss_fn.queue_filled == 8
 
 
 def test_moving_average_and_progressive_probability_use_the_previous_step():
     first, second = _features(seed=8), _features(seed=9)
     loss_fn = create_loss("adacl", ema=0.75, anchor_prob="progressive", max_scale_ratio=2.0, max_offset=1.0)
-    _value_and_grads(loss_fn, *first)
+    _training_step(loss_fn, *first)
     ratio_1, m2_1 = loss_fn.stats["i2t/m1_over_scale"], loss_fn.stats["i2t/m2"]
     previous = loss_fn.previous_margins[0].clone()
     fresh = create_loss("adacl", ema=0.0, anchor_prob="progressive", max_scale_ratio=2.0, max_offset=1.0)
     fresh.previous_margins.copy_(loss_fn.previous_margins)
     fresh.previous_valid.copy_(loss_fn.previous_valid)
-    _value_and_grads(fresh, *second)  # this batch's own (bounded) margins, p_u from the previous margins
-    _value_and_grads(loss_fn, *second)
+    _training_step(fresh, *second)  # this batch's own (bounded) margins, p_u from the previous margins
+    _training_step(loss_fn, *second)
     torch.testing.assert_close(loss_fn.stats["i2t/m1_over_scale"], 0.75 * ratio_1 + 0.25 * fresh.stats["i2t/m1_over_scale"])
     torch.testing.assert_close(loss_fn.stats["i2t/m2"], 0.75 * m2_1 + 0.25 * fresh.stats["i2t/m2"])
     p_u = adacl.anchor_probability(fresh.stats["i2t/anchor_used"], fresh.stats["i2t/log_z_u"], SCALE, *previous)
@@ -225,11 +232,11 @@ def test_queue_adds_negatives_and_round_trips_through_state_dict():
     batches = [_features(8, 16, seed=10 + i) for i in range(4)]
     options = dict(queue_size=12)
     uninterrupted = create_loss("adacl", **options)
-    values = [_value_and_grads(uninterrupted, *batch)[0] for batch in batches]
-    assert not torch.equal(values[1], _value_and_grads(create_loss("adacl"), *batches[1])[0])  # queue columns count
+    values = [_training_step(uninterrupted, *batch)[0] for batch in batches]
+    assert not torch.equal(values[1], _training_step(create_loss("adacl"), *batches[1])[0])  # queue columns count
     first = create_loss("adacl", **options)
     for batch in batches[:2]:
-        _value_and_grads(first, *batch)
+        _training_step(first, *batch)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
@@ -237,7 +244,7 @@ def test_queue_adds_negatives_and_round_trips_through_state_dict():
     resumed.load_state_dict(torch.load(buffer))
     assert resumed.queue_image.shape == (12, 16)
     for batch, expected in zip(batches[2:], values[2:]):
-        assert torch.equal(_value_and_grads(resumed, *batch)[0], expected)
+        assert torch.equal(_training_step(resumed, *batch)[0], expected)
     for key, value in uninterrupted.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
     with pytest.raises(ValueError, match="queue"):
