@@ -1,5 +1,5 @@
-"""The `adacl` loss and its single-process selection: against dense references built from adacl.py,
-against ClipLoss, on degenerate batches, and through its state; plus the two AdaCL scripts."""
+"""The `adacl` loss: against dense references built from adacl.py, against ClipLoss, on degenerate
+batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/test_selection.py.)"""
 import importlib.util
 import io
 import json
@@ -10,12 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, create_loss, selection
-from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl import adacl, create_loss
 from open_clip_adacl.losses.adacl import FALLBACK_REASONS
 
 SCALE = 14.3
-LOCAL = RowGroup(split_across_ranks=False)
 
 
 def _features(n=32, d=16, seed=0, noise=0.8, dtype=torch.float32):
@@ -39,67 +37,6 @@ def _training_step(loss_fn, x, y, scale=SCALE, bias=None):
     result = _value_and_grads(loss_fn, x, y, scale, bias)
     loss_fn.commit()
     return result
-
-
-# --- selection.py on one process ---------------------------------------------------------------------
-
-def test_summarize_rows_matches_dense():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 11, generator=g) * 5
-    positive_col = torch.tensor([3, 0, 7, 10, 1, 5])
-    summary = selection.summarize_rows(logits, positive_col, with_mean=True)
-    negatives = adacl.negative_mask(6, 11, positive_col)
-    torch.testing.assert_close(summary.positive, logits.gather(1, positive_col[:, None]).squeeze(1))
-    torch.testing.assert_close(summary.negative_max, logits.masked_fill(~negatives, float("-inf")).amax(1))
-    torch.testing.assert_close(summary.negative_lse, logits.masked_fill(~negatives, float("-inf")).logsumexp(1))
-    torch.testing.assert_close(summary.negative_mean, (logits.double() * negatives).sum(1) / 10)
-
-
-def _radix_cases():
-    g = torch.Generator().manual_seed(5)
-    ties = (torch.randint(-6, 7, (9, 13), generator=g) / 8).float()  # duplicates and negatives
-    signed_zeros = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 0.0]])
-    wide = torch.randn(17, 23, generator=g) * torch.logspace(-20, 20, 23)
-    return [(ties, torch.rand(9, 13, generator=g) > 0.4), (signed_zeros, torch.ones(1, 7, dtype=torch.bool)),
-            (wide, torch.rand(17, 23, generator=g) > 0.5), (torch.tensor([[2.5]]), torch.tensor([[True]]))]
-
-
-@pytest.mark.parametrize("values,mask", _radix_cases())
-def test_radix_select_equals_sort(values, mask):
-    keys = selection.masked_keys(values, mask)
-    ordered = torch.sort(values[mask]).values
-    for k in sorted({0, (len(ordered) - 1) // 2, len(ordered) - 1, len(ordered) // 3}):
-        key = selection.radix_select(keys, torch.tensor(k), LOCAL)
-        assert key.view(torch.float32).item() == ordered[k].item()
-        assert torch.kthvalue(values[mask], k + 1).values.item() == key.view(torch.float32).item()
-
-
-def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor):
-    """ADACL.md 3.1-3.5 with adacl.py's dense functions."""
-    scores = adacl.salient_scores(logits.double(), positive_col, salient)
-    most, least = adacl.reference_rows(scores)
-    negatives = adacl.negative_mask(*logits.shape, positive_col)
-    mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
-    mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
-    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n)
-    gap, row, _ = adacl.anchor_statistic(adacl.positive_gaps(logits, positive_col), mask, anchor_stat)
-    return gap, row, mask.sum()
-
-
-@pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
-def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
-    x, y = _features(48, 16, seed=2)
-    logits = SCALE * x @ y.T
-    positive_col = torch.arange(48)
-    summary = selection.summarize_rows(logits, positive_col, with_mean=salient == "mean")
-    chosen = selection.select_anchor(logits, summary, positive_col, LOCAL, salient=salient, anchor_stat=anchor_stat,
-                                     prior_ratio=1.0, std_floor=1e-3)
-    gap, row, count = _dense_anchor(logits, positive_col, salient, anchor_stat, 1e-3)
-    assert 0 < count < 48 * 47
-    assert chosen.num_candidates.item() == count.item()
-    assert chosen.row.item() == row.item()
-    assert chosen.gap.item() == gap.item()
 
 
 # --- the loss ------------------------------------------------------------------------------------------
@@ -310,3 +247,16 @@ def test_positive_gradient_defaults_follow_the_mode():
     assert create_loss("adacl", mode="literal").positive_grad == "fixed"  # Algorithm 1 as written
     assert create_loss("adacl", mode="calibrated").positive_grad == "balanced"
     assert create_loss("adacl", mode="literal", positive_grad="scaled").positive_grad == "scaled"
+
+
+def test_committing_nonfinite_features_into_the_queue_is_refused_and_writes_nothing():
+    x, y = _features(seed=12)
+    loss_fn = create_loss("adacl", queue_size=8)
+    poisoned = x.clone()
+    poisoned[0] = float("nan")
+    _value_and_grads(loss_fn, poisoned, y)
+    with pytest.raises(ValueError, match="not finite and cannot enter the feature queue"):
+        loss_fn.commit()
+    assert all(not value.any() for value in loss_fn.state_dict().values())
+    value = _training_step(loss_fn, x, y)[0]
+    assert torch.isfinite(value) and loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()

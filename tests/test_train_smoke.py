@@ -137,11 +137,11 @@ def _batches(poisoned, num=6, batch=4):
     return out
 
 
-def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1):
+def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None):
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
-    loss_fn = PoisonableClip()
+    loss_fn = PoisonableClip() if loss_fn is None else loss_fn
     state = TrainState()
     snapshots = []
     optimizer.register_step_post_hook(lambda *_: snapshots.append(state.step))
@@ -182,3 +182,19 @@ def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
     assert (result.num_steps, state.step, state.batches_in_epoch) == (3, 3, 6)
     # The loss ran twice per step (once per micro-batch) and its state moved once per step.
     assert loss_fn.committed == [0, 8, 16]
+
+
+def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
+    clean = _batches(poisoned=set(), num=3)
+    poisoned = list(clean)
+    poisoned.insert(1, (torch.full_like(clean[1][0], float("nan")), *clean[1][1:]))  # NaN images: NaN features
+    for run in ("poisoned", "clean"):
+        (tmp_path / run).mkdir()
+    result, _, _, loss_fn = _run_epoch(poisoned, tmp_path / "poisoned", loss_fn=create_loss("adacl", queue_size=8))
+    _, _, _, reference = _run_epoch(clean, tmp_path / "clean", loss_fn=create_loss("adacl", queue_size=8))
+    assert result.num_nonfinite_steps == 1 and math.isfinite(result.loss)
+    assert [r["loss"] for r in read_metrics(tmp_path / "poisoned" / "metrics.jsonl", "train")][2:] == [
+        r["loss"] for r in read_metrics(tmp_path / "clean" / "metrics.jsonl", "train")][1:]  # the next steps: finite, as if clean
+    for key, value in reference.state_dict().items():
+        assert torch.equal(loss_fn.state_dict()[key], value), key
+    assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()

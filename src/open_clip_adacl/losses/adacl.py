@@ -181,6 +181,9 @@ class AdaCLLoss(ContrastiveLoss):
         self._update_state = self.training and torch.is_grad_enabled()
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         batch_features = (batch.all_image_features.detach(), batch.all_text_features.detach())
+        if self._update_state and self.queue_size:
+            # Staged first, so that a refused commit writes nothing.
+            self.stage_update(lambda: _check_finite_queue_entries(*batch_features))
         batch = self._with_queue(batch)
         self.stats = {}
         loss = self.symmetric_loss(batch)
@@ -332,6 +335,13 @@ class AdaCLLoss(ContrastiveLoss):
         self._queue_filled = min(self._queue_filled + count, self.queue_size)
         self.queue_ptr.fill_(self._queue_ptr)
         self.queue_filled.fill_(self._queue_filled)
+
+
+def _check_finite_queue_entries(image_features: torch.Tensor, text_features: torch.Tensor) -> None:
+    """Non-finite features would poison the queue's next queue_size steps: refuse to commit them."""
+    if not bool(torch.isfinite(image_features).all() & torch.isfinite(text_features).all()):
+        raise ValueError("adacl: this step's features are not finite and cannot enter the feature queue; do not "
+                         "commit a step whose loss is not finite (the trainer skips such steps without committing)")
 
 
 def _check(condition: bool, message: str) -> None:
