@@ -1,4 +1,4 @@
-"""AdaCL's default mode trains the tiny model without collapsing (ADACL.md 4b), with its margins
+"""AdaCL's default mode trains the tiny model without collapsing (docs/method.md §4b), with its margins
 applied and inside their bounds. (Literal mode's collapse is measured by the benchmark, over seeds,
 in docs/RESULTS.md.)"""
 import math

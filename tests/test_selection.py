@@ -27,7 +27,7 @@ def _select(logits, positive_col, rows=LOCAL, salient="max", anchor_stat="median
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor):
-    """ADACL.md 3.1-3.5 with adacl.py's dense functions."""
+    """docs/method.md §3.1-3.5 with adacl.py's dense functions."""
     scores = adacl.salient_scores(logits.double(), positive_col, salient)
     most, least = adacl.reference_rows(scores)
     negatives = adacl.negative_mask(*logits.shape, positive_col)

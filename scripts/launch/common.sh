@@ -64,6 +64,6 @@ torchrun_launcher() {
         [ -n "${MASTER_ADDR:-}" ] || fail "NNODES=$NNODES: set MASTER_ADDR to the hostname of one of the nodes (the same on every node)"
         rendezvous=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-$run_id}")
     fi
-    # "--" before the trainer's arguments: torchrun 2.14 otherwise claims --logs (ECOSYSTEM.md).
+    # "--" before the trainer's arguments: torchrun 2.14 otherwise claims --logs (docs/ecosystem.md §2).
     LAUNCHER=(torchrun --nnodes "$NNODES" --nproc_per_node "$GPUS" "${rendezvous[@]}" -m training.main --)
 }

@@ -1,4 +1,4 @@
-"""Collectives used by the losses, kept apart from the math (see ADACL.md section 5).
+"""Collectives used by the losses, kept apart from the math (see docs/method.md §5).
 
 `RowGroup` abstracts "the ranks that together hold the rows of the global similarity matrix":
 with one process, or when every rank holds all rows (OpenCLIP's full-logits regime), its

@@ -1,4 +1,4 @@
-"""Exact global anchor selection over the ranks that share the rows (ADACL.md section 5).
+"""Exact global anchor selection over the ranks that share the rows (docs/method.md §5).
 
 Input: this rank's rows x C logits (C = the N columns of the global batch, plus queue columns),
 `positive_col`, the global column of each row's positive, which is also the row's global index,
@@ -167,7 +167,7 @@ _NOT_CANDIDATE_BINS = slice(_HALF - 128, _HALF)  # `_high_histogram` indices of 
 def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                    workspace: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys, count, high_counts) of this rank's rows (ADACL.md 3.4-3.5), in one pass.
+    """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
     keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
@@ -348,7 +348,7 @@ class AnchorSelection:
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
                   workspace: Optional[torch.Tensor] = None) -> AnchorSelection:
-    """ADACL.md 3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
+    """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
 
     `std_floor` is in logit units (the loss passes floor * t); `workspace` see `candidate_keys`.

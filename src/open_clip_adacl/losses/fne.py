@@ -1,6 +1,6 @@
 """`fne`: a CLIP port of False Negative Elimination (Li et al., ACM MM 2023); ours, not the authors'.
 
-The original (../shared/PEERS.md, github LuminosityX/FNE) is a *triplet-loss negative sampler* for
+The original (docs/peers.md §1, github LuminosityX/FNE) is a *triplet-loss negative sampler* for
 image-text matching: epoch 0 trains VSE++ with the hardest in-batch negative; later epochs keep
 Gaussians of the similarities of correctly matched positives and of their hardest in-batch
 negatives, turn a candidate's similarity into a false-negative probability by Bayes' rule with a

@@ -1,6 +1,6 @@
 """`glofnd`: InfoNCE with global false negatives removed on the fly (Balmaseda et al., ICML 2025).
 
-See ../shared/PEERS.md. Every sample i owns, per direction (image anchors "i2t", text anchors
+See docs/peers.md §2. Every sample i owns, per direction (image anchors "i2t", text anchors
 "t2i"), a threshold lambda_i meant to be the (1 - alpha) quantile of its similarities to negatives
 over the whole data set. It is learned by stochastic sub-gradient steps on the quantile objective
 `alpha * lambda + E_j[(s_ij - lambda)_+]`, whose gradient on a batch is
