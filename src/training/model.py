@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import open_clip
 import torch
@@ -201,7 +201,3 @@ def build_precision(precision: str, device: torch.device) -> Precision:
         input_dtype=open_clip.get_input_dtype(precision),
         scaler=scaler,
     )
-
-
-def trainable_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]

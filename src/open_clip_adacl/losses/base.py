@@ -50,7 +50,6 @@ class Loss(nn.Module):
     """
 
     options: Tuple[LossOption, ...] = ()
-    registered_name: str = ""
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: Optional[Tuple[str, ...]] = None
