@@ -10,7 +10,7 @@ img2dataset --image_size 256 writes), a caption and a json key, generated once a
 model's image size, normalisation) and tokenizer, and run one training epoch of --num-samples
 samples in a fresh process each (DataLoader workers started, as in training, at the epoch's start).
 
-OpenCLIP's tar pipeline fails with webdataset >= 0.2.96 (ECOSYSTEM.md), so its side runs with
+OpenCLIP's tar pipeline fails with webdataset >= 0.2.96 (docs/ecosystem.md §2), so its side runs with
 webdataset 0.2.86 first on PYTHONPATH, installed on first use with
 `pip install --no-deps --target <cache-dir>/webdataset-0.2.86 webdataset==0.2.86`.
 Rounds alternate the two pipelines; reported: the median over --repeats rounds of samples/s over

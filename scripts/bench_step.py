@@ -77,6 +77,7 @@ def step_seconds(trainee: Trainee, batch: MicroBatch, precision, device: torch.d
     trainee.optimizer.zero_grad(set_to_none=True)
     forward_backward(trainee.model, trainee.loss, [batch], precision)
     apply_update(trainee.model, trainee.optimizer, precision, grad_clip_norm=None)
+    trainee.loss.commit()
     synchronize(device)
     return time.perf_counter() - start
 

@@ -15,25 +15,35 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
+            init_group: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if init_group:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    else:  # what torchrun sets: `fn` creates (and destroys) the group itself, e.g. training.main
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def run_on_ranks(fn: Callable, world_size: int, *args: Any) -> List[Any]:
-    """`fn(rank, world_size, *args)` on `world_size` gloo processes; returns each rank's result."""
+def run_on_ranks(fn: Callable, world_size: int, *args: Any, init_group: bool = True) -> List[Any]:
+    """`fn(rank, world_size, *args)` on `world_size` gloo processes; returns each rank's result.
+
+    With `init_group=False` the default group is not created; each process gets torchrun's
+    environment variables instead, so `fn` may run `training.main` (several times in a row).
+    """
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size, join=True)
+        mp.spawn(_worker, args=(world_size, free_port(), out_dir, fn, args, init_group), nprocs=world_size,
+                 join=True)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]

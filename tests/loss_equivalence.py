@@ -46,11 +46,13 @@ def value_and_grads(loss_fn, x: torch.Tensor, y: torch.Tensor, index: torch.Tens
 
 
 def run_steps(loss_fn, batches: Sequence[Batch], rank: int = 0, world_size: int = 1):
-    """Each step's (value, grad x, grad y, grad scale) on this rank's slice, and the final state_dict."""
+    """Each step's (value, grad x, grad y, grad scale) on this rank's slice, and the final state_dict.
+    Each step's state update is committed, as the trainer does after the optimizer step."""
     steps = []
     for x, y, index in batches:
         rows = slice(rank * (len(x) // world_size), (rank + 1) * (len(x) // world_size))
         steps.append(value_and_grads(loss_fn, x[rows], y[rows], index[rows]))
+        loss_fn.commit()
     return steps, {key: value.clone() for key, value in loss_fn.state_dict().items()}
 
 

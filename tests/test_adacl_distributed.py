@@ -36,6 +36,7 @@ def _step(loss_fn, x, y, bias):
     scale = torch.tensor(SCALE, requires_grad=True)
     value = loss_fn(x, y, scale, None if bias is None else torch.tensor(bias))
     value.backward()
+    loss_fn.commit()
     return {"value": value.detach(), "gx": x.grad, "gy": y.grad, "gs": scale.grad, "stats": dict(loss_fn.stats)}
 
 

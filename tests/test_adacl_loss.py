@@ -1,5 +1,5 @@
-"""The `adacl` loss and its single-process selection: against dense references built from adacl.py,
-against ClipLoss, on degenerate batches, and through its state; plus the two AdaCL scripts."""
+"""The `adacl` loss: against dense references built from adacl.py, against ClipLoss, on degenerate
+batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/test_selection.py.)"""
 import importlib.util
 import io
 import json
@@ -10,12 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, create_loss, selection
-from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl import adacl, create_loss
 from open_clip_adacl.losses.adacl import FALLBACK_REASONS
 
 SCALE = 14.3
-LOCAL = RowGroup(split_across_ranks=False)
 
 
 def _features(n=32, d=16, seed=0, noise=0.8, dtype=torch.float32):
@@ -34,80 +32,11 @@ def _value_and_grads(loss_fn, x, y, scale=SCALE, bias=None):
     return value.detach(), x.grad, y.grad, scale.grad
 
 
-# --- selection.py on one process ---------------------------------------------------------------------
-
-def test_summarize_rows_matches_dense():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 11, generator=g) * 5
-    positive_col = torch.tensor([3, 0, 7, 10, 1, 5])
-    summary = selection.summarize_rows(logits, positive_col, with_mean=True)
-    negatives = adacl.negative_mask(6, 11, positive_col)
-    torch.testing.assert_close(summary.positive, logits.gather(1, positive_col[:, None]).squeeze(1))
-    torch.testing.assert_close(summary.negative_max, logits.masked_fill(~negatives, float("-inf")).amax(1))
-    torch.testing.assert_close(summary.negative_lse, logits.masked_fill(~negatives, float("-inf")).logsumexp(1))
-    torch.testing.assert_close(summary.negative_mean, (logits.double() * negatives).sum(1) / 10)
-
-
-def _radix_cases():
-    g = torch.Generator().manual_seed(5)
-    ties = (torch.randint(-6, 7, (9, 13), generator=g) / 8).float()  # duplicates and negatives
-    signed_zeros = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 0.0]])
-    wide = torch.randn(17, 23, generator=g) * torch.logspace(-20, 20, 23)
-    return [(ties, torch.rand(9, 13, generator=g) > 0.4), (signed_zeros, torch.ones(1, 7, dtype=torch.bool)),
-            (wide, torch.rand(17, 23, generator=g) > 0.5), (torch.tensor([[2.5]]), torch.tensor([[True]]))]
-
-
-@pytest.mark.parametrize("values,mask", _radix_cases())
-def test_radix_select_equals_sort(values, mask):
-    keys = selection.masked_keys(values, mask)
-    ordered = torch.sort(values[mask]).values
-    for k in sorted({0, (len(ordered) - 1) // 2, len(ordered) - 1, len(ordered) // 3}):
-        key = selection.radix_select(keys, torch.tensor(k), LOCAL)
-        assert key.view(torch.float32).item() == ordered[k].item()
-        assert torch.kthvalue(values[mask], k + 1).values.item() == key.view(torch.float32).item()
-
-
-def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
-    """ADACL.md 3.1-3.5 with adacl.py's dense functions."""
-    scores = adacl.salient_scores(logits.double(), positive_col, salient)
-    most, least = adacl.reference_rows(scores)
-    negatives = adacl.negative_mask(*logits.shape, positive_col)
-    mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
-    mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
-    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
-    gap, row, _ = adacl.anchor_statistic(adacl.positive_gaps(logits, positive_col), mask, anchor_stat)
-    return gap, row, mask.sum()
-
-
-@pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
-def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
-    x, y = _features(48, 16, seed=2)
-    logits = SCALE * x @ y.T
-    positive_col = torch.arange(48)
-    summary = selection.summarize_rows(logits, positive_col, with_mean=salient == "mean")
-    chosen = selection.select_anchor(logits, summary, positive_col, LOCAL, salient=salient, anchor_stat=anchor_stat,
-                                     prior_ratio=1.0, std_floor=1e-3)
-    gap, row, count = _dense_anchor(logits, positive_col, salient, anchor_stat, 1e-3)
-    assert 0 < count < 48 * 47
-    assert chosen.num_candidates.item() == count.item()
-    assert chosen.row.item() == row.item()
-    assert chosen.gap.item() == gap.item()
-
-
-@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
-def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region):
-    x, y = _features(48, 16, seed=3)
-    logits = SCALE * x @ y.T
-    positive_col = torch.arange(48)
-    summary = selection.summarize_rows(logits, positive_col)
-    chosen = selection.select_anchor(logits, summary, positive_col, LOCAL, salient="max", anchor_stat="median",
-                                     prior_ratio=1.0, std_floor=1e-3, region=region)
-    gap, row, count = _dense_anchor(logits, positive_col, "max", "median", 1e-3, region)
-    assert chosen.num_candidates.item() == count.item()
-    assert (chosen.row.item(), chosen.gap.item()) == (row.item(), gap.item())
-    if region == "all":
-        assert count.item() == 48 * 47
+def _training_step(loss_fn, x, y, scale=SCALE, bias=None):
+    """`_value_and_grads`, then the commit of the loss's state update the trainer makes after the step."""
+    result = _value_and_grads(loss_fn, x, y, scale, bias)
+    loss_fn.commit()
+    return result
 
 
 # --- the loss ------------------------------------------------------------------------------------------
@@ -156,7 +85,7 @@ def test_loss_and_gradients_match_dense_modulated_cross_entropy(mode, bias, posi
 def test_without_clone_candidates_the_loss_is_vanilla_and_the_fallback_is_counted():
     x, y = _features(seed=4)
     loss_fn = create_loss("adacl", prior_ratio=1e30)  # the posterior never reaches 1/2
-    ours = _value_and_grads(loss_fn, x, y)
+    ours = _training_step(loss_fn, x, y)
     ref = _value_and_grads(open_clip.ClipLoss(), x, y)
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -187,7 +116,7 @@ def test_degenerate_batches_stay_finite(name, mode, anchor_stat):
     x, y, scale = _degenerate_batches()[name]
     loss_fn = create_loss("adacl", mode=mode, anchor_stat=anchor_stat, anchor_prob="progressive")
     for _ in range(2):  # the second step also exercises the progressive / moving-average state
-        value, gx, gy, gs = _value_and_grads(loss_fn, x, y, scale=scale)
+        value, gx, gy, gs = _training_step(loss_fn, x, y, scale=scale)
         assert torch.isfinite(value) and torch.isfinite(gx).all() and torch.isfinite(gy).all() and torch.isfinite(gs)
         assert all(torch.isfinite(v) for v in loss_fn.stats.values())
     if name in ("all_equal", "one", "two"):
@@ -203,7 +132,7 @@ def test_calibrated_margins_stay_in_their_bounds():
             x, y = _features(seed=seed, noise=0.3 + 0.3 * seed)
             loss_fn = create_loss("adacl", anchor_prob="progressive" if seed % 2 else "vanilla", ema=0.5)
             for _ in range(2):
-                _value_and_grads(loss_fn, x, y, scale=scale)
+                _training_step(loss_fn, x, y, scale=scale)
                 for direction in ("i2t", "t2i"):
                     assert loss_fn.stats[f"{direction}/m1"] >= scale * (1 - 1e-6)
                     assert loss_fn.stats[f"{direction}/m1_over_scale"] <= ratio + 1e-9
@@ -216,24 +145,24 @@ def test_state_moves_only_on_training_steps():
     with torch.no_grad():
         loss_fn(x, y, torch.tensor(SCALE))
     loss_fn.eval()
-    _value_and_grads(loss_fn, x, y)
+    _training_step(loss_fn, x, y)
     assert all(not value.any() for value in loss_fn.state_dict().values())
     loss_fn.train()
-    _value_and_grads(loss_fn, x, y)
+    _training_step(loss_fn, x, y)
     assert loss_fn.modulated_steps.tolist() == [1, 1] and loss_fn.queue_filled == 8
 
 
 def test_moving_average_and_progressive_probability_use_the_previous_step():
     first, second = _features(seed=8), _features(seed=9)
     loss_fn = create_loss("adacl", ema=0.75, anchor_prob="progressive", max_scale_ratio=2.0, max_offset=1.0)
-    _value_and_grads(loss_fn, *first)
+    _training_step(loss_fn, *first)
     ratio_1, m2_1 = loss_fn.stats["i2t/m1_over_scale"], loss_fn.stats["i2t/m2"]
     previous = loss_fn.previous_margins[0].clone()
     fresh = create_loss("adacl", ema=0.0, anchor_prob="progressive", max_scale_ratio=2.0, max_offset=1.0)
     fresh.previous_margins.copy_(loss_fn.previous_margins)
     fresh.previous_valid.copy_(loss_fn.previous_valid)
-    _value_and_grads(fresh, *second)  # this batch's own (bounded) margins, p_u from the previous margins
-    _value_and_grads(loss_fn, *second)
+    _training_step(fresh, *second)  # this batch's own (bounded) margins, p_u from the previous margins
+    _training_step(loss_fn, *second)
     torch.testing.assert_close(loss_fn.stats["i2t/m1_over_scale"], 0.75 * ratio_1 + 0.25 * fresh.stats["i2t/m1_over_scale"])
     torch.testing.assert_close(loss_fn.stats["i2t/m2"], 0.75 * m2_1 + 0.25 * fresh.stats["i2t/m2"])
     p_u = adacl.anchor_probability(fresh.stats["i2t/anchor_used"], fresh.stats["i2t/log_z_u"], SCALE, *previous)
@@ -244,11 +173,11 @@ def test_queue_adds_negatives_and_round_trips_through_state_dict():
     batches = [_features(8, 16, seed=10 + i) for i in range(4)]
     options = dict(queue_size=12)
     uninterrupted = create_loss("adacl", **options)
-    values = [_value_and_grads(uninterrupted, *batch)[0] for batch in batches]
-    assert not torch.equal(values[1], _value_and_grads(create_loss("adacl"), *batches[1])[0])  # queue columns count
+    values = [_training_step(uninterrupted, *batch)[0] for batch in batches]
+    assert not torch.equal(values[1], _training_step(create_loss("adacl"), *batches[1])[0])  # queue columns count
     first = create_loss("adacl", **options)
     for batch in batches[:2]:
-        _value_and_grads(first, *batch)
+        _training_step(first, *batch)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
@@ -256,7 +185,7 @@ def test_queue_adds_negatives_and_round_trips_through_state_dict():
     resumed.load_state_dict(torch.load(buffer))
     assert resumed.queue_image.shape == (12, 16)
     for batch, expected in zip(batches[2:], values[2:]):
-        assert torch.equal(_value_and_grads(resumed, *batch)[0], expected)
+        assert torch.equal(_training_step(resumed, *batch)[0], expected)
     for key, value in uninterrupted.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
     with pytest.raises(ValueError, match="queue"):
@@ -322,3 +251,16 @@ def test_positive_gradient_defaults_follow_the_mode():
     assert create_loss("adacl", mode="literal").positive_grad == "fixed"  # Algorithm 1 as written
     assert create_loss("adacl", mode="calibrated").positive_grad == "balanced"
     assert create_loss("adacl", mode="literal", positive_grad="scaled").positive_grad == "scaled"
+
+
+def test_committing_nonfinite_features_into_the_queue_is_refused_and_writes_nothing():
+    x, y = _features(seed=12)
+    loss_fn = create_loss("adacl", queue_size=8)
+    poisoned = x.clone()
+    poisoned[0] = float("nan")
+    _value_and_grads(loss_fn, poisoned, y)
+    with pytest.raises(ValueError, match="not finite and cannot enter the feature queue"):
+        loss_fn.commit()
+    assert all(not value.any() for value in loss_fn.state_dict().values())
+    value = _training_step(loss_fn, x, y)[0]
+    assert torch.isfinite(value) and loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()

@@ -146,7 +146,7 @@ def test_closed_forms_meet_both_conditions_on_random_inputs():
     (100.0, 0.30, 27.9, 1e-8, 0.23, -0.99),
 ])
 def test_literal_margins_reproduce_the_clip_regime_table(scale, anchor, log_z, eps, ratio, m2):
-    """ADACL.md section 4's table: the literal closed forms flatten the positive at CLIP temperatures."""
+    """docs/method.md §4's table: the literal closed forms flatten the positive at CLIP temperatures."""
     margins = adacl.literal_margins(anchor, log_z, scale, eps)
     assert (margins.m1 / scale).item() == pytest.approx(ratio, abs=0.006)
     assert margins.m2.item() == pytest.approx(m2, abs=0.006)

@@ -1,6 +1,5 @@
 """Distributed training: DDP gradients vs one process, SLURM/torchrun detection, a 2-rank torchrun run."""
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -8,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-from distributed_utils import run_on_ranks
+from distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import create_loss
 from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
 from training.model import ModelConfig, build_model, build_precision
@@ -117,17 +116,11 @@ SLURM_RANK = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_slurm_environment_is_detected():
     """Two processes with srun's variables (no RANK/WORLD_SIZE; MASTER_ADDR from SLURM_NODELIST) form a group."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
@@ -151,7 +144,7 @@ def torchrun_command(demo_shards, logs, *extra):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(_free_port()), "-m", "training.main", "--", *argv]
+               "--master_port", str(free_port()), "-m", "training.main", "--", *argv]
     return command, env
 
 

@@ -108,6 +108,7 @@ def test_before_start_epoch_or_in_eval_equals_clip_and_state_waits():
         assert loss_fn.stats == {}
     warming_up.on_epoch_start(1)
     warming_up(*batches[0][:2], torch.tensor(LOGIT_SCALE))
+    warming_up.commit()
     assert warming_up.i2t_num_matched > 0
 
 

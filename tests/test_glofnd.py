@@ -72,6 +72,7 @@ def test_thresholds_converge_to_negative_quantile(direction):
             others = negatives(n)
             x, y = (anchors, others) if direction == "i2t" else (others, anchors)
             loss_fn(x, y, torch.tensor(10.0), sample_index=torch.arange(n))
+            loss_fn.commit()
     quantile = torch.quantile(anchors @ negatives(50_000).T, 1 - alpha, dim=1)
     error = (loss_fn.thresholds[direction].field("lambda") - quantile).abs()
     assert error.max() < 0.04 and error.mean() < 0.015, (error.max(), error.mean())
@@ -83,8 +84,10 @@ def test_bias_correction_counts_each_samples_own_updates():
     loss_fn = create_loss("glofnd", data_size=DATA_SIZE, alpha=0.1, lambda_lr=0.05)
     for step in range(5):
         loss_fn(x, y, torch.tensor(10.0), sample_index=torch.arange(8))
+        loss_fn.commit()
     loss_fn.on_epoch_start(3)
     loss_fn(x, y, torch.tensor(10.0), sample_index=torch.arange(8, 16))  # first time for samples 8..15
+    loss_fn.commit()
     bank = loss_fn.thresholds["i2t"]
     # No cosine exceeds a threshold of 1, so the gradient is alpha > 0 and Adam's first step is lr.
     torch.testing.assert_close(bank.field("lambda")[8:16], torch.full((8,), 0.95), atol=1e-6, rtol=0)

@@ -20,6 +20,27 @@ def _default_options(name):
     return {opt.name: 64 for opt in cls.options if opt.name == "data_size"}
 
 
+# Options under which a stateful loss's state moves on the first training step.
+MOVING_STATE = {"adacl": {"queue_size": 8}, "fne": {"start_epoch": 0, "min_matched": 1}}
+
+
+def _stateful_loss(name):
+    return create_loss(name, **_default_options(name), **MOVING_STATE.get(name, {}))
+
+
+def _step(loss_fn, seed):
+    """One training step's loss value (forward and backward) on fresh features whose pairs match."""
+    x, noise = _features(seed=seed)
+    y = F.normalize(x.detach() + 0.5 * noise.detach(), dim=-1).requires_grad_()
+    value = loss_fn(x, y, torch.tensor(10.0), torch.tensor(-10.0), sample_index=torch.arange(8) + 8 * seed)
+    value.backward()
+    return value.detach()
+
+
+def _states_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
 @pytest.mark.parametrize("name", list_losses())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_forward_returns_finite_scalar_and_dict(name, dtype):
@@ -39,14 +60,43 @@ def test_forward_returns_finite_scalar_and_dict(name, dtype):
 
 
 @pytest.mark.parametrize("name", list_losses())
-def test_state_dict_round_trip(name):
-    loss_fn = create_loss(name, **_default_options(name))
-    x, y = _features()
-    loss_fn(x, y, torch.tensor(10.0), torch.tensor(-10.0), sample_index=torch.arange(8))
-    clone = create_loss(name, **_default_options(name))
-    clone.load_state_dict(loss_fn.state_dict())
-    for key, value in loss_fn.state_dict().items():
-        assert torch.equal(value, clone.state_dict()[key]), key
+def test_forward_stages_the_state_update_and_commit_applies_it(name):
+    loss_fn = _stateful_loss(name)
+    fresh = {key: value.clone() for key, value in loss_fn.state_dict().items()}
+    _step(loss_fn, seed=0)
+    assert _states_equal(loss_fn.state_dict(), fresh)  # forward (and backward) alone move nothing
+    _step(loss_fn, seed=1)  # a new forward drops the update of the one before, never committed
+    loss_fn.commit()
+    loss_fn.commit()  # nothing staged any more
+    once = _stateful_loss(name)
+    _step(once, seed=1)
+    once.commit()
+    assert _states_equal(loss_fn.state_dict(), once.state_dict())
+    # A stateful loss's state moved; a stateless one has none to checkpoint.
+    assert (not fresh) or not _states_equal(loss_fn.state_dict(), fresh)
+
+
+@pytest.mark.parametrize("name", list_losses())
+def test_state_dict_round_trip_continues_exactly(name):
+    """A loss loaded from another's state_dict continues exactly as the original (value, stats, state)."""
+    original = _stateful_loss(name)
+    _step(original, seed=0)
+    original.commit()
+    clone = _stateful_loss(name)
+    clone.load_state_dict(original.state_dict())
+    assert _states_equal(clone.state_dict(), original.state_dict())
+    for loss_fn in (original, clone):
+        loss_fn.continued = _step(loss_fn, seed=1)
+        loss_fn.commit()
+    assert torch.equal(clone.continued, original.continued)
+    assert clone.stats.keys() == original.stats.keys()
+    assert all(torch.equal(clone.stats[key], original.stats[key]) for key in original.stats)
+    assert _states_equal(clone.state_dict(), original.state_dict())
+    if original.state_dict():  # the restored state mattered: a fresh loss continues differently
+        fresh = _stateful_loss(name)
+        _step(fresh, seed=1)
+        fresh.commit()
+        assert not _states_equal(fresh.state_dict(), original.state_dict())
 
 
 def test_unknown_loss_and_option_are_clear_errors():

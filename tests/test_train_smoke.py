@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from open_clip_adacl import create_loss
+from open_clip_adacl.losses.base import Loss
 from training.checkpoint import TrainState, load_checkpoint
 from training.distributed import DistributedEnv
 from training.logger import MetricsWriter, read_metrics
@@ -104,14 +105,15 @@ def test_dry_run_checks_the_shards_without_training(demo_shards, tmp_path, capsy
 NUM_REASONS = 2
 
 
-class PoisonableClip(torch.nn.Module):
-    """The clip loss, made NaN for batches whose first sample_index is negative."""
+class PoisonableClip(Loss):
+    """The clip loss, made NaN for batches whose first sample_index is negative; its staged state
+    update records the batch's first sample_index into `committed`."""
 
     def __init__(self):
         super().__init__()
         self.clip = create_loss("clip")
-        self.stats = {}
         self.epochs_started = []
+        self.committed = []
 
     def on_epoch_start(self, epoch):
         self.epochs_started.append(epoch)
@@ -119,6 +121,7 @@ class PoisonableClip(torch.nn.Module):
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None):
         loss = self.clip(image_features, text_features, logit_scale)
         self.stats = {"positives": torch.tensor(float(len(sample_index)))}
+        self.stage_update(lambda: self.committed.append(int(sample_index[0])))
         return loss * float("nan") if sample_index[0] < 0 else loss
 
 
@@ -134,11 +137,11 @@ def _batches(poisoned, num=6, batch=4):
     return out
 
 
-def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1):
+def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None):
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
-    loss_fn = PoisonableClip()
+    loss_fn = PoisonableClip() if loss_fn is None else loss_fn
     state = TrainState()
     snapshots = []
     optimizer.register_step_post_hook(lambda *_: snapshots.append(state.step))
@@ -153,6 +156,7 @@ def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1):
 def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
     result, state, optimizer_steps, loss_fn = _run_epoch(_batches(poisoned={1, 2}), tmp_path)
     assert optimizer_steps == [0, 3, 4, 5]  # no update at steps 1 and 2
+    assert loss_fn.committed == [0, 12, 16, 20]  # nor a loss state update: batches 0, 3, 4, 5
     assert (result.num_steps, result.num_nonfinite_steps, state.step) == (6, 2, 6)
     assert state.consecutive_nonfinite_steps == 0 and loss_fn.epochs_started == [0]
     assert math.isfinite(result.loss)
@@ -174,5 +178,23 @@ def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes(tmp_path):
 
 
 def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
-    result, state, optimizer_steps, _ = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, accum_freq=2)
+    result, state, optimizer_steps, loss_fn = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, accum_freq=2)
     assert (result.num_steps, state.step, state.batches_in_epoch) == (3, 3, 6)
+    # The loss ran twice per step (once per micro-batch) and its state moved once per step.
+    assert loss_fn.committed == [0, 8, 16]
+
+
+def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
+    clean = _batches(poisoned=set(), num=3)
+    poisoned = list(clean)
+    poisoned.insert(1, (torch.full_like(clean[1][0], float("nan")), *clean[1][1:]))  # NaN images: NaN features
+    for run in ("poisoned", "clean"):
+        (tmp_path / run).mkdir()
+    result, _, _, loss_fn = _run_epoch(poisoned, tmp_path / "poisoned", loss_fn=create_loss("adacl", queue_size=8))
+    _, _, _, reference = _run_epoch(clean, tmp_path / "clean", loss_fn=create_loss("adacl", queue_size=8))
+    assert result.num_nonfinite_steps == 1 and math.isfinite(result.loss)
+    assert [r["loss"] for r in read_metrics(tmp_path / "poisoned" / "metrics.jsonl", "train")][2:] == [
+        r["loss"] for r in read_metrics(tmp_path / "clean" / "metrics.jsonl", "train")][1:]  # the next steps: finite, as if clean
+    for key, value in reference.state_dict().items():
+        assert torch.equal(loss_fn.state_dict()[key], value), key
+    assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()

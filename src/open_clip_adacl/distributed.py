@@ -1,4 +1,4 @@
-"""Collectives used by the losses, kept apart from the math (see ADACL.md section 5).
+"""Collectives used by the losses, kept apart from the math (see docs/method.md §5).
 
 `RowGroup` abstracts "the ranks that together hold the rows of the global similarity matrix":
 with one process, or when every rank holds all rows (OpenCLIP's full-logits regime), its
@@ -54,9 +54,15 @@ def gather_batch(
     local_loss: bool,
     gather_with_grad: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """All ranks' features concatenated in rank order, with OpenCLIP's gradient semantics."""
+    """All ranks' features concatenated in rank order, with OpenCLIP's gradient semantics.
+
+    Every rank must pass the same number of rows (OpenCLIP's gather, and a row's global index
+    rank * rows + local row, assume it); unequal local batches are a ValueError on every rank, at
+    the cost of one 2-element all-reduce and one host read per step.
+    """
     if world_size == 1:
         return image_features, text_features
+    check_equal_local_rows(image_features.shape[0], image_features.device)
     return gather_features(
         image_features,
         text_features,
@@ -74,3 +80,16 @@ def gather_no_grad(tensor: Optional[torch.Tensor], world_size: int) -> Optional[
     parts = [torch.empty_like(tensor) for _ in range(world_size)]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts, dim=0)
+
+
+def check_equal_local_rows(num_rows: int, device: torch.device) -> None:
+    """Raise the same ValueError on every rank unless all ranks hold `num_rows` rows."""
+    extremes = torch.tensor([num_rows, -num_rows], device=device)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    largest, smallest = extremes[0].item(), -extremes[1].item()
+    if largest != smallest:
+        raise ValueError(
+            f"the ranks hold different local batch sizes (between {smallest} and {largest} rows); the loss "
+            f"gathers features across ranks and needs the same number of rows on every rank: drop the last "
+            f"partial batch on each rank (the trainer's data loader always does)")
+

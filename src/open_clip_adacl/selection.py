@@ -1,4 +1,4 @@
-"""Exact global anchor selection over the ranks that share the rows (ADACL.md section 5).
+"""Exact global anchor selection over the ranks that share the rows (docs/method.md §5).
 
 Input: this rank's rows x C logits (C = the N columns of the global batch, plus queue columns),
 `positive_col`, the global column of each row's positive, which is also the row's global index,
@@ -103,27 +103,35 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
 
 # --- global reductions over rows ------------------------------------------------------------------
 
-def _local_row(row: torch.Tensor, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(local position of global `row`, clamped into range, as a 1-element index; whether this rank
-    holds it). `row_index` (contiguous) is the global index of each local row."""
+def _owned_row(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values[local position of global `row`], whether this rank holds that row). `row_index`
+    (contiguous) is the global index of each local row; a rank that does not hold the row gets some
+    other row of `values` (zeros when it has no rows at all), which callers mask out."""
+    if row_index.numel() == 0:
+        return values.new_zeros(values.shape[1:]), torch.zeros((), dtype=torch.bool, device=values.device)
     local = (row - row_index[0]).clamp(0, row_index.shape[0] - 1).view(1)
-    return local, row_index.index_select(0, local).squeeze(0) == row
+    return values.index_select(0, local).squeeze(0), row_index.index_select(0, local).squeeze(0) == row
+
+
+def _min_or(values: torch.Tensor, empty: float) -> torch.Tensor:
+    """values.min(), or `empty` when a rank has no rows (the number of rows is known on the host)."""
+    return values.min() if values.numel() else torch.tensor(empty, dtype=values.dtype, device=values.device)
 
 
 def row_value_from_owner(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor,
                          rows: RowGroup) -> torch.Tensor:
     """values[global row] on every rank, bit-exactly, from this rank's per-row vector `values`."""
-    local, is_owner = _local_row(row, row_index)
-    return rows.from_owner(values.index_select(0, local).squeeze(0), is_owner)
+    return rows.from_owner(*_owned_row(values, row, row_index))
 
 
 def global_reference_rows(salient: torch.Tensor, row_index: torch.Tensor,
                           rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
     """Global (most salient, least salient) row, ties to the lowest global row: the max/min of the
     value, then the min of the indices attaining it (two all-reduces for both)."""
-    extremes = rows.max(torch.stack([salient.max(), -salient.min()]))
+    extremes = rows.max(torch.stack([-_min_or(-salient, float("inf")), -_min_or(salient, float("inf"))]))
     attains = torch.stack([salient == extremes[0], salient == -extremes[1]])
-    index = torch.where(attains, row_index, torch.full_like(row_index, _NO_ROW)).amin(dim=1)
+    unattained = torch.full((2, 1), _NO_ROW, dtype=row_index.dtype, device=row_index.device)
+    index = torch.cat([torch.where(attains, row_index, _NO_ROW), unattained], dim=1).amin(dim=1)
     index = rows.min(index)
     return index[0], index[1]
 
@@ -136,9 +144,10 @@ def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: 
     fits, owned = [], []
     cols = torch.arange(logits.shape[1], device=logits.device)
     for row in (clone_row, salient_row):
-        local, is_owner = _local_row(row, positive_col)  # a row's global index is its positive column
-        negatives = cols != positive_col.index_select(0, local)
-        fits.extend(adacl.gaussian_fit(logits.index_select(0, local).squeeze(0), negatives, std_floor))
+        # A row's global index is its positive column.
+        row_logits, is_owner = _owned_row(logits, row, positive_col)
+        row_positive, _ = _owned_row(positive_col, row, positive_col)
+        fits.extend(adacl.gaussian_fit(row_logits, cols != row_positive, std_floor))
         owned.extend([is_owner, is_owner])
     return rows.from_owner(torch.stack(fits), torch.stack(owned))
 
@@ -159,7 +168,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                    workspace: Optional[torch.Tensor] = None,
                    lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys, count, high_counts) of this rank's rows (ADACL.md 3.4-3.5), in one pass.
+    """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
     keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
@@ -171,8 +180,11 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
 
     The test and the key are pure integer arithmetic on the log-odds' and the gap's bits, because on
     CPUs the comparison and selection kernels (`>`, `torch.where`) are several times slower than
-    vectorised arithmetic; "positive" is read from the sign bit, so an entry whose log-odds round
-    to exactly +0.0 counts as a candidate.
+    vectorised arithmetic. The test is exactly the dense `log_odds > 0` of `adacl.clone_candidate_mask`,
+    whatever the device: a NaN log-odds (of either sign; CPUs and GPUs produce different ones) is
+    mapped to -1 and -0.0 to +0.0 before the bits are read, so neither NaN nor a zero is a candidate;
+    an entry whose gap is not finite is not one either. Gaps of -0.0 are stored as +0.0, so equal
+    gaps have equal keys and the owner row is the lowest, as in `adacl.anchor_statistic`.
     """
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
@@ -181,14 +193,17 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
         x = logits[start:stop].to(dtype)
+        gap = (positive[start:stop, None] - x).float().add_(0.0)  # + 0.0 turns -0.0 into +0.0
         log_odds = ((x * quadratic).add_(linear).mul_(x).add_(constant)).float()  # Horner: (A x + B) x + C
-        # The sign bit spread over all bits (0 where log-odds >= +0, else -1), kept where NOT_CANDIDATE_BITS is.
-        not_candidate = (log_odds.view(torch.int32) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
+        # gap * 0 is NaN where the gap is not finite and a zero elsewhere; NaN -> -1; -0.0 -> +0.0.
+        log_odds.add_(gap * 0.0).nan_to_num_(nan=-1.0).add_(0.0)
+        # Now log-odds > 0 exactly where its bits, as an int32, are >= 1: bits - 1 has the sign bit
+        # clear there; spread over all bits (0 or -1) and kept where NOT_CANDIDATE_BITS is.
+        not_candidate = ((log_odds.view(torch.int32) - 1) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
         if lower is not None:  # lower - x >= +0 (sign bit clear) marks x <= lower as not a candidate
             not_candidate |= (~((lower - x).float().view(torch.int32) >> 31)).bitwise_and_(NOT_CANDIDATE_BITS)
         not_candidate[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
-        gap_bits = (positive[start:stop, None] - x).float().view(torch.int32)
-        high_counts += _high_histogram(torch.bitwise_or(gap_bits, not_candidate, out=keys[start:stop]))
+        high_counts += _high_histogram(torch.bitwise_or(gap.view(torch.int32), not_candidate, out=keys[start:stop]))
     count = keys.numel() - high_counts[_NOT_CANDIDATE_BINS].sum()
     high_counts[_NOT_CANDIDATE_BINS] = 0
     return keys, count, high_counts
@@ -202,8 +217,9 @@ def ensure_workspace(workspace: Optional[torch.Tensor], num_elements: int, devic
 
 
 def masked_keys(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Keys as `candidate_keys` writes them, for float32 `values` selected by a bool `mask`."""
-    bits = values.float().view(torch.int32)
+    """Keys as `candidate_keys` writes them (-0.0 stored as +0.0), for float32 `values` selected by a
+    bool `mask`."""
+    bits = values.float().add(0.0).view(torch.int32)
     return torch.where(mask, bits, bits | NOT_CANDIDATE_BITS)
 
 
@@ -260,13 +276,15 @@ def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
     meaningless but no index is out of range.
     """
     if high_counts is None:
-        high_counts = sum(_high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device))
+        high_counts = sum((_high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device)),
+                          torch.zeros(_RADIX, dtype=torch.int64, device=keys.device))
         high_counts[_NOT_CANDIDATE_BINS] = 0
     high_counts = rows.sum(high_counts)
     position, rank_in_bin = _locate(torch.cat([high_counts[:_HALF].flip(0), high_counts[_HALF:]]), k)
     high = torch.where(position < _HALF, -1 - position, position - _HALF)  # signed high 16 bits
 
-    low_counts = sum(_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device))
+    low_counts = sum((_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device)),
+                     torch.zeros(_LOW_BINS, dtype=torch.int64, device=keys.device))
     low_counts = rows.sum(low_counts)[_LOW_OFFSET:_LOW_OFFSET + _RADIX]
     negative = high < 0
     low_position, _ = _locate(torch.where(negative, low_counts.flip(0), low_counts), rank_in_bin)
@@ -282,13 +300,13 @@ def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.T
         # so a row's max is 0 iff it holds the key (arithmetic: faster than == and .any() on CPUs).
         difference = keys[start:stop] ^ key
         missing[start:stop] = ((difference | -difference) >> 31).amax(dim=1)
-    return rows.min(torch.where(missing == 0, row_index, torch.full_like(row_index, _NO_ROW)).min())
+    return rows.min(_min_or(torch.where(missing == 0, row_index, _NO_ROW), _NO_ROW))
 
 
 def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
     """Key of the global max (or min) candidate gap."""
     fill = float("-inf") if largest else float("inf")
-    extremes = torch.stack([
+    extremes = torch.stack([torch.tensor(fill, device=keys.device)] + [
         candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
         for start, stop in row_chunks(*keys.shape, keys.device)])
     extreme = rows.max(extremes.max()) if largest else rows.min(extremes.min())
@@ -297,7 +315,8 @@ def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.T
 
 def masked_mean(keys: torch.Tensor, count: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Global mean of the candidate gaps, float64 (per-rank sums all-reduced)."""
-    total = sum(candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device))
+    total = sum((candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device)),
+                torch.zeros((), dtype=torch.float64, device=keys.device))
     return rows.sum(total) / count.clamp(min=1)
 
 
@@ -311,8 +330,8 @@ def nearest_key(keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tenso
         gaps = (candidate_gaps(keys[start:stop], float("inf")).double() - target).abs()
         distance[start:stop], column = gaps.min(dim=1)  # the first minimum: the lowest column
         nearest[start:stop] = keys[start:stop].gather(1, column[:, None]).squeeze(1)
-    best = rows.min(distance.min())
-    row = rows.min(torch.where(distance == best, row_index, torch.full_like(row_index, _NO_ROW)).min())
+    best = rows.min(_min_or(distance, float("inf")))
+    row = rows.min(_min_or(torch.where(distance == best, row_index, _NO_ROW), _NO_ROW))
     return row, row_value_from_owner(nearest, row, row_index, rows)
 
 
@@ -322,8 +341,8 @@ def nearest_key(keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tenso
 class AnchorSelection:
     """One direction's anchor, identical on every rank. Logit units."""
 
-    row: torch.Tensor             # 0-dim int64: global row u owning the anchor element
-    gap: torch.Tensor             # 0-dim float32: the anchor element's gap (positive - negative logit)
+    row: torch.Tensor             # 0-dim int64: global row u owning the anchor element (-1: no candidate)
+    gap: torch.Tensor             # 0-dim float32: the anchor element's gap, positive - negative logit (NaN: none)
     num_candidates: torch.Tensor  # 0-dim int64: |S~|
     reference: torch.Tensor       # (4,) float64: mu_c, sigma_c, mu_n, sigma_n
     flat_reference: torch.Tensor  # 0-dim bool: a reference fit is at the std floor
@@ -333,13 +352,15 @@ class AnchorSelection:
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
                   workspace: Optional[torch.Tensor] = None, region: str = "gda") -> AnchorSelection:
-    """ADACL.md 3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
+    """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
     `region`: the candidate region (`adacl.clone_candidate_mask`).
 
     `std_floor` is in logit units (the loss passes floor * t); `workspace` see `candidate_keys`.
-    An empty candidate set returns num_candidates = 0 and meaningless (finite) row and gap; the
-    caller falls back to vanilla CL.
+    An empty candidate set (num_candidates = 0) returns row -1, which no rank owns, and a NaN gap;
+    the caller falls back to vanilla CL.
+
+    Ranks may hold different numbers of rows, none included: every rank runs the same collectives.
     """
     if salient not in adacl.SALIENT_KINDS:
         raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
@@ -370,4 +391,6 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
     else:
         key = masked_extreme(keys, anchor_stat == "max", rows)
         row = first_row_with_key(keys, key, row_index, rows)
-    return AnchorSelection(row, key.view(torch.float32), count, reference, flat_reference)
+    found = count > 0
+    return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),
+                           count, reference, flat_reference)

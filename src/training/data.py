@@ -553,7 +553,7 @@ class CsvStream(ShardStream):
             except OSError:  # missing, unreadable or a directory
                 counter.add("missing_image")
                 continue
-            yield _Candidate(index, text, image_bytes)
+            yield _Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled
 
 
 def _read_shard(url: str, counter: _SkipCounter) -> Iterator[dict]:

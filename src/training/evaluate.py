@@ -79,7 +79,7 @@ def infer_task(dataset: str, root: Path) -> str:
 def worker_count(dataset: str, root: Path, requested: int) -> int:
     """DataLoader workers for `dataset`: a `wds/` set gets no more workers than it has shards.
 
-    A webdataset worker with no shard of its own makes the stock loader fail (ECOSYSTEM.md).
+    A webdataset worker with no shard of its own makes the stock loader fail (docs/ecosystem.md §4).
     """
     if not dataset.startswith(WDS_PREFIX):
         return requested

@@ -11,7 +11,7 @@ import copy
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import open_clip
 import torch
@@ -265,7 +265,3 @@ def build_precision(precision: str, device: torch.device) -> Precision:
         input_dtype=open_clip.get_input_dtype(precision),
         scaler=scaler,
     )
-
-
-def trainable_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]

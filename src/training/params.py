@@ -30,6 +30,7 @@ from open_clip_train.params import ParseKwargs, get_default_params
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 from open_clip_adacl import LossOption, get_loss_class, list_losses
+from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
@@ -510,7 +511,7 @@ def resolve_precision(precision: Optional[str], device_type: str) -> str:
 def logit_init_for_loss(loss_name: str) -> Dict[str, float]:
     """Model kwargs a loss needs: OpenCLIP's --siglip init for losses that use a logit bias."""
     if getattr(get_loss_class(loss_name), "needs_logit_bias", False):
-        return {"init_logit_scale": math.log(10), "init_logit_bias": -10.0}
+        return {"init_logit_scale": SIGLIP_INIT_LOGIT_SCALE, "init_logit_bias": SIGLIP_INIT_LOGIT_BIAS}
     return {}
 
 
@@ -519,15 +520,12 @@ def arg_values(args: argparse.Namespace) -> Dict[str, Any]:
     return {name: getattr(args, name) for name in sorted(vars(args))}
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Namespace -> typed configs (nothing below main sees the namespace)
 # ---------------------------------------------------------------------------------------------
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
-
     return ModelConfig(
         name=args.model,
         pretrained=args.pretrained,
@@ -557,26 +555,22 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
-
     return OptimizerConfig(lr=args.lr, wd=args.wd, beta1=args.beta1, beta2=args.beta2, eps=args.eps)
 
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-
     return SchedulerConfig(name=args.lr_scheduler, lr=args.lr, warmup=args.warmup, epochs=args.epochs,
                            epochs_cooldown=args.epochs_cooldown, lr_cooldown_power=args.lr_cooldown_power,
                            lr_cooldown_end=args.lr_cooldown_end)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
-
     return TrainConfig(accum_freq=args.accum_freq, grad_clip_norm=args.grad_clip_norm,
                        log_every_n_steps=args.log_every_n_steps, max_nonfinite_steps=args.max_nonfinite_steps,
                        skip_scheduler=args.skip_scheduler)
 
 
 def checkpoint_config(args: argparse.Namespace, checkpoint_dir: str) -> CheckpointConfig:
-
     return CheckpointConfig(checkpoint_dir=checkpoint_dir, save_frequency=args.save_frequency,
                             save_most_recent=args.save_most_recent, save_every_n_steps=args.save_every_n_steps,
                             delete_previous=args.delete_previous_checkpoint,

@@ -3,8 +3,10 @@
 Semantics follow `open_clip_train.train.train_one_epoch` (gradient accumulation, gradient clipping,
 logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differences:
 - the loss's `stats` are logged, never summed into the loss;
-- a step whose loss is NaN/inf on any rank is skipped (no update) and counted; after
-  `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
+- the loss's state (queues, running statistics, per-sample banks) moves once per optimizer step:
+  the trainer calls `loss_fn.commit()` after each update, however many micro-batches it had;
+- a step whose loss is NaN/inf on any rank is skipped (no update, loss state unchanged) and
+  counted; after `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
 - samples the data pipeline skipped (corrupt image, empty caption, ...) are counted per reason,
   summed over ranks at the end of the epoch and reported in its summary;
 - mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
+from open_clip_adacl.losses.base import Loss
 from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoint import Checkpointer, TrainState, restore_rng_state
@@ -84,7 +87,8 @@ def forward_backward(model: torch.nn.Module, loss_fn: torch.nn.Module, micro_bat
     scheme: features of every micro-batch are first computed without gradients; then each
     micro-batch is re-encoded with gradients and the loss is taken over all features, its own
     swapped in, so the summed gradients equal those of one large batch while only one micro-batch's
-    activations are alive at a time. (As in OpenCLIP, the loss runs once per micro-batch.)
+    activations are alive at a time. (As in OpenCLIP, the loss runs once per micro-batch; each run
+    stages the same state update, which the caller commits once.)
     """
     if len(micro_batches) == 1:
         batch = micro_batches[0]
@@ -169,7 +173,7 @@ class EpochResult:
 
 def train_one_epoch(
     model: torch.nn.Module,
-    loss_fn: torch.nn.Module,
+    loss_fn: Loss,
     dataloader,
     num_batches: int,
     optimizer: torch.optim.Optimizer,
@@ -228,6 +232,7 @@ def train_one_epoch(
             skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss)
         else:
             apply_update(model, optimizer, precision, cfg.grad_clip_norm)
+            loss_fn.commit()
             state.consecutive_nonfinite_steps = 0
             state.loss_sum += out.loss.item()
             state.num_loss_steps += 1

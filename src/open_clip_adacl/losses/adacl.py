@@ -190,15 +190,18 @@ class AdaCLLoss(ContrastiveLoss):
                 sample_index=None, output_dict=False):
         if self.fallback_counts.device != image_features.device:
             self.to(image_features.device)  # the state follows the features (a Python-side check)
-        # State moves only on training steps, not in evaluation passes under no_grad.
+        # Only training steps stage a state update (applied by `commit`), not evaluation passes under no_grad.
         self._update_state = self.training and torch.is_grad_enabled()
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         batch_features = (batch.all_image_features.detach(), batch.all_text_features.detach())
+        if self._update_state and self.queue_size:
+            # Staged first, so that a refused commit writes nothing.
+            self.stage_update(lambda: _check_finite_queue_entries(*batch_features))
         batch = self._with_queue(batch)
         self.stats = {}
         loss = self.symmetric_loss(batch)
         if self._update_state and self.queue_size:
-            self._enqueue(*batch_features)
+            self.stage_update(lambda: self._enqueue(*batch_features))
         return self.wrap_output(loss, output_dict)
 
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
@@ -290,23 +293,34 @@ class AdaCLLoss(ContrastiveLoss):
         average = adacl.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.ema,
                                    self.ema_valid[index])
         if self._update_state:
-            self.ema_margins[index] = torch.where(modulated, average, self.ema_margins[index])
-            self.ema_valid[index] |= modulated
+            kept = torch.where(modulated, average, self.ema_margins[index])
+
+            def write_average() -> None:
+                self.ema_margins[index] = kept
+                self.ema_valid[index] |= modulated
+            self.stage_update(write_average)
         return average[0], average[1]
 
     def _record(self, index: int, failed: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
                 modulated: torch.Tensor, diagnostics: Dict[str, torch.Tensor], scale: torch.Tensor) -> None:
-        """Update the counters and the progressive state (training steps only) and fill `stats`."""
+        """Stage the counters' and the progressive state's update (training steps only) and fill `stats`
+        (the counters as they are once this step is committed)."""
+        fallback_counts = self.fallback_counts[index]
         if self._update_state:
             first_failure = torch.zeros_like(failed)
             first_failure[torch.argmax(failed.int()).view(1)] = True  # argmax: the first failing guard
-            self.fallback_counts[index] += (first_failure & failed).long()
-            self.modulated_steps[index] += modulated.long()
-            self.previous_margins[index] = torch.where(modulated, torch.stack([m1, m2]), self.previous_margins[index])
-            self.previous_valid[index] |= modulated
+            fallback_counts = fallback_counts + (first_failure & failed).long()
+            margins = torch.where(modulated, torch.stack([m1, m2]), self.previous_margins[index])
+
+            def write_counters_and_margins() -> None:
+                self.fallback_counts[index] = fallback_counts
+                self.modulated_steps[index] += modulated.long()
+                self.previous_margins[index] = margins
+                self.previous_valid[index] |= modulated
+            self.stage_update(write_counters_and_margins)
         stats = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, "modulated": modulated, **diagnostics,
-                 "fallbacks": self.fallback_counts[index].sum()}
-        stats.update({f"fallback_{reason}": self.fallback_counts[index, i] for i, reason in enumerate(FALLBACK_REASONS)})
+                 "fallbacks": fallback_counts.sum()}
+        stats.update({f"fallback_{reason}": fallback_counts[i] for i, reason in enumerate(FALLBACK_REASONS)})
         # One stacked op instead of one per stat: a diagnostic of a degenerate batch may be non-finite.
         values = torch.stack([value.double() for value in stats.values()]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in zip(stats, values.unbind())})
@@ -317,7 +331,7 @@ class AdaCLLoss(ContrastiveLoss):
         """Appends the queue's entries as extra negative columns (ADACL.md section 6)."""
         if not self._queue_filled:
             return batch
-        # Copies: the backward needs these entries after this step has overwritten the queue.
+        # Copies: the backward needs these entries even when the caller commits (overwrites the queue) first.
         queued_image = self.queue_image[:self._queue_filled].to(batch.image_features.dtype, copy=True)
         queued_text = self.queue_text[:self._queue_filled].to(batch.text_features.dtype, copy=True)
         extra_per_image = batch.logit_scale * batch.image_features @ queued_text.T
@@ -342,6 +356,13 @@ class AdaCLLoss(ContrastiveLoss):
         self._queue_filled = min(self._queue_filled + count, self.queue_size)
         self.queue_ptr.fill_(self._queue_ptr)
         self.queue_filled.fill_(self._queue_filled)
+
+
+def _check_finite_queue_entries(image_features: torch.Tensor, text_features: torch.Tensor) -> None:
+    """Non-finite features would poison the queue's next queue_size steps: refuse to commit them."""
+    if not bool(torch.isfinite(image_features).all() & torch.isfinite(text_features).all()):
+        raise ValueError("adacl: this step's features are not finite and cannot enter the feature queue; do not "
+                         "commit a step whose loss is not finite (the trainer skips such steps without committing)")
 
 
 def _check(condition: bool, message: str) -> None:

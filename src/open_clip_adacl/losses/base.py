@@ -1,14 +1,14 @@
 """What every registered loss shares.
 
 `Loss` fixes the interface the trainer relies on (OpenCLIP's `ClipLoss.forward` signature plus
-`sample_index`, `stats`, `on_epoch_start`). `ContrastiveLoss` is InfoNCE over the global batch
+`sample_index`, `stats`, `on_epoch_start`, `commit`). `ContrastiveLoss` is InfoNCE over the global batch
 with OpenCLIP's `ClipLoss` semantics in both distributed regimes; losses that change the logits
 (AdaCL's positive margins, GloFND's masks, FNE's weights) override `adjust_logits` only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -38,10 +38,18 @@ class Loss(nn.Module):
     output_dict=False) returns the loss (or `{"contrastive_loss": loss}`). After each forward,
     `stats` holds 0-dim tensors for logging; they are never part of the loss. State that must
     survive a resume lives in buffers, so `state_dict()` checkpoints it.
+
+    State moves in two phases. A training forward computes the update of the loss's state from
+    its batch (`stage_update`) but leaves the state as it was; `commit()` applies the update
+    staged by the latest forward. Every forward first drops an update staged before it and not
+    committed. The trainer calls `commit()` once per optimizer step, after the update, and not
+    for a step skipped as non-finite (the state then stays unchanged). So with `--accum-freq k`,
+    where the loss runs k times over the same accumulated batch, the state moves once per step,
+    exactly as for one batch k times larger. Code that drives a loss by hand calls `commit()`
+    after each step; without it the state never moves.
     """
 
     options: Tuple[LossOption, ...] = ()
-    registered_name: str = ""
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: Optional[Tuple[str, ...]] = None
@@ -54,6 +62,19 @@ class Loss(nn.Module):
         self.local_loss = local_loss
         self.gather_with_grad = gather_with_grad
         self.stats: Dict[str, torch.Tensor] = {}
+        self._staged_updates: List[Callable[[], None]] = []
+        self.register_forward_pre_hook(_drop_staged_updates)
+
+    def stage_update(self, update: Callable[[], None]) -> None:
+        """Register a write of this forward's state update; `commit()` runs it (under no_grad)."""
+        self._staged_updates.append(update)
+
+    def commit(self) -> None:
+        """Apply the state update staged by the latest forward (nothing when there is none)."""
+        updates, self._staged_updates = self._staged_updates, []
+        with torch.no_grad():
+            for update in updates:
+                update()
 
     def on_epoch_start(self, epoch: int) -> None:
         """Called by the trainer before each epoch (epochs count from 0)."""
@@ -64,6 +85,11 @@ class Loss(nn.Module):
     @staticmethod
     def wrap_output(loss: torch.Tensor, output_dict: bool):
         return {"contrastive_loss": loss} if output_dict else loss
+
+
+def _drop_staged_updates(loss: Loss, inputs) -> None:
+    """Forward pre-hook: an update staged by an earlier forward and not committed never applies later."""
+    loss._staged_updates = []
 
 
 @dataclass
@@ -190,5 +216,5 @@ class EpochGatedLoss(ContrastiveLoss):
 
     @property
     def active(self) -> bool:
-        """Whether this forward updates the loss's state and adjusts the logits."""
+        """Whether this forward stages a state update and adjusts the logits."""
         return self.training and self.epoch >= self.start_epoch

@@ -1,6 +1,6 @@
 """`fne`: a CLIP port of False Negative Elimination (Li et al., ACM MM 2023); ours, not the authors'.
 
-The original (../shared/PEERS.md, github LuminosityX/FNE) is a *triplet-loss negative sampler* for
+The original (docs/peers.md §1, github LuminosityX/FNE) is a *triplet-loss negative sampler* for
 image-text matching: epoch 0 trains VSE++ with the hardest in-batch negative; later epochs keep
 Gaussians of the similarities of correctly matched positives and of their hardest in-batch
 negatives, turn a candidate's similarity into a false-negative probability by Bayes' rule with a
@@ -27,13 +27,14 @@ cut-off have no counterpart); statistics per direction and matched per direction
 pools both directions and needs a top-1 match both ways); an exponential moving average instead of
 a per-epoch cumulative mean reset each epoch; in-batch candidates only (no momentum encoder, no
 queue). `start_epoch` (default 1) mirrors the original's plain epoch 0: before it, and in eval mode,
-the loss is plain InfoNCE and the statistics do not move. `unit_weights` keeps every weight at 1
+the loss is plain InfoNCE and the statistics do not move. A step's weights use the statistics with
+its own batch folded in; the buffers take them at `commit()`. `unit_weights` keeps every weight at 1
 (the loss is then exactly `clip`) while the statistics and diagnostics still run.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -129,9 +130,9 @@ class FNELoss(EpochGatedLoss):
         if not self.active or logits.shape[1] < 2:
             return logits
         with torch.no_grad():
-            matched_frac = self._update_statistics(batch, direction)
-            mean, std = gaussians(getattr(self, f"{direction}_moments"))
-            ready = getattr(self, f"{direction}_num_matched") >= self.min_matched
+            matched_frac, moments, num_matched = self._updated_statistics(batch, direction)
+            mean, std = gaussians(moments)
+            ready = num_matched >= self.min_matched
             similarity = batch.to_similarity(logits.detach()).float()
             log_odds = false_negative_log_odds(similarity, mean, std, self.prior)
             # Not ready: every P_FN is 0 (weights 1); positives are never down-weighted.
@@ -143,8 +144,9 @@ class FNELoss(EpochGatedLoss):
             return logits
         return logits + log_weight
 
-    def _update_statistics(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
-        """Fold this batch's matched rows into the running moments; returns the matched fraction."""
+    def _updated_statistics(self, batch: GlobalBatch, direction: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(matched fraction, moments, matched count) with this batch's matched rows folded into the
+        running statistics; the update of the buffers is staged for `commit()`."""
         logits = batch.logits(direction).detach()
         rows = torch.arange(len(batch.labels), device=logits.device)
         positive = logits[rows, batch.labels]
@@ -160,11 +162,16 @@ class FNELoss(EpochGatedLoss):
             s_hardest.sum(), s_hardest.square().sum(),
         ]))
         count, sums = totals[0], totals[1:].view(2, 2)
-        moments = getattr(self, f"{direction}_moments")
-        num_matched = getattr(self, f"{direction}_num_matched")
-        moments.copy_(update_moments(moments, num_matched, sums, count, self.momentum))
-        num_matched.add_(count)
-        return count / logits.shape[1]
+        moments_buffer = getattr(self, f"{direction}_moments")
+        num_matched_buffer = getattr(self, f"{direction}_num_matched")
+        moments = update_moments(moments_buffer, num_matched_buffer, sums, count, self.momentum)
+        num_matched = num_matched_buffer + count
+
+        def write_statistics() -> None:
+            moments_buffer.copy_(moments)
+            num_matched_buffer.copy_(num_matched)
+        self.stage_update(write_statistics)
+        return count / logits.shape[1], moments, num_matched
 
     @staticmethod
     def _direction_stats(batch: GlobalBatch, direction: str, log_odds: torch.Tensor, log_weight: torch.Tensor,

@@ -1,6 +1,6 @@
 """`glofnd`: InfoNCE with global false negatives removed on the fly (Balmaseda et al., ICML 2025).
 
-See ../shared/PEERS.md. Every sample i owns, per direction (image anchors "i2t", text anchors
+See docs/peers.md §2. Every sample i owns, per direction (image anchors "i2t", text anchors
 "t2i"), a threshold lambda_i meant to be the (1 - alpha) quantile of its similarities to negatives
 over the whole data set. It is learned by stochastic sub-gradient steps on the quantile objective
 `alpha * lambda + E_j[(s_ij - lambda)_+]`, whose gradient on a batch is
@@ -14,7 +14,7 @@ denominator; the mask is computed without gradient and positives are never maske
 Where we differ from the authors' code: Adam's bias correction uses each sample's own update count
 (theirs counts epochs, so a threshold's first steps in a late epoch are barely corrected and
 lambda can hardly move); thresholds are kept per direction as the paper describes. The mask of a
-step uses the thresholds from before that step's update.
+step uses the thresholds from before that step's update, which `commit()` applies.
 
 Distributed: the bank is replicated. Each rank reads the thresholds of its rows from its replica
 (the global `sample_index` is gathered by `ContrastiveLoss`); with `--local-loss` each rank counts
@@ -129,11 +129,10 @@ class GloFNDLoss(EpochGatedLoss):
             above = logits.detach() > row_threshold[:, None]
             above[torch.arange(len(batch.labels), device=above.device), batch.labels] = False
             num_above = self._all_rows(batch, above.sum(dim=1))
-            bank.update(sample_index, quantile_adam_step(
-                state, num_above, logits.shape[1] - 1,
-                alpha=self.alpha, lr=self.lambda_lr, beta1=self.beta1, beta2=self.beta2,
-            ))
-            self.stats.update(self._direction_stats(direction, state["lambda"], num_above, bank))
+            new_state = quantile_adam_step(state, num_above, logits.shape[1] - 1, alpha=self.alpha,
+                                           lr=self.lambda_lr, beta1=self.beta1, beta2=self.beta2)
+            self.stage_update(lambda: bank.update(sample_index, new_state))
+            self.stats.update(self._direction_stats(direction, state["lambda"], num_above, bank, sample_index))
         return logits.masked_fill(above, float("-inf"))
 
     def _all_rows(self, batch: GlobalBatch, per_row: torch.Tensor) -> torch.Tensor:
@@ -144,13 +143,16 @@ class GloFNDLoss(EpochGatedLoss):
 
     @staticmethod
     def _direction_stats(direction: str, thresholds: torch.Tensor, num_above: torch.Tensor,
-                         bank: SampleStateBank) -> Dict[str, torch.Tensor]:
-        """Global-batch diagnostics: the masked fraction and the thresholds used; data-set coverage."""
+                         bank: SampleStateBank, sample_index: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Global-batch diagnostics: the masked fraction and the thresholds used; data-set coverage
+        once this step's update is committed."""
         num_rows = num_above.numel()
+        updated = bank.field("count") > 0
+        updated[sample_index] = True
         return {
             f"{direction}/masked_frac": num_above.sum() / max(num_rows * (num_rows - 1), 1),
             f"{direction}/threshold_mean": thresholds.mean(),
             f"{direction}/threshold_min": thresholds.min(),
             f"{direction}/threshold_max": thresholds.max(),
-            f"{direction}/updated_frac": (bank.field("count") > 0).float().mean(),
+            f"{direction}/updated_frac": updated.float().mean(),
         }

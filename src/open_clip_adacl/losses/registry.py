@@ -12,7 +12,6 @@ def register_loss(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:
     def decorator(cls: Type[nn.Module]) -> Type[nn.Module]:
         if name in _LOSSES:
             raise ValueError(f"loss {name!r} is already registered by {_LOSSES[name].__module__}")
-        cls.registered_name = name
         _LOSSES[name] = cls
         return cls
 

@@ -1,14 +1,17 @@
 """`siglip`: OpenCLIP's SigLipLoss (pairwise sigmoid), behind our loss interface."""
 from __future__ import annotations
 
+import math
+
 from open_clip.loss import SigLipLoss as OpenClipSigLipLoss
 
 from .base import Loss, LossOption
 from .registry import register_loss
 
-# What OpenCLIP's `--siglip` initialises the model with (open_clip.factory: init_logit_scale=log(10),
-# init_logit_bias=-10); the trainer applies these when a loss asks for a logit bias.
-SIGLIP_INIT_LOGIT_SCALE = 10.0
+# The model init of OpenCLIP's `--siglip` (open_clip_train.main passes init_logit_scale=log(10), the
+# log of a scale of 10, and init_logit_bias=-10 to create_model); the trainer builds the model with
+# these for a loss that needs a logit bias.
+SIGLIP_INIT_LOGIT_SCALE = math.log(10)
 SIGLIP_INIT_LOGIT_BIAS = -10.0
 
 

@@ -1,0 +1,195 @@
+"""`selection.py`: the exact global anchor selection, against the dense single-process definitions of
+adacl.py (in fp64 for low-precision inputs), on NaN, signed zeros and empty candidate sets, and on
+3 gloo ranks holding unequal numbers of rows (one of them none)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed_utils import run_on_ranks
+from open_clip_adacl import adacl, create_loss, selection
+from open_clip_adacl.distributed import RowGroup
+
+SCALE = 14.3
+LOCAL = RowGroup(split_across_ranks=False)
+
+
+def _logits(n=48, d=16, seed=2, noise=0.8):
+    g = torch.Generator().manual_seed(seed)
+    x = F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
+    y = F.normalize(x + noise * torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
+    return (SCALE * x @ y.T).float()
+
+
+def _select(logits, positive_col, rows=LOCAL, salient="max", anchor_stat="median", prior_ratio=1.0, region="gda"):
+    summary = selection.summarize_rows(logits, positive_col, with_mean=salient == "mean")
+    return selection.select_anchor(logits, summary, positive_col, rows, salient=salient, anchor_stat=anchor_stat,
+                                   prior_ratio=prior_ratio, std_floor=1e-3, region=region)
+
+
+def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
+    """docs/method.md §3.1-3.5 with adacl.py's dense functions."""
+    scores = adacl.salient_scores(logits.double(), positive_col, salient)
+    most, least = adacl.reference_rows(scores)
+    negatives = adacl.negative_mask(*logits.shape, positive_col)
+    mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
+    mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
+    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
+    gap, row, _ = adacl.anchor_statistic(adacl.positive_gaps(logits, positive_col), mask, anchor_stat)
+    return gap, row, mask.sum()
+
+
+def _candidates(keys):
+    return ~torch.isnan(selection.candidate_gaps(keys, float("nan")))
+
+
+# --- per-row summaries and the radix select ---------------------------------------------------------
+
+def test_summarize_rows_matches_dense():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 11, generator=g) * 5
+    positive_col = torch.tensor([3, 0, 7, 10, 1, 5])
+    summary = selection.summarize_rows(logits, positive_col, with_mean=True)
+    negatives = adacl.negative_mask(6, 11, positive_col)
+    torch.testing.assert_close(summary.positive, logits.gather(1, positive_col[:, None]).squeeze(1))
+    torch.testing.assert_close(summary.negative_max, logits.masked_fill(~negatives, float("-inf")).amax(1))
+    torch.testing.assert_close(summary.negative_lse, logits.masked_fill(~negatives, float("-inf")).logsumexp(1))
+    torch.testing.assert_close(summary.negative_mean, (logits.double() * negatives).sum(1) / 10)
+
+
+def _radix_cases():
+    g = torch.Generator().manual_seed(5)
+    ties = (torch.randint(-6, 7, (9, 13), generator=g) / 8).float()  # duplicates and negatives
+    signed_zeros = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 0.0]])
+    wide = torch.randn(17, 23, generator=g) * torch.logspace(-20, 20, 23)
+    return [(ties, torch.rand(9, 13, generator=g) > 0.4), (signed_zeros, torch.ones(1, 7, dtype=torch.bool)),
+            (wide, torch.rand(17, 23, generator=g) > 0.5), (torch.tensor([[2.5]]), torch.tensor([[True]]))]
+
+
+@pytest.mark.parametrize("values,mask", _radix_cases())
+def test_radix_select_equals_sort(values, mask):
+    keys = selection.masked_keys(values, mask)
+    ordered = torch.sort(values[mask]).values
+    for k in sorted({0, (len(ordered) - 1) // 2, len(ordered) - 1, len(ordered) // 3}):
+        key = selection.radix_select(keys, torch.tensor(k), LOCAL)
+        assert key.view(torch.float32).item() == ordered[k].item()
+        assert torch.kthvalue(values[mask], k + 1).values.item() == key.view(torch.float32).item()
+
+
+# --- candidates: NaN, signed zeros, empty sets --------------------------------------------------------
+
+def _nan(sign_bit):
+    """A quiet NaN with the sign bit set or clear (CPU and CUDA kernels produce either)."""
+    return torch.tensor([-0x400000 if sign_bit else 0x7FC00000], dtype=torch.int32).view(torch.float32)[0]
+
+
+def test_nan_and_zero_log_odds_are_never_candidates():
+    # With coefficients (0, 1, 0) an entry's log-odds is its logit: only the strictly positive,
+    # finite-gap negatives are candidates, exactly as the dense `log_odds > 0`.
+    nan_pos, nan_neg, inf = _nan(False), _nan(True), float("inf")
+    logits = torch.tensor([[5.0, 0.0, -0.0, nan_pos, nan_neg, 1.0, -1.0, 1e-40],
+                           [nan_pos, 5.0, 2.0, -0.0, inf, 0.0, nan_neg, 3.0]])
+    positive_col = torch.tensor([0, 1])
+    positive = logits.gather(1, positive_col[:, None]).squeeze(1)
+    coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 1.0, 0.0))
+    keys, count, _ = selection.candidate_keys(logits, positive, positive_col, coefficients)
+    gaps = positive[:, None] - logits
+    expected = (logits > 0) & adacl.negative_mask(*logits.shape, positive_col) & torch.isfinite(gaps)
+    assert torch.equal(_candidates(keys), expected)
+    assert count == expected.sum() == 4  # 1.0, 1e-40 (a subnormal), 2.0, 3.0
+
+
+def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks():
+    # Row 0's gap is +0.0, row 1's -0.0 (a -0.0 positive minus +0.0): equal gaps, so the lowest row owns them.
+    logits = torch.tensor([[0.0, 0.0, -4.0], [0.0, -0.0, -5.0], [-6.0, -7.0, 9.0]])
+    positive_col = torch.tensor([0, 1, 2])
+    positive = logits.gather(1, positive_col[:, None]).squeeze(1)
+    coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 0.0, 1.0))  # all negatives
+    keys, count, high_counts = selection.candidate_keys(logits, positive, positive_col, coefficients)
+    gaps = adacl.positive_gaps(logits, positive_col)
+    for anchor_stat, k in (("min", torch.tensor(0)), ("median", (count - 1) // 2)):
+        key = selection.radix_select(keys, k, LOCAL, high_counts)
+        row = selection.first_row_with_key(keys, key, positive_col, LOCAL)
+        dense_gap, dense_row, _ = adacl.anchor_statistic(gaps, adacl.negative_mask(3, 3, positive_col), anchor_stat)
+        assert (row.item(), key.view(torch.float32).item()) == (dense_row.item(), dense_gap.item()), anchor_stat
+    assert not torch.signbit(selection.candidate_gaps(keys, 1.0)[1, 0])  # stored as +0.0
+
+
+@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat):
+    logits = _logits()
+    chosen = _select(logits, torch.arange(48), anchor_stat=anchor_stat, prior_ratio=1e30)  # posterior < 1/2
+    assert chosen.num_candidates == 0 and chosen.row == -1 and torch.isnan(chosen.gap)
+
+
+# --- the whole selection against the dense pipeline ---------------------------------------------------
+
+@pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
+@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
+    logits = _logits()
+    positive_col = torch.arange(48)
+    chosen = _select(logits, positive_col, salient=salient, anchor_stat=anchor_stat)
+    gap, row, count = _dense_anchor(logits, positive_col, salient, anchor_stat, 1e-3)
+    assert 0 < count < 48 * 47
+    assert chosen.num_candidates.item() == count.item()
+    assert chosen.row.item() == row.item()
+    assert chosen.gap.item() == gap.item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+def test_low_precision_logits_select_what_fp64_selects(dtype, anchor_stat):
+    logits = _logits(seed=3).to(dtype)
+    positive_col = torch.arange(48)
+    chosen = _select(logits, positive_col, anchor_stat=anchor_stat)
+    gap, row, count = _dense_anchor(logits.double(), positive_col, "max", anchor_stat, 1e-3)
+    assert 0 < count < 48 * 47
+    assert (chosen.num_candidates.item(), chosen.row.item()) == (count.item(), row.item())
+    assert chosen.gap.item() == gap.item()  # a difference of two bf16/fp16 values is exact in float32
+
+
+# --- ranks holding unequal numbers of rows ------------------------------------------------------------
+
+ROW_SPLIT = (7, 0, 5)  # rank 1 holds no row
+
+
+def _rank_selects(rank, world_size, logits):
+    start = sum(ROW_SPLIT[:rank])
+    rows = slice(start, start + ROW_SPLIT[rank])
+    positive_col = torch.arange(logits.shape[0])[rows]
+    results = {(salient, stat): _select(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
+               for salient in adacl.SALIENT_KINDS for stat in adacl.ANCHOR_STATS}
+    loss_fn = create_loss("adacl", rank=rank, world_size=world_size, local_loss=True, gather_with_grad=True)
+    features = F.normalize(torch.randn(ROW_SPLIT[rank], 8), dim=-1)
+    try:
+        loss_fn(features, features, torch.tensor(SCALE))
+    except ValueError as error:
+        results["loss"] = str(error)
+    return results
+
+
+def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them():
+    logits = _logits(n=sum(ROW_SPLIT), seed=4)
+    per_rank = run_on_ranks(_rank_selects, len(ROW_SPLIT), logits)
+    for salient in adacl.SALIENT_KINDS:
+        for stat in adacl.ANCHOR_STATS:
+            expected = _select(logits, torch.arange(logits.shape[0]), salient=salient, anchor_stat=stat)
+            assert expected.num_candidates > 0
+            for result in per_rank:
+                chosen = result[salient, stat]
+                for field in ("row", "gap", "num_candidates", "reference", "flat_reference"):
+                    assert torch.equal(getattr(chosen, field), getattr(expected, field)), (salient, stat, field)
+    for result in per_rank:
+        assert "different local batch sizes (between 0 and 7 rows)" in result["loss"]
+
+
+@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
+def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region):
+    logits = _logits(seed=3)
+    positive_col = torch.arange(48)
+    chosen = _select(logits, positive_col, region=region)
+    gap, row, count = _dense_anchor(logits, positive_col, "max", "median", 1e-3, region)
+    assert chosen.num_candidates.item() == count.item()
+    assert (chosen.row.item(), chosen.gap.item()) == (row.item(), gap.item())
+    if region == "all":
+        assert count.item() == 48 * 47
