@@ -1,4 +1,4 @@
-"""AdaCL's math as small pure functions (ADACL.md sections 3, 4 and 4b).
+"""AdaCL's math as small pure functions (docs/method.md §3, §4, §4b; our extensions: docs/adacl.md §4).
 
 Conventions. `similarities` is a rows x C matrix whose row `i` holds one query's scores against C
 candidates; `positive_col` (rows,) is the column of each row's positive and every other column is
@@ -8,7 +8,7 @@ affine map, which is why `selection.py` can work on the logits it already has. S
 tensors; the closed forms are evaluated in float64. Nothing here communicates across ranks
 (`selection.py` does) or keeps state across steps (the loss does).
 
-Section numbers refer to ADACL.md; "Eq." to the paper (Pan, Dong, Yang, ICLR 2025).
+Section numbers refer to docs/method.md; "Eq." to the paper (Pan, Dong, Yang, ICLR 2025).
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor,
     """S~ = {(i, j): j negative of i, p(C|s_ij) > 1/2} (section 3.4). rows x C -> rows x C bool.
 
     Uses log-odds > 0, which is the same set as posterior > 1/2 without the sigmoid's rounding.
-    `region` (section 4c): `gda` is that set as written; with unequal variances it is two-sided
+    `region` (docs/adacl.md §4): `gda` is that set as written; with unequal variances it is two-sided
     (the quadratic log-odds is also positive far *below* both means). `upper` keeps only its part
     above the not-clone mean, s > mu_n: the side where clone negatives (close to the positive)
     live. `all` skips the discovery (every negative is a candidate): the control that tells
@@ -266,7 +266,7 @@ def calibrated_eps(log_z_u: Scalar, scale: Scalar, rho: Scalar, boundary: Scalar
 
 
 def gap_boundary(anchor: Scalar, gap: Scalar, min_gap: float = 1e-3) -> torch.Tensor:
-    """Boundary b = a + d for the `gap` boundary (section 4c, a project extension): the similarity the
+    """Boundary b = a + d for the `gap` boundary (docs/adacl.md §4, a project extension): the similarity the
     anchor row's positive would reach if it cleared its clone negative by the anchor gap d once more.
 
     With a fixed b = 1 the calibrated slope is m1/t = 1 + log(1/rho) / (t (1 - a)), which depends on
@@ -290,7 +290,7 @@ def clamp_anchor(anchor: Scalar, anchor_min: float, anchor_max: float) -> torch.
 def bound_scale(m1: torch.Tensor, scale: Scalar, max_scale_ratio: float) -> torch.Tensor:
     """Guard "m1 bounds" (sections 4 and 4b): m1 in [t, max_scale_ratio * t].
 
-    The lower bound makes the positive never flatter than vanilla CL; the upper bound stops the
+    The lower bound keeps the positive's slope at least vanilla's; the upper bound stops the
     model from buying loss by moving the anchor (4b: m1 / t > 1.5 collapses or stalls training).
     Costs fidelity: p^(b) = 1 - eps no longer holds when a bound is active.
     """
@@ -354,7 +354,7 @@ def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: floa
     """Section 4's calibrated variant with section 4b's bounds (a project extension, not the paper).
 
     1. clamp the anchor (`clamp_anchor`); 2. the boundary: `boundary`, or with `gap` given,
-    `gap_boundary(a, gap)` (section 4c); 3. eps = rho (1 - p_vanilla(b)) (`calibrated_eps_log_odds`);
+    `gap_boundary(a, gap)` (docs/adacl.md §4); 3. eps = rho (1 - p_vanilla(b)) (`calibrated_eps_log_odds`);
     4. Algorithm 1's closed forms; 5. m1 bounded to [t, max_scale_ratio t] (`bound_scale`);
     6. m2 re-derived from the anchor condition with the bounded m1 (`anchor_offset`), then bounded
     to [0, max_offset] (`bound_offset`). With vanilla p_u and anchor_min >= 0 this guarantees

@@ -20,7 +20,7 @@ Steps:
    record whose job is unchanged is reused on the next call, so an interrupted benchmark resumes.
 3. Every run gets a verdict (`assess_run`): failed (crashed, or no record), nonfinite (NaN/inf
    loss or metric), collapsed (training loss pinned near ln(batch) for a softmax loss, or val
-   R@1 under twice chance, ADACL.md 4b) or ok. Means and standard deviations are over the ok
+   R@1 under twice chance, docs/method.md §4b) or ok. Means and standard deviations are over the ok
    runs only; each row says how many runs were ok, and the flagged runs are listed by name.
 4. Writes the Markdown report (--results-md, with the machine, the command that reproduces it,
    wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
@@ -625,7 +625,7 @@ def run_line(record: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class CollapseCriteria:
-    """When a finished run counts as collapsed (ADACL.md 4b: loss pinned at ln(batch), recall at chance).
+    """When a finished run counts as collapsed (docs/method.md §4b: loss pinned at ln(batch), recall at chance).
 
     loss_fraction: a softmax loss whose final training loss is at least this fraction of
         ln(batch size) has learned (next to) nothing: within 5% of the all-logits-equal value.

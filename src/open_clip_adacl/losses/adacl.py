@@ -4,7 +4,7 @@ Per direction (image-to-text "i2t", text-to-image "t2i") and per batch:
 1. select an anchor over the global batch (selection.py: salient scores, reference rows, GDA clone
    candidates, the median / mean / min / max candidate gap and the row u that owns it);
 2. compute the margins without gradient (adacl.py): Algorithm 1's closed forms (`literal` mode) or
-   the calibrated, bounded and smoothed variant (`calibrated` mode, ADACL.md sections 4 and 4b);
+   the calibrated, bounded and smoothed variant (`calibrated` mode, docs/method.md §4 and §4b);
 3. replace every row's positive logit t s_ii by m1 (s_ii - m2); the negatives' logits and the
    averaging of the two directions' cross-entropies are ClipLoss's.
 
@@ -30,7 +30,7 @@ from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
 from .registry import register_loss
 
 MODES = ("literal", "calibrated")
-# Why a direction fell back to vanilla CL this step (first failing guard wins; ADACL.md 3, Guards).
+# Why a direction fell back to vanilla CL this step (first failing guard wins; docs/method.md §3 "Guards").
 FALLBACK_REASONS = ("few_rows", "flat_reference", "no_candidates", "bad_margins")
 MIN_ROWS = 3  # two reference rows with at least two negatives each
 # Per-step 0/1 stats: which of calibrated mode's bounds changed the closed forms (docs/adacl.md).
@@ -68,8 +68,9 @@ class AdaCLLoss(ContrastiveLoss):
     console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
     options = (
         LossOption("mode", str, "calibrated",
-                   "'literal': Algorithm 1's closed forms exactly (ADACL.md 3.7); 'calibrated': our "
-                   "extension, never weaker than vanilla (m1 >= logit_scale, m2 >= 0) with bounds and smoothing",
+                   "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
+                   "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "
+                   "for pairs less similar than the anchor and above it for the others (docs/adacl.md)",
                    choices=MODES),
         LossOption("eps", float, 1e-3, "literal mode: boundary error eps, the modulated probability at the "
                    "boundary similarity is 1 - eps"),
@@ -328,7 +329,7 @@ class AdaCLLoss(ContrastiveLoss):
     # --- feature queue -----------------------------------------------------------------------------
 
     def _with_queue(self, batch: GlobalBatch) -> GlobalBatch:
-        """Appends the queue's entries as extra negative columns (ADACL.md section 6)."""
+        """Appends the queue's entries as extra negative columns (docs/method.md §6)."""
         if not self._queue_filled:
             return batch
         # Copies: the backward needs these entries even when the caller commits (overwrites the queue) first.
