@@ -797,7 +797,7 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     """How hard the clone benchmark is for the baseline: edit types below `threshold` (issue 4 asks for
     at least two) and those still within `chance_margin` of chance (0.5), where no loss can show a gain."""
     edits = {key.removeprefix("clone/"): stats.mean for key, stats in baseline.metrics.items()
-             if key.startswith("clone/") and key != "clone/overall"}
+             if key.startswith("clone/") and key != "clone/overall" and not key.endswith("_margin")}
     if not edits:
         return None
     below = sorted(edit for edit, mean in edits.items() if mean < threshold)
@@ -892,11 +892,16 @@ def paired_findings(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     for summary in summaries:
         if summary is baseline:
             continue
-        better, worse = [], []
+        better, worse, paired = [], [], False
         for key in paired_keys(summaries):
             difference = paired_difference(records, summary.label, baseline.label, key)
+            paired = paired or difference is not None
             if difference is not None and difference.clear:
                 (better if difference.mean > 0 else worse).append(f"{key} {difference.text().rstrip(' *')}")
+        if not paired:
+            lines.append(f"`{summary.label}` vs `{baseline.label}`: no seed where both runs are ok "
+                         f"({summary.runs_text()}).")
+            continue
         if not better and not worse:
             lines.append(f"`{summary.label}` vs `{baseline.label}`: no paired difference excludes 0.")
             continue
