@@ -305,7 +305,8 @@ def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
     records = [assess_run(r) for seed in range(5) for r in (
         record("clip", seed, i2t=0.3 + 0.1 * seed), record("adacl", seed, i2t=0.32 + 0.1 * seed),
         record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
-        record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0))]
+        record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0),
+        record("same", seed, i2t=0.3 + 0.1 * seed + 1e-7))]
     steady = paired_difference(records, "adacl", "clip", "val/i2t_R@1")
     assert steady.n == 5 and steady.mean == pytest.approx(0.02) and steady.half_width < 1e-9 and steady.clear
     noisy = paired_difference(records, "noisy", "clip", "val/i2t_R@1")
@@ -313,13 +314,15 @@ def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
     assert noisy.mean == pytest.approx(-0.01) and noisy.half_width == pytest.approx(2.776 * 0.05477 / 5 ** 0.5, rel=1e-3)
     assert not noisy.clear
     # A collapsed run drops its seed from the pairs.
-    records[5] = assess_run(record("adacl", 1, loss=10.0, i2t=0.0, t2i=0.0))  # seed 1 of `adacl`
+    records[6] = assess_run(record("adacl", 1, loss=10.0, i2t=0.0, t2i=0.0))  # seed 1 of `adacl`
     assert paired_difference(records, "adacl", "clip", "val/i2t_R@1").n == 4
     markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
     assert "## Paired against `clip`" in markdown
     assert "| `adacl` | 4 |" in markdown and "+0.020 ± 0.000 *" in markdown
     assert "`adacl` vs `clip`: better on val/i2t_R@1 +0.020" in markdown
     assert "`noisy` vs `clip`: no paired difference excludes 0." in markdown
+    # Float noise between runs that compute the same thing is a tie, however steady.
+    assert "`same` vs `clip`: no paired difference excludes 0." in markdown
     assert "`collapsed` vs `clip`: no seed where both runs are ok (0/5 ok (5 collapsed))." in markdown
 
 

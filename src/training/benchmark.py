@@ -834,8 +834,9 @@ class PairedDifference:
 
     @property
     def clear(self) -> bool:
-        """The interval excludes 0."""
-        return self.n > 1 and abs(self.mean) > self.half_width
+        """The interval excludes 0, and the difference is not a tie (below TIE: float noise between runs
+        that compute the same thing, e.g. a loss whose mechanism never fired)."""
+        return self.n > 1 and abs(self.mean) > self.half_width and abs(self.mean) >= TIE
 
     def text(self) -> str:
         if self.n < 2:
