@@ -17,7 +17,8 @@ keeping RESULTS.md's hand-written sections below the benchmark's marker. Regimes
 - weak: pseudo-captions (the paper's weakly supervised setting): training on the lossy captioner's
   fields, validation and evaluation on gold captions;
 - finetune: one `clip` model pretrained on the same data, then fine-tuned by each loss at a lower
-  learning rate, with AdaCL's feature queue on (the paper's main setting is fine-tuning).
+  learning rate; AdaCL with and without its feature queue (the paper's main setting is fine-tuning
+  with a memory bank).
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ REGIMES = {
         "clip,adacl,adacl:candidate_region=all,glofnd,fne",
         ["--train-args", f"{GROUPED} --caption-key txt_weak1,txt_weak2 --val-caption-key txt"]),
     "finetune": Regime(
-        "Fine-tuning a CLIP-pretrained model, feature queue on",
-        f"clip,adacl:{QUEUE},adacl:candidate_region=all,{QUEUE},"
+        "Fine-tuning a CLIP-pretrained model",
+        f"clip,adacl,adacl:{QUEUE},adacl:candidate_region=all,{QUEUE},"
         f"adacl:positive_grad=scaled,max_scale_ratio=1.25,{QUEUE},glofnd,fne",
         ["--pretrain-epochs", "8", "--epochs", "2", "--lr", "5e-4", "--warmup", "10", "--train-args", GROUPED]),
 }
