@@ -40,7 +40,10 @@ def test_default_adacl_adapts_on_clone_dense_batches_without_collapsing(demo_sha
     assert "stats/i2t/fallback_few_rows" in train[-1]
     for direction in ("i2t", "t2i"):
         modulated = [r[f"stats/{direction}/modulated"] for r in train]
-        assert sum(modulated) > 0.9 * STEPS  # applied, not a silent fallback to vanilla CL
+        # Applied on most steps (the `upper` region finds no candidate on some early ones), and every
+        # fallback is counted, not silent.
+        assert sum(modulated) > 0.75 * STEPS
+        assert train[-1][f"stats/{direction}/fallbacks"] == STEPS - sum(modulated)
         ratio = [r[f"stats/{direction}/m1_over_scale"] for r in train]
         offset = [r[f"stats/{direction}/m2"] for r in train]
         assert all(1.0 <= value <= DEFAULTS["max_scale_ratio"] + 1e-9 for value in ratio)

@@ -285,7 +285,8 @@ def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_pa
      "an epoch has 2 batches per rank, fewer than --accum-freq 4"),
     (["--loss", "glofnd", "--data-size", "100"], "--data-size 100 is smaller than --train-num-samples 512"),
     (["--loss", "glofnd", "--dry-run"], "--loss glofnd: .*data_size"),  # the dry run builds the loss
-    (["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"], "--loss adacl: need anchor_min <= anchor_max"),
+    (["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"],
+     "--loss adacl: a fixed boundary must lie above anchor_max"),
 ])
 def test_invalid_settings_are_rejected_before_any_work(demo_shards, tmp_path, extra, message):
     argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "512",

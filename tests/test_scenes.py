@@ -281,7 +281,8 @@ def test_family_size_and_weak_captions_are_options(tmp_path):
     assert manifest["scene_config"]["family_size"] == 3 and manifest["caption_keys"] == ["txt", "txt_alt"]
     samples = list(wds.WebDataset(str(tmp_path / "train" / "shard-{000000..000001}.tar"), shardshuffle=False))
     assert [json.loads(s["json"])["family"] for s in samples] == [key // 3 for key in range(24)]
-    assert all(set(s) == {"__key__", "__url__", "__local_path__", "png", "txt", "txt_alt", "json"} for s in samples)
+    # (webdataset's own "__key__", "__url__", ... members vary by version.)
+    assert all({k for k in s if not k.startswith("__")} == {"png", "txt", "txt_alt", "json"} for s in samples)
     with pytest.raises(ValueError, match="num_weak_captions"):
         write_demo_dataset(tmp_path / "bad", num_weak_captions=-1)
 

@@ -534,7 +534,7 @@ def family_shards(job: RunJob) -> List[str]:
     shards = list(braceexpand.braceexpand(train_flag(job, "--train-data", "")))
     if not shards or not Path(shards[0]).is_file():
         return []
-    first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False, empty_check=False).decode()), {})
+    first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})
     return shards if "family" in first.get("json", {}) else []
 
 

@@ -36,7 +36,7 @@ def family_batches(shards: Sequence[str], batch_size: int, num_batches: int, cap
                    ) -> Iterator[Tuple[list, List[str], torch.Tensor]]:
     """(images, captions, family ids) batches from `shards` in file order (no shuffle), so that
     contiguous families stay whole. Samples without a `family` in their json are an error."""
-    dataset = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False).decode("pil")
+    dataset = wds.WebDataset(list(shards), shardshuffle=False).decode("pil")
     samples = iter(dataset)
     for _ in range(num_batches):
         chunk = list(islice(samples, batch_size))
