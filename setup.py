@@ -28,6 +28,7 @@ EXTRAS_REQUIRE = {
         "numpy<2.4",  # numpy >= 2.4 breaks clip_benchmark 1.6.2's zero-shot accuracy
         "requests",  # clip_benchmark.cli imports it
         "matplotlib",
+        "scipy",  # training.benchmark's paired-t intervals
     ],
     "wandb": ["wandb"],
     "test": ["pytest", "pytest-timeout", "packaging"],
