@@ -338,3 +338,24 @@ def test_mechanism_metrics_count_bound_activity_and_margin_spread():
     assert metrics["adacl/m1_over_scale_mean"] == pytest.approx(1.5)
     assert metrics["adacl/m1_over_scale_std"] == pytest.approx(0.2236, rel=1e-3)
     assert mechanism_metrics([{"loss": 1.0}]) == {}
+
+
+def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
+    from training.benchmark import plan_jobs, pretrain_job, pretrained_checkpoint
+
+    data = fake_data(tmp_path, num_train=512, num_val=64)
+    budget = replace(QUICK, epochs=2, lr=5e-4, pretrain_epochs=8, pretrain_lr=2e-3,
+                     train_args=("--train-group-size", "8"))
+    pretrain = pretrain_job(budget, data, tmp_path)
+    args = params.parse_args(pretrain.train_argv)
+    assert (pretrain.loss, args.epochs, args.lr, args.train_group_size) == ("clip", 8, 2e-3, 8)
+    with pytest.raises(ValueError, match="left no checkpoint"):
+        pretrained_checkpoint(pretrain)
+    for epoch in (2, 8):
+        (pretrain.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (pretrain.run_dir / "checkpoints" / f"epoch_{epoch}.pt").write_bytes(b"")
+    checkpoint = pretrained_checkpoint(pretrain)
+    assert checkpoint.endswith("epoch_8.pt")
+    (job,) = plan_jobs([parse_loss_variant("adacl")], [0], budget, data, tmp_path, checkpoint)
+    args = params.parse_args(job.train_argv)
+    assert (args.pretrained, args.epochs, args.lr, args.train_group_size) == (checkpoint, 2, 5e-4, 8)

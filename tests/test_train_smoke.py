@@ -198,3 +198,10 @@ def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
     for key, value in reference.state_dict().items():
         assert torch.equal(loss_fn.state_dict()[key], value), key
     assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()
+
+
+def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shards, tmp_path):
+    main(train_argv(demo_shards, tmp_path, "locked", "--epochs", "1", "--lock-logit-scale"))
+    steps = read_metrics(tmp_path / "locked" / "metrics.jsonl", "train")
+    assert len(steps) == 16 and all(r["logit_scale"] == pytest.approx(1 / 0.07, rel=1e-6) for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]  # the towers still learn
