@@ -111,7 +111,9 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, comman
                   "", *setup_lines(report), ""]
         for title in KEPT_SECTIONS:
             if title in found:
-                lines += [f"### {title}", "", found[title], ""]
+                # The regime's plot and CSV sit beside its page, in results/.
+                body = re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", found[title])
+                lines += [f"### {title}", "", body, ""]
     text = "\n".join(lines)
     results_md.write_text(text + benchmark.kept_tail(results_md))
     return text

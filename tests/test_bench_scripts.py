@@ -28,3 +28,30 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "| adacl-tiny | 8 | adacl |" in summary and "| 128 | adacl-calibrated |" in summary
     assert "scripts/bench_step.py --smoke --device cpu" in summary
+
+
+def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
+    import importlib.util
+
+    from training.benchmark import KEEP_MARKER
+
+    spec = importlib.util.spec_from_file_location("clone_study", REPO / "scripts" / "clone_study.py")
+    study = importlib.util.module_from_spec(spec)
+    sys.modules["clone_study"] = study  # its dataclasses look their module up
+    spec.loader.exec_module(study)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "scratch.md").write_text(
+        "# Benchmark results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
+        "## Summary\n\n| variant | runs |\n|---|---|\n| `clip` | 2/2 ok |\n\n![plot](scratch.png)\n\n"
+        "## Paired against `clip`\n\n`adacl` vs `clip`: no paired difference excludes 0.\n\n"
+        "## Flagged runs\n\nNone.\n")
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(f"old\n\n{KEEP_MARKER}\n\n## Hand-written\n")
+    text = study.assemble(["scratch"], results, results_md, "python scripts/clone_study.py")
+    assert "## Scratch: clone-dense batches, gold captions (`scratch`)" in text
+    assert "- every run also gets `--train-group-size 8`" in text and "| `clip` | 2/2 ok |" in text
+    assert "![plot](results/scratch.png)" in text  # links follow the page into results/
+    assert "no paired difference excludes 0" in text and "Flagged" not in text
+    written = results_md.read_text()
+    assert written.startswith("# Results: the clone-negative study") and written.endswith("## Hand-written\n")
