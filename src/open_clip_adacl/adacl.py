@@ -335,15 +335,18 @@ class Margins(NamedTuple):
     offset_bounded: torch.Tensor
 
 
-def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, boundary: float = 1.0,
-                    previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None) -> Margins:
-    """Section 3.7 exactly: Algorithm 1's m1, m2 with a fixed eps and boundary b."""
+def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, boundary: Scalar = 1.0,
+                    previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None,
+                    gap: Optional[Scalar] = None) -> Margins:
+    """Section 3.7 exactly: Algorithm 1's m1, m2 with a fixed eps and boundary b (with `gap` given,
+    b = `gap_boundary(a, gap)`, docs/adacl.md §4)."""
+    boundary = _f64(boundary) if gap is None else gap_boundary(anchor, gap)
     log_odds = anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2)
     eps_log_odds = torch.logit(_f64(eps))
     m1, m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
     valid = margins_valid(m1, m2, anchor, log_odds, eps_log_odds, boundary)
     inactive = torch.zeros((), dtype=torch.bool, device=m1.device)
-    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid, _f64(boundary),
+    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid, boundary,
                    inactive, inactive, inactive)
 
 

@@ -512,15 +512,16 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
     shards = family_shards(job)
     if shards:
+        caption_key = flag_value(job.train_argv, "--caption-key", "txt")  # what the loss saw in training
         detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
-                                             device=device, caption_key=train_flag(job, "--caption-key", "txt"))
+                                             device=device, caption_key=caption_key)
         metrics.update({f"detect/{name}": value for name, value in detection.items()})
     return metrics
 
 
-def train_flag(job: RunJob, flag: str, default: str) -> str:
-    """The value of `flag` in the job's trainer arguments (the first of a comma list), or `default`."""
-    argv = job.train_argv
+def flag_value(argv: Sequence[str], flag: str, default: str) -> str:
+    """The value of `flag` in trainer arguments (the first of a comma list), or `default`."""
+    argv = list(argv)
     value = argv[argv.index(flag) + 1] if flag in argv else default
     return value.split(",")[0].strip()
 
@@ -531,7 +532,7 @@ def family_shards(job: RunJob) -> List[str]:
     import braceexpand
     import webdataset as wds
 
-    shards = list(braceexpand.braceexpand(train_flag(job, "--train-data", "")))
+    shards = list(braceexpand.braceexpand(flag_value(job.train_argv, "--train-data", "")))
     if not shards or not Path(shards[0]).is_file():
         return []
     first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})
@@ -865,49 +866,43 @@ def paired_difference(records: Sequence[Mapping[str, Any]], label: str, baseline
     return PairedDifference(mean, float(half), len(differences))
 
 
-def paired_keys(summaries: Sequence[VariantSummary]) -> List[str]:
-    return section_keys(summaries, PAIRED_PREFIXES)
+def paired_differences(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
+                       baseline: VariantSummary) -> Dict[str, Dict[str, Optional[PairedDifference]]]:
+    """variant label -> metric -> its paired difference to the baseline, for every variant but the baseline."""
+    keys = section_keys(summaries, PAIRED_PREFIXES)
+    return {summary.label: {key: paired_difference(records, summary.label, baseline.label, key) for key in keys}
+            for summary in summaries if summary is not baseline}
 
 
-def paired_table(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
-                 baseline: VariantSummary) -> List[str]:
+def paired_table(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]]) -> List[str]:
     """Rows: variants other than the baseline; cells: paired difference ± 95% half interval."""
-    keys = paired_keys(summaries)
+    keys = list(next(iter(differences.values()), {}))
     lines = ["| variant | pairs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-    for summary in summaries:
-        if summary is baseline:
-            continue
-        cells, pairs = [], 0
-        for key in keys:
-            difference = paired_difference(records, summary.label, baseline.label, key)
-            cells.append("-" if difference is None else difference.text())
-            pairs = max(pairs, difference.n if difference else 0)
-        lines.append(f"| `{summary.label}` | {pairs} | " + " | ".join(cells) + " |")
+    for label, by_key in differences.items():
+        cells = ["-" if difference is None else difference.text() for difference in by_key.values()]
+        pairs = max((difference.n for difference in by_key.values() if difference), default=0)
+        lines.append(f"| `{label}` | {pairs} | " + " | ".join(cells) + " |")
     return lines
 
 
-def paired_findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
-                    baseline: VariantSummary) -> List[str]:
+def paired_findings(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]],
+                    summaries: Sequence[VariantSummary], baseline: VariantSummary) -> List[str]:
     """One sentence per variant: the metrics where its paired interval against the baseline excludes 0."""
+    runs = {summary.label: summary.runs_text() for summary in summaries}
     lines = []
-    for summary in summaries:
-        if summary is baseline:
+    for label, by_key in differences.items():
+        prefix = f"`{label}` vs `{baseline.label}`: "
+        if all(difference is None for difference in by_key.values()):
+            lines.append(prefix + f"no seed where both runs are ok ({runs[label]}).")
             continue
-        better, worse, paired = [], [], False
-        for key in paired_keys(summaries):
-            difference = paired_difference(records, summary.label, baseline.label, key)
-            paired = paired or difference is not None
-            if difference is not None and difference.clear:
-                (better if difference.mean > 0 else worse).append(f"{key} {difference.text().rstrip(' *')}")
-        if not paired:
-            lines.append(f"`{summary.label}` vs `{baseline.label}`: no seed where both runs are ok "
-                         f"({summary.runs_text()}).")
+        clear = {key: difference for key, difference in by_key.items() if difference is not None and difference.clear}
+        better = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean > 0]
+        worse = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean < 0]
+        if not clear:
+            lines.append(prefix + "no paired difference excludes 0.")
             continue
-        if not better and not worse:
-            lines.append(f"`{summary.label}` vs `{baseline.label}`: no paired difference excludes 0.")
-            continue
-        parts = ([f"better on {', '.join(better)}"] if better else []) + ([f"worse on {', '.join(worse)}"] if worse else [])
-        lines.append(f"`{summary.label}` vs `{baseline.label}`: " + "; ".join(parts) + " (95% paired intervals).")
+        parts = [f"{side} on {', '.join(items)}" for side, items in (("better", better), ("worse", worse)) if items]
+        lines.append(prefix + "; ".join(parts) + " (95% paired intervals).")
     return lines
 
 
@@ -964,8 +959,8 @@ def budget_lines(context: ReportContext) -> List[str]:
         f"classification set has as many); in `{context.data.root}`",
         f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {budget.jobs} run(s) at a time",
     ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
-        [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} epochs at "
-         f"lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
+        [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} "
+         f"epochs at lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
         if budget.pretrain_epochs else []) + (
         [f"- clone negatives in the training batches (the real loader, seed 0, epoch 0): "
          f"{context.siblings['siblings_per_row']:.2f} one-edit siblings per row, "
@@ -1017,11 +1012,12 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     lines += ["## What this shows", "", *findings(summaries, records), ""]
     baseline = next((summary for summary in summaries if summary.label == BASELINE and summary.num_ok), None)
     if baseline is not None and len(summaries) > 1:
+        differences = paired_differences(summaries, records, baseline)
         lines += ["## Paired against `clip`", "",
                   f"Each cell: mean over seeds of (variant - `{BASELINE}`) on runs with the same seed (same "
                   "initialisation and data order), ± the half width of its 95% paired-t interval; `*` marks an "
                   "interval that excludes 0. Only seeds where both runs are ok are paired.", "",
-                  *paired_table(summaries, records, baseline), "", *paired_findings(summaries, records, baseline), ""]
+                  *paired_table(differences), "", *paired_findings(differences, summaries, baseline), ""]
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
@@ -1244,8 +1240,7 @@ def training_siblings(budget: Budget, data: BenchmarkData) -> Optional[Dict[str,
     from .data import DataConfig
     from .families import measure_siblings
 
-    argv = list(budget.train_args)
-    group_size = int(argv[argv.index("--train-group-size") + 1]) if "--train-group-size" in argv else 1
+    group_size = int(flag_value(budget.train_args, "--train-group-size", "1"))
     cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
                      workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
     try:

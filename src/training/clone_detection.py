@@ -104,5 +104,6 @@ def evaluate_clone_detection(model: torch.nn.Module, preprocess: Callable, token
         metrics[f"{key}/precision"] = float(hits / flagged) if flagged else 0.0  # nothing flagged: none right
         metrics[f"{key}/recall"] = float(hits / true) if true else 0.0
         metrics[f"{key}/flagged"] = float(flagged / negatives)
-        metrics["sibling_fraction"] = float(true / negatives)
+    _, _, true, negatives = next(iter(totals.values()))  # the same batches for every key
+    metrics["sibling_fraction"] = float(true / negatives)
     return metrics

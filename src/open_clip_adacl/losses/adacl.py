@@ -69,8 +69,8 @@ class AdaCLLoss(ContrastiveLoss):
     options = (
         LossOption("mode", str, "calibrated",
                    "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
-                   "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "
-                   "for pairs less similar than the anchor and above it for the others (docs/adacl.md)",
+                   "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below "
+                   "vanilla's for pairs less similar than the anchor and above it for the others (docs/adacl.md)",
                    choices=MODES),
         LossOption("eps", float, 1e-3, "literal mode: boundary error eps, the modulated probability at the "
                    "boundary similarity is 1 - eps"),
@@ -112,8 +112,9 @@ class AdaCLLoss(ContrastiveLoss):
 
     def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
                  eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, boundary_kind="fixed", candidate_region="upper", queue_size=0, modulate=True, positive_grad=None, max_scale_ratio=4.0, max_offset=1.0,
-                 anchor_min=0.0, anchor_max=0.9, ema=0.9, std_floor=1e-4):
+                 boundary=1.0, boundary_kind="fixed", candidate_region="upper", queue_size=0, modulate=True,
+                 positive_grad=None, max_scale_ratio=4.0, max_offset=1.0, anchor_min=0.0, anchor_max=0.9, ema=0.9,
+                 std_floor=1e-4):
         super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
         _check_choice("mode", mode, MODES)
         _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
@@ -281,8 +282,8 @@ class AdaCLLoss(ContrastiveLoss):
             previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
         gap_or_none = gap if self.boundary_kind == "gap" else None
         if self.mode == "literal":
-            boundary = self.boundary if gap_or_none is None else adacl.gap_boundary(anchor, gap)
-            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, boundary, previous_m1, previous_m2)
+            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, self.boundary, previous_m1, previous_m2,
+                                         gap=gap_or_none)
         return adacl.calibrated_margins(
             anchor, log_z_u, scale, self.rho, self.boundary, anchor_min=self.anchor_min, anchor_max=self.anchor_max,
             max_scale_ratio=self.max_scale_ratio, max_offset=self.max_offset,
