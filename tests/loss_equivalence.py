@@ -12,7 +12,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import create_loss
+from open_clip_adacl import DistributedSetup, create_loss
 from distributed_utils import run_on_ranks
 
 LOGIT_SCALE = 14.3
@@ -80,8 +80,9 @@ def assert_resume_is_exact(name: str, options: Dict, batches: Sequence[Batch], r
 def _rank_steps(rank: int, world_size: int, name: str, options: Dict, batches: Sequence[Batch]):
     results = {}
     for local_loss, gather_with_grad in REGIMES:
-        loss_fn = create_loss(name, rank=rank, world_size=world_size, local_loss=local_loss,
-                              gather_with_grad=gather_with_grad, **options)
+        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
+                                gather_with_grad=gather_with_grad)
+        loss_fn = create_loss(name, dist=dist, **options)
         results[local_loss] = run_steps(loss_fn, batches, rank, world_size)
     return results
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import create_loss, selection
+from open_clip_adacl import DistributedSetup, create_loss, selection
 from open_clip_adacl.distributed import RowGroup
 from distributed_utils import run_on_ranks
 
@@ -57,10 +57,12 @@ def _run(loss_fn, batches, bias, rank=0, world_size=1):
 def _rank_fn(rank, world_size, batches, radix_values, radix_mask):
     results = {}
     for regime, (local_loss, gather_with_grad) in REGIMES.items():
-        dist = dict(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
+                                gather_with_grad=gather_with_grad)
         for name, options in CONFIGS.items():
-            results[regime, name] = _run(create_loss("adacl", **dist, **options), batches[:1], _bias(name), rank, world_size)
-        results[regime, "queue"] = _run(create_loss("adacl", **dist, **QUEUE), batches, None, rank, world_size)
+            results[regime, name] = _run(create_loss("adacl", dist=dist, **options), batches[:1], _bias(name), rank,
+                                         world_size)
+        results[regime, "queue"] = _run(create_loss("adacl", dist=dist, **QUEUE), batches, None, rank, world_size)
     rows = radix_values.shape[0] // world_size
     part = slice(rank * rows, (rank + 1) * rows)
     keys = selection.masked_keys(radix_values[part], radix_mask[part])

@@ -126,7 +126,7 @@ def test_degenerate_batches_stay_finite(name, mode, anchor_stat):
 def test_calibrated_margins_stay_in_their_bounds():
     """m1 in [t, max_scale_ratio t], m2 >= 0: the positive logit m1 (s - m2) is then at or below
     vanilla's t s below the anchor and above it beyond (docs/adacl.md)."""
-    ratio = create_loss("adacl").max_scale_ratio
+    ratio = create_loss("adacl").options.max_scale_ratio
     for seed in range(6):
         for scale in (5.0, SCALE, 60.0, 100.0):
             x, y = _features(seed=seed, noise=0.3 + 0.3 * seed)

@@ -11,7 +11,7 @@ from training.main import main
 
 BATCH = 64
 STEPS = 96  # 12 epochs of the fixture's 512 training scenes, in families of 8 kept whole per batch
-DEFAULTS = {option.name: option.default for option in get_loss_class("adacl").options}
+DEFAULTS = {option.name: option.default for option in get_loss_class("adacl").Options.specs()}
 
 
 def _train(demo_shards, logs, name, *loss_flags):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from open_clip_adacl import list_losses, register_loss
+from open_clip_adacl import DistributedSetup, list_losses, register_loss
 from open_clip_adacl.losses import ContrastiveLoss
 from training import checkpoint as ckpt
 from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, load_checkpoint,
@@ -159,8 +159,10 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 class CountingClip(ContrastiveLoss):
     """The clip loss plus state that depends on every batch and epoch seen: what a resume must restore."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    keeps_state = True
+
+    def __init__(self, options=None, dist=DistributedSetup()):
+        super().__init__(options, dist)
         self.register_buffer("num_calls", torch.zeros((), dtype=torch.long))
         self.register_buffer("index_sum", torch.zeros((), dtype=torch.float64))
         self.register_buffer("epoch", torch.full((), -1, dtype=torch.long))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import create_loss
+from open_clip_adacl import DistributedSetup, create_loss
 from distributed_utils import run_on_ranks
 
 
@@ -34,8 +34,8 @@ def test_single_process_bit_exact():
 
 def _rank_fn(rank, world_size, x, y, local_loss, gather_with_grad):
     b = x.shape[0] // world_size
-    loss_fn = create_loss("clip", rank=rank, world_size=world_size, local_loss=local_loss,
-                          gather_with_grad=gather_with_grad)
+    loss_fn = create_loss("clip", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
+                                                        gather_with_grad=gather_with_grad))
     value, gx, gy, gs = _value_and_grads(loss_fn, x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b],
                                          torch.tensor(14.3))
     return value, gx, gy, gs

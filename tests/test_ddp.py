@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distributed_utils import free_port, run_on_ranks
-from open_clip_adacl import create_loss
+from open_clip_adacl import DistributedSetup, create_loss
 from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
 from training.model import ModelConfig, build_model, build_precision
 from training.train import MicroBatch, forward_backward
@@ -25,8 +25,8 @@ def _batch(seed=0):
 
 def _trainer_step(model, world_size=1, rank=0, local_loss=False, gather_with_grad=False, batch=None):
     """One trainer step's loss and gradients (the trainer's own model builder and forward/backward)."""
-    loss_fn = create_loss("clip", rank=rank, world_size=world_size, local_loss=local_loss,
-                          gather_with_grad=gather_with_grad)
+    loss_fn = create_loss("clip", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
+                                                        gather_with_grad=gather_with_grad))
     out = forward_backward(model, loss_fn, [batch], build_precision("fp32", torch.device("cpu")))
     grads = {name: p.grad.clone() for name, p in unwrap_model(model).named_parameters() if p.grad is not None}
     return {"loss": out.loss, **grads}

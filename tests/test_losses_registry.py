@@ -1,10 +1,13 @@
 """Every registered loss honours the interface the trainer relies on."""
+from dataclasses import dataclass
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import open_clip_adacl
-from open_clip_adacl import create_loss, list_losses
+from open_clip_adacl import LossOptions, create_loss, list_losses, option
+from open_clip_adacl.losses import ContrastiveLoss, registry
 
 
 def _features(n=8, d=16, seed=0, dtype=torch.float32):
@@ -17,7 +20,7 @@ def _features(n=8, d=16, seed=0, dtype=torch.float32):
 def _default_options(name):
     """Options a loss needs to be constructible with defaults in a unit test (e.g. a state bank size)."""
     cls = open_clip_adacl.get_loss_class(name)
-    return {opt.name: 64 for opt in cls.options if opt.name == "data_size"}
+    return {"data_size": 64} if cls.needs_sample_index else {}
 
 
 # Options under which a stateful loss's state moves on the first training step.
@@ -109,3 +112,53 @@ def test_unknown_loss_and_option_are_clear_errors():
 def test_duplicate_registration_is_refused():
     with pytest.raises(ValueError, match="already registered"):
         open_clip_adacl.register_loss("clip")(type("Dup", (torch.nn.Module,), {}))
+
+
+@pytest.mark.parametrize("name", list_losses())
+def test_declared_capabilities_match_the_loss(name):
+    """keeps_state <=> checkpointed buffers; needs_sample_index <=> the data_size option; every option
+    has help text and its default passes validation."""
+    cls = open_clip_adacl.get_loss_class(name)
+    loss_fn = create_loss(name, **_default_options(name))
+    assert bool(loss_fn.state_dict()) == cls.keeps_state
+    specs = cls.Options.specs()
+    assert ("data_size" in {spec.name for spec in specs}) == cls.needs_sample_index
+    assert all(spec.help for spec in specs)
+    assert cls.softmax_style == isinstance(loss_fn, ContrastiveLoss)
+
+
+def _undeclared_loss(**attributes):
+    return type("Undeclared", (ContrastiveLoss,), attributes)
+
+
+class _UndecoratedOptions(LossOptions):  # forgot @dataclass: x would not be a field
+    x: int = option(1, "an option")
+
+
+@dataclass(frozen=True)
+class _PlainFieldOptions(LossOptions):
+    x: int = 1
+
+
+@pytest.mark.parametrize("attributes, message", [
+    ({"Options": _UndecoratedOptions}, "must be a @dataclass\\(frozen=True\\) deriving from LossOptions"),
+    ({"Options": _PlainFieldOptions}, "declare x with option\\(default, help\\)"),
+    ({"needs_sample_index": True}, "must derive from SampleStateOptions"),
+])
+def test_registration_refuses_an_inconsistent_declaration(monkeypatch, attributes, message):
+    monkeypatch.setattr(registry, "_LOSSES", dict(registry._LOSSES))
+    with pytest.raises(TypeError, match=message):
+        open_clip_adacl.register_loss("undeclared")(_undeclared_loss(**attributes))
+    with pytest.raises(TypeError, match="not a subclass of open_clip_adacl.losses.Loss"):
+        open_clip_adacl.register_loss("module")(torch.nn.Module)
+
+
+def test_options_are_typed_and_checked_when_built():
+    options = open_clip_adacl.get_loss_class("adacl").Options
+    assert options(max_offset=2).max_offset == 2.0 and isinstance(options(max_offset=2).max_offset, float)
+    with pytest.raises(ValueError, match="option queue_size must be an int, got 1.5"):
+        options(queue_size=1.5)
+    with pytest.raises(ValueError, match="option mode must be one of \\['literal', 'calibrated'\\], got 'x'"):
+        options(mode="x")
+    with pytest.raises(ValueError, match="ema must be in \\[0, 1\\), got 1.0"):
+        options(ema=1.0)

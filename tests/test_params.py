@@ -110,7 +110,7 @@ def test_missing_train_data_is_an_error_unless_synthetic():
 @pytest.mark.parametrize("loss_name", list_losses())
 def test_every_loss_option_has_a_flag_and_reaches_the_loss(loss_name):
     flags = {f.flag: f for f in params.loss_flags().values()}
-    options = get_loss_class(loss_name).options
+    options = get_loss_class(loss_name).Options.specs()
     for option in options:
         assert params.loss_option_flag(loss_name, option) in flags
     args = parse_args(_valid("--loss", loss_name))

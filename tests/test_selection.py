@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed_utils import run_on_ranks
-from open_clip_adacl import adacl, create_loss, selection
+from open_clip_adacl import DistributedSetup, adacl, create_loss, selection
 from open_clip_adacl.distributed import RowGroup
 
 SCALE = 14.3
@@ -159,7 +159,8 @@ def _rank_selects(rank, world_size, logits):
     positive_col = torch.arange(logits.shape[0])[rows]
     results = {(salient, stat): _select(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
                for salient in adacl.SALIENT_KINDS for stat in adacl.ANCHOR_STATS}
-    loss_fn = create_loss("adacl", rank=rank, world_size=world_size, local_loss=True, gather_with_grad=True)
+    loss_fn = create_loss("adacl", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=True,
+                                                         gather_with_grad=True))
     features = F.normalize(torch.randn(ROW_SPLIT[rank], 8), dim=-1)
     try:
         loss_fn(features, features, torch.tensor(SCALE))

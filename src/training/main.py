@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torchvision
 
-from open_clip_adacl import create_loss
+from open_clip_adacl import DistributedSetup, Loss, create_loss
 
 from . import params
 from .checkpoint import Checkpointer, TrainState, find_latest_checkpoint, resume
@@ -241,11 +241,12 @@ def find_resume_checkpoint(resume_arg: Optional[str], paths: RunPaths, env: Dist
     return latest
 
 
-def build_loss(args, env: DistributedEnv) -> torch.nn.Module:
+def build_loss(args, env: DistributedEnv) -> Loss:
     """The registered loss `--loss` with its options; an option it rejects is a ConfigError."""
+    dist = DistributedSetup(rank=env.rank, world_size=env.world_size, local_loss=args.local_loss,
+                            gather_with_grad=args.gather_with_grad)
     try:
-        loss_fn = create_loss(args.loss, rank=env.rank, world_size=env.world_size, local_loss=args.local_loss,
-                              gather_with_grad=args.gather_with_grad, **args.loss_options)
+        loss_fn = create_loss(args.loss, dist=dist, **args.loss_options)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"--loss {args.loss}: {error}") from error
     return loss_fn.to(env.device)

@@ -5,7 +5,7 @@ OpenCLIP flags we do not support are still recognised, so that using one is a `C
 the flag instead of argparse's generic "unrecognized arguments" or, worse, silence.
 
 Ours: `--loss` (any registered loss), one flag per loss option (`--<loss>-<option>` or the option's
-own `flag`, generated from `open_clip_adacl.get_loss_class(name).options`), `--caption-key`,
+own `flag`, generated from `open_clip_adacl.get_loss_class(name).Options`), `--caption-key`,
 `--val-caption-key`, `--train-group-size`, `--save-every-n-steps` and `--max-nonfinite-steps`.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
@@ -101,7 +101,7 @@ def loss_flags() -> Dict[str, LossFlag]:
     """Every registered loss's options, keyed by flag; refuses two incompatible uses of one flag."""
     flags: Dict[str, LossFlag] = {}
     for loss_name in list_losses():
-        for option in get_loss_class(loss_name).options:
+        for option in get_loss_class(loss_name).Options.specs():
             flag = loss_option_flag(loss_name, option)
             if flag in flags:
                 known = flags[flag]
@@ -135,7 +135,7 @@ def _add_loss_flag(group: argparse._ArgumentGroup, loss_flag: LossFlag) -> None:
 
 def option_of(loss_name: str, flag: str) -> LossOption:
     """The option of `loss_name` carried by `flag`."""
-    for option in get_loss_class(loss_name).options:
+    for option in get_loss_class(loss_name).Options.specs():
         if loss_option_flag(loss_name, option) == flag:
             return option
     raise KeyError(f"loss {loss_name!r} has no option behind {flag}")
@@ -442,7 +442,11 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(message)
     _validate_model_name(args.model)
     _validate_image_size(args.force_image_size)
-    data_size = args.loss_options.get("data_size")
+    try:
+        loss_options = get_loss_class(args.loss).Options(**args.loss_options)
+    except ValueError as error:
+        raise ConfigError(f"--loss {args.loss}: {error}") from None
+    data_size = loss_options.data_size if get_loss_class(args.loss).needs_sample_index else None
     if data_size is not None and args.train_num_samples is not None and data_size < args.train_num_samples:
         raise ConfigError(
             f"--data-size {data_size} is smaller than --train-num-samples {args.train_num_samples}; the loss "
@@ -510,7 +514,7 @@ def resolve_precision(precision: Optional[str], device_type: str) -> str:
 
 def logit_init_for_loss(loss_name: str) -> Dict[str, float]:
     """Model kwargs a loss needs: OpenCLIP's --siglip init for losses that use a logit bias."""
-    if getattr(get_loss_class(loss_name), "needs_logit_bias", False):
+    if get_loss_class(loss_name).needs_logit_bias:
         return {"init_logit_scale": SIGLIP_INIT_LOGIT_SCALE, "init_logit_bias": SIGLIP_INIT_LOGIT_BIAS}
     return {}
 

@@ -69,7 +69,7 @@ def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: 
     )
 
 
-def _loss_of(loss_fn: torch.nn.Module, image_features, text_features, model_out: Dict[str, torch.Tensor],
+def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor],
              sample_index: torch.Tensor) -> torch.Tensor:
     return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
                    sample_index=sample_index)
@@ -79,7 +79,7 @@ def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> Non
     (scaler.scale(loss) if scaler is not None else loss).backward()
 
 
-def forward_backward(model: torch.nn.Module, loss_fn: torch.nn.Module, micro_batches: List[MicroBatch],
+def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[MicroBatch],
                      precision: Precision) -> StepOutput:
     """Accumulate into `.grad` the gradient of the loss over the batch formed by `micro_batches`.
 
@@ -117,7 +117,7 @@ def forward_backward(model: torch.nn.Module, loss_fn: torch.nn.Module, micro_bat
                     loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index)
                 _backward(loss, precision.scaler)
             finite = finite and bool(torch.isfinite(loss))
-    stats = {name: value.detach() for name, value in getattr(loss_fn, "stats", {}).items()}
+    stats = {name: value.detach() for name, value in loss_fn.stats.items()}
     return StepOutput(loss=loss.detach(), stats=stats, logit_scale=model_out["logit_scale"].detach(), finite=finite)
 
 
@@ -244,7 +244,7 @@ def train_one_epoch(
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
                       num_samples * env.world_size, batch_time, data_time, env,
-                      console_stats=getattr(loss_fn, "console_stats", None))
+                      console_stats=loss_fn.console_stats)
         # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
         # of the next epoch rather than as the end of this one.
         if checkpointer is not None and step_in_epoch < steps_per_epoch:

@@ -1,13 +1,19 @@
 """Loss registry: `create_loss(name, ...)`, `list_losses()`.
 
-A new loss is one module in this package plus one `@register_loss("name")` on its class; its
-`options` declare the keyword arguments it takes (and the trainer derives `--<name>-<option>`
-command-line flags from them).
+A new loss is one module in this package: a `Loss` subclass with its `Options` dataclass and
+capabilities, decorated with `@register_loss("name")`. Every module here is imported below, which
+registers its losses; the trainer derives `--<name>-<option>` flags from the options.
 """
-from .base import ContrastiveLoss, LossOption
+import importlib
+import pkgutil
+
+from .base import ContrastiveLoss, EpochGatedLoss, GlobalBatch, Loss
+from .options import DistributedSetup, EpochGatedOptions, LossOption, LossOptions, SampleStateOptions, option
 from .registry import create_loss, get_loss_class, list_losses, register_loss
 
-# Importing the modules registers their losses.
-from . import adacl, clip, fne, glofnd, siglip  # noqa: E402,F401
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["ContrastiveLoss", "LossOption", "create_loss", "get_loss_class", "list_losses", "register_loss"]
+__all__ = ["ContrastiveLoss", "DistributedSetup", "EpochGatedLoss", "EpochGatedOptions", "GlobalBatch", "Loss",
+           "LossOption", "LossOptions", "SampleStateOptions", "create_loss", "get_loss_class", "list_losses",
+           "option", "register_loss"]

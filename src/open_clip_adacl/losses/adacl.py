@@ -18,7 +18,7 @@ path while still computing and logging the margins.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -26,7 +26,8 @@ import torch
 from .. import adacl
 from ..selection import (RowSummary, ensure_workspace, row_chunks, row_value_from_owner, select_anchor,
                          summarize_rows, working_dtype)
-from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, LossOption
+from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
+from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
 
 MODES = ("literal", "calibrated")
@@ -65,84 +66,78 @@ class _NegativeLogSumExp(torch.autograd.Function):
 class AdaCLLoss(ContrastiveLoss):
     """AdaCL's positive margins on top of OpenCLIP's ClipLoss, exact over the global batch."""
 
-    console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
-    options = (
-        LossOption("mode", str, "calibrated",
-                   "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
-                   "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below "
-                   "vanilla's for pairs less similar than the anchor and above it for the others (docs/adacl.md)",
-                   choices=MODES),
-        LossOption("eps", float, 1e-3, "literal mode: boundary error eps, the modulated probability at the "
-                   "boundary similarity is 1 - eps"),
-        LossOption("rho", float, 0.1, "calibrated mode: eps = rho * (1 - p_vanilla(boundary)), the boundary "
-                   "error relative to vanilla CL's, in (0, 1); smaller sharpens more"),
-        LossOption("anchor_stat", str, "median", "statistic of the clone candidates' gaps s_ii - s_ij that "
-                   "picks the anchor (the paper's ablation: median best, max worst)", choices=adacl.ANCHOR_STATS),
-        LossOption("salient", str, "max", "salient score of a query: s_ii - max (or mean) of its negatives",
-                   choices=adacl.SALIENT_KINDS),
-        LossOption("anchor_prob", str, "vanilla", "p_u of the anchor pair: its vanilla probability, or "
-                   "'progressive': its probability under the previous step's margins", choices=adacl.ANCHOR_PROBS),
-        LossOption("prior_ratio", float, 1.0, "GDA prior ratio pi_not_clone / pi_clone"),
-        LossOption("boundary", float, 1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by "
-                   "--adacl-boundary-kind fixed"),
-        LossOption("boundary_kind", str, "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the "
-                   "anchor plus the anchor's clone gap, so the sharpening follows how close clone negatives sit "
-                   "(docs/adacl.md)", choices=adacl.BOUNDARY_KINDS),
-        LossOption("candidate_region", str, "upper", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' "
-                   "(its part above the not-clone mean), 'all' (no discovery: every negative; a control)",
-                   choices=adacl.CANDIDATE_REGIONS),
-        LossOption("queue_size", int, 0, "FIFO of past batches' (detached, gathered) features used as extra "
-                   "negatives, in the anchor statistics and in the denominator; 0 disables it"),
-        LossOption("modulate", bool, True, "apply the margins; --no-adacl-modulate computes and logs them but "
-                   "trains with ClipLoss exactly"),
-        LossOption("positive_grad", str, None, "gradient of the modulated positive m1 (s - m2): 'fixed' (slope "
-                   "m1, none to logit_scale, as Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to "
-                   "logit_scale), 'balanced' (vanilla's gradient; the margins act as a per-row logit offset); "
-                   "default: 'fixed' in literal mode, 'balanced' in calibrated mode",
-                   choices=(None,) + adacl.POSITIVE_GRADS),
-        LossOption("max_scale_ratio", float, 4.0, "calibrated mode: upper bound of m1 / logit_scale (>= 1)"),
-        LossOption("max_offset", float, 1.0, "calibrated mode: upper bound of m2 (lower bound 0)"),
-        LossOption("anchor_min", float, 0.0, "calibrated mode: the anchor similarity is clamped to at least this"),
-        LossOption("anchor_max", float, 0.9, "calibrated mode: ... and at most this (below the boundary)"),
-        LossOption("ema", float, 0.9, "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) "
-                   "across steps; 0 uses each batch's margins as they are"),
-        LossOption("std_floor", float, 1e-4, "a reference row whose negatives' std (cosine units) is at most "
-                   "this is degenerate: the direction falls back to vanilla"),
-    )
+    @dataclass(frozen=True)
+    class Options(LossOptions):
+        mode: str = option(
+            "calibrated", "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
+            "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "
+            "for pairs less similar than the anchor and above it for the others (docs/adacl.md)", choices=MODES)
+        eps: float = option(
+            1e-3, "literal mode: boundary error eps, the modulated probability at the boundary similarity is 1 - eps")
+        rho: float = option(
+            0.1, "calibrated mode: eps = rho * (1 - p_vanilla(boundary)), the boundary error relative to vanilla "
+            "CL's, in (0, 1); smaller sharpens more")
+        anchor_stat: str = option(
+            "median", "statistic of the clone candidates' gaps s_ii - s_ij that picks the anchor (the paper's "
+            "ablation: median best, max worst)", choices=adacl.ANCHOR_STATS)
+        salient: str = option(
+            "max", "salient score of a query: s_ii - max (or mean) of its negatives", choices=adacl.SALIENT_KINDS)
+        anchor_prob: str = option(
+            "vanilla", "p_u of the anchor pair: its vanilla probability, or 'progressive': its probability under "
+            "the previous step's margins", choices=adacl.ANCHOR_PROBS)
+        prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
+        boundary: float = option(
+            1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by --adacl-boundary-kind fixed")
+        boundary_kind: str = option(
+            "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the anchor plus the anchor's "
+            "clone gap, so the sharpening follows how close clone negatives sit (docs/adacl.md)",
+            choices=adacl.BOUNDARY_KINDS)
+        candidate_region: str = option(
+            "upper", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' (its part above the "
+            "not-clone mean), 'all' (no discovery: every negative; a control)", choices=adacl.CANDIDATE_REGIONS)
+        queue_size: int = option(
+            0, "FIFO of past batches' (detached, gathered) features used as extra negatives, in the anchor "
+            "statistics and in the denominator; 0 disables it")
+        modulate: bool = option(
+            True, "apply the margins; --no-adacl-modulate computes and logs them but trains with ClipLoss exactly")
+        positive_grad: Optional[str] = option(
+            None, "gradient of the modulated positive m1 (s - m2): 'fixed' (slope m1, none to logit_scale, as "
+            "Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to logit_scale), 'balanced' (vanilla's "
+            "gradient; the margins act as a per-row logit offset); default: 'fixed' in literal mode, 'balanced' in "
+            "calibrated mode", choices=(None,) + adacl.POSITIVE_GRADS)
+        max_scale_ratio: float = option(4.0, "calibrated mode: upper bound of m1 / logit_scale (>= 1)")
+        max_offset: float = option(1.0, "calibrated mode: upper bound of m2 (lower bound 0)")
+        anchor_min: float = option(0.0, "calibrated mode: the anchor similarity is clamped to at least this")
+        anchor_max: float = option(0.9, "calibrated mode: ... and at most this (below the boundary)")
+        ema: float = option(
+            0.9, "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) across steps; 0 uses "
+            "each batch's margins as they are")
+        std_floor: float = option(
+            1e-4, "a reference row whose negatives' std (cosine units) is at most this is degenerate: the "
+            "direction falls back to vanilla")
 
-    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, mode="calibrated",
-                 eps=1e-3, rho=0.1, anchor_stat="median", salient="max", anchor_prob="vanilla", prior_ratio=1.0,
-                 boundary=1.0, boundary_kind="fixed", candidate_region="upper", queue_size=0, modulate=True,
-                 positive_grad=None, max_scale_ratio=4.0, max_offset=1.0, anchor_min=0.0, anchor_max=0.9, ema=0.9,
-                 std_floor=1e-4):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
-        _check_choice("mode", mode, MODES)
-        _check_choice("anchor_stat", anchor_stat, adacl.ANCHOR_STATS)
-        _check_choice("salient", salient, adacl.SALIENT_KINDS)
-        _check_choice("anchor_prob", anchor_prob, adacl.ANCHOR_PROBS)
-        _check_choice("boundary_kind", boundary_kind, adacl.BOUNDARY_KINDS)
-        _check_choice("candidate_region", candidate_region, adacl.CANDIDATE_REGIONS)
-        if positive_grad is None:  # literal mode is Algorithm 1 as written, its gradient included
-            positive_grad = "fixed" if mode == "literal" else "balanced"
-        _check_choice("positive_grad", positive_grad, adacl.POSITIVE_GRADS)
-        _check(0 < eps < 1, f"eps must be in (0, 1), got {eps}")
-        _check(0 < rho < 1, f"rho must be in (0, 1), got {rho}")
-        _check(prior_ratio > 0, f"prior_ratio must be > 0, got {prior_ratio}")
-        _check(queue_size >= 0, f"queue_size must be >= 0, got {queue_size}")
-        _check(max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {max_scale_ratio}")
-        _check(max_offset >= 0, f"max_offset must be >= 0, got {max_offset}")
-        _check(anchor_min <= anchor_max, f"need anchor_min <= anchor_max, got {anchor_min}, {anchor_max}")
-        _check(boundary_kind == "gap" or anchor_max < boundary,
-               f"a fixed boundary must lie above anchor_max, got anchor_max {anchor_max}, boundary {boundary}")
-        _check(0 <= ema < 1, f"ema must be in [0, 1), got {ema}")
-        _check(std_floor >= 0, f"std_floor must be >= 0, got {std_floor}")
-        self.mode, self.eps, self.rho, self.boundary = mode, eps, rho, boundary
-        self.anchor_stat, self.salient, self.anchor_prob, self.prior_ratio = anchor_stat, salient, anchor_prob, prior_ratio
-        self.queue_size, self.modulate, self.positive_grad = queue_size, modulate, positive_grad
-        self.max_scale_ratio, self.max_offset, self.anchor_min, self.anchor_max = (
-            max_scale_ratio, max_offset, anchor_min, anchor_max)
-        self.ema, self.std_floor = ema, std_floor
-        self.boundary_kind, self.candidate_region = boundary_kind, candidate_region
+        def check(self) -> None:
+            _check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
+            _check(0 < self.rho < 1, f"rho must be in (0, 1), got {self.rho}")
+            _check(self.prior_ratio > 0, f"prior_ratio must be > 0, got {self.prior_ratio}")
+            _check(self.queue_size >= 0, f"queue_size must be >= 0, got {self.queue_size}")
+            _check(self.max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {self.max_scale_ratio}")
+            _check(self.max_offset >= 0, f"max_offset must be >= 0, got {self.max_offset}")
+            _check(self.anchor_min <= self.anchor_max,
+                   f"need anchor_min <= anchor_max, got {self.anchor_min}, {self.anchor_max}")
+            _check(self.boundary_kind == "gap" or self.anchor_max < self.boundary,
+                   f"a fixed boundary must lie above anchor_max, got anchor_max {self.anchor_max}, "
+                   f"boundary {self.boundary}")
+            _check(0 <= self.ema < 1, f"ema must be in [0, 1), got {self.ema}")
+            _check(self.std_floor >= 0, f"std_floor must be >= 0, got {self.std_floor}")
+
+    keeps_state = True
+    console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
+
+    def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
+        # Literal mode is Algorithm 1 as written, its gradient included.
+        self.positive_grad = self.options.positive_grad or ("fixed" if self.options.mode == "literal" else "balanced")
 
         directions = len(DIRECTIONS)
         self.register_buffer("fallback_counts", torch.zeros(directions, len(FALLBACK_REASONS), dtype=torch.long))
@@ -177,9 +172,9 @@ class AdaCLLoss(ContrastiveLoss):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name in ("queue_image", "queue_text"):
             saved = state_dict.get(prefix + name)
-            if saved is not None and saved.numel() and saved.shape[0] != self.queue_size:
+            if saved is not None and saved.numel() and saved.shape[0] != self.options.queue_size:
                 raise ValueError(f"the checkpoint's AdaCL queue holds {saved.shape[0]} entries but queue_size is "
-                                 f"{self.queue_size}")
+                                 f"{self.options.queue_size}")
             if saved is not None and saved.shape != getattr(self, name).shape:
                 setattr(self, name, torch.zeros(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -196,23 +191,23 @@ class AdaCLLoss(ContrastiveLoss):
         self._update_state = self.training and torch.is_grad_enabled()
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         batch_features = (batch.all_image_features.detach(), batch.all_text_features.detach())
-        if self._update_state and self.queue_size:
+        if self._update_state and self.options.queue_size:
             # Staged first, so that a refused commit writes nothing.
             self.stage_update(lambda: _check_finite_queue_entries(*batch_features))
         batch = self._with_queue(batch)
         self.stats = {}
         loss = self.symmetric_loss(batch)
-        if self._update_state and self.queue_size:
+        if self._update_state and self.options.queue_size:
             self.stage_update(lambda: self._enqueue(*batch_features))
         return self.wrap_output(loss, output_dict)
 
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         logits, labels = batch.logits(direction), batch.labels
-        summary = summarize_rows(logits.detach(), labels, with_mean=self.salient == "mean")
+        summary = summarize_rows(logits.detach(), labels, with_mean=self.options.salient == "mean")
         positive_features = batch.candidate_features(direction).index_select(0, labels)
         similarity = (batch.query_features(direction) * positive_features).sum(dim=-1)
         m1, m2, modulated = self._margins(batch, direction, summary, similarity.detach())
-        if not self.modulate:
+        if not self.options.modulate:
             return super().direction_loss(batch, direction)
         # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
         # would cost an N x N scatter in the backward).
@@ -245,10 +240,11 @@ class AdaCLLoss(ContrastiveLoss):
             return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
 
         self._workspace = ensure_workspace(self._workspace, logits.numel(), logits.device)
-        selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=self.salient,
-                                  anchor_stat=self.anchor_stat, prior_ratio=self.prior_ratio,
-                                  std_floor=self.std_floor * scale, workspace=self._workspace,
-                                  region=self.candidate_region)
+        options = self.options
+        selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=options.salient,
+                                  anchor_stat=options.anchor_stat, prior_ratio=options.prior_ratio,
+                                  std_floor=options.std_floor * scale, workspace=self._workspace,
+                                  region=options.candidate_region)
         anchor = row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
         log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
         gap = selection.gap.double() / scale  # cosine units
@@ -257,7 +253,7 @@ class AdaCLLoss(ContrastiveLoss):
                               selection.num_candidates == 0, ~margins.valid])
         modulated = ~failed.any()
         m1, m2 = margins.m1, margins.m2
-        if self.mode == "calibrated" and self.ema > 0:
+        if options.mode == "calibrated" and options.ema > 0:
             m1, m2 = self._smoothed(index, m1 / scale, m2, modulated)
             m1 = m1 * scale
         m1 = torch.where(modulated, m1, vanilla_m1)
@@ -273,26 +269,27 @@ class AdaCLLoss(ContrastiveLoss):
     def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor,
                       gap: torch.Tensor) -> adacl.Margins:
         """Literal or calibrated margins; `gap` (cosine) sets the boundary when boundary_kind is 'gap'."""
+        options = self.options
         previous_m1: Optional[torch.Tensor] = None
         previous_m2: Optional[torch.Tensor] = None
-        if self.anchor_prob == "progressive":
+        if options.anchor_prob == "progressive":
             # Before any modulated step, the previous margins are vanilla's (t, 0): p_u is vanilla.
             valid = self.previous_valid[index]
             previous_m1 = torch.where(valid, self.previous_margins[index, 0], scale)
             previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
-        gap_or_none = gap if self.boundary_kind == "gap" else None
-        if self.mode == "literal":
-            return adacl.literal_margins(anchor, log_z_u, scale, self.eps, self.boundary, previous_m1, previous_m2,
-                                         gap=gap_or_none)
+        gap_or_none = gap if options.boundary_kind == "gap" else None
+        if options.mode == "literal":
+            return adacl.literal_margins(anchor, log_z_u, scale, options.eps, options.boundary, previous_m1,
+                                         previous_m2, gap=gap_or_none)
         return adacl.calibrated_margins(
-            anchor, log_z_u, scale, self.rho, self.boundary, anchor_min=self.anchor_min, anchor_max=self.anchor_max,
-            max_scale_ratio=self.max_scale_ratio, max_offset=self.max_offset,
+            anchor, log_z_u, scale, options.rho, options.boundary, anchor_min=options.anchor_min,
+            anchor_max=options.anchor_max, max_scale_ratio=options.max_scale_ratio, max_offset=options.max_offset,
             previous_m1=previous_m1, previous_m2=previous_m2, gap=gap_or_none)
 
     def _smoothed(self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor,
                   modulated: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Moving average of (m1/t, m2) over modulated steps; a fallback step leaves it untouched."""
-        average = adacl.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.ema,
+        average = adacl.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.options.ema,
                                    self.ema_valid[index])
         if self._update_state:
             kept = torch.where(modulated, average, self.ema_margins[index])
@@ -347,15 +344,16 @@ class AdaCLLoss(ContrastiveLoss):
     @torch.no_grad()
     def _enqueue(self, image_features: torch.Tensor, text_features: torch.Tensor) -> None:
         """Writes the global batch's features over the oldest entries (identical on every rank)."""
-        if self.queue_image.shape != (self.queue_size, image_features.shape[1]):
-            self.queue_image = image_features.new_zeros(self.queue_size, image_features.shape[1])
-            self.queue_text = text_features.new_zeros(self.queue_size, text_features.shape[1])
-        count = min(image_features.shape[0], self.queue_size)
-        slots = (self._queue_ptr + torch.arange(count, device=image_features.device)) % self.queue_size
+        queue_size = self.options.queue_size
+        if self.queue_image.shape != (queue_size, image_features.shape[1]):
+            self.queue_image = image_features.new_zeros(queue_size, image_features.shape[1])
+            self.queue_text = text_features.new_zeros(queue_size, text_features.shape[1])
+        count = min(image_features.shape[0], queue_size)
+        slots = (self._queue_ptr + torch.arange(count, device=image_features.device)) % queue_size
         self.queue_image.index_copy_(0, slots, image_features[-count:].to(self.queue_image.dtype))
         self.queue_text.index_copy_(0, slots, text_features[-count:].to(self.queue_text.dtype))
-        self._queue_ptr = (self._queue_ptr + count) % self.queue_size
-        self._queue_filled = min(self._queue_filled + count, self.queue_size)
+        self._queue_ptr = (self._queue_ptr + count) % queue_size
+        self._queue_filled = min(self._queue_filled + count, queue_size)
         self.queue_ptr.fill_(self._queue_ptr)
         self.queue_filled.fill_(self._queue_filled)
 
@@ -371,6 +369,3 @@ def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
 
-
-def _check_choice(name: str, value, choices) -> None:
-    _check(value in choices, f"{name} must be one of {choices}, got {value!r}")

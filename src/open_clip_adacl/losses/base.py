@@ -1,34 +1,24 @@
 """What every registered loss shares.
 
 `Loss` fixes the interface the trainer relies on (OpenCLIP's `ClipLoss.forward` signature plus
-`sample_index`, `stats`, `on_epoch_start`, `commit`). `ContrastiveLoss` is InfoNCE over the global batch
+`sample_index`, `stats`, `on_epoch_start`, `commit`) and what a loss declares about itself: its
+`Options` dataclass and its capabilities. `ContrastiveLoss` is InfoNCE over the global batch
 with OpenCLIP's `ClipLoss` semantics in both distributed regimes; losses that change the logits
 (AdaCL's positive margins, GloFND's masks, FNE's weights) override `adjust_logits` only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..distributed import RowGroup, gather_batch, gather_no_grad
+from .options import DistributedSetup, LossOptions
 
 DIRECTIONS = ("i2t", "t2i")
-
-
-@dataclass(frozen=True)
-class LossOption:
-    """A keyword argument of a loss; the trainer exposes it as `flag` (default `--<loss>-<name>`)."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    choices: Optional[Sequence[Any]] = None
-    flag: Optional[str] = None
 
 
 class Loss(nn.Module):
@@ -49,18 +39,23 @@ class Loss(nn.Module):
     after each step; without it the state never moves.
     """
 
-    options: Tuple[LossOption, ...] = ()
+    # What a loss declares about itself (the registry checks the declarations).
+    Options: ClassVar[Type[LossOptions]] = LossOptions  # its options, declared once
+    needs_logit_bias: ClassVar[bool] = False    # the model must have a logit_bias (built as OpenCLIP's --siglip)
+    needs_sample_index: ClassVar[bool] = False  # forward needs sample_index; Options derive SampleStateOptions
+    keeps_state: ClassVar[bool] = False         # buffers that move across steps (checkpointed, `commit()`ed)
+    softmax_style: ClassVar[bool] = False       # a cross-entropy over each row's candidates (chance: ln N)
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
-    console_stats: Optional[Tuple[str, ...]] = None
+    console_stats: ClassVar[Optional[Tuple[str, ...]]] = None
 
-    def __init__(self, *, rank: int = 0, world_size: int = 1, local_loss: bool = False,
-                 gather_with_grad: bool = False):
+    def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__()
-        self.rank = rank
-        self.world_size = world_size
-        self.local_loss = local_loss
-        self.gather_with_grad = gather_with_grad
+        options = self.Options() if options is None else options
+        if type(options) is not self.Options:
+            raise TypeError(f"{type(self).__name__} takes {self.Options.__name__}, got {type(options).__name__}")
+        self.options = options
+        self.dist = dist
         self.stats: Dict[str, torch.Tensor] = {}
         self._staged_updates: List[Callable[[], None]] = []
         self.register_forward_pre_hook(_drop_staged_updates)
@@ -136,14 +131,17 @@ class GlobalBatch:
 class ContrastiveLoss(Loss):
     """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it."""
 
+    softmax_style = True
+
     def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
                     sample_index=None) -> GlobalBatch:
-        if self.world_size > 1:
+        dist = self.dist
+        if dist.world_size > 1:
             all_image, all_text = gather_batch(
-                image_features, text_features, rank=self.rank, world_size=self.world_size,
-                local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
+                image_features, text_features, rank=dist.rank, world_size=dist.world_size,
+                local_loss=dist.local_loss, gather_with_grad=dist.gather_with_grad,
             )
-            if self.local_loss:
+            if dist.local_loss:
                 logits_per_image = logit_scale * image_features @ all_text.T
                 logits_per_text = logit_scale * text_features @ all_image.T
                 queries_image, queries_text = image_features, text_features
@@ -162,9 +160,8 @@ class ContrastiveLoss(Loss):
 
         num_rows = logits_per_image.shape[0]
         labels = torch.arange(num_rows, device=image_features.device, dtype=torch.long)
-        split_rows = self.world_size > 1 and self.local_loss
-        if split_rows:
-            labels = labels + num_rows * self.rank
+        if dist.splits_rows:
+            labels = labels + num_rows * dist.rank
         return GlobalBatch(
             image_features=queries_image,
             text_features=queries_text,
@@ -174,8 +171,8 @@ class ContrastiveLoss(Loss):
             logits_per_text=logits_per_text,
             labels=labels,
             logit_scale=logit_scale,
-            rows=RowGroup(split_across_ranks=split_rows),
-            sample_index=gather_no_grad(sample_index, self.world_size),
+            rows=RowGroup(split_across_ranks=dist.splits_rows),
+            sample_index=gather_no_grad(sample_index, dist.world_size),
             logit_bias=logit_bias,
         )
 
@@ -203,12 +200,13 @@ class ContrastiveLoss(Loss):
 
 
 class EpochGatedLoss(ContrastiveLoss):
-    """A `ContrastiveLoss` whose adjustment starts at epoch `start_epoch`, in training mode only;
-    before that, and in evaluation passes, it is plain InfoNCE (the peers' warm-up epochs)."""
+    """A `ContrastiveLoss` whose adjustment starts at epoch `options.start_epoch`, in training mode
+    only; before that, and in evaluation passes, it is plain InfoNCE (the peers' warm-up epochs)."""
 
-    def __init__(self, *, start_epoch: int, **kwargs):
-        super().__init__(**kwargs)
-        self.start_epoch = start_epoch
+    keeps_state = True
+
+    def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
         self.epoch = 0
 
     def on_epoch_start(self, epoch: int) -> None:
@@ -217,4 +215,4 @@ class EpochGatedLoss(ContrastiveLoss):
     @property
     def active(self) -> bool:
         """Whether this forward stages a state update and adjusts the logits."""
-        return self.training and self.epoch >= self.start_epoch
+        return self.training and self.epoch >= self.options.start_epoch

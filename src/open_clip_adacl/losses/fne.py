@@ -34,12 +34,14 @@ its own batch folded in; the buffers take them at `commit()`. `unit_weights` kee
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch, LossOption
+from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch
+from .options import DistributedSetup, EpochGatedOptions, option
 from .registry import register_loss
 
 MIN_WEIGHT = 1e-6  # floor of w_ij: log w stays finite, a near-certain false negative is all but removed
@@ -90,31 +92,27 @@ class FNELoss(EpochGatedLoss):
     running Gaussians `d/pos_mean`, `d/pos_std`, `d/neg_mean`, `d/neg_std`.
     """
 
-    options = (
-        LossOption("prior", float, 1e-4, "prior probability that a negative is a false negative (the "
-                   "original's 1 / match_para)"),
-        LossOption("momentum", float, 0.99, "momentum of the running Gaussian statistics"),
-        LossOption("start_epoch", int, 1, "first epoch with statistics and weights; earlier epochs are "
-                   "plain InfoNCE (the original's epoch-0 warm-up)"),
-        LossOption("min_matched", int, 200, "matched pairs to see before weights apply (the original's "
-                   "nums_right_sims)"),
-        LossOption("unit_weights", bool, False, "keep every weight at 1 (exactly the clip loss) while "
-                   "statistics and diagnostics still run"),
-    )
+    @dataclass(frozen=True)
+    class Options(EpochGatedOptions):
+        prior: float = option(1e-4, "prior probability that a negative is a false negative (the original's "
+                                    "1 / match_para)")
+        momentum: float = option(0.99, "momentum of the running Gaussian statistics")
+        start_epoch: int = option(1, "first epoch with statistics and weights; earlier epochs are plain InfoNCE "
+                                     "(the original's epoch-0 warm-up)")
+        min_matched: int = option(200, "matched pairs to see before weights apply (the original's "
+                                       "nums_right_sims)")
+        unit_weights: bool = option(False, "keep every weight at 1 (exactly the clip loss) while statistics and "
+                                           "diagnostics still run")
 
-    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False,
-                 prior: float = 1e-4, momentum: float = 0.99, start_epoch: int = 1, min_matched: int = 200,
-                 unit_weights: bool = False):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad,
-                         start_epoch=start_epoch)
-        if not 0.0 < prior < 1.0:
-            raise ValueError(f"prior must be in (0, 1), got {prior}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        self.prior = prior
-        self.momentum = momentum
-        self.min_matched = min_matched
-        self.unit_weights = unit_weights
+        def check(self) -> None:
+            super().check()
+            if not 0.0 < self.prior < 1.0:
+                raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+            if not 0.0 <= self.momentum < 1.0:
+                raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+    def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
         for direction in DIRECTIONS:
             # rows: [positive, hardest negative]; columns: [mean, mean of squares] of the similarity
             self.register_buffer(f"{direction}_moments", torch.zeros(2, 2))
@@ -132,19 +130,20 @@ class FNELoss(EpochGatedLoss):
         with torch.no_grad():
             matched_frac, moments, num_matched = self._updated_statistics(batch, direction)
             mean, std = gaussians(moments)
-            ready = num_matched >= self.min_matched
+            ready = num_matched >= self.options.min_matched
             similarity = batch.to_similarity(logits.detach()).float()
-            log_odds = false_negative_log_odds(similarity, mean, std, self.prior)
+            log_odds = false_negative_log_odds(similarity, mean, std, self.options.prior)
             # Not ready: every P_FN is 0 (weights 1); positives are never down-weighted.
             log_odds = torch.where(ready, log_odds, -math.inf)
             log_odds[torch.arange(len(batch.labels), device=logits.device), batch.labels] = -math.inf
             log_weight = F.logsigmoid(-log_odds).clamp_min(math.log(MIN_WEIGHT))
             self.stats.update(self._direction_stats(batch, direction, log_odds, log_weight, mean, std, matched_frac))
-        if self.unit_weights:
+        if self.options.unit_weights:
             return logits
         return logits + log_weight
 
-    def _updated_statistics(self, batch: GlobalBatch, direction: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _updated_statistics(self, batch: GlobalBatch,
+                            direction: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(matched fraction, moments, matched count) with this batch's matched rows folded into the
         running statistics; the update of the buffers is staged for `commit()`."""
         logits = batch.logits(direction).detach()
@@ -164,7 +163,7 @@ class FNELoss(EpochGatedLoss):
         count, sums = totals[0], totals[1:].view(2, 2)
         moments_buffer = getattr(self, f"{direction}_moments")
         num_matched_buffer = getattr(self, f"{direction}_num_matched")
-        moments = update_moments(moments_buffer, num_matched_buffer, sums, count, self.momentum)
+        moments = update_moments(moments_buffer, num_matched_buffer, sums, count, self.options.momentum)
         num_matched = num_matched_buffer + count
 
         def write_statistics() -> None:

@@ -26,13 +26,15 @@ Updates and masking run in training mode from epoch `start_epoch` on (the traine
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
 
 from ..distributed import gather_no_grad
 from ..state import SampleStateBank
-from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch, LossOption
+from .base import DIRECTIONS, EpochGatedLoss, GlobalBatch
+from .options import DistributedSetup, EpochGatedOptions, SampleStateOptions, option
 from .registry import register_loss
 
 ADAM_EPS = 1e-8  # the authors' value
@@ -75,37 +77,31 @@ class GloFNDLoss(EpochGatedLoss):
     thresholds that made the mask), `d/updated_frac` (fraction of the data set updated at least once).
     """
 
-    options = (
-        LossOption("data_size", int, None, "number of training samples: sample indices must lie in "
-                   "[0, data_size) (sizes the per-sample state bank)", flag="--data-size"),
-        LossOption("alpha", float, 1e-3, "fraction of each sample's negatives treated as false negatives "
-                   "(thresholds learn the 1 - alpha quantile); 0 with init_lambda 1 filters nothing"),
-        LossOption("lambda_lr", float, 0.05, "learning rate of the per-sample threshold Adam"),
-        LossOption("start_epoch", int, 0, "first epoch that updates thresholds and masks negatives (the "
-                   "authors start at about half of training, epoch 15-20 of ~30 on CC3M)"),
-        LossOption("beta1", float, 0.9, "Adam beta1 of the threshold updates"),
-        LossOption("beta2", float, 0.98, "Adam beta2 of the threshold updates"),
-        LossOption("init_lambda", float, 1.0, "initial threshold of every sample (1 filters nothing)"),
-    )
+    @dataclass(frozen=True)
+    class Options(SampleStateOptions, EpochGatedOptions):
+        alpha: float = option(1e-3, "fraction of each sample's negatives treated as false negatives (thresholds "
+                                    "learn the 1 - alpha quantile); 0 with init_lambda 1 filters nothing")
+        lambda_lr: float = option(0.05, "learning rate of the per-sample threshold Adam")
+        start_epoch: int = option(0, "first epoch that updates thresholds and masks negatives (the authors start "
+                                     "at about half of training, epoch 15-20 of ~30 on CC3M)")
+        beta1: float = option(0.9, "Adam beta1 of the threshold updates")
+        beta2: float = option(0.98, "Adam beta2 of the threshold updates")
+        init_lambda: float = option(1.0, "initial threshold of every sample (1 filters nothing)")
 
-    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False,
-                 data_size: Optional[int] = None, alpha: float = 1e-3, lambda_lr: float = 0.05,
-                 start_epoch: int = 0, beta1: float = 0.9, beta2: float = 0.98, init_lambda: float = 1.0):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad,
-                         start_epoch=start_epoch)
-        if data_size is None:
-            raise ValueError("the glofnd loss needs data_size (--data-size), the number of training samples, "
-                             "to size its per-sample thresholds")
-        if not 0.0 <= alpha < 1.0:
-            raise ValueError(f"alpha must be in [0, 1), got {alpha}")
-        if not THRESHOLD_RANGE[0] <= init_lambda <= THRESHOLD_RANGE[1]:
-            raise ValueError(f"init_lambda must be in {list(THRESHOLD_RANGE)}, got {init_lambda}")
-        self.alpha = alpha
-        self.lambda_lr = lambda_lr
-        self.beta1 = beta1
-        self.beta2 = beta2
+        def check(self) -> None:
+            super().check()
+            if not 0.0 <= self.alpha < 1.0:
+                raise ValueError(f"alpha must be in [0, 1), got {self.alpha}")
+            if not THRESHOLD_RANGE[0] <= self.init_lambda <= THRESHOLD_RANGE[1]:
+                raise ValueError(f"init_lambda must be in {list(THRESHOLD_RANGE)}, got {self.init_lambda}")
+
+    needs_sample_index = True
+
+    def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
+        options = self.options
         self.thresholds = torch.nn.ModuleDict({
-            direction: SampleStateBank(data_size, THRESHOLD_FIELDS, initial={"lambda": init_lambda})
+            direction: SampleStateBank(options.data_size, THRESHOLD_FIELDS, initial={"lambda": options.init_lambda})
             for direction in DIRECTIONS
         })
 
@@ -129,8 +125,9 @@ class GloFNDLoss(EpochGatedLoss):
             above = logits.detach() > row_threshold[:, None]
             above[torch.arange(len(batch.labels), device=above.device), batch.labels] = False
             num_above = self._all_rows(batch, above.sum(dim=1))
-            new_state = quantile_adam_step(state, num_above, logits.shape[1] - 1, alpha=self.alpha,
-                                           lr=self.lambda_lr, beta1=self.beta1, beta2=self.beta2)
+            options = self.options
+            new_state = quantile_adam_step(state, num_above, logits.shape[1] - 1, alpha=options.alpha,
+                                           lr=options.lambda_lr, beta1=options.beta1, beta2=options.beta2)
             self.stage_update(lambda: bank.update(sample_index, new_state))
             self.stats.update(self._direction_stats(direction, state["lambda"], num_above, bank, sample_index))
         return logits.masked_fill(above, float("-inf"))
@@ -138,7 +135,7 @@ class GloFNDLoss(EpochGatedLoss):
     def _all_rows(self, batch: GlobalBatch, per_row: torch.Tensor) -> torch.Tensor:
         """A per-row tensor of this rank's rows -> the same for all N global rows."""
         if batch.rows.split_across_ranks:
-            return gather_no_grad(per_row, self.world_size)
+            return gather_no_grad(per_row, self.dist.world_size)
         return per_row
 
     @staticmethod

@@ -1,50 +1,60 @@
-"""Name -> loss class. Duplicate names are refused so two modules cannot silently shadow each other."""
+"""Name -> loss class. Registration checks what a loss declares; duplicate names are refused so two
+modules cannot silently shadow each other."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Type
+import dataclasses
+from typing import Callable, Dict, List, Optional, Type
 
-import torch.nn as nn
+from .base import Loss
+from .options import DistributedSetup, LossOptions, SampleStateOptions
 
-_LOSSES: Dict[str, Type[nn.Module]] = {}
+_LOSSES: Dict[str, Type[Loss]] = {}
 
 
-def register_loss(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:
-    def decorator(cls: Type[nn.Module]) -> Type[nn.Module]:
+def register_loss(name: str) -> Callable[[Type[Loss]], Type[Loss]]:
+    def decorator(cls: Type[Loss]) -> Type[Loss]:
         if name in _LOSSES:
             raise ValueError(f"loss {name!r} is already registered by {_LOSSES[name].__module__}")
+        _check_declaration(name, cls)
         _LOSSES[name] = cls
         return cls
 
     return decorator
 
 
+def _check_declaration(name: str, cls: type) -> None:
+    """A registered loss is a `Loss` whose `Options` is a frozen `LossOptions` dataclass of its own
+    declaration, consistent with its capabilities."""
+    if not (isinstance(cls, type) and issubclass(cls, Loss)):
+        raise TypeError(f"loss {name!r}: {cls!r} is not a subclass of open_clip_adacl.losses.Loss")
+    options = cls.Options
+    if not (isinstance(options, type) and issubclass(options, LossOptions) and dataclasses.is_dataclass(options)
+            and options.__dataclass_params__.frozen and "__dataclass_fields__" in vars(options)):
+        raise TypeError(f"loss {name!r}: {cls.__name__}.Options must be a @dataclass(frozen=True) deriving from "
+                        f"LossOptions")
+    if cls.needs_sample_index and not issubclass(options, SampleStateOptions):
+        raise TypeError(f"loss {name!r} needs sample indices, so its Options must derive from SampleStateOptions "
+                        f"(the data_size option)")
+    options.specs()  # every field made with option(): help and choices present
+
+
 def list_losses() -> List[str]:
     return sorted(_LOSSES)
 
 
-def get_loss_class(name: str) -> Type[nn.Module]:
+def get_loss_class(name: str) -> Type[Loss]:
     if name not in _LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(list_losses())}")
     return _LOSSES[name]
 
 
-def create_loss(
-    name: str,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    local_loss: bool = False,
-    gather_with_grad: bool = False,
-    **options,
-) -> nn.Module:
-    """Build the registered loss `name`; `options` are that loss's own keyword arguments."""
+def create_loss(name: str, *, dist: Optional[DistributedSetup] = None, **options) -> Loss:
+    """Build the registered loss `name`; `options` are fields of that loss's `Options`."""
     cls = get_loss_class(name)
-    accepted = {option.name for option in getattr(cls, "options", ())}
+    accepted = {spec.name for spec in cls.Options.specs()}
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise TypeError(
             f"loss {name!r} got unknown option(s) {unknown}; it accepts: {sorted(accepted) or 'none'}"
         )
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
-    return cls(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad, **options)
+    return cls(cls.Options(**options), DistributedSetup() if dist is None else dist)

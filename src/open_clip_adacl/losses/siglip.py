@@ -5,7 +5,11 @@ import math
 
 from open_clip.loss import SigLipLoss as OpenClipSigLipLoss
 
-from .base import Loss, LossOption
+from dataclasses import dataclass
+from typing import Optional
+
+from .base import Loss
+from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
 
 # The model init of OpenCLIP's `--siglip` (open_clip_train.main passes init_logit_scale=log(10), the
@@ -19,15 +23,18 @@ SIGLIP_INIT_LOGIT_BIAS = -10.0
 class SigLipLoss(Loss):
     """Sigmoid loss; needs the model's `logit_bias` (the trainer creates it as `--siglip` does)."""
 
-    needs_logit_bias = True
-    options = (
-        LossOption("dist_impl", str, None, "SigLIP's distributed exchange ('bidir', 'shift', 'reduce', 'gather')",
-                   choices=(None, "bidir", "shift", "reduce", "gather"), flag="--loss-dist-impl"),
-    )
+    @dataclass(frozen=True)
+    class Options(LossOptions):
+        dist_impl: Optional[str] = option(None, "SigLIP's distributed exchange ('bidir', 'shift', 'reduce', "
+                                                "'gather')", choices=(None, "bidir", "shift", "reduce", "gather"),
+                                          flag="--loss-dist-impl")
 
-    def __init__(self, *, rank=0, world_size=1, local_loss=False, gather_with_grad=False, dist_impl=None):
-        super().__init__(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
-        self.siglip = OpenClipSigLipLoss(rank=rank, world_size=world_size, dist_impl=dist_impl)
+    needs_logit_bias = True
+
+    def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
+        self.siglip = OpenClipSigLipLoss(rank=dist.rank, world_size=dist.world_size,
+                                         dist_impl=self.options.dist_impl)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
                 sample_index=None, output_dict=False):

@@ -1,0 +1,71 @@
+"""A new loss is one module: this file declares one, registers it and trains it through
+`training.main`, with no edit anywhere else. Its options become flags, reach params.txt and are
+validated; its state is checkpointed and moves once per optimizer step."""
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
+from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
+from training.checkpoint import load_checkpoint
+from training.logger import read_metrics
+from training.main import main
+from training.params import ConfigError, build_parser
+
+NAME = "tempered"
+
+
+class TemperedClip(ContrastiveLoss):
+    """InfoNCE on logits divided by a temper, counting the optimizer steps it trained."""
+
+    @dataclass(frozen=True)
+    class Options(LossOptions):
+        temper: float = option(1.0, "divides every logit before the cross-entropy")
+
+        def check(self) -> None:
+            if self.temper <= 0:
+                raise ValueError(f"temper must be > 0, got {self.temper}")
+
+    keeps_state = True
+
+    def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+        if self.training and direction == "i2t":
+            self.stage_update(lambda: self.steps.add_(1))
+        return batch.logits(direction) / self.options.temper
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The loss registered with the real decorator, in a copy of the registry this test throws away."""
+    monkeypatch.setattr(registry, "_LOSSES", dict(registry._LOSSES))
+    register_loss(NAME)(TemperedClip)
+
+
+def _argv(logs, *extra):
+    return ["--dataset-type", "synthetic", "--train-num-samples", "32", "--model", "adacl-tiny", "--batch-size", "8",
+            "--accum-freq", "2", "--epochs", "1", "--lr", "1e-3", "--warmup", "1", "--workers", "0",
+            "--device", "cpu", "--logs", str(logs), "--name", "tempered", "--loss", NAME, *extra]
+
+
+def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_path):
+    assert "--tempered-temper" in build_parser().format_help()
+    summary = main(_argv(tmp_path, "--tempered-temper", "2"))
+    run = tmp_path / "tempered"
+    assert "tempered_temper: 2.0" in (run / "params.txt").read_text()
+    steps = read_metrics(run / "metrics.jsonl", "train")
+    assert summary.step == len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
+    # Two micro-batches per step, one state move per optimizer step; the checkpoint holds the state.
+    assert load_checkpoint(summary.checkpoint)["loss"]["steps"].item() == 2
+
+
+def test_its_options_are_validated_and_its_flags_belong_to_it(registered, tmp_path):
+    with pytest.raises(ConfigError, match="--loss tempered: temper must be > 0, got -1.0"):
+        main(_argv(tmp_path, "--tempered-temper", "-1", "--dry-run"))
+    with pytest.raises(ConfigError, match="--tempered-temper is an option of --loss tempered, but --loss is 'clip'"):
+        main(_argv(tmp_path, "--tempered-temper", "2", "--dry-run") + ["--loss", "clip"])
