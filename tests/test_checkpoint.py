@@ -96,9 +96,10 @@ def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
 def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(tmp_path):
     model = torch.nn.Linear(2, 2)
     model.logit_scale = torch.nn.Parameter(torch.zeros(()))
-    cfg = CheckpointConfig(str(tmp_path), save_frequency=2, save_most_recent=True, save_every_n_steps=3,
-                           delete_previous=True, total_epochs=3)
-    checkpointer = Checkpointer(cfg, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
+    cfg = CheckpointConfig(save_frequency=2, save_most_recent=True, save_every_n_steps=3, delete_previous=True,
+                           total_epochs=3)
+    checkpointer = Checkpointer(cfg, checkpoint_dir=str(tmp_path), model=model,
+                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
                                 loss=torch.nn.Module(), env=DistributedEnv(), name="n", args={"model": "m"},
                                 model_cfg={}, preprocess_cfg={})
     state = TrainState()

@@ -1,7 +1,6 @@
-"""The webdataset pipeline: batch format, splitting, sampling, exact resume, hostile shards, errors."""
-import io
+"""The training and validation streams: batch format, splitting, sampling, exact resume, errors
+(damaged shards: test_shards.py)."""
 import json
-import tarfile
 from collections import Counter
 from dataclasses import replace
 
@@ -9,28 +8,11 @@ import open_clip
 import pytest
 import torch
 import webdataset as wds
-from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
-
-TRAIN = "train/shard-{000000..000003}.tar"
-TEXT_BYTES = 128
-
-
-def byte_tokenizer(texts):
-    """UTF-8 bytes padded to TEXT_BYTES: a tokenizer whose output decodes back to the caption."""
-    rows = [list(text.encode()) + [0] * (TEXT_BYTES - len(text.encode())) for text in texts]
-    return torch.tensor(rows, dtype=torch.long)
-
-
-def decode_texts(tokens):
-    return [bytes(row[row > 0].tolist()).decode() for row in tokens]
-
-
-def config(root, **overrides):
-    return replace(DataConfig(train_data=str(root / TRAIN), batch_size=32, workers=0, seed=7), **overrides)
+from data_utils import assert_same_batches, byte_tokenizer, config, decode_texts, indices
 
 
 def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
@@ -45,22 +27,11 @@ def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
     return runs
 
 
-def indices(batches):
-    return torch.cat([batch[2] for batch in batches]).tolist()
-
-
 def split_samples(root, split="train"):
     """key -> json metadata, read straight from the shards."""
     samples = wds.WebDataset(str(root / split / "shard-{000000..000003}.tar" if split == "train"
                                  else root / split / "shard-000000.tar"), shardshuffle=False)
     return {int(json.loads(s["json"])["key"]): json.loads(s["json"]) for s in samples}
-
-
-def assert_same_batches(actual, expected):
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected):
-        for got_tensor, want_tensor in zip(got[:3], want[:3]):
-            assert torch.equal(got_tensor, want_tensor)
 
 
 def test_batches_have_the_documented_format_with_open_clip_transforms(demo_shards):
@@ -225,111 +196,6 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
                         batches[4:])
 
 
-# ---------------------------------------------------------------------------------------------
-# Hostile shards
-
-
-def png(size=8, colour=(200, 30, 30)):
-    buffer = io.BytesIO()
-    Image.new("RGB", (size, size), colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def good(key):
-    return {"__key__": f"{key:09d}", "png": png(), "txt": f"caption {key}".encode(),
-            "json": json.dumps({"key": f"{key:09d}"}).encode()}
-
-
-def write_tar(path, samples):
-    with wds.TarWriter(str(path), encoder=False) as sink:
-        for sample in samples:
-            sink.write(sample)
-
-
-def write_hostile_shards(directory):
-    """Shards with one sample of every kind of damage; returns (urls, good keys, expected skips)."""
-    directory.mkdir()
-    damaged = [
-        {**good(100), "png": b"these bytes are not an image"},
-        {**good(101), "txt": b"   "},
-        {**good(102), "txt": b"caption \xff\xfe"},
-        {key: value for key, value in good(103).items() if key != "txt"},
-        {key: value for key, value in good(104).items() if key != "png"},
-        {**good(105), "json": b"{not json"},
-        {**good(106), "png": png(size=40)},  # 1600 pixels, over the test's max_image_pixels
-    ]
-    write_tar(directory / "a.tar", [good(0), good(1), *damaged[:4], good(2), {**good(1), "txt": b"again"},
-                                    *damaged[4:], good(3)])
-    write_tar(directory / "full.tar", [good(10), good(11), good(12)])
-    data = (directory / "full.tar").read_bytes()
-    with tarfile.open(directory / "full.tar") as tar:
-        last_png = next(m for m in tar.getmembers() if m.name == "000000012.png")
-    (directory / "b.tar").write_bytes(data[:last_png.offset_data + last_png.size // 2])  # truncated mid-image
-    (directory / "full.tar").unlink()
-    (directory / "c.tar").mkdir()  # exists, but cannot be read as a file
-    urls = "::".join(str(directory / name) for name in ("a.tar", "b.tar", "c.tar"))
-    expected = {"bad_image": 1, "empty_caption": 1, "non_utf8_caption": 1, "missing_caption": 1,
-                "missing_image": 2, "bad_json": 1, "huge_image": 1, "duplicate_key": 1, "bad_tar": 1,
-                "unreadable_shard": 1}  # missing_image 2: sample 104 and the truncated sample 12
-    return urls, [0, 1, 2, 3, 10, 11], expected
-
-
-def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
-    urls, good_keys, expected = write_hostile_shards(tmp_path / "hostile")
-    cfg = DataConfig(val_data=urls, batch_size=4, workers=0, max_image_pixels=1000)
-    batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
-    assert sorted(indices(batches)) == good_keys
-    assert [text for b in batches for text in decode_texts(b[1])].count("caption 1") == 1  # the first copy wins
-    totals = sum(batch[3] for batch in batches)
-    assert dict(zip(SKIP_REASONS, totals.tolist())) == {reason: expected.get(reason, 0) for reason in SKIP_REASONS}
-
-
-def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
-    urls, good_keys, _ = write_hostile_shards(tmp_path / "hostile")
-    cfg = DataConfig(train_data=urls, train_num_samples=48, batch_size=4, workers=2, max_image_pixels=1000,
-                     dataset_type="webdataset", dataset_resampled=True)
-    batches = list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
-    assert len(batches) == 12 and all(len(batch[2]) == 4 for batch in batches)
-    assert set(indices(batches)) <= set(good_keys)
-    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
-    assert all(totals[reason] > 0 for reason in ("bad_image", "unreadable_shard", "bad_tar", "duplicate_key"))
-
-
-def test_a_reader_whose_shards_are_all_unreadable_stops_with_a_clear_error(tmp_path):
-    directory = tmp_path / "shards"
-    directory.mkdir()
-    write_tar(directory / "good.tar", [good(key) for key in range(8)])
-    (directory / "garbage.tar").write_bytes(b"not a tar file at all" * 100)
-    urls = f"{directory}/good.tar::{directory}/garbage.tar"
-    outcomes = []
-    for rank in range(2):  # one rank draws the garbage shard
-        cfg = DataConfig(train_data=urls, train_num_samples=16, batch_size=4, world_size=2, rank=rank, workers=0)
-        try:
-            outcomes.append(len(list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)))
-        except RuntimeError as error:
-            assert "none of its shards yielded a usable sample" in str(error) and "bad_tar=1" in str(error)
-            outcomes.append("error")
-    assert sorted(outcomes, key=str) == [2, "error"]
-
-
-def test_no_readable_shard_at_all_fails_before_training(tmp_path):
-    directory = tmp_path / "shards"
-    directory.mkdir()
-    (directory / "0.tar").write_bytes(b"garbage")
-    (directory / "1.tar").mkdir()
-    cfg = DataConfig(train_data=f"{directory}/{{0..1}}.tar", train_num_samples=16, batch_size=4)
-    with pytest.raises(RuntimeError, match="none of the 2 shards"):
-        build_train_data(cfg, to_tensor, byte_tokenizer)
-
-
-def test_missing_shards_are_named_before_training(demo_shards):
-    cfg = config(demo_shards, train_data=str(demo_shards / "train/shard-{000000..000005}.tar"))
-    with pytest.raises(FileNotFoundError, match="2 of the 6 shards.*shard-000004.tar"):
-        build_train_data(cfg, to_tensor, byte_tokenizer)
-    with pytest.raises(FileNotFoundError, match="val_data"):
-        build_val_data(config(demo_shards, val_data=str(demo_shards / "nowhere.tar")), to_tensor, byte_tokenizer)
-
-
 def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="cannot be split"):
         build_train_data(config(demo_shards, workers=3, world_size=2), to_tensor, byte_tokenizer)
@@ -345,30 +211,6 @@ def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="synthetic data has none"):
         build_train_data(DataConfig(dataset_type="synthetic", train_num_samples=64, group_size=8), to_tensor,
                          byte_tokenizer)
-
-
-def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):
-    directory = tmp_path / "shards"
-    directory.mkdir()
-    samples = [{"__key__": f"img-{n}", "png": png(), "txt": b"a caption"} for n in range(6)]
-    samples += [{"__key__": "img-text-key", "png": png(), "txt": b"a caption", "json": b'{"key": "abc"}'},
-                {"__key__": "img-huge-key", "png": png(), "txt": b"a caption", "json": b'{"key": "9' + b"9" * 30 + b'"}'},
-                {"__key__": "img-int-key", "png": png(), "txt": b"a caption", "json": b'{"key": 42}'}]
-    write_tar(directory / "0.tar", samples)
-    cfg = DataConfig(val_data=str(directory / "0.tar"), batch_size=9, workers=0)
-    first = indices(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
-    again = indices(build_val_data(replace(cfg, workers=1), to_tensor, byte_tokenizer).dataloader)  # other process
-    assert first == again and len(set(first)) == 9 and first[-1] == 42
-    assert all(0 <= index < 2**63 for index in first)
-
-
-def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path):
-    directory = tmp_path / "shards"
-    directory.mkdir()
-    write_tar(directory / "0.tar", [{**good(key), "png": b"not an image"} for key in range(8)])
-    cfg = DataConfig(train_data=str(directory / "0.tar"), train_num_samples=8, batch_size=4, workers=0)
-    with pytest.raises(RuntimeError, match="images in a row could not be decoded.*bad_image=1000"):
-        list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
 
 
 def test_reading_in_the_main_process_leaves_the_callers_random_state_alone(demo_shards):

@@ -11,7 +11,7 @@ import torch
 
 from open_clip_adacl import create_loss
 from training import params
-from training.checkpoint import CheckpointConfig, Checkpointer, TrainState
+from training.checkpoint import Checkpointer, TrainState
 from training.distributed import DistributedEnv
 from training.export import CONFIG_NAME, WEIGHTS_NAME, export
 from training.model import build_model, build_optimizer, open_clip_model_config, preprocess_config
@@ -35,17 +35,17 @@ STOCK_OPEN_CLIP = textwrap.dedent("""
 def _write_checkpoint(tmp_path, argv):
     """A checkpoint exactly as the trainer writes it, of a model with non-initial weights."""
     args = params.parse_args(["--train-data", "x", "--model", "adacl-tiny", "--precision", "fp32", *argv])
-    model_cfg = params.model_config(args)
-    bundle = build_model(model_cfg, torch.device("cpu"))
+    cfg = params.run_config(args)
+    bundle = build_model(cfg.model, torch.device("cpu"))
     with torch.no_grad():
         for p in bundle.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     loss = create_loss("clip")  # the loss only contributes its (empty) state here
     checkpointer = Checkpointer(
-        CheckpointConfig(str(tmp_path / "checkpoints")), model=bundle.model,
-        optimizer=build_optimizer(bundle.model, params.optimizer_config(args)), scaler=None, loss=loss,
-        env=DistributedEnv(), name="export-test", args=params.arg_values(args),
-        model_cfg=open_clip_model_config(model_cfg), preprocess_cfg=preprocess_config(bundle.model))
+        cfg.checkpoints, checkpoint_dir=str(tmp_path / "checkpoints"), model=bundle.model,
+        optimizer=build_optimizer(bundle.model, cfg.optimizer), scaler=None, loss=loss,
+        env=DistributedEnv(), name="export-test", args=dict(cfg.recorded_args),
+        model_cfg=open_clip_model_config(cfg.model), preprocess_cfg=preprocess_config(bundle.model))
     state = TrainState(epoch=1, step=3)
     state.start_epoch(num_skip_reasons=2)
     [path] = checkpointer.save(["epoch_1.pt"], state)

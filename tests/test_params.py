@@ -1,5 +1,9 @@
-"""The command line: OpenCLIP's flags and defaults, generated loss flags, clear errors before any work."""
+"""The command line: OpenCLIP's flags and defaults, generated loss flags, clear errors before any work,
+the run's typed config."""
+import dataclasses
+
 import pytest
+import torch
 from open_clip_train.params import parse_args as openclip_parse_args
 
 from open_clip_adacl import get_loss_class, list_losses
@@ -143,6 +147,15 @@ def test_precision_defaults_to_amp_on_cuda_and_fp32_on_cpu():
     assert params.resolve_precision("amp_bf16", "cpu") == "amp_bf16"
 
 
+def test_the_run_config_resolves_the_precision_for_the_device_the_run_falls_back_to(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = params.run_config(parse_args(_valid()))  # --device cuda by default
+    assert cfg.model.precision == cfg.recorded_args["precision"] == "amp"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # init_distributed falls back to the CPU
+    assert params.run_config(parse_args(_valid())).model.precision == "fp32"
+    assert params.run_config(parse_args(_valid("--precision", "bf16"))).model.precision == "bf16"
+
+
 def test_cli_prints_config_errors_and_exits_with_status_2():
     import subprocess
     import sys
@@ -169,7 +182,21 @@ def test_the_chosen_loss_flags_record_the_values_the_run_uses():
 def test_grouping_and_validation_caption_flags_reach_the_data_config():
     args = parse_args(["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt_weak1,txt_weak2",
                        "--val-caption-key", "txt"])
-    cfg = params.data_config(args, rank=0, world_size=1)
+    cfg = params.run_config(args).data
     assert (cfg.group_size, cfg.caption_key, cfg.val_caption_key) == (8, "txt_weak1,txt_weak2", "txt")
-    defaults = params.data_config(parse_args(["--train-data", "t.tar"]), rank=0, world_size=1)
+    defaults = params.run_config(parse_args(["--train-data", "t.tar"])).data
     assert (defaults.group_size, defaults.val_caption_key) == (1, None)
+
+
+def test_the_run_config_is_built_once_and_leaves_the_arguments_alone():
+    args = parse_args(_valid("--device", "cpu", "--epochs", "3", "--name", "run"))
+    parsed = dict(vars(args))
+    cfg = params.run_config(args)
+    assert vars(args) == parsed  # nothing is written back into the namespace
+    assert args.precision is None and cfg.model.precision == "fp32"  # resolved for the device, in the config only
+    assert cfg.recorded_args == {**params.arg_values(args), "precision": "fp32"}  # what params.txt records
+    assert (cfg.epochs, cfg.schedule.epochs, cfg.checkpoints.total_epochs, cfg.evaluation.total_epochs) == (3, 3, 3, 3)
+    assert cfg.logging.name == "run" and cfg.loss.name == "clip" and cfg.optimizer.lr == args.lr
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.precision = "amp"
+    assert params.run_config(parse_args(_valid("--logs", "none"))).logging.logs is None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from data_utils import good, png, write_hostile_shards, write_tar
 from test_checkpoint import _assert_same_final_state, _losses
-from test_data import good, png, write_hostile_shards, write_tar
 from test_ddp import torchrun_command
 from training.checkpoint import load_checkpoint
 from training.logger import read_metrics

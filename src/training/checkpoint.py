@@ -181,9 +181,10 @@ def find_latest_checkpoint(checkpoint_dir: os.PathLike) -> Optional[Path]:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
-    checkpoint_dir: str
+    """When to save and what to keep; where is the Checkpointer's `checkpoint_dir`."""
+
     save_frequency: int = 1          # epochs between epoch_N.pt
     save_most_recent: bool = False   # also epoch_latest.pt after every epoch
     save_every_n_steps: int = 0      # step_N.pt every N steps (0: off)
@@ -195,9 +196,11 @@ class CheckpointConfig:
 class Checkpointer:
     """Saves every stateful object of the run through its state_dict (rank 0 writes; all ranks call)."""
 
-    def __init__(self, cfg: CheckpointConfig, *, model, optimizer, scaler, loss, env: DistributedEnv,
-                 name: str, args: Dict[str, Any], model_cfg: Dict[str, Any], preprocess_cfg: Dict[str, Any]):
+    def __init__(self, cfg: CheckpointConfig, *, checkpoint_dir: str, model, optimizer, scaler, loss,
+                 env: DistributedEnv, name: str, args: Dict[str, Any], model_cfg: Dict[str, Any],
+                 preprocess_cfg: Dict[str, Any]):
         self.cfg = cfg
+        self.checkpoint_dir = Path(checkpoint_dir)
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -212,7 +215,7 @@ class Checkpointer:
         }
         self.last_saved: Optional[Path] = None
         if env.is_master:
-            os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
 
     def payload(self, state: TrainState) -> Dict[str, Any]:
         """The checkpoint dict (collective: every rank must call it)."""
@@ -249,7 +252,7 @@ class Checkpointer:
             return []
         written = []
         for filename in filenames:
-            path = Path(self.cfg.checkpoint_dir) / filename
+            path = self.checkpoint_dir / filename
             try:
                 save_atomic(payload, path)
             except Exception as error:  # noqa: BLE001 - training must outlive a full disk or a flaky mount
@@ -288,14 +291,13 @@ class Checkpointer:
         """Save, then with --delete-previous-checkpoint remove the previous epoch_N.pt / older step_N.pt,
         and with --keep-step-checkpoints K all but the newest K step_N.pt."""
         written = self.save(filenames, state)
-        checkpoint_dir = Path(self.cfg.checkpoint_dir)
         keep_steps = 1 if self.cfg.delete_previous else self.cfg.keep_step_checkpoints
         for path in written:
             if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
-                previous = checkpoint_dir / f"epoch_{state.epoch - 1}.pt"
+                previous = self.checkpoint_dir / f"epoch_{state.epoch - 1}.pt"
                 previous.unlink(missing_ok=True)
             elif keep_steps and step_checkpoint_number(path) is not None:
-                steps = sorted((step_checkpoint_number(p), p) for p in checkpoint_dir.glob("step_*.pt")
+                steps = sorted((step_checkpoint_number(p), p) for p in self.checkpoint_dir.glob("step_*.pt")
                                if step_checkpoint_number(p) is not None)
                 for _, older in steps[:-keep_steps]:
                     older.unlink(missing_ok=True)

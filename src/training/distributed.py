@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
-from open_clip_train.distributed import init_distributed_device_so
+from open_clip_train.distributed import init_distributed_device_so, is_device_available
 from torch.nn.parallel import DistributedDataParallel
 
 DEFAULT_MASTER_PORT = 29500
@@ -92,6 +92,15 @@ def init_distributed(
         world_size=info["world_size"],
         device=torch.device(info["device"]),
     )
+
+
+def resolved_device_type(device: str) -> str:
+    """The device type `init_distributed` ends up on for `device` (cuda, cpu, ...): a known but
+    unavailable device falls back to the CPU there. Known before any process group exists, so the
+    run's config can hold the precision the device implies."""
+    device_type = device.split(":", 1)[0]
+    available, known = is_device_available(device_type)
+    return "cpu" if known and not available else device_type
 
 
 def wrap_ddp(model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool = False,

@@ -12,10 +12,10 @@ import logging
 import os
 import random
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -24,13 +24,14 @@ import torchvision
 from open_clip_adacl import DistributedSetup, Loss, create_loss
 
 from . import params
-from .checkpoint import Checkpointer, TrainState, find_latest_checkpoint, resume
-from .data import SKIP_REASONS, DataError, build_train_data, build_val_data, data_error_reason
+from .checkpoint import CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, resume
+from .config import EvalConfig, RunConfig
+from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
                           unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, setup_logging
-from .model import (ModelBundle, build_model, build_optimizer, build_precision, build_scheduler, check_pretrained,
-                    open_clip_model_config, preprocess_config)
+from .model import (ModelBundle, ModelConfig, build_model, build_optimizer, build_precision, build_scheduler,
+                    check_pretrained, open_clip_model_config, preprocess_config)
 from .params import RESUME_LATEST, ConfigError
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
@@ -66,81 +67,86 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     args = params.parse_args(argv)
     world_size = params.world_size_from_env()
     params.validate_args(args, world_size)
-    plan = check_startup(args, world_size)
-    if args.dry_run:
+    cfg = params.run_config(args)  # from here on only build_loss reads args
+    plan = check_startup(cfg, world_size)
+    if cfg.dry_run:
         build_loss(args, DistributedEnv(world_size=world_size))  # the loss's own checks of its options
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
-        if args.name is not None and has_run_dir(args):
-            collision = run_dir_collision(args, os.path.join(args.logs, args.name, "out.log"))
+        if cfg.logging.name is not None and cfg.logging.logs is not None:
+            collision = run_dir_collision(cfg.resume, os.path.join(cfg.logging.logs, cfg.logging.name, "out.log"))
             if collision:
                 raise ConfigError(collision)
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(f"dry run OK: {plan.text}")
         return None
-    env = init_distributed(args.device, dist_backend=args.dist_backend, dist_url=args.dist_url,
-                           no_set_device_rank=args.no_set_device_rank)
+    env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,
+                           dist_url=cfg.distributed.dist_url, no_set_device_rank=cfg.distributed.no_set_device_rank)
     try:
-        return train(args, env, plan)
+        configure_torch(env.device)
+        seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
+        loss_fn = build_loss(args, env)  # first, so that a bad loss option fails before anything is written
+        return train(cfg, env, plan, loss_fn)
     finally:
         shutdown(env)
 
 
-def train(args, env: DistributedEnv, plan: StartupPlan) -> RunSummary:
-    args.precision = params.resolve_precision(args.precision, env.device.type)
-    configure_torch(env.device)
-    seed_everything(args.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
-    loss_fn = build_loss(args, env)  # first, so that a bad loss option fails before anything is written
-    paths = build_run_paths(args, env)
-    setup_logging(paths.log_file, logging.DEBUG if args.debug else logging.INFO, rank=env.rank,
-                  log_all_ranks=args.log_local)
-    logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {args.precision}; run {paths.name}")
-    write_params(args, paths, env)
+def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: torch.nn.Module) -> RunSummary:
+    """The run on this rank, with the loss `main` built (torch configured and this rank seeded)."""
+    paths = build_run_paths(cfg, env)
+    setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
+                  log_all_ranks=cfg.logging.log_local)
+    logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; "
+                 f"run {paths.name}")
+    recorded = recorded_args(cfg, paths)
+    write_params(recorded, paths, env)
     for warning in plan.warnings if env.is_master else []:
         logging.warning(warning)
 
     # The same initial weights on every rank, then back to the rank's own random stream.
-    seed_everything(args.seed)
+    seed_everything(cfg.seed)
     try:
-        bundle = build_model(params.model_config(args), env.device)
+        bundle = build_model(cfg.model, env.device)
     except RuntimeError as error:  # e.g. load_state_dict's missing/unexpected keys
-        if not args.pretrained:
+        if not cfg.model.pretrained:
             raise
-        raise ConfigError(f"--pretrained {args.pretrained} does not fit --model {args.model}: "
+        raise ConfigError(f"--pretrained {cfg.model.pretrained} does not fit --model {cfg.model.name}: "
                           f"{str(error).splitlines()[0][:300]}; pass weights of that architecture") from error
-    seed_everything(args.seed + env.rank)
-    optimizer = build_optimizer(bundle.model, params.optimizer_config(args))
-    precision = build_precision(args.precision, env.device)
+    seed_everything(cfg.seed + env.rank)
+    optimizer = build_optimizer(bundle.model, cfg.optimizer)
+    precision = build_precision(cfg.model.precision, env.device)
 
     state = TrainState()
-    resume_from = find_resume_checkpoint(args.resume, paths, env)
+    resume_from = find_resume_checkpoint(cfg.resume, paths, env)
     if resume_from is not None:
         state = resume(resume_from, model=bundle.model, optimizer=optimizer, scaler=precision.scaler,
-                       loss=loss_fn, env=env, reset_loss_state=args.reset_loss_state)
+                       loss=loss_fn, env=env, reset_loss_state=cfg.reset_loss_state)
 
-    data = build_data(args, bundle, env, epoch=state.epoch, skip_batches=state.batches_in_epoch)
-    val_data = build_val_data_if_needed(args, bundle, env)
+    data = build_data(cfg.data, bundle, env, epoch=state.epoch, skip_batches=state.batches_in_epoch)
+    val_data = build_val_data_if_needed(cfg.data, bundle, env)
     imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
     if imagenet is not None:
         imagenet.transform = bundle.preprocess_val
-    scheduler = build_scheduler(optimizer, params.scheduler_config(args), data.num_batches // args.accum_freq)
-    model = wrap_ddp(bundle.model, env, static_graph=args.ddp_static_graph, sync_batchnorm=args.use_bn_sync)
-    if args.torchcompile:
-        model = compile_model(model, grad_checkpointing=args.grad_checkpointing, distributed=env.distributed)
-    metrics = build_metrics_writer(args, paths, env)
-    checkpointer = build_checkpointer(args, paths, model, optimizer, precision.scaler, loss_fn, bundle, env)
-    train_cfg = params.train_config(args)
+    scheduler = build_scheduler(optimizer, cfg.schedule, data.num_batches // cfg.train.accum_freq)
+    model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,
+                     sync_batchnorm=cfg.distributed.use_bn_sync)
+    if cfg.torchcompile:
+        model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
+    metrics = build_metrics_writer(cfg, recorded, paths, env)
+    checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, model, optimizer,
+                                      precision.scaler, loss_fn, bundle, env)
 
     final_loss = None
-    for epoch in range(state.epoch, args.epochs):
+    for epoch in range(state.epoch, cfg.epochs):
         logging.info(f"Start epoch {epoch}")
         data.set_epoch(epoch)
         result = train_one_epoch(model, loss_fn, data.dataloader, data.num_batches, optimizer, scheduler,
-                                 precision, state, train_cfg, env, skip_reasons=SKIP_REASONS, metrics=metrics,
+                                 precision, state, cfg.train, env, skip_reasons=SKIP_REASONS, metrics=metrics,
                                  checkpointer=checkpointer)
         final_loss = result.loss
         state.finish_epoch()
-        evaluate(args, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics, paths, env)
+        evaluate(cfg.evaluation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics, paths,
+                 env)
         if checkpointer is not None:
             checkpointer.save_epoch(state)
         barrier(env)  # keep ranks together while rank 0 evaluates and saves
@@ -183,46 +189,51 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def build_run_paths(args, env: DistributedEnv) -> RunPaths:
+def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
     """<logs>/<name>/ and its files; refuses to overwrite an earlier run unless resuming it."""
-    if args.name is None:
-        date = broadcast_object(datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), env)
-        args.name = "-".join([date, f"model_{args.model.replace('/', '-')}", f"lr_{args.lr}",
-                              f"b_{args.batch_size}", f"j_{args.workers}", f"p_{args.precision}"])
-    if not has_run_dir(args):
-        return RunPaths(args.name, None, None, None)
-    run_dir = os.path.join(args.logs, args.name)
-    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if args.log_local else "out.log")
-    writes_log = env.is_local_master if args.log_local else env.is_master
+    name = cfg.logging.name if cfg.logging.name is not None else default_run_name(cfg, env)
+    if cfg.logging.logs is None:
+        return RunPaths(name, None, None, None)
+    run_dir = os.path.join(cfg.logging.logs, name)
+    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else "out.log")
+    writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
     # Decided together: a rank that raised alone would leave the others waiting at the next collective.
-    if any_rank(writes_log and run_dir_collision(args, log_file) is not None, env):
-        raise ConfigError(run_dir_collision(args, log_file) or f"{run_dir} already holds a run (seen by another rank)")
+    if any_rank(writes_log and run_dir_collision(cfg.resume, log_file) is not None, env):
+        raise ConfigError(run_dir_collision(cfg.resume, log_file)
+                          or f"{run_dir} already holds a run (seen by another rank)")
     if env.is_master:
         os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
     barrier(env)
     if writes_log:
         os.makedirs(run_dir, exist_ok=True)
-    return RunPaths(args.name, run_dir, os.path.join(run_dir, "checkpoints"), log_file if writes_log else None)
+    return RunPaths(name, run_dir, os.path.join(run_dir, "checkpoints"), log_file if writes_log else None)
 
 
-def has_run_dir(args) -> bool:
-    """False with --logs none: nothing is written."""
-    return args.logs is not None and args.logs.lower() != "none"
+def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
+    """OpenCLIP's name for a run without --name: rank 0's start time and the main settings."""
+    date = broadcast_object(datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), env)
+    return "-".join([date, f"model_{cfg.model.name.replace('/', '-')}", f"lr_{cfg.optimizer.lr}",
+                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}"])
 
 
-def run_dir_collision(args, log_file: str) -> Optional[str]:
+def run_dir_collision(resume_arg: Optional[str], log_file: str) -> Optional[str]:
     """The error for starting a new run where `log_file` shows an earlier one (None: no collision)."""
-    if args.resume == RESUME_LATEST or not os.path.exists(log_file):
+    if resume_arg == RESUME_LATEST or not os.path.exists(log_file):
         return None
     return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest or choose "
             f"another --name")
 
 
-def write_params(args, paths: RunPaths, env: DistributedEnv) -> None:
+def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
+    """Every argument as this run used it (params.txt, checkpoints, wandb), with the name it got at start."""
+    return {**cfg.recorded_args, "name": paths.name}
+
+
+def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv) -> None:
     """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`)."""
     if not env.is_master:
         return
-    lines = [f"{name}: {value}" for name, value in params.arg_values(args).items()]
+    lines = [f"{name}: {value}" for name, value in recorded.items()]
     logging.info("Params:\n  " + "\n  ".join(lines))
     if paths.run_dir is not None:
         Path(paths.run_dir, "params.txt").write_text("\n".join(lines) + "\n")
@@ -252,9 +263,9 @@ def build_loss(args, env: DistributedEnv) -> Loss:
     return loss_fn.to(env.device)
 
 
-def build_data(args, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int):
+def build_data(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int):
     """The training stream for this rank (the shards were checked by `check_startup`)."""
-    cfg = params.data_config(args, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches)
+    cfg = replace(cfg, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches)
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)
     except ValueError as error:  # e.g. a resume position outside the epoch (another batch size or world size)
@@ -263,33 +274,33 @@ def build_data(args, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, sk
     return data
 
 
-def build_val_data_if_needed(args, bundle: ModelBundle, env: DistributedEnv):
+def build_val_data_if_needed(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv):
     """Validation data for rank 0, which evaluates alone as in OpenCLIP (None without --val-data; the
     shards were checked by `check_startup`)."""
-    if args.val_data is None or not env.is_master:
+    if cfg.val_data is None or not env.is_master:
         return None
-    return build_val_data(params.data_config(args, rank=0, world_size=1, validation=True), bundle.preprocess_val,
-                          bundle.tokenizer)
+    return build_val_data(cfg, bundle.preprocess_val, bundle.tokenizer)
 
 
-def build_metrics_writer(args, paths: RunPaths, env: DistributedEnv) -> MetricsWriter:
+def build_metrics_writer(cfg: RunConfig, recorded: Dict[str, Any], paths: RunPaths,
+                         env: DistributedEnv) -> MetricsWriter:
     """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
-    dashboards = params.report_to(args.report_to)
     wandb = None
-    if "wandb" in dashboards:
-        wandb = WandbConfig(project=args.wandb_project_name, name=paths.name, notes=args.wandb_notes,
-                            resume=args.resume == RESUME_LATEST, config=params.arg_values(args))
-    return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in dashboards, wandb=wandb, enabled=env.is_master)
+    if "wandb" in cfg.logging.report_to:
+        wandb = WandbConfig(project=cfg.logging.wandb_project_name, name=paths.name, notes=cfg.logging.wandb_notes,
+                            resume=cfg.resume == RESUME_LATEST, config=recorded)
+    return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in cfg.logging.report_to, wandb=wandb,
+                         enabled=env.is_master)
 
 
-def build_checkpointer(args, paths: RunPaths, model, optimizer, scaler, loss_fn, bundle: ModelBundle,
+def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: Dict[str, Any], paths: RunPaths,
+                       model, optimizer, scaler, loss_fn, bundle: ModelBundle,
                        env: DistributedEnv) -> Optional[Checkpointer]:
     if paths.checkpoint_dir is None:
         return None
-    return Checkpointer(params.checkpoint_config(args, paths.checkpoint_dir), model=model, optimizer=optimizer,
-                        scaler=scaler, loss=loss_fn, env=env, name=paths.name, args=params.arg_values(args),
-                        model_cfg=open_clip_model_config(params.model_config(args)),
-                        preprocess_cfg=preprocess_config(bundle.model))
+    return Checkpointer(cfg, checkpoint_dir=paths.checkpoint_dir, model=model, optimizer=optimizer, scaler=scaler,
+                        loss=loss_fn, env=env, name=paths.name, args=recorded,
+                        model_cfg=open_clip_model_config(model_cfg), preprocess_cfg=preprocess_config(bundle.model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,20 +308,20 @@ def build_checkpointer(args, paths: RunPaths, model, optimizer, scaler, loss_fn,
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate(args, model, bundle: ModelBundle, val_data, imagenet, precision, state: TrainState,
+def evaluate(cfg: EvalConfig, model, bundle: ModelBundle, val_data, imagenet, precision, state: TrainState,
              metrics: MetricsWriter, paths: RunPaths, env: DistributedEnv) -> None:
     """Val loss and retrieval every --val-frequency epochs, ImageNet zero-shot every --zeroshot-frequency
     epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
     if not env.is_master:
         return
-    completed, is_last = state.epoch, state.epoch == args.epochs
+    completed, is_last = state.epoch, state.epoch == cfg.total_epochs
     results = {}
-    if val_data is not None and args.val_frequency and (completed % args.val_frequency == 0 or is_last):
+    if val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
         results.update(run_validation(model, val_data.dataloader, device=env.device, autocast=precision.autocast,
                                       epoch=completed, input_dtype=precision.input_dtype))
-    if imagenet is not None and (completed % args.zeroshot_frequency == 0 or is_last):
+    if imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
         results.update(zero_shot_imagenet(model, bundle.tokenizer, imagenet, device=env.device, autocast=precision.autocast,
-                                          batch_size=args.batch_size, workers=args.workers,
+                                          batch_size=cfg.batch_size, workers=cfg.workers,
                                           input_dtype=precision.input_dtype))
     if not results:
         return
@@ -320,43 +331,44 @@ def evaluate(args, model, bundle: ModelBundle, val_data, imagenet, precision, st
         write_results(Path(paths.checkpoint_dir) / "results.jsonl", completed, results)
 
 
-def check_startup(args, world_size: int) -> StartupPlan:
+def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
     """Before any work, on every rank (so that all of them stop together): the shards exist and open and
     the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
     ImageNet folder; returns the plan, with a warning when warmup never ends."""
-    cfg = params.data_config(args, rank=0, world_size=world_size)
     try:
-        data = build_train_data(cfg, preprocess=None, tokenizer=None, epoch=0)
+        data = build_train_data(replace(cfg.data, world_size=world_size), preprocess=None, tokenizer=None, epoch=0)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         raise ConfigError(f"training data: {error}") from error
     try:
-        build_val_data(params.data_config(args, rank=0, world_size=1, validation=True), preprocess=None,
-                       tokenizer=None)
+        build_val_data(cfg.data, preprocess=None, tokenizer=None)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         raise ConfigError(f"validation data: {error}") from error
-    steps_per_epoch = data.num_batches // args.accum_freq
+    accum_freq = cfg.train.accum_freq
+    steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:
         raise ConfigError(f"an epoch has {data.num_batches} batches per rank, fewer than --accum-freq "
-                          f"{args.accum_freq}: lower --accum-freq or --batch-size, or use more samples")
+                          f"{accum_freq}: lower --accum-freq or --batch-size, or use more samples")
     try:
-        check_pretrained(args.model, args.pretrained, args.cache_dir)
+        check_pretrained(cfg.model.name, cfg.model.pretrained, cfg.model.cache_dir)
     except ValueError as error:
-        raise ConfigError(f"--pretrained {args.pretrained}: {error}") from error
+        raise ConfigError(f"--pretrained {cfg.model.pretrained}: {error}") from error
     imagenet = None
-    if args.imagenet_val and args.zeroshot_frequency:
+    if cfg.evaluation.imagenet_val and cfg.evaluation.zeroshot_frequency:
         try:
-            imagenet = imagenet_folder(args.imagenet_val)
+            imagenet = imagenet_folder(cfg.evaluation.imagenet_val)
         except ValueError as error:
             raise ConfigError(f"--imagenet-val: {error}") from error
-    total_steps = steps_per_epoch * args.epochs
-    text = (f"--model {args.model} --loss {args.loss} {args.loss_options}; {world_size} rank(s) x batch "
-            f"{args.batch_size} x accum {args.accum_freq} = {world_size * args.batch_size * args.accum_freq} samples "
+    total_steps = steps_per_epoch * cfg.epochs
+    batch_size = cfg.data.batch_size
+    text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {dict(cfg.loss.options)}; {world_size} rank(s) x "
+            f"batch {batch_size} x accum {accum_freq} = {world_size * batch_size * accum_freq} samples "
             f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
-            f"{total_steps} steps in {args.epochs} epochs")
+            f"{total_steps} steps in {cfg.epochs} epochs")
     warnings = []
-    if args.warmup >= total_steps > 0:
-        warnings.append(f"--warmup {args.warmup} >= the run's {total_steps} steps: the learning rate never reaches "
-                        f"--lr {args.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of the steps)")
+    if cfg.schedule.warmup >= total_steps > 0:
+        warnings.append(f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
+                        f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
+                        "the steps)")
     return StartupPlan(text, imagenet, warnings)
 
 

@@ -22,7 +22,7 @@ from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """What decides the architecture, its initial weights and its preprocessing (OpenCLIP's flags)."""
 
@@ -193,7 +193,7 @@ def preprocess_config(model: torch.nn.Module) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerConfig:
     lr: float
     wd: float
@@ -221,7 +221,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim
     return optimizer
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     name: str = "cosine"  # cosine | const | const-cooldown
     lr: float = 5e-4

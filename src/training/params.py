@@ -9,8 +9,8 @@ own `flag`, generated from `open_clip_adacl.get_loss_class(name).Options`), `--c
 `--val-caption-key`, `--train-group-size`, `--save-every-n-steps` and `--max-nonfinite-steps`.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
-`validate_args` rejects bad combinations before any work, and the `*_config` functions convert the
-namespace into the dataclasses the rest of `training` takes.
+`validate_args` rejects bad combinations before any work, and `run_config` converts the namespace,
+once, into the frozen `RunConfig` whose parts the rest of `training` takes.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import open_clip
@@ -33,7 +34,9 @@ from open_clip_adacl import LossOption, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from .checkpoint import CheckpointConfig
+from .config import DistributedConfig, EvalConfig, LoggingConfig, LossConfig, RunConfig
 from .data import DataConfig
+from .distributed import resolved_device_type
 from .model import ModelConfig, OptimizerConfig, SchedulerConfig
 from .train import TrainConfig
 
@@ -525,15 +528,54 @@ def arg_values(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Namespace -> typed configs (nothing below main sees the namespace)
+# Namespace -> the run's typed config (nothing below main sees the namespace)
 # ---------------------------------------------------------------------------------------------
 
 
-def model_config(args: argparse.Namespace) -> ModelConfig:
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run's configuration, built once after `validate_args`; `args` is not changed after it."""
+    precision = resolve_precision(args.precision, resolved_device_type(args.device))
+    return RunConfig(
+        data=data_config(args),
+        model=model_config(args, precision),
+        optimizer=OptimizerConfig(lr=args.lr, wd=args.wd, beta1=args.beta1, beta2=args.beta2, eps=args.eps),
+        schedule=SchedulerConfig(name=args.lr_scheduler, lr=args.lr, warmup=args.warmup, epochs=args.epochs,
+                                 epochs_cooldown=args.epochs_cooldown, lr_cooldown_power=args.lr_cooldown_power,
+                                 lr_cooldown_end=args.lr_cooldown_end),
+        train=TrainConfig(accum_freq=args.accum_freq, grad_clip_norm=args.grad_clip_norm,
+                          log_every_n_steps=args.log_every_n_steps, max_nonfinite_steps=args.max_nonfinite_steps,
+                          skip_scheduler=args.skip_scheduler),
+        checkpoints=CheckpointConfig(save_frequency=args.save_frequency, save_most_recent=args.save_most_recent,
+                                     save_every_n_steps=args.save_every_n_steps,
+                                     delete_previous=args.delete_previous_checkpoint,
+                                     keep_step_checkpoints=args.keep_step_checkpoints, total_epochs=args.epochs),
+        evaluation=EvalConfig(val_frequency=args.val_frequency, zeroshot_frequency=args.zeroshot_frequency,
+                              imagenet_val=args.imagenet_val, total_epochs=args.epochs, batch_size=args.batch_size,
+                              workers=args.workers),
+        logging=LoggingConfig(logs=None if args.logs is None or args.logs.lower() == "none" else args.logs,
+                              name=args.name, log_local=args.log_local, debug=args.debug,
+                              report_to=report_to(args.report_to), wandb_project_name=args.wandb_project_name,
+                              wandb_notes=args.wandb_notes),
+        distributed=DistributedConfig(device=args.device, dist_backend=args.dist_backend, dist_url=args.dist_url,
+                                      no_set_device_rank=args.no_set_device_rank, use_bn_sync=args.use_bn_sync,
+                                      ddp_static_graph=args.ddp_static_graph),
+        loss=LossConfig(name=args.loss, options=MappingProxyType(dict(args.loss_options))),
+        epochs=args.epochs,
+        seed=args.seed,
+        torchcompile=args.torchcompile,
+        resume=args.resume,
+        reset_loss_state=args.reset_loss_state,
+        dry_run=args.dry_run,
+        # params.txt records the precision the run uses (as it did when main filled it into args).
+        recorded_args=MappingProxyType({**arg_values(args), "precision": precision}),
+    )
+
+
+def model_config(args: argparse.Namespace, precision: str) -> ModelConfig:
     return ModelConfig(
         name=args.model,
         pretrained=args.pretrained,
-        precision=args.precision,
+        precision=precision,
         force_image_size=tuple(args.force_image_size) if isinstance(args.force_image_size, list) else args.force_image_size,
         force_context_length=args.force_context_length,
         force_quick_gelu=args.force_quick_gelu,
@@ -558,33 +600,9 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     )
 
 
-def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
-    return OptimizerConfig(lr=args.lr, wd=args.wd, beta1=args.beta1, beta2=args.beta2, eps=args.eps)
-
-
-def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    return SchedulerConfig(name=args.lr_scheduler, lr=args.lr, warmup=args.warmup, epochs=args.epochs,
-                           epochs_cooldown=args.epochs_cooldown, lr_cooldown_power=args.lr_cooldown_power,
-                           lr_cooldown_end=args.lr_cooldown_end)
-
-
-def train_config(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(accum_freq=args.accum_freq, grad_clip_norm=args.grad_clip_norm,
-                       log_every_n_steps=args.log_every_n_steps, max_nonfinite_steps=args.max_nonfinite_steps,
-                       skip_scheduler=args.skip_scheduler)
-
-
-def checkpoint_config(args: argparse.Namespace, checkpoint_dir: str) -> CheckpointConfig:
-    return CheckpointConfig(checkpoint_dir=checkpoint_dir, save_frequency=args.save_frequency,
-                            save_most_recent=args.save_most_recent, save_every_n_steps=args.save_every_n_steps,
-                            delete_previous=args.delete_previous_checkpoint,
-                            keep_step_checkpoints=args.keep_step_checkpoints, total_epochs=args.epochs)
-
-
-def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_batches: int = 0,
-                validation: bool = False) -> DataConfig:
-    """The data pipeline's config; validation runs on one rank over the whole val set."""
-
+def data_config(args: argparse.Namespace) -> DataConfig:
+    """The whole run's data (rank 0 of 1, from the start): validation as it runs, and what each
+    training rank takes its share of (`dataclasses.replace` with its rank, world size and position)."""
     return DataConfig(
         train_data=args.train_data,
         train_data_upsampling_factors=args.train_data_upsampling_factors,
@@ -596,12 +614,9 @@ def data_config(args: argparse.Namespace, *, rank: int, world_size: int, skip_ba
         batch_size=args.batch_size,
         workers=args.workers,
         seed=args.seed,
-        rank=0 if validation else rank,
-        world_size=1 if validation else world_size,
         caption_key=args.caption_key,
         val_caption_key=args.val_caption_key,
         group_size=args.train_group_size,
-        skip_batches=skip_batches,
         csv_separator=args.csv_separator,
         csv_img_key=args.csv_img_key,
         csv_caption_key=args.csv_caption_key,

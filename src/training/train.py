@@ -36,7 +36,7 @@ class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps had a NaN/inf loss: the run diverged."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     accum_freq: int = 1
     grad_clip_norm: Optional[float] = None

@@ -1,0 +1,103 @@
+"""OpenCLIP's csv data (`--dataset-type csv`): one csv/tsv file, `--csv-separator`, a header naming
+the `--csv-img-key` image-path and `--csv-caption-key` caption columns.
+
+Rows go through the same checks, decoding and batching as tar samples (`CsvStream`): sample_index
+is the row number (0-based, after the header); a row whose image file is missing or whose caption
+is empty or absent is skipped and counted under the same reasons as a tar sample. An epoch is every
+row (OpenCLIP's len(dataset)), in a seeded per-epoch permutation split over ranks and readers.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from open_clip_train.data import SharedEpoch
+
+from .config import DataConfig, DataError
+from .samples import _caption, _Candidate, _describe, _SkipCounter, _stable_hash
+from .stream import ShardStream
+
+
+@dataclass(frozen=True)
+class CsvRow:
+    """One data row of a csv file: image path and caption (None where the row lacks the column)."""
+
+    image_path: str | None
+    caption: str | None
+
+
+def read_csv_rows(path: str | None, cfg: DataConfig, flag: str) -> tuple[CsvRow, ...]:
+    """The rows of OpenCLIP's csv data (a header naming --csv-img-key and --csv-caption-key columns).
+
+    Row k (0-based, after the header) is sample k: its sample_index. A row with too few fields keeps
+    its place and is skipped when read (missing_image / missing_caption), like a bad tar sample.
+    """
+    if path is None or not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter=cfg.csv_separator)
+        header = next(reader, [])
+        missing = [f"{column!r} ({option})" for column, option in ((cfg.csv_img_key, "--csv-img-key"),
+                                                                   (cfg.csv_caption_key, "--csv-caption-key"))
+                   if column not in header]
+        if missing:
+            raise ValueError(f"{flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                             f"with --csv-separator {cfg.csv_separator!r}; pass the flags naming its columns")
+        image_column, caption_column = header.index(cfg.csv_img_key), header.index(cfg.csv_caption_key)
+        rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
+                            row[caption_column] if len(row) > caption_column else None) for row in reader)
+    if not rows:
+        raise ValueError(f"{flag}: {path} has a header but no rows")
+    return rows
+
+
+class CsvStream(ShardStream):
+    """ShardStream's batches from csv rows: image files read by path, the caption from its column.
+
+    Training: each epoch a seeded permutation of the rows, split over ranks and readers (passes
+    repeat it should bad rows leave a reader short). Validation: the rows in order.
+    """
+
+    def __init__(self, *, rows: tuple[CsvRow, ...], cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
+                 shared_epoch: SharedEpoch, start_epoch: int, batches_per_reader: int | None) -> None:
+        super().__init__(urls=(), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                         shared_epoch=shared_epoch, start_epoch=start_epoch, batches_per_reader=batches_per_reader,
+                         shuffle_size=0)
+        self.rows = rows
+
+    def _validation_candidates(self, worker: int, num_workers: int, counter: _SkipCounter) -> Iterator[_Candidate]:
+        return self._row_candidates(range(worker, len(self.rows), num_workers), counter)
+
+    def _training_candidates(self, epoch: int, reader: int, num_readers: int,
+                             counter: _SkipCounter) -> Iterator[_Candidate]:
+        order = random.Random(_stable_hash(self.cfg.seed, epoch, "row order")).sample(range(len(self.rows)),
+                                                                                      len(self.rows))
+        mine = order[self.cfg.rank::self.cfg.world_size][reader::num_readers]
+        while True:
+            found = False
+            for candidate in self._row_candidates(mine, counter):
+                found = True
+                yield candidate
+            if not found:
+                raise DataError(f"rank {self.cfg.rank} reader {reader}: none of its {len(mine)} csv rows yielded "
+                                f"a usable sample (skips: {_describe(counter.counts)}); check the image paths")
+
+    def _row_candidates(self, indices: Iterable[int], counter: _SkipCounter) -> Iterator[_Candidate]:
+        for index in indices:
+            row = self.rows[index]
+            reason, text = _caption(None if row.caption is None else row.caption.encode("utf-8"))
+            if not row.image_path:
+                reason = "missing_image"
+            if reason is not None:
+                counter.add(reason)
+                continue
+            try:
+                image_bytes = Path(row.image_path).read_bytes()
+            except OSError:  # missing, unreadable or a directory
+                counter.add("missing_image")
+                continue
+            yield _Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled

@@ -1,0 +1,90 @@
+"""What every reader shares, whatever its source: per-reason skip counts, the checks of one sample's
+caption and image, and hashing and seeding that are the same in every process and run."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import random
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .config import SKIP_REASONS
+
+
+class _SkipCounter:
+    """Per-reason skip counts of one reader since its previous batch."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(SKIP_REASONS), dtype=np.int64)
+
+    def add(self, reason: str) -> None:
+        self.counts[SKIP_REASONS.index(reason)] += 1
+
+    def take(self) -> torch.Tensor:
+        counts, self.counts = self.counts, np.zeros_like(self.counts)
+        return torch.from_numpy(counts)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A sample that passed the cheap checks; its image is still undecoded bytes."""
+
+    sample_index: int
+    text: str
+    image_bytes: bytes
+    shard_run: tuple[int, int]  # (shard visit, position in the shard // group_size): the shuffle's unit
+
+
+def _caption(data: bytes | None) -> tuple[str | None, str]:
+    """(skip reason or None, stripped caption)."""
+    if data is None:
+        return "missing_caption", ""
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return "non_utf8_caption", ""
+    return (None, text) if text else ("empty_caption", "")
+
+
+def _decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str | None]:
+    """(RGB image, None) or (None, skip reason); the size check reads only the header."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            if image.width * image.height > max_pixels:
+                return None, "huge_image"
+            return image.convert("RGB"), None
+    except Image.DecompressionBombError:
+        return None, "huge_image"
+    except Exception:  # PIL raises many types (OSError, SyntaxError, ValueError, ...) on bad bytes
+        return None, "bad_image"
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed torch's CPU RNG and Python's `random` for the block, then restore both."""
+    python_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+
+
+def _stable_hash(*parts: object) -> int:
+    """A 64-bit hash of the parts' reprs, identical in every process (unlike `hash`)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _describe(counts: np.ndarray) -> str:
+    return ", ".join(f"{reason}={int(n)}" for reason, n in zip(SKIP_REASONS, counts) if n) or "none"

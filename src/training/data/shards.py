@@ -1,0 +1,138 @@
+"""Webdataset tar shards: reading one shard visit into samples, and checking the shards before training."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tarfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from webdataset.gopen import gopen
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from .config import DataError
+from .samples import _SkipCounter, _stable_hash
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+logger = logging.getLogger(__name__)
+
+
+def _read_shard(url: str, counter: _SkipCounter) -> Iterator[dict]:
+    """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
+
+    Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
+    shard, adjacent or not, makes the whole later sample a duplicate. A failure while opening
+    counts `unreadable_shard`, a tar format error or truncation `bad_tar`; either ends the
+    visit after the samples read so far.
+    """
+    try:
+        stream = gopen(url)
+    except Exception as error:  # missing, permission, directory, failing pipe: never fatal mid-run
+        counter.add("unreadable_shard")
+        _warn_once(url, f"skipping unreadable shard {url}: {error!r}")
+        return
+    seen: set[str] = set()
+    errors: list[Exception] = []
+
+    def stop_shard(error: Exception) -> bool:  # a member-level error: the rest of the stream is suspect
+        errors.append(error)
+        return False
+
+    def emit(sample: dict | None) -> Iterator[dict]:
+        if sample is None:
+            return
+        if sample["__key__"] in seen:
+            counter.add("duplicate_key")
+            return
+        seen.add(sample["__key__"])
+        yield sample
+
+    current = None
+    try:
+        for member in tar_file_iterator(stream, handler=stop_shard):
+            prefix, suffix = base_plus_ext(member["fname"])
+            if prefix is None:
+                continue
+            suffix = suffix.lower()
+            if current is None or prefix != current["__key__"] or suffix in current:
+                yield from emit(current)
+                current = {"__key__": prefix, "__url__": url}
+            current[suffix] = member["data"]
+    except Exception as error:  # tarfile raises ReadError / EOFError / OSError on corrupt streams
+        errors.append(error)
+    finally:
+        stream.close()
+    yield from emit(current)
+    if errors:
+        reason = "unreadable_shard" if isinstance(errors[0], OSError) else "bad_tar"
+        counter.add(reason)
+        _warn_once(url, f"shard {url} ended early ({reason}): {errors[0]!r}")
+
+
+_warned_shards: set[str] = set()  # per process: a resampled bad shard would otherwise warn at every draw
+
+
+def _warn_once(url: str, message: str) -> None:
+    if url not in _warned_shards:
+        _warned_shards.add(url)
+        logger.warning(message)
+
+
+def _sample_index(sample: dict) -> int:
+    """The json "key" when it is a non-negative integer, else a 63-bit hash of `__key__`.
+
+    Raises ValueError when a json member is present but does not parse.
+    """
+    if "json" in sample:
+        meta = json.loads(sample["json"])  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        key = meta.get("key") if isinstance(meta, dict) else None
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < 2**63:  # fits a LongTensor
+            return key
+    return _stable_hash(sample["__key__"]) >> 1
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url and not url.startswith("pipe:")
+
+
+def _check_shards(urls: Sequence[str], flag: str) -> None:
+    """Missing local shards are an error naming them; so is having no readable shard at all."""
+    if not urls:
+        raise ValueError(f"{flag} expands to no shards")
+    missing = [url for url in urls if _is_local(url) and not os.path.exists(url)]
+    if missing:
+        raise FileNotFoundError(
+            f"{len(missing)} of the {len(urls)} shards given by {flag} do not exist, e.g. {missing[:3]}. "
+            "Check the path and the brace range (e.g. 'dir/shard-{000000..000007}.tar').")
+    local = [url for url in urls if _is_local(url)]
+    if local and len(local) == len(urls) and not any(_opens_as_tar(url) for url in local):
+        raise DataError(f"none of the {len(urls)} shards given by {flag} can be read as a tar "
+                        f"(e.g. {local[:3]}); check the files and their permissions.")
+
+
+def _opens_as_tar(path: str) -> bool:
+    """Whether the file opens as a (possibly compressed) tar with a first member; reads one header."""
+    try:
+        with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r|*") as tar:
+            return tar.next() is not None
+    except Exception:  # any failure means "not readable as a shard"
+        return False
+
+
+def _dataset_size(urls: Sequence[str]) -> int | None:
+    """Sum of the shards' entries in their directories' sizes.json; None if any is unknown."""
+    sizes_by_dir: dict[str, dict] = {}
+    total = 0
+    for url in urls:
+        directory, name = os.path.split(url)
+        if directory not in sizes_by_dir:
+            sizes_file = Path(directory) / "sizes.json"
+            sizes_by_dir[directory] = json.loads(sizes_file.read_text()) if sizes_file.is_file() else {}
+        if name not in sizes_by_dir[directory]:
+            return None
+        total += int(sizes_by_dir[directory][name])
+    return total
