@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
+from open_clip_adacl import LossOptions
+
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
 from .model import ModelConfig, OptimizerConfig, SchedulerConfig
@@ -18,8 +20,10 @@ from .train import TrainConfig
 
 @dataclass(frozen=True)
 class LossConfig:
-    name: str
-    options: Mapping[str, Any]  # the loss's keyword options: given flags, else the option's default
+    name: str                  # a registered loss
+    options: LossOptions       # that loss's validated options: given flags, else the declared defaults
+    local_loss: bool           # OpenCLIP's --local-loss and --gather-with-grad
+    gather_with_grad: bool
 
 
 @dataclass(frozen=True)

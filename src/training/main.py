@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torchvision
 
-from open_clip_adacl import DistributedSetup, Loss, create_loss
+from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from . import params
 from .checkpoint import CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, resume
-from .config import EvalConfig, RunConfig
+from .config import EvalConfig, LossConfig, RunConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
                           unwrap_model, wrap_ddp)
@@ -67,10 +67,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     args = params.parse_args(argv)
     world_size = params.world_size_from_env()
     params.validate_args(args, world_size)
-    cfg = params.run_config(args)  # from here on only build_loss reads args
+    cfg = params.run_config(args)  # from here on nothing reads args
     plan = check_startup(cfg, world_size)
     if cfg.dry_run:
-        build_loss(args, DistributedEnv(world_size=world_size))  # the loss's own checks of its options
+        build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
             collision = run_dir_collision(cfg.resume, os.path.join(cfg.logging.logs, cfg.logging.name, "out.log"))
@@ -85,13 +85,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     try:
         configure_torch(env.device)
         seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
-        loss_fn = build_loss(args, env)  # first, so that a bad loss option fails before anything is written
+        loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
         return train(cfg, env, plan, loss_fn)
     finally:
         shutdown(env)
 
 
-def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: torch.nn.Module) -> RunSummary:
+def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss) -> RunSummary:
     """The run on this rank, with the loss `main` built (torch configured and this rank seeded)."""
     paths = build_run_paths(cfg, env)
     setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
@@ -252,14 +252,14 @@ def find_resume_checkpoint(resume_arg: Optional[str], paths: RunPaths, env: Dist
     return latest
 
 
-def build_loss(args, env: DistributedEnv) -> Loss:
-    """The registered loss `--loss` with its options; an option it rejects is a ConfigError."""
-    dist = DistributedSetup(rank=env.rank, world_size=env.world_size, local_loss=args.local_loss,
-                            gather_with_grad=args.gather_with_grad)
+def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
+    """The registered loss with its (validated) options on this rank; an error it raises is a ConfigError."""
+    dist = DistributedSetup(rank=env.rank, world_size=env.world_size, local_loss=cfg.local_loss,
+                            gather_with_grad=cfg.gather_with_grad)
     try:
-        loss_fn = create_loss(args.loss, dist=dist, **args.loss_options)
+        loss_fn = get_loss_class(cfg.name)(cfg.options, dist)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"--loss {args.loss}: {error}") from error
+        raise ConfigError(f"--loss {cfg.name}: {error}") from error
     return loss_fn.to(env.device)
 
 
@@ -320,9 +320,9 @@ def evaluate(cfg: EvalConfig, model, bundle: ModelBundle, val_data, imagenet, pr
         results.update(run_validation(model, val_data.dataloader, device=env.device, autocast=precision.autocast,
                                       epoch=completed, input_dtype=precision.input_dtype))
     if imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
-        results.update(zero_shot_imagenet(model, bundle.tokenizer, imagenet, device=env.device, autocast=precision.autocast,
-                                          batch_size=cfg.batch_size, workers=cfg.workers,
-                                          input_dtype=precision.input_dtype))
+        results.update(zero_shot_imagenet(model, bundle.tokenizer, imagenet, device=env.device,
+                                          autocast=precision.autocast, batch_size=cfg.batch_size,
+                                          workers=cfg.workers, input_dtype=precision.input_dtype))
     if not results:
         return
     logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
@@ -360,7 +360,7 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs
     batch_size = cfg.data.batch_size
-    text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {dict(cfg.loss.options)}; {world_size} rank(s) x "
+    text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {asdict(cfg.loss.options)}; {world_size} rank(s) x "
             f"batch {batch_size} x accum {accum_freq} = {world_size * batch_size * accum_freq} samples "
             f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
             f"{total_steps} steps in {cfg.epochs} epochs")
