@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence
 
-from training import benchmark
+from loss_comparison import cli as benchmark
 
 GROUPED = "--train-group-size 8"
 QUEUE = "queue_size=1024"

@@ -1,7 +1,7 @@
 """Shared fixtures: the demo dataset, generated once per test session."""
 import pytest
 
-from training.scenes import write_demo_dataset
+from synthetic_scenes.scenes import write_demo_dataset
 
 DEMO_SIZES = {"num_train": 512, "num_val": 128, "num_test": 128, "shard_size": 128}
 

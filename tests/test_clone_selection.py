@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
+from evaluation.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
                                       read_clone_selection)
 
 NAN = float("nan")

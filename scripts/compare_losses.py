@@ -4,7 +4,7 @@ A thin wrapper over `python -m training.benchmark` (same flags), e.g.
 
     python scripts/run_benchmark.py --quick --losses clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne
 """
-from training.benchmark import cli
+from loss_comparison.cli import cli
 
 if __name__ == "__main__":
     cli()

@@ -1,6 +1,6 @@
-"""Write the built-in demo data (procedural scenes with clone captions); see `training.scenes`.
+"""`python -m synthetic_scenes`: write the built-in demo data (procedural scenes with clone captions); see `.scenes`.
 
-    python scripts/make_synthetic_shards.py --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
+    python -m synthetic_scenes --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
 
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
@@ -10,7 +10,7 @@ See docs/data.md.
 import argparse
 import json
 
-from training.scenes import write_demo_dataset
+from .scenes import write_demo_dataset
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from training import params
-from training.benchmark import (QUICK, Budget, CollapseCriteria, LossVariant, ReportContext, RunJob, assess_run,
+from loss_comparison.cli import (QUICK, Budget, CollapseCriteria, LossVariant, ReportContext, RunJob, assess_run,
                                 compare, data_from_manifest, launch_job, main, parse_loss_variant,
                                 parse_loss_variants, parse_seeds, prepare_data, run_benchmark, summarize, train_argv,
                                 worker_environment, write_report)
@@ -195,7 +195,7 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
 
 
 def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(tmp_path):
-    from training.benchmark import KEEP_MARKER
+    from loss_comparison.cli import KEEP_MARKER
 
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("old generated table\n\n" + KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
@@ -299,7 +299,7 @@ def test_the_command_line_rejects_a_bad_budget_and_a_report_without_runs(tmp_pat
 
 
 def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
-    from training.benchmark import paired_difference
+    from loss_comparison.cli import paired_difference
 
     # Seeds move both losses together (0.1 apart per seed); the variant is 0.02 above clip on every seed.
     records = [assess_run(r) for seed in range(5) for r in (
@@ -327,7 +327,7 @@ def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
 
 
 def test_mechanism_metrics_count_bound_activity_and_margin_spread():
-    from training.benchmark import mechanism_metrics
+    from loss_comparison.cli import mechanism_metrics
 
     steps = [{"stats/i2t/scale_bounded": 1.0, "stats/t2i/scale_bounded": 0.0, "stats/i2t/m1_over_scale": 1.2,
               "stats/t2i/m1_over_scale": 1.4, "stats/i2t/modulated": 1.0, "stats/t2i/modulated": 1.0},
@@ -341,7 +341,7 @@ def test_mechanism_metrics_count_bound_activity_and_margin_spread():
 
 
 def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
-    from training.benchmark import plan_jobs, pretrain_job, pretrained_checkpoint
+    from loss_comparison.cli import plan_jobs, pretrain_job, pretrained_checkpoint
 
     data = fake_data(tmp_path, num_train=512, num_val=64)
     budget = replace(QUICK, epochs=2, lr=5e-4, pretrain_epochs=8, pretrain_lr=2e-3,

@@ -59,7 +59,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from open_clip_adacl import LossOption, get_loss_class, list_losses
 from open_clip_adacl.losses import ContrastiveLoss
 
-from .params import loss_option_flag
+from training.params import loss_option_flag
 
 DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne"
 BASELINE = "clip"    # the report compares every variant with this one (the first variant when absent)
@@ -271,7 +271,7 @@ def prepare_data(data_dir: Path, budget: Budget, data_seed: int) -> BenchmarkDat
 
     A folder that holds anything else is never overwritten: that is an error naming it.
     """
-    from .scenes import write_demo_dataset
+    from synthetic_scenes.scenes import write_demo_dataset
 
     wanted = {"seed": data_seed, "num_samples": demo_sizes(budget)}
     manifest_path = data_dir / "manifest.json"
@@ -392,8 +392,8 @@ def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Bud
 
 def run_job(job: RunJob) -> Dict[str, Any]:
     """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
-    from .main import main as train_main
-    from .train import NonFiniteLossError
+    from training.main import main as train_main
+    from training.train import NonFiniteLossError
 
     record = base_record(job)
     start = time.time()
@@ -483,10 +483,10 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the demo sets."""
     import torch
 
-    from .clone_detection import evaluate_clone_detection
-    from .clone_selection import evaluate_clone_selection
-    from .evaluate import (CLASSIFICATION, RETRIEVAL, dataset_root, demo_datasets, evaluate_dataset,
-                           export_checkpoint, infer_task, load_model, result_path, write_result)
+    from evaluation.clone_detection import evaluate_clone_detection
+    from evaluation.clone_selection import evaluate_clone_selection
+    from evaluation.zero_shot import (CLASSIFICATION, RETRIEVAL, dataset_root, demo_datasets, evaluate_dataset,
+                                      export_checkpoint, infer_task, load_model, result_path, write_result)
 
     device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
@@ -569,7 +569,7 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     job_path.write_text(json.dumps(asdict(job), indent=1))
     log_path = log_file(job)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "training.benchmark", "--run-job", str(job_path)]
+    command = [sys.executable, "-m", "loss_comparison", "--run-job", str(job_path)]
     start = time.time()
     with log_path.open("w") as log:
         try:
@@ -1237,8 +1237,8 @@ def resolve_budget(args: argparse.Namespace) -> Budget:
 def training_siblings(budget: Budget, data: BenchmarkData) -> Optional[Dict[str, float]]:
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
-    from .data import DataConfig
-    from .families import measure_siblings
+    from synthetic_scenes.families import measure_siblings
+    from training.data import DataConfig
 
     group_size = int(flag_value(budget.train_args, "--train-group-size", "1"))
     cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,

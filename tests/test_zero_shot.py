@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from training.evaluate import cli, format_markdown, infer_task, main, table_rows, worker_count
+from evaluation.zero_shot import cli, format_markdown, infer_task, main, table_rows, worker_count
 from training.main import main as train_main
 
 NUM_TEST = 128  # the demo fixture's test scenes (conftest.DEMO_SIZES)

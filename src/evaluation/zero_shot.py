@@ -39,8 +39,9 @@ from clip_benchmark.datasets.builder import build_dataset, get_dataset_collate_f
 from clip_benchmark.metrics import image_caption_selection, zeroshot_classification, zeroshot_retrieval
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
+from training.export import export
+
 from .clone_selection import evaluate_clone_selection
-from .export import export
 
 CLASSIFICATION = "zeroshot_classification"
 RETRIEVAL = "zeroshot_retrieval"
