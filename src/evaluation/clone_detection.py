@@ -1,4 +1,4 @@
-"""How well AdaCL's clone discovery finds the true clone negatives of a batch (benchmark only).
+"""How well AdaCL's clone discovery finds the true clone negatives of a batch (for the loss comparison).
 
 The loss never sees labels. To judge its discovery step, this module rebuilds batches whose
 ground truth is known: training shards written in families of one-edit siblings (each sample's
