@@ -13,7 +13,7 @@ TINY = Budget(num_train=512, num_val=128, num_test=128, shard_size=128, batch_si
 
 
 def fake_data(root, *, num_train, num_val):
-    """BenchmarkData as `prepare_data` reads it from a manifest (train keys first, then val)."""
+    """ComparisonData as `prepare_data` reads it from a manifest (train keys first, then val)."""
     return data_from_manifest(root, {"splits": {
         "train": {"data": "train/shard.tar", "num_samples": num_train, "keys": [0, num_train]},
         "val": {"data": "val/shard.tar", "num_samples": num_val, "keys": [num_train, num_train + num_val]},

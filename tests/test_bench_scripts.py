@@ -42,7 +42,7 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "scratch.md").write_text(
-        "# Benchmark results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
+        "# Loss comparison results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
         "## Summary\n\n| variant | runs |\n|---|---|\n| `clip` | 2/2 ok |\n\n![plot](scratch.png)\n\n"
         "## Paired against `clip`\n\n`adacl` vs `clip`: no paired difference excludes 0.\n\n"
         "## Flagged runs\n\nNone.\n")

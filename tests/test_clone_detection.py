@@ -1,4 +1,4 @@
-"""`training.clone_detection`: the loss's discovery step scored against known sibling families."""
+"""`evaluation.clone_detection`: the loss's discovery step scored against known sibling families."""
 import io
 import json
 

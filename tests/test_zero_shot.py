@@ -1,4 +1,4 @@
-"""training.evaluate on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
+"""evaluation.zero_shot on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
 above-chance accuracy and recall, the in-process path gives the same numbers, and the table lists them."""
 import csv
 import json
