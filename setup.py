@@ -21,14 +21,14 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    # Evaluation (training.evaluate, the demo's table) and plots; clip_benchmark pulls transformers,
+    # Evaluation (evaluation.zero_shot, the demo's table) and plots; clip_benchmark pulls transformers,
     # scikit-learn and pycocoevalcap, which training does not need.
     "eval": [
         "clip-benchmark>=1.6.2,<2",
         "numpy<2.4",  # numpy >= 2.4 breaks clip_benchmark 1.6.2's zero-shot accuracy
         "requests",  # clip_benchmark.cli imports it
         "matplotlib",
-        "scipy",  # training.benchmark's paired-t intervals
+        "scipy",  # loss_comparison's paired-t intervals
     ],
     "wandb": ["wandb"],
     "test": ["pytest", "pytest-timeout", "packaging"],
@@ -38,6 +38,8 @@ setup(
     name="open_clip_adacl",
     version="0.1.0",
     description="OpenCLIP fork for CLIP pretraining with the AdaCL loss (clone negatives) and its peers",
+    # The library (open_clip_adacl), the trainer (training), and beside it evaluation, synthetic_scenes
+    # (the demo data) and loss_comparison: every package under src/ (README.md, "Layout").
     package_dir={"": "src"},
     packages=find_packages("src"),
     package_data={"open_clip_adacl": ["model_configs/*.json"]},
@@ -48,7 +50,7 @@ setup(
         "console_scripts": [
             "adacl-train=training.main:cli",
             "adacl-export=training.export:cli",
-            "adacl-evaluate=training.evaluate:cli",
+            "adacl-evaluate=evaluation.zero_shot:cli",
             "adacl-torchrun=training.torchrun:cli",
         ]
     },

@@ -6,10 +6,10 @@
 
 Every regime trains the tiny model on the demo scenes written in families of 8 one-edit siblings,
 with `--train-group-size 8` so that each batch holds whole families (the clone negatives; the
-measured sibling fraction is in each report). One `training.benchmark` call per regime, into
+measured sibling fraction is in each report). One `python -m loss_comparison` call per regime, into
 runs/clone_study/<regime>, writes the regime's full report (docs/results/<regime>.md, plot,
 per-run CSV); this script then assembles docs/RESULTS.md from their summaries and paired tables,
-keeping RESULTS.md's hand-written sections below the benchmark's marker. Regimes (docs/adacl.md):
+keeping RESULTS.md's hand-written sections below the comparison's marker. Regimes (docs/adacl.md):
 
 - scratch: pretraining from scratch on clone-dense batches, gold captions;
 - locked: the same with the logit scale locked at its initial value (control C: a margin effect
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence
 
-from training import benchmark
+from loss_comparison.cli import main as compare_losses
+from loss_comparison.report import kept_tail
 
 GROUPED = "--train-group-size 8"
 QUEUE = "queue_size=1024"
@@ -73,7 +74,7 @@ def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, ext
 
 
 def sections(markdown: str) -> dict:
-    """'## Title' -> its body, from a benchmark report."""
+    """'## Title' -> its body, from a comparison report."""
     parts = re.split(r"^## (.+)$", markdown, flags=re.MULTILINE)
     return {title.strip(): body.strip() for title, body in zip(parts[1::2], parts[2::2])}
 
@@ -115,7 +116,7 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, comman
                 body = re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", found[title])
                 lines += [f"### {title}", "", body, ""]
     text = "\n".join(lines)
-    results_md.write_text(text + benchmark.kept_tail(results_md))
+    results_md.write_text(text + kept_tail(results_md))
     return text
 
 
@@ -137,11 +138,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
     for name in regimes:
         if args.report_only:
-            benchmark.main(["--report-only", "--output-dir", str(args.output_dir / name),
+            compare_losses(["--report-only", "--output-dir", str(args.output_dir / name),
                             "--results-md", str(args.results_dir / f"{name}.md")])
         else:
             print(f"== regime {name}: {REGIMES[name].title}")
-            benchmark.main(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra))
+            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra))
     command = "python scripts/clone_study.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4" else "")
     assemble([name for name in REGIMES if (args.results_dir / f"{name}.md").is_file()], args.results_dir,
              args.results_md, command)

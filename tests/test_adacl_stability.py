@@ -1,7 +1,7 @@
 """AdaCL's default trains the tiny model on clone-dense batches without collapsing (docs/adacl.md), and
 its margins adapt: they stay inside their bounds, the bounds bind on fewer than half of the steps,
 and the applied m1 / logit_scale and m2 move from step to step. (Literal mode's collapse is measured
-by the benchmark, over seeds, in docs/RESULTS.md.)"""
+by the loss comparison, over seeds, in docs/RESULTS.md.)"""
 import math
 import statistics
 

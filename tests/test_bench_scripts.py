@@ -33,7 +33,7 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
 def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     import importlib.util
 
-    from training.benchmark import KEEP_MARKER
+    from loss_comparison.report import KEEP_MARKER
 
     spec = importlib.util.spec_from_file_location("clone_study", REPO / "scripts" / "clone_study.py")
     study = importlib.util.module_from_spec(spec)
@@ -42,7 +42,7 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "scratch.md").write_text(
-        "# Benchmark results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
+        "# Loss comparison results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
         "## Summary\n\n| variant | runs |\n|---|---|\n| `clip` | 2/2 ok |\n\n![plot](scratch.png)\n\n"
         "## Paired against `clip`\n\n`adacl` vs `clip`: no paired difference excludes 0.\n\n"
         "## Flagged runs\n\nNone.\n")

@@ -2,9 +2,7 @@
 import hashlib
 import json
 import re
-import runpy
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,11 +11,12 @@ from clip_benchmark.datasets.builder import build_dataset
 from open_clip.tokenizer import SimpleTokenizer
 from torchvision.transforms import ToTensor
 
-from training.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, EDIT_TYPES, OPPOSITE_RELATION, RELATIONS,
-                             SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig, caption, could_hold,
-                             edit_caption, edit_description, family_duplicate_rate, family_edit, holds, paraphrases,
-                             render, sample_family, sample_scene, weak_caption, weak_caption_fits,
-                             write_demo_dataset)
+from synthetic_scenes.cli import main
+from synthetic_scenes.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, EDIT_TYPES, OPPOSITE_RELATION,
+                                     RELATIONS, SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig,
+                                     caption, could_hold, edit_caption, edit_description, family_duplicate_rate,
+                                     family_edit, holds, paraphrases, render, sample_family, sample_scene,
+                                     weak_caption, weak_caption_fits, write_demo_dataset)
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")
@@ -287,10 +286,9 @@ def test_family_size_and_weak_captions_are_options(tmp_path):
         write_demo_dataset(tmp_path / "bad", num_weak_captions=-1)
 
 
-def test_make_synthetic_shards_script_writes_families_and_reports_duplicates(tmp_path, capsys):
-    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic_shards.py"))
-    script["main"](["--output", str(tmp_path), "--num-train", "16", "--num-val", "4", "--num-test", "4",
-                    "--shard-size", "8", "--family-size", "4", "--num-weak-captions", "1"])
+def test_the_command_line_writes_families_and_reports_duplicates(tmp_path, capsys):
+    main(["--output", str(tmp_path), "--num-train", "16", "--num-val", "4", "--num-test", "4",
+          "--shard-size", "8", "--family-size", "4", "--num-weak-captions", "1"])
     out = capsys.readouterr().out
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["scene_config"]["family_size"] == 4 and manifest["caption_keys"][-1] == "txt_weak1"

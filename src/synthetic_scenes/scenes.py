@@ -85,7 +85,7 @@ COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "gre
 WEAK_CAPTION_KEY = "txt_weak{}"  # tar member / --caption-key field of the n-th weak caption (from 1)
 BENCHMARK_DATASETS = ("scenes_shape", "scenes_color", "scenes_retrieval")
 
-# Independent random streams per split / benchmark set (first word of each rng's seed).
+# Independent random streams per split / clip-benchmark set (first word of each rng's seed).
 _STREAMS = {"train": 0, "val": 1, "test": 2, "scenes_shape": 3, "scenes_color": 4, "weak": 5}
 _PLACEMENT_BATCH = 64
 _MAX_FAMILY_SIZE = 12
@@ -96,7 +96,7 @@ _RELATION_AXIS = {"to the left of": (0, 1), "to the right of": (0, -1), "above":
 
 @dataclass(frozen=True)
 class SceneConfig:
-    """Generator settings; the defaults are what the benchmark was tuned on.
+    """Generator settings; the defaults are what the loss comparison was tuned on.
 
     image_size: output side in pixels (32 for adacl-tiny).
     three_object_prob: chance a scene has a third (unrelated) object.

@@ -1,20 +1,21 @@
-"""Write the built-in demo data (procedural scenes with clone captions); see `training.scenes`.
+"""`python -m synthetic_scenes`: write the built-in demo data (procedural scenes with clone captions).
 
-    python scripts/make_synthetic_shards.py --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
+    python -m synthetic_scenes --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
 
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
 (txt), a paraphrase (txt_alt) and --num-weak-captions lossy pseudo-captions (txt_weak1, ...).
-See docs/data.md.
+The layout is in `synthetic_scenes.scenes`; see docs/data.md.
 """
 import argparse
 import json
 
-from training.scenes import write_demo_dataset
+from .scenes import write_demo_dataset
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m synthetic_scenes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-train", type=int, default=4096)

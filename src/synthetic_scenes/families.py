@@ -1,6 +1,6 @@
 """How many of a batch's negatives are siblings: measured on the real training batch stream.
 
-Data written in families (e.g. `training.scenes`' one-edit siblings) stores a family id in each
+Data written in families (e.g. `synthetic_scenes.scenes`' one-edit siblings) stores a family id in each
 sample's json (`"family": 123`). A row's *siblings* are the other rows of its batch from the same
 family: for a contrastive loss they are the hardest negatives (clone negatives). The shuffle
 buffer scatters families unless the trainer keeps runs of consecutive samples together
@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 import torch
 from open_clip_train.data import expand_urls
 
-from .data import DataConfig, _read_shard, _sample_index, _SkipCounter, build_train_data
+from training.data import DataConfig, _read_shard, _sample_index, _SkipCounter, build_train_data
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def read_families(train_data: str, family_field: str = "family") -> dict[int, in
             if family_field not in meta:
                 raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
                                  "the json field that holds the family id, or write the data in families "
-                                 "(scripts/make_synthetic_shards.py --family-size)")
+                                 "(python -m synthetic_scenes --family-size)")
             families[_sample_index(sample)] = meta[family_field]
     return families
 

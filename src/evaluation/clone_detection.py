@@ -1,4 +1,4 @@
-"""How well AdaCL's clone discovery finds the true clone negatives of a batch (benchmark only).
+"""How well AdaCL's clone discovery finds the true clone negatives of a batch (for the loss comparison).
 
 The loss never sees labels. To judge its discovery step, this module rebuilds batches whose
 ground truth is known: training shards written in families of one-edit siblings (each sample's
@@ -47,7 +47,7 @@ def family_batches(shards: Sequence[str], batch_size: int, num_batches: int, cap
             meta = sample["json"] if isinstance(sample["json"], dict) else json.loads(sample["json"])
             if "family" not in meta:
                 raise ValueError(f"sample {sample['__key__']} has no 'family' in its json: clone detection needs "
-                                 "shards written in families (scripts/make_synthetic_shards.py --family-size K)")
+                                 "shards written in families (python -m synthetic_scenes --family-size K)")
             families.append(int(meta["family"]))
         images = [sample.get("png") or sample.get("jpg") for sample in chunk]
         captions = [_text(sample[caption_key]) for sample in chunk]

@@ -1,0 +1,320 @@
+"""Jobs: one (loss variant, seed) each, trained and evaluated in its own process.
+
+A job trains with `training.main.main(argv)` (adacl-tiny; the same steps, batch, lr schedule and
+workers for every job but for the loss flags and seed), then evaluates its final checkpoint:
+validation retrieval R@1/R@5 both ways (the trainer's results.jsonl), clip-benchmark zero-shot
+classification and retrieval on the demo's `wds/` sets (`evaluation.zero_shot.evaluate_dataset`,
+the in-process path), clone-negative selection per edit type (`evaluation.clone_selection`) and,
+on training data written in families, clone detection (`evaluation.clone_detection`).
+`launch_job` runs a job as `python -m loss_comparison --run-job JOB.json`, its output in its log
+file; the process writes the job's JSON record, which a later call reuses while the job is unchanged.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from open_clip_adacl import get_loss_class
+from open_clip_adacl.losses import ContrastiveLoss
+
+from .data import PRETRAIN_SEED, Budget, ComparisonData
+from .variants import LossVariant
+
+BASELINE = "clip"  # the report compares every variant with this one (the first variant when absent)
+MODEL = "adacl-tiny"
+OK, NONFINITE, FAILED = "ok", "nonfinite", "failed"  # a record's status; `stats.assess_run` adds "collapsed"
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """Everything one run needs; written as JSON for the worker process (`--run-job`)."""
+
+    label: str
+    loss: str
+    options: Dict[str, str]
+    seed: int
+    name: str
+    train_argv: List[str]
+    logs_dir: str        # the trainer's --logs; the run lives in <logs_dir>/<name>
+    data_root: str
+    batch_size: int
+    device: str
+    record_path: str
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.logs_dir) / self.name
+
+
+def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
+               logs_dir: Path, pretrained: Optional[str] = None) -> List[str]:
+    """`training.main` arguments: identical for every run but for the loss flags, seed and name.
+
+    Validation runs after the last epoch only, and only the final checkpoint is saved. With
+    `pretrained`, the run fine-tunes that checkpoint.
+    """
+    argv = [
+        "--train-data", data.train_data, "--val-data", data.val_data, "--train-num-samples", str(data.num_train),
+        "--model", MODEL, *variant.flags(data.data_size),
+        "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs), "--lr", str(budget.lr),
+        "--warmup", str(budget.warmup), "--wd", str(budget.wd), "--workers", str(budget.workers),
+        "--device", budget.device, "--seed", str(seed),
+        "--val-frequency", str(budget.epochs), "--save-frequency", "0",
+        "--log-every-n-steps", str(budget.log_every_n_steps), "--logs", str(logs_dir), "--name", name,
+    ]
+    if budget.precision:
+        argv += ["--precision", budget.precision]
+    if pretrained:
+        argv += ["--pretrained", pretrained]
+    return argv + list(budget.train_args)
+
+
+def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJob:
+    """The fine-tuning regime's starting point: `clip` for `budget.pretrain_epochs` at `pretrain_lr`."""
+    pretrain_budget = replace(budget, epochs=budget.pretrain_epochs, lr=budget.pretrain_lr)
+    return make_job(LossVariant(BASELINE), PRETRAIN_SEED, pretrain_budget, data, output_dir, name_prefix="pretrain-")
+
+
+def pretrained_checkpoint(job: RunJob) -> str:
+    """The final checkpoint of a finished run."""
+    checkpoints = sorted((job.run_dir / "checkpoints").glob("epoch_*.pt"), key=lambda path: int(path.stem[6:]))
+    if not checkpoints:
+        raise ValueError(f"the pretraining run {job.name} left no checkpoint; see {log_file(job)}")
+    return str(checkpoints[-1])
+
+
+def make_job(variant: LossVariant, seed: int, budget: Budget, data: ComparisonData, output_dir: Path, *,
+             pretrained: Optional[str] = None, name_prefix: str = "") -> RunJob:
+    name = f"{name_prefix}{variant.slug}-seed{seed}"
+    return RunJob(
+        label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
+        train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs", pretrained),
+        logs_dir=str(output_dir / "runs"), data_root=data.root, batch_size=budget.batch_size,
+        device=budget.device, record_path=str(output_dir / "records" / f"{name}.json"),
+    )
+
+
+def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, data: ComparisonData,
+              output_dir: Path, pretrained: Optional[str] = None) -> List[RunJob]:
+    """One job per (variant, seed), seeds outer: an interrupted comparison has every variant's first seeds."""
+    return [make_job(variant, seed, budget, data, output_dir, pretrained=pretrained)
+            for seed in seeds for variant in variants]
+
+
+def run_job(job: RunJob) -> Dict[str, Any]:
+    """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
+    from training.main import main as train_main
+    from training.train import NonFiniteLossError
+
+    record = base_record(job)
+    start = time.time()
+    checkpoint = None
+    try:
+        checkpoint = train_main(job.train_argv).checkpoint
+    except NonFiniteLossError as error:
+        record.update(status=NONFINITE, error=str(error))
+    except Exception as error:  # the record says why, the log (this process's stderr) shows where
+        traceback.print_exc()
+        record.update(status=FAILED, error=f"training: {type(error).__name__}: {error}")
+    record["train_seconds"] = time.time() - start
+    record["metrics"].update(training_metrics(job.run_dir))
+    record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
+    if record["status"] == OK:
+        start = time.time()
+        try:
+            record["metrics"].update(evaluate_run(Path(checkpoint), job))
+        except Exception as error:
+            traceback.print_exc()
+            record.update(status=FAILED, error=f"evaluation: {type(error).__name__}: {error}")
+        record["eval_seconds"] = time.time() - start
+    return record
+
+
+def base_record(job: RunJob) -> Dict[str, Any]:
+    return {
+        "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
+        "status": OK, "error": None, "batch_size": job.batch_size,
+        # Softmax losses over the batch sit at ln(batch) when nothing is learned (all logits equal).
+        "softmax_loss": issubclass(get_loss_class(job.loss), ContrastiveLoss),
+        "train_argv": job.train_argv, "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
+        "val_num_samples": None, "metrics": {},
+    }
+
+
+def training_metrics(run_dir: Path) -> Dict[str, float]:
+    """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval."""
+    metrics: Dict[str, float] = {}
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.is_file():
+        steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        steps = [record for record in steps if record["kind"] == "train"]
+        if steps:
+            tail = steps[-max(1, math.ceil(len(steps) / 10)):]
+            metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
+            metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
+            metrics["train/steps"] = float(steps[-1]["step"])
+            metrics.update(mechanism_metrics(steps))
+    results_path = run_dir / "checkpoints" / "results.jsonl"
+    if results_path.is_file():
+        lines = [line for line in results_path.read_text().splitlines() if line.strip()]
+        if lines:
+            val = json.loads(lines[-1])
+            for direction, short in (("image_to_text", "i2t"), ("text_to_image", "t2i")):
+                for k in (1, 5):
+                    metrics[f"val/{short}_R@{k}"] = float(val[f"val/{direction}_R@{k}"])
+            metrics["val/clip_loss"] = float(val["val/clip_val_loss"])
+            metrics["val/num_samples"] = float(val["val/num_samples"])
+    return metrics
+
+
+# AdaCL's per-step stats summarised per run (both directions pooled): how often each guard and bound
+# changed the margins, and how much the applied margins moved (docs/adacl.md).
+MECHANISM_FRACTIONS = ("modulated", "anchor_clamped", "scale_bounded", "offset_bounded")
+MECHANISM_SPREADS = ("m1_over_scale", "m2", "anchor", "anchor_gap")
+
+
+def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """`adacl/<stat>` fractions of logged steps and `adacl/<stat>_mean|_std` over logged steps, for a run
+    whose loss logged AdaCL's stats; {} otherwise."""
+    metrics: Dict[str, float] = {}
+    for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
+        values = [float(record[f"stats/{direction}/{name}"]) for record in steps for direction in ("i2t", "t2i")
+                  if f"stats/{direction}/{name}" in record]
+        if not values:
+            continue
+        if name in MECHANISM_FRACTIONS:
+            metrics[f"adacl/{name}"] = statistics.fmean(values)
+        else:
+            metrics[f"adacl/{name}_mean"] = statistics.fmean(values)
+            metrics[f"adacl/{name}_std"] = statistics.pstdev(values)
+    return metrics
+
+
+def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
+    """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the demo sets."""
+    import torch
+
+    from evaluation.clone_detection import evaluate_clone_detection
+    from evaluation.clone_selection import evaluate_clone_selection
+    from evaluation.zero_shot import (CLASSIFICATION, RETRIEVAL, dataset_root, demo_datasets, evaluate_dataset,
+                                      export_checkpoint, infer_task, load_model, result_path, write_result)
+
+    device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    model_name = export_checkpoint(checkpoint, job.run_dir / "export")
+    model, preprocess, tokenizer = load_model(model_name, "none", device)
+    root = Path(job.data_root)
+    root_template = str(root / "benchmark" / "{dataset}")
+    metrics: Dict[str, float] = {}
+    for dataset in demo_datasets(root):
+        set_root = dataset_root(root_template, dataset)
+        task = infer_task(dataset, set_root)
+        result = evaluate_dataset(model, preprocess, tokenizer, dataset, set_root, task, device=device,
+                                  batch_size=job.batch_size, recall_k=(1, 5))
+        write_result(result_path(job.run_dir / "eval", dataset, task), dataset, model_name, "none", task, result)
+        short = dataset.split("/")[-1]
+        if task == CLASSIFICATION:
+            metrics[f"cls/{short}/acc1"] = float(result["acc1"])
+        elif task == RETRIEVAL:
+            for side in ("image", "text"):
+                for k in (1, 5):
+                    metrics[f"ret/{short}/{side}_R@{k}"] = float(result[f"{side}_retrieval_recall@{k}"])
+    clone = evaluate_clone_selection(model, preprocess, tokenizer, root / "clone_selection", device=device,
+                                     batch_size=job.batch_size, margins=True)
+    metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
+    shards = family_shards(job)
+    if shards:
+        caption_key = flag_value(job.train_argv, "--caption-key", "txt")  # what the loss saw in training
+        detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
+                                             device=device, caption_key=caption_key)
+        metrics.update({f"detect/{name}": value for name, value in detection.items()})
+    return metrics
+
+
+def flag_value(argv: Sequence[str], flag: str, default: str) -> str:
+    """The value of `flag` in trainer arguments (the first of a comma list), or `default`."""
+    argv = list(argv)
+    value = argv[argv.index(flag) + 1] if flag in argv else default
+    return value.split(",")[0].strip()
+
+
+def family_shards(job: RunJob) -> List[str]:
+    """The run's training shards when they are written in families (their samples' json has a
+    `family`), for `clone_detection`; [] otherwise."""
+    import braceexpand
+    import webdataset as wds
+
+    shards = list(braceexpand.braceexpand(flag_value(job.train_argv, "--train-data", "")))
+    if not shards or not Path(shards[0]).is_file():
+        return []
+    first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})
+    return shards if "family" in first.get("json", {}) else []
+
+
+def worker_environment(jobs: int) -> Dict[str, str]:
+    """The environment of a job's process: an equal share of the CPU threads each, never more than
+    the caller's own OMP_NUM_THREADS (on a shared machine, more threads than free cores make every
+    OpenMP barrier wait for descheduled threads: measured 2.5 s instead of 0.2 s per step)."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = min(threads, max(1, int(os.environ["OMP_NUM_THREADS"])))
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool = True) -> Dict[str, Any]:
+    """Run `job` in a fresh process (`python -m loss_comparison --run-job`), output to its log file.
+
+    A finished (status ok) record left by an earlier call for the same job is returned as it is
+    (when `reuse`); otherwise the run's folder is removed first, since the trainer refuses to
+    overwrite a run. A process that dies without a record (or runs past `timeout` seconds) yields
+    a failed record. `wall_seconds` is the whole process, start-up included.
+    """
+    record_path = Path(job.record_path)
+    job_path = record_path.with_suffix(".job.json")
+    if reuse and record_path.is_file() and job_path.is_file() and json.loads(job_path.read_text()) == asdict(job):
+        earlier = json.loads(record_path.read_text())
+        if earlier["status"] == OK:
+            return {**earlier, "reused": True}
+    record_path.unlink(missing_ok=True)
+    shutil.rmtree(job.run_dir, ignore_errors=True)
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    job_path.write_text(json.dumps(asdict(job), indent=1))
+    log_path = log_file(job)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "loss_comparison", "--run-job", str(job_path)]
+    start = time.time()
+    with log_path.open("w") as log:
+        try:
+            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                        env=worker_environment(jobs), timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+    else:
+        record = base_record(job)
+        reason = f"ran past --run-timeout {timeout:g} s" if returncode is None else f"exited with status {returncode}"
+        record.update(status=FAILED, error=f"the run's process {reason} without a record; see {log_path}")
+    record["wall_seconds"] = time.time() - start
+    write_json_atomic(record_path, record)
+    return record
+
+
+def log_file(job: RunJob) -> Path:
+    return Path(job.record_path).parent.parent / "logs" / f"{job.name}.log"
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    os.replace(temporary, path)

@@ -1,0 +1,434 @@
+"""The report: Markdown, a PNG of the main metrics and CSVs, from the assessed records.
+
+The Markdown says what was run (the machine, the command that reproduces it, wall time and
+budget), then the summary, what it shows, the paired comparison with `clip`, one table per
+section and the flagged runs. Hand-written sections below KEEP_MARKER in an existing report are
+kept when it is written again.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .data import PRETRAIN_SEED, Budget, ComparisonData
+from .jobs import BASELINE, MODEL, OK
+from .stats import (TIE, CollapseCriteria, MetricStats, PairedDifference, VariantSummary, metric_keys,
+                    paired_differences, section_keys, summarize, tracking_baseline)
+
+TRACKING = 0.01  # a variant within this of the baseline on every metric, seed for seed, is reported so
+
+# Pooled over every run of a variant: the headline of the report and the bars of the plot.
+HEADLINE_METRICS = ("val/i2t_R@1", "val/t2i_R@1", "clone/overall", "train/final_loss")
+PLOT_PREFIXES = ("val/", "cls/", "clone/")
+PLOT_EXCLUDED = ("val/clip_loss",)
+# Report sections: (title, metric-name prefix, what the numbers are).
+SECTIONS = (
+    ("Clone-negative selection", "clone/",
+     "accuracy of preferring an image's true caption over a clone that changes one detail "
+     "(`evaluation.clone_selection`, the test scenes; chance 0.5), and `_margin`: the mean logit margin "
+     "logit_scale * (cos(image, true) - cos(image, clone)), which still moves when accuracy saturates"),
+    ("clip-benchmark zero-shot", ("cls/", "ret/"),
+     "classification acc1 per `wds/` set, retrieval recall@k (`evaluation.zero_shot`, in process)"),
+    ("Validation retrieval", "val/",
+     "R@k over the val split, both directions, and OpenCLIP's CLIP val loss (the trainer's results.jsonl)"),
+    ("Training", "train/", "final loss: mean of the logged step losses over the last tenth of training"),
+    ("AdaCL mechanism", "adacl/",
+     "from every logged step, both directions pooled: the fraction of steps that were modulated (no fallback) "
+     "and on which each bound changed the closed forms, and the mean and spread (population std over steps) "
+     "of the applied m1 / logit_scale, m2, the anchor similarity and the anchor's clone gap (cosine)"),
+    ("Clone detection", "detect/",
+     "the loss's discovery step replayed on the final model over batches of whole families of the training "
+     "data (`evaluation.clone_detection`): per `<salient>-<region>`, the precision and recall of the flagged "
+     "negatives against the true one-edit siblings and the fraction of negatives flagged; `sibling_fraction` "
+     "is the fraction of negatives that are siblings in those batches"),
+)
+
+
+def format_stats(stats: Optional[MetricStats]) -> str:
+    if stats is None:
+        return "-"
+    if stats.n < 2:
+        return f"{stats.mean:.3f} (1 run)"
+    return f"{stats.mean:.3f} ± {stats.std:.3f}"
+
+
+def markdown_table(summaries: Sequence[VariantSummary], keys: Sequence[str]) -> List[str]:
+    """Rows: variants; columns: runs ok, then `keys` as mean ± std over ok runs."""
+    lines = ["| variant | runs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for summary in summaries:
+        cells = [format_stats(summary.metrics.get(key)) for key in keys]
+        lines.append(f"| `{summary.label}` | {summary.runs_text()} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def flagged_runs(records: Sequence[Mapping[str, Any]]) -> List[str]:
+    """A Markdown list item per run that is not ok, with why."""
+    return [f"- `{record['name']}`: **{record['verdict']}**: {'; '.join(record['reasons'])}"
+            for record in records if record["verdict"] != OK]
+
+
+def compare(summaries: Sequence[VariantSummary], key: str) -> Optional[str]:
+    """Which variant is best on `key` (higher is better) and whether its lead exceeds the seed spread."""
+    ranked = sorted((s for s in summaries if key in s.metrics), key=lambda s: s.metrics[key].mean, reverse=True)
+    if not ranked:
+        return None
+    best = ranked[0]
+    text = f"`{best.label}` is best on {key} ({format_stats(best.metrics[key])})"
+    if len(ranked) == 1:
+        return text + ", the only variant with an ok run."
+    second = ranked[1]
+    gap = best.metrics[key].mean - second.metrics[key].mean
+    spread = max(best.metrics[key].std, second.metrics[key].std)
+    if gap < TIE:
+        return f"`{best.label}` and `{second.label}` tie for best on {key} ({format_stats(best.metrics[key])})."
+    if math.isnan(spread):
+        verdict = "a single run on one side, so the seed spread is unknown"
+    elif gap > spread:
+        verdict = f"larger than the larger of their standard deviations ({spread:.3f})"
+    else:
+        verdict = f"within the larger of their standard deviations ({spread:.3f}): not a clear difference"
+    return (text + f", ahead of `{second.label}` ({format_stats(second.metrics[key])}) by {gap:.3f}, "
+            + verdict + ".")
+
+
+def versus_baseline(summaries: Sequence[VariantSummary], baseline: VariantSummary, key: str) -> Optional[str]:
+    """Each variant's difference to the baseline on `key`, marked where it exceeds both stds."""
+    if key not in baseline.metrics:
+        return None
+    reference = baseline.metrics[key]
+    parts = []
+    for summary in summaries:
+        if summary is baseline or key not in summary.metrics:
+            continue
+        stats = summary.metrics[key]
+        gap = stats.mean - reference.mean
+        spread = max(stats.std, reference.std)
+        clear = not math.isnan(spread) and abs(gap) > spread
+        parts.append(f"`{summary.label}` {gap:+.3f}"
+                     + (" (beyond the seed spread)" if clear else " (within the seed spread)"))
+    if not parts:
+        return None
+    return f"Against `{baseline.label}` on {key} ({format_stats(reference)}): " + ", ".join(parts) + "."
+
+
+def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance_margin: float = 0.05) -> Optional[str]:
+    """How hard clone selection is for the baseline: edit types below `threshold` (issue 4 asks for
+    at least two) and those still within `chance_margin` of chance (0.5), where no loss can show a gain."""
+    edits = {key.removeprefix("clone/"): stats.mean for key, stats in baseline.metrics.items()
+             if key.startswith("clone/") and key != "clone/overall" and not key.endswith("_margin")}
+    if not edits:
+        return None
+    below = sorted(edit for edit, mean in edits.items() if mean < threshold)
+    text = (f"`{baseline.label}` is below {threshold} on {len(below)} of {len(edits)} clone edit types"
+            + (f" ({', '.join(below)})" if below else ""))
+    at_chance = sorted(edit for edit, mean in edits.items() if abs(mean - 0.5) < chance_margin)
+    if at_chance:
+        text += f", and within {chance_margin} of chance (0.5) on {', '.join(at_chance)}"
+    return text + "."
+
+
+def paired_table(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]]) -> List[str]:
+    """Rows: variants other than the baseline; cells: paired difference ± 95% half interval."""
+    keys = list(next(iter(differences.values()), {}))
+    lines = ["| variant | pairs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for label, by_key in differences.items():
+        cells = ["-" if difference is None else difference.text() for difference in by_key.values()]
+        pairs = max((difference.n for difference in by_key.values() if difference), default=0)
+        lines.append(f"| `{label}` | {pairs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_findings(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]],
+                    summaries: Sequence[VariantSummary], baseline: VariantSummary) -> List[str]:
+    """One sentence per variant: the metrics where its paired interval against the baseline excludes 0."""
+    runs = {summary.label: summary.runs_text() for summary in summaries}
+    lines = []
+    for label, by_key in differences.items():
+        prefix = f"`{label}` vs `{baseline.label}`: "
+        if all(difference is None for difference in by_key.values()):
+            lines.append(prefix + f"no seed where both runs are ok ({runs[label]}).")
+            continue
+        clear = {key: difference for key, difference in by_key.items() if difference is not None and difference.clear}
+        better = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean > 0]
+        worse = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean < 0]
+        if not clear:
+            lines.append(prefix + "no paired difference excludes 0.")
+            continue
+        parts = [f"{side} on {', '.join(items)}" for side, items in (("better", better), ("worse", worse)) if items]
+        lines.append(prefix + "; ".join(parts) + " (95% paired intervals).")
+    return lines
+
+
+def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The "what this shows" paragraph, computed from the numbers alone."""
+    lines = []
+    for key in ("clone/overall", "val/t2i_R@1", "val/i2t_R@1"):
+        sentence = compare(summaries, key)
+        if sentence:
+            lines.append(sentence)
+    baseline = next((s for s in summaries if s.label == BASELINE), summaries[0] if summaries else None)
+    if baseline is not None and baseline.num_ok:
+        for sentence in (versus_baseline(summaries, baseline, "clone/overall"), baseline_difficulty(baseline)):
+            if sentence:
+                lines.append(sentence)
+        for summary in summaries:
+            difference = None if summary is baseline else tracking_baseline(records, summary.label, baseline.label)
+            if difference is not None and difference < TRACKING:
+                lines.append(f"`{summary.label}` matches `{baseline.label}` seed for seed (largest difference on "
+                             f"any metric {difference:.4f}): under this budget it trains like `{baseline.label}`.")
+    flagged = [s for s in summaries if s.num_ok < s.num_runs]
+    if flagged:
+        lines.append("Runs excluded from the means: " + "; ".join(f"`{s.label}` {s.runs_text()}" for s in flagged)
+                     + " (listed below with the reason).")
+    else:
+        lines.append(f"All {len(records)} runs finished with finite losses and above-chance recall (none excluded).")
+    return lines
+
+
+@dataclass
+class ReportContext:
+    """What the report says besides the numbers."""
+
+    command: str
+    budget: Budget
+    data: ComparisonData
+    data_seed: int
+    seeds: List[int]
+    wall_seconds: float
+    machine: Dict[str, str]
+    started: str
+    siblings: Optional[Dict[str, float]] = None  # in-batch siblings in training (`synthetic_scenes.families`)
+
+
+def budget_lines(context: ReportContext) -> List[str]:
+    budget = context.budget
+    return [
+        f"- model `{MODEL}`; every run: {budget.epochs} epochs x {budget.num_train // budget.batch_size} steps = "
+        f"**{budget.steps} steps** at batch {budget.batch_size}, AdamW lr {budget.lr:g} (cosine, {budget.warmup} "
+        f"warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
+        f"precision {budget.precision or 'the trainer default'}",
+        f"- demo data (`synthetic_scenes`, data seed {context.data_seed}): {budget.num_train} train, "
+        f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
+        f"classification set has as many); in `{context.data.root}`",
+        f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {budget.jobs} run(s) at a time",
+    ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
+        [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} "
+         f"epochs at lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
+        if budget.pretrain_epochs else []) + (
+        [f"- clone negatives in the training batches (the real loader, seed 0, epoch 0): "
+         f"{context.siblings['siblings_per_row']:.2f} one-edit siblings per row, "
+         f"{context.siblings['sibling_fraction']:.1%} of the in-batch negatives "
+         f"(`--train-group-size {context.siblings['group_size']}`, `synthetic_scenes.families.measure_siblings`)"]
+        if context.siblings else [])
+
+
+def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
+                    context: ReportContext, plot_name: Optional[str], csv_name: str) -> str:
+    """The whole report."""
+    machine = context.machine
+    run_seconds = [r["wall_seconds"] for r in records if r.get("wall_seconds")]
+    num_reused = sum(bool(r.get("reused")) for r in records)
+    timing = (f"; one run (its process: start, train, evaluate) took {statistics.fmean(run_seconds):.0f} s on "
+              f"average ({min(run_seconds):.0f}-{max(run_seconds):.0f} s), {context.budget.jobs} at a time"
+              if run_seconds else "")
+    if num_reused:
+        timing += (f"; {num_reused} of the runs were reused from an earlier call (their times are from it), "
+                   f"so this call's wall time is not the comparison's")
+    lines = [
+        "# Loss comparison results",
+        "",
+        "Generated by `loss_comparison`; every number below comes from the runs it lists. Means and "
+        "standard deviations are over the runs whose verdict is ok; collapsed, non-finite and failed runs "
+        "are counted in the `runs` column and listed at the end, never averaged in.",
+        "",
+        "Reproduce (from the repository root):",
+        "",
+        "```bash",
+        context.command,
+        "```",
+        "",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores{machine.get('gpu', '')}; load average "
+        f"{machine['load']} at the start",
+        f"- software: Python {machine['python']}, torch {machine['torch']}, open_clip {machine['open_clip']}, "
+        f"clip-benchmark {machine['clip_benchmark']}; code {machine['code']}",
+        f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
+        + timing,
+        *budget_lines(context),
+        "",
+        "## Summary",
+        "",
+        *markdown_table(summaries, [k for k in HEADLINE_METRICS if any(k in s.metrics for s in summaries)]),
+        "",
+    ]
+    if plot_name:
+        lines += [f"![main metrics, mean and standard deviation over ok runs]({plot_name})", ""]
+    lines += ["## What this shows", "", *findings(summaries, records), ""]
+    baseline = next((summary for summary in summaries if summary.label == BASELINE and summary.num_ok), None)
+    if baseline is not None and len(summaries) > 1:
+        differences = paired_differences(summaries, records, baseline)
+        lines += ["## Paired against `clip`", "",
+                  f"Each cell: mean over seeds of (variant - `{BASELINE}`) on runs with the same seed (same "
+                  "initialisation and data order), ± the half width of its 95% paired-t interval; `*` marks an "
+                  "interval that excludes 0. Only seeds where both runs are ok are paired.", "",
+                  *paired_table(differences), "", *paired_findings(differences, summaries, baseline), ""]
+    for title, prefix, description in SECTIONS:
+        keys = section_keys(summaries, prefix)
+        if keys:
+            lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
+    flagged = flagged_runs(records)
+    lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
+              f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: a softmax loss whose final "
+              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(batch), or mean val R@1 "
+              f"below {CollapseCriteria().recall_factor:g} x chance.", ""]
+    return "\n".join(lines)
+
+
+RUN_FIELDS = ("label", "loss", "options", "seed", "name", "verdict", "reasons", "train_seconds", "eval_seconds",
+              "wall_seconds")
+
+
+def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """One row per run: identity, verdict and reasons, timing, every metric."""
+    keys = metric_keys(records)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*RUN_FIELDS, *keys])
+        for record in records:
+            identity = [record["label"], record["loss"], json.dumps(record["options"], sort_keys=True),
+                        record["seed"], record["name"], record["verdict"], "; ".join(record["reasons"]),
+                        record.get("train_seconds"), record.get("eval_seconds"), record.get("wall_seconds")]
+            writer.writerow([*identity, *(record["metrics"].get(key, "") for key in keys)])
+
+
+def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
+    """One row per (variant, metric): mean, std, n ok, runs."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["label", "metric", "mean", "std", "n_ok", "runs"])
+        for summary in summaries:
+            for key, stats in summary.metrics.items():
+                writer.writerow([summary.label, key, stats.mean, stats.std, stats.n, summary.runs_text()])
+
+
+def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
+    """The [0, 1] metrics (accuracies, recalls); logit margins and losses have their own tables."""
+    return [key for key in section_keys(summaries, PLOT_PREFIXES)
+            if key not in PLOT_EXCLUDED and not key.endswith("_margin")]
+
+
+def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
+    """Grouped bars (one group per main metric, one bar per variant) with std error bars; False if nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = plot_keys(summaries)
+    if not keys:
+        return False
+    width = 0.8 / len(summaries)
+    figure, axes = plt.subplots(figsize=(min(16.0, max(8.0, 0.22 * len(keys) * len(summaries) + 2)), 5.5))
+    for index, summary in enumerate(summaries):
+        means = [summary.metrics[k].mean if k in summary.metrics else math.nan for k in keys]
+        stds = [0.0 if k not in summary.metrics or math.isnan(summary.metrics[k].std) else summary.metrics[k].std
+                for k in keys]
+        positions = [position + (index - (len(summaries) - 1) / 2) * width for position in range(len(keys))]
+        bars = axes.bar(positions, means, width, yerr=stds, capsize=2, label=f"{summary.label} ({summary.runs_text()})")
+        # A variant without ok runs has no bar: an x on the axis marks its slot, so it is not mistaken for 0.
+        missing = [position for position, mean in zip(positions, means) if math.isnan(mean)]
+        axes.plot(missing, [0.01] * len(missing), "x", color=bars.patches[0].get_facecolor(), clip_on=False)
+    axes.set_xticks(range(len(keys)))
+    axes.set_xticklabels(keys, rotation=30, ha="right", fontsize=8)
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("mean over ok runs (± std)")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+KEEP_MARKER = "<!-- Everything below this line is kept when the loss comparison rewrites this file. -->"
+
+
+def kept_tail(results_md: Path) -> str:
+    """The hand-written sections after KEEP_MARKER in an existing report (other measurements that
+    live in the same results page), so that running the comparison again does not erase them."""
+    if not results_md.is_file():
+        return ""
+    text = results_md.read_text()
+    index = text.find(KEEP_MARKER)
+    return "" if index < 0 else "\n" + text[index:]
+
+
+def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, results_md: Path,
+                 output_dir: Path) -> str:
+    """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`."""
+    summaries = summarize(records)
+    results_md.parent.mkdir(parents=True, exist_ok=True)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plot_path = results_md.with_suffix(".png")
+    csv_path = results_md.with_name(results_md.stem + "_runs.csv")
+    has_plot = write_plot(summaries, plot_path)
+    write_runs_csv(records, csv_path)
+    markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name)
+    results_md.write_text(markdown + kept_tail(results_md))
+    write_summary_csv(summaries, output_dir / "summary.csv")
+    for source, name in ((results_md, "results.md"), (csv_path, "runs.csv"), (plot_path, "results.png")):
+        if source.is_file() and source.resolve() != (output_dir / name).resolve():
+            shutil.copyfile(source, output_dir / name)
+    return markdown
+
+
+def machine_info(device: str) -> Dict[str, str]:
+    """CPU, cores, load, library versions, code version (and the GPU when running on one)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")]
+        cpu = models[0] if models else cpu
+    info = {
+        "cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(), "torch": torch.__version__,
+        "open_clip": package_version("open_clip_torch"), "clip_benchmark": package_version("clip-benchmark"),
+        "load": ", ".join(f"{value:.1f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "?",
+        "code": code_version(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = f", GPU {torch.cuda.get_device_name(0)}"
+    return info
+
+
+def package_version(name: str) -> str:
+    """The installed distribution's version (clip_benchmark's own `__version__` is stale)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def code_version() -> str:
+    """`git <commit>` of the source tree (marked when it has uncommitted changes), or `unknown`."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=source, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"git {commit}" + (" with uncommitted changes" if dirty else "")

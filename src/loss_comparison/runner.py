@@ -1,0 +1,132 @@
+"""A whole comparison: the data, every job (`--jobs` at a time), the report; or the report again from
+the records alone (`--report-only`)."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .data import Budget, ComparisonData, prepare_data
+from .jobs import (OK, RunJob, flag_value, launch_job, plan_jobs, pretrain_job, pretrained_checkpoint,
+                   write_json_atomic)
+from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
+from .stats import assess_run
+from .variants import LossVariant, parse_loss_variant
+
+COMPARISON_FILE = "comparison.json"  # in --output-dir: the variants and report context, for --report-only
+LEGACY_COMPARISON_FILE = "benchmark.json"  # the same, in output dirs written as `python -m training.benchmark`
+
+
+def run_all(jobs: Sequence[RunJob], *, parallel: int, timeout: Optional[float], reuse: bool = True,
+            echo=print) -> List[Dict[str, Any]]:
+    """Launch every job, `parallel` at a time; returns the records in job order."""
+    records: Dict[int, Dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {pool.submit(launch_job, job, jobs=parallel, timeout=timeout, reuse=reuse): index
+                   for index, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            index = futures[future]
+            records[index] = assess_run(future.result())
+            echo(f"[{done}/{len(jobs)}] {run_line(records[index])}")
+    return [records[index] for index in range(len(jobs))]
+
+
+def run_line(record: Mapping[str, Any]) -> str:
+    """One line per finished run for the console."""
+    metrics = record["metrics"]
+    parts = [f"{record['label']} seed {record['seed']}: {record['verdict']}"]
+    for key in HEADLINE_METRICS:
+        if key in metrics:
+            parts.append(f"{key} {metrics[key]:.3f}")
+    parts.append("reused" if record.get("reused") else f"{record['wall_seconds']:.0f} s")
+    if record["verdict"] != OK:
+        parts.append("; ".join(record["reasons"]))
+    return ", ".join(parts)
+
+
+def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str, float]]:
+    """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
+    the training shards are written in families; None otherwise."""
+    from synthetic_scenes.families import measure_siblings
+    from training.data import DataConfig
+
+    group_size = int(flag_value(budget.train_args, "--train-group-size", "1"))
+    cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
+                     workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
+    try:
+        stats = measure_siblings(cfg)
+    except ValueError:  # shards without family ids
+        return None
+    return {"siblings_per_row": stats.siblings_per_row, "sibling_fraction": stats.sibling_fraction,
+            "group_size": group_size}
+
+
+def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
+                  results_md: Path, data_dir: Optional[Path] = None, data_seed: int = 0, command: str = "",
+                  timeout: Optional[float] = None, reuse: bool = True, echo=print) -> List[Dict[str, Any]]:
+    """Data, every run, the report; returns the assessed records."""
+    start = time.time()
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = machine_info(budget.device)
+    data = prepare_data(data_dir or output_dir / "data", budget, data_seed)
+    pretrained = None
+    if budget.pretrain_epochs:
+        job = pretrain_job(budget, data, output_dir)
+        echo(f"pretraining {job.name} ({budget.pretrain_epochs} epochs) for the fine-tuning runs")
+        record = assess_run(launch_job(job, jobs=1, timeout=timeout, reuse=reuse))
+        echo(run_line(record))
+        if record["verdict"] != OK:
+            raise ValueError(f"the pretraining run {job.name} is {record['verdict']}: {'; '.join(record['reasons'])}")
+        pretrained = pretrained_checkpoint(job)
+    jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained)
+    echo(f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
+         f"{budget.jobs} at a time; logs in {output_dir / 'logs'}")
+    records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
+    context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
+                            wall_seconds=time.time() - start, machine=machine, started=started,
+                            siblings=training_siblings(budget, data))
+    write_json_atomic(output_dir / COMPARISON_FILE,
+                      {"labels": [variant.label for variant in variants], "context": asdict(context)})
+    write_report(records, context, results_md, output_dir)
+    return records
+
+
+def rebuild_report(output_dir: Path, results_md: Path) -> List[Dict[str, Any]]:
+    """Write the report again from `output_dir`'s records and comparison.json, training nothing.
+
+    The verdicts are recomputed (e.g. after changing `CollapseCriteria`); the command, machine and
+    wall time are those of the call that ran the comparison.
+    """
+    saved = saved_comparison(output_dir)
+    fields = saved["context"]
+    budget = Budget(**{**fields["budget"], "train_args": tuple(fields["budget"].get("train_args", ()))})
+    context = ReportContext(**{**fields, "budget": budget, "data": ComparisonData(**fields["data"])})
+    variants = [parse_loss_variant(label) for label in saved["labels"]]
+    pretrained = (pretrained_checkpoint(pretrain_job(context.budget, context.data, output_dir))
+                  if context.budget.pretrain_epochs else None)
+    jobs = plan_jobs(variants, context.seeds, context.budget, context.data, output_dir, pretrained)
+    missing = [job.name for job in jobs if not Path(job.record_path).is_file()]
+    if missing:
+        raise ValueError(f"{output_dir} has no record of {', '.join(missing)}; run the comparison to finish them")
+    records = [assess_run(json.loads(Path(job.record_path).read_text())) for job in jobs]
+    write_report(records, context, results_md, output_dir)
+    return records
+
+
+def saved_comparison(output_dir: Path) -> Dict[str, Any]:
+    """The variants and report context that `run_comparison` saved in `output_dir`; from an output dir
+    written under the comparison's old name (`python -m training.benchmark`), with its command renamed."""
+    saved_path = output_dir / COMPARISON_FILE
+    if saved_path.is_file():
+        return json.loads(saved_path.read_text())
+    legacy_path = output_dir / LEGACY_COMPARISON_FILE
+    if not legacy_path.is_file():
+        raise ValueError(f"no {saved_path}: run the comparison into --output-dir {output_dir} first")
+    saved = json.loads(legacy_path.read_text())
+    command = saved["context"]["command"]
+    saved["context"]["command"] = command.replace("python -m training.benchmark", "python -m loss_comparison", 1)
+    return saved

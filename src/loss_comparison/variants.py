@@ -1,0 +1,124 @@
+"""Loss variants: which loss, with which option values, one row of the comparison is.
+
+A loss variant is `name`, `name:option=value,...` or `name:value` (the one option of `name` whose
+choices hold `value`), e.g. `adacl:mode=literal` or `adacl:literal` -> `--loss adacl --adacl-mode
+literal`. Several variants are joined with commas (`clip,adacl:mode=literal,eps=0.01,siglip`): a
+`key=value` item continues the variant before it. A loss with a `data_size` option gets the
+training data's key range automatically.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from open_clip_adacl import LossOption, get_loss_class
+from training.params import loss_option_flag
+
+
+@dataclass(frozen=True)
+class LossVariant:
+    """A registered loss and option values (as typed on the command line) for one benchmark row."""
+
+    loss: str
+    options: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """`name` or `name:key=value,...`: the row's name and, parsed back, the same variant."""
+        if not self.options:
+            return self.loss
+        return f"{self.loss}:" + ",".join(f"{key}={value}" for key, value in self.options)
+
+    @property
+    def slug(self) -> str:
+        """The label as a file-name part."""
+        return re.sub(r"[^A-Za-z0-9.]+", "-", self.label).strip("-")
+
+    def flags(self, data_size: int) -> List[str]:
+        """Trainer flags: `--loss NAME`, one flag per option, and `--data-size` if the loss declares it."""
+        options = {option.name: option for option in get_loss_class(self.loss).options}
+        flags = ["--loss", self.loss]
+        for key, value in self.options:
+            flags += option_flag(self.loss, options[key], value)
+        if "data_size" in options and "data_size" not in dict(self.options):
+            flags += option_flag(self.loss, options["data_size"], str(data_size))
+        return flags
+
+
+def option_flag(loss: str, option: LossOption, value: str) -> List[str]:
+    """The trainer's flag(s) for one option value; a bool is `--flag` / `--no-flag` (argparse's form)."""
+    flag = loss_option_flag(loss, option)
+    if option.type is bool:
+        return [flag] if parse_bool(value) else ["--no-" + flag[2:]]
+    return [flag, value]
+
+
+def parse_bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"{value!r} is not a boolean (true/false)")
+    return lowered in ("true", "1", "yes")
+
+
+def parse_loss_variant(spec: str) -> LossVariant:
+    """`name`, `name:key=value,...` or `name:value` -> LossVariant; unknown names, options or values are errors."""
+    name, _, rest = spec.strip().partition(":")
+    get_loss_class(name)  # raises for an unregistered loss, listing the registered ones
+    options = [check_option(name, item) for item in rest.split(",") if item.strip()]
+    keys = [key for key, _ in options]
+    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicated:
+        raise ValueError(f"{spec!r} sets {', '.join(duplicated)} more than once")
+    return LossVariant(name, tuple(options))
+
+
+def check_option(loss: str, item: str) -> Tuple[str, str]:
+    """One `key=value` (or bare choice `value`) of `loss`, checked against its LossOption; returns (key, value)."""
+    options = {option.name: option for option in get_loss_class(loss).options}
+    key, has_value, value = (part.strip() for part in item.partition("="))
+    if not has_value:  # a bare value: the option whose choices hold it
+        value = key
+        owners = [option.name for option in options.values() if option.choices and value in option.choices]
+        if len(owners) != 1:
+            raise ValueError(f"{loss}:{value}: {'no' if not owners else 'more than one'} option of {loss!r} has "
+                             f"the choice {value!r}; write {loss}:<option>={value} "
+                             f"(options: {', '.join(options) or 'none'})")
+        key = owners[0]
+    key = key.replace("-", "_")
+    if key not in options:
+        raise ValueError(f"loss {loss!r} has no option {key!r}; it has: {', '.join(options) or 'none'}")
+    option = options[key]
+    try:
+        typed = parse_bool(value) if option.type is bool else option.type(value)
+    except ValueError as error:
+        raise ValueError(f"{loss}:{key}={value}: not a {option.type.__name__} ({error})") from None
+    if option.choices and typed not in option.choices:
+        raise ValueError(f"{loss}:{key}={value}: choose one of {[c for c in option.choices if c is not None]}")
+    return key, value
+
+
+def parse_loss_variants(text: str) -> List[LossVariant]:
+    """Comma-separated variants; an item with `=` and no `:` belongs to the variant before it."""
+    specs: List[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item:
+            if not specs:
+                raise ValueError(f"option {item!r} comes before any loss name in {text!r}")
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    variants = [parse_loss_variant(spec) for spec in specs]
+    labels = [variant.label for variant in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a loss variant is listed twice in {text!r}")
+    return variants
+
+
+def parse_seeds(text: str) -> List[int]:
+    seeds = [int(part) for part in text.split(",") if part.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct integers, got {text!r}")
+    return seeds

@@ -1,0 +1,42 @@
+"""Loss-variant specs: parsed and checked against each loss's options, mapped to the trainer's flags."""
+import pytest
+
+from loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
+
+
+def test_specs_map_to_the_trainers_flags_and_parse_back():
+    variants = parse_loss_variants("clip, adacl:literal, adacl:mode=calibrated,rho=0.05,modulate=false, glofnd")
+    assert [v.label for v in variants] == [
+        "clip", "adacl:mode=literal", "adacl:mode=calibrated,rho=0.05,modulate=false", "glofnd"]
+    assert variants[1].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "literal"]
+    assert variants[2].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "calibrated", "--adacl-rho", "0.05",
+                                                "--no-adacl-modulate"]
+    # glofnd declares data_size (its own --data-size flag): filled from the data's key range.
+    assert variants[3].flags(data_size=640) == ["--loss", "glofnd", "--data-size", "640"]
+    assert all(parse_loss_variant(v.label) == v for v in variants)
+    assert variants[2].slug == "adacl-mode-calibrated-rho-0.05-modulate-false"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nosuch", "unknown loss 'nosuch'"),
+    ("adacl:nosuch=1", "has no option 'nosuch'"),
+    ("adacl:mode=sideways", "choose one of"),
+    ("adacl:eps=small", "not a float"),
+    ("adacl:sideways", "no option of 'adacl' has the choice 'sideways'"),
+    ("clip:literal", "no option of 'clip'"),
+    ("adacl:mode=literal,mode=calibrated", "sets mode more than once"),
+    ("adacl:modulate=maybe", "not a boolean"),
+])
+def test_bad_specs_are_refused_with_the_reason(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_loss_variant(spec)
+
+
+def test_variant_lists_refuse_duplicates_and_stray_options():
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_loss_variants("adacl:literal,adacl:mode=literal")
+    with pytest.raises(ValueError, match="before any loss name"):
+        parse_loss_variants("eps=0.1,clip")
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    with pytest.raises(ValueError, match="distinct"):
+        parse_seeds("1,1")
