@@ -11,7 +11,7 @@ def test_specs_map_to_the_trainers_flags_and_parse_back():
     assert variants[1].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "literal"]
     assert variants[2].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "calibrated", "--adacl-rho", "0.05",
                                                 "--no-adacl-modulate"]
-    # glofnd declares data_size (its own --data-size flag): filled from the data's key range.
+    # glofnd needs sample indices (its Options carry --data-size): filled from the data's key range.
     assert variants[3].flags(data_size=640) == ["--loss", "glofnd", "--data-size", "640"]
     assert all(parse_loss_variant(v.label) == v for v in variants)
     assert variants[2].slug == "adacl-mode-calibrated-rho-0.05-modulate-false"
@@ -20,7 +20,9 @@ def test_specs_map_to_the_trainers_flags_and_parse_back():
 @pytest.mark.parametrize("spec, message", [
     ("nosuch", "unknown loss 'nosuch'"),
     ("adacl:nosuch=1", "has no option 'nosuch'"),
-    ("adacl:mode=sideways", "choose one of"),
+    ("adacl:mode=sideways", r"adacl:mode=sideways: option mode must be one of \['literal', 'calibrated'\]"),
+    ("adacl:eps=2", r"eps must be in \(0, 1\), got 2.0"),  # the loss's own check, not a second copy of it
+    ("glofnd:alpha=1", r"alpha must be in \[0, 1\)"),
     ("adacl:eps=small", "not a float"),
     ("adacl:sideways", "no option of 'adacl' has the choice 'sideways'"),
     ("clip:literal", "no option of 'clip'"),

@@ -1,6 +1,6 @@
 """A new loss is one module: this file declares one, registers it and trains it through
-`training.main`, with no edit anywhere else. Its options become flags, reach params.txt and are
-validated; its state is checkpointed and moves once per optimizer step."""
+`training.main`, with no edit anywhere else. Its options become flags and loss-comparison variants,
+reach params.txt and are validated; its state is checkpointed and moves once per optimizer step."""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
+from loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
 from training.checkpoint import load_checkpoint
 from training.logger import read_metrics
@@ -62,6 +63,13 @@ def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_
     assert summary.step == len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
     # Two micro-batches per step, one state move per optimizer step; the checkpoint holds the state.
     assert load_checkpoint(summary.checkpoint)["loss"]["steps"].item() == 2
+
+
+def test_the_loss_comparison_takes_it_as_a_variant(registered):
+    variant = parse_loss_variant("tempered:temper=2")
+    assert variant.flags(data_size=64) == ["--loss", NAME, "--tempered-temper", "2"]
+    with pytest.raises(ValueError, match="temper must be > 0"):
+        parse_loss_variant("tempered:temper=0")
 
 
 def test_its_options_are_validated_and_its_flags_belong_to_it(registered, tmp_path):

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from open_clip_adacl import get_loss_class
-from open_clip_adacl.losses import ContrastiveLoss
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .variants import LossVariant
@@ -145,7 +144,7 @@ def base_record(job: RunJob) -> Dict[str, Any]:
         "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
         "status": OK, "error": None, "batch_size": job.batch_size,
         # Softmax losses over the batch sit at ln(batch) when nothing is learned (all logits equal).
-        "softmax_loss": issubclass(get_loss_class(job.loss), ContrastiveLoss),
+        "softmax_loss": get_loss_class(job.loss).softmax_style,
         "train_argv": job.train_argv, "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
         "val_num_samples": None, "metrics": {},
     }

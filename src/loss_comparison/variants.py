@@ -3,14 +3,15 @@
 A loss variant is `name`, `name:option=value,...` or `name:value` (the one option of `name` whose
 choices hold `value`), e.g. `adacl:mode=literal` or `adacl:literal` -> `--loss adacl --adacl-mode
 literal`. Several variants are joined with commas (`clip,adacl:mode=literal,eps=0.01,siglip`): a
-`key=value` item continues the variant before it. A loss with a `data_size` option gets the
-training data's key range automatically.
+`key=value` item continues the variant before it. Options, their types, choices and ranges come
+from the loss's `Options` declaration: a variant is validated by building it. A loss that
+`needs_sample_index` gets the training data's key range as its `data_size` automatically.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from open_clip_adacl import LossOption, get_loss_class
 from training.params import loss_option_flag
@@ -18,7 +19,7 @@ from training.params import loss_option_flag
 
 @dataclass(frozen=True)
 class LossVariant:
-    """A registered loss and option values (as typed on the command line) for one benchmark row."""
+    """A registered loss and option values (as typed on the command line) for one comparison row."""
 
     loss: str
     options: Tuple[Tuple[str, str], ...] = ()
@@ -36,13 +37,14 @@ class LossVariant:
         return re.sub(r"[^A-Za-z0-9.]+", "-", self.label).strip("-")
 
     def flags(self, data_size: int) -> List[str]:
-        """Trainer flags: `--loss NAME`, one flag per option, and `--data-size` if the loss declares it."""
-        options = {option.name: option for option in get_loss_class(self.loss).options}
+        """Trainer flags: `--loss NAME`, one flag per option, and `--data-size` if the loss needs sample indices."""
+        cls = get_loss_class(self.loss)
+        specs = _specs(self.loss)
         flags = ["--loss", self.loss]
         for key, value in self.options:
-            flags += option_flag(self.loss, options[key], value)
-        if "data_size" in options and "data_size" not in dict(self.options):
-            flags += option_flag(self.loss, options["data_size"], str(data_size))
+            flags += option_flag(self.loss, specs[key], value)
+        if cls.needs_sample_index and "data_size" not in dict(self.options):
+            flags += option_flag(self.loss, specs["data_size"], str(data_size))
         return flags
 
 
@@ -62,20 +64,29 @@ def parse_bool(value: str) -> bool:
 
 
 def parse_loss_variant(spec: str) -> LossVariant:
-    """`name`, `name:key=value,...` or `name:value` -> LossVariant; unknown names, options or values are errors."""
+    """`name`, `name:key=value,...` or `name:value` -> LossVariant; unknown names, options or values
+    (type, choices, the loss's own checks) are errors."""
     name, _, rest = spec.strip().partition(":")
-    get_loss_class(name)  # raises for an unregistered loss, listing the registered ones
+    cls = get_loss_class(name)  # raises for an unregistered loss, listing the registered ones
     options = [check_option(name, item) for item in rest.split(",") if item.strip()]
     keys = [key for key, _ in options]
     duplicated = sorted({key for key in keys if keys.count(key) > 1})
     if duplicated:
         raise ValueError(f"{spec!r} sets {', '.join(duplicated)} more than once")
+    typed: Dict[str, Any] = {key: typed_value(_specs(name)[key], value) for key, value in options}
+    if cls.needs_sample_index:
+        typed.setdefault("data_size", 1)  # filled in from the data by `flags`; any valid size checks the rest
+    try:
+        cls.Options(**typed)
+    except ValueError as error:
+        raise ValueError(f"{spec}: {error}") from None
     return LossVariant(name, tuple(options))
 
 
 def check_option(loss: str, item: str) -> Tuple[str, str]:
-    """One `key=value` (or bare choice `value`) of `loss`, checked against its LossOption; returns (key, value)."""
-    options = {option.name: option for option in get_loss_class(loss).options}
+    """One `key=value` (or bare choice `value`) of `loss`: the option exists and the value parses as
+    its type; returns (key, value). The loss's `Options` check the values (`parse_loss_variant`)."""
+    options = _specs(loss)
     key, has_value, value = (part.strip() for part in item.partition("="))
     if not has_value:  # a bare value: the option whose choices hold it
         value = key
@@ -88,14 +99,20 @@ def check_option(loss: str, item: str) -> Tuple[str, str]:
     key = key.replace("-", "_")
     if key not in options:
         raise ValueError(f"loss {loss!r} has no option {key!r}; it has: {', '.join(options) or 'none'}")
-    option = options[key]
     try:
-        typed = parse_bool(value) if option.type is bool else option.type(value)
+        typed_value(options[key], value)
     except ValueError as error:
-        raise ValueError(f"{loss}:{key}={value}: not a {option.type.__name__} ({error})") from None
-    if option.choices and typed not in option.choices:
-        raise ValueError(f"{loss}:{key}={value}: choose one of {[c for c in option.choices if c is not None]}")
+        raise ValueError(f"{loss}:{key}={value}: not a {options[key].type.__name__} ({error})") from None
     return key, value
+
+
+def typed_value(option: LossOption, value: str) -> Any:
+    """A value as typed on the command line -> the option's type."""
+    return parse_bool(value) if option.type is bool else option.type(value)
+
+
+def _specs(loss: str) -> Dict[str, LossOption]:
+    return {option.name: option for option in get_loss_class(loss).Options.specs()}
 
 
 def parse_loss_variants(text: str) -> List[LossVariant]:

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 import torch
 from open_clip_train.data import expand_urls
 
-from training.data import DataConfig, _read_shard, _sample_index, _SkipCounter, build_train_data
+from training.data import DataConfig, SkipCounter, build_train_data, read_shard, sample_index_of
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,13 @@ def read_families(train_data: str, family_field: str = "family") -> dict[int, in
     urls, _ = expand_urls(train_data)
     families = {}
     for url in urls:
-        for sample in _read_shard(url, _SkipCounter()):
+        for sample in read_shard(url, SkipCounter()):
             meta = json.loads(sample.get("json", b"{}"))
             if family_field not in meta:
                 raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
                                  "the json field that holds the family id, or write the data in families "
                                  "(python -m synthetic_scenes --family-size)")
-            families[_sample_index(sample)] = meta[family_field]
+            families[sample_index_of(sample)] = meta[family_field]
     return families
 
 

@@ -66,11 +66,7 @@ shards), `csv_rows`, `synthetic`, and `samples` (skip counting, per-sample check
 from .config import DATASET_TYPES, SKIP_REASONS, DataConfig, DataError, data_error_reason
 from .csv_rows import CsvRow, CsvStream, read_csv_rows
 from .loader import LoaderInfo, build_train_data, build_val_data
-from .shards import IMAGE_EXTENSIONS
+from .samples import SkipCounter
+from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .stream import ShardStream
 from .synthetic import SyntheticDataset
-
-# Private helpers `training.families` imports from here while it moves out of `training`; new code
-# imports them from their modules (`shards`, `samples`).
-from .samples import _SkipCounter
-from .shards import _read_shard, _sample_index

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 from open_clip_train.data import SharedEpoch
 
 from .config import DataConfig, DataError
-from .samples import _caption, _Candidate, _describe, _SkipCounter, _stable_hash
+from .samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
 from .stream import ShardStream
 
 
@@ -69,12 +69,12 @@ class CsvStream(ShardStream):
                          shuffle_size=0)
         self.rows = rows
 
-    def _validation_candidates(self, worker: int, num_workers: int, counter: _SkipCounter) -> Iterator[_Candidate]:
+    def _validation_candidates(self, worker: int, num_workers: int, counter: SkipCounter) -> Iterator[Candidate]:
         return self._row_candidates(range(worker, len(self.rows), num_workers), counter)
 
     def _training_candidates(self, epoch: int, reader: int, num_readers: int,
-                             counter: _SkipCounter) -> Iterator[_Candidate]:
-        order = random.Random(_stable_hash(self.cfg.seed, epoch, "row order")).sample(range(len(self.rows)),
+                             counter: SkipCounter) -> Iterator[Candidate]:
+        order = random.Random(stable_hash(self.cfg.seed, epoch, "row order")).sample(range(len(self.rows)),
                                                                                       len(self.rows))
         mine = order[self.cfg.rank::self.cfg.world_size][reader::num_readers]
         while True:
@@ -84,12 +84,12 @@ class CsvStream(ShardStream):
                 yield candidate
             if not found:
                 raise DataError(f"rank {self.cfg.rank} reader {reader}: none of its {len(mine)} csv rows yielded "
-                                f"a usable sample (skips: {_describe(counter.counts)}); check the image paths")
+                                f"a usable sample (skips: {describe_counts(counter.counts)}); check the image paths")
 
-    def _row_candidates(self, indices: Iterable[int], counter: _SkipCounter) -> Iterator[_Candidate]:
+    def _row_candidates(self, indices: Iterable[int], counter: SkipCounter) -> Iterator[Candidate]:
         for index in indices:
             row = self.rows[index]
-            reason, text = _caption(None if row.caption is None else row.caption.encode("utf-8"))
+            reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"))
             if not row.image_path:
                 reason = "missing_image"
             if reason is not None:
@@ -100,4 +100,4 @@ class CsvStream(ShardStream):
             except OSError:  # missing, unreadable or a directory
                 counter.add("missing_image")
                 continue
-            yield _Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled
+            yield Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from .config import DATASET_TYPES, SKIP_REASONS, DataConfig
 from .csv_rows import CsvStream, read_csv_rows
-from .shards import _check_shards, _dataset_size
+from .shards import check_shards, declared_dataset_size
 from .stream import ShardStream
 from .synthetic import SyntheticDataset, _SyntheticBatches
 
@@ -51,7 +51,7 @@ def build_train_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
         return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
                             num_batches * cfg.batch_size, num_batches)
     urls, weights = _train_urls(cfg)
-    dataset_size = _dataset_size(urls)
+    dataset_size = declared_dataset_size(urls)
     num_samples = cfg.train_num_samples or dataset_size
     if not num_samples:
         raise ValueError(f"no sizes.json next to the shards of {cfg.train_data!r}: pass train_num_samples "
@@ -96,8 +96,8 @@ def build_val_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -
         return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
                             num_samples, math.ceil(num_samples / cfg.batch_size))
     urls, _ = expand_urls(cfg.val_data)
-    _check_shards(urls, "val_data (--val-data)")
-    num_samples = cfg.val_num_samples or _dataset_size(urls) or 0
+    check_shards(urls, "val_data (--val-data)")
+    num_samples = cfg.val_num_samples or declared_dataset_size(urls) or 0
     stream = ShardStream(
         urls=tuple(urls), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
         shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None, shuffle_size=0,
@@ -180,7 +180,7 @@ def _train_urls(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
         if num_sources != num_factors:
             raise ValueError(f"{num_factors} upsampling factors for {num_sources} '::'-separated train_data sources")
     urls, weights = expand_urls(cfg.train_data, factors)
-    _check_shards(urls, "train_data (--train-data)")
+    check_shards(urls, "train_data (--train-data)")
     num_readers = max(1, cfg.workers) * cfg.world_size
     if not cfg.dataset_resampled and len(urls) < num_readers:
         raise ValueError(f"{len(urls)} shards cannot be split over world_size x workers = "

@@ -17,7 +17,7 @@ from PIL import Image
 from .config import SKIP_REASONS
 
 
-class _SkipCounter:
+class SkipCounter:
     """Per-reason skip counts of one reader since its previous batch."""
 
     def __init__(self) -> None:
@@ -32,7 +32,7 @@ class _SkipCounter:
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class Candidate:
     """A sample that passed the cheap checks; its image is still undecoded bytes."""
 
     sample_index: int
@@ -41,7 +41,7 @@ class _Candidate:
     shard_run: tuple[int, int]  # (shard visit, position in the shard // group_size): the shuffle's unit
 
 
-def _caption(data: bytes | None) -> tuple[str | None, str]:
+def decode_caption(data: bytes | None) -> tuple[str | None, str]:
     """(skip reason or None, stripped caption)."""
     if data is None:
         return "missing_caption", ""
@@ -52,7 +52,7 @@ def _caption(data: bytes | None) -> tuple[str | None, str]:
     return (None, text) if text else ("empty_caption", "")
 
 
-def _decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str | None]:
+def decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str | None]:
     """(RGB image, None) or (None, skip reason); the size check reads only the header."""
     try:
         with warnings.catch_warnings():
@@ -68,7 +68,7 @@ def _decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str
 
 
 @contextlib.contextmanager
-def _seeded(seed: int) -> Iterator[None]:
+def seeded(seed: int) -> Iterator[None]:
     """Seed torch's CPU RNG and Python's `random` for the block, then restore both."""
     python_state = random.getstate()
     with torch.random.fork_rng(devices=[]):
@@ -80,11 +80,11 @@ def _seeded(seed: int) -> Iterator[None]:
             random.setstate(python_state)
 
 
-def _stable_hash(*parts: object) -> int:
+def stable_hash(*parts: object) -> int:
     """A 64-bit hash of the parts' reprs, identical in every process (unlike `hash`)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 
-def _describe(counts: np.ndarray) -> str:
+def describe_counts(counts: np.ndarray) -> str:
     return ", ".join(f"{reason}={int(n)}" for reason, n in zip(SKIP_REASONS, counts) if n) or "none"

@@ -12,14 +12,14 @@ from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from .config import DataError
-from .samples import _SkipCounter, _stable_hash
+from .samples import SkipCounter, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 logger = logging.getLogger(__name__)
 
 
-def _read_shard(url: str, counter: _SkipCounter) -> Iterator[dict]:
+def read_shard(url: str, counter: SkipCounter) -> Iterator[dict]:
     """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
 
     Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
@@ -80,7 +80,7 @@ def _warn_once(url: str, message: str) -> None:
         logger.warning(message)
 
 
-def _sample_index(sample: dict) -> int:
+def sample_index_of(sample: dict) -> int:
     """The json "key" when it is a non-negative integer, else a 63-bit hash of `__key__`.
 
     Raises ValueError when a json member is present but does not parse.
@@ -92,14 +92,14 @@ def _sample_index(sample: dict) -> int:
             key = int(key)
         if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < 2**63:  # fits a LongTensor
             return key
-    return _stable_hash(sample["__key__"]) >> 1
+    return stable_hash(sample["__key__"]) >> 1
 
 
 def _is_local(url: str) -> bool:
     return "://" not in url and not url.startswith("pipe:")
 
 
-def _check_shards(urls: Sequence[str], flag: str) -> None:
+def check_shards(urls: Sequence[str], flag: str) -> None:
     """Missing local shards are an error naming them; so is having no readable shard at all."""
     if not urls:
         raise ValueError(f"{flag} expands to no shards")
@@ -123,7 +123,7 @@ def _opens_as_tar(path: str) -> bool:
         return False
 
 
-def _dataset_size(urls: Sequence[str]) -> int | None:
+def declared_dataset_size(urls: Sequence[str]) -> int | None:
     """Sum of the shards' entries in their directories' sizes.json; None if any is unknown."""
     sizes_by_dir: dict[str, dict] = {}
     total = 0

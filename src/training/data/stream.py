@@ -18,8 +18,8 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from webdataset.filters import _shuffle
 
 from .config import DataConfig, DataError
-from .samples import _caption, _Candidate, _decode_image, _describe, _seeded, _SkipCounter, _stable_hash
-from .shards import IMAGE_EXTENSIONS, _read_shard, _sample_index
+from .samples import Candidate, SkipCounter, decode_caption, decode_image, describe_counts, seeded, stable_hash
+from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 
 _SHUFFLE_INITIAL = 1000  # OpenCLIP's _SAMPLE_SHUFFLE_INITIAL
 
@@ -56,7 +56,7 @@ class ShardStream(IterableDataset):
         skip = self.cfg.skip_batches if epoch == self.start_epoch else 0
         reader = (worker + skip) % num_workers  # rotated so the resumed loader starts at batch `skip`
         reader_skip = len(range(reader, skip, num_workers))  # global batches g < skip with g % W == reader
-        counter = _SkipCounter()
+        counter = SkipCounter()
         shuffled = self._training_candidates(epoch, reader, num_workers, counter)
         images = self._decoded(shuffled, counter, bad_image_limit=max(1000, 10 * self.shuffle_size))
         for local_batch in range(self.batches_per_reader):
@@ -68,24 +68,24 @@ class ShardStream(IterableDataset):
             global_batch = local_batch * num_workers + reader
             # Seed augmentation per global batch; the RNGs are restored before yielding, so a
             # main-process reader (workers=0) never disturbs the trainer's random state.
-            with _seeded(_stable_hash(self.cfg.seed, epoch, self.cfg.rank, global_batch, "augment")):
+            with seeded(stable_hash(self.cfg.seed, epoch, self.cfg.rank, global_batch, "augment")):
                 batch = self._assemble(images, counter)
             yield batch
 
     def _validation_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
-        counter = _SkipCounter()
+        counter = SkipCounter()
         images = self._decoded(self._validation_candidates(worker, num_workers, counter), counter,
                                bad_image_limit=None)
         while (batch := self._assemble(images, counter)) is not None:
             yield batch
 
-    def _validation_candidates(self, worker: int, num_workers: int, counter: _SkipCounter) -> Iterator[_Candidate]:
+    def _validation_candidates(self, worker: int, num_workers: int, counter: SkipCounter) -> Iterator[Candidate]:
         """One pass over this worker's share of the val shards, in order."""
         shards = ((url, True) for url in self.urls[worker::num_workers])
         return self._candidates(shards, epoch=0, counter=counter, caption_keys=(self.val_caption_key,), give_up=None)
 
     def _training_candidates(self, epoch: int, reader: int, num_readers: int,
-                             counter: _SkipCounter) -> Iterator[_Candidate]:
+                             counter: SkipCounter) -> Iterator[Candidate]:
         """One reader's shuffled samples, forever.
 
         Resampled: shards drawn with replacement (weighted). Otherwise: this reader's share of the
@@ -93,13 +93,13 @@ class ShardStream(IterableDataset):
         starts (like OpenCLIP's `with_epoch` repeating its pipeline), so a pass has no repeats.
         """
         cfg = self.cfg
-        rng = random.Random(_stable_hash(cfg.seed, epoch, cfg.rank, reader, "samples"))
+        rng = random.Random(stable_hash(cfg.seed, epoch, cfg.rank, reader, "samples"))
         if cfg.dataset_resampled:
             checked = self._candidates(self._resampled_shards(epoch, reader), epoch=epoch, counter=counter,
                                        caption_keys=self.caption_keys, give_up=_reader_name(cfg, reader, self.urls))
             yield from self._shuffled(checked, rng)
             return
-        order = random.Random(_stable_hash(cfg.seed, epoch, "shard order")).sample(self.urls, len(self.urls))
+        order = random.Random(stable_hash(cfg.seed, epoch, "shard order")).sample(self.urls, len(self.urls))
         mine = order[cfg.rank::cfg.world_size][reader::num_readers]
         checked = functools.partial(self._candidates, epoch=epoch, counter=counter, caption_keys=self.caption_keys,
                                     give_up=_reader_name(cfg, reader, mine))
@@ -107,7 +107,7 @@ class ShardStream(IterableDataset):
             one_pass = ((url, position == len(mine) - 1) for position, url in enumerate(mine))
             yield from self._shuffled(checked(one_pass), rng)
 
-    def _shuffled(self, candidates: Iterator[_Candidate], rng: random.Random) -> Iterator[_Candidate]:
+    def _shuffled(self, candidates: Iterator[Candidate], rng: random.Random) -> Iterator[Candidate]:
         """The sample shuffle buffer, over runs of `group_size` consecutive samples of a shard as units.
 
         With group_size 1 this is webdataset's `_shuffle` over single samples, draw for draw.
@@ -121,7 +121,7 @@ class ShardStream(IterableDataset):
 
     def _resampled_shards(self, epoch: int, reader: int) -> Iterator[tuple[str, bool]]:
         """(url, every drawable shard has now been tried), drawn with replacement forever."""
-        rng = random.Random(_stable_hash(self.cfg.seed, epoch, self.cfg.rank, reader, "shards"))
+        rng = random.Random(stable_hash(self.cfg.seed, epoch, self.cfg.rank, reader, "shards"))
         weights = self.weights or (1.0,) * len(self.urls)
         drawable = {url for url, weight in zip(self.urls, weights) if weight > 0}
         tried: set[str] = set()
@@ -130,8 +130,8 @@ class ShardStream(IterableDataset):
             tried.add(url)
             yield url, tried >= drawable
 
-    def _candidates(self, shards: Iterator[tuple[str, bool]], *, epoch: int, counter: _SkipCounter,
-                    caption_keys: tuple[str, ...], give_up: str | None) -> Iterator[_Candidate]:
+    def _candidates(self, shards: Iterator[tuple[str, bool]], *, epoch: int, counter: SkipCounter,
+                    caption_keys: tuple[str, ...], give_up: str | None) -> Iterator[Candidate]:
         """Samples that pass the checks needing no image decoding.
 
         give_up names this reader in the error raised when all of its shards have been tried
@@ -139,7 +139,7 @@ class ShardStream(IterableDataset):
         """
         found = False
         for visit, (url, all_tried) in enumerate(shards):
-            for position, sample in enumerate(_read_shard(url, counter)):
+            for position, sample in enumerate(read_shard(url, counter)):
                 candidate = self._check(sample, epoch, counter, caption_keys,
                                         shard_run=(visit, position // self.cfg.group_size))
                 if candidate is not None:
@@ -148,36 +148,36 @@ class ShardStream(IterableDataset):
             if give_up is not None and all_tried and not found:
                 raise DataError(
                     f"{give_up}: none of its shards yielded a usable sample, so it cannot fill a batch "
-                    f"(skips: {_describe(counter.counts)}). Check that these files are readable "
+                    f"(skips: {describe_counts(counter.counts)}). Check that these files are readable "
                     "img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt, <key>.json).")
 
-    def _check(self, sample: dict, epoch: int, counter: _SkipCounter, caption_keys: tuple[str, ...], *,
-               shard_run: tuple[int, int]) -> _Candidate | None:
+    def _check(self, sample: dict, epoch: int, counter: SkipCounter, caption_keys: tuple[str, ...], *,
+               shard_run: tuple[int, int]) -> Candidate | None:
         """Cheap per-sample checks; returns None (and counts the reason) for a sample to skip."""
         image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
         if image_key is None:
             counter.add("missing_image")
             return None
         try:
-            sample_index = _sample_index(sample)
+            sample_index = sample_index_of(sample)
         except ValueError:
             counter.add("bad_json")
             return None
         field = caption_keys[0]
         if len(caption_keys) > 1:
-            field = caption_keys[_stable_hash(self.cfg.seed, epoch, sample_index, "caption") % len(caption_keys)]
-        reason, text = _caption(sample.get(field))
+            field = caption_keys[stable_hash(self.cfg.seed, epoch, sample_index, "caption") % len(caption_keys)]
+        reason, text = decode_caption(sample.get(field))
         if reason is not None:
             counter.add(reason)
             return None
-        return _Candidate(sample_index, text, sample[image_key], shard_run)
+        return Candidate(sample_index, text, sample[image_key], shard_run)
 
-    def _decoded(self, candidates: Iterator[_Candidate], counter: _SkipCounter, *,
-                 bad_image_limit: int | None) -> Iterator[tuple[Image.Image, _Candidate]]:
+    def _decoded(self, candidates: Iterator[Candidate], counter: SkipCounter, *,
+                 bad_image_limit: int | None) -> Iterator[tuple[Image.Image, Candidate]]:
         """Decode images, skipping bad or huge ones; raise after `bad_image_limit` failures in a row."""
         failures_in_a_row = 0
         for candidate in candidates:
-            image, reason = _decode_image(candidate.image_bytes, self.cfg.max_image_pixels)
+            image, reason = decode_image(candidate.image_bytes, self.cfg.max_image_pixels)
             if reason is None:
                 failures_in_a_row = 0
                 yield image, candidate
@@ -186,10 +186,10 @@ class ShardStream(IterableDataset):
             failures_in_a_row += 1
             if bad_image_limit is not None and failures_in_a_row >= bad_image_limit:
                 raise DataError(f"rank {self.cfg.rank}: {failures_in_a_row} images in a row could not be "
-                                f"decoded ({_describe(counter.counts)}); are the shards' images corrupt?")
+                                f"decoded ({describe_counts(counter.counts)}); are the shards' images corrupt?")
 
-    def _assemble(self, images: Iterator[tuple[Image.Image, _Candidate]],
-                  counter: _SkipCounter) -> tuple[torch.Tensor, ...] | None:
+    def _assemble(self, images: Iterator[tuple[Image.Image, Candidate]],
+                  counter: SkipCounter) -> tuple[torch.Tensor, ...] | None:
         """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty).
 
         A transform that raises on an image skips it (bad_image) and the next sample takes its

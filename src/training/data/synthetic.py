@@ -11,7 +11,7 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
 from .config import DataConfig
-from .samples import _seeded, _stable_hash
+from .samples import seeded, stable_hash
 
 _SYNTHETIC_CAPTION = "Dummy caption"  # what OpenCLIP's SyntheticDataset uses
 
@@ -30,7 +30,7 @@ class SyntheticDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str, int]:
         pixels = np.random.default_rng([self.seed, index]).integers(0, 256, (*self.image_size, 3), dtype=np.uint8)
-        with _seeded(_stable_hash(self.seed, index, "augment")):
+        with seeded(stable_hash(self.seed, index, "augment")):
             image = self.preprocess(Image.fromarray(pixels))
         return image, _SYNTHETIC_CAPTION, index
 
