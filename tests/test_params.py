@@ -195,7 +195,7 @@ def test_the_run_config_is_built_once_and_leaves_the_arguments_alone():
     assert vars(args) == parsed  # nothing is written back into the namespace
     assert args.precision is None and cfg.model.precision == "fp32"  # resolved for the device, in the config only
     assert cfg.recorded_args == {**params.arg_values(args), "precision": "fp32"}  # what params.txt records
-    assert (cfg.epochs, cfg.schedule.epochs, cfg.checkpoints.total_epochs, cfg.evaluation.total_epochs) == (3, 3, 3, 3)
+    assert (cfg.epochs, cfg.schedule.epochs, cfg.checkpoints.total_epochs, cfg.validation.total_epochs) == (3, 3, 3, 3)
     assert cfg.logging.name == "run" and cfg.loss.name == "clip" and cfg.optimizer.lr == args.lr
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.precision = "amp"

@@ -27,8 +27,8 @@ class LossConfig:
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """Evaluation after epochs, on rank 0, as OpenCLIP's `evaluate`."""
+class ValidationConfig:
+    """Validation after epochs, on rank 0, as OpenCLIP's `evaluate`."""
 
     val_frequency: int            # epochs between val loss and retrieval (0: never; the last epoch always)
     zeroshot_frequency: int       # epochs between ImageNet zero-shot (0: never; the last epoch always)
@@ -69,7 +69,7 @@ class RunConfig:
     schedule: SchedulerConfig
     train: TrainConfig
     checkpoints: CheckpointConfig
-    evaluation: EvalConfig
+    validation: ValidationConfig
     logging: LoggingConfig
     distributed: DistributedConfig
     loss: LossConfig

@@ -25,7 +25,7 @@ from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from . import params
 from .checkpoint import CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, resume
-from .config import EvalConfig, LossConfig, RunConfig
+from .config import LossConfig, RunConfig, ValidationConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
                           unwrap_model, wrap_ddp)
@@ -145,8 +145,8 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss)
                                  checkpointer=checkpointer)
         final_loss = result.loss
         state.finish_epoch()
-        evaluate(cfg.evaluation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics, paths,
-                 env)
+        validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
+                       paths, env)
         if checkpointer is not None:
             checkpointer.save_epoch(state)
         barrier(env)  # keep ranks together while rank 0 evaluates and saves
@@ -304,12 +304,12 @@ def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation, dry run, console entry point
+# Validation, dry run, console entry point
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate(cfg: EvalConfig, model, bundle: ModelBundle, val_data, imagenet, precision, state: TrainState,
-             metrics: MetricsWriter, paths: RunPaths, env: DistributedEnv) -> None:
+def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, imagenet, precision,
+                   state: TrainState, metrics: MetricsWriter, paths: RunPaths, env: DistributedEnv) -> None:
     """Val loss and retrieval every --val-frequency epochs, ImageNet zero-shot every --zeroshot-frequency
     epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
     if not env.is_master:
@@ -353,9 +353,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
     except ValueError as error:
         raise ConfigError(f"--pretrained {cfg.model.pretrained}: {error}") from error
     imagenet = None
-    if cfg.evaluation.imagenet_val and cfg.evaluation.zeroshot_frequency:
+    if cfg.validation.imagenet_val and cfg.validation.zeroshot_frequency:
         try:
-            imagenet = imagenet_folder(cfg.evaluation.imagenet_val)
+            imagenet = imagenet_folder(cfg.validation.imagenet_val)
         except ValueError as error:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs

@@ -34,7 +34,7 @@ from open_clip_adacl import LossOption, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from .checkpoint import CheckpointConfig
-from .config import DistributedConfig, EvalConfig, LoggingConfig, LossConfig, RunConfig
+from .config import DistributedConfig, LoggingConfig, LossConfig, RunConfig, ValidationConfig
 from .data import DataConfig
 from .distributed import resolved_device_type
 from .model import ModelConfig, OptimizerConfig, SchedulerConfig
@@ -549,9 +549,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                                      save_every_n_steps=args.save_every_n_steps,
                                      delete_previous=args.delete_previous_checkpoint,
                                      keep_step_checkpoints=args.keep_step_checkpoints, total_epochs=args.epochs),
-        evaluation=EvalConfig(val_frequency=args.val_frequency, zeroshot_frequency=args.zeroshot_frequency,
-                              imagenet_val=args.imagenet_val, total_epochs=args.epochs, batch_size=args.batch_size,
-                              workers=args.workers),
+        validation=ValidationConfig(val_frequency=args.val_frequency, zeroshot_frequency=args.zeroshot_frequency,
+                                    imagenet_val=args.imagenet_val, total_epochs=args.epochs,
+                                    batch_size=args.batch_size, workers=args.workers),
         logging=LoggingConfig(logs=None if args.logs is None or args.logs.lower() == "none" else args.logs,
                               name=args.name, log_local=args.log_local, debug=args.debug,
                               report_to=report_to(args.report_to), wandb_project_name=args.wandb_project_name,
