@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence

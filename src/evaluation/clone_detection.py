@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from itertools import islice
-from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch

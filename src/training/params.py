@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
-import math
 import os
 import shlex
 import sys

@@ -70,3 +70,7 @@ from .samples import SkipCounter
 from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .stream import ShardStream
 from .synthetic import SyntheticDataset
+
+__all__ = ["DATASET_TYPES", "IMAGE_EXTENSIONS", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig", "DataError",
+           "LoaderInfo", "ShardStream", "SkipCounter", "SyntheticDataset", "build_train_data", "build_val_data",
+           "data_error_reason", "read_csv_rows", "read_shard", "sample_index_of"]
