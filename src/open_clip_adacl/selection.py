@@ -22,6 +22,7 @@ is the int32 keys of `candidate_keys`, which the loss reuses from step to step.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
@@ -36,20 +37,65 @@ RADIX_BITS = 16
 _RADIX = 1 << RADIX_BITS
 _HALF = _RADIX // 2
 _LOW_MASK = _RADIX - 1
-# Elements per chunk: on the CPU a chunk stays in L2, so the several elementwise ops applied to
-# it cost a fraction of the same ops over the whole matrix, and the 65,536-bin histogram added per
-# chunk stays small next to the chunk (2^17 measured best on a 2 MB-L2 Xeon); on a GPU bigger
-# chunks only bound the temporaries.
-CHUNK_ELEMENTS = {"cpu": 1 << 17, "cuda": 1 << 24}
+# Elements per chunk; on the CPU per thread, since each op splits its chunk between the threads.
+# A chunk should stay in cache across the several elementwise ops applied to it, and chunks should
+# be few, since every op on a chunk costs a dispatch and, with several threads, a fork-join (2^18
+# per thread measured best on a 1 MiB-L2 AMD EPYC with 1 and 2 threads, 2^17-2^20 within a few
+# percent); on a GPU bigger chunks only bound the temporaries.
+CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}
 _NO_ROW = torch.iinfo(torch.int64).max
 _INT32_MIN = torch.iinfo(torch.int32).min
 
 
+@contextmanager
+def one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """On the CPU, run the block on one thread (torch's intra-op threads restored after it).
+
+    For the selection's passes: integer and comparison ops over chunks that memory bandwidth
+    bounds, so more threads speed them up little (nothing measurable with 2 threads on an AMD
+    EPYC), while every op would cost a fork-join of the threads, which waits for any thread that
+    another process has preempted: with 2 threads on a 2-core machine shared with other jobs they
+    took several times ClipLoss's whole step."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def row_chunks(num_rows: int, num_cols: int, device: torch.device) -> Iterator[Tuple[int, int]]:
     """(start, stop) row ranges covering `num_rows`, each about one cache-sized chunk."""
-    step = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // max(num_cols, 1))
+    step = _chunk_rows(num_cols, device)
     for start in range(0, num_rows, step):
         yield start, min(start + step, num_rows)
+
+
+def _chunk_rows(num_cols: int, device: torch.device) -> int:
+    elements = CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"])
+    if device.type == "cpu":
+        elements *= torch.get_num_threads()
+    return max(1, elements // max(num_cols, 1))
+
+
+class ChunkScratch:
+    """Buffers of one chunk's shape (see `row_chunks`), reused from chunk to chunk of a pass: a
+    chunk's temporaries then stay in cache instead of being allocated (and, when large,
+    page-faulted) anew for every op."""
+
+    def __init__(self, num_rows: int, num_cols: int, device: torch.device):
+        self.shape, self.device = (min(num_rows, _chunk_rows(num_cols, device)), num_cols), device
+        self._buffers = {}
+
+    def get(self, name: str, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """The first `rows` rows of buffer `name` (made on first use)."""
+        buffer = self._buffers.get(name)
+        if buffer is None:
+            buffer = self._buffers[name] = torch.empty(self.shape, dtype=dtype, device=self.device)
+        return buffer[:rows]
 
 
 def working_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,8 +137,9 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     negative_max = torch.empty(num_rows, dtype=dtype, device=logits.device)
     negative_lse = torch.empty_like(negative_max)
     row_sum = torch.full((num_rows,), float("nan"), dtype=torch.float64, device=logits.device)
+    scratch = ChunkScratch(num_rows, num_cols, logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
-        chunk = logits[start:stop].to(dtype, copy=True)  # a private copy: modified in place below
+        chunk = scratch.get("chunk", dtype, stop - start).copy_(logits[start:stop])  # modified in place below
         if with_mean:
             row_sum[start:stop] = chunk.sum(dim=1, dtype=torch.float64)
         chunk[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = float("-inf")
@@ -206,25 +253,37 @@ def _bounds_to_test(bounds: torch.Tensor) -> Bounds:
     return tested
 
 
-def _outside_bits(x: torch.Tensor, bounds: Bounds) -> Optional[torch.Tensor]:
-    """int32, NOT_CANDIDATE_BITS where finite `x` lies in none of the closed `bounds`, 0 where it lies
-    in one; None when some interval holds every finite x. Non-finite x: any value (see
-    NOT_CANDIDATE_BITS).
+def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: "ChunkScratch") -> bool:
+    """Writes into `out` (int32, x's shape) NOT_CANDIDATE_BITS where finite `x` lies in none of the
+    closed `bounds` and 0 where it lies in one; returns False, writing nothing, when some interval
+    holds every finite x. Non-finite x: any value (see NOT_CANDIDATE_BITS).
 
     An interval's margin min(x - lo, hi - x) has its sign bit clear exactly when x is inside (see
     `candidate_bounds`), and so does the max of the intervals' margins for their union. Arithmetic
     and one shift instead of comparisons and `torch.where`, several times slower on CPUs.
     """
     if not bounds:
-        return torch.full(x.shape, NOT_CANDIDATE_BITS, dtype=torch.int32, device=x.device)
-    margin = None
-    for lo, hi in bounds:
-        if lo is None and hi is None:
-            return None
-        term = x - lo if hi is None else hi - x if lo is None else torch.minimum(x - lo, hi - x)
-        margin = term if margin is None else torch.maximum(margin, term, out=margin)
-    # float64 -> float32 keeps the sign bit; the arithmetic shift spreads it over all 32 bits.
-    return (margin.float().view(torch.int32) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
+        out.fill_(NOT_CANDIDATE_BITS)
+        return True
+    if any(lo is None and hi is None for lo, hi in bounds):
+        return False
+    rows = x.shape[0]
+    margin = out.view(torch.float32) if x.dtype == torch.float32 else scratch.get("margin", x.dtype, rows)
+    for index, (lo, hi) in enumerate(bounds):
+        term = margin if index == 0 else scratch.get("term", x.dtype, rows)
+        if lo is not None:
+            torch.sub(x, lo, out=term)
+        if hi is not None and lo is None:
+            torch.sub(hi, x, out=term)
+        elif hi is not None:
+            torch.minimum(term, torch.sub(hi, x, out=scratch.get("upper", x.dtype, rows)), out=term)
+        if index:
+            torch.maximum(margin, term, out=margin)
+    if margin.dtype != torch.float32:
+        out.view(torch.float32).copy_(margin)  # float64 -> float32 keeps the sign bit
+    # The arithmetic shift spreads the sign bit over all 32 bits.
+    out.bitwise_right_shift_(31).bitwise_and_(NOT_CANDIDATE_BITS)
+    return True
 
 
 @torch.no_grad()
@@ -257,17 +316,18 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     positive = positive.to(dtype)[:, None] + 0.0
     keys = ensure_workspace(workspace, num_rows * num_cols, logits.device)[:num_rows * num_cols].view(num_rows, num_cols)
     high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
+    scratch = ChunkScratch(num_rows, num_cols, logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
         x = logits[start:stop].to(dtype)
         chunk_keys = keys[start:stop]
         gap = torch.sub(positive[start:stop], x, out=chunk_keys.view(torch.float32))
         if dtype != torch.float32:
             gap.add_(0.0)  # a float64 gap below float32's range rounds to -0.0
-        outside = _outside_bits(x, bounds)
-        if outside is not None:
-            chunk_keys |= outside
+        bits = scratch.get("bits", torch.int32, stop - start)
+        if _outside_bits(x, bounds, bits, scratch):
+            chunk_keys |= bits
         chunk_keys[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
-        high_counts += _high_histogram(chunk_keys)
+        high_counts += _high_histogram(chunk_keys, out=bits)
     count = keys.numel() - _not_candidate_count(high_counts)
     _drop_not_candidate_bins(high_counts)
     return keys, count, high_counts
@@ -301,9 +361,11 @@ def candidate_gaps(keys: torch.Tensor, fill: float) -> torch.Tensor:
     return keys.view(torch.float32).nan_to_num(nan=fill, posinf=fill, neginf=fill)
 
 
-def _high_histogram(keys: torch.Tensor) -> torch.Tensor:
-    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys."""
-    return _histogram(((keys >> RADIX_BITS) + _HALF).reshape(-1), _RADIX)
+def _high_histogram(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys; `out` (int32, keys'
+    shape) receives the bin indices."""
+    bins = torch.bitwise_right_shift(keys, RADIX_BITS, out=out).add_(_HALF)
+    return _histogram(bins.reshape(-1), _RADIX)
 
 
 # Bins of the second radix pass: 8 + the low 16 bits for keys in the selected high bin, and 16 dump
@@ -406,10 +468,7 @@ def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor)
     values, so a row holds one iff its min is below INT32_MIN + 2^16 (a xor and a min per entry).
     Only those rows, at most as many as the bin's keys, are then searched.
     """
-    flipped = ((high << RADIX_BITS) ^ _INT32_MIN)
-    row_min = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
-    for start, stop in row_chunks(*keys.shape, keys.device):
-        row_min[start:stop] = (keys[start:stop] ^ flipped).amin(dim=1)
+    row_min = _row_min_xor(keys, (high << RADIX_BITS) ^ _INT32_MIN)
     holding = (row_min < _INT32_MIN + _RADIX).nonzero().squeeze(1)
     held = keys.index_select(0, holding)
     row, col = ((held >> RADIX_BITS) == high).nonzero(as_tuple=True)
@@ -428,11 +487,18 @@ def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.T
     # keys ^ key is 0 exactly where the key matches; flipping the sign bit too maps that 0 to the
     # smallest int32, so a row holds the key iff its min is INT32_MIN (one xor and one min per
     # entry: cheaper than == and .any() on CPUs).
-    flipped = key.to(torch.int32) ^ _INT32_MIN
-    row_min = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
-    for start, stop in row_chunks(*keys.shape, keys.device):
-        row_min[start:stop] = (keys[start:stop] ^ flipped).amin(dim=1)
+    row_min = _row_min_xor(keys, key.to(torch.int32) ^ _INT32_MIN)
     return rows.min(_min_or(torch.where(row_min == _INT32_MIN, row_index, _NO_ROW), _NO_ROW))
+
+
+def _row_min_xor(keys: torch.Tensor, mask) -> torch.Tensor:
+    """Per row, min over the row of keys ^ mask (int32)."""
+    row_min = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
+    scratch = ChunkScratch(*keys.shape, keys.device)
+    for start, stop in row_chunks(*keys.shape, keys.device):
+        flipped = torch.bitwise_xor(keys[start:stop], mask, out=scratch.get("xor", torch.int32, stop - start))
+        row_min[start:stop] = flipped.amin(dim=1)
+    return row_min
 
 
 def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
@@ -500,28 +566,29 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         raise ValueError(f"anchor_stat must be one of {adacl.ANCHOR_STATS}, got {anchor_stat!r}")
     if region not in adacl.CANDIDATE_REGIONS:
         raise ValueError(f"candidate_region must be one of {adacl.CANDIDATE_REGIONS}, got {region!r}")
-    row_index = positive_col
-    negative_term = summary.negative_max if salient == "max" else summary.negative_mean
-    salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
-    reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
-    floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
-    flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
-    if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
-        coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
-    else:
-        coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
-    lower = reference[2] if region == "upper" else None
-    keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
-                                              lower)
-    count = rows.sum(count)
+    with one_cpu_thread(logits.device):
+        row_index = positive_col
+        negative_term = summary.negative_max if salient == "max" else summary.negative_mean
+        salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
+        reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
+        floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
+        flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
+        if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
+            coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
+        else:
+            coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
+        lower = reference[2] if region == "upper" else None
+        keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
+                                                  lower)
+        count = rows.sum(count)
 
-    if anchor_stat == "median":
-        key, row = lower_median(keys, count, high_counts, row_index, rows)
-    elif anchor_stat == "mean":
-        row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
-    else:
-        key = masked_extreme(keys, anchor_stat == "max", rows)
-        row = first_row_with_key(keys, key, row_index, rows)
+        if anchor_stat == "median":
+            key, row = lower_median(keys, count, high_counts, row_index, rows)
+        elif anchor_stat == "mean":
+            row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
+        else:
+            key = masked_extreme(keys, anchor_stat == "max", rows)
+            row = first_row_with_key(keys, key, row_index, rows)
     found = count > 0
     return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),
                            count, reference, flat_reference)
