@@ -42,6 +42,12 @@ def _candidates(keys):
     return ~torch.isnan(selection.candidate_gaps(keys, float("nan")))
 
 
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 5 rows of 48 columns: every pass runs over several chunks, the last one partial."""
+    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * 48)
+
+
 @pytest.fixture(params=["cpu", "device"])
 def path(request, monkeypatch):
     """Both code paths on the CPU: `cpu` reads values back to skip work (what the CPU runs); `device`
