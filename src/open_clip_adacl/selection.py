@@ -463,16 +463,24 @@ def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Ten
 def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(the keys whose signed high 16 bits are `high`, the global row of each), in row order.
 
-    One pass finds the rows holding such a key: key ^ (high << 16) lies in [0, 2^16) exactly for
-    those keys, and flipping the sign bit as well maps that range to the 2^16 smallest int32
-    values, so a row holds one iff its min is below INT32_MIN + 2^16 (a xor and a min per entry).
-    Only those rows, at most as many as the bin's keys, are then searched.
+    key ^ (high << 16) lies in [0, 2^16) exactly for those keys, and flipping the sign bit as well
+    maps that range to the 2^16 smallest int32 values. So per chunk one xor and a min per row find
+    the rows that hold such keys, and only those rows, still in cache, are searched for them.
     """
-    row_min = _row_min_xor(keys, (high << RADIX_BITS) ^ _INT32_MIN)
-    holding = (row_min < _INT32_MIN + _RADIX).nonzero().squeeze(1)
-    held = keys.index_select(0, holding)
-    row, col = ((held >> RADIX_BITS) == high).nonzero(as_tuple=True)
-    return held[row, col], row_index.index_select(0, holding)[row]
+    flip = (high << RADIX_BITS) ^ _INT32_MIN
+    bound = _INT32_MIN + _RADIX
+    found_keys, found_rows = [], []
+    scratch = ChunkScratch(*keys.shape, keys.device)
+    for start, stop in row_chunks(*keys.shape, keys.device):
+        flipped = torch.bitwise_xor(keys[start:stop], flip, out=scratch.get("xor", torch.int32, stop - start))
+        holding = (flipped.amin(dim=1) < bound).nonzero().squeeze(1)
+        held = flipped.index_select(0, holding)
+        row, col = (held < bound).nonzero(as_tuple=True)
+        found_keys.append(held[row, col] ^ flip)
+        found_rows.append(row_index[start:stop].index_select(0, holding)[row])
+    if not found_keys:  # no rows on this rank
+        return keys.new_empty(0), row_index.new_empty(0)
+    return torch.cat(found_keys), torch.cat(found_rows)
 
 
 def reading_back_is_free(device: torch.device) -> bool:
