@@ -51,11 +51,12 @@ _INT32_MIN = torch.iinfo(torch.int32).min
 def one_cpu_thread(device: torch.device) -> Iterator[None]:
     """On the CPU, run the block on one thread (torch's intra-op threads restored after it).
 
-    For the selection's passes: integer and comparison ops over chunks that memory bandwidth
-    bounds, so more threads speed them up little (nothing measurable with 2 threads on an AMD
-    EPYC), while every op would cost a fork-join of the threads, which waits for any thread that
-    another process has preempted: with 2 threads on a 2-core machine shared with other jobs they
-    took several times ClipLoss's whole step."""
+    For the selection's passes: integer and comparison ops that memory traffic bounds, so a second
+    thread gains little (with 2 threads on an idle 2-core AMD EPYC: 28 instead of 37 ms per
+    direction at N = 4096, within the noise of a training step), while every op costs a fork-join
+    that waits for any thread another process has preempted (with one core busy: AdaCL's step 1.28x
+    ClipLoss's with the selection on 2 threads, 1.12x on one).
+    """
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1:
         yield
