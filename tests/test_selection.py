@@ -133,7 +133,8 @@ def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lowe
     for cpu_result, device_result in zip(on_cpu, as_on_device):
         assert torch.equal(cpu_result, device_result)
     x = logits.double()
-    expected = ((coefficients[0] * x + coefficients[1]) * x + coefficients[2] > 0) & adacl.negative_mask(48, 48, positive_col)
+    log_odds = (coefficients[0] * x + coefficients[1]) * x + coefficients[2]
+    expected = (log_odds > 0) & adacl.negative_mask(48, 48, positive_col)
     expected &= torch.isfinite(positive[:, None] - logits) & ((x > lower) if lower is not None else True)
     assert torch.equal(_candidates(on_cpu[0]), expected)
     assert on_cpu[1] == expected.sum()

@@ -254,7 +254,7 @@ def _bounds_to_test(bounds: torch.Tensor) -> Bounds:
     return tested
 
 
-def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: "ChunkScratch") -> bool:
+def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: ChunkScratch) -> bool:
     """Writes into `out` (int32, x's shape) NOT_CANDIDATE_BITS where finite `x` lies in none of the
     closed `bounds` and 0 where it lies in one; returns False, writing nothing, when some interval
     holds every finite x. Non-finite x: any value (see NOT_CANDIDATE_BITS).
@@ -429,7 +429,8 @@ def _high_bin(high_counts: torch.Tensor, k: torch.Tensor, rows: RowGroup) -> Tup
     return torch.where(position < _HALF, -1 - position, position - _HALF), rank_in_bin
 
 
-def _key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+def _key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor,
+                rows: RowGroup) -> torch.Tensor:
     """The key of rank `rank_in_bin` among those with high bits `high`, from this rank's second-pass
     histogram (`_low_histogram`; one all-reduce)."""
     low_counts = rows.sum(low_counts)[_LOW_OFFSET:_LOW_OFFSET + _RADIX]
