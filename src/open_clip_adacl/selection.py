@@ -323,7 +323,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
         chunk_keys = keys[start:stop]
         gap = torch.sub(positive[start:stop], x, out=chunk_keys.view(torch.float32))
         if dtype != torch.float32:
-            gap.add_(0.0)  # a float64 gap below float32's range rounds to -0.0
+            gap.add_(0.0)  # a negative float64 gap too small for float32 rounds to -0.0
         bits = scratch.get("bits", torch.int32, stop - start)
         if _outside_bits(x, bounds, bits, scratch):
             chunk_keys |= bits
