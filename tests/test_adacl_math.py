@@ -73,6 +73,30 @@ def test_log_odds_coefficients_give_the_same_quadratic():
     torch.testing.assert_close((a * s + b) * s + c, adacl.gda_log_odds(s, *params), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("quadratic", [-2.0, -0.3, 0.0, 1e-9, 0.5])
+@pytest.mark.parametrize("linear", [-3.0, 0.0, 2.0])
+@pytest.mark.parametrize("constant", [-4.0, 0.0, 7.0])
+@pytest.mark.parametrize("lower", [None, -1.0, 3.0])
+def test_positive_quadratic_intervals_are_where_the_quadratic_is_positive(quadratic, linear, constant, lower):
+    s = torch.cat([torch.linspace(-60, 60, 24001, dtype=torch.float64), torch.tensor([0.0, -0.0, 1e-300])])
+    intervals = adacl.positive_quadratic_intervals(quadratic, linear, constant, lower)
+    value = quadratic * s * s + linear * s + constant
+    expected = (value > 0) & (s > lower if lower is not None else True)
+    inside = torch.zeros_like(expected)
+    for a, b in intervals:
+        inside |= (s > a) & (s < b)
+    scale = abs(quadratic) * s * s + abs(linear) * s.abs() + abs(constant)
+    near_a_root = value.abs() <= 1e-12 * scale  # where float64 rounding may decide either way
+    assert torch.equal(inside[~near_a_root], expected[~near_a_root])
+
+
+def test_positive_quadratic_intervals_of_non_finite_coefficients_are_empty():
+    for coefficients, lower in (((float("nan"), 1.0, 0.0), None), ((1.0, float("inf"), 0.0), None),
+                                ((1.0, 0.0, -1.0), float("nan"))):
+        intervals = adacl.positive_quadratic_intervals(*coefficients, lower)
+        assert (intervals[:, 0] >= intervals[:, 1]).all()
+
+
 def test_clone_candidate_mask_matches_loop():
     s, pc = _similarities(8, 12, seed=3)
     params = (0.2, 0.3, -0.3, 0.25, 1.0)

@@ -42,6 +42,21 @@ def _candidates(keys):
     return ~torch.isnan(selection.candidate_gaps(keys, float("nan")))
 
 
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 5 rows of 48 columns: every pass runs over several chunks, the last one partial."""
+    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * 48)
+
+
+@pytest.fixture(params=["cpu", "device"])
+def path(request, monkeypatch):
+    """Both code paths on the CPU: `cpu` reads values back to skip work (what the CPU runs); `device`
+    runs the same ops whatever the values, as on a GPU."""
+    if request.param == "device":
+        monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+    return request.param
+
+
 # --- per-row summaries and the radix select ---------------------------------------------------------
 
 def test_summarize_rows_matches_dense():
@@ -82,7 +97,50 @@ def _nan(sign_bit):
     return torch.tensor([-0x400000 if sign_bit else 0x7FC00000], dtype=torch.int32).view(torch.float32)[0]
 
 
-def test_nan_and_zero_log_odds_are_never_candidates():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_candidate_bounds_are_the_open_intervals_exactly(dtype):
+    g = torch.Generator().manual_seed(7)
+    tiny = torch.finfo(dtype).tiny
+    ends = torch.tensor([[-0.3, 2.5], [0.0, 1.0], [-1.0, 0.0], [1e-300, 1e300], [-float("inf"), -7.25],
+                         [3.0, float("inf")], [2.0, 2.0], [5.0, -5.0], [-float("inf"), float("inf")]],
+                        dtype=torch.float64)
+    x = torch.cat([torch.randn(4000, generator=g, dtype=torch.float64) * 4, ends.flatten().clamp(-1e30, 1e30),
+                   torch.tensor([0.0, -0.0, tiny, -tiny, tiny / 4, 1e-40])]).to(dtype)
+    x = torch.cat([x, torch.nextafter(x, torch.tensor(float("inf"), dtype=dtype)),
+                   torch.nextafter(x, torch.tensor(-float("inf"), dtype=dtype))])
+    x = torch.cat([x, ends.to(dtype).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).flatten()])
+    for pair in ends.split(2):
+        bounds = selection.candidate_bounds(pair, dtype)
+        for (a, b), (lo, hi) in zip(pair, bounds):
+            expected = (x.double() > a) & (x.double() < b)
+            margin = torch.minimum(x - lo, hi - x)
+            assert torch.equal(~torch.signbit(margin), expected), (a, b)
+
+
+@pytest.mark.parametrize("coefficients,lower", [
+    ((0.3, -0.2, -1.0), None), ((0.3, -0.2, -1.0), 0.5), ((-0.3, 0.1, 2.0), -1.0), ((0.0, 0.0, 1.0), None),
+    ((-1.0, 0.0, -1.0), None), ((0.0, -2.0, 1.0), None), ((0.02, 0.0, -0.5), -30.0)])
+def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lower, monkeypatch):
+    logits = _logits(seed=5)
+    logits[3, 7], logits[4, 9], logits[5, 11], logits[6, 2] = float("nan"), float("inf"), -float("inf"), -0.0
+    positive_col = torch.arange(48)
+    positive = logits.gather(1, positive_col[:, None]).squeeze(1)
+    coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in coefficients)
+    lower = None if lower is None else torch.tensor(lower, dtype=torch.float64)
+    on_cpu = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
+    monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+    as_on_device = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
+    for cpu_result, device_result in zip(on_cpu, as_on_device):
+        assert torch.equal(cpu_result, device_result)
+    x = logits.double()
+    log_odds = (coefficients[0] * x + coefficients[1]) * x + coefficients[2]
+    expected = (log_odds > 0) & adacl.negative_mask(48, 48, positive_col)
+    expected &= torch.isfinite(positive[:, None] - logits) & ((x > lower) if lower is not None else True)
+    assert torch.equal(_candidates(on_cpu[0]), expected)
+    assert on_cpu[1] == expected.sum()
+
+
+def test_nan_and_zero_log_odds_are_never_candidates(path):
     # With coefficients (0, 1, 0) an entry's log-odds is its logit: only the strictly positive,
     # finite-gap negatives are candidates, exactly as the dense `log_odds > 0`.
     nan_pos, nan_neg, inf = _nan(False), _nan(True), float("inf")
@@ -98,7 +156,7 @@ def test_nan_and_zero_log_odds_are_never_candidates():
     assert count == expected.sum() == 4  # 1.0, 1e-40 (a subnormal), 2.0, 3.0
 
 
-def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks():
+def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
     # Row 0's gap is +0.0, row 1's -0.0 (a -0.0 positive minus +0.0): equal gaps, so the lowest row owns them.
     logits = torch.tensor([[0.0, 0.0, -4.0], [0.0, -0.0, -5.0], [-6.0, -7.0, 9.0]])
     positive_col = torch.tensor([0, 1, 2])
@@ -115,7 +173,7 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks():
 
 
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
-def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat):
+def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
     logits = _logits()
     chosen = _select(logits, torch.arange(48), anchor_stat=anchor_stat, prior_ratio=1e30)  # posterior < 1/2
     assert chosen.num_candidates == 0 and chosen.row == -1 and torch.isnan(chosen.gap)
@@ -125,7 +183,7 @@ def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat):
 
 @pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
-def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
+def test_select_anchor_matches_dense_pipeline(salient, anchor_stat, path):
     logits = _logits()
     positive_col = torch.arange(48)
     chosen = _select(logits, positive_col, salient=salient, anchor_stat=anchor_stat)
@@ -138,7 +196,7 @@ def test_select_anchor_matches_dense_pipeline(salient, anchor_stat):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
-def test_low_precision_logits_select_what_fp64_selects(dtype, anchor_stat):
+def test_low_precision_logits_select_what_fp64_selects(dtype, anchor_stat, path):
     logits = _logits(seed=3).to(dtype)
     positive_col = torch.arange(48)
     chosen = _select(logits, positive_col, anchor_stat=anchor_stat)
@@ -185,7 +243,7 @@ def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(
 
 
 @pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
-def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region):
+def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region, path):
     logits = _logits(seed=3)
     positive_col = torch.arange(48)
     chosen = _select(logits, positive_col, region=region)

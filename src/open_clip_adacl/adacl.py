@@ -124,6 +124,42 @@ def gda_log_odds_coefficients(mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma
     return quadratic, linear, constant
 
 
+def positive_quadratic_intervals(quadratic: Scalar, linear: Scalar, constant: Scalar,
+                                 lower: Optional[Scalar] = None) -> torch.Tensor:
+    """{s : A s^2 + B s + C > 0} (and s > `lower`) as the union of two open intervals, float64 (2, 2).
+
+    Row k is (a_k, b_k), the interval a_k < s < b_k; a_k >= b_k is empty, and the bounds may be
+    infinite. Non-finite coefficients give the empty set. The roots are computed in float64 with
+    the cancellation-free formula, so the set differs from the sign of the dense `gda_log_odds`
+    only for s within float64 rounding of a root. Testing two intervals costs a few comparisons
+    per entry, which is what lets the selection scan millions of entries cheaply.
+    """
+    a, b, c = _f64(quadratic), _f64(linear), _f64(constant)
+    inf = torch.full_like(a, float("inf"))
+    discriminant = b * b - 4 * a * c
+    q = -0.5 * (b + torch.copysign(discriminant.clamp(min=0).sqrt(), b))
+    # q = 0 only if b = 0 and the discriminant is 0, i.e. c = 0: a double root at 0.
+    first, second = q / a, torch.where(q == 0, torch.zeros_like(q), c / q)
+    low, high = torch.minimum(first, second), torch.maximum(first, second)
+    real_roots = discriminant >= 0
+    # a > 0: outside the roots (everything without real roots); a < 0: between them (nothing).
+    outside = torch.stack([torch.stack([-inf, torch.where(real_roots, low, inf)]),
+                           torch.stack([torch.where(real_roots, high, inf), inf])])
+    between = torch.stack([torch.stack([low, torch.where(real_roots, high, -inf)]), torch.stack([inf, -inf])])
+    # a = 0: the line b s + c > 0 (everything or nothing when b = 0 too).
+    root = -c / b
+    line = torch.stack([torch.stack([torch.where(b > 0, root, torch.where((b < 0) | (c > 0), -inf, inf)),
+                                     torch.where(b < 0, root, inf)]), torch.stack([inf, -inf])])
+    intervals = torch.where(a > 0, outside, torch.where(a < 0, between, line))
+    parameters = [a, b, c]
+    if lower is not None:
+        parameters.append(_f64(lower).to(a.device))
+        intervals[:, 0] = torch.maximum(intervals[:, 0], parameters[-1])
+    finite = torch.isfinite(torch.stack(parameters)).all()
+    return torch.where(finite, intervals, torch.tensor([[float("inf"), -float("inf")]] * 2, dtype=torch.float64,
+                                                       device=intervals.device))
+
+
 def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor, mu_c: Scalar,
                          sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
                          prior_ratio: Scalar = 1.0, region: str = "gda") -> torch.Tensor:

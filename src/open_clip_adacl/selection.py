@@ -7,21 +7,24 @@ reductions are the identity; with `--local-loss` each rank holds its own b rows 
 all-reduces. Nothing of size N x N crosses ranks: the reductions move a few scalars, and the exact
 median is a radix select whose two passes each all-reduce one 65,537-bin histogram.
 
-Everything runs under `torch.no_grad()` with tensor ops only: no `.item()`, no boolean indexing, no
-data-dependent Python branch, so a GPU never waits for the host. Every rank ends with bit-identical
-results: each value either comes out of an all-reduce (min/max/integer sums are exact; a sum in
-which only the owner contributes a non-zero is exact) or is computed from such values by the same
-ops.
+Everything runs under `torch.no_grad()`. On a GPU it uses tensor ops only: no `.item()`, no boolean
+indexing, no data-dependent Python branch, so the device never waits for the host. On the CPU,
+where reading a value back costs nothing (`reading_back_is_free`), a few values are read to skip
+work they show to be unneeded (an empty interval of the candidate test, the keys outside the
+median's radix bin); the results are the same. Every rank ends with bit-identical results: each
+value either comes out of an all-reduce (min/max/integer sums are exact; a sum in which only the
+owner contributes a non-zero is exact) or is computed from such values by the same ops.
 
 The selection reads the logits the loss already has: every decision it makes is invariant under
 the positive affine map cos -> t cos + bias (see adacl.py), so no second matmul is needed. Rows are
-processed in chunks small enough to stay in the CPU cache (large on a GPU), and each pass recomputes
-its chunk's candidates and gaps from the logits, so the selection allocates nothing of size N x N.
+processed in chunks small enough to stay in the CPU cache (large on a GPU); the only rows x C buffer
+is the int32 keys of `candidate_keys`, which the loss reuses from step to step.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -34,19 +37,66 @@ RADIX_BITS = 16
 _RADIX = 1 << RADIX_BITS
 _HALF = _RADIX // 2
 _LOW_MASK = _RADIX - 1
-# Elements per chunk: on the CPU a chunk stays in L2, so the several elementwise ops applied to
-# it cost a fraction of the same ops over the whole matrix, and the 65,536-bin histogram added per
-# chunk stays small next to the chunk (2^17 measured best on a 2 MB-L2 Xeon); on a GPU bigger
-# chunks only bound the temporaries.
-CHUNK_ELEMENTS = {"cpu": 1 << 17, "cuda": 1 << 24}
+# Elements per chunk; on the CPU per thread, since each op splits its chunk between the threads.
+# Chunks should be few, since every op on a chunk costs a dispatch and, with several threads, a
+# fork-join; within a chunk the ops reuse chunk-sized scratch buffers (`ChunkScratch`), which stay
+# in the last-level cache. 2^20 per thread (4 MiB of float32) measured best on an AMD EPYC with 1
+# and 2 threads, 2^18-2^21 within a few percent. On a GPU bigger chunks only bound the temporaries.
+CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 24}
 _NO_ROW = torch.iinfo(torch.int64).max
+_INT32_MIN = torch.iinfo(torch.int32).min
+
+
+@contextmanager
+def one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """On the CPU, run the block on one thread (torch's intra-op threads restored after it).
+
+    For the selection's passes: integer and comparison ops that memory traffic bounds, so a second
+    thread gains little (with 2 threads on an idle 2-core AMD EPYC: 28 instead of 37 ms per
+    direction at N = 4096, within the noise of a training step), while every op costs a fork-join
+    that waits for any thread another process has preempted (with one core busy: AdaCL's step 1.28x
+    ClipLoss's with the selection on 2 threads, 1.12x on one).
+    """
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def row_chunks(num_rows: int, num_cols: int, device: torch.device) -> Iterator[Tuple[int, int]]:
     """(start, stop) row ranges covering `num_rows`, each about one cache-sized chunk."""
-    step = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // max(num_cols, 1))
+    step = _chunk_rows(num_cols, device)
     for start in range(0, num_rows, step):
         yield start, min(start + step, num_rows)
+
+
+def _chunk_rows(num_cols: int, device: torch.device) -> int:
+    elements = CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"])
+    if device.type == "cpu":
+        elements *= torch.get_num_threads()
+    return max(1, elements // max(num_cols, 1))
+
+
+class ChunkScratch:
+    """Buffers of one chunk's shape (see `row_chunks`), reused from chunk to chunk of a pass: a
+    chunk's temporaries then stay in cache instead of being allocated (and, when large,
+    page-faulted) anew for every op."""
+
+    def __init__(self, num_rows: int, num_cols: int, device: torch.device):
+        self.shape, self.device = (min(num_rows, _chunk_rows(num_cols, device)), num_cols), device
+        self._buffers = {}
+
+    def get(self, name: str, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """The first `rows` rows of buffer `name` (made on first use)."""
+        buffer = self._buffers.get(name)
+        if buffer is None:
+            buffer = self._buffers[name] = torch.empty(self.shape, dtype=dtype, device=self.device)
+        return buffer[:rows]
 
 
 def working_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -88,8 +138,9 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     negative_max = torch.empty(num_rows, dtype=dtype, device=logits.device)
     negative_lse = torch.empty_like(negative_max)
     row_sum = torch.full((num_rows,), float("nan"), dtype=torch.float64, device=logits.device)
+    scratch = ChunkScratch(num_rows, num_cols, logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
-        chunk = logits[start:stop].to(dtype, copy=True)  # a private copy: modified in place below
+        chunk = scratch.get("chunk", dtype, stop - start).copy_(logits[start:stop])  # modified in place below
         if with_mean:
             row_sum[start:stop] = chunk.sum(dim=1, dtype=torch.float64)
         chunk[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = float("-inf")
@@ -154,13 +205,86 @@ def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: 
 
 # --- candidates and their gaps --------------------------------------------------------------------
 
-# Keys of entries that are not clone candidates have the sign and all exponent bits set (a negative
-# NaN, or -inf): they never equal a finite gap's key, and their high 16 bits fall in the 128 bins
-# 0xff80-0xffff, which hold no finite float, so the radix select simply empties those bins. Their
-# mantissa is left as it was so that they spread over the 128 bins: a histogram that increments
-# one counter over and over stalls on the store-to-load dependency (2-3x slower on CPUs).
-NOT_CANDIDATE_BITS = -(1 << 23)  # 0xff800000
-_NOT_CANDIDATE_BINS = slice(_HALF - 128, _HALF)  # `_high_histogram` indices of high bits 0xff80-0xffff
+# Keys of entries that are not clone candidates have all exponent bits set, so they read as +-inf
+# or NaN: they never equal a finite gap's key, and their high 16 bits fall in the 256 bins
+# 0x7f80-0x7fff and 0xff80-0xffff, which hold no finite float, so the radix select simply empties
+# those bins. An entry whose gap is not finite (a non-finite logit, or an overflow) has these bits
+# already, so it is never a candidate whatever its GDA test says. Sign and mantissa are left as
+# they were so that these keys spread over the 256 bins: a histogram that increments one counter
+# over and over stalls on the store-to-load dependency (2-3x slower on CPUs).
+NOT_CANDIDATE_BITS = 0x7F800000
+_NOT_CANDIDATE_BINS = (slice(_HALF - 128, _HALF), slice(_RADIX - 128, _RADIX))  # `_high_histogram` indices
+
+
+def candidate_bounds(intervals: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The open float64 intervals (a, b) of `adacl.positive_quadratic_intervals` as closed bounds
+    [lo, hi] of `dtype`, (2, 2): for every x of that dtype, a < x < b exactly when lo <= x <= hi.
+
+    lo is the smallest value above a and hi the largest below b. A zero lo is -0.0 and a zero hi
+    +0.0, so that x - lo and hi - x are never -0.0; for finite x their sign bits are then clear
+    exactly when x >= lo and x <= hi (a non-zero difference of two floats never rounds to zero).
+    """
+    inf = torch.tensor(float("inf"), dtype=dtype, device=intervals.device)
+    rounded = intervals.to(dtype)
+    lo, hi = rounded.unbind(1)
+    lo = torch.where(lo.double() > intervals[:, 0], lo, torch.nextafter(lo, inf))
+    hi = torch.where(hi.double() < intervals[:, 1], hi, torch.nextafter(hi, -inf))
+    lo = torch.where(lo == 0, -torch.zeros_like(lo), lo)
+    return torch.stack([lo, hi + 0.0], dim=1)
+
+
+Bounds = List[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
+
+
+def _bounds_to_test(bounds: torch.Tensor) -> Bounds:
+    """The (lo, hi) pairs that `_outside_bits` tests; None: that side needs no test.
+
+    On a GPU both intervals are tested as they are (reading the bounds back would make the device
+    wait). On the CPU, where reading them back costs nothing, an empty interval is dropped and an
+    unbounded side (every finite x passes it) is not tested, which saves whole passes over the
+    logits and gives the same keys.
+    """
+    if not reading_back_is_free(bounds.device):
+        return [(lo, hi) for lo, hi in bounds]
+    largest = torch.finfo(bounds.dtype).max
+    tested: Bounds = []
+    for (lo, hi), (lo_value, hi_value) in zip(bounds, bounds.tolist()):
+        if lo_value <= hi_value:
+            tested.append((None if lo_value <= -largest else lo, None if hi_value >= largest else hi))
+    return tested
+
+
+def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: ChunkScratch) -> bool:
+    """Writes into `out` (int32, x's shape) NOT_CANDIDATE_BITS where finite `x` lies in none of the
+    closed `bounds` and 0 where it lies in one; returns False, writing nothing, when some interval
+    holds every finite x. Non-finite x: any value (see NOT_CANDIDATE_BITS).
+
+    An interval's margin min(x - lo, hi - x) has its sign bit clear exactly when x is inside (see
+    `candidate_bounds`), and so does the max of the intervals' margins for their union. Arithmetic
+    and one shift instead of comparisons and `torch.where`, several times slower on CPUs.
+    """
+    if not bounds:
+        out.fill_(NOT_CANDIDATE_BITS)
+        return True
+    if any(lo is None and hi is None for lo, hi in bounds):
+        return False
+    rows = x.shape[0]
+    margin = out.view(torch.float32) if x.dtype == torch.float32 else scratch.get("margin", x.dtype, rows)
+    for index, (lo, hi) in enumerate(bounds):
+        term = margin if index == 0 else scratch.get("term", x.dtype, rows)
+        if lo is not None:
+            torch.sub(x, lo, out=term)
+        if hi is not None and lo is None:
+            torch.sub(hi, x, out=term)
+        elif hi is not None:
+            torch.minimum(term, torch.sub(hi, x, out=scratch.get("upper", x.dtype, rows)), out=term)
+        if index:
+            torch.maximum(margin, term, out=margin)
+    if margin.dtype != torch.float32:
+        out.view(torch.float32).copy_(margin)  # float64 -> float32 keeps the sign bit
+    # The arithmetic shift spreads the sign bit over all 32 bits.
+    out.bitwise_right_shift_(31).bitwise_and_(NOT_CANDIDATE_BITS)
+    return True
 
 
 @torch.no_grad()
@@ -178,35 +302,45 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     the keys so that no fresh rows x C buffer (and its page faults) is needed each step. `lower`
     (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
-    The test and the key are pure integer arithmetic on the log-odds' and the gap's bits, because on
-    CPUs the comparison and selection kernels (`>`, `torch.where`) are several times slower than
-    vectorised arithmetic. The test is exactly the dense `log_odds > 0` of `adacl.clone_candidate_mask`,
-    whatever the device: a NaN log-odds (of either sign; CPUs and GPUs produce different ones) is
-    mapped to -1 and -0.0 to +0.0 before the bits are read, so neither NaN nor a zero is a candidate;
-    an entry whose gap is not finite is not one either. Gaps of -0.0 are stored as +0.0, so equal
-    gaps have equal keys and the owner row is the lowest, as in `adacl.anchor_statistic`.
+    The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
+    quadratic's roots (`adacl.positive_quadratic_intervals`), rounded outwards to the logits'
+    working dtype (`candidate_bounds`), so it is the sign of the exact quadratic at x, the same
+    on every device, with a few subtractions per entry. Zero log-odds is not a candidate, and
+    neither is an entry whose gap is not finite (NaN or infinite logits). The positive is made
+    +0.0 if it is -0.0, so that no gap is -0.0: equal gaps have equal keys and the owner row is the
+    lowest, as in `adacl.anchor_statistic`.
     """
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
-    quadratic, linear, constant = (c.to(dtype) for c in coefficients)
+    intervals = adacl.positive_quadratic_intervals(*coefficients, lower=lower)
+    bounds = _bounds_to_test(candidate_bounds(intervals, dtype))
+    positive = positive.to(dtype)[:, None] + 0.0
     keys = ensure_workspace(workspace, num_rows * num_cols, logits.device)[:num_rows * num_cols].view(num_rows, num_cols)
     high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
+    scratch = ChunkScratch(num_rows, num_cols, logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
         x = logits[start:stop].to(dtype)
-        gap = (positive[start:stop, None] - x).float().add_(0.0)  # + 0.0 turns -0.0 into +0.0
-        log_odds = ((x * quadratic).add_(linear).mul_(x).add_(constant)).float()  # Horner: (A x + B) x + C
-        # gap * 0 is NaN where the gap is not finite and a zero elsewhere; NaN -> -1; -0.0 -> +0.0.
-        log_odds.add_(gap * 0.0).nan_to_num_(nan=-1.0).add_(0.0)
-        # Now log-odds > 0 exactly where its bits, as an int32, are >= 1: bits - 1 has the sign bit
-        # clear there; spread over all bits (0 or -1) and kept where NOT_CANDIDATE_BITS is.
-        not_candidate = ((log_odds.view(torch.int32) - 1) >> 31).bitwise_and_(NOT_CANDIDATE_BITS)
-        if lower is not None:  # lower - x >= +0 (sign bit clear) marks x <= lower as not a candidate
-            not_candidate |= (~((lower - x).float().view(torch.int32) >> 31)).bitwise_and_(NOT_CANDIDATE_BITS)
-        not_candidate[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
-        high_counts += _high_histogram(torch.bitwise_or(gap.view(torch.int32), not_candidate, out=keys[start:stop]))
-    count = keys.numel() - high_counts[_NOT_CANDIDATE_BINS].sum()
-    high_counts[_NOT_CANDIDATE_BINS] = 0
+        chunk_keys = keys[start:stop]
+        gap = torch.sub(positive[start:stop], x, out=chunk_keys.view(torch.float32))
+        if dtype != torch.float32:
+            gap.add_(0.0)  # a negative float64 gap too small for float32 rounds to -0.0
+        bits = scratch.get("bits", torch.int32, stop - start)
+        if _outside_bits(x, bounds, bits, scratch):
+            chunk_keys |= bits
+        chunk_keys[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
+        high_counts += _high_histogram(chunk_keys, out=bits)
+    count = keys.numel() - _not_candidate_count(high_counts)
+    _drop_not_candidate_bins(high_counts)
     return keys, count, high_counts
+
+
+def _not_candidate_count(high_counts: torch.Tensor) -> torch.Tensor:
+    return sum(high_counts[bins].sum() for bins in _NOT_CANDIDATE_BINS)
+
+
+def _drop_not_candidate_bins(high_counts: torch.Tensor) -> None:
+    for bins in _NOT_CANDIDATE_BINS:
+        high_counts[bins] = 0
 
 
 def ensure_workspace(workspace: Optional[torch.Tensor], num_elements: int, device: torch.device) -> torch.Tensor:
@@ -228,9 +362,11 @@ def candidate_gaps(keys: torch.Tensor, fill: float) -> torch.Tensor:
     return keys.view(torch.float32).nan_to_num(nan=fill, posinf=fill, neginf=fill)
 
 
-def _high_histogram(keys: torch.Tensor) -> torch.Tensor:
-    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys."""
-    return _histogram(((keys >> RADIX_BITS) + _HALF).reshape(-1), _RADIX)
+def _high_histogram(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys; `out` (int32, keys'
+    shape) receives the bin indices."""
+    bins = torch.bitwise_right_shift(keys, RADIX_BITS, out=out).add_(_HALF)
+    return _histogram(bins.reshape(-1), _RADIX)
 
 
 # Bins of the second radix pass: 8 + the low 16 bits for keys in the selected high bin, and 16 dump
@@ -278,13 +414,25 @@ def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
     if high_counts is None:
         high_counts = sum((_high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device)),
                           torch.zeros(_RADIX, dtype=torch.int64, device=keys.device))
-        high_counts[_NOT_CANDIDATE_BINS] = 0
-    high_counts = rows.sum(high_counts)
-    position, rank_in_bin = _locate(torch.cat([high_counts[:_HALF].flip(0), high_counts[_HALF:]]), k)
-    high = torch.where(position < _HALF, -1 - position, position - _HALF)  # signed high 16 bits
-
+        _drop_not_candidate_bins(high_counts)
+    high, rank_in_bin = _high_bin(high_counts, k, rows)
     low_counts = sum((_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device)),
                      torch.zeros(_LOW_BINS, dtype=torch.int64, device=keys.device))
+    return _key_in_bin(low_counts, high, rank_in_bin, rows)
+
+
+def _high_bin(high_counts: torch.Tensor, k: torch.Tensor, rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(signed high 16 bits of the k-th smallest key, its rank among the keys with those bits), from
+    this rank's first-pass histogram (one all-reduce)."""
+    high_counts = rows.sum(high_counts)
+    position, rank_in_bin = _locate(torch.cat([high_counts[:_HALF].flip(0), high_counts[_HALF:]]), k)
+    return torch.where(position < _HALF, -1 - position, position - _HALF), rank_in_bin
+
+
+def _key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor,
+                rows: RowGroup) -> torch.Tensor:
+    """The key of rank `rank_in_bin` among those with high bits `high`, from this rank's second-pass
+    histogram (`_low_histogram`; one all-reduce)."""
     low_counts = rows.sum(low_counts)[_LOW_OFFSET:_LOW_OFFSET + _RADIX]
     negative = high < 0
     low_position, _ = _locate(torch.where(negative, low_counts.flip(0), low_counts), rank_in_bin)
@@ -292,15 +440,75 @@ def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
     return (high * _RADIX + low).to(torch.int32)
 
 
+@torch.no_grad()
+def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Tensor, row_index: torch.Tensor,
+                 rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(key of the lower median candidate, the (count - 1) // 2-th smallest of all ranks; the lowest
+    global row holding it). `count`: the global number of candidates; `high_counts`: this rank's
+    first-pass histogram from `candidate_keys`.
+
+    On a GPU: `radix_select`'s second pass and `first_row_with_key`, two more passes over the keys
+    with nothing read back. On the CPU, where reading back is free, one pass instead collects the
+    keys of the median's high bin (a small fraction), and the second histogram and the owner search
+    run on those alone; the result is the same.
+    """
+    k = ((count - 1) // 2).clamp(min=0)
+    if not reading_back_is_free(keys.device):
+        key = radix_select(keys, k, rows, high_counts)
+        return key, first_row_with_key(keys, key, row_index, rows)
+    high, rank_in_bin = _high_bin(high_counts, k, rows)
+    bin_keys, bin_rows = _keys_with_high_bits(keys, int(high), row_index)
+    key = _key_in_bin(_low_histogram(bin_keys, high), high, rank_in_bin, rows)
+    return key, rows.min(_min_or(torch.where(bin_keys == key, bin_rows, _NO_ROW), _NO_ROW))
+
+
+def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(the keys whose signed high 16 bits are `high`, the global row of each), in row order.
+
+    key ^ (high << 16) lies in [0, 2^16) exactly for those keys, and flipping the sign bit as well
+    maps that range to the 2^16 smallest int32 values. So per chunk one xor and a min per row find
+    the rows that hold such keys, and only those rows, still in cache, are searched for them.
+    """
+    flip = (high << RADIX_BITS) ^ _INT32_MIN
+    bound = _INT32_MIN + _RADIX
+    found_keys, found_rows = [], []
+    scratch = ChunkScratch(*keys.shape, keys.device)
+    for start, stop in row_chunks(*keys.shape, keys.device):
+        flipped = torch.bitwise_xor(keys[start:stop], flip, out=scratch.get("xor", torch.int32, stop - start))
+        holding = (flipped.amin(dim=1) < bound).nonzero().squeeze(1)
+        held = flipped.index_select(0, holding)
+        row, col = (held < bound).nonzero(as_tuple=True)
+        found_keys.append(held[row, col] ^ flip)
+        found_rows.append(row_index[start:stop].index_select(0, holding)[row])
+    if not found_keys:  # no rows on this rank
+        return keys.new_empty(0), row_index.new_empty(0)
+    return torch.cat(found_keys), torch.cat(found_rows)
+
+
+def reading_back_is_free(device: torch.device) -> bool:
+    """Whether the host may read a tensor's values (`.item()`, `.tolist()`, `nonzero`) without making
+    a device wait: on the CPU, where the ops have already run. The selection then skips work that
+    the values show to be unneeded; elsewhere it runs the same ops whatever the values."""
+    return device.type == "cpu"
+
+
 def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Lowest global row holding `key` (one all-reduce)."""
-    missing = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
+    # keys ^ key is 0 exactly where the key matches; flipping the sign bit too maps that 0 to the
+    # smallest int32, so a row holds the key iff its min is INT32_MIN (one xor and one min per
+    # entry: cheaper than == and .any() on CPUs).
+    row_min = _row_min_xor(keys, key.to(torch.int32) ^ _INT32_MIN)
+    return rows.min(_min_or(torch.where(row_min == _INT32_MIN, row_index, _NO_ROW), _NO_ROW))
+
+
+def _row_min_xor(keys: torch.Tensor, mask) -> torch.Tensor:
+    """Per row, min over the row of keys ^ mask (int32)."""
+    row_min = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
+    scratch = ChunkScratch(*keys.shape, keys.device)
     for start, stop in row_chunks(*keys.shape, keys.device):
-        # difference = 0 exactly where the key matches; (d | -d) >> 31 is 0 there and -1 elsewhere,
-        # so a row's max is 0 iff it holds the key (arithmetic: faster than == and .any() on CPUs).
-        difference = keys[start:stop] ^ key
-        missing[start:stop] = ((difference | -difference) >> 31).amax(dim=1)
-    return rows.min(_min_or(torch.where(missing == 0, row_index, _NO_ROW), _NO_ROW))
+        flipped = torch.bitwise_xor(keys[start:stop], mask, out=scratch.get("xor", torch.int32, stop - start))
+        row_min[start:stop] = flipped.amin(dim=1)
+    return row_min
 
 
 def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
@@ -368,29 +576,29 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         raise ValueError(f"anchor_stat must be one of {adacl.ANCHOR_STATS}, got {anchor_stat!r}")
     if region not in adacl.CANDIDATE_REGIONS:
         raise ValueError(f"candidate_region must be one of {adacl.CANDIDATE_REGIONS}, got {region!r}")
-    row_index = positive_col
-    negative_term = summary.negative_max if salient == "max" else summary.negative_mean
-    salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
-    reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
-    floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
-    flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
-    if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
-        coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
-    else:
-        coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
-    lower = reference[2] if region == "upper" else None
-    keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
-                                              lower)
-    count = rows.sum(count)
+    with one_cpu_thread(logits.device):
+        row_index = positive_col
+        negative_term = summary.negative_max if salient == "max" else summary.negative_mean
+        salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
+        reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
+        floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
+        flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
+        if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
+            coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
+        else:
+            coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
+        lower = reference[2] if region == "upper" else None
+        keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
+                                                  lower)
+        count = rows.sum(count)
 
-    if anchor_stat == "median":
-        key = radix_select(keys, ((count - 1) // 2).clamp(min=0), rows, high_counts)  # the lower median
-        row = first_row_with_key(keys, key, row_index, rows)
-    elif anchor_stat == "mean":
-        row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
-    else:
-        key = masked_extreme(keys, anchor_stat == "max", rows)
-        row = first_row_with_key(keys, key, row_index, rows)
+        if anchor_stat == "median":
+            key, row = lower_median(keys, count, high_counts, row_index, rows)
+        elif anchor_stat == "mean":
+            row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
+        else:
+            key = masked_extreme(keys, anchor_stat == "max", rows)
+            row = first_row_with_key(keys, key, row_index, rows)
     found = count > 0
     return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),
                            count, reference, flat_reference)

@@ -24,8 +24,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import adacl
-from ..selection import (RowSummary, ensure_workspace, row_chunks, row_value_from_owner, select_anchor,
-                         summarize_rows, working_dtype)
+from ..selection import RowSummary, ensure_workspace, row_value_from_owner, select_anchor, summarize_rows
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
 from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
@@ -41,8 +40,10 @@ BOUND_STATS = ("anchor_clamped", "scale_bounded", "offset_bounded")
 class _NegativeLogSumExp(torch.autograd.Function):
     """Per row: log sum_{j != positive} exp(logits_ij), value precomputed by `summarize_rows`.
 
-    Its backward writes softmax-over-negatives weights straight into the gradient, chunk by chunk,
-    so neither pass allocates anything N x N besides the gradient itself.
+    Its backward writes softmax-over-negatives weights straight into the gradient, so neither pass
+    allocates anything N x N besides the gradient itself. It works on the whole matrix: in chunks
+    it would be no faster (the first touch of the fresh gradient's pages and the exp bound it), and
+    with several threads each op on a chunk would cost a fork-join.
     """
 
     @staticmethod
@@ -53,13 +54,11 @@ class _NegativeLogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         logits, positive_col, negative_lse = ctx.saved_tensors
-        dtype = working_dtype(logits.dtype)
-        grad = torch.empty(logits.shape, dtype=dtype, device=logits.device)
-        for start, stop in row_chunks(*logits.shape, logits.device):
-            weights = torch.sub(logits[start:stop], negative_lse[start:stop, None], out=grad[start:stop])
-            weights.exp_().mul_(grad_output[start:stop, None])
-            weights[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = 0
-        return grad.to(logits.dtype), None, None
+        # negative_lse has the working dtype, so the difference is float32 for half-precision logits.
+        weights = torch.sub(logits, negative_lse[:, None])
+        weights.exp_().mul_(grad_output[:, None])
+        weights[torch.arange(logits.shape[0], device=logits.device), positive_col] = 0
+        return weights.to(logits.dtype), None, None
 
 
 @register_loss("adacl")
