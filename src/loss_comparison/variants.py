@@ -68,25 +68,26 @@ def parse_loss_variant(spec: str) -> LossVariant:
     (type, choices, the loss's own checks) are errors."""
     name, _, rest = spec.strip().partition(":")
     cls = get_loss_class(name)  # raises for an unregistered loss, listing the registered ones
-    options = [check_option(name, item) for item in rest.split(",") if item.strip()]
-    keys = [key for key, _ in options]
+    specs = _specs(name)
+    checked = [check_option(name, specs, item) for item in rest.split(",") if item.strip()]
+    keys = [key for key, _, _ in checked]
     duplicated = sorted({key for key in keys if keys.count(key) > 1})
     if duplicated:
         raise ValueError(f"{spec!r} sets {', '.join(duplicated)} more than once")
-    typed: Dict[str, Any] = {key: typed_value(_specs(name)[key], value) for key, value in options}
+    typed: Dict[str, Any] = {key: typed for key, _, typed in checked}
     if cls.needs_sample_index:
         typed.setdefault("data_size", 1)  # filled in from the data by `flags`; any valid size checks the rest
     try:
         cls.Options(**typed)
     except ValueError as error:
         raise ValueError(f"{spec}: {error}") from None
-    return LossVariant(name, tuple(options))
+    return LossVariant(name, tuple((key, value) for key, value, _ in checked))
 
 
-def check_option(loss: str, item: str) -> Tuple[str, str]:
-    """One `key=value` (or bare choice `value`) of `loss`: the option exists and the value parses as
-    its type; returns (key, value). The loss's `Options` check the values (`parse_loss_variant`)."""
-    options = _specs(loss)
+def check_option(loss: str, options: Dict[str, LossOption], item: str) -> Tuple[str, str, Any]:
+    """One `key=value` (or bare choice `value`) of `loss`, whose options are `options`: the option
+    exists and the value parses as its type; returns (key, value as typed, value as the option's
+    type). The loss's `Options` check the values (`parse_loss_variant`)."""
     key, has_value, value = (part.strip() for part in item.partition("="))
     if not has_value:  # a bare value: the option whose choices hold it
         value = key
@@ -99,16 +100,12 @@ def check_option(loss: str, item: str) -> Tuple[str, str]:
     key = key.replace("-", "_")
     if key not in options:
         raise ValueError(f"loss {loss!r} has no option {key!r}; it has: {', '.join(options) or 'none'}")
+    option_type = options[key].type
     try:
-        typed_value(options[key], value)
+        typed = parse_bool(value) if option_type is bool else option_type(value)
     except ValueError as error:
-        raise ValueError(f"{loss}:{key}={value}: not a {options[key].type.__name__} ({error})") from None
-    return key, value
-
-
-def typed_value(option: LossOption, value: str) -> Any:
-    """A value as typed on the command line -> the option's type."""
-    return parse_bool(value) if option.type is bool else option.type(value)
+        raise ValueError(f"{loss}:{key}={value}: not a {option_type.__name__} ({error})") from None
+    return key, value, typed
 
 
 def _specs(loss: str) -> Dict[str, LossOption]:

@@ -29,7 +29,7 @@ from open_clip_train.distributed import is_using_distributed, world_info_from_en
 from open_clip_train.params import ParseKwargs, get_default_params
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
-from open_clip_adacl import LossOption, get_loss_class, list_losses
+from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from .checkpoint import CheckpointConfig
@@ -444,10 +444,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(message)
     _validate_model_name(args.model)
     _validate_image_size(args.force_image_size)
-    try:
-        loss_options = get_loss_class(args.loss).Options(**args.loss_options)
-    except ValueError as error:
-        raise ConfigError(f"--loss {args.loss}: {error}") from None
+    loss_options = validated_loss_options(args)
     data_size = loss_options.data_size if get_loss_class(args.loss).needs_sample_index else None
     if data_size is not None and args.train_num_samples is not None and data_size < args.train_num_samples:
         raise ConfigError(
@@ -531,6 +528,14 @@ def arg_values(args: argparse.Namespace) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def validated_loss_options(args: argparse.Namespace) -> LossOptions:
+    """The chosen loss's `Options`, built (and so validated) from the resolved `args.loss_options`."""
+    try:
+        return get_loss_class(args.loss).Options(**args.loss_options)
+    except ValueError as error:
+        raise ConfigError(f"--loss {args.loss}: {error}") from None
+
+
 def run_config(args: argparse.Namespace) -> RunConfig:
     """The run's configuration, built once after `validate_args`; `args` is not changed after it."""
     precision = resolve_precision(args.precision, resolved_device_type(args.device))
@@ -558,7 +563,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         distributed=DistributedConfig(device=args.device, dist_backend=args.dist_backend, dist_url=args.dist_url,
                                       no_set_device_rank=args.no_set_device_rank, use_bn_sync=args.use_bn_sync,
                                       ddp_static_graph=args.ddp_static_graph),
-        loss=LossConfig(name=args.loss, options=get_loss_class(args.loss).Options(**args.loss_options),
+        loss=LossConfig(name=args.loss, options=validated_loss_options(args),
                         local_loss=args.local_loss, gather_with_grad=args.gather_with_grad),
         epochs=args.epochs,
         seed=args.seed,

@@ -203,8 +203,6 @@ class EpochGatedLoss(ContrastiveLoss):
     """A `ContrastiveLoss` whose adjustment starts at epoch `options.start_epoch`, in training mode
     only; before that, and in evaluation passes, it is plain InfoNCE (the peers' warm-up epochs)."""
 
-    keeps_state = True
-
     def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
         self.epoch = 0

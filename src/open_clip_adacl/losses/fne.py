@@ -111,6 +111,8 @@ class FNELoss(EpochGatedLoss):
             if not 0.0 <= self.momentum < 1.0:
                 raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
+    keeps_state = True
+
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
         for direction in DIRECTIONS:

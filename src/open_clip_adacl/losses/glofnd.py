@@ -96,6 +96,7 @@ class GloFNDLoss(EpochGatedLoss):
                 raise ValueError(f"init_lambda must be in {list(THRESHOLD_RANGE)}, got {self.init_lambda}")
 
     needs_sample_index = True
+    keeps_state = True
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
