@@ -180,10 +180,10 @@ def test_the_chosen_loss_flags_record_the_values_the_run_uses():
 
 
 def test_grouping_and_validation_caption_flags_reach_the_data_config():
-    args = parse_args(["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt_weak1,txt_weak2",
+    args = parse_args(["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt,txt_alt",
                        "--val-caption-key", "txt"])
     cfg = params.run_config(args).data
-    assert (cfg.group_size, cfg.caption_key, cfg.val_caption_key) == (8, "txt_weak1,txt_weak2", "txt")
+    assert (cfg.group_size, cfg.caption_key, cfg.val_caption_key) == (8, "txt,txt_alt", "txt")
     defaults = params.run_config(parse_args(["--train-data", "t.tar"])).data
     assert (defaults.group_size, defaults.val_caption_key) == (1, None)
 

@@ -78,7 +78,7 @@ def parse_loss_variant(spec: str) -> LossVariant:
     if cls.needs_sample_index:
         typed.setdefault("data_size", 1)  # filled in from the data by `flags`; any valid size checks the rest
     try:
-        cls.Options(**typed)
+        cls.Options.build(**typed)
     except ValueError as error:
         raise ValueError(f"{spec}: {error}") from None
     return LossVariant(name, tuple((key, value) for key, value, _ in checked))

@@ -4,7 +4,7 @@
 
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
-(txt), a paraphrase (txt_alt) and --num-weak-captions lossy pseudo-captions (txt_weak1, ...).
+(txt), a paraphrase (txt_alt) and a generic pseudo caption (txt_pseudo).
 The layout is in `synthetic_scenes.scenes`; see docs/data.md.
 """
 import argparse
@@ -26,19 +26,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--family-size", type=int, default=8,
                         help="train scenes per family of one-edit siblings (1..12; 1: independent scenes); "
                              "keep --shard-size a multiple of it")
-    parser.add_argument("--num-weak-captions", type=int, default=2,
-                        help="weak pseudo-caption fields per sample (txt_weak1, ...; 0: none)")
     args = parser.parse_args(argv)
     demo = write_demo_dataset(args.output, seed=args.seed, num_train=args.num_train, num_val=args.num_val,
                               num_test=args.num_test, shard_size=args.shard_size, image_size=args.image_size,
-                              family_size=args.family_size, num_weak_captions=args.num_weak_captions)
+                              family_size=args.family_size)
     manifest = json.loads((demo.root / "manifest.json").read_text())
     print(f"wrote demo data to {demo.root} (manifest.json lists everything)")
     print(f"  train families of {args.family_size}; caption fields {', '.join(manifest['caption_keys'])}")
-    rates = ", ".join(f"{key} {rate:.2%}" for key, rate in manifest["train_family_duplicate_rate"].items())
-    print(f"  exact duplicates among a family's captions (pairs): {rates}")
-    fits = ", ".join(f"{key} {groups['all']:.1%}" for key, groups in manifest["train_sibling_fits_base_rate"].items())
-    print(f"  siblings whose caption is also true of their family's base: {fits}")
+    for key, likeness in manifest["train_caption_likeness"].items():
+        print(f"  {key}: {likeness['shared_in_split']:.1%} of train images share their exact caption with another "
+              f"image ({likeness['shared_in_family']:.1%} within their family); siblings' captions are "
+              f"{likeness['sibling_word_distance']:.2f} words from their base's on average")
     for split in ("train", "val", "test"):
         print(f"  {split:5s} {demo.num_samples[split]:6d} samples  {getattr(demo, split + '_data')}")
     for name, path in demo.benchmark.items():

@@ -10,8 +10,9 @@ checked never to describe the image (`could_hold`). Training scenes come in *fam
 base scene plus `family_size - 1` (default 7) siblings re-drawn from one-edit clones of its
 description, written next to each other; `--train-group-size` keeps them together through the
 shuffle, so a training batch holds whole families of captions one attribute apart (docs/data.md).
-Each sample also carries *weak* captions from a deterministic lossy captioner (`weak_caption`),
-the paper's pseudo-caption regime: siblings' weak captions blur or lose the edit between them.
+Each sample also carries a *pseudo* caption from a generic captioner (`pseudo_caption`), for the
+paper's pseudo-caption regime: siblings that differ in a size, the relation or a colour's shade
+share it exactly.
 
 Everything is deterministic by seed: every family/scene draws from its own
 `numpy.random.default_rng([seed, stream, index])`, tar members carry fixed metadata, so the same
@@ -24,8 +25,8 @@ On-disk layout written by `write_demo_dataset(output_dir)`:
                                   are (exact duplicates, siblings' captions that fit the base)
     train/shard-000000.tar ...    img2dataset layout, one sample = <key>.png, <key>.txt (caption),
     val/...  test/...             <key>.txt_alt (a true paraphrase, for --caption-key txt,txt_alt),
-                                  <key>.txt_weak1, <key>.txt_weak2 (weak captions),
-                                  <key>.json {"key", "caption", "caption_alt", "caption_weak": [..],
+                                  <key>.txt_pseudo (the pseudo caption),
+                                  <key>.json {"key", "caption", "caption_alt", "caption_pseudo",
                                   "width", "height", "family": id, "family_edit": the sibling's edit
                                   from its family's base (null for the base and in val/test, whose
                                   families are single scenes), "scene": {"relation", "objects":
@@ -79,14 +80,15 @@ OPPOSITE_RELATION = {
     "below": "above",
 }
 EDIT_TYPES = ("color", "shape", "size", "relation")
-# The weak captioner's coarse colour words: neighbours on the colour wheel share one.
+# The pseudo captioner's coarse colour words: neighbours on the colour wheel share one.
 COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "green": "greenish",
                  "cyan": "greenish", "blue": "bluish", "purple": "bluish"}
-WEAK_CAPTION_KEY = "txt_weak{}"  # tar member / --caption-key field of the n-th weak caption (from 1)
+PSEUDO_CAPTION_KEY = "txt_pseudo"  # tar member / --caption-key field of the pseudo caption
+CAPTION_KEYS = ("txt", "txt_alt", PSEUDO_CAPTION_KEY)
 BENCHMARK_DATASETS = ("scenes_shape", "scenes_color", "scenes_retrieval")
 
 # Independent random streams per split / clip-benchmark set (first word of each rng's seed).
-_STREAMS = {"train": 0, "val": 1, "test": 2, "scenes_shape": 3, "scenes_color": 4, "weak": 5}
+_STREAMS = {"train": 0, "val": 1, "test": 2, "scenes_shape": 3, "scenes_color": 4}
 _PLACEMENT_BATCH = 64
 _MAX_FAMILY_SIZE = 12
 _PLACEMENT_ROUNDS = 8
@@ -184,66 +186,16 @@ def paraphrases(description: Description) -> tuple[str, str]:
     return converse, "there is " + caption(description)
 
 
-# A lossy captioner's habits, each drawn per caption: it often omits sizes and names colours only
-# coarsely, sometimes lists the objects without their relation or forgets the third one. About a
-# fifth of the siblings' weak captions lose the edit (they fit the family's base too), yet under 1%
-# of sibling pairs coincide exactly; lossier habits trade more of the one for more of the other
-# (measured in the manifest; docs/data.md).
-_WEAK_DROP_SIZE = 0.5
-_WEAK_COARSE_COLOR = 0.5
-_WEAK_DROP_RELATION = 0.3
-_WEAK_DROP_THIRD = 0.3
+def pseudo_caption(description: Description) -> str:
+    """A generic captioner's caption, one rule for every image: each object by its coarse colour
+    (COARSE_COLORS) and its shape, joined by "and": "a reddish circle and a bluish square".
 
-
-def weak_caption(description: Description, rng: np.random.Generator) -> str:
-    """A pseudo-caption, as an image captioner would write it: true of the image but lossy.
-
-    Sizes dropped (p 0.5), colours mapped to COARSE_COLORS (p 0.5), the relation replaced by
-    "and" (p 0.3), the third object left out (p 0.3). At most 22 tokens, like the gold captions.
+    True of the image but generic, like the pseudo captions of the paper's weakly supervised regime:
+    it never names a size, the relation or a colour's shade, so one-edit siblings that differ only
+    in those share their caption exactly (clone negatives that are also false negatives). The
+    manifest measures how alike it makes a family's captions (`caption_likeness`; docs/data.md).
     """
-    drop_size, coarse, drop_relation, drop_third = rng.random(4) < (
-        _WEAK_DROP_SIZE, _WEAK_COARSE_COLOR, _WEAK_DROP_RELATION, _WEAK_DROP_THIRD)
-    objects = description.objects[:2] if drop_third else description.objects
-    phrases = []
-    for spec in objects:
-        words = ([] if drop_size else [spec.size]) + [COARSE_COLORS[spec.color] if coarse else spec.color, spec.shape]
-        phrases.append(" ".join(["an" if words[0][0] in "aeiou" else "a", *words]))
-    first, second, *rest = phrases
-    link = "and" if drop_relation else description.relation
-    return f"{first} {link} {second}" + "".join(f" and {phrase}" for phrase in rest)
-
-
-_WEAK_PHRASE = r"an? (?:(?:small|large) )?\w+ \w+"
-_WEAK_CAPTION = re.compile(rf"({_WEAK_PHRASE}) (and|{'|'.join(RELATIONS)}) ({_WEAK_PHRASE})(?: and ({_WEAK_PHRASE}))?")
-
-
-def weak_caption_fits(text: str, description: Description) -> bool:
-    """Whether `text`, a caption in `weak_caption`'s form, is true of a scene that `description` holds for.
-
-    Each phrase must name one of the scene's objects by its shape, with its colour or that colour's
-    COARSE_COLORS word and its size or none. With a relation the phrases name the description's
-    objects in order (the third may be left out); with "and" any two or three distinct objects.
-    """
-    match = _WEAK_CAPTION.fullmatch(text)
-    if match is None:
-        return False
-    first, link, second, third = match.groups()
-    named = []
-    for phrase in (first, second, third):
-        if phrase is not None:
-            *size, color, shape = phrase.split()[1:]
-            named.append((size[0] if size else None, color, shape))
-    by_shape = {spec.shape: spec for spec in description.objects}
-    if len({shape for _, _, shape in named}) < len(named) or not all(shape in by_shape for _, _, shape in named):
-        return False
-    if any(size not in (None, by_shape[shape].size)
-           or color not in (by_shape[shape].color, COARSE_COLORS[by_shape[shape].color])
-           for size, color, shape in named):
-        return False
-    if link == "and":
-        return True
-    in_order = [shape for _, _, shape in named] == [spec.shape for spec in description.objects[:len(named)]]
-    return link == description.relation and in_order
+    return " and ".join(f"a {COARSE_COLORS[spec.color]} {spec.shape}" for spec in description.objects)
 
 
 def family_edit(base: Description, sibling: Description) -> str | None:
@@ -525,20 +477,17 @@ def write_demo_dataset(
         image_size: int = 32,
         config: SceneConfig | None = None,
         family_size: int | None = None,
-        num_weak_captions: int = 2,
+
 ) -> DemoDataset:
     """Write the train/val/test shards, the clip-benchmark sets and the clone-selection set.
 
     See the module docstring for the layout. `num_test` also sizes each classification set.
     family_size: training scenes per family (None: the config's, 8 by default); keep `shard_size`
-    a multiple of it so no family straddles two shards. num_weak_captions: weak caption fields
-    per sample (`txt_weak1`, ...; 0 for none). Same arguments -> byte-identical files. Returns
+    a multiple of it so no family straddles two shards. Same arguments -> byte-identical files. Returns
     the paths and shard patterns.
     """
     if min(num_train, num_val, num_test, shard_size) < 1:
         raise ValueError("num_train, num_val, num_test and shard_size must all be >= 1")
-    if num_weak_captions < 0:
-        raise ValueError(f"num_weak_captions must be >= 0, got {num_weak_captions}")
     config = replace(config or SceneConfig(), image_size=image_size)
     if family_size is not None:
         config = replace(config, family_size=family_size)
@@ -549,7 +498,7 @@ def write_demo_dataset(
     for split, count in split_sizes.items():
         family_config = config if split == "train" else replace(config, family_size=1)
         split_scenes[split] = list(_split_scenes(seed, split, count, family_config))
-        records = _caption_records(split_scenes[split], first_key[split], seed, num_weak_captions)
+        records = _caption_records(split_scenes[split], first_key[split])
         patterns[split] = _write_shards(root / split, records, shard_size, "shard-{:06d}.tar", with_sizes=True)
 
     test_scenes = [scene for _, _, scene in split_scenes["test"]]
@@ -572,8 +521,8 @@ def write_demo_dataset(
         "benchmark": {name: str(path.relative_to(root)) for name, path in benchmark.items()},
         "clone_selection": "clone_selection",
         "edit_types": list(EDIT_TYPES),
-        "caption_keys": ["txt", "txt_alt", *weak_caption_keys(num_weak_captions)],
-        **_train_caption_stats(split_scenes["train"], first_key["train"], seed, num_weak_captions),
+        "caption_keys": list(CAPTION_KEYS),
+        "train_caption_likeness": caption_likeness(split_scenes["train"]),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return DemoDataset(
@@ -600,62 +549,60 @@ def _split_scenes(seed: int, split: str, count: int,
     return itertools.islice(scenes, count)
 
 
-def weak_caption_keys(count: int) -> list[str]:
-    """The tar member names (and --caption-key fields) of `count` weak captions: txt_weak1, ..."""
-    return [WEAK_CAPTION_KEY.format(n) for n in range(1, count + 1)]
+def word_edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance between two captions counted in words (insert, delete, substitute)."""
+    words_a, words_b = a.split(), b.split()
+    previous = list(range(len(words_b) + 1))
+    for i, word_a in enumerate(words_a, 1):
+        current = [i]
+        for j, word_b in enumerate(words_b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word_a != word_b)))
+        previous = current
+    return previous[-1]
 
 
-def _weak_captions(description: Description, seed: int, key: int, count: int) -> list[str]:
-    """The sample's weak captions; their own rng stream per key, so scenes do not depend on `count`."""
-    rng = np.random.default_rng([seed, _STREAMS["weak"], key])
-    return [weak_caption(description, rng) for _ in range(count)]
+def caption_likeness(scenes: Sequence[tuple[int, str | None, Scene]]) -> dict[str, dict[str, float]]:
+    """How alike the training captions are, per caption field (gold `txt`, `txt_pseudo`), for the manifest:
 
-
-def _train_caption_stats(scenes: list[tuple[int, str | None, Scene]], first_key: int, seed: int,
-                         num_weak_captions: int) -> dict[str, dict]:
-    """How much the captions tell a family's members apart, for the manifest (docs/data.md):
-
-    train_family_duplicate_rate: `family_duplicate_rate` of the gold caption and of each weak field.
-    train_sibling_fits_base_rate: per caption field and edit type ("all": pooled), the fraction of
-        siblings whose caption is also true of their family's base scene (`weak_caption_fits`):
-        the edit that makes the sibling a clone negative is lost in its caption. 0 for gold.
+    shared_in_split: the fraction of images whose caption is exactly another image's caption;
+    shared_in_family: ... another image of its own family (a duplicate inside one training batch);
+    family_duplicate_pairs: `family_duplicate_rate`, the fraction of within-family pairs that are equal;
+    sibling_word_distance: the mean `word_edit_distance` between each sibling's caption and its base's;
+    sibling_within_one_word: the fraction of siblings whose caption is at most one word from the base's.
     """
-    keys = ["txt", *weak_caption_keys(num_weak_captions)]
-    by_family: dict[int, list[list[str]]] = {}
-    fits: dict[str, dict[str, list[bool]]] = {key: {} for key in keys}
-    base = None
-    for offset, (family, edit, scene) in enumerate(scenes):
-        texts = [caption(scene.description),
-                 *_weak_captions(scene.description, seed, first_key + offset, num_weak_captions)]
-        by_family.setdefault(family, []).append(texts)
-        if edit is None:
-            base = scene.description
-            continue
-        for key, text in zip(keys, texts):
-            for group in (edit, "all"):
-                fits[key].setdefault(group, []).append(weak_caption_fits(text, base))
-    return {
-        "train_family_duplicate_rate": {
-            key: family_duplicate_rate([member[column] for member in members] for members in by_family.values())
-            for column, key in enumerate(keys)},
-        "train_sibling_fits_base_rate": {key: {group: float(np.mean(flags)) for group, flags in sorted(groups.items())}
-                                         for key, groups in fits.items()},
-    }
+    likeness = {}
+    for key, captioner in (("txt", caption), (PSEUDO_CAPTION_KEY, pseudo_caption)):
+        texts = [captioner(scene.description) for _, _, scene in scenes]
+        families = [family for family, _, _ in scenes]
+        in_split = Counter(texts)
+        in_family = Counter(zip(families, texts))
+        by_family: dict[int, list[str]] = {}
+        for family, text in zip(families, texts):
+            by_family.setdefault(family, []).append(text)
+        distances = [word_edit_distance(by_family[family][0], text)
+                     for (family, edit, _), text in zip(scenes, texts) if edit is not None]
+        likeness[key] = {
+            "shared_in_split": float(np.mean([in_split[text] > 1 for text in texts])),
+            "shared_in_family": float(np.mean([in_family[pair] > 1 for pair in zip(families, texts)])),
+            "family_duplicate_pairs": family_duplicate_rate(by_family.values()),
+            "sibling_word_distance": float(np.mean(distances)) if distances else 0.0,
+            "sibling_within_one_word": float(np.mean([d <= 1 for d in distances])) if distances else 0.0,
+        }
+    return likeness
 
 
-def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int, seed: int,
-                     num_weak_captions: int) -> Iterator[dict]:
-    """img2dataset-style samples: png, txt, txt_alt, txt_weak1.. and json with the integer key."""
+def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int) -> Iterator[dict]:
+    """img2dataset-style samples: png, txt, txt_alt, txt_pseudo and json with the integer key."""
     for offset, (family, edit, scene) in enumerate(scenes):
         key = first_key + offset
         text = caption(scene.description)
         alternative = paraphrases(scene.description)[key % 2]
-        weak = _weak_captions(scene.description, seed, key, num_weak_captions)
+        pseudo = pseudo_caption(scene.description)
         meta = {
             "key": f"{key:09d}",
             "caption": text,
             "caption_alt": alternative,
-            "caption_weak": weak,
+            "caption_pseudo": pseudo,
             "width": scene.image_size,
             "height": scene.image_size,
             "family": family,
@@ -663,9 +610,7 @@ def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key:
             "scene": _scene_json(scene),
         }
         yield {"__key__": meta["key"], "png": encode_png(render(scene)), "txt": text.encode(),
-               "txt_alt": alternative.encode(),
-               **{name: weak_text.encode() for name, weak_text in zip(weak_caption_keys(num_weak_captions), weak)},
-               "json": _json_bytes(meta)}
+               "txt_alt": alternative.encode(), PSEUDO_CAPTION_KEY: pseudo.encode(), "json": _json_bytes(meta)}
 
 
 def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:

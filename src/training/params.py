@@ -144,24 +144,33 @@ def option_of(loss_name: str, flag: str) -> LossOption:
 
 
 def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The chosen loss's keyword options: given flags, else the option's default. The chosen loss's
-    flags are filled in with those values, so params.txt records what the run used (as OpenCLIP
-    fills in --lr from the model); other losses' flags stay None.
+    """The chosen loss's keyword options: given flags, else the chosen preset's value, else the option's
+    default. The chosen loss's flags are filled in with those values, so params.txt records what the run
+    used (as OpenCLIP fills in --lr from the model); other losses' flags stay None.
 
-    Raises ConfigError for a loss flag given while another loss is chosen.
+    Raises ConfigError for a loss flag given while another loss is chosen, and for a given value that
+    contradicts the chosen preset (the values are validated by `validate_args`).
     """
-    options: Dict[str, Any] = {}
+    given: Dict[str, Any] = {}
+    own_flags = []
     for loss_flag in loss_flags().values():
         value = getattr(args, loss_flag.dest)
         if args.loss in loss_flag.losses:
             option = option_of(args.loss, loss_flag.flag)
-            options[option.name] = option.default if value is None else value
-            setattr(args, loss_flag.dest, options[option.name])
+            own_flags.append((loss_flag.dest, option.name))
+            if value is not None:
+                given[option.name] = value
         elif value is not None:
             raise ConfigError(
                 f"{loss_flag.flag} is an option of --loss {'/'.join(loss_flag.losses)}, but --loss is "
                 f"{args.loss!r}; drop the flag or choose one of those losses"
             )
+    try:
+        options = get_loss_class(args.loss).Options.resolved_values(**given)
+    except ValueError as error:
+        raise ConfigError(f"--loss {args.loss}: {error}") from None
+    for dest, name in own_flags:
+        setattr(args, dest, options[name])
     return options
 
 
@@ -236,7 +245,7 @@ def _add_data_flags(group) -> None:
                        help="Caption field of each sample; a comma list samples one field per sample.")
     group.add_argument("--val-caption-key", type=str, default=None,
                        help="Caption field for validation (default: the first of --caption-key), e.g. "
-                            "train on weak captions, validate on gold ones (docs/data.md).")
+                            "train on pseudo captions, validate on gold ones (docs/data.md).")
     group.add_argument("--train-group-size", type=int, default=1,
                        help="Shuffle runs of this many consecutive samples of a shard as units, so data "
                             "written in families (one-edit siblings) reaches a batch as whole families "

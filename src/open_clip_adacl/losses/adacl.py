@@ -67,6 +67,19 @@ class AdaCLLoss(ContrastiveLoss):
 
     @dataclass(frozen=True)
     class Options(LossOptions):
+        # `paper`: Algorithm 1 as docs/method.md §3 reconstructs it, with none of the project's bounds
+        # (literal mode has none): the GDA candidate set, the median anchor, the progressive anchor
+        # probability, the steep positive of slope m1 and boundary 1. eps was not recovered and stays free.
+        PRESETS = {"paper": {
+            "mode": "literal", "salient": "max", "prior_ratio": 1.0, "candidate_region": "gda",
+            "anchor_stat": "median", "anchor_prob": "progressive", "positive_grad": "fixed",
+            "boundary": 1.0, "boundary_kind": "fixed", "modulate": True,
+        }}
+
+        preset: Optional[str] = option(
+            None, "'paper': every choice set to the paper's Algorithm 1 as docs/method.md §3 reads it (literal "
+            "closed forms, GDA candidates, median anchor, progressive p_u, the steep positive, boundary 1); options "
+            "given with it that contradict it are refused", choices=(None, "paper"))
         mode: str = option(
             "calibrated", "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
             "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "

@@ -5,13 +5,18 @@ fields are made with `option(default, help, ...)`. Everything else derives from 
 the trainer's `--<loss>-<option>` flags and `params.txt`, the loss comparison's `name:key=value`
 variants, and validation (types and choices here, ranges in the dataclass's `check`). Building the
 dataclass validates it, so a loss never sees a bad value.
+
+A loss may also name *presets*: a `PRESETS` mapping of name -> option values, chosen by its `preset`
+option (`--<loss>-preset NAME`). `Options.build(**given)` fills in the preset's values under the
+given ones and refuses a given value that contradicts the preset; an `Options` whose values
+disagree with its own preset is refused, so a preset is never silently half applied.
 """
 from __future__ import annotations
 
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,50 @@ def option(default: Any, help: str, *, choices: Optional[Sequence[Any]] = None, 
 class LossOptions:
     """Base of every loss's options (a loss without options uses it as is)."""
 
+    # Preset name -> the option values it sets; a loss that declares any declares a `preset` option too.
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
     def __post_init__(self):
         for spec in self.specs():
             object.__setattr__(self, spec.name, _checked_value(spec, getattr(self, spec.name)))
+        preset = getattr(self, "preset", None)
+        if preset is not None:
+            wrong = {name: value for name, value in self.PRESETS[preset].items() if getattr(self, name) != value}
+            if wrong:
+                raise ValueError(f"preset {preset!r} sets " + ", ".join(
+                    f"{name}={value!r} (got {getattr(self, name)!r})" for name, value in wrong.items())
+                    + "; build the options with Options.build(preset=..., ...) to fill them in")
         self.check()
+
+    @classmethod
+    def build(cls, **given: Any) -> "LossOptions":
+        """The options from the values `given`, the chosen preset's values and the declared defaults
+        (`resolved_values`), validated."""
+        return cls(**cls.resolved_values(**given))
+
+    @classmethod
+    def resolved_values(cls, **given: Any) -> dict:
+        """Every option's value: given, else the chosen preset's, else the declared default (not yet
+        validated). A given value that contradicts the chosen preset is a ValueError naming both."""
+        values = {spec.name: spec.default for spec in cls.specs()}
+        preset = given.get("preset")
+        if preset is not None:
+            if preset not in cls.PRESETS:
+                raise ValueError(f"option preset must be one of {sorted(cls.PRESETS)}, got {preset!r}")
+            fixed = cls.PRESETS[preset]
+            conflicts = {name: given[name] for name, value in fixed.items()
+                         if name in given and _checked_value(cls._spec(name), given[name]) != value}
+            if conflicts:
+                raise ValueError(f"preset {preset!r} sets " + ", ".join(f"{name}={fixed[name]!r}" for name in conflicts)
+                                 + "; drop " + ", ".join(f"{name}={value!r}" for name, value in conflicts.items())
+                                 + " or the preset")
+            values.update(fixed)
+        values.update(given)
+        return values
+
+    @classmethod
+    def _spec(cls, name: str) -> LossOption:
+        return next(spec for spec in cls.specs() if spec.name == name)
 
     def check(self) -> None:
         """Constraints beyond types and choices (ranges, relations between options); raise ValueError."""

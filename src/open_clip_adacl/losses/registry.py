@@ -35,7 +35,15 @@ def _check_declaration(name: str, cls: type) -> None:
     if cls.needs_sample_index and not issubclass(options, SampleStateOptions):
         raise TypeError(f"loss {name!r} needs sample indices, so its Options must derive from SampleStateOptions "
                         f"(the data_size option)")
-    options.specs()  # every field made with option(): help and choices present
+    specs = {spec.name: spec for spec in options.specs()}  # every field made with option(): help, choices
+    if options.PRESETS:
+        preset = specs.get("preset")
+        if preset is None or set(preset.choices or ()) - {None} != set(options.PRESETS):
+            raise TypeError(f"loss {name!r} declares PRESETS {sorted(options.PRESETS)}, so its Options needs a "
+                            f"'preset' option whose choices are None and exactly those names")
+        unknown = {key for values in options.PRESETS.values() for key in values} - set(specs) - {"preset"}
+        if unknown:
+            raise TypeError(f"loss {name!r}: PRESETS set undeclared option(s) {sorted(unknown)}")
 
 
 def list_losses() -> List[str]:
@@ -57,4 +65,4 @@ def create_loss(name: str, *, dist: Optional[DistributedSetup] = None, **options
         raise TypeError(
             f"loss {name!r} got unknown option(s) {unknown}; it accepts: {sorted(accepted) or 'none'}"
         )
-    return cls(cls.Options(**options), DistributedSetup() if dist is None else dist)
+    return cls(cls.Options.build(**options), DistributedSetup() if dist is None else dist)

@@ -42,7 +42,7 @@ Differences, each deliberate:
     (like OpenCLIP's `with_epoch` restarting its pipeline), so a pass never repeats a sample.
   - With several `caption_key` fields ("txt,txt_alt") each sample picks one uniformly, by a hash
     of (seed, epoch, sample_index); validation uses the first, or `val_caption_key` (train on
-    weak captions, validate on gold ones).
+    pseudo captions, validate on gold ones).
   - `group_size` K > 1 (not in OpenCLIP): the shuffle buffer holds runs of K consecutive samples
     of a shard (positions 0..K-1, K..2K-1, ... of each shard visit) and shuffles them as units,
     so data written in families of K (e.g. one-edit siblings, docs/data.md) reaches a batch as

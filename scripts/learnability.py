@@ -1,0 +1,121 @@
+"""Which clone distinctions can a loss learn at a budget? Per-edit-type clone accuracy against steps.
+
+    python scripts/learnability.py --data-dir runs/clone_study/data --output runs/learnability \
+        --steps 1536 --every 128 [--loss clip] [--seed 0] [--plot docs/results/learnability.png]
+
+Trains one run (the loss comparison's recipe: adacl-tiny, batch 64, AdamW, cosine schedule,
+`--train-group-size 8`) with a step checkpoint every `--every` steps, then scores every checkpoint
+with the clone-selection evaluation (`evaluation.clone_selection`, test scenes). Writes
+`curve.csv` (step, edit type, accuracy, mean cosine margin) under --output and a plot. An edit type
+whose accuracy stays near 0.5 at the budget is one no loss can be compared on at that budget.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+
+def train(args: argparse.Namespace, manifest: dict) -> Path:
+    splits = manifest["splits"]
+    steps_per_epoch = splits["train"]["num_samples"] // args.batch_size
+    epochs = -(-args.steps // steps_per_epoch)
+    argv = [sys.executable, "-m", "training.main",
+            "--train-data", str(args.data_dir / splits["train"]["data"]),
+            "--val-data", str(args.data_dir / splits["val"]["data"]), "--dataset-type", "webdataset",
+            "--model", args.model, "--loss", args.loss, "--batch-size", str(args.batch_size),
+            "--epochs", str(epochs), "--lr", str(args.lr), "--wd", "0.1", "--warmup", str(args.warmup),
+            "--workers", "0", "--device", "cpu", "--seed", str(args.seed), "--log-every-n-steps", "64",
+            "--train-group-size", "8", "--save-every-n-steps", str(args.every),
+            "--logs", str(args.output), "--name", "run", *args.train_args.split()]
+    run_dir = args.output / "run"
+    if not (run_dir / "checkpoints" / f"epoch_{epochs}.pt").is_file():
+        log = open(args.output / "train.log", "w")
+        subprocess.run(argv + (["--resume", "latest"] if run_dir.exists() else []), check=True, stdout=log,
+                       stderr=subprocess.STDOUT)
+    return run_dir / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(re.fullmatch(r"step_(\d+)\.pt", path.name).group(1))
+
+
+def score(checkpoints: Path, data_dir: Path, output: Path) -> List[Dict[str, float]]:
+    from evaluation.clone_selection import evaluate_clone_selection
+    from evaluation.zero_shot import export_checkpoint, load_model
+
+    rows = []
+    for path in sorted(checkpoints.glob("step_*.pt"), key=checkpoint_step):
+        model_name = export_checkpoint(path, output / "exports" / path.stem)
+        model, preprocess, tokenizer = load_model(model_name, "none", "cpu")
+        metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir / "clone_selection",
+                                           margins=True)
+        scale = float(model.logit_scale.exp())
+        for name, value in sorted(metrics.items()):
+            if name.endswith("_acc"):
+                edit = name.removesuffix("_acc")
+                rows.append({"step": checkpoint_step(path), "edit": edit, "accuracy": value,
+                             "cosine_margin": metrics[f"{edit}_margin"] / scale})
+        print(f"step {checkpoint_step(path):5d}: " + ", ".join(
+            f"{row['edit']} {row['accuracy']:.3f}" for row in rows if row["step"] == checkpoint_step(path)),
+            flush=True)
+    return rows
+
+
+def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for edit in sorted({row["edit"] for row in rows}):
+        points = [(row["step"], row["accuracy"]) for row in rows if row["edit"] == edit]
+        axis.plot(*zip(*points), marker="o", label=edit)
+    axis.axhline(0.5, color="grey", linestyle=":", label="chance")
+    axis.axhline(0.6, color="grey", linestyle="--", linewidth=0.8, label="learnable (0.60)")
+    axis.set_xlabel("training step (batch 64)")
+    axis.set_ylabel("clone-selection accuracy (test scenes)")
+    axis.set_ylim(0.4, 1.0)
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True, help="demo data written by python -m synthetic_scenes")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=1536, help="at least this many steps (whole epochs)")
+    parser.add_argument("--every", type=int, default=128, help="checkpoint and score every this many steps")
+    parser.add_argument("--loss", default="clip")
+    parser.add_argument("--model", default="adacl-tiny")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-args", default="", help="extra trainer flags, one string")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG to write (default: OUTPUT/curve.png)")
+    args = parser.parse_args(argv)
+    args.output.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((args.data_dir / "manifest.json").read_text())
+    rows = score(train(args, manifest), args.data_dir, args.output)
+    with open(args.output / "curve.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["step", "edit", "accuracy", "cosine_margin"])
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.plot or args.output / "curve.png",
+         f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
+    print(f"wrote {args.output / 'curve.csv'}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
