@@ -1,75 +1,125 @@
-"""The clone-negative study behind docs/RESULTS.md: the losses in AdaCL's regimes, on paired seeds.
+"""The clone-negative study behind docs/RESULTS.md: AdaCL against CLIP in the paper's three regimes, on
+paired seeds, with the endpoints pre-registered in docs/preregistration.md.
 
-    python scripts/clone_study.py                              # every regime, seeds 0-4
-    python scripts/clone_study.py --regimes scratch --seeds 0,1  # a slice (reuses finished runs)
-    python scripts/clone_study.py --report-only                # rewrite the reports from the runs
+    python scripts/clone_study.py                               # every regime, seeds 0-4
+    python scripts/clone_study.py --regimes scratch --seeds 0,1   # a slice (reuses finished runs)
+    python scripts/clone_study.py --report-only                 # rewrite the reports from the runs
 
-Every regime trains the tiny model on the demo scenes written in families of 8 one-edit siblings,
-with `--train-group-size 8` so that each batch holds whole families (the clone negatives; the
-measured sibling fraction is in each report). One `python -m loss_comparison` call per regime, into
-runs/clone_study/<regime>, writes the regime's full report (docs/results/<regime>.md, plot,
-per-run CSV); this script then assembles docs/RESULTS.md from their summaries and paired tables,
-keeping RESULTS.md's hand-written sections below the comparison's marker. Regimes (docs/adacl.md):
+Every regime trains the tiny model on the demo scenes (`synthetic_scenes`, written in families of 8
+one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
+negatives) for the budget at which `clip` learns the colour, shape and size clones
+(docs/results/learnability.md). One `python -m loss_comparison` call per regime, into
+runs/clone_study/<regime>, writes the regime's report (docs/results/<regime>.md, plot, per-run CSV);
+this script then assembles docs/RESULTS.md from them, keeping RESULTS.md's hand-written sections
+below the comparison's marker. Regimes (docs/adacl.md §5):
 
 - scratch: pretraining from scratch on clone-dense batches, gold captions;
-- locked: the same with the logit scale locked at its initial value (control C: a margin effect
-  without any temperature effect; compare `clip` here with `clip` in scratch for the temperature);
-- weak: pseudo-captions (the paper's weakly supervised setting): training on the lossy captioner's
-  fields, validation and evaluation on gold captions;
-- finetune: one `clip` model pretrained on the same data, then fine-tuned by each loss at a lower
-  learning rate; AdaCL with and without its feature queue (the paper's main setting is fine-tuning
-  with a memory bank).
+- pseudo: the same on the generic captioner's pseudo captions (`txt_pseudo`: siblings differing in a
+  size, the relation or a colour's shade share one caption), evaluation on gold captions;
+- transfer: `clip` pretrained on scenes of one half of the colour x shape combinations, then each
+  loss fine-tunes it on the clone-dense scenes of the other half, where it is also evaluated.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from loss_comparison.cli import main as compare_losses
+from loss_comparison.data import QUICK
 from loss_comparison.report import kept_tail
 
 GROUPED = "--train-group-size 8"
-QUEUE = "queue_size=1024"
+EPOCHS = 16                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
+PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
+# The controls of every regime (docs/preregistration.md): CLIP, AdaCL's default, the paper's Algorithm 1,
+# A0 (no discovery: every negative a clone candidate), and the calibrated margins with the paper's steep positive.
+CONTROLS = "clip,adacl,adacl:paper,adacl:candidate_region=all,adacl:positive_grad=fixed"
+TRANSFER_PRETRAIN_EPOCHS = 16
+TRANSFER_PRETRAIN_SEED = 1000
+TRANSFER_FINETUNE = ("--epochs", "8", "--lr", "1e-3", "--warmup", "10")
 
 
 @dataclass(frozen=True)
 class Regime:
     title: str
     losses: str
-    args: Sequence[str]
+    train_args: str
+    combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
+    pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these
+    budget: Tuple[str, ...] = ("--epochs", str(EPOCHS))
 
 
 REGIMES = {
-    "scratch": Regime(
-        "Scratch: clone-dense batches, gold captions",
-        "clip,adacl,adacl:candidate_region=all,glofnd,fne",
-        ["--train-args", GROUPED]),
-    "locked": Regime(
-        "Control C: logit scale locked at its initial value",
-        "clip,adacl:mode=literal,positive_grad=fixed",
-        ["--train-args", f"{GROUPED} --lock-logit-scale"]),
-    "weak": Regime(
-        "Weak supervision: training on pseudo-captions, evaluation on gold captions",
-        "clip,adacl,adacl:candidate_region=all,glofnd,fne",
-        ["--train-args", f"{GROUPED} --caption-key txt_weak1,txt_weak2 --val-caption-key txt"]),
-    "finetune": Regime(
-        "Fine-tuning a CLIP-pretrained model",
-        f"clip,adacl,adacl:{QUEUE},adacl:candidate_region=all,{QUEUE},"
-        f"adacl:positive_grad=scaled,max_scale_ratio=1.25,{QUEUE},glofnd,fne",
-        ["--pretrain-epochs", "8", "--epochs", "2", "--lr", "5e-4", "--warmup", "10", "--train-args", GROUPED]),
+    "scratch": Regime("Scratch: clone-dense batches, gold captions", f"{CONTROLS},glofnd,fne", GROUPED),
+    "pseudo": Regime("Pseudo captions: training on a generic captioner's captions, evaluation on gold captions",
+                     CONTROLS, f"{GROUPED} --caption-key txt_pseudo --val-caption-key txt"),
+    "transfer": Regime("Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones", CONTROLS,
+                       GROUPED, combinations="odd", pretrain_combinations="even", budget=TRANSFER_FINETUNE),
 }
 # The sections of each regime's report that RESULTS.md repeats (the rest stays in the regime's page).
-KEPT_SECTIONS = ("Summary", "Paired against `clip`", "Clone-negative selection", "AdaCL mechanism", "Clone detection")
+KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-negative selection",
+                 "AdaCL mechanism", "Clone detection")
+
+
+def endpoint_argv(name: str) -> List[str]:
+    """The regime's pre-registered endpoint, margin and reference (a json block of PREREGISTRATION)."""
+    return ["--preregistration", f"{PREREGISTRATION}#{name}"]
+
+
+def write_scenes(data_dir: Path, combinations: str) -> None:
+    """The demo data of QUICK's sizes with the given colour-shape combinations (written once)."""
+    from synthetic_scenes.scenes import SceneConfig, write_demo_dataset
+
+    if (data_dir / "manifest.json").is_file():
+        manifest = json.loads((data_dir / "manifest.json").read_text())
+        if manifest["scene_config"]["combinations"] != combinations:
+            raise ValueError(f"{data_dir} holds scenes of combinations {manifest['scene_config']['combinations']!r}, "
+                             f"not {combinations!r}: remove it")
+        return
+    write_demo_dataset(data_dir, seed=0, num_train=QUICK.num_train, num_val=QUICK.num_val, num_test=QUICK.num_test,
+                       shard_size=QUICK.shard_size, config=replace(SceneConfig(), combinations=combinations))
+
+
+def pretrain(regime: Regime, output_root: Path) -> Path:
+    """Train `clip` on the regime's pretraining scenes (once); returns its final checkpoint."""
+    data_dir = output_root / f"data_{regime.pretrain_combinations}"
+    write_scenes(data_dir, regime.pretrain_combinations)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
+    checkpoint = logs / name / "checkpoints" / f"epoch_{TRANSFER_PRETRAIN_EPOCHS}.pt"
+    if checkpoint.is_file():
+        return checkpoint
+    splits = manifest["splits"]
+    argv = [sys.executable, "-m", "training.main", "--train-data", str(data_dir / splits["train"]["data"]),
+            "--val-data", str(data_dir / splits["val"]["data"]), "--dataset-type", "webdataset",
+            "--model", "adacl-tiny", "--loss", "clip", "--batch-size", str(QUICK.batch_size),
+            "--epochs", str(TRANSFER_PRETRAIN_EPOCHS), "--lr", str(QUICK.lr), "--wd", str(QUICK.wd),
+            "--warmup", str(QUICK.warmup), "--workers", "0", "--device", "cpu", "--seed", str(TRANSFER_PRETRAIN_SEED),
+            "--save-frequency", str(TRANSFER_PRETRAIN_EPOCHS), "--logs", str(logs), "--name", name,
+            *GROUPED.split(), *(["--resume", "latest"] if (logs / name).exists() else [])]
+    print(f"== pretraining {name} on {data_dir} ({TRANSFER_PRETRAIN_EPOCHS} epochs)", flush=True)
+    subprocess.run(argv, check=True)
+    return checkpoint
 
 
 def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str]) -> List[str]:
     regime = REGIMES[name]
+    train_args = regime.train_args
+    data_dir = output_root / "data"
+    if regime.combinations != "all":
+        data_dir = output_root / f"data_{regime.combinations}"
+        write_scenes(data_dir, regime.combinations)
+    if regime.pretrain_combinations:
+        train_args += f" --pretrained {pretrain(regime, output_root)}"
     return ["--quick", "--losses", regime.losses, "--seeds", seeds, "--output-dir", str(output_root / name),
-            "--data-dir", str(output_root / "data"), "--results-md", str(results_dir / f"{name}.md"),
-            *regime.args, *extra]
+            "--data-dir", str(data_dir), "--results-md", str(results_dir / f"{name}.md"), *regime.budget,
+            "--train-args", train_args, *endpoint_argv(name), *extra]
 
 
 def sections(markdown: str) -> dict:
@@ -84,15 +134,28 @@ def setup_lines(markdown: str) -> List[str]:
     return [line for line in head.splitlines() if line.startswith("- ")]
 
 
-def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, command: str) -> str:
+def caption_likeness_lines(data_dir: Path) -> List[str]:
+    """The measured likeness of the training captions the regime's data holds (its manifest)."""
+    manifest_path = data_dir / "manifest.json"
+    if not manifest_path.is_file():
+        return []
+    likeness = json.loads(manifest_path.read_text())["train_caption_likeness"]
+    return [f"- training captions `{key}`: {value['shared_in_split']:.1%} of training images share their exact "
+            f"caption with another image, {value['shared_in_family']:.1%} with another of their own family (so in "
+            f"their batch); a sibling's caption is {value['sibling_word_distance']:.2f} words from its base's on "
+            f"average, within one word for {value['sibling_within_one_word']:.1%}"
+            for key, value in likeness.items()]
+
+
+def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output_root: Path, command: str) -> str:
     lines = [
         "# Results: the clone-negative study",
         "",
         "Generated by `scripts/clone_study.py` from the regime reports in [results/](results/); every number "
-        "comes from the runs listed there. The verdict and what it means for AdaCL are in "
-        "[adacl.md](adacl.md). Means and standard deviations are over runs whose verdict is ok; the paired "
-        "tables compare each loss with `clip` trained from the same seed (same initialisation, same data "
-        "order), with 95% paired-t intervals.",
+        "comes from the runs listed there. The endpoints, margins and decision rules were committed before the "
+        "runs in [preregistration.md](preregistration.md); the verdict and what it means for AdaCL are in "
+        "[adacl.md](adacl.md#verdict). The budget is the one at which `clip` learns the colour, shape and size "
+        "clones ([results/learnability.md](results/learnability.md)).",
         "",
         "Reproduce (from the repository root):",
         "",
@@ -105,10 +168,18 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, comman
         page = results_dir / f"{name}.md"
         if not page.is_file():
             continue
+        regime = REGIMES[name]
         report = page.read_text()
         found = sections(report)
-        lines += [f"## {REGIMES[name].title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
-                  "", *setup_lines(report), ""]
+        data_dir = output_root / ("data" if regime.combinations == "all" else f"data_{regime.combinations}")
+        lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
+                  "", *setup_lines(report), *caption_likeness_lines(data_dir)]
+        if regime.pretrain_combinations:
+            lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {TRANSFER_PRETRAIN_EPOCHS} epochs on "
+                         f"4096 scenes whose objects use only the `{regime.pretrain_combinations}` half of the "
+                         f"colour x shape combinations; fine-tuning and evaluation scenes use only the "
+                         f"`{regime.combinations}` half (no evaluation image holds a pair seen in pretraining)")
+        lines.append("")
         for title in KEPT_SECTIONS:
             if title in found:
                 # The regime's plot and CSV sit beside its page, in results/.
@@ -138,13 +209,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in regimes:
         if args.report_only:
             compare_losses(["--report-only", "--output-dir", str(args.output_dir / name),
-                            "--results-md", str(args.results_dir / f"{name}.md")])
+                            "--results-md", str(args.results_dir / f"{name}.md"), *endpoint_argv(name)])
         else:
-            print(f"== regime {name}: {REGIMES[name].title}")
+            print(f"== regime {name}: {REGIMES[name].title}", flush=True)
             compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra))
     command = "python scripts/clone_study.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4" else "")
     assemble([name for name in REGIMES if (args.results_dir / f"{name}.md").is_file()], args.results_dir,
-             args.results_md, command)
+             args.results_md, args.output_dir, command)
     print(f"wrote {args.results_md} and {args.results_dir}/")
 
 

@@ -4,7 +4,7 @@
 # evaluate the export with the stock clip-benchmark (zero-shot classification, retrieval) and our
 # clone-negative selection. Everything goes under ./demo (DEMO_DIR to change).
 # The training data comes in families of one-edit siblings kept together in each batch; it trains on
-# the gold captions (pass --caption-key txt_weak1,txt_weak2 --val-caption-key txt for the weak ones).
+# the gold captions (pass --caption-key txt_pseudo --val-caption-key txt for the pseudo captions).
 #   bash scripts/demo.sh [extra training flags, e.g. --loss clip --epochs 4]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,13 +1,14 @@
 """Which clone distinctions can a loss learn at a budget? Per-edit-type clone accuracy against steps.
 
     python scripts/learnability.py --data-dir runs/clone_study/data --output runs/learnability \
-        --steps 1536 --every 128 [--loss clip] [--seed 0] [--plot docs/results/learnability.png]
+        --steps 1536 --every 256 [--loss clip] [--seed 0] [--results-md docs/results/learnability.md]
 
 Trains one run (the loss comparison's recipe: adacl-tiny, batch 64, AdamW, cosine schedule,
 `--train-group-size 8`) with a step checkpoint every `--every` steps, then scores every checkpoint
 with the clone-selection evaluation (`evaluation.clone_selection`, test scenes). Writes
-`curve.csv` (step, edit type, accuracy, mean cosine margin) under --output and a plot. An edit type
-whose accuracy stays near 0.5 at the budget is one no loss can be compared on at that budget.
+`curve.csv` (step, edit type, accuracy, mean cosine margin) under --output, and with --results-md a
+Markdown page with the table, the plot (beside it) and the command. An edit type whose accuracy stays
+near 0.5 at the budget is one no loss can be compared on at that budget.
 """
 from __future__ import annotations
 
@@ -89,6 +90,41 @@ def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
+def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict) -> None:
+    from loss_comparison.report import machine_info
+
+    machine = machine_info("cpu")
+    steps = sorted({row["step"] for row in rows})
+    edits = sorted({row["edit"] for row in rows} - {"overall"})
+    value = {(row["step"], row["edit"]): row for row in rows}
+    config = manifest["scene_config"]
+    lines = [
+        "# Learnability: which clone edits `clip` learns at which budget",
+        "",
+        "Clone-selection accuracy of one `clip` run on the test scenes (chance 0.5) after each number of steps, "
+        "and in brackets the mean clone margin in cosine units (cos(image, true) - cos(image, clone)). Written by "
+        "`scripts/learnability.py`; the study's budget and endpoints follow from it "
+        "([../preregistration.md](../preregistration.md)).",
+        "",
+        f"- scenes: {manifest['splits']['train']['num_samples']} training scenes in families of "
+        f"{config['family_size']}, {config['image_size']} px, objects of radius {config['small_radius']} (small) and "
+        f"{config['large_radius']} (large) of the image side, noise std {config['noise_std']}, combinations "
+        f"`{config['combinations']}`",
+        f"- command: `{command}`",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores, load average {machine['load']} at the end; code "
+        f"{machine['code']}",
+        "",
+        "| step | " + " | ".join(edits) + " |",
+        "|---|" + "---|" * len(edits),
+    ]
+    for step in steps:
+        lines.append(f"| {step} | " + " | ".join(
+            f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits) + " |")
+    lines += ["", f"![clone-selection accuracy against steps]({plot_name})", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="demo data written by python -m synthetic_scenes")
@@ -102,7 +138,8 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-args", default="", help="extra trainer flags, one string")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG to write (default: OUTPUT/curve.png)")
+    parser.add_argument("--results-md", type=Path, default=None,
+                        help="Markdown page to write; its plot goes beside it (default: only OUTPUT/curve.png)")
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((args.data_dir / "manifest.json").read_text())
@@ -111,9 +148,13 @@ def main(argv: List[str] | None = None) -> None:
         writer = csv.DictWriter(handle, fieldnames=["step", "edit", "accuracy", "cosine_margin"])
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, args.plot or args.output / "curve.png",
-         f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
-    print(f"wrote {args.output / 'curve.csv'}")
+    plot_path = args.results_md.with_suffix(".png") if args.results_md else args.output / "curve.png"
+    plot(rows, plot_path, f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
+    if args.results_md:
+        command = "python scripts/learnability.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_page(rows, args.results_md, plot_path.name, command, manifest)
+        print(f"wrote {args.results_md}")
+    print(f"wrote {args.output / 'curve.csv'} and {plot_path}")
 
 
 if __name__ == "__main__":

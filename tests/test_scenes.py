@@ -15,7 +15,8 @@ from synthetic_scenes.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, 
                                      RELATIONS, SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig,
                                      caption, could_hold, edit_caption, edit_description, family_duplicate_rate,
                                      family_edit, holds, paraphrases, pseudo_caption, render, sample_family,
-                                     sample_scene, word_edit_distance, write_demo_dataset)
+                                     sample_scene, word_edit_distance, write_demo_dataset,
+                                     combination_allowed)
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")
@@ -59,11 +60,11 @@ def test_hand_built_geometry_decides_holds_and_could_hold():
     assert not could_hold(scene, Description((RED_CIRCLE, BLUE_SQUARE), "above"))  # same height: not above
     assert not could_hold(scene, Description((ObjectSpec("large", "green", "circle"), BLUE_SQUARE), "to the left of"))
     # With a third object the first must lie clear of both ("A left of B and C").
-    green_star = ObjectSpec("small", "green", "star")
-    assert holds(_hand_scene((RED_CIRCLE, 6, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_star, 20, 4, 2)),
-                 Description((RED_CIRCLE, BLUE_SQUARE, green_star), "to the left of"))
-    behind = _hand_scene((RED_CIRCLE, 12, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_star, 3, 4, 2))
-    assert not could_hold(behind, Description((RED_CIRCLE, BLUE_SQUARE, green_star), "to the left of"))
+    green_triangle = ObjectSpec("small", "green", "triangle")
+    assert holds(_hand_scene((RED_CIRCLE, 6, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_triangle, 20, 4, 2)),
+                 Description((RED_CIRCLE, BLUE_SQUARE, green_triangle), "to the left of"))
+    behind = _hand_scene((RED_CIRCLE, 12, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_triangle, 3, 4, 2))
+    assert not could_hold(behind, Description((RED_CIRCLE, BLUE_SQUARE, green_triangle), "to the left of"))
     # Extents that overlap along the axis: not clearly true, but not clearly false either.
     close = _hand_scene((RED_CIRCLE, 14, 8, 4), (BLUE_SQUARE, 17, 24, 3))
     assert not holds(close, close.description) and could_hold(close, close.description)
@@ -149,6 +150,22 @@ def test_pseudo_captions_are_true_generic_and_one_rule_for_every_image():
             edit = family_edit(base.description, sibling.description)
             shared[edit].append(pseudo_caption(sibling.description) == pseudo_caption(base.description))
     assert all(shared["size"]) and not any(shared["shape"]) and 0 < np.mean(shared["color"]) < 0.5
+
+
+def test_combination_halves_are_disjoint_and_every_split_and_set_keeps_to_its_half(tmp_path):
+    pairs = {half: {(c, s) for c in COLORS for s in SHAPES if combination_allowed(c, s, half)} for half in ("even", "odd")}
+    assert not pairs["even"] & pairs["odd"] and len(pairs["even"] | pairs["odd"]) == len(COLORS) * len(SHAPES)
+    assert all({c for c, _ in half} == set(COLORS) and {s for _, s in half} == set(SHAPES) for half in pairs.values())
+    write_demo_dataset(tmp_path, seed=2, num_train=64, num_val=8, num_test=16, shard_size=32,
+                       config=replace(CONFIG, combinations="odd"))
+    seen = set()
+    for tar in sorted(tmp_path.rglob("*.tar")):
+        for sample in wds.WebDataset(str(tar), shardshuffle=False):
+            if "json" in sample:
+                seen |= {(o["color"], o["shape"]) for o in json.loads(sample["json"])["scene"]["objects"]}
+    assert seen and seen <= pairs["odd"]
+    with pytest.raises(ValueError, match="combinations must be one of"):
+        SceneConfig(combinations="half")
 
 
 def test_word_edit_distance_counts_words():

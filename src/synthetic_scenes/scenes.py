@@ -70,7 +70,8 @@ COLORS: dict[str, tuple[int, int, int]] = {
     "blue": (45, 80, 235),
     "purple": (155, 60, 215),
 }
-SHAPES = ("circle", "square", "triangle", "diamond", "cross", "star")
+# Four shapes that stay distinct at a few pixels (docs/data.md: which clone edits the tiny model can learn).
+SHAPES = ("circle", "square", "triangle", "cross")
 SIZES = ("small", "large")
 RELATIONS = ("to the left of", "to the right of", "above", "below")
 OPPOSITE_RELATION = {
@@ -96,6 +97,21 @@ _PLACEMENT_ROUNDS = 8
 _RELATION_AXIS = {"to the left of": (0, 1), "to the right of": (0, -1), "above": (1, 1), "below": (1, -1)}
 
 
+COMBINATIONS = ("all", "even", "odd")
+
+
+def combination_allowed(color: str, shape: str, combinations: str) -> bool:
+    """Whether an object may be `color` `shape` under SceneConfig.combinations ("all", "even", "odd")."""
+    if combinations == "all":
+        return True
+    parity = (list(COLORS).index(color) + SHAPES.index(shape)) % 2
+    return parity == (0 if combinations == "even" else 1)
+
+
+def description_allowed(description: "Description", combinations: str) -> bool:
+    return all(combination_allowed(spec.color, spec.shape, combinations) for spec in description.objects)
+
+
 @dataclass(frozen=True)
 class SceneConfig:
     """Generator settings; the defaults are what the loss comparison was tuned on.
@@ -106,6 +122,10 @@ class SceneConfig:
     small_radius / large_radius: object radius range as a fraction of image_size.
     noise_std: Gaussian pixel noise (0-255 scale) added after rendering.
     supersample: render at this multiple of image_size, then box-downsample (anti-aliasing).
+    combinations: which (colour, shape) pairs objects may have: "all", or one half of them, "even" or
+        "odd" (`combination_allowed`: a checkerboard over COLORS x SHAPES, so each half has every colour
+        and every shape). Pretraining on one half and fine-tuning and evaluating on the other is the
+        transfer regime: no evaluation image holds a pair seen in pretraining.
     """
 
     image_size: int = 32
@@ -115,11 +135,14 @@ class SceneConfig:
     large_radius: tuple[float, float] = (0.17, 0.25)
     noise_std: float = 6.0
     supersample: int = 4
+    combinations: str = "all"
 
     def __post_init__(self) -> None:
         # A 2-object scene has about 20 distinct one-edit clones: larger families cannot be filled.
         if not 1 <= self.family_size <= _MAX_FAMILY_SIZE:
             raise ValueError(f"family_size must be in 1..{_MAX_FAMILY_SIZE}, got {self.family_size}")
+        if self.combinations not in COMBINATIONS:
+            raise ValueError(f"combinations must be one of {COMBINATIONS}, got {self.combinations!r}")
 
 
 @dataclass(frozen=True)
@@ -263,7 +286,8 @@ def sample_description(rng: np.random.Generator, config: SceneConfig) -> Descrip
     num_objects = 3 if rng.random() < config.three_object_prob else 2
     shapes = rng.choice(SHAPES, size=num_objects, replace=False)
     objects = tuple(
-        ObjectSpec(size=str(rng.choice(SIZES)), color=str(rng.choice(list(COLORS))), shape=str(shape))
+        ObjectSpec(size=str(rng.choice(SIZES)), shape=str(shape), color=str(rng.choice(
+            [color for color in COLORS if combination_allowed(color, str(shape), config.combinations)])))
         for shape in shapes
     )
     return Description(objects=objects, relation=str(rng.choice(RELATIONS)))
@@ -367,8 +391,8 @@ def _edit_candidates(description: Description, edit_type: str) -> Iterator[Descr
 def sample_family(rng: np.random.Generator, config: SceneConfig) -> list[Scene]:
     """A base scene and `family_size - 1` siblings, each re-drawn from a one-edit clone of the base.
 
-    Siblings keep the scene invariant of distinct shapes (a shape edit to another object's
-    shape is re-drawn) and never repeat a description. At most one sibling has the relation
+    Siblings keep the scene invariants of distinct shapes (a shape edit to another object's
+    shape is re-drawn) and of the config's colour-shape combinations, and never repeat a description. At most one sibling has the relation
     edit: two would carry equivalent captions ("A right of B", "B left of A"), which would be
     false negatives of each other rather than clones.
     """
@@ -379,7 +403,8 @@ def sample_family(rng: np.random.Generator, config: SceneConfig) -> list[Scene]:
         edit_type = str(rng.choice(edit_types))
         clone = edit_description(base, edit_type, rng)
         distinct_shapes = len({spec.shape for spec in clone.objects}) == len(clone.objects)
-        if not distinct_shapes or any(member.description == clone for member in family):
+        if (not distinct_shapes or not description_allowed(clone, config.combinations)
+                or any(member.description == clone for member in family)):
             continue
         sibling = place_objects(clone, rng, config)
         if sibling is not None:
@@ -431,14 +456,10 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x: float, y: float, r: fl
         draw.rectangle([x - half, y - half, x + half, y + half], fill=rgb)
     elif shape == "triangle":
         draw.polygon(_regular_polygon(x, y + 0.2 * r, [1.2 * r] * 3, -90), fill=rgb)
-    elif shape == "diamond":
-        draw.polygon(_regular_polygon(x, y, [1.1 * r] * 4, -90), fill=rgb)
     elif shape == "cross":
         arm = 0.36 * r
         draw.rectangle([x - r, y - arm, x + r, y + arm], fill=rgb)
         draw.rectangle([x - arm, y - r, x + arm, y + r], fill=rgb)
-    elif shape == "star":
-        draw.polygon(_regular_polygon(x, y + 0.1 * r, [1.2 * r, 0.5 * r] * 5, -90), fill=rgb)
     else:
         raise ValueError(f"unknown shape {shape!r}")
 
@@ -631,7 +652,8 @@ def _dominant_object_scene(rng: np.random.Generator, config: SceneConfig, attrib
         main = ObjectSpec(size="large", color=str(color), shape=str(shape))
         main = replace(main, **{attribute: value})
         distractor = ObjectSpec(size="small", color=str(other_color), shape=str(other_shape))
-        if distractor.shape == main.shape or distractor.color == main.color:
+        if (distractor.shape == main.shape or distractor.color == main.color
+                or not description_allowed(Description((main, distractor), RELATIONS[0]), config.combinations)):
             continue
         order = (main, distractor) if rng.random() < 0.5 else (distractor, main)
         scene = place_objects(Description(order, str(rng.choice(RELATIONS))), rng, config)
