@@ -23,8 +23,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .jobs import BASELINE, MODEL, OK
-from .stats import (TIE, CollapseCriteria, MetricStats, PairedDifference, VariantSummary, metric_keys,
-                    paired_differences, section_keys, summarize, tracking_baseline)
+from .preregistration import Preregistration
+from .stats import (FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, SecondaryTest, VariantSummary,
+                    metric_keys, metric_order, paired_difference, primary_verdict, secondary_tests, section_keys,
+                    summarize, tracking_baseline, with_endpoint)
 
 TRACKING = 0.01  # a variant within this of the baseline on every metric, seed for seed, is reported so
 
@@ -36,8 +38,10 @@ PLOT_EXCLUDED = ("val/clip_loss",)
 SECTIONS = (
     ("Clone-negative selection", "clone/",
      "accuracy of preferring an image's true caption over a clone that changes one detail "
-     "(`evaluation.clone_selection`, the test scenes; chance 0.5), and `_margin`: the mean logit margin "
-     "logit_scale * (cos(image, true) - cos(image, clone)), which still moves when accuracy saturates"),
+     "(`evaluation.clone_selection`, the test scenes; chance 0.5); the margin cos(image, true) - cos(image, clone) "
+     "over the test scenes, which still moves when accuracy saturates: `_cos_margin` its mean, `_cos_margin_p10` "
+     "its 10th percentile (the worst-handled tenth of the scenes), `_margin` its mean in logits (x the model's "
+     "logit scale)"),
     ("clip-benchmark zero-shot", ("cls/", "ret/"),
      "classification acc1 per `wds/` set, retrieval recall@k (`evaluation.zero_shot`, in process)"),
     ("Validation retrieval", "val/",
@@ -126,7 +130,7 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     """How hard clone selection is for the baseline: edit types below `threshold` (issue 4 asks for
     at least two) and those still within `chance_margin` of chance (0.5), where no loss can show a gain."""
     edits = {key.removeprefix("clone/"): stats.mean for key, stats in baseline.metrics.items()
-             if key.startswith("clone/") and key != "clone/overall" and not key.endswith("_margin")}
+             if key.startswith("clone/") and key != "clone/overall" and "_margin" not in key}
     if not edits:
         return None
     below = sorted(edit for edit, mean in edits.items() if mean < threshold)
@@ -138,46 +142,135 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     return text + "."
 
 
-def paired_table(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]]) -> List[str]:
-    """Rows: variants other than the baseline; cells: paired difference ± 95% half interval."""
-    keys = list(next(iter(differences.values()), {}))
-    lines = ["| variant | pairs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-    for label, by_key in differences.items():
-        cells = ["-" if difference is None else difference.text() for difference in by_key.values()]
-        pairs = max((difference.n for difference in by_key.values() if difference), default=0)
-        lines.append(f"| `{label}` | {pairs} | " + " | ".join(cells) + " |")
+def format_p(value: Optional[float]) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
+def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                  preregistration: Preregistration) -> List[str]:
+    """One row per variant: the endpoint's paired difference to the reference, both intervals, the verdict."""
+    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label in labels:
+        if label == reference:
+            continue
+        difference = paired_difference(records, label, reference, preregistration.key)
+        verdict, why = primary_verdict(difference, preregistration.margin)
+        cells = ["-", "-", "-"] if difference is None else [
+            f"{difference.mean:+.4f}", difference.interval_text(0.95), difference.interval_text(0.90)]
+        lines.append(f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
+                     f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) |")
     return lines
 
 
-def paired_findings(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]],
-                    summaries: Sequence[VariantSummary], baseline: VariantSummary) -> List[str]:
-    """One sentence per variant: the metrics where its paired interval against the baseline excludes 0."""
+def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                    preregistration: Preregistration) -> List[str]:
+    where = (f"pre-registered in `{preregistration.source}`" if preregistration.source
+             else "given on the command line (no pre-registration file)")
+    return [
+        "## Primary endpoint", "",
+        f"`{preregistration.endpoint}`: the per-run mean of {', '.join(preregistration.metrics)}; equivalence "
+        f"margin ±{preregistration.margin:g}; reference `{reference}`; {where}. Each variant is paired with "
+        f"`{reference}` seed for seed (runs where both are ok). Verdict: **helps** if the 95% paired-t interval of "
+        "(variant - reference) is above 0, **hurts** if below 0, else **no effect** if the 90% interval lies inside "
+        "±margin (TOST at 5%), else **inconclusive**. Fewer than 2 pairs, or zero variance (every pair differs by "
+        "the same amount), give no interval and are inconclusive; a variant identical to the reference on every "
+        "pair is no effect.", "",
+        *primary_table(records, labels, reference, preregistration), ""]
+
+
+def secondary_keys(summaries: Sequence[VariantSummary]) -> List[str]:
+    """The paired metrics tested as secondary endpoints: clone accuracies and cosine margins, val recall.
+
+    Logit margins (`_margin`) are left out: they are the cosine margins times each model's own logit scale,
+    so they test the temperature as much as the clone handling (the clone table shows them)."""
+    return [key for key in section_keys(summaries, PAIRED_PREFIXES)
+            if not key.endswith("_margin")]
+
+
+def secondary_table(tests: Mapping[str, Mapping[str, SecondaryTest]]) -> List[str]:
+    lines = ["| variant | metric | pairs | mean difference | 95% interval | p | Holm p | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, by_key in tests.items():
+        for key, test in by_key.items():
+            difference = test.difference
+            lines.append(f"| `{label}` | {key} | {difference.n} | {difference.mean:+.4f} | "
+                         f"{difference.interval_text(0.95)} | {format_p(test.p_value)} | {format_p(test.adjusted)} | "
+                         + ("*" if test.significant else "") + " |")
+    return lines
+
+
+def secondary_findings(tests: Mapping[str, Mapping[str, SecondaryTest]], summaries: Sequence[VariantSummary],
+                       reference: str) -> List[str]:
+    """One sentence per variant: the secondary differences that survive the Holm correction."""
     runs = {summary.label: summary.runs_text() for summary in summaries}
     lines = []
-    for label, by_key in differences.items():
-        prefix = f"`{label}` vs `{baseline.label}`: "
-        if all(difference is None for difference in by_key.values()):
-            lines.append(prefix + f"no seed where both runs are ok ({runs[label]}).")
+    for label, by_key in tests.items():
+        prefix = f"`{label}` vs `{reference}`: "
+        if not by_key:
+            lines.append(prefix + f"no seed where both runs are ok ({runs.get(label, 'no runs')}).")
             continue
-        clear = {key: difference for key, difference in by_key.items() if difference is not None and difference.clear}
-        better = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean > 0]
-        worse = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean < 0]
-        if not clear:
-            lines.append(prefix + "no paired difference excludes 0.")
+        significant = {key: test for key, test in by_key.items() if test.significant}
+        if not significant:
+            smallest = min(test.adjusted for test in by_key.values())
+            lines.append(prefix + f"no secondary difference survives the Holm correction (smallest Holm p "
+                         f"{format_p(smallest)}).")
             continue
-        parts = [f"{side} on {', '.join(items)}" for side, items in (("better", better), ("worse", worse)) if items]
-        lines.append(prefix + "; ".join(parts) + " (95% paired intervals).")
+        parts = []
+        for side, sign in (("better", 1), ("worse", -1)):
+            items = [f"{key} {test.difference.mean:+.3f} (Holm p {format_p(test.adjusted)})"
+                     for key, test in significant.items() if sign * test.difference.mean > 0]
+            if items:
+                parts.append(f"{side} on {', '.join(items)}")
+        lines.append(prefix + "; ".join(parts) + ".")
     return lines
 
 
-def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]]) -> List[str]:
+def paired_section(records: Sequence[Mapping[str, Any]], summaries: Sequence[VariantSummary], reference: str
+                   ) -> List[str]:
+    tests = secondary_tests(records, [summary.label for summary in summaries], reference,
+                            secondary_keys(summaries))
+    size = sum(len(by_key) for by_key in tests.values())
+    return [
+        f"## Paired against `{reference}`", "",
+        f"Secondary endpoints: each row is the mean over seeds of (variant - `{reference}`) on runs with the same "
+        "seed (same initialisation and data order; only seeds where both runs are ok), its 95% paired-t interval, "
+        f"the two-sided paired-t p and the Holm-adjusted p over all {size} rows of this table (family-wise alpha "
+        f"{FAMILY_ALPHA:g}; a row without an interval counts as p = 1). `*` marks a difference the Holm correction "
+        f"rejects (and at least {TIE:g} in size).", "",
+        *secondary_table(tests), "", *secondary_findings(tests, summaries, reference), ""]
+
+
+def reference_label(labels: Sequence[str], preregistration: Preregistration) -> Optional[str]:
+    """The variant every other is paired with: the registered one (which must be run), else `clip`, else the first."""
+    if preregistration.reference is not None:
+        if preregistration.reference not in labels:
+            raise ValueError(f"the reference variant {preregistration.reference!r} is not among the variants "
+                             f"({', '.join(labels)}); add it to --losses or pass another --reference")
+        return preregistration.reference
+    return BASELINE if BASELINE in labels else (labels[0] if labels else None)
+
+
+def check_endpoint(records: Sequence[Mapping[str, Any]], preregistration: Preregistration) -> None:
+    """The endpoint's metrics exist in the ok runs (a misspelt name would otherwise just leave it empty)."""
+    ok_metrics = {key for record in records if record["verdict"] == OK for key in record["metrics"]}
+    unknown = [metric for metric in preregistration.metrics if metric not in ok_metrics]
+    if ok_metrics and unknown:
+        raise ValueError(f"the primary endpoint's {', '.join(unknown)} is in no ok run's metrics; choose from "
+                         f"{', '.join(sorted(ok_metrics, key=metric_order))}")
+
+
+def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]], reference: Optional[str]
+             ) -> List[str]:
     """The "what this shows" paragraph, computed from the numbers alone."""
     lines = []
     for key in ("clone/overall", "val/t2i_R@1", "val/i2t_R@1"):
         sentence = compare(summaries, key)
         if sentence:
             lines.append(sentence)
-    baseline = next((s for s in summaries if s.label == BASELINE), summaries[0] if summaries else None)
+    baseline = next((s for s in summaries if s.label == reference), None)
     if baseline is not None and baseline.num_ok:
         for sentence in (versus_baseline(summaries, baseline, "clone/overall"), baseline_difficulty(baseline)):
             if sentence:
@@ -234,8 +327,9 @@ def budget_lines(context: ReportContext) -> List[str]:
 
 
 def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
-                    context: ReportContext, plot_name: Optional[str], csv_name: str) -> str:
-    """The whole report."""
+                    context: ReportContext, plot_name: Optional[str], csv_name: str,
+                    preregistration: Preregistration = Preregistration(), missing: Sequence[str] = ()) -> str:
+    """The whole report; `missing`: the planned runs without a record (not finished, or not started)."""
     machine = context.machine
     run_seconds = [r["wall_seconds"] for r in records if r.get("wall_seconds")]
     num_reused = sum(bool(r.get("reused")) for r in records)
@@ -268,28 +362,29 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
         "",
         "## Summary",
         "",
-        *markdown_table(summaries, [k for k in HEADLINE_METRICS if any(k in s.metrics for s in summaries)]),
+        *markdown_table(summaries, [k for k in (*HEADLINE_METRICS, *([preregistration.key] if preregistration.endpoint
+                                                                    else [])) if any(k in s.metrics for s in summaries)]),
         "",
     ]
     if plot_name:
         lines += [f"![main metrics, mean and standard deviation over ok runs]({plot_name})", ""]
-    lines += ["## What this shows", "", *findings(summaries, records), ""]
-    baseline = next((summary for summary in summaries if summary.label == BASELINE and summary.num_ok), None)
-    if baseline is not None and len(summaries) > 1:
-        differences = paired_differences(summaries, records, baseline)
-        lines += ["## Paired against `clip`", "",
-                  f"Each cell: mean over seeds of (variant - `{BASELINE}`) on runs with the same seed (same "
-                  "initialisation and data order), ± the half width of its 95% paired-t interval; `*` marks an "
-                  "interval that excludes 0. Only seeds where both runs are ok are paired.", "",
-                  *paired_table(differences), "", *paired_findings(differences, summaries, baseline), ""]
+    labels = [summary.label for summary in summaries]
+    reference = reference_label(labels, preregistration)
+    lines += ["## What this shows", "", *findings(summaries, records, reference), ""]
+    if reference is not None and len(summaries) > 1:
+        if preregistration.endpoint:
+            lines += primary_section(records, labels, reference, preregistration)
+        lines += paired_section(records, summaries, reference)
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
-    flagged = flagged_runs(records)
+    flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
+                                       for name in missing]
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
               f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: a softmax loss whose final "
-              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(batch), or mean val R@1 "
+              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(negatives per row: the global "
+              f"batch plus any feature queue's entries), or mean val R@1 "
               f"below {CollapseCriteria().recall_factor:g} x chance.", ""]
     return "\n".join(lines)
 
@@ -324,7 +419,7 @@ def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
 def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
     """The [0, 1] metrics (accuracies, recalls); logit margins and losses have their own tables."""
     return [key for key in section_keys(summaries, PLOT_PREFIXES)
-            if key not in PLOT_EXCLUDED and not key.endswith("_margin")]
+            if key not in PLOT_EXCLUDED and "_margin" not in key]
 
 
 def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
@@ -374,8 +469,14 @@ def kept_tail(results_md: Path) -> str:
 
 
 def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, results_md: Path,
-                 output_dir: Path) -> str:
-    """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`."""
+                 output_dir: Path, preregistration: Preregistration = Preregistration(),
+                 missing: Sequence[str] = ()) -> str:
+    """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`.
+
+    With a primary endpoint, each record gains its per-run value (`primary/<name>`) first."""
+    if preregistration.endpoint:
+        check_endpoint(records, preregistration)
+        records = with_endpoint(records, preregistration.metrics, preregistration.key)
     summaries = summarize(records)
     results_md.parent.mkdir(parents=True, exist_ok=True)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -383,7 +484,8 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
     csv_path = results_md.with_name(results_md.stem + "_runs.csv")
     has_plot = write_plot(summaries, plot_path)
     write_runs_csv(records, csv_path)
-    markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name)
+    markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name,
+                               preregistration, missing)
     results_md.write_text(markdown + kept_tail(results_md))
     write_summary_csv(summaries, output_dir / "summary.csv")
     for source, name in ((results_md, "results.md"), (csv_path, "runs.csv"), (plot_path, "results.png")):
