@@ -302,19 +302,38 @@ class ReportContext:
     machine: Dict[str, str]
     started: str
     siblings: Optional[Dict[str, float]] = None  # in-batch siblings in training (`synthetic_scenes.families`)
+    model: str = MODEL
+    benchmarks: Optional[Dict[str, Any]] = None  # the user's evaluation sets (`jobs.Benchmarks`); None: the demo's
+    ranks: int = 1                               # processes each run trains on (emitted jobs)
+    emitted: bool = False                        # the runs were written as cluster jobs (`cluster`), not run here
+
+
+def data_lines(context: ReportContext) -> List[str]:
+    """What the runs trained and were evaluated on: the demo data, or the user's."""
+    budget, data, benchmarks = context.budget, context.data, context.benchmarks
+    if benchmarks is None:
+        return [f"- demo data (`synthetic_scenes`, data seed {context.data_seed}): {budget.num_train} train, "
+                f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
+                f"classification set has as many); in `{data.root}`"]
+    sets = ", ".join(f"`{name}`" for name in benchmarks["datasets"]) or "none"
+    clone = f"`{benchmarks['clone_selection_dir']}`" if benchmarks.get("clone_selection_dir") else "none"
+    return [f"- training data `{data.train_data}` ({data.num_train} samples per epoch), validation `{data.val_data}`",
+            f"- clip-benchmark sets {sets} (`--dataset_root {benchmarks['root']}`); clone-selection set {clone}"]
 
 
 def budget_lines(context: ReportContext) -> List[str]:
     budget = context.budget
+    global_batch = budget.batch_size * context.ranks
+    steps_per_epoch = budget.num_train // global_batch
+    ranks = f" ({context.ranks} ranks x {budget.batch_size})" if context.ranks > 1 else ""
+    concurrency = ("each run one cluster job" if context.emitted else f"{budget.jobs} run(s) at a time")
     return [
-        f"- model `{MODEL}`; every run: {budget.epochs} epochs x {budget.num_train // budget.batch_size} steps = "
-        f"**{budget.steps} steps** at batch {budget.batch_size}, AdamW lr {budget.lr:g} (cosine, {budget.warmup} "
-        f"warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
+        f"- model `{context.model}`; every run: {budget.epochs} epochs x {steps_per_epoch} steps = "
+        f"**{budget.epochs * steps_per_epoch} steps** at batch {global_batch}{ranks}, AdamW lr {budget.lr:g} (cosine, "
+        f"{budget.warmup} warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
         f"precision {budget.precision or 'the trainer default'}",
-        f"- demo data (`synthetic_scenes`, data seed {context.data_seed}): {budget.num_train} train, "
-        f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
-        f"classification set has as many); in `{context.data.root}`",
-        f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {budget.jobs} run(s) at a time",
+        *data_lines(context),
+        f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {concurrency}",
     ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
         [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} "
          f"epochs at lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
@@ -326,11 +345,17 @@ def budget_lines(context: ReportContext) -> List[str]:
         if context.siblings else [])
 
 
+def machine_lines(machine: Mapping[str, str]) -> List[str]:
+    return [f"- machine: {machine['cpu']}, {machine['cores']} cores{machine.get('gpu', '')}; load average "
+            f"{machine['load']} at the start",
+            f"- software: Python {machine['python']}, torch {machine['torch']}, open_clip {machine['open_clip']}, "
+            f"clip-benchmark {machine['clip_benchmark']}; code {machine['code']}"]
+
+
 def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
                     context: ReportContext, plot_name: Optional[str], csv_name: str,
                     preregistration: Preregistration = Preregistration(), missing: Sequence[str] = ()) -> str:
     """The whole report; `missing`: the planned runs without a record (not finished, or not started)."""
-    machine = context.machine
     run_seconds = [r["wall_seconds"] for r in records if r.get("wall_seconds")]
     num_reused = sum(bool(r.get("reused")) for r in records)
     timing = (f"; one run (its process: start, train, evaluate) took {statistics.fmean(run_seconds):.0f} s on "
@@ -339,6 +364,13 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     if num_reused:
         timing += (f"; {num_reused} of the runs were reused from an earlier call (their times are from it), "
                    f"so this call's wall time is not the comparison's")
+    when = (f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
+            + timing)
+    if context.emitted:
+        # Cluster jobs run when the scheduler starts them: only each run's own time is known.
+        when = (f"- jobs written {context.started}; {len(records)} runs with a record, "
+                f"{sum(run_seconds) / 60:.1f} min of run time in all (each run: train, then evaluate)"
+                + (f", {statistics.fmean(run_seconds):.0f} s per run on average" if run_seconds else ""))
     lines = [
         "# Loss comparison results",
         "",
@@ -352,12 +384,8 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
         context.command,
         "```",
         "",
-        f"- machine: {machine['cpu']}, {machine['cores']} cores{machine.get('gpu', '')}; load average "
-        f"{machine['load']} at the start",
-        f"- software: Python {machine['python']}, torch {machine['torch']}, open_clip {machine['open_clip']}, "
-        f"clip-benchmark {machine['clip_benchmark']}; code {machine['code']}",
-        f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
-        + timing,
+        *machine_lines(context.machine),
+        when,
         *budget_lines(context),
         "",
         "## Summary",
