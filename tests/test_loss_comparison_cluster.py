@@ -9,9 +9,23 @@ import sys
 
 import pytest
 
+from evaluation.clone_selection import read_clone_selection
 from loss_comparison.cli import main
 
 ENDPOINT = "clone_mean=clone/color+clone/shape+clone/size+clone/relation"
+
+
+def write_sugar_crepe(root, demo, task="replace_att", edit="color"):
+    """A clip-benchmark `sugar_crepe/<task>` set (SugarCrepe's layout: val2017/ images and <task>.json of
+    caption and negative caption) from the demo's clone-selection images and their one-edit clones."""
+    (root / "val2017").mkdir(parents=True)
+    annotations = {}
+    for index, (image, caption, clones) in enumerate(read_clone_selection(demo / "clone_selection")):
+        if edit in clones:
+            image.save(root / "val2017" / f"{index:06d}.png")
+            annotations[str(index)] = {"filename": f"{index:06d}.png", "caption": caption,
+                                       "negative_caption": clones[edit]}
+    (root / f"{task}.json").write_text(json.dumps(annotations))
 
 
 def emit_argv(demo, jobs_dir, output_dir, *extra):
@@ -30,7 +44,15 @@ def emit_argv(demo, jobs_dir, output_dir, *extra):
 @pytest.mark.slow  # 4 torchrun runs of 64 steps, each evaluated: about 100 s of CPU on a 2-core AMD EPYC
 def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, tmp_path):
     jobs_dir, output_dir = tmp_path / "jobs", tmp_path / "comparison"
-    main(emit_argv(demo_shards, jobs_dir, output_dir, "--primary-endpoint", ENDPOINT, "--equivalence-margin", "0.05"))
+    # The user's sets: two of the demo's wds sets and a SugarCrepe-format caption-selection set.
+    benchmark = tmp_path / "benchmark"
+    benchmark.mkdir()
+    for name in ("scenes_shape", "scenes_retrieval"):
+        (benchmark / name).symlink_to(demo_shards / "benchmark" / name)
+    write_sugar_crepe(benchmark / "sugar_crepe" / "replace_att", demo_shards)
+    main(emit_argv(demo_shards, jobs_dir, output_dir, "--primary-endpoint", ENDPOINT, "--equivalence-margin", "0.05",
+                   "--benchmark-datasets", "wds/scenes_shape,wds/scenes_retrieval,sugar_crepe/replace_att",
+                   "--benchmark-root", str(benchmark / "{dataset}")))
     array = (jobs_dir / "array.sh").read_text()
     assert "#SBATCH --array=0-3" in array and "--gpus-per-node" not in array  # a CPU budget asks for no GPU
     with (jobs_dir / "jobs.tsv").open() as f:
@@ -62,8 +84,8 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     assert len(records) == 4 and "**missing**" not in results_md.read_text()
     record = json.loads((output_dir / "records" / "adacl-seed1.json").read_text())
     assert record["status"] == "ok" and record["world_size"] == 1 and record["metrics"]["train/steps"] == 64
-    assert {"cls/scenes_shape/acc1", "ret/scenes_retrieval/image_R@1", "clone/shape", "clone/shape_cos_margin_p10",
-            "val/i2t_R@1"} <= set(record["metrics"])
+    assert {"cls/scenes_shape/acc1", "ret/scenes_retrieval/image_R@1", "sel/replace_att/text_acc", "clone/shape",
+            "clone/shape_cos_margin_p10", "val/i2t_R@1"} <= set(record["metrics"])
     assert record["loss_options"]["queue_size"] == 0 and record["machine"]["cores"]
     markdown = results_md.read_text()
     assert "## Primary endpoint" in markdown and "equivalence margin ±0.05; reference `clip`" in markdown
@@ -74,7 +96,8 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     assert verdict.startswith(f"| `adacl` | clone_mean | ±0.05 | {pairs} |")
     assert "## Paired against `clip`" in markdown and "each run one cluster job" in markdown
     assert f"training data `{demo_shards / 'train' / 'shard-{000000..000003}.tar'}` (512 samples per epoch)" in markdown
-    assert "clip-benchmark sets `wds/scenes_shape`, `wds/scenes_retrieval`" in markdown
+    assert "clip-benchmark sets `wds/scenes_shape`, `wds/scenes_retrieval`, `sugar_crepe/replace_att`" in markdown
+    assert "| `adacl` | sel/replace_att/text_acc | 2 |" in markdown or pairs < 2
 
 def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
     base = emit_argv(demo_shards, tmp_path / "jobs", tmp_path / "out")

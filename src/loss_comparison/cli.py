@@ -12,7 +12,7 @@ the same way, and the numbers go into one Markdown report with a plot and a per-
     # your own shards and clip-benchmark sets, as cluster jobs (torchrun scripts and a SLURM array), then the report
     python -m loss_comparison --full --losses clip,adacl --seeds 0,1,2,3,4 --model RN50 \
         --train-data '/data/cc3m/train/{00000..00331}.tar' --train-num-samples 2800000 \
-        --val-data '/data/cc3m/val/{00000..00015}.tar' --train-args '--val-num-samples 13000' \
+        --val-data '/data/cc3m/val/{00000..00015}.tar' --train-args '--precision amp' \
         --benchmark-datasets imagenet1k,mscoco_captions --benchmark-root '/data/{dataset}' \
         --nproc-per-node 8 --emit-jobs jobs/ --output-dir runs/cc3m
     sbatch jobs/array.sh
@@ -23,17 +23,18 @@ Steps:
    into --data-dir and reused while its manifest matches the budget (`data`).
 2. For every (loss variant, seed) one job, run as its own process (`--jobs` at a time, each with
    an equal share of the CPU threads; its output goes to <output-dir>/logs/<run>.log). A job
-   trains with `training.main.main(argv)` (adacl-tiny, same steps, batch, lr schedule, workers),
+   trains with `training.main.main(argv)` (--model, same steps, batch, lr schedule, workers),
    then evaluates its final checkpoint: validation retrieval R@1/R@5 both ways (the trainer's
    results.jsonl), clip-benchmark zero-shot classification and retrieval on the demo's `wds/`
-   sets (`evaluation.zero_shot.evaluate_dataset`, the in-process path) and clone-negative
-   selection per edit type (`evaluation.clone_selection`). It writes a JSON record; a finished
-   record whose job is unchanged is reused on the next call, so an interrupted comparison resumes
-   (`jobs`, `runner`).
+   sets or --benchmark-datasets (`evaluation.zero_shot.evaluate_dataset`, the in-process path) and
+   clone-negative selection per edit type, accuracy and margins (`evaluation.clone_selection`). It
+   writes a JSON record; a finished record whose job is unchanged is reused on the next call, so
+   an interrupted comparison resumes (`jobs`, `runner`).
 3. Every run gets a verdict (`stats.assess_run`): failed (crashed, or no record), nonfinite (NaN/inf
-   loss or metric), collapsed (training loss pinned near ln(batch) for a softmax loss, or val
-   R@1 under twice chance, docs/method.md §4b) or ok. Means and standard deviations are over the ok
-   runs only; each row says how many runs were ok, and the flagged runs are listed by name.
+   loss or metric), collapsed (training loss pinned near ln(negatives) for a softmax loss: the
+   global batch plus any feature queue; or val R@1 under twice chance, docs/method.md §4b) or ok.
+   Means and standard deviations are over the ok runs only; each row says how many runs were ok,
+   and the flagged runs are listed by name.
 4. Writes the Markdown report (--results-md, with the machine, the command that reproduces it,
    wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
    all three, the per-variant summary CSV and the records stay under --output-dir, with

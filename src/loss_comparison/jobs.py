@@ -259,8 +259,9 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
 
     from evaluation.clone_detection import evaluate_clone_detection
     from evaluation.clone_selection import evaluate_clone_selection
-    from evaluation.zero_shot import (CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset, export_checkpoint,
-                                      infer_task, load_model, result_path, worker_count, write_result)
+    from evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset,
+                                      export_checkpoint, infer_task, load_model, result_path, worker_count,
+                                      write_result)
 
     device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
@@ -282,6 +283,8 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
             for side in ("image", "text"):
                 for k in (1, 5):
                     metrics[f"ret/{short}/{side}_R@{k}"] = float(result[f"{side}_retrieval_recall@{k}"])
+        elif task == CAPTION_SELECTION:  # e.g. sugar_crepe/*: the true caption against a one-edit negative
+            metrics[f"sel/{short}/text_acc"] = float(result["text_acc"])
     if clone_dir is not None:
         clone = evaluate_clone_selection(model, preprocess, tokenizer, clone_dir, device=device,
                                          batch_size=job.batch_size, margins=True)

@@ -1,8 +1,9 @@
 """The report: Markdown, a PNG of the main metrics and CSVs, from the assessed records.
 
-The Markdown says what was run (the machine, the command that reproduces it, wall time and
-budget), then the summary, what it shows, the paired comparison with `clip`, one table per
-section and the flagged runs. Hand-written sections below KEEP_MARKER in an existing report are
+The Markdown says what was run (the machine, the command that reproduces it, wall time, budget
+and data), then the summary, what it shows, the primary endpoint's verdict per variant (with a
+pre-registration), the Holm-corrected paired comparison with the reference (`clip` by default), one
+table per section and the flagged and missing runs. Hand-written sections below KEEP_MARKER in an existing report are
 kept when it is written again.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ TRACKING = 0.01  # a variant within this of the baseline on every metric, seed f
 
 # Pooled over every run of a variant: the headline of the report and the bars of the plot.
 HEADLINE_METRICS = ("val/i2t_R@1", "val/t2i_R@1", "clone/overall", "train/final_loss")
-PLOT_PREFIXES = ("val/", "cls/", "clone/")
+PLOT_PREFIXES = ("val/", "cls/", "sel/", "clone/")
 PLOT_EXCLUDED = ("val/clip_loss",)
 # Report sections: (title, metric-name prefix, what the numbers are).
 SECTIONS = (
@@ -42,8 +43,10 @@ SECTIONS = (
      "over the test scenes, which still moves when accuracy saturates: `_cos_margin` its mean, `_cos_margin_p10` "
      "its 10th percentile (the worst-handled tenth of the scenes), `_margin` its mean in logits (x the model's "
      "logit scale)"),
-    ("clip-benchmark zero-shot", ("cls/", "ret/"),
-     "classification acc1 per `wds/` set, retrieval recall@k (`evaluation.zero_shot`, in process)"),
+    ("clip-benchmark zero-shot", ("cls/", "ret/", "sel/"),
+     "classification acc1 per set, retrieval recall@k, and for caption-selection sets (e.g. `sugar_crepe/*`) "
+     "text_acc, the accuracy of preferring the true caption over its one-edit negative "
+     "(`evaluation.zero_shot`, in process)"),
     ("Validation retrieval", "val/",
      "R@k over the val split, both directions, and OpenCLIP's CLIP val loss (the trainer's results.jsonl)"),
     ("Training", "train/", "final loss: mean of the logged step losses over the last tenth of training"),
@@ -182,7 +185,8 @@ def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
 
 
 def secondary_keys(summaries: Sequence[VariantSummary]) -> List[str]:
-    """The paired metrics tested as secondary endpoints: clone accuracies and cosine margins, val recall.
+    """The paired metrics tested as secondary endpoints: clone accuracies and cosine margins, the clip-benchmark
+    sets' metrics, val recall.
 
     Logit margins (`_margin`) are left out: they are the cosine margins times each model's own logit scale,
     so they test the temperature as much as the clone handling (the clone table shows them)."""

@@ -127,8 +127,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> List[VariantSummary]:
 
 
 def metric_order(key: str) -> Tuple[int, bool, str]:
-    """Sort key: by section (clone, cls, ret, val, train, others), `clone/overall` last in its section."""
-    prefixes = ("clone/", "cls/", "ret/", "val/", "train/")
+    """Sort key: by section (clone, sel, cls, ret, val, train, others), `clone/overall` last in its section."""
+    prefixes = ("clone/", "sel/", "cls/", "ret/", "val/", "train/")
     section = next((index for index, prefix in enumerate(prefixes) if key.startswith(prefix)), len(prefixes))
     return section, key == "clone/overall", key
 
@@ -157,8 +157,9 @@ def tracking_baseline(records: Sequence[Mapping[str, Any]], label: str, baseline
                for key in mine[seed].keys() & theirs[seed].keys() if key != "train/steps")
 
 
-# Metrics compared seed for seed against the reference (the "Paired" section): the secondary tests.
-PAIRED_PREFIXES = ("clone/", "val/i2t_R@", "val/t2i_R@")
+# Metrics compared seed for seed against the reference (the "Paired" section): the secondary tests, every
+# evaluation of the final model (clone selection, clip-benchmark sets, val retrieval).
+PAIRED_PREFIXES = ("clone/", "sel/", "cls/", "ret/", "val/i2t_R@", "val/t2i_R@")
 FAMILY_ALPHA = 0.05  # Holm-Bonferroni's family-wise error rate over the secondary tests
 ZERO_SPREAD = 1e-9   # a paired sd at most this x max(1, |difference|) is zero variance (float rounding)
 # Differences smaller than this are never reported as findings, however steady: float noise between runs
