@@ -33,11 +33,23 @@ def test_accuracy_per_edit_type_and_pooled():
                        "overall_acc": pytest.approx(3 / 6)}
 
 
-def test_margin_per_edit_type_and_pooled_in_logits():
+def test_margin_per_edit_type_and_pooled_in_cosine_units_logits_and_lower_tail():
     metrics = clone_selection_margins(HAND_TRUE, HAND_CLONES, logit_scale=10.0)
-    # logit_scale x (true - clone) over the present pairs: color (8, -1), shape (-0.5, 4, 1), relation (0)
-    assert metrics == {"color_margin": pytest.approx(3.5), "shape_margin": pytest.approx(1.5),
-                       "relation_margin": pytest.approx(0.0), "overall_margin": pytest.approx(11.5 / 6)}
+    # true - clone over the present pairs: color (0.8, -0.1), shape (-0.05, 0.4, 0.1), relation (0)
+    assert {key: value for key, value in metrics.items() if key.endswith("_cos_margin")} == {
+        "color_cos_margin": pytest.approx(0.35), "shape_cos_margin": pytest.approx(0.15),
+        "relation_cos_margin": pytest.approx(0.0), "overall_cos_margin": pytest.approx(1.15 / 6)}
+    # logits: logit_scale x the cosine margin
+    assert {key: value for key, value in metrics.items() if key.endswith("_margin") and "_cos" not in key} == {
+        "color_margin": pytest.approx(3.5), "shape_margin": pytest.approx(1.5),
+        "relation_margin": pytest.approx(0.0), "overall_margin": pytest.approx(11.5 / 6)}
+    # 10th percentile, linear between order statistics: color -0.1 + 0.1 x (0.8 + 0.1) = -0.01;
+    # shape: position 0.2 of (-0.05, 0.1, 0.4) -> -0.05 + 0.2 x 0.15 = -0.02; overall: position 0.5 of
+    # (-0.1, -0.05, 0, 0.1, 0.4, 0.8) -> -0.075
+    assert metrics["color_cos_margin_p10"] == pytest.approx(-0.01, abs=1e-6)  # float32 inputs
+    assert metrics["shape_cos_margin_p10"] == pytest.approx(-0.02, abs=1e-6)
+    assert metrics["relation_cos_margin_p10"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["overall_cos_margin_p10"] == pytest.approx(-0.075, abs=1e-6)
 
 
 def write_clone_shards(data_dir, samples, per_shard=2):
@@ -113,7 +125,8 @@ def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo
 
     samples = list(read_clone_selection(data_dir))
     edits = ("color", "shape", "size", "relation")
-    assert set(metrics) == {f"{name}_{kind}" for name in (*edits, "overall") for kind in ("acc", "margin")}
+    assert set(metrics) == {f"{name}_{kind}" for name in (*edits, "overall")
+                            for kind in ("acc", "margin", "cos_margin", "cos_margin_p10")}
     for edit in edits:
         # clip-benchmark's loader format for SugarCrepe: (images, [[true caption, negative caption], ...])
         pairs = [(preprocess(image), [caption, clones[edit]]) for image, caption, clones in samples if edit in clones]
@@ -127,6 +140,7 @@ def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo
             _, clone_features, _ = model(images, tokenizer([texts[1] for _, texts in pairs]))
         margin = scale * ((image_features * true_features).sum(-1) - (image_features * clone_features).sum(-1))
         assert metrics[f"{edit}_margin"] == pytest.approx(margin.mean().item(), abs=1e-4)
+        assert metrics[f"{edit}_cos_margin_p10"] == pytest.approx((margin / scale).quantile(0.1).item(), abs=1e-5)
     assert 0.0 < metrics["overall_acc"] < 1.0
 
 

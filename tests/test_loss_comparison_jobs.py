@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from loss_comparison.data import QUICK
-from loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, pretrained_checkpoint,
+from loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, final_checkpoint,
                                   train_argv, worker_environment)
 from loss_comparison.stats import assess_run
 from loss_comparison.variants import parse_loss_variant
@@ -65,11 +65,11 @@ def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
     args = params.parse_args(pretrain.train_argv)
     assert (pretrain.loss, args.epochs, args.lr, args.train_group_size) == ("clip", 8, 2e-3, 8)
     with pytest.raises(ValueError, match="left no checkpoint"):
-        pretrained_checkpoint(pretrain)
+        final_checkpoint(pretrain)
     for epoch in (2, 8):
         (pretrain.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (pretrain.run_dir / "checkpoints" / f"epoch_{epoch}.pt").write_bytes(b"")
-    checkpoint = pretrained_checkpoint(pretrain)
+    checkpoint = final_checkpoint(pretrain)
     assert checkpoint.endswith("epoch_8.pt")
     (job,) = plan_jobs([parse_loss_variant("adacl")], [0], budget, data, tmp_path, checkpoint)
     args = params.parse_args(job.train_argv)

@@ -4,10 +4,13 @@ The SugarCrepe idea on our scene generator: each held-out image comes with its t
 per edit type (e.g. `color`, `shape`, `size`, `relation`), a clone caption that changes exactly
 that detail. Accuracy for an edit type is the fraction of images (that have such a clone) where
 cos(image, true caption) > cos(image, clone caption); `overall_acc` pools every (image, clone) pair.
-With `margins=True` it also reports the mean *logit margin* per edit type (`<edit>_margin`,
-`overall_margin`): logit_scale x (cos(image, true) - cos(image, clone)), in logits as the model's
-softmax sees them (sigmoid of it is the model's probability of the true caption against that clone
-alone). It keeps measuring small differences when accuracy saturates near 1 or sits at chance.
+With `margins=True` it also reports, per edit type and pooled (`overall`), the margin
+cos(image, true) - cos(image, clone) over the images: its mean (`<edit>_cos_margin`) and its 10th
+percentile (`<edit>_cos_margin_p10`, the lower tail: how the worst-handled tenth of the images
+fares), in cosine units, comparable across models; and its mean in logits (`<edit>_margin`:
+logit_scale x the cosine margin, as the model's softmax sees it; sigmoid of it is the model's
+probability of the true caption against that clone alone). The margins keep measuring small
+differences when accuracy saturates near 1 or sits at chance.
 
 This is clip-benchmark's `image_caption_selection` metric (its `text_acc`, the one that matters
 for one image and two captions), computed here because its loaders cannot read our data: the
@@ -65,21 +68,28 @@ def clone_selection_accuracy(
     return metrics
 
 
+MARGIN_QUANTILE = 0.1  # the lower tail reported besides the mean margin (`_cos_margin_p10`)
+
+
 def clone_selection_margins(
         true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor], logit_scale: float
 ) -> dict[str, float]:
-    """Per-edit-type and pooled mean logit margin of the true caption over its clone.
+    """Per-edit-type and pooled margin of the true caption over its clone, cos(image, true) - cos(image, clone).
 
     Same inputs as `clone_selection_accuracy`, plus the model's logit scale (exp of its parameter).
-    Returns `<edit>_margin` per edit type and `overall_margin` over all (image, clone) pairs, in logits.
+    Returns, for each edit type and `overall` (all (image, clone) pairs): `_cos_margin` (mean, cosine
+    units), `_cos_margin_p10` (10th percentile, linear interpolation) and `_margin` (mean in logits).
     """
-    metrics, margins = {}, []
+    margins = {}
     for edit, similarity in sorted(clone_similarity.items()):
         present = ~similarity.isnan()
-        margin = logit_scale * (true_similarity[present].double() - similarity[present].double())
-        metrics[f"{edit}_margin"] = margin.mean().item()
-        margins.append(margin)
-    metrics["overall_margin"] = torch.cat(margins).mean().item()
+        margins[edit] = true_similarity[present].double() - similarity[present].double()
+    margins["overall"] = torch.cat(list(margins.values()))
+    metrics = {}
+    for name, margin in margins.items():
+        metrics[f"{name}_cos_margin"] = margin.mean().item()
+        metrics[f"{name}_cos_margin_p10"] = torch.quantile(margin, MARGIN_QUANTILE).item()
+        metrics[f"{name}_margin"] = logit_scale * metrics[f"{name}_cos_margin"]
     return metrics
 
 
@@ -88,7 +98,7 @@ def model_logit_scale(model: torch.nn.Module) -> float:
     logit_scale = getattr(model, "logit_scale", None)
     if not isinstance(logit_scale, torch.Tensor):
         raise ValueError(f"{type(model).__name__} has no logit_scale tensor (an OpenCLIP CLIP model has one): "
-                         "clone-selection margins are in logits and need it; evaluate with margins=False")
+                         "clone-selection margins include logit margins and need it; evaluate with margins=False")
     return float(logit_scale.detach().exp())
 
 
@@ -151,7 +161,8 @@ def evaluate_clone_selection(
         margins: bool = False,
 ) -> dict[str, float]:
     """Clone-selection accuracy per edit type (`<edit>_acc`) and pooled (`overall_acc`) on `data_dir`'s shards;
-    with `margins`, also the mean logit margins (`<edit>_margin`, `overall_margin`)."""
+    with `margins`, also the margins (`clone_selection_margins`: `<edit>_cos_margin`, `<edit>_cos_margin_p10`,
+    `<edit>_margin`, and the same for `overall`)."""
     logit_scale = model_logit_scale(model) if margins else None  # fail before encoding anything
     true_similarity, clone_similarity = clone_similarities(
         model, preprocess, tokenizer, read_clone_selection(data_dir), device=device, batch_size=batch_size)

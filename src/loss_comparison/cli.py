@@ -6,23 +6,35 @@ the same way, and the numbers go into one Markdown report with a plot and a per-
     python -m loss_comparison --quick                   # 2-core CPU, under 20 minutes
     python -m loss_comparison --full --jobs 4           # a GPU: more data, more steps
     python -m loss_comparison --quick --losses clip,adacl:mode=literal,adacl:calibrated --seeds 0,1,2
+    # pre-registered: one verdict per variant on the endpoint (helps / hurts / no effect / inconclusive)
+    python -m loss_comparison --quick --losses clip,adacl --seeds 0,1,2,3,4 \
+        --primary-endpoint clone_learnable=clone/color+clone/shape+clone/size --equivalence-margin 0.02
+    # your own shards and clip-benchmark sets, as cluster jobs (torchrun scripts and a SLURM array), then the report
+    python -m loss_comparison --full --losses clip,adacl --seeds 0,1,2,3,4 --model RN50 \
+        --train-data '/data/cc3m/train/{00000..00331}.tar' --train-num-samples 2800000 \
+        --val-data '/data/cc3m/val/{00000..00015}.tar' --train-args '--precision amp' \
+        --benchmark-datasets imagenet1k,mscoco_captions --benchmark-root '/data/{dataset}' \
+        --nproc-per-node 8 --emit-jobs jobs/ --output-dir runs/cc3m
+    sbatch jobs/array.sh
+    python -m loss_comparison --report-only --output-dir runs/cc3m --results-md cc3m.md
 
 Steps:
 1. Demo data (`synthetic_scenes.scenes.write_demo_dataset`) with a fixed data seed, written once
    into --data-dir and reused while its manifest matches the budget (`data`).
 2. For every (loss variant, seed) one job, run as its own process (`--jobs` at a time, each with
    an equal share of the CPU threads; its output goes to <output-dir>/logs/<run>.log). A job
-   trains with `training.main.main(argv)` (adacl-tiny, same steps, batch, lr schedule, workers),
+   trains with `training.main.main(argv)` (--model, same steps, batch, lr schedule, workers),
    then evaluates its final checkpoint: validation retrieval R@1/R@5 both ways (the trainer's
    results.jsonl), clip-benchmark zero-shot classification and retrieval on the demo's `wds/`
-   sets (`evaluation.zero_shot.evaluate_dataset`, the in-process path) and clone-negative
-   selection per edit type (`evaluation.clone_selection`). It writes a JSON record; a finished
-   record whose job is unchanged is reused on the next call, so an interrupted comparison resumes
-   (`jobs`, `runner`).
+   sets or --benchmark-datasets (`evaluation.zero_shot.evaluate_dataset`, the in-process path) and
+   clone-negative selection per edit type, accuracy and margins (`evaluation.clone_selection`). It
+   writes a JSON record; a finished record whose job is unchanged is reused on the next call, so
+   an interrupted comparison resumes (`jobs`, `runner`).
 3. Every run gets a verdict (`stats.assess_run`): failed (crashed, or no record), nonfinite (NaN/inf
-   loss or metric), collapsed (training loss pinned near ln(batch) for a softmax loss, or val
-   R@1 under twice chance, docs/method.md §4b) or ok. Means and standard deviations are over the ok
-   runs only; each row says how many runs were ok, and the flagged runs are listed by name.
+   loss or metric), collapsed (training loss pinned near ln(negatives) for a softmax loss: the
+   global batch plus any feature queue; or val R@1 under twice chance, docs/method.md §4b) or ok.
+   Means and standard deviations are over the ok runs only; each row says how many runs were ok,
+   and the flagged runs are listed by name.
 4. Writes the Markdown report (--results-md, with the machine, the command that reproduces it,
    wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
    all three, the per-variant summary CSV and the records stay under --output-dir, with
@@ -30,6 +42,21 @@ Steps:
 
 Loss variants (`--losses`) are written as `name`, `name:option=value,...` or `name:value`, e.g.
 `adacl:mode=literal` or `adacl:literal` (`variants`).
+
+Statistics (`stats`, `preregistration`): every variant is paired seed for seed with the reference
+(`--reference`, default `clip`). With a primary endpoint (`--primary-endpoint NAME=m1+m2+...`, the
+per-run mean of those metrics, and `--equivalence-margin`, or both from a committed
+`--preregistration FILE[#NAME]`), each variant gets one verdict on it: helps, hurts, no effect
+(TOST), inconclusive. Every other paired metric is a secondary test, Holm-corrected over all of
+them x all variants.
+
+Your own data (instead of the demo data): `--train-data` shards (webdataset, or csv with
+`--dataset-type csv`), `--train-num-samples`, `--val-data` (the collapse check and val retrieval need
+it), optionally `--dataset-type`, `--caption-key`, `--data-size` (losses with per-sample state) and
+any trainer flag in `--train-args`; the final models are evaluated on `--benchmark-datasets` (clip-
+benchmark names, found through the `--benchmark-root` template) and, with `--clone-selection-dir`,
+on clone selection. `--emit-jobs DIR` writes the runs as cluster jobs instead of running them
+(`cluster`); `--report-only` then reports on whichever runs have finished and lists the others.
 """
 from __future__ import annotations
 
@@ -41,12 +68,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from open_clip_adacl import list_losses
+from open_clip_adacl import get_loss_class, list_losses
 
-from .data import FULL, QUICK, Budget
-from .jobs import RunJob, run_job, write_json_atomic
-from .runner import rebuild_report, run_comparison
-from .variants import parse_loss_variants, parse_seeds
+from .data import FULL, QUICK, Budget, ComparisonData
+from .jobs import FAILED, MODEL, OK, Benchmarks, RunJob, finish_job, log_file, run_job, write_json_atomic
+from .preregistration import resolve
+from .report import machine_info
+from .runner import OwnData, emit_comparison, rebuild_report, run_comparison
+from .variants import LossVariant, parse_loss_variants, parse_seeds
 
 DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne"
 
@@ -74,8 +103,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds before a run counts as failed")
     parser.add_argument("--no-reuse", action="store_true", help="re-run jobs that already have a record")
     parser.add_argument("--report-only", action="store_true",
-                        help="write the report again from OUTPUT_DIR's records (e.g. after changing the collapse "
-                             "criteria); trains nothing")
+                        help="write the report from OUTPUT_DIR's records (whichever runs finished; the others are "
+                             "listed), e.g. after cluster jobs or a change of the collapse criteria; trains nothing")
+    statistics = parser.add_argument_group("pre-registered statistics (saved for --report-only, which may replace them)")
+    statistics.add_argument("--primary-endpoint", metavar="NAME=METRIC+METRIC...",
+                            help="the endpoint each variant gets a verdict on: the per-run mean of these metrics, e.g. "
+                                 "clone_learnable=clone/color+clone/shape+clone/size")
+    statistics.add_argument("--equivalence-margin", type=float,
+                            help="|variant - reference| below this is no effect (default 0.02)")
+    statistics.add_argument("--reference", help="the variant every other is paired with (default: clip)")
+    statistics.add_argument("--preregistration", metavar="FILE[#NAME]",
+                            help="a committed JSON or Markdown file holding those three (loss_comparison.preregistration "
+                                 "documents the format); the report cites it")
+    own = parser.add_argument_group("your own data (instead of the demo data)")
+    own.add_argument("--train-data", help="training shards or csv, as the trainer's --train-data")
+    own.add_argument("--train-num-samples", type=int, help="samples per epoch (the trainer's)")
+    own.add_argument("--val-data", help="validation shards: val retrieval and the collapse check")
+    own.add_argument("--dataset-type", choices=("webdataset", "csv", "auto"), help="the trainer's (default: auto)")
+    own.add_argument("--caption-key", help="the trainer's --caption-key")
+    own.add_argument("--data-size", type=int,
+                     help="upper bound of the sample keys, for losses with per-sample state (glofnd, fne); "
+                          "img2dataset shards: number of shards x 10000")
+    own.add_argument("--benchmark-datasets", default="",
+                     help="clip-benchmark datasets every final model is evaluated on, comma-separated "
+                          "(e.g. imagenet1k,mscoco_captions,wds/my_set)")
+    own.add_argument("--benchmark-root", help="clip-benchmark --dataset_root template, e.g. '/data/{dataset}'")
+    own.add_argument("--clone-selection-dir", help="a clone-selection set (evaluation.clone_selection's layout)")
+    parser.add_argument("--model", default=MODEL, help=f"the model every run trains (default {MODEL})")
+    cluster = parser.add_argument_group("cluster jobs")
+    cluster.add_argument("--emit-jobs", type=Path, metavar="DIR",
+                         help="write each run as a torchrun job script, DIR/array.sh (a SLURM array over them) and "
+                              "DIR/jobs.tsv; run nothing (then --report-only)")
+    cluster.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes (GPUs) per emitted run")
     overrides = parser.add_argument_group("budget overrides (recorded in the report's command)")
     overrides.add_argument("--epochs", type=int)
     overrides.add_argument("--batch-size", type=int)
@@ -91,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="fine-tuning regime: first pretrain one `clip` model this many epochs, then every run "
                                 "fine-tunes it (--pretrained) at --lr")
     overrides.add_argument("--pretrain-lr", type=float, help="learning rate of that pretraining run")
-    parser.add_argument("--run-job", type=Path, help=argparse.SUPPRESS)  # what each job's process runs
+    # What each job's process runs: --run-job trains and evaluates; an emitted job trains under torchrun,
+    # then --finish-job evaluates and writes the record.
+    parser.add_argument("--run-job", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--finish-job", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--train-status", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--train-seconds", type=float, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -100,14 +164,58 @@ def resolve_budget(args: argparse.Namespace) -> Budget:
     overrides = {name: getattr(args, name) for name in ("epochs", "batch_size", "lr", "num_train", "workers", "device",
                                                     "jobs", "warmup", "pretrain_epochs", "pretrain_lr")
                  if getattr(args, name) is not None}
-    if args.train_args is not None:
-        overrides["train_args"] = tuple(args.train_args)
+    data_flags = [flag for flag in ("dataset_type", "caption_key") if getattr(args, flag)]
+    if args.train_data:
+        overrides["num_train"] = args.train_num_samples
+    if args.train_args is not None or data_flags:
+        overrides["train_args"] = tuple(
+            part for flag in data_flags for part in ("--" + flag.replace("_", "-"), getattr(args, flag))
+        ) + tuple(args.train_args or ())
     budget = replace(budget, **overrides)
     if min(budget.epochs, budget.batch_size, budget.num_train, budget.jobs) < 1 or budget.workers < 0:
         raise ValueError("--epochs, --batch-size, --num-train and --jobs must be >= 1, --workers >= 0")
     if budget.num_train < budget.batch_size:
         raise ValueError(f"--num-train {budget.num_train} is less than one batch of {budget.batch_size}")
     return budget
+
+
+def own_data(args: argparse.Namespace, variants: Sequence[LossVariant]) -> Optional[OwnData]:
+    """The user's data and evaluation sets from the flags (None: the demo data); incomplete flags are errors."""
+    given = [flag for flag in ("train_num_samples", "val_data", "dataset_type", "caption_key", "data_size",
+                               "benchmark_root", "clone_selection_dir") if getattr(args, flag) is not None]
+    if not args.train_data:
+        if given or args.benchmark_datasets:
+            raise ValueError(f"--{(given or ['benchmark_datasets'])[0].replace('_', '-')} is for your own data: "
+                             "give --train-data too (without it the comparison writes and uses the demo data)")
+        return None
+    for flag, why in (("train_num_samples", "the samples per epoch"), ("val_data", "val retrieval and the collapse "
+                                                                                  "check need a validation set")):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--train-data needs --{flag.replace('_', '-')} ({why})")
+    datasets = tuple(name.strip() for name in args.benchmark_datasets.split(",") if name.strip())
+    if datasets and not args.benchmark_root:
+        raise ValueError("--benchmark-datasets needs --benchmark-root, clip-benchmark's --dataset_root template "
+                         "(e.g. '/data/{dataset}')")
+    indexed = [variant.label for variant in variants
+               if get_loss_class(variant.loss).needs_sample_index and "data_size" not in dict(variant.options)]
+    if indexed and args.data_size is None:
+        raise ValueError(f"{', '.join(indexed)} keep per-sample state: give --data-size, above the largest sample key "
+                         "(img2dataset shards: number of shards x 10000)")
+    data = ComparisonData(root="", train_data=args.train_data, val_data=args.val_data,
+                          num_train=args.train_num_samples, data_size=args.data_size or 0)
+    return OwnData(data, Benchmarks(datasets, args.benchmark_root or "", args.clone_selection_dir))
+
+
+def finish(job_path: Path, train_status: int, train_seconds: Optional[float]) -> Dict[str, Any]:
+    """An emitted job's last step: evaluate the run torchrun trained (exit status `train_status`), write its record."""
+    job = RunJob(**json.loads(job_path.read_text()))
+    error = None if train_status == 0 else (f"training exited with status {train_status} (a non-finite loss, bad "
+                                            f"data or a crash); see {log_file(job)}")
+    record = finish_job(job, OK if train_status == 0 else FAILED, error, train_seconds)
+    record["wall_seconds"] = (train_seconds or 0.0) + (record["eval_seconds"] or 0.0)
+    record["machine"] = machine_info(job.device)
+    write_json_atomic(Path(job.record_path), record)
+    return record
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]:
@@ -118,17 +226,40 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
         record = run_job(job)
         write_json_atomic(Path(job.record_path), record)
         return None
+    if args.finish_job:
+        finish(args.finish_job, args.train_status, args.train_seconds)
+        return None
+    registration_flags = (args.primary_endpoint, args.equivalence_margin, args.reference)
     if args.report_only:
-        records = rebuild_report(args.output_dir, args.results_md)
-        print(f"wrote {args.results_md} from the records in {args.output_dir}")
+        given = args.preregistration or any(value is not None for value in registration_flags)
+        records, missing = rebuild_report(args.output_dir, args.results_md,
+                                          resolve(args.preregistration, *registration_flags) if given else None)
+        print(f"wrote {args.results_md} from the records in {args.output_dir}"
+              + (f"; no record yet of {len(missing)} run(s): {', '.join(missing)}" if missing else ""))
         return records
-    budget = resolve_budget(args)
+    preregistration = resolve(args.preregistration, *registration_flags)
     variants = parse_loss_variants(args.losses)
+    labels = [variant.label for variant in variants]
+    if preregistration.reference is not None and preregistration.reference not in labels:
+        raise ValueError(f"the reference variant {preregistration.reference!r} is not in --losses ({', '.join(labels)})")
     seeds = parse_seeds(args.seeds)
+    own = own_data(args, variants)
+    budget = resolve_budget(args)
+    command = "python -m loss_comparison " + shlex.join(argv)
+    if args.emit_jobs:
+        if args.nproc_per_node < 1:
+            raise ValueError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+        jobs = emit_comparison(variants, seeds, budget, output_dir=args.output_dir, emit_dir=args.emit_jobs,
+                               own_data=own, data_dir=args.data_dir, data_seed=args.data_seed, command=command,
+                               model=args.model, nproc_per_node=args.nproc_per_node, preregistration=preregistration)
+        print(f"wrote {len(jobs)} job scripts, {args.emit_jobs / 'array.sh'} (sbatch it) and "
+              f"{args.emit_jobs / 'jobs.tsv'}; then: python -m loss_comparison --report-only --output-dir "
+              f"{args.output_dir.resolve()}")
+        return None
     records = run_comparison(variants, seeds, budget, output_dir=args.output_dir, results_md=args.results_md,
-                            data_dir=args.data_dir, data_seed=args.data_seed,
-                            command="python -m loss_comparison " + shlex.join(argv),
-                            timeout=args.run_timeout, reuse=not args.no_reuse)
+                            data_dir=args.data_dir, data_seed=args.data_seed, command=command,
+                            timeout=args.run_timeout, reuse=not args.no_reuse, own_data=own, model=args.model,
+                            preregistration=preregistration)
     print(f"wrote {args.results_md} (plot and per-run CSV beside it); runs in {args.output_dir}")
     return records
 

@@ -1,13 +1,15 @@
 """Jobs: one (loss variant, seed) each, trained and evaluated in its own process.
 
-A job trains with `training.main.main(argv)` (adacl-tiny; the same steps, batch, lr schedule and
-workers for every job but for the loss flags and seed), then evaluates its final checkpoint:
-validation retrieval R@1/R@5 both ways (the trainer's results.jsonl), clip-benchmark zero-shot
-classification and retrieval on the demo's `wds/` sets (`evaluation.zero_shot.evaluate_dataset`,
-the in-process path), clone-negative selection per edit type (`evaluation.clone_selection`) and,
-on training data written in families, clone detection (`evaluation.clone_detection`).
+A job trains with `training.main.main(argv)` (adacl-tiny unless --model; the same steps, batch, lr
+schedule and workers for every job but for the loss flags and seed), then evaluates its final
+checkpoint (`finish_job`): validation retrieval R@1/R@5 both ways (the trainer's results.jsonl),
+clip-benchmark zero-shot classification and retrieval (`evaluation.zero_shot.evaluate_dataset`, the
+in-process path) on the demo's `wds/` sets or the user's own (`Benchmarks`), clone-negative
+selection per edit type (`evaluation.clone_selection`, when there is a clone-selection set) and, on
+training data written in families, clone detection (`evaluation.clone_detection`).
 `launch_job` runs a job as `python -m loss_comparison --run-job JOB.json`, its output in its log
 file; the process writes the job's JSON record, which a later call reuses while the job is unchanged.
+An emitted job (`cluster`) trains under torchrun instead and then runs `--finish-job JOB.json`.
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from open_clip_adacl import get_loss_class
 
@@ -35,8 +37,19 @@ OK, NONFINITE, FAILED = "ok", "nonfinite", "failed"  # a record's status; `stats
 
 
 @dataclass(frozen=True)
+class Benchmarks:
+    """The user's own evaluation sets (instead of the demo's): clip-benchmark dataset names, their
+    `--dataset_root` template (`{dataset}`: the name without `wds/`), and optionally a clone-selection
+    folder (`evaluation.clone_selection`'s shard layout)."""
+
+    datasets: Tuple[str, ...]
+    root: str
+    clone_selection_dir: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class RunJob:
-    """Everything one run needs; written as JSON for the worker process (`--run-job`)."""
+    """Everything one run needs; written as JSON for the worker process (`--run-job`, `--finish-job`)."""
 
     label: str
     loss: str
@@ -45,10 +58,14 @@ class RunJob:
     name: str
     train_argv: List[str]
     logs_dir: str        # the trainer's --logs; the run lives in <logs_dir>/<name>
-    data_root: str
-    batch_size: int
+    data_root: Optional[str]  # the demo data (its benchmark/ sets and clone_selection/); None: `benchmark_*`
+    batch_size: int      # per rank
     device: str
     record_path: str
+    benchmark_datasets: List[str] = field(default_factory=list)  # without demo data: the user's sets
+    benchmark_root: Optional[str] = None
+    clone_selection_dir: Optional[str] = None
+    world_size: int = 1  # ranks the run trains on (an emitted job's torchrun processes)
 
     @property
     def run_dir(self) -> Path:
@@ -56,7 +73,7 @@ class RunJob:
 
 
 def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
-               logs_dir: Path, pretrained: Optional[str] = None) -> List[str]:
+               logs_dir: Path, pretrained: Optional[str] = None, model: str = MODEL) -> List[str]:
     """`training.main` arguments: identical for every run but for the loss flags, seed and name.
 
     Validation runs after the last epoch only, and only the final checkpoint is saved. With
@@ -64,7 +81,7 @@ def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data:
     """
     argv = [
         "--train-data", data.train_data, "--val-data", data.val_data, "--train-num-samples", str(data.num_train),
-        "--model", MODEL, *variant.flags(data.data_size),
+        "--model", model, *variant.flags(data.data_size),
         "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs), "--lr", str(budget.lr),
         "--warmup", str(budget.warmup), "--wd", str(budget.wd), "--workers", str(budget.workers),
         "--device", budget.device, "--seed", str(seed),
@@ -84,29 +101,44 @@ def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJ
     return make_job(LossVariant(BASELINE), PRETRAIN_SEED, pretrain_budget, data, output_dir, name_prefix="pretrain-")
 
 
-def pretrained_checkpoint(job: RunJob) -> str:
-    """The final checkpoint of a finished run."""
+def final_checkpoint(job: RunJob) -> str:
+    """The final checkpoint of a finished run: its newest epoch_N.pt."""
     checkpoints = sorted((job.run_dir / "checkpoints").glob("epoch_*.pt"), key=lambda path: int(path.stem[6:]))
     if not checkpoints:
-        raise ValueError(f"the pretraining run {job.name} left no checkpoint; see {log_file(job)}")
+        raise ValueError(f"the run {job.name} left no checkpoint; see {log_file(job)}")
     return str(checkpoints[-1])
 
 
+def run_name(variant: LossVariant, seed: int, prefix: str = "") -> str:
+    """A run's name: its folder, log and record file."""
+    return f"{prefix}{variant.slug}-seed{seed}"
+
+
+def record_file(output_dir: Path, name: str) -> Path:
+    return output_dir / "records" / f"{name}.json"
+
+
 def make_job(variant: LossVariant, seed: int, budget: Budget, data: ComparisonData, output_dir: Path, *,
-             pretrained: Optional[str] = None, name_prefix: str = "") -> RunJob:
-    name = f"{name_prefix}{variant.slug}-seed{seed}"
+             pretrained: Optional[str] = None, name_prefix: str = "", model: str = MODEL,
+             benchmarks: Optional[Benchmarks] = None, world_size: int = 1) -> RunJob:
+    """One run; with `benchmarks`, it is evaluated on the user's sets instead of the demo data's."""
+    name = run_name(variant, seed, name_prefix)
     return RunJob(
         label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
-        train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs", pretrained),
-        logs_dir=str(output_dir / "runs"), data_root=data.root, batch_size=budget.batch_size,
-        device=budget.device, record_path=str(output_dir / "records" / f"{name}.json"),
+        train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs", pretrained, model),
+        logs_dir=str(output_dir / "runs"), data_root=None if benchmarks else data.root,
+        batch_size=budget.batch_size, device=budget.device, record_path=str(record_file(output_dir, name)),
+        benchmark_datasets=list(benchmarks.datasets) if benchmarks else [],
+        benchmark_root=benchmarks.root if benchmarks else None,
+        clone_selection_dir=benchmarks.clone_selection_dir if benchmarks else None, world_size=world_size,
     )
 
 
 def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, data: ComparisonData,
-              output_dir: Path, pretrained: Optional[str] = None) -> List[RunJob]:
-    """One job per (variant, seed), seeds outer: an interrupted comparison has every variant's first seeds."""
-    return [make_job(variant, seed, budget, data, output_dir, pretrained=pretrained)
+              output_dir: Path, pretrained: Optional[str] = None, **settings: Any) -> List[RunJob]:
+    """One job per (variant, seed), seeds outer: an interrupted comparison has every variant's first seeds.
+    `settings`: `make_job`'s model, benchmarks and world_size."""
+    return [make_job(variant, seed, budget, data, output_dir, pretrained=pretrained, **settings)
             for seed in seeds for variant in variants]
 
 
@@ -115,26 +147,36 @@ def run_job(job: RunJob) -> Dict[str, Any]:
     from training.main import main as train_main
     from training.train import NonFiniteLossError
 
-    record = base_record(job)
     start = time.time()
-    checkpoint = None
+    status, error = OK, None
     try:
-        checkpoint = train_main(job.train_argv).checkpoint
-    except NonFiniteLossError as error:
-        record.update(status=NONFINITE, error=str(error))
-    except Exception as error:  # the record says why, the log (this process's stderr) shows where
+        train_main(job.train_argv)
+    except NonFiniteLossError as raised:
+        status, error = NONFINITE, str(raised)
+    except Exception as raised:  # the record says why, the log (this process's stderr) shows where
         traceback.print_exc()
-        record.update(status=FAILED, error=f"training: {type(error).__name__}: {error}")
-    record["train_seconds"] = time.time() - start
+        status, error = FAILED, f"training: {type(raised).__name__}: {raised}"
+    return finish_job(job, status, error, train_seconds=time.time() - start)
+
+
+def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Optional[float]) -> Dict[str, Any]:
+    """The record of a run whose training ended with `status`: its training metrics and, when ok, the
+    evaluation of its final checkpoint (which it runs here)."""
+    from training.params import parse_args
+
+    record = base_record(job)
+    record.update(status=status, error=error, train_seconds=train_seconds)
     record["metrics"].update(training_metrics(job.run_dir))
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
+        # The options as the trainer resolved them (defaults included): the collapse check counts a queue's negatives.
+        record["loss_options"] = parse_args(job.train_argv).loss_options
         start = time.time()
         try:
-            record["metrics"].update(evaluate_run(Path(checkpoint), job))
-        except Exception as error:
+            record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job))
+        except Exception as raised:
             traceback.print_exc()
-            record.update(status=FAILED, error=f"evaluation: {type(error).__name__}: {error}")
+            record.update(status=FAILED, error=f"evaluation: {type(raised).__name__}: {raised}")
         record["eval_seconds"] = time.time() - start
     return record
 
@@ -142,7 +184,7 @@ def run_job(job: RunJob) -> Dict[str, Any]:
 def base_record(job: RunJob) -> Dict[str, Any]:
     return {
         "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
-        "status": OK, "error": None, "batch_size": job.batch_size,
+        "status": OK, "error": None, "batch_size": job.batch_size, "world_size": job.world_size,
         # Softmax losses over the batch sit at ln(batch) when nothing is learned (all logits equal).
         "softmax_loss": get_loss_class(job.loss).softmax_style,
         "train_argv": job.train_argv, "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
@@ -199,26 +241,40 @@ def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     return metrics
 
 
+def evaluation_sets(job: RunJob) -> Tuple[List[str], str, Optional[Path]]:
+    """(clip-benchmark datasets, their --dataset_root template, clone-selection folder or None) of a job:
+    the demo data's, or the user's."""
+    from evaluation.zero_shot import demo_datasets
+
+    if job.data_root is None:
+        return job.benchmark_datasets, job.benchmark_root or "", (
+            Path(job.clone_selection_dir) if job.clone_selection_dir else None)
+    root = Path(job.data_root)
+    return demo_datasets(root), str(root / "benchmark" / "{dataset}"), root / "clone_selection"
+
+
 def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
-    """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the demo sets."""
+    """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the job's sets."""
     import torch
 
     from evaluation.clone_detection import evaluate_clone_detection
     from evaluation.clone_selection import evaluate_clone_selection
-    from evaluation.zero_shot import (CLASSIFICATION, RETRIEVAL, dataset_root, demo_datasets, evaluate_dataset,
-                                      export_checkpoint, infer_task, load_model, result_path, write_result)
+    from evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset,
+                                      export_checkpoint, infer_task, load_model, result_path, worker_count,
+                                      write_result)
 
     device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
     model, preprocess, tokenizer = load_model(model_name, "none", device)
-    root = Path(job.data_root)
-    root_template = str(root / "benchmark" / "{dataset}")
+    datasets, root_template, clone_dir = evaluation_sets(job)
+    workers = int(flag_value(job.train_argv, "--workers", "0"))
     metrics: Dict[str, float] = {}
-    for dataset in demo_datasets(root):
+    for dataset in datasets:
         set_root = dataset_root(root_template, dataset)
         task = infer_task(dataset, set_root)
         result = evaluate_dataset(model, preprocess, tokenizer, dataset, set_root, task, device=device,
-                                  batch_size=job.batch_size, recall_k=(1, 5))
+                                  batch_size=job.batch_size, recall_k=(1, 5),
+                                  num_workers=worker_count(dataset, set_root, workers))
         write_result(result_path(job.run_dir / "eval", dataset, task), dataset, model_name, "none", task, result)
         short = dataset.split("/")[-1]
         if task == CLASSIFICATION:
@@ -227,9 +283,12 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
             for side in ("image", "text"):
                 for k in (1, 5):
                     metrics[f"ret/{short}/{side}_R@{k}"] = float(result[f"{side}_retrieval_recall@{k}"])
-    clone = evaluate_clone_selection(model, preprocess, tokenizer, root / "clone_selection", device=device,
-                                     batch_size=job.batch_size, margins=True)
-    metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
+        elif task == CAPTION_SELECTION:  # e.g. sugar_crepe/*: the true caption against a one-edit negative
+            metrics[f"sel/{short}/text_acc"] = float(result["text_acc"])
+    if clone_dir is not None:
+        clone = evaluate_clone_selection(model, preprocess, tokenizer, clone_dir, device=device,
+                                         batch_size=job.batch_size, margins=True)
+        metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
     shards = family_shards(job)
     if shards:
         caption_key = flag_value(job.train_argv, "--caption-key", "txt")  # what the loss saw in training
@@ -253,7 +312,7 @@ def family_shards(job: RunJob) -> List[str]:
     import webdataset as wds
 
     shards = list(braceexpand.braceexpand(flag_value(job.train_argv, "--train-data", "")))
-    if not shards or not Path(shards[0]).is_file():
+    if not shards or not shards[0].endswith(".tar") or not Path(shards[0]).is_file():  # not webdataset shards
         return []
     first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})
     return shards if "family" in first.get("json", {}) else []
@@ -278,7 +337,7 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     a failed record. `wall_seconds` is the whole process, start-up included.
     """
     record_path = Path(job.record_path)
-    job_path = record_path.with_suffix(".job.json")
+    job_path = job_file(job)
     if reuse and record_path.is_file() and job_path.is_file() and json.loads(job_path.read_text()) == asdict(job):
         earlier = json.loads(record_path.read_text())
         if earlier["status"] == OK:
@@ -306,6 +365,11 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     record["wall_seconds"] = time.time() - start
     write_json_atomic(record_path, record)
     return record
+
+
+def job_file(job: RunJob) -> Path:
+    """The job's JSON (what `--run-job` and `--finish-job` read), next to its record."""
+    return Path(job.record_path).with_suffix(".job.json")
 
 
 def log_file(job: RunJob) -> Path:

@@ -1,8 +1,9 @@
 """The report: Markdown, a PNG of the main metrics and CSVs, from the assessed records.
 
-The Markdown says what was run (the machine, the command that reproduces it, wall time and
-budget), then the summary, what it shows, the paired comparison with `clip`, one table per
-section and the flagged runs. Hand-written sections below KEEP_MARKER in an existing report are
+The Markdown says what was run (the machine, the command that reproduces it, wall time, budget
+and data), then the summary, what it shows, the primary endpoint's verdict per variant (with a
+pre-registration), the Holm-corrected paired comparison with the reference (`clip` by default), one
+table per section and the flagged and missing runs. Hand-written sections below KEEP_MARKER in an existing report are
 kept when it is written again.
 """
 from __future__ import annotations
@@ -23,23 +24,29 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .jobs import BASELINE, MODEL, OK
-from .stats import (TIE, CollapseCriteria, MetricStats, PairedDifference, VariantSummary, metric_keys,
-                    paired_differences, section_keys, summarize, tracking_baseline)
+from .preregistration import Preregistration
+from .stats import (FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, SecondaryTest, VariantSummary,
+                    metric_keys, metric_order, paired_difference, primary_verdict, secondary_tests, section_keys,
+                    summarize, tracking_baseline, with_endpoint)
 
 TRACKING = 0.01  # a variant within this of the baseline on every metric, seed for seed, is reported so
 
 # Pooled over every run of a variant: the headline of the report and the bars of the plot.
 HEADLINE_METRICS = ("val/i2t_R@1", "val/t2i_R@1", "clone/overall", "train/final_loss")
-PLOT_PREFIXES = ("val/", "cls/", "clone/")
+PLOT_PREFIXES = ("val/", "cls/", "sel/", "clone/")
 PLOT_EXCLUDED = ("val/clip_loss",)
 # Report sections: (title, metric-name prefix, what the numbers are).
 SECTIONS = (
     ("Clone-negative selection", "clone/",
      "accuracy of preferring an image's true caption over a clone that changes one detail "
-     "(`evaluation.clone_selection`, the test scenes; chance 0.5), and `_margin`: the mean logit margin "
-     "logit_scale * (cos(image, true) - cos(image, clone)), which still moves when accuracy saturates"),
-    ("clip-benchmark zero-shot", ("cls/", "ret/"),
-     "classification acc1 per `wds/` set, retrieval recall@k (`evaluation.zero_shot`, in process)"),
+     "(`evaluation.clone_selection`, the test scenes; chance 0.5); the margin cos(image, true) - cos(image, clone) "
+     "over the test scenes, which still moves when accuracy saturates: `_cos_margin` its mean, `_cos_margin_p10` "
+     "its 10th percentile (the worst-handled tenth of the scenes), `_margin` its mean in logits (x the model's "
+     "logit scale)"),
+    ("clip-benchmark zero-shot", ("cls/", "ret/", "sel/"),
+     "classification acc1 per set, retrieval recall@k, and for caption-selection sets (e.g. `sugar_crepe/*`) "
+     "text_acc, the accuracy of preferring the true caption over its one-edit negative "
+     "(`evaluation.zero_shot`, in process)"),
     ("Validation retrieval", "val/",
      "R@k over the val split, both directions, and OpenCLIP's CLIP val loss (the trainer's results.jsonl)"),
     ("Training", "train/", "final loss: mean of the logged step losses over the last tenth of training"),
@@ -126,7 +133,7 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     """How hard clone selection is for the baseline: edit types below `threshold` (issue 4 asks for
     at least two) and those still within `chance_margin` of chance (0.5), where no loss can show a gain."""
     edits = {key.removeprefix("clone/"): stats.mean for key, stats in baseline.metrics.items()
-             if key.startswith("clone/") and key != "clone/overall" and not key.endswith("_margin")}
+             if key.startswith("clone/") and key != "clone/overall" and "_margin" not in key}
     if not edits:
         return None
     below = sorted(edit for edit, mean in edits.items() if mean < threshold)
@@ -138,46 +145,136 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     return text + "."
 
 
-def paired_table(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]]) -> List[str]:
-    """Rows: variants other than the baseline; cells: paired difference ± 95% half interval."""
-    keys = list(next(iter(differences.values()), {}))
-    lines = ["| variant | pairs | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-    for label, by_key in differences.items():
-        cells = ["-" if difference is None else difference.text() for difference in by_key.values()]
-        pairs = max((difference.n for difference in by_key.values() if difference), default=0)
-        lines.append(f"| `{label}` | {pairs} | " + " | ".join(cells) + " |")
+def format_p(value: Optional[float]) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
+def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                  preregistration: Preregistration) -> List[str]:
+    """One row per variant: the endpoint's paired difference to the reference, both intervals, the verdict."""
+    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label in labels:
+        if label == reference:
+            continue
+        difference = paired_difference(records, label, reference, preregistration.key)
+        verdict, why = primary_verdict(difference, preregistration.margin)
+        cells = ["-", "-", "-"] if difference is None else [
+            f"{difference.mean:+.4f}", difference.interval_text(0.95), difference.interval_text(0.90)]
+        lines.append(f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
+                     f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) |")
     return lines
 
 
-def paired_findings(differences: Mapping[str, Mapping[str, Optional[PairedDifference]]],
-                    summaries: Sequence[VariantSummary], baseline: VariantSummary) -> List[str]:
-    """One sentence per variant: the metrics where its paired interval against the baseline excludes 0."""
+def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                    preregistration: Preregistration) -> List[str]:
+    where = (f"pre-registered in `{preregistration.source}`" if preregistration.source
+             else "given on the command line (no pre-registration file)")
+    return [
+        "## Primary endpoint", "",
+        f"`{preregistration.endpoint}`: the per-run mean of {', '.join(preregistration.metrics)}; equivalence "
+        f"margin ±{preregistration.margin:g}; reference `{reference}`; {where}. Each variant is paired with "
+        f"`{reference}` seed for seed (runs where both are ok). Verdict: **helps** if the 95% paired-t interval of "
+        "(variant - reference) is above 0, **hurts** if below 0, else **no effect** if the 90% interval lies inside "
+        "±margin (TOST at 5%), else **inconclusive**. Fewer than 2 pairs, or zero variance (every pair differs by "
+        "the same amount), give no interval and are inconclusive; a variant identical to the reference on every "
+        "pair is no effect.", "",
+        *primary_table(records, labels, reference, preregistration), ""]
+
+
+def secondary_keys(summaries: Sequence[VariantSummary]) -> List[str]:
+    """The paired metrics tested as secondary endpoints: clone accuracies and cosine margins, the clip-benchmark
+    sets' metrics, val recall.
+
+    Logit margins (`_margin`) are left out: they are the cosine margins times each model's own logit scale,
+    so they test the temperature as much as the clone handling (the clone table shows them)."""
+    return [key for key in section_keys(summaries, PAIRED_PREFIXES)
+            if not key.endswith("_margin")]
+
+
+def secondary_table(tests: Mapping[str, Mapping[str, SecondaryTest]]) -> List[str]:
+    lines = ["| variant | metric | pairs | mean difference | 95% interval | p | Holm p | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, by_key in tests.items():
+        for key, test in by_key.items():
+            difference = test.difference
+            lines.append(f"| `{label}` | {key} | {difference.n} | {difference.mean:+.4f} | "
+                         f"{difference.interval_text(0.95)} | {format_p(test.p_value)} | {format_p(test.adjusted)} | "
+                         + ("*" if test.significant else "") + " |")
+    return lines
+
+
+def secondary_findings(tests: Mapping[str, Mapping[str, SecondaryTest]], summaries: Sequence[VariantSummary],
+                       reference: str) -> List[str]:
+    """One sentence per variant: the secondary differences that survive the Holm correction."""
     runs = {summary.label: summary.runs_text() for summary in summaries}
     lines = []
-    for label, by_key in differences.items():
-        prefix = f"`{label}` vs `{baseline.label}`: "
-        if all(difference is None for difference in by_key.values()):
-            lines.append(prefix + f"no seed where both runs are ok ({runs[label]}).")
+    for label, by_key in tests.items():
+        prefix = f"`{label}` vs `{reference}`: "
+        if not by_key:
+            lines.append(prefix + f"no seed where both runs are ok ({runs.get(label, 'no runs')}).")
             continue
-        clear = {key: difference for key, difference in by_key.items() if difference is not None and difference.clear}
-        better = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean > 0]
-        worse = [f"{key} {d.text().rstrip(' *')}" for key, d in clear.items() if d.mean < 0]
-        if not clear:
-            lines.append(prefix + "no paired difference excludes 0.")
+        significant = {key: test for key, test in by_key.items() if test.significant}
+        if not significant:
+            smallest = min(test.adjusted for test in by_key.values())
+            lines.append(prefix + f"no secondary difference survives the Holm correction (smallest Holm p "
+                         f"{format_p(smallest)}).")
             continue
-        parts = [f"{side} on {', '.join(items)}" for side, items in (("better", better), ("worse", worse)) if items]
-        lines.append(prefix + "; ".join(parts) + " (95% paired intervals).")
+        parts = []
+        for side, sign in (("better", 1), ("worse", -1)):
+            items = [f"{key} {test.difference.mean:+.3f} (Holm p {format_p(test.adjusted)})"
+                     for key, test in significant.items() if sign * test.difference.mean > 0]
+            if items:
+                parts.append(f"{side} on {', '.join(items)}")
+        lines.append(prefix + "; ".join(parts) + ".")
     return lines
 
 
-def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]]) -> List[str]:
+def paired_section(records: Sequence[Mapping[str, Any]], summaries: Sequence[VariantSummary], reference: str
+                   ) -> List[str]:
+    tests = secondary_tests(records, [summary.label for summary in summaries], reference,
+                            secondary_keys(summaries))
+    size = sum(len(by_key) for by_key in tests.values())
+    return [
+        f"## Paired against `{reference}`", "",
+        f"Secondary endpoints: each row is the mean over seeds of (variant - `{reference}`) on runs with the same "
+        "seed (same initialisation and data order; only seeds where both runs are ok), its 95% paired-t interval, "
+        f"the two-sided paired-t p and the Holm-adjusted p over all {size} rows of this table (family-wise alpha "
+        f"{FAMILY_ALPHA:g}; a row without an interval counts as p = 1). `*` marks a difference the Holm correction "
+        f"rejects (and at least {TIE:g} in size).", "",
+        *secondary_table(tests), "", *secondary_findings(tests, summaries, reference), ""]
+
+
+def reference_label(labels: Sequence[str], preregistration: Preregistration) -> Optional[str]:
+    """The variant every other is paired with: the registered one (which must be run), else `clip`, else the first."""
+    if preregistration.reference is not None:
+        if preregistration.reference not in labels:
+            raise ValueError(f"the reference variant {preregistration.reference!r} is not among the variants "
+                             f"({', '.join(labels)}); add it to --losses or pass another --reference")
+        return preregistration.reference
+    return BASELINE if BASELINE in labels else (labels[0] if labels else None)
+
+
+def check_endpoint(records: Sequence[Mapping[str, Any]], preregistration: Preregistration) -> None:
+    """The endpoint's metrics exist in the ok runs (a misspelt name would otherwise just leave it empty)."""
+    ok_metrics = {key for record in records if record["verdict"] == OK for key in record["metrics"]}
+    unknown = [metric for metric in preregistration.metrics if metric not in ok_metrics]
+    if ok_metrics and unknown:
+        raise ValueError(f"the primary endpoint's {', '.join(unknown)} is in no ok run's metrics; choose from "
+                         f"{', '.join(sorted(ok_metrics, key=metric_order))}")
+
+
+def findings(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]], reference: Optional[str]
+             ) -> List[str]:
     """The "what this shows" paragraph, computed from the numbers alone."""
     lines = []
     for key in ("clone/overall", "val/t2i_R@1", "val/i2t_R@1"):
         sentence = compare(summaries, key)
         if sentence:
             lines.append(sentence)
-    baseline = next((s for s in summaries if s.label == BASELINE), summaries[0] if summaries else None)
+    baseline = next((s for s in summaries if s.label == reference), None)
     if baseline is not None and baseline.num_ok:
         for sentence in (versus_baseline(summaries, baseline, "clone/overall"), baseline_difficulty(baseline)):
             if sentence:
@@ -209,19 +306,38 @@ class ReportContext:
     machine: Dict[str, str]
     started: str
     siblings: Optional[Dict[str, float]] = None  # in-batch siblings in training (`synthetic_scenes.families`)
+    model: str = MODEL
+    benchmarks: Optional[Dict[str, Any]] = None  # the user's evaluation sets (`jobs.Benchmarks`); None: the demo's
+    ranks: int = 1                               # processes each run trains on (emitted jobs)
+    emitted: bool = False                        # the runs were written as cluster jobs (`cluster`), not run here
+
+
+def data_lines(context: ReportContext) -> List[str]:
+    """What the runs trained and were evaluated on: the demo data, or the user's."""
+    budget, data, benchmarks = context.budget, context.data, context.benchmarks
+    if benchmarks is None:
+        return [f"- demo data (`synthetic_scenes`, data seed {context.data_seed}): {budget.num_train} train, "
+                f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
+                f"classification set has as many); in `{data.root}`"]
+    sets = ", ".join(f"`{name}`" for name in benchmarks["datasets"]) or "none"
+    clone = f"`{benchmarks['clone_selection_dir']}`" if benchmarks.get("clone_selection_dir") else "none"
+    return [f"- training data `{data.train_data}` ({data.num_train} samples per epoch), validation `{data.val_data}`",
+            f"- clip-benchmark sets {sets} (`--dataset_root {benchmarks['root']}`); clone-selection set {clone}"]
 
 
 def budget_lines(context: ReportContext) -> List[str]:
     budget = context.budget
+    global_batch = budget.batch_size * context.ranks
+    steps_per_epoch = budget.num_train // global_batch
+    ranks = f" ({context.ranks} ranks x {budget.batch_size})" if context.ranks > 1 else ""
+    concurrency = ("each run one cluster job" if context.emitted else f"{budget.jobs} run(s) at a time")
     return [
-        f"- model `{MODEL}`; every run: {budget.epochs} epochs x {budget.num_train // budget.batch_size} steps = "
-        f"**{budget.steps} steps** at batch {budget.batch_size}, AdamW lr {budget.lr:g} (cosine, {budget.warmup} "
-        f"warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
+        f"- model `{context.model}`; every run: {budget.epochs} epochs x {steps_per_epoch} steps = "
+        f"**{budget.epochs * steps_per_epoch} steps** at batch {global_batch}{ranks}, AdamW lr {budget.lr:g} (cosine, "
+        f"{budget.warmup} warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
         f"precision {budget.precision or 'the trainer default'}",
-        f"- demo data (`synthetic_scenes`, data seed {context.data_seed}): {budget.num_train} train, "
-        f"{budget.num_val} val, {budget.num_test} test scenes (clone selection and retrieval; each "
-        f"classification set has as many); in `{context.data.root}`",
-        f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {budget.jobs} run(s) at a time",
+        *data_lines(context),
+        f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {concurrency}",
     ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
         [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} "
          f"epochs at lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
@@ -233,10 +349,17 @@ def budget_lines(context: ReportContext) -> List[str]:
         if context.siblings else [])
 
 
+def machine_lines(machine: Mapping[str, str]) -> List[str]:
+    return [f"- machine: {machine['cpu']}, {machine['cores']} cores{machine.get('gpu', '')}; load average "
+            f"{machine['load']} at the start",
+            f"- software: Python {machine['python']}, torch {machine['torch']}, open_clip {machine['open_clip']}, "
+            f"clip-benchmark {machine['clip_benchmark']}; code {machine['code']}"]
+
+
 def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
-                    context: ReportContext, plot_name: Optional[str], csv_name: str) -> str:
-    """The whole report."""
-    machine = context.machine
+                    context: ReportContext, plot_name: Optional[str], csv_name: str,
+                    preregistration: Preregistration = Preregistration(), missing: Sequence[str] = ()) -> str:
+    """The whole report; `missing`: the planned runs without a record (not finished, or not started)."""
     run_seconds = [r["wall_seconds"] for r in records if r.get("wall_seconds")]
     num_reused = sum(bool(r.get("reused")) for r in records)
     timing = (f"; one run (its process: start, train, evaluate) took {statistics.fmean(run_seconds):.0f} s on "
@@ -245,6 +368,13 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     if num_reused:
         timing += (f"; {num_reused} of the runs were reused from an earlier call (their times are from it), "
                    f"so this call's wall time is not the comparison's")
+    when = (f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
+            + timing)
+    if context.emitted:
+        # Cluster jobs run when the scheduler starts them: only each run's own time is known.
+        when = (f"- jobs written {context.started}; {len(records)} runs with a record, "
+                f"{sum(run_seconds) / 60:.1f} min of run time in all (each run: train, then evaluate)"
+                + (f", {statistics.fmean(run_seconds):.0f} s per run on average" if run_seconds else ""))
     lines = [
         "# Loss comparison results",
         "",
@@ -258,38 +388,35 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
         context.command,
         "```",
         "",
-        f"- machine: {machine['cpu']}, {machine['cores']} cores{machine.get('gpu', '')}; load average "
-        f"{machine['load']} at the start",
-        f"- software: Python {machine['python']}, torch {machine['torch']}, open_clip {machine['open_clip']}, "
-        f"clip-benchmark {machine['clip_benchmark']}; code {machine['code']}",
-        f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
-        + timing,
+        *machine_lines(context.machine),
+        when,
         *budget_lines(context),
         "",
         "## Summary",
         "",
-        *markdown_table(summaries, [k for k in HEADLINE_METRICS if any(k in s.metrics for s in summaries)]),
+        *markdown_table(summaries, [k for k in (*HEADLINE_METRICS, *([preregistration.key] if preregistration.endpoint
+                                                                    else [])) if any(k in s.metrics for s in summaries)]),
         "",
     ]
     if plot_name:
         lines += [f"![main metrics, mean and standard deviation over ok runs]({plot_name})", ""]
-    lines += ["## What this shows", "", *findings(summaries, records), ""]
-    baseline = next((summary for summary in summaries if summary.label == BASELINE and summary.num_ok), None)
-    if baseline is not None and len(summaries) > 1:
-        differences = paired_differences(summaries, records, baseline)
-        lines += ["## Paired against `clip`", "",
-                  f"Each cell: mean over seeds of (variant - `{BASELINE}`) on runs with the same seed (same "
-                  "initialisation and data order), ± the half width of its 95% paired-t interval; `*` marks an "
-                  "interval that excludes 0. Only seeds where both runs are ok are paired.", "",
-                  *paired_table(differences), "", *paired_findings(differences, summaries, baseline), ""]
+    labels = [summary.label for summary in summaries]
+    reference = reference_label(labels, preregistration)
+    lines += ["## What this shows", "", *findings(summaries, records, reference), ""]
+    if reference is not None and len(summaries) > 1:
+        if preregistration.endpoint:
+            lines += primary_section(records, labels, reference, preregistration)
+        lines += paired_section(records, summaries, reference)
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
-    flagged = flagged_runs(records)
+    flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
+                                       for name in missing]
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
               f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: a softmax loss whose final "
-              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(batch), or mean val R@1 "
+              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(negatives per row: the global "
+              f"batch plus any feature queue's entries), or mean val R@1 "
               f"below {CollapseCriteria().recall_factor:g} x chance.", ""]
     return "\n".join(lines)
 
@@ -324,7 +451,7 @@ def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
 def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
     """The [0, 1] metrics (accuracies, recalls); logit margins and losses have their own tables."""
     return [key for key in section_keys(summaries, PLOT_PREFIXES)
-            if key not in PLOT_EXCLUDED and not key.endswith("_margin")]
+            if key not in PLOT_EXCLUDED and "_margin" not in key]
 
 
 def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
@@ -374,8 +501,14 @@ def kept_tail(results_md: Path) -> str:
 
 
 def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, results_md: Path,
-                 output_dir: Path) -> str:
-    """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`."""
+                 output_dir: Path, preregistration: Preregistration = Preregistration(),
+                 missing: Sequence[str] = ()) -> str:
+    """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`.
+
+    With a primary endpoint, each record gains its per-run value (`primary/<name>`) first."""
+    if preregistration.endpoint:
+        check_endpoint(records, preregistration)
+        records = with_endpoint(records, preregistration.metrics, preregistration.key)
     summaries = summarize(records)
     results_md.parent.mkdir(parents=True, exist_ok=True)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -383,7 +516,8 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
     csv_path = results_md.with_name(results_md.stem + "_runs.csv")
     has_plot = write_plot(summaries, plot_path)
     write_runs_csv(records, csv_path)
-    markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name)
+    markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name,
+                               preregistration, missing)
     results_md.write_text(markdown + kept_tail(results_md))
     write_summary_csv(summaries, output_dir / "summary.csv")
     for source, name in ((results_md, "results.md"), (csv_path, "runs.csv"), (plot_path, "results.png")):

@@ -1,18 +1,20 @@
-"""A whole comparison: the data, every job (`--jobs` at a time), the report; or the report again from
-the records alone (`--report-only`)."""
+"""A whole comparison: the data, every job (`--jobs` at a time), the report; or its jobs written for a
+cluster (`--emit-jobs`); or the report from whatever records there are (`--report-only`)."""
 from __future__ import annotations
 
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .cluster import ARRAY_SCRIPT, JOBS_LIST, emit_jobs
 from .data import Budget, ComparisonData, prepare_data
-from .jobs import (OK, RunJob, flag_value, launch_job, plan_jobs, pretrain_job, pretrained_checkpoint,
-                   write_json_atomic)
+from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, flag_value, launch_job, plan_jobs, pretrain_job,
+                   record_file, run_name, write_json_atomic)
+from .preregistration import Preregistration
 from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
 from .stats import assess_run
 from .variants import LossVariant, parse_loss_variant
@@ -65,14 +67,32 @@ def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str
             "group_size": group_size}
 
 
+@dataclass(frozen=True)
+class OwnData:
+    """The user's training data and evaluation sets, in place of the demo data."""
+
+    data: ComparisonData
+    benchmarks: Benchmarks
+
+
+def save_comparison(output_dir: Path, variants: Sequence[LossVariant], context: ReportContext,
+                    preregistration: Preregistration) -> None:
+    """comparison.json: what `--report-only` needs besides the records."""
+    write_json_atomic(output_dir / COMPARISON_FILE, {"labels": [variant.label for variant in variants],
+                                                     "context": asdict(context),
+                                                     "preregistration": asdict(preregistration)})
+
+
 def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
                   results_md: Path, data_dir: Optional[Path] = None, data_seed: int = 0, command: str = "",
-                  timeout: Optional[float] = None, reuse: bool = True, echo=print) -> List[Dict[str, Any]]:
-    """Data, every run, the report; returns the assessed records."""
+                  timeout: Optional[float] = None, reuse: bool = True, echo=print, own_data: Optional[OwnData] = None,
+                  model: str = MODEL, preregistration: Preregistration = Preregistration()) -> List[Dict[str, Any]]:
+    """Data (the demo's, written or reused, unless `own_data`), every run, the report; returns the assessed records."""
     start = time.time()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = machine_info(budget.device)
-    data = prepare_data(data_dir or output_dir / "data", budget, data_seed)
+    data = own_data.data if own_data else prepare_data(data_dir or output_dir / "data", budget, data_seed)
+    benchmarks = own_data.benchmarks if own_data else None
     pretrained = None
     if budget.pretrain_epochs:
         job = pretrain_job(budget, data, output_dir)
@@ -81,40 +101,73 @@ def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget
         echo(run_line(record))
         if record["verdict"] != OK:
             raise ValueError(f"the pretraining run {job.name} is {record['verdict']}: {'; '.join(record['reasons'])}")
-        pretrained = pretrained_checkpoint(job)
-    jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained)
+        pretrained = final_checkpoint(job)
+    jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained, model=model, benchmarks=benchmarks)
     echo(f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
          f"{budget.jobs} at a time; logs in {output_dir / 'logs'}")
     records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
     context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
                             wall_seconds=time.time() - start, machine=machine, started=started,
-                            siblings=training_siblings(budget, data))
-    write_json_atomic(output_dir / COMPARISON_FILE,
-                      {"labels": [variant.label for variant in variants], "context": asdict(context)})
-    write_report(records, context, results_md, output_dir)
+                            siblings=None if own_data else training_siblings(budget, data), model=model,
+                            benchmarks=asdict(benchmarks) if benchmarks else None)
+    save_comparison(output_dir, variants, context, preregistration)
+    write_report(records, context, results_md, output_dir, preregistration)
     return records
 
 
-def rebuild_report(output_dir: Path, results_md: Path) -> List[Dict[str, Any]]:
-    """Write the report again from `output_dir`'s records and comparison.json, training nothing.
+def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
+                    emit_dir: Path, own_data: Optional[OwnData] = None, data_dir: Optional[Path] = None,
+                    data_seed: int = 0, command: str = "", model: str = MODEL, nproc_per_node: int = 1,
+                    preregistration: Preregistration = Preregistration()) -> List[RunJob]:
+    """Write every run as a cluster job (`cluster`) and comparison.json, running nothing; returns the jobs.
+
+    Paths are made absolute, so the jobs run from anywhere; `--report-only` on `output_dir` then
+    reports on whichever runs have finished."""
+    if budget.pretrain_epochs:
+        raise ValueError("--emit-jobs does not run the fine-tuning regime's pretraining; start every run from a "
+                         "model you have with --train-args '--pretrained CHECKPOINT_OR_TAG'")
+    output_dir, emit_dir = output_dir.resolve(), emit_dir.resolve()
+    data = own_data.data if own_data else prepare_data((data_dir or output_dir / "data").resolve(), budget, data_seed)
+    benchmarks = own_data.benchmarks if own_data else None
+    jobs = plan_jobs(variants, seeds, budget, data, output_dir, model=model, benchmarks=benchmarks,
+                     world_size=nproc_per_node)
+    emit_jobs(jobs, emit_dir, nproc_per_node=nproc_per_node, workdir=Path.cwd())
+    context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
+                            wall_seconds=0.0, machine={}, started=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                            model=model, benchmarks=asdict(benchmarks) if benchmarks else None, ranks=nproc_per_node,
+                            emitted=True)
+    save_comparison(output_dir, variants, context, preregistration)
+    return jobs
+
+
+def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional[Preregistration] = None
+                   ) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Write the report from `output_dir`'s records and comparison.json, training nothing; returns the
+    assessed records and the names of the planned runs without a record (listed in the report).
 
     The verdicts are recomputed (e.g. after changing `CollapseCriteria`); the command, machine and
-    wall time are those of the call that ran the comparison.
+    wall time are those of the call that ran the comparison (of emitted jobs: the machine the runs
+    reported, their summed run time). `preregistration` replaces the saved one.
     """
     saved = saved_comparison(output_dir)
     fields = saved["context"]
     budget = Budget(**{**fields["budget"], "train_args": tuple(fields["budget"].get("train_args", ()))})
     context = ReportContext(**{**fields, "budget": budget, "data": ComparisonData(**fields["data"])})
+    if preregistration is None:
+        registered = saved.get("preregistration", {})
+        preregistration = Preregistration(**{**registered, "metrics": tuple(registered.get("metrics", ()))})
     variants = [parse_loss_variant(label) for label in saved["labels"]]
-    pretrained = (pretrained_checkpoint(pretrain_job(context.budget, context.data, output_dir))
-                  if context.budget.pretrain_epochs else None)
-    jobs = plan_jobs(variants, context.seeds, context.budget, context.data, output_dir, pretrained)
-    missing = [job.name for job in jobs if not Path(job.record_path).is_file()]
-    if missing:
-        raise ValueError(f"{output_dir} has no record of {', '.join(missing)}; run the comparison to finish them")
-    records = [assess_run(json.loads(Path(job.record_path).read_text())) for job in jobs]
-    write_report(records, context, results_md, output_dir)
-    return records
+    names = [run_name(variant, seed) for seed in context.seeds for variant in variants]
+    missing = [name for name in names if not record_file(output_dir, name).is_file()]
+    if len(missing) == len(names):
+        raise ValueError(f"{output_dir} has no record of any of its {len(names)} runs yet"
+                         + (f"; run the jobs of {ARRAY_SCRIPT} ({JOBS_LIST} lists them)" if context.emitted else ""))
+    records = [assess_run(json.loads(record_file(output_dir, name).read_text()))
+               for name in names if name not in missing]
+    if context.emitted:
+        context = replace(context, machine=next((r["machine"] for r in records if r.get("machine")), context.machine))
+    write_report(records, context, results_md, output_dir, preregistration, missing)
+    return records, missing
 
 
 def saved_comparison(output_dir: Path) -> Dict[str, Any]:

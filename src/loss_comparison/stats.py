@@ -1,9 +1,27 @@
-"""Verdicts and aggregation: which runs count, and what the ok runs say per variant and against the baseline.
+"""Verdicts and aggregation: which runs count, and what the ok runs say per variant and against the reference.
 
 Every run gets a verdict (`assess_run`): failed (crashed, or no record), nonfinite (NaN/inf loss
-or metric), collapsed (training loss pinned near ln(batch) for a softmax loss, or val R@1 under
+or metric), collapsed (training loss pinned near ln(negatives) for a softmax loss, or val R@1 under
 twice chance, docs/method.md §4b) or ok. Means and standard deviations (`summarize`) and paired
-differences to the baseline over seeds (`paired_difference`) are over the ok runs only.
+differences to the reference over seeds (`paired_difference`) are over the ok runs only.
+
+The paired statistics (docs/cluster.md, "Running the loss comparison"), per variant against the
+reference, on seeds where both runs are ok:
+
+- the primary endpoint (`preregistration`) gets exactly one verdict (`primary_verdict`): *helps*
+  (95% paired-t interval of variant - reference entirely above 0), *hurts* (entirely below 0), *no
+  effect* (the 90% interval entirely inside [-margin, +margin]: both one-sided tests of TOST reject at
+  5%), else *inconclusive*; helps and hurts are checked first, so a difference that is significant but
+  inside the margin is reported as helps or hurts;
+- every other paired metric x variant is one secondary test (two-sided paired t), Holm-Bonferroni
+  corrected over that whole family at a family-wise alpha of 0.05 (`holm`);
+- fewer than 2 pairs: no interval, inconclusive, never significant;
+- zero variance (every pair differs by the same amount, up to float rounding): the t interval is
+  degenerate (width 0; a spread estimated as 0 from a few seeds says how coarse the metric is, not
+  how sure the difference is), so it is reported as "n/a (zero variance)", is never significant
+  (counted in the Holm family with p = 1) and its verdict is inconclusive; except when that common
+  difference is exactly 0 on every pair, i.e. the variant scored exactly what the reference scored on
+  every seed, which is *no effect* (the report says "identical on every pair").
 """
 from __future__ import annotations
 
@@ -14,16 +32,16 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .jobs import FAILED, NONFINITE, OK
 
-TIE = 5e-4  # mean differences below this are reported as ties (the tables show 3 decimals)
 COLLAPSED = "collapsed"  # the verdict of a run that finished but learned (next to) nothing
 
 
 @dataclass(frozen=True)
 class CollapseCriteria:
-    """When a finished run counts as collapsed (docs/method.md §4b: loss pinned at ln(batch), recall at chance).
+    """When a finished run counts as collapsed (docs/method.md §4b: loss pinned at ln(negatives), recall at chance).
 
     loss_fraction: a softmax loss whose final training loss is at least this fraction of
-        ln(batch size) has learned (next to) nothing: within 5% of the all-logits-equal value.
+        ln(negatives) has learned (next to) nothing: within 5% of the all-logits-equal value, where
+        negatives is the number of logits each row's softmax spans (`softmax_width`).
     recall_factor: mean val R@1 of the two directions below this many times chance (1 / val size).
     """
 
@@ -43,16 +61,26 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
     if missing or not record.get("val_num_samples"):
         return {**record, "verdict": FAILED, "reasons": [f"no {', '.join(missing) or 'val/num_samples'} recorded"]}
     reasons = []
-    chance_loss = math.log(record["batch_size"])
+    width = softmax_width(record)
+    chance_loss = math.log(width)
     if record["softmax_loss"] and metrics["train/final_loss"] >= criteria.loss_fraction * chance_loss:
         reasons.append(f"final loss {metrics['train/final_loss']:.3f} >= {criteria.loss_fraction:g} x "
-                       f"ln({record['batch_size']}) = {criteria.loss_fraction * chance_loss:.3f}")
+                       f"ln({width}) = {criteria.loss_fraction * chance_loss:.3f}")
     chance_recall = 1.0 / record["val_num_samples"]
     mean_recall = (metrics["val/i2t_R@1"] + metrics["val/t2i_R@1"]) / 2
     if mean_recall < criteria.recall_factor * chance_recall:
         reasons.append(f"val R@1 {mean_recall:.4f} < {criteria.recall_factor:g} x chance "
                        f"(1/{record['val_num_samples']:g})")
     return {**record, "verdict": COLLAPSED if reasons else OK, "reasons": reasons}
+
+
+def softmax_width(record: Mapping[str, Any]) -> int:
+    """The logits in each row of a softmax loss: the global batch (per-rank batch x ranks, gathered)
+    plus the entries of the loss's feature queue (adacl's `queue_size`), which a run's last tenth
+    sees full (a queue fills within queue_size / global batch steps). The loss options are those the
+    trainer resolved (`loss_options`); records written before they were kept give the variant's own."""
+    options = record.get("loss_options") or record["options"]
+    return record["batch_size"] * record.get("world_size", 1) + int(options.get("queue_size") or 0)
 
 
 @dataclass
@@ -99,8 +127,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> List[VariantSummary]:
 
 
 def metric_order(key: str) -> Tuple[int, bool, str]:
-    """Sort key: by section (clone, cls, ret, val, train, others), `clone/overall` last in its section."""
-    prefixes = ("clone/", "cls/", "ret/", "val/", "train/")
+    """Sort key: by section (clone, sel, cls, ret, val, train, others), `clone/overall` last in its section."""
+    prefixes = ("clone/", "sel/", "cls/", "ret/", "val/", "train/")
     section = next((index for index, prefix in enumerate(prefixes) if key.startswith(prefix)), len(prefixes))
     return section, key == "clone/overall", key
 
@@ -129,52 +157,150 @@ def tracking_baseline(records: Sequence[Mapping[str, Any]], label: str, baseline
                for key in mine[seed].keys() & theirs[seed].keys() if key != "train/steps")
 
 
-# Metrics compared seed for seed against the baseline, with a 95% interval (the "Paired" section).
-PAIRED_PREFIXES = ("clone/", "val/i2t_R@", "val/t2i_R@")
+# Metrics compared seed for seed against the reference (the "Paired" section): the secondary tests, every
+# evaluation of the final model (clone selection, clip-benchmark sets, val retrieval).
+PAIRED_PREFIXES = ("clone/", "sel/", "cls/", "ret/", "val/i2t_R@", "val/t2i_R@")
+FAMILY_ALPHA = 0.05  # Holm-Bonferroni's family-wise error rate over the secondary tests
+ZERO_SPREAD = 1e-9   # a paired sd at most this x max(1, |difference|) is zero variance (float rounding)
+# Differences smaller than this are never reported as findings, however steady: float noise between runs
+# that compute the same thing (a loss whose mechanism never fired) is below it, and the tables show 3 decimals.
+TIE = 5e-4
+HELPS, HURTS, NO_EFFECT, INCONCLUSIVE = "helps", "hurts", "no effect", "inconclusive"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PairedDifference:
-    mean: float          # mean over seeds of (variant - baseline)
-    half_width: float    # 95% paired-t half interval; NaN with one pair
-    n: int
+    """variant - reference on one metric, one value per seed where both runs are ok."""
+
+    differences: Tuple[float, ...]
 
     @property
-    def clear(self) -> bool:
-        """The interval excludes 0, and the difference is not a tie (below TIE: float noise between runs
-        that compute the same thing, e.g. a loss whose mechanism never fired)."""
-        return self.n > 1 and abs(self.mean) > self.half_width and abs(self.mean) >= TIE
+    def n(self) -> int:
+        return len(self.differences)
 
-    def text(self) -> str:
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.differences)
+
+    @property
+    def sd(self) -> float:
+        """Sample standard deviation of the differences; NaN with one pair."""
+        return statistics.stdev(self.differences) if self.n > 1 else math.nan
+
+    @property
+    def zero_variance(self) -> bool:
+        """Every pair differs by the same amount (up to float rounding)."""
+        return self.n > 1 and self.sd <= ZERO_SPREAD * max(1.0, max(abs(d) for d in self.differences))
+
+    @property
+    def identical(self) -> bool:
+        """The variant scored exactly what the reference scored, on every pair."""
+        return self.n > 1 and all(d == 0 for d in self.differences)
+
+    @property
+    def testable(self) -> bool:
+        """A paired t test means something: at least 2 pairs with a nonzero spread."""
+        return self.n > 1 and not self.zero_variance
+
+    def interval(self, confidence: float) -> Optional[Tuple[float, float]]:
+        """The two-sided paired-t interval at `confidence`; None when not `testable`."""
+        if not self.testable:
+            return None
+        from scipy import stats
+
+        half = float(stats.t.ppf((1 + confidence) / 2, self.n - 1)) * self.sd / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    @property
+    def p_value(self) -> Optional[float]:
+        """Two-sided paired-t p value of `mean == 0`; None when not `testable`."""
+        if not self.testable:
+            return None
+        from scipy import stats
+
+        t = self.mean / (self.sd / math.sqrt(self.n))
+        return float(2 * stats.t.sf(abs(t), self.n - 1))
+
+    def interval_text(self, confidence: float) -> str:
         if self.n < 2:
-            return f"{self.mean:+.3f} (1 pair)"
-        return f"{self.mean:+.3f} ± {self.half_width:.3f}" + (" *" if self.clear else "")
+            return "n/a (1 pair)"
+        interval = self.interval(confidence)
+        if interval is None:
+            return "n/a (identical on every pair)" if self.identical else "n/a (zero variance)"
+        return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
-def paired_difference(records: Sequence[Mapping[str, Any]], label: str, baseline: str, key: str
+def paired_difference(records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
                       ) -> Optional[PairedDifference]:
-    """`label` minus `baseline` on `key`, over the seeds where both runs are ok (same init and data
-    order: the pairing removes the seed-to-seed variance both share), with a paired-t 95% interval."""
-    from scipy import stats
-
+    """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data
+    order: the pairing removes the seed-to-seed variance both share); None without any such seed."""
     def by_seed(name: str) -> Dict[int, float]:
         return {r["seed"]: r["metrics"][key] for r in records
                 if r["label"] == name and r["verdict"] == OK and key in r["metrics"]}
 
-    mine, theirs = by_seed(label), by_seed(baseline)
-    differences = [mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys())]
-    if not differences:
-        return None
-    mean = statistics.fmean(differences)
-    if len(differences) < 2:
-        return PairedDifference(mean, math.nan, 1)
-    half = stats.t.ppf(0.975, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(len(differences))
-    return PairedDifference(mean, float(half), len(differences))
+    mine, theirs = by_seed(label), by_seed(reference)
+    differences = tuple(mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys()))
+    return PairedDifference(differences) if differences else None
 
 
-def paired_differences(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
-                       baseline: VariantSummary) -> Dict[str, Dict[str, Optional[PairedDifference]]]:
-    """variant label -> metric -> its paired difference to the baseline, for every variant but the baseline."""
-    keys = section_keys(summaries, PAIRED_PREFIXES)
-    return {summary.label: {key: paired_difference(records, summary.label, baseline.label, key) for key in keys}
-            for summary in summaries if summary is not baseline}
+def primary_verdict(difference: Optional[PairedDifference], margin: float) -> Tuple[str, str]:
+    """(verdict, why) on the primary endpoint: helps, hurts, no effect or inconclusive (module docstring)."""
+    if difference is None or difference.n < 2:
+        pairs = 0 if difference is None else difference.n
+        return INCONCLUSIVE, f"{pairs} pair{'s' * (pairs != 1)} (a paired interval needs 2)"
+    if difference.identical:
+        return NO_EFFECT, "identical to the reference on every pair"
+    if difference.zero_variance:
+        return INCONCLUSIVE, "zero variance: every pair differs by the same amount, so no interval can be estimated"
+    low, high = difference.interval(0.95)
+    if low > 0:
+        return HELPS, "the 95% interval is above 0" + (" (inside the margin)" if high < margin else "")
+    if high < 0:
+        return HURTS, "the 95% interval is below 0" + (" (inside the margin)" if low > -margin else "")
+    low, high = difference.interval(0.90)
+    if -margin < low and high < margin:
+        return NO_EFFECT, f"TOST: the 90% interval is inside ±{margin:g}"
+    return INCONCLUSIVE, f"the 95% interval holds 0 and the 90% interval is not inside ±{margin:g}"
+
+
+def holm(p_values: Sequence[float], alpha: float = FAMILY_ALPHA) -> Tuple[List[float], List[bool]]:
+    """Holm-Bonferroni over one family: (adjusted p values, rejected), in the order given.
+
+    Sorted ascending, the i-th smallest of m is rejected while p_(j) <= alpha / (m - j + 1) for every
+    j <= i; its adjusted p is max over j <= i of min(1, (m - j + 1) p_(j)), so rejected == adjusted <= alpha.
+    """
+    m = len(p_values)
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted, [value <= alpha for value in adjusted]
+
+
+@dataclass(frozen=True)
+class SecondaryTest:
+    difference: PairedDifference
+    p_value: Optional[float]     # raw two-sided paired t; None when not testable (then p = 1 in the family)
+    adjusted: float              # Holm-adjusted over the family
+    significant: bool            # Holm-rejected and at least TIE in size
+
+
+def secondary_tests(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                    keys: Sequence[str]) -> Dict[str, Dict[str, SecondaryTest]]:
+    """variant -> metric -> its test against `reference`, Holm-corrected over every (variant, metric) cell
+    with at least one pair; labels other than the reference."""
+    cells = [(label, key, difference) for label in labels if label != reference for key in keys
+             if (difference := paired_difference(records, label, reference, key)) is not None]
+    raw = [difference.p_value for _, _, difference in cells]
+    adjusted, rejected = holm([1.0 if p is None else p for p in raw])
+    tests: Dict[str, Dict[str, SecondaryTest]] = {label: {} for label in labels if label != reference}
+    for (label, key, difference), p, p_adjusted, reject in zip(cells, raw, adjusted, rejected):
+        tests[label][key] = SecondaryTest(difference, p, p_adjusted, reject and abs(difference.mean) >= TIE)
+    return tests
+
+
+def with_endpoint(records: Sequence[Mapping[str, Any]], metrics: Sequence[str], key: str) -> List[Dict[str, Any]]:
+    """The records with `key` = the mean of `metrics` added, where a run has all of them."""
+    return [{**record, "metrics": {**record["metrics"], key: statistics.fmean(record["metrics"][m] for m in metrics)}}
+            if all(m in record["metrics"] for m in metrics) else dict(record) for record in records]
