@@ -35,12 +35,12 @@ from loss_comparison.data import QUICK
 from loss_comparison.report import kept_tail
 
 GROUPED = "--train-group-size 8"
-EPOCHS = 16                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
+EPOCHS = 24                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
 PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
 # The controls of every regime (docs/preregistration.md): CLIP, AdaCL's default, the paper's Algorithm 1,
 # A0 (no discovery: every negative a clone candidate), and the calibrated margins with the paper's steep positive.
 CONTROLS = "clip,adacl,adacl:paper,adacl:candidate_region=all,adacl:positive_grad=fixed"
-TRANSFER_PRETRAIN_EPOCHS = 16
+TRANSFER_PRETRAIN_EPOCHS = 24
 TRANSFER_PRETRAIN_SEED = 1000
 TRANSFER_FINETUNE = ("--epochs", "8", "--lr", "1e-3", "--warmup", "10")
 
