@@ -3,6 +3,7 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
 
     python scripts/clone_study.py                               # every regime, seeds 0-4
     python scripts/clone_study.py --regimes scratch --seeds 0,1   # a slice (reuses finished runs)
+    python scripts/clone_study.py --losses clip,adacl:paper       # some of each regime's variants first
     python scripts/clone_study.py --report-only                 # rewrite the reports from the runs
 
 Every regime trains the tiny model on the demo scenes (`synthetic_scenes`, written in families of 8
@@ -108,7 +109,21 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     return checkpoint
 
 
-def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str]) -> List[str]:
+def regime_losses(regime: Regime, only: Optional[str]) -> str:
+    """The regime's variants, or those of `only` (which must all be the regime's), in the regime's order."""
+    if only is None:
+        return regime.losses
+    from loss_comparison.variants import parse_loss_variants
+
+    labels = [variant.label for variant in parse_loss_variants(regime.losses)]
+    wanted = {variant.label for variant in parse_loss_variants(only)}
+    if wanted - set(labels):
+        raise ValueError(f"--losses {sorted(wanted - set(labels))} are not variants of this regime: {labels}")
+    return ",".join(label for label in labels if label in wanted)
+
+
+def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str],
+                losses: Optional[str] = None) -> List[str]:
     regime = REGIMES[name]
     train_args = regime.train_args
     data_dir = output_root / "data"
@@ -117,7 +132,7 @@ def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, ext
         write_scenes(data_dir, regime.combinations)
     if regime.pretrain_combinations:
         train_args += f" --pretrained {pretrain(regime, output_root)}"
-    return ["--quick", "--losses", regime.losses, "--seeds", seeds, "--output-dir", str(output_root / name),
+    return ["--quick", "--losses", regime_losses(regime, losses), "--seeds", seeds, "--output-dir", str(output_root / name),
             "--data-dir", str(data_dir), "--results-md", str(results_dir / f"{name}.md"), *regime.budget,
             "--train-args", train_args, *endpoint_argv(name), *extra]
 
@@ -194,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated, of {', '.join(REGIMES)}")
     parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--losses", default=None,
+                        help="run only these of each regime's variants (comma-separated labels; the report then "
+                             "covers them only until a call with all of them)")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/clone_study"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--results-md", type=Path, default=Path("docs/RESULTS.md"))
@@ -212,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "--results-md", str(args.results_dir / f"{name}.md"), *endpoint_argv(name)])
         else:
             print(f"== regime {name}: {REGIMES[name].title}", flush=True)
-            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra))
+            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses))
     command = "python scripts/clone_study.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4" else "")
     assemble([name for name in REGIMES if (args.results_dir / f"{name}.md").is_file()], args.results_dir,
              args.results_md, args.output_dir, command)
