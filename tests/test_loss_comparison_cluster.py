@@ -112,7 +112,7 @@ def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
         main(without("--train-data"))
     with pytest.raises(ValueError, match="reference variant 'siglip' is not in --losses"):
         main(base + ["--reference", "siglip"])
-    with pytest.raises(ValueError, match="--emit-jobs does not run the fine-tuning regime's pretraining"):
+    with pytest.raises(ValueError, match="--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs"):
         main(base + ["--pretrain-epochs", "2"])
     assert not (tmp_path / "jobs").exists()
 
