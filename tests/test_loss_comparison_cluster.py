@@ -148,3 +148,9 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     assert "`clip-seed1`: **failed**: training exited with status 3" in report
     assert "`clip-seed0`: **missing**" in report and "`adacl-seed1`: **missing**" in report
     assert "2 ranks x 32" in report  # the global batch of a 2-process run
+    assert "## Primary endpoint" not in report  # none was registered at emission
+    # --report-only may report on a registration given now (or a file); the report says where it came from.
+    main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md"),
+          "--primary-endpoint", "colour=clone/color", "--reference", "adacl"])
+    assert ("`colour`: the per-run mean of clone/color; equivalence margin ±0.02; reference `adacl`; given on the "
+            "command line") in (tmp_path / "r.md").read_text()
