@@ -112,7 +112,7 @@ def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
         main(without("--train-data"))
     with pytest.raises(ValueError, match="reference variant 'siglip' is not in --losses"):
         main(base + ["--reference", "siglip"])
-    with pytest.raises(ValueError, match="--emit-jobs does not run the fine-tuning regime's pretraining"):
+    with pytest.raises(ValueError, match="--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs"):
         main(base + ["--pretrain-epochs", "2"])
     assert not (tmp_path / "jobs").exists()
 
@@ -148,3 +148,24 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     assert "`clip-seed1`: **failed**: training exited with status 3" in report
     assert "`clip-seed0`: **missing**" in report and "`adacl-seed1`: **missing**" in report
     assert "2 ranks x 32" in report  # the global batch of a 2-process run
+    assert "## Primary endpoint" not in report  # none was registered at emission
+    # --report-only may report on a registration given now (or a file); the report says where it came from.
+    main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md"),
+          "--primary-endpoint", "colour=clone/color", "--reference", "adacl"])
+    assert ("`colour`: the per-run mean of clone/color; equivalence margin ±0.02; reference `adacl`; given on the "
+            "command line") in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.slow  # one run of 16 steps and its evaluation: about 30 s of CPU
+def test_own_data_runs_locally_too(demo_shards, tmp_path):
+    """Without --emit-jobs the user's data and sets train and evaluate here, as the demo data does."""
+    argv = emit_argv(demo_shards, tmp_path / "jobs", tmp_path / "out")
+    argv = argv[:argv.index("--emit-jobs")]
+    for flag, value in (("--losses", "clip"), ("--seeds", "0"), ("--epochs", "1")):
+        argv[argv.index(flag) + 1] = value
+    (run,) = main(argv + ["--output-dir", str(tmp_path / "out"), "--results-md", str(tmp_path / "local.md"),
+                          "--jobs", "1"])
+    assert run["status"] == "ok", run["error"]
+    assert {"cls/scenes_shape/acc1", "ret/scenes_retrieval/text_R@5", "clone/color_cos_margin"} <= set(run["metrics"])
+    assert "(512 samples per epoch)" in (tmp_path / "local.md").read_text()
+    assert not (tmp_path / "jobs").exists()

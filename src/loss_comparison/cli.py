@@ -245,6 +245,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     seeds = parse_seeds(args.seeds)
     own = own_data(args, variants)
     budget = resolve_budget(args)
+    if budget.pretrain_epochs and (own or args.emit_jobs):
+        raise ValueError("--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs start "
+                         "every run from a model you have: --train-args '--pretrained CHECKPOINT_OR_TAG'")
     command = "python -m loss_comparison " + shlex.join(argv)
     if args.emit_jobs:
         if args.nproc_per_node < 1:

@@ -121,11 +121,9 @@ def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budge
                     preregistration: Preregistration = Preregistration()) -> List[RunJob]:
     """Write every run as a cluster job (`cluster`) and comparison.json, running nothing; returns the jobs.
 
-    Paths are made absolute, so the jobs run from anywhere; `--report-only` on `output_dir` then
-    reports on whichever runs have finished."""
-    if budget.pretrain_epochs:
-        raise ValueError("--emit-jobs does not run the fine-tuning regime's pretraining; start every run from a "
-                         "model you have with --train-args '--pretrained CHECKPOINT_OR_TAG'")
+    The output and job folders are made absolute and the scripts `cd` to the current folder, so the
+    jobs run from anywhere with relative data paths meaning what they mean here; `--report-only` on
+    `output_dir` then reports on whichever runs have finished."""
     output_dir, emit_dir = output_dir.resolve(), emit_dir.resolve()
     data = own_data.data if own_data else prepare_data((data_dir or output_dir / "data").resolve(), budget, data_seed)
     benchmarks = own_data.benchmarks if own_data else None

@@ -13,8 +13,10 @@ reference, on seeds where both runs are ok:
   effect* (the 90% interval entirely inside [-margin, +margin]: both one-sided tests of TOST reject at
   5%), else *inconclusive*; helps and hurts are checked first, so a difference that is significant but
   inside the margin is reported as helps or hurts;
-- every other paired metric x variant is one secondary test (two-sided paired t), Holm-Bonferroni
-  corrected over that whole family at a family-wise alpha of 0.05 (`holm`);
+- every paired metric (`PAIRED_PREFIXES`: clone selection, clip-benchmark sets, val recall; the
+  report leaves out logit margins, see `report.secondary_keys`) x variant is one secondary test
+  (two-sided paired t), Holm-Bonferroni corrected over that whole family at a family-wise alpha of
+  0.05 (`holm`); a rejected difference smaller than TIE is not marked (float noise);
 - fewer than 2 pairs: no interval, inconclusive, never significant;
 - zero variance (every pair differs by the same amount, up to float rounding): the t interval is
   degenerate (width 0; a spread estimated as 0 from a few seeds says how coarse the metric is, not
