@@ -181,7 +181,8 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
         same_family = families[found.row] == families[found.col]
         siblings = (families[positive_col][:, None] == families[None, :]) & negatives
         histograms["siblings"] = _histogram(cosines[siblings])
-        counts.update(flagged_siblings=same_family.sum(), siblings=siblings.sum(), kept_siblings=same_family[kept].sum())
+        counts.update(flagged_siblings=same_family.sum(), siblings=siblings.sum(),
+                      kept_siblings=same_family[kept].sum())
     totals = dict(zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()]), env).tolist()))
     histograms = {name: all_reduce_sum(values, env).tolist() for name, values in histograms.items()}
     kept_pairs = all_gather_object({"row": found.row[kept].tolist(), "col": found.col[kept].tolist(),
@@ -193,7 +194,8 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
     has_anchor = bool(selection.num_candidates > 0)
     result = DirectionResult(
         direction=direction, rows=len(samples), negatives=len(samples) * (len(samples) - 1),
-        flat_reference=bool(selection.flat_reference), fits=[mu[0].item(), sigma[0].item(), mu[1].item(), sigma[1].item()],
+        flat_reference=bool(selection.flat_reference),
+        fits=[mu[0].item(), sigma[0].item(), mu[1].item(), sigma[1].item()],
         anchor_gap=(selection.gap.double() / scale).item() if has_anchor else None, histograms=histograms, **totals)
     if env.is_master:
         result.pairs = [line for part in kept_pairs for line in _pair_lines(part, direction, samples, batch_index)]

@@ -42,11 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Find the pairs AdaCL's discovery flags as clone negatives in a dataset, "
                                         "batch by batch as training would, and write a report (docs/discover.md).")
     model = parser.add_argument_group("model")
-    model.add_argument("--checkpoint", default=None, help="a trainer checkpoint (epoch_N.pt): its recorded architecture")
+    model.add_argument("--checkpoint", default=None,
+                       help="a trainer checkpoint (epoch_N.pt), loaded as the architecture it records")
     model.add_argument("--model", default=None,
                        help="local-dir:EXPORT (python -m training.export), hf-hub:ORG/NAME, or an OpenCLIP model name")
     model.add_argument("--pretrained", default=None,
-                       help="with a model name: an OpenCLIP pretrained tag or a weights file (epoch_N.pt, .safetensors)")
+                       help="with a model name: an OpenCLIP pretrained tag or a weights file (epoch_N.pt, "
+                            ".safetensors)")
     model.add_argument("--precision", choices=PRECISIONS, default="fp32", help="encoding precision (amp on a GPU)")
     model.add_argument("--device", default="cuda", help="falls back to cpu with a warning when unavailable")
     data = parser.add_argument_group("data (the trainer's flags)")
@@ -69,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                               choices=spec.choices, help=f"{spec.help} (default {spec.default})")
     output = parser.add_argument_group("output")
     output.add_argument("--output", required=True, type=Path, help="folder for pairs.jsonl, index.html, summary.json")
-    output.add_argument("--resume", action="store_true", help="continue the run in --output after its last complete batch")
+    output.add_argument("--resume", action="store_true",
+                        help="continue the run in --output after its last complete batch")
     output.add_argument("--pairs-per-row", type=int, default=3,
                         help="pairs.jsonl keeps each query's N most probable flagged negatives; 0 keeps every one "
                              "(the discovery typically flags a third of a batch's negatives)")
@@ -221,7 +224,8 @@ class _Progress:
         now = time.time()
         if self.bar.disable and now - self.last_log >= LOG_INTERVAL_SECONDS:
             self.last_log = now
-            logger.info(f"batch {result.index}: {self.samples} samples, {self.samples / (now - self.start):.1f} samples/s")
+            rate = self.samples / (now - self.start)
+            logger.info(f"batch {result.index}: {self.samples} samples, {rate:.1f} samples/s")
 
     def close(self) -> float:
         self.bar.close()

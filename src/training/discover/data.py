@@ -218,7 +218,8 @@ def check_caption_key(urls: Iterable[str], caption_key: str) -> None:
                         "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
     text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
     raise ValueError(f"none of the first {CAPTION_PROBE_SAMPLES} samples has a caption field {caption_key!r}; "
-                     f"their fields are {sorted(fields)}: pass --caption-key with one of {text_fields or sorted(fields)}")
+                     f"their fields are {sorted(fields)}: pass --caption-key with one of "
+                     f"{text_fields or sorted(fields)}")
 
 
 def thumbnail_png(image_bytes: bytes, size: int) -> bytes:

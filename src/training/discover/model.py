@@ -44,7 +44,8 @@ def load_discovery_model(model_name: Optional[str], pretrained: Optional[str], c
         raise ValueError("no model given: pass --checkpoint epoch_N.pt, --model local-dir:EXPORT, or --model NAME "
                          "with --pretrained TAG|FILE")
     if model_name.startswith(LOCAL_DIR) and not (Path(model_name.removeprefix(LOCAL_DIR)) / CONFIG_NAME).is_file():
-        raise ValueError(f"--model {model_name}: no {CONFIG_NAME} there (write an export with python -m training.export)")
+        raise ValueError(f"--model {model_name}: no {CONFIG_NAME} there (write an export with python -m "
+                         "training.export)")
     if pretrained:
         try:
             check_pretrained(model_name, pretrained)
@@ -70,7 +71,8 @@ def _from_checkpoint(path: Path, model_name: Optional[str], device: torch.device
         return load_discovery_model(model_name, str(path), None, device)
     if model_name is not None and recorded is not None and model_name != recorded:
         raise ValueError(f"--checkpoint {path} holds a {recorded} model (its training --model) but --model is "
-                         f"{model_name}: drop --model (the checkpoint names its architecture) or pass --model {recorded}")
+                         f"{model_name}: drop --model (the checkpoint names its architecture) or pass --model "
+                         f"{recorded}")
     with tempfile.TemporaryDirectory(prefix="discover-export-") as export_dir:
         export(path, export_dir)
         return _open_clip_model(f"{LOCAL_DIR}{export_dir}", None, device,
@@ -102,5 +104,5 @@ def _mismatch(model_name: str, path: str) -> str:
     recorded = checkpoint.get("args", {}).get("model") if isinstance(checkpoint, dict) else None
     fix = (f"it was trained as --model {recorded}: pass that, or --checkpoint {path} alone" if recorded
            else "pass the --model it was trained as")
-    return (f"--pretrained {path} does not fit --model {model_name}: {len(shapes)} of {len(expected)} tensors differ in "
-            f"shape and {len(missing)} are missing{example}; {fix}")
+    return (f"--pretrained {path} does not fit --model {model_name}: {len(shapes)} of {len(expected)} tensors "
+            f"differ in shape and {len(missing)} are missing{example}; {fix}")

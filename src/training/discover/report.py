@@ -183,16 +183,14 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
     typical = typical_batch(records)
     if typical is None:
         return []
-    edges = torch.linspace(-1, 1, HISTOGRAM_BINS + 1)
-    centers = ((edges[1:] + edges[:-1]) / 2).numpy()
-    width = 2 / HISTOGRAM_BINS
-    figure, axes = plt.subplots(1, len(typical["directions"]), figsize=(12, 4.2), squeeze=False)
+    edges = torch.linspace(-1, 1, HISTOGRAM_BINS + 1).numpy()
+    figure, axes = plt.subplots(1, len(typical["directions"]), figsize=(12, 4.8), squeeze=False)
     for axis, direction in zip(axes[0], typical["directions"]):
-        _plot_fits(axis, direction, centers, width, settings)
-    axes[0][0].legend(fontsize=9, loc="upper left")
+        _plot_fits(axis, direction, edges, settings)
+    figure.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=9)
     figure.suptitle(f"batch {typical['batch']} (median flagged fraction): the loss's two Gaussian fits and its "
                     f"candidate region ({settings['candidate_region']})", fontsize=11)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.12, 1, 1))
     figure.savefig(output / FITS_PLOT, dpi=110)
     plt.close(figure)
 
@@ -218,17 +216,17 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
     return [FITS_PLOT, FLAGGED_PLOT]
 
 
-def _plot_fits(axis, direction: dict, centers, width: float, settings: Dict[str, object]) -> None:
+def _plot_fits(axis, direction: dict, edges, settings: Dict[str, object]) -> None:
     histograms = direction["histograms"]
     negatives = torch.tensor(histograms["negatives"], dtype=torch.float64)
-    density = negatives.sum() * width
-    axis.bar(centers, (negatives / density).numpy(), width=width, color="#bbbbbb", label="negatives")
+    density = negatives.sum() * (edges[1] - edges[0])  # densities of the negatives; subsets on the same scale
+    axis.stairs((negatives / density).numpy(), edges, fill=True, color="#bbbbbb", label="negatives")
     if "siblings" in histograms:
         siblings = torch.tensor(histograms["siblings"], dtype=torch.float64)
-        axis.bar(centers, (siblings / density).numpy(), width=width, color="#e69f00", alpha=0.8,
-                 label="siblings (true clones)")
+        axis.stairs((siblings / density).numpy(), edges, fill=True, color="#e69f00", alpha=0.8,
+                    label="siblings (true clones)")
     flagged = torch.tensor(histograms["flagged"], dtype=torch.float64)
-    axis.step(centers, (flagged / density).numpy(), where="mid", color="#0072b2", label="flagged")
+    axis.stairs((flagged / density).numpy(), edges, color="#0072b2", linewidth=1.5, label="flagged")
     mu_c, sigma_c, mu_n, sigma_n = direction["fits"]
     grid = torch.linspace(-1, 1, 801, dtype=torch.float64)
     for mu, sigma, color, name in ((mu_c, sigma_c, "#d55e00", "clone fit (least salient row)"),
@@ -242,10 +240,9 @@ def _plot_fits(axis, direction: dict, centers, width: float, settings: Dict[str,
     axis.fill_between(grid.numpy(), 0, top, where=region.numpy(), color="#56b4e9", alpha=0.15, step="mid",
                       label="candidate region")
     axis.set_ylim(0, top)
-    nonzero = negatives.nonzero()
-    low = max(-1.0, float(centers[int(nonzero.min())]) - 0.1) if len(nonzero) else -1.0
-    high = min(1.0, float(centers[int(nonzero.max())]) + 0.1) if len(nonzero) else 1.0
-    axis.set_xlim(low, high)
+    occupied = negatives.nonzero()
+    if len(occupied):  # the similarities' range, and a margin
+        axis.set_xlim(max(-1.0, edges[int(occupied.min())] - 0.1), min(1.0, edges[int(occupied.max()) + 1] + 0.1))
     flagged_share = direction["flagged"] / direction["negatives"]
     axis.set_title(f"{direction['direction']}: {direction['flagged']} of {direction['negatives']} negatives flagged "
                    f"({flagged_share:.1%})", fontsize=10)
@@ -277,24 +274,24 @@ def page_thumbnails(pairs: Iterable[dict]) -> set:
 
 
 def _pair_row(rank: int, pair: dict) -> str:
-    image_side = "query" if pair["direction"] == "i2t" else "negative"  # whose image met whose caption
+    image_side = "query" if pair["direction"] == "i2t" else "negative"  # whose image met the other's caption
     cells = []
     for side in ("query", "negative"):
+        key, caption = html.escape(pair[f"{side}_key"]), html.escape(pair[f"{side}_caption"])
         confused = "image" if side == image_side else "caption"
-        cells.append(
-            f'<td class="sample {confused}-confused"><img src="{thumbnail_name(pair[side + "_source"], pair[side + "_key"])}" '
-            f'alt="{html.escape(pair[side + "_key"])}"><div class="caption">{html.escape(pair[side + "_caption"])}</div>'
-            f'<div class="key">{html.escape(pair[side + "_key"])}{_family_text(pair, side)}</div></td>')
-    if "same_family" not in pair:
-        truth = ""
-    else:
-        truth = '<span class="sibling">siblings</span>' if pair["same_family"] else '<span class="other">other family</span>'
+        thumbnail = thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"])
+        cells.append(f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}"><div class="caption">{caption}</div>'
+                     f'<div class="key">{key}{_family_text(pair, side)}</div></td>')
+    truth = ""
+    if "same_family" in pair:
+        truth = ('<span class="sibling">siblings</span>' if pair["same_family"]
+                 else '<span class="other">other family</span>')
     what = "image &rarr; caption" if pair["direction"] == "i2t" else "caption &rarr; image"
     return (f'<tr data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}">'
             f'<td class="rank">{rank}</td>'
             f'<td class="numbers"><b>{pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'
-            f'sim {pair["similarity"]:.3f}<br><span class="direction">{what}</span><br>batch {pair["batch"]}<br>{truth}</td>'
-            + "".join(cells) + "</tr>")
+            f'sim {pair["similarity"]:.3f}<br><span class="direction">{what}</span><br>batch {pair["batch"]}<br>'
+            f'{truth}</td>' + "".join(cells) + "</tr>")
 
 
 def _family_text(pair: dict, side: str) -> str:
@@ -316,7 +313,7 @@ img.plot {{ max-width: 100%; display: block; margin: 8px 0; }}
 table.pairs {{ border-collapse: collapse; width: 100%; }}
 table.pairs td {{ border-top: 1px solid #ddd; padding: 8px; vertical-align: top; }}
 td.rank {{ color: #888; width: 32px; }}
-td.numbers {{ width: 150px; font-size: 14px; line-height: 1.45; }}
+td.numbers {{ width: 160px; font-size: 14px; line-height: 1.45; white-space: nowrap; }}
 td.sample {{ width: 45%; }}
 td.sample img {{ width: 112px; height: 112px; object-fit: contain; image-rendering: pixelated; float: left;
   margin-right: 12px; border: 3px solid transparent; background: #eee; }}
