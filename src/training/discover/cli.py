@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import sys
 import time
 from dataclasses import asdict
@@ -22,7 +23,7 @@ from ..params import PRECISIONS
 from . import report
 from .batch import DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import build_discovery_data, check_caption_key, resolve_dataset_type, shard_urls
-from .model import load_discovery_model
+from .model import load_discovery_model, quiet_logging
 from .store import RunStore, remove_thumbnails_except, thumbnail_name
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
@@ -123,18 +124,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     setup_logging(None, rank=env.rank)
-    options = discovery_options(args)
     kind = resolve_dataset_type(args.dataset_type, args.data)
     if kind not in ("webdataset", "csv"):
         raise ValueError(f"--dataset-type {kind}: discovery reads real samples: webdataset shards or a csv file")
     if kind == "webdataset":
         check_caption_key(shard_urls(args.data), args.caption_key)
-    root = logging.getLogger()
-    level, _ = root.level, root.setLevel(logging.WARNING)  # open_clip logs every step of a model load
-    try:
+    with quiet_logging(logging.WARNING):
         loaded = load_discovery_model(args.model, args.pretrained, args.checkpoint, env.device)
-    finally:
-        root.setLevel(level)
+    options = discovery_options(args)
     settings = {"model": loaded.description, "data": args.data, "dataset_type": kind,
                 "caption_key": args.caption_key if kind == "webdataset" else args.csv_caption_key,
                 "global_batch_size": args.batch_size * env.world_size, **asdict(options)}
@@ -166,12 +163,12 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
                                     for position, png in thumbnails.items()})
             store.append(result)
             progress.update(result)
-    seconds = progress.close()
+    timing = progress.close()
     barrier(env)
     if not store:
         return {}
     store.close()
-    return _report(args.output, settings, page, progress.samples, seconds)
+    return _report(args.output, settings, page, timing)
 
 
 def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: DistributedEnv) -> Optional[RunStore]:
@@ -188,8 +185,8 @@ def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: Distrib
     return store
 
 
-def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection, samples: int,
-            seconds: float) -> Dict[str, Any]:
+def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection,
+            timing: Dict[str, float]) -> Dict[str, Any]:
     records = report.batch_records(output)
     summary = report.summarize(records)
     if not summary["samples"]:
@@ -197,7 +194,7 @@ def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection, 
         raise DataError(f"--data yielded no usable sample (skipped: {skipped}); check the shards and --caption-key")
     report.add_kept_precision(summary, output)
     summary = {"settings": settings, **summary,
-               "this_run": {"samples": samples, "seconds": seconds, "samples_per_second": samples / max(seconds, 1e-9)}}
+               "this_run": timing}
     pairs = page.pairs()
     remove_thumbnails_except(output, report.page_thumbnails(pairs))
     plots = report.write_plots(output, records, settings)
@@ -215,6 +212,7 @@ class _Progress:
     def __init__(self, env: DistributedEnv, total: Optional[int], done: int):
         self.enabled = env.is_master
         self.samples, self.start, self.last_log = 0, time.time(), time.time()
+        self.start_cpu = _cpu_seconds()
         self.bar = tqdm(total=total, initial=done, unit="sample", unit_scale=True, desc="discover", smoothing=0.1,
                         disable=not (self.enabled and sys.stderr.isatty()))
 
@@ -227,9 +225,19 @@ class _Progress:
             rate = self.samples / (now - self.start)
             logger.info(f"batch {result.index}: {self.samples} samples, {rate:.1f} samples/s")
 
-    def close(self) -> float:
+    def close(self) -> Dict[str, float]:
+        """This run's samples, seconds and samples per second, also per CPU-second of this process and
+        its data workers (which a machine shared with other jobs does not move)."""
         self.bar.close()
-        return time.time() - self.start
+        seconds, cpu_seconds = time.time() - self.start, _cpu_seconds() - self.start_cpu
+        return {"samples": self.samples, "seconds": seconds, "samples_per_second": self.samples / max(seconds, 1e-9),
+                "cpu_seconds": cpu_seconds, "samples_per_cpu_second": self.samples / max(cpu_seconds, 1e-9)}
+
+
+def _cpu_seconds() -> float:
+    """User and system time of this process and its finished children (the data workers)."""
+    return sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                                                             resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def cli() -> None:

@@ -11,10 +11,12 @@ differ and which architecture the file was trained as, when it says so.
 """
 from __future__ import annotations
 
+import logging
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import open_clip
 import torch
@@ -34,6 +36,18 @@ class DiscoveryModel:
     preprocess: Callable  # the model's validation transform
     tokenizer: Callable
     description: str      # what was loaded, for the report
+
+
+@contextmanager
+def quiet_logging(level: int) -> Iterator[None]:
+    """Only records of `level` and above for the block (open_clip logs every step of a model load)."""
+    root = logging.getLogger()
+    previous = root.level
+    root.setLevel(max(level, previous))
+    try:
+        yield
+    finally:
+        root.setLevel(previous)
 
 
 def load_discovery_model(model_name: Optional[str], pretrained: Optional[str], checkpoint: Optional[str],
@@ -70,9 +84,8 @@ def _from_checkpoint(path: Path, model_name: Optional[str], device: torch.device
                              f"--model NAME --pretrained {path} instead")
         return load_discovery_model(model_name, str(path), None, device)
     if model_name is not None and recorded is not None and model_name != recorded:
-        raise ValueError(f"--checkpoint {path} holds a {recorded} model (its training --model) but --model is "
-                         f"{model_name}: drop --model (the checkpoint names its architecture) or pass --model "
-                         f"{recorded}")
+        raise ValueError(f"--checkpoint {path} was trained as --model {recorded} but --model is {model_name}: drop "
+                         f"--model (the checkpoint names its architecture) or pass --model {recorded}")
     with tempfile.TemporaryDirectory(prefix="discover-export-") as export_dir:
         export(path, export_dir)
         return _open_clip_model(f"{LOCAL_DIR}{export_dir}", None, device,
@@ -84,17 +97,18 @@ def _open_clip_model(model_name: str, pretrained: Optional[str], device: torch.d
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained or None,
                                                                      device=device)
-    except RuntimeError as error:
+    except Exception as error:  # noqa: BLE001 - open_clip's loaders raise RuntimeError, AssertionError, ...
         if pretrained and Path(pretrained).is_file():
             raise ValueError(_mismatch(model_name, pretrained)) from None
-        raise ValueError(f"--model {model_name}: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"--model {model_name}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
     return DiscoveryModel(model.eval(), preprocess, open_clip.get_tokenizer(model_name), description)
 
 
 def _mismatch(model_name: str, path: str) -> str:
     """One line on how the tensors of `path` differ from `model_name`'s, and what to pass instead."""
-    expected: Dict[str, torch.Size] = {name: t.shape for name, t in
-                                       open_clip.create_model(model_name).state_dict().items()}
+    with quiet_logging(logging.ERROR):  # not its "no pretrained weights loaded" warning
+        model = open_clip.create_model(model_name, load_weights=False)
+    expected: Dict[str, torch.Size] = {name: t.shape for name, t in model.state_dict().items()}
     found = {name: t.shape for name, t in load_state_dict(path).items()}
     shapes = [name for name in expected if name in found and found[name] != expected[name]]
     missing = [name for name in expected if name not in found]

@@ -104,8 +104,8 @@ class RunStore:
         record = {"batch": result.index, "rows": result.rows,
                   "skipped": {reason: count for reason, count in zip(SKIP_REASONS, result.skip_counts) if count},
                   "pairs_end": self._pairs.tell(),
-                  "directions": [{name: value for name, value in dataclasses.asdict(direction).items()
-                                  if name != "pairs"} for direction in result.directions]}
+                  "directions": [{field.name: getattr(direction, field.name) for field in dataclasses.fields(direction)
+                                  if field.name != "pairs"} for direction in result.directions]}
         self._batches.write(json.dumps(record) + "\n")
         _sync(self._batches)
 
