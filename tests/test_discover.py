@@ -216,3 +216,22 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: none of the first 64 samples has a "
                                                                        "caption field 'caption'")
     assert "pass --caption-key with one of ['txt', 'txt_alt']" in result.stderr
+
+
+def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
+    rows = ["path\tcaption"]
+    for index in range(20):
+        image = tmp_path / f"{index}.png"
+        image.write_bytes(png(colour=(index * 12, 255 - index * 12, 90)))
+        rows.append(f"{image}\ta square of shade {index % 4}")
+    rows.insert(5, f"{tmp_path / 'missing.png'}\ta square that is not there")
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    summary = run(str(tmp_path / "data.csv"), tmp_path / "out", "--pretrained", weights, "--batch-size", "7",
+                  "--csv-img-key", "path", "--csv-caption-key", "caption")
+    assert summary["samples"] == 20 and summary["skipped"] == {"missing_image": 1} and summary["batches"] == 3
+    assert "precision" not in summary["directions"]["both"]  # no ground-truth families
+    pairs = lines(tmp_path / "out" / PAIRS_FILE)
+    assert pairs and all(Path(pair["query_key"]).is_file() and pair["query_source"].endswith("data.csv")
+                         for pair in pairs)
+    for source in page_sources(tmp_path / "out").images:
+        assert (tmp_path / "out" / source).is_file(), source

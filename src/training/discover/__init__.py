@@ -3,7 +3,7 @@
     python -m training.discover --checkpoint logs/RUN/checkpoints/epoch_8.pt \\
         --data 'demo/data/train/shard-{000000..000015}.tar' --batch-size 128 --output discover/
     # or an export / an OpenCLIP model: --model local-dir:export | --model ViT-B-32 --pretrained TAG
-    torchrun --nproc_per_node 8 -m training.discover ...   # global batches of 8 x --batch-size
+    torchrun --nproc_per_node 8 -m training.discover -- ...   # global batches of 8 x --batch-size
 
 It streams the data in order with the trainer's readers and checks, encodes each global batch,
 and runs the loss's own discovery on it (`open_clip_adacl.discovery.clone_pairs`: salient rows, the

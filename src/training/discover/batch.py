@@ -30,7 +30,6 @@ from .data import LocalBatch, SampleInfo, thumbnail_png
 
 DIRECTIONS = ("i2t", "t2i")
 HISTOGRAM_BINS = 100  # over cosine similarity [-1, 1]
-NO_FAMILY = -1
 
 
 @dataclass(frozen=True)
@@ -103,8 +102,9 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
     shapes = all_gather_object((rows, image_features.shape[1] if rows else 0), env)
     counts = [count for count, _ in shapes]
     total = sum(counts)
-    skip_counts = all_reduce_sum(local.skip_counts, env).tolist()
-    raw_samples = int(all_reduce_sum(torch.tensor(local.raw_samples), env))
+    # Collectives take tensors on the run's device (NCCL reduces CUDA tensors only).
+    skip_counts = all_reduce_sum(local.skip_counts.to(env.device), env).tolist()
+    raw_samples = int(all_reduce_sum(torch.tensor(local.raw_samples, device=env.device), env))
     samples = [sample for part in all_gather_object(local.samples, env) for sample in part]
     if total < MIN_ROWS:  # the loss falls back to plain CL there too; nothing to discover
         return BatchResult(local.index, total, raw_samples, skip_counts, [], samples) if env.is_master else None
@@ -185,7 +185,8 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
         histograms["siblings"] = _histogram(cosines[siblings])
         counts.update(flagged_siblings=same_family.sum(), siblings=siblings.sum(),
                       kept_siblings=same_family[kept].sum())
-    totals = dict(zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()]), env).tolist()))
+    totals = dict(zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()], device=env.device),
+                                             env).tolist()))
     histograms = {name: all_reduce_sum(values, env).tolist() for name, values in histograms.items()}
     kept_pairs = all_gather_object({"row": found.row[kept].tolist(), "col": found.col[kept].tolist(),
                                     "similarity": similarity[kept].tolist(), "gap": gap[kept].tolist(),

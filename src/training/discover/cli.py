@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
@@ -21,10 +21,10 @@ from ..logger import setup_logging
 from ..model import build_precision
 from ..params import PRECISIONS
 from . import report
-from .batch import DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
+from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import build_discovery_data, check_caption_key, resolve_dataset_type, shard_urls
 from .model import load_discovery_model, quiet_logging
-from .store import RunStore, remove_thumbnails_except, thumbnail_name
+from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_name
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
 DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
@@ -152,11 +152,7 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
         if args.max_batches is not None and local.index >= args.max_batches:
             break
         result = discover_batch(local, encoder, env, options)
-        entering = [pair for pair in result.pairs_of_batch() if page.offer(pair)] if store else []
-        needed = broadcast_object(sorted({pair[f"{side}_index"] for pair in entering for side in ("query", "negative")
-                                          if not store.has_thumbnail(thumbnail_name(pair[f"{side}_source"],
-                                                                                    pair[f"{side}_key"]))})
-                                  if store else None, env)
+        needed = broadcast_object(_missing_thumbnails(result, page, store) if store else None, env)
         thumbnails = batch_thumbnails(local, needed, env, args.thumbnail_size)
         if store:
             store.write_thumbnails({thumbnail_name(result.samples[position].source, result.samples[position].key): png
@@ -169,6 +165,14 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
         return {}
     store.close()
     return _report(args.output, settings, page, timing)
+
+
+def _missing_thumbnails(result: BatchResult, page: report.PageSelection, store: RunStore) -> List[int]:
+    """Offers the batch's pairs to the page; the batch positions of their samples that enter it without
+    a thumbnail yet."""
+    entering = [pair for pair in result.pairs_of_batch() if page.offer(pair)]
+    return sorted({pair[f"{side}_index"] for pair in entering for side in ("query", "negative")
+                   if not store.has_thumbnail(thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"]))})
 
 
 def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: DistributedEnv) -> Optional[RunStore]:
@@ -187,14 +191,13 @@ def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: Distrib
 
 def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection,
             timing: Dict[str, float]) -> Dict[str, Any]:
-    records = report.batch_records(output)
+    records = batch_records(output)
     summary = report.summarize(records)
     if not summary["samples"]:
         skipped = ", ".join(f"{reason}={count}" for reason, count in summary["skipped"].items()) or "none"
         raise DataError(f"--data yielded no usable sample (skipped: {skipped}); check the shards and --caption-key")
     report.add_kept_precision(summary, output)
-    summary = {"settings": settings, **summary,
-               "this_run": timing}
+    summary = {"settings": settings, **summary, "this_run": timing}
     pairs = page.pairs()
     remove_thumbnails_except(output, report.page_thumbnails(pairs))
     plots = report.write_plots(output, records, settings)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from open_clip_train.data import SharedEpoch, expand_urls
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from ..data import (DataConfig, DataError, IMAGE_EXTENSIONS, CsvStream, ShardStream, SkipCounter, read_csv_rows,
                     read_shard)

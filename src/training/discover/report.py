@@ -26,7 +26,7 @@ from open_clip_adacl import adacl
 
 from ..data import SKIP_REASONS
 from .batch import DIRECTIONS, HISTOGRAM_BINS
-from .store import PAIRS_FILE, batch_records, read_jsonl, thumbnail_name, write_atomically
+from .store import PAIRS_FILE, read_jsonl, thumbnail_name, write_atomically
 
 SUMMARY_FILE = "summary.json"
 PAGE_FILE = "index.html"

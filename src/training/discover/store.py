@@ -18,7 +18,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List
 
 from ..checkpoint import current_umask
 from ..data import SKIP_REASONS
@@ -141,8 +141,3 @@ def read_jsonl(path: Path) -> Iterator[dict]:
 
 def batch_records(output: Path) -> List[dict]:
     return list(read_jsonl(output / BATCHES_FILE))
-
-
-def read_settings(output: Path) -> Optional[Dict[str, Any]]:
-    run_file = output / RUN_FILE
-    return json.loads(run_file.read_text()) if run_file.is_file() else None
