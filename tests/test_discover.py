@@ -169,12 +169,14 @@ def _damaged_shards(directory):
 
 def _discover_on_rank(rank, world_size, data, output, weights):
     return main(["--model", "adacl-tiny", "--pretrained", weights, "--data", data, "--output", output, "--device",
-                 "cpu", "--workers", "1", "--batch-size", "8", "--adacl-salient", "mean"])
+                 "cpu", "--workers", "0", "--batch-size", "8", "--adacl-salient", "mean"])
 
 
 def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
     data = _damaged_shards(tmp_path / "shards")
-    one = run(data, tmp_path / "one", "--pretrained", weights, "--batch-size", "16", "--adacl-salient", "mean")
+    # One rank with 2 data workers (each takes every other batch), 2 ranks reading in their main process.
+    one = run(data, tmp_path / "one", "--pretrained", weights, "--batch-size", "16", "--adacl-salient", "mean",
+              "--workers", "2")
     assert one["skipped"] == {"bad_image": 1, "empty_caption": 1, "duplicate_key": 1}
     two = run_on_ranks(_discover_on_rank, 2, data, str(tmp_path / "two"), weights, init_group=False)
     assert two[1] == {} and two[0]["skipped"] == one["skipped"] and two[0]["samples"] == one["samples"] == 78
