@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import resource
 import sys
@@ -124,6 +125,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     setup_logging(None, rank=env.rank)
+    if importlib.util.find_spec("matplotlib") is None:  # checked now, not after the whole run
+        raise ValueError("the report's plots need matplotlib: pip install 'open_clip_adacl[eval]' (or matplotlib)")
     kind = resolve_dataset_type(args.dataset_type, args.data)
     if kind not in ("webdataset", "csv"):
         raise ValueError(f"--dataset-type {kind}: discovery reads real samples: webdataset shards or a csv file")
