@@ -52,6 +52,7 @@ setup(
             "adacl-export=training.export:cli",
             "adacl-evaluate=evaluation.zero_shot:cli",
             "adacl-torchrun=training.torchrun:cli",
+            "adacl-discover=training.discover.cli:cli",
         ]
     },
 )

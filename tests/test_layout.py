@@ -45,7 +45,7 @@ def test_dependencies_point_one_way(package):
 
 
 # (`python -m loss_comparison` runs in tests/test_loss_comparison_jobs.py: every job is such a process.)
-@pytest.mark.parametrize("package", ["synthetic_scenes", "evaluation"])
+@pytest.mark.parametrize("package", ["synthetic_scenes", "evaluation", "training.discover"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env,

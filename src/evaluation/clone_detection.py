@@ -3,9 +3,9 @@
 The loss never sees labels. To judge its discovery step, this module rebuilds batches whose
 ground truth is known: training shards written in families of one-edit siblings (each sample's
 json carries `"family"`), read in order so that a batch holds whole families. For a model, each
-batch's cosine matrix goes through the same pure functions the loss uses (`open_clip_adacl.adacl`:
-salient scores, reference rows, the Gaussian fits, the candidate mask), and the flagged negatives
-are compared with the true siblings (same family, other sample):
+batch's cosine matrix goes through the loss's own discovery (`open_clip_adacl.discovery.clone_pairs`:
+the selection's salient scores, reference rows, Gaussian fits and candidate region), and the flagged
+negatives are compared with the true siblings (same family, other sample):
 
 - precision: the fraction of flagged negatives that are true siblings;
 - recall: the fraction of true siblings that are flagged;
@@ -27,6 +27,8 @@ import torch
 import webdataset as wds
 
 from open_clip_adacl import adacl
+from open_clip_adacl.discovery import clone_pairs
+from open_clip_adacl.distributed import RowGroup
 
 REGIONS = ("gda", "upper")
 
@@ -65,14 +67,11 @@ def detection_counts(similarities: torch.Tensor, siblings: torch.Tensor, *, sali
     """
     num_rows = similarities.shape[0]
     positive_col = torch.arange(num_rows)
-    scores = adacl.salient_scores(similarities, positive_col, salient)
-    salient_row, clone_row = adacl.reference_rows(scores)
+    flagged = clone_pairs(similarities, positive_col, RowGroup(split_across_ranks=False), salient=salient,
+                          region=region, prior_ratio=1.0, std_floor=std_floor)
     negatives = adacl.negative_mask(num_rows, similarities.shape[1], positive_col)
-    mu_c, sigma_c = adacl.gaussian_fit(similarities[clone_row], negatives[clone_row], std_floor)
-    mu_n, sigma_n = adacl.gaussian_fit(similarities[salient_row], negatives[salient_row], std_floor)
-    flagged = adacl.clone_candidate_mask(similarities, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
-    true = siblings & negatives
-    return torch.tensor([flagged.sum(), (flagged & true).sum(), true.sum(), negatives.sum()], dtype=torch.float64)
+    return torch.tensor([flagged.row.numel(), siblings[flagged.row, flagged.col].sum(), (siblings & negatives).sum(),
+                         negatives.sum()], dtype=torch.float64)
 
 
 @torch.no_grad()
