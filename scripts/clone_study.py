@@ -162,6 +162,16 @@ def caption_likeness_lines(data_dir: Path) -> List[str]:
             for key, value in likeness.items()]
 
 
+def missing_variants(regime: Regime, output_dir: Path) -> List[str]:
+    """The regime's variants that its last comparison (comparison.json in `output_dir`) did not include."""
+    from loss_comparison.runner import COMPARISON_FILE
+    from loss_comparison.variants import parse_loss_variants
+
+    saved = output_dir / COMPARISON_FILE
+    compared = set(json.loads(saved.read_text())["labels"]) if saved.is_file() else set()
+    return [variant.label for variant in parse_loss_variants(regime.losses) if variant.label not in compared]
+
+
 def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output_root: Path, command: str) -> str:
     lines = [
         "# Results: the clone-negative study",
@@ -181,9 +191,11 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
     ]
     for name in regimes:
         page = results_dir / f"{name}.md"
-        if not page.is_file():
-            continue
         regime = REGIMES[name]
+        if not page.is_file():
+            lines += [f"## {regime.title} (`{name}`)", "",
+                      f"Not run yet: `python scripts/clone_study.py --regimes {name}` runs it.", ""]
+            continue
         report = page.read_text()
         found = sections(report)
         data_dir = output_root / ("data" if regime.combinations == "all" else f"data_{regime.combinations}")
@@ -194,6 +206,10 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
                          f"4096 scenes whose objects use only the `{regime.pretrain_combinations}` half of the "
                          f"colour x shape combinations; fine-tuning and evaluation scenes use only the "
                          f"`{regime.combinations}` half (no evaluation image holds a pair seen in pretraining)")
+        missing = missing_variants(regime, output_root / name)
+        if missing:
+            lines.append(f"- not run yet in this regime: {', '.join(f'`{label}`' for label in missing)} "
+                         f"(`python scripts/clone_study.py --regimes {name}` runs them, reusing the finished runs)")
         lines.append("")
         for title in KEPT_SECTIONS:
             if title in found:
@@ -232,8 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"== regime {name}: {REGIMES[name].title}", flush=True)
             compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses))
     command = "python scripts/clone_study.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4" else "")
-    assemble([name for name in REGIMES if (args.results_dir / f"{name}.md").is_file()], args.results_dir,
-             args.results_md, args.output_dir, command)
+    assemble(list(REGIMES), args.results_dir, args.results_md, args.output_dir, command)
     print(f"wrote {args.results_md} and {args.results_dir}/")
 
 

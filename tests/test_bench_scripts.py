@@ -48,8 +48,19 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
         "## Flagged runs\n\nNone.\n")
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text(f"old\n\n{KEEP_MARKER}\n\n## Hand-written\n")
-    text = study.assemble(["scratch"], results, results_md, "python scripts/clone_study.py")
+    runs = tmp_path / "runs"
+    (runs / "scratch").mkdir(parents=True)
+    (runs / "scratch" / "comparison.json").write_text(json.dumps({"labels": ["clip", "adacl"]}))
+    (runs / "data").mkdir()
+    (runs / "data" / "manifest.json").write_text(json.dumps({"train_caption_likeness": {"txt_pseudo": {
+        "shared_in_split": 1.0, "shared_in_family": 0.473, "family_duplicate_pairs": 0.167,
+        "sibling_word_distance": 0.83, "sibling_within_one_word": 0.931}}}))
+    text = study.assemble(list(study.REGIMES), results, results_md, runs, "python scripts/clone_study.py")
     assert "## Scratch: clone-dense batches, gold captions (`scratch`)" in text
+    # what the regime registers but the comparison did not run, and the regimes not run at all, are said
+    assert "not run yet in this regime: `adacl:preset=paper`, `adacl:candidate_region=all`" in text
+    assert "Not run yet: `python scripts/clone_study.py --regimes pseudo` runs it." in text
+    assert "`txt_pseudo`: 100.0% of training images share their exact caption with another image, 47.3%" in text
     assert "- every run also gets `--train-group-size 8`" in text and "| `clip` | 2/2 ok |" in text
     assert "![plot](results/scratch.png)" in text  # links follow the page into results/
     assert "no paired difference excludes 0" in text and "Flagged" not in text
