@@ -13,6 +13,7 @@ import torch
 
 from open_clip_adacl import DistributedSetup, list_losses, register_loss
 from open_clip_adacl.losses import ContrastiveLoss
+from run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
 from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, load_checkpoint,
                                  save_atomic)
@@ -182,7 +183,7 @@ class CountingClip(ContrastiveLoss):
 
 def register_counting_loss():
     """Registered on demand (not at import) so registry-wide tests do not pick it up."""
-    if COUNTING_LOSS not in list_losses():
+    if COUNTING_LOSS not in listlosses_by_step():
         register_loss(COUNTING_LOSS)(CountingClip)
 
 
@@ -203,23 +204,6 @@ def reference_run(demo_shards, tmp_path_factory):
     return logs / "reference", summary
 
 
-def _losses(run_dir):
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
-
-
-def _assert_same_final_state(run_dir, reference_dir):
-    ours = load_checkpoint(run_dir / "checkpoints" / "epoch_2.pt")
-    theirs = load_checkpoint(reference_dir / "checkpoints" / "epoch_2.pt")
-    assert (ours["epoch"], ours["step"]) == (theirs["epoch"], theirs["step"]) == (2, 16)
-    for key, value in theirs["loss"].items():
-        assert torch.equal(ours["loss"][key], value), key
-    for key, value in theirs["state_dict"].items():
-        torch.testing.assert_close(ours["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)
-    for index, state in theirs["optimizer"]["state"].items():
-        for key, value in state.items():
-            torch.testing.assert_close(ours["optimizer"]["state"][index][key], value, rtol=1e-5, atol=1e-7)
-
-
 def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path):
     reference_dir, reference = reference_run
     assert reference.step == 16 and sorted(p.name for p in (reference_dir / "checkpoints").glob("step_*")) == [
@@ -230,11 +214,11 @@ def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path
 
     summary = main(run_argv(demo_shards, tmp_path, "resumed", "--resume", str(resume_from)))
     assert (summary.epoch, summary.step) == (2, 16)
-    expected, resumed = _losses(reference_dir), _losses(tmp_path / "resumed")
+    expected, resumed = losses_by_step(reference_dir), losses_by_step(tmp_path / "resumed")
     assert sorted(resumed) == list(range(7, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    _assert_same_final_state(tmp_path / "resumed", reference_dir)
+    assert_same_final_state(tmp_path / "resumed", reference_dir)
     # The interrupted epoch's summary counts the steps before the interruption too.
     reference_epochs = read_metrics(reference_dir / "metrics.jsonl", "epoch")
     resumed_epochs = read_metrics(tmp_path / "resumed" / "metrics.jsonl", "epoch")
@@ -270,7 +254,7 @@ def test_sigkill_mid_epoch_then_resume_latest_finishes_the_run(demo_shards, refe
     summary = main(argv + ["--resume", "latest"])
     assert (summary.epoch, summary.step) == (2, 16)
     assert "Resumed from" in (tmp_path / "killed" / "out.log").read_text()
-    _assert_same_final_state(tmp_path / "killed", reference_dir)
+    assert_same_final_state(tmp_path / "killed", reference_dir)
 
 
 def test_a_failed_save_is_logged_and_training_continues(demo_shards, tmp_path, monkeypatch):

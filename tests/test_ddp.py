@@ -9,6 +9,7 @@ import torch
 
 from distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss
+from run_utils import torchrun_command
 from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
 from training.model import ModelConfig, build_model, build_precision
 from training.train import MicroBatch, forward_backward
@@ -133,21 +134,6 @@ def test_slurm_environment_is_detected():
     assert [p.returncode for p in procs] == [0, 0], outputs
     for rank, output in enumerate(outputs):
         assert f"rank={rank} local={rank} world=2 sum=1 backend=gloo" in output, output
-
-
-def torchrun_command(demo_shards, logs, *extra):
-    """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
-    "ddp" under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--batch-size", "16", "--lr", "1e-3", "--warmup", "2", "--workers", "0",
-            "--device", "cpu", "--logs", str(logs), "--name", "ddp", "--log-every-n-steps", "1",
-            "--save-every-n-steps", "5", "--local-loss", "--gather-with-grad", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), "-m", "training.main", "--", *argv]
-    return command, env
 
 
 def _torchrun(demo_shards, logs, *extra):
