@@ -132,51 +132,36 @@ def start_two_ranks(demo_shards, tmp_path, slurm_env, output):
     return proc
 
 
-@pytest.mark.parametrize("sig, target", [
-    (signal.SIGTERM, "torchrun"),   # torchrun passes it on to both workers
-    (signal.SIGUSR1, "rank 1"),     # only one rank hears it: the ranks agree at the next step
+@pytest.mark.parametrize("target, sig, stopped_by, returncode", [
+    # torchrun has no handler for SIGUSR1 and dies; the kernel sends its workers SIGTERM (parent-death
+    # signal), so they save and stop instead of training on without a parent.
+    ("torchrun", signal.SIGUSR1, "SIGTERM", -signal.SIGUSR1),
+    # Only one rank hears it: the ranks agree at the next step; our torchrun launcher reports 75.
+    ("rank 1", signal.SIGUSR1, "a signal to another rank", PREEMPTED_EXIT_CODE),
+    # torchrun passes SIGTERM on to both workers and ends with 128 + 15 (one line, no traceback).
+    pytest.param("torchrun", signal.SIGTERM, "SIGTERM", 128 + signal.SIGTERM, marks=pytest.mark.slow),
 ])
 def test_two_ranks_stop_together_at_a_signal_and_the_resume_loses_nothing(demo_shards, two_rank_reference,
-                                                                         slurm_job, tmp_path, sig, target):
+                                                                         slurm_job, tmp_path, target, sig,
+                                                                         stopped_by, returncode):
     env, scontrol_record = slurm_job
     run_dir = tmp_path / "ddp"
     with open(tmp_path / "run.log", "w") as output:
         proc = start_two_ranks(demo_shards, tmp_path, {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}, output)
         workers = sorted(children(proc.pid))
         os.kill(proc.pid if target == "torchrun" else workers[1], sig)
-        returncode = proc.wait(timeout=120)
-    wait_until_gone(workers)
-    launcher_output = (tmp_path / "run.log").read_text()
-    # torchrun itself, stopped by SIGTERM, ends with 128 + 15; workers that stopped alone end it with 75.
-    assert returncode == (128 + sig if target == "torchrun" else PREEMPTED_EXIT_CODE), launcher_output[-3000:]
-    assert "Traceback" not in launcher_output, launcher_output[-3000:]
-    # Rank 0 saved and requeued (once), whichever rank heard the signal.
-    signal_name = sig.name if target == "torchrun" else "a signal to another rank"
-    stopped_at = assert_preempted(run_dir, (run_dir / "out.log").read_text(), signal_name)
-    assert stopped_at < STEPS_PER_EPOCH
+        assert proc.wait(timeout=120) == returncode, (tmp_path / "run.log").read_text()[-3000:]
+    wait_until_gone(workers)  # no worker outlives the launcher
+    assert "Traceback" not in (tmp_path / "run.log").read_text()
+    # Rank 0 saved the step and requeued the job (once), whichever rank heard the signal.
+    stopped_at = assert_preempted(run_dir, (run_dir / "out.log").read_text(), stopped_by)
+    assert stopped_at < STEPS_PER_EPOCH and not (run_dir / "checkpoints" / "epoch_1.pt").exists()
     assert scontrol_record.read_text() == f"requeue {JOB_ID}\n"
 
     command, env = two_rank_command(demo_shards, tmp_path, "--resume", "latest")
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_resumed_without_loss(run_dir, two_rank_reference, stopped_at, STEPS_PER_EPOCH, "epoch_1.pt")
-
-
-def test_workers_do_not_outlive_a_killed_torchrun(demo_shards, slurm_job, tmp_path):
-    """SIGUSR1 to torchrun alone kills it (it has no handler); the kernel then sends its workers SIGTERM
-    (parent-death signal), and they save their step and exit instead of training on without a parent."""
-    env, _ = slurm_job
-    with open(tmp_path / "run.log", "w") as output:
-        proc = start_two_ranks(demo_shards, tmp_path, {}, output)
-        workers = children(proc.pid)
-        proc.send_signal(signal.SIGUSR1)
-        assert proc.wait(timeout=60) == -signal.SIGUSR1
-    wait_until_gone(workers, timeout=60)
-    run_dir = tmp_path / "ddp"
-    stopped_at = logged_steps(run_dir / "metrics.jsonl")[-1]
-    assert stopped_at < STEPS_PER_EPOCH and not (run_dir / "checkpoints" / "epoch_1.pt").exists()
-    assert f"Preempted by SIGTERM at step {stopped_at} " in (run_dir / "out.log").read_text()
-    assert (run_dir / "checkpoints" / f"step_{stopped_at}.pt").exists()
 
 
 # ---------------------------------------------------------------------------------------------
