@@ -577,7 +577,7 @@ def _restore_loss_state(checkpoint: Mapping[str, Any], path: os.PathLike, loss, 
         return
     try:
         loss.load_state_dict(checkpoint["loss"])
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # torch's size mismatch, or the loss's own check
         what = f"the loss options changed ({_describe_options(changed)})" if changed else _first_line(error)
         raise ResumeError(f"{path}: its loss state does not fit this run's loss: {what}; add --reset-loss-state to "
                           "start the loss's state afresh (weights and optimizer are restored), or resume with the "
