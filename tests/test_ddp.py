@@ -171,3 +171,21 @@ def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl", "train")] == list(range(1, 17))
     assert load_checkpoint(run / "checkpoints" / "epoch_2.pt")["step"] == 16
+
+
+def test_ranks_announced_by_slurm_that_never_arrive_stop_the_run_within_dist_timeout(demo_shards, tmp_path):
+    """`SLURM_NTASKS=2 SLURM_PROCID=0 python -m training.main` without srun: rank 1 never comes."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env.update(SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODELIST="localhost",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
+            "--model", "adacl-tiny", "--batch-size", "16", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path),
+            "--name", "alone", "--dist-timeout", "2"]
+    result = subprocess.run([sys.executable, "-m", "training.main", *argv], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("error: rank 0 of 2 (SLURM_NTASKS=2): the other ranks did not join the rendezvous "
+                                    "at localhost:"), result.stderr
+    assert "within --dist-timeout 2 s" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -133,9 +133,8 @@ def _process_group_timeout(timeout_s: Optional[float]) -> Iterator[None]:
 
 def missing_ranks_message(error: Exception, timeout_s: Optional[float]) -> str:
     """One line for a rendezvous that timed out: who was expected, where, and what to check."""
-    launcher = ("SLURM_NTASKS" if "SLURM_PROCID" in os.environ and "WORLD_SIZE" not in os.environ
-                else "WORLD_SIZE")
-    announced = os.environ.get("SLURM_NTASKS") or os.environ.get("WORLD_SIZE", "?")
+    launcher = "SLURM_NTASKS" if "SLURM_PROCID" in os.environ else "WORLD_SIZE"  # OpenCLIP's choice of the two
+    announced = os.environ.get(launcher, "?")
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "?")
     waited = f"--dist-timeout {timeout_s:g} s" if timeout_s is not None else "torch's default timeout"
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
