@@ -183,7 +183,7 @@ class CountingClip(ContrastiveLoss):
 
 def register_counting_loss():
     """Registered on demand (not at import) so registry-wide tests do not pick it up."""
-    if COUNTING_LOSS not in listlosses_by_step():
+    if COUNTING_LOSS not in list_losses():
         register_loss(COUNTING_LOSS)(CountingClip)
 
 
