@@ -354,6 +354,7 @@ def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
     (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
     target = (os.path.join(cfg.logging.logs, cfg.logging.name, "checkpoints") if cfg.logging.name is not None
               else cfg.logging.logs)
+    logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
     try:
         model = open_clip.create_model(cfg.model.name, device="meta", force_quick_gelu=cfg.model.force_quick_gelu,
                                        force_custom_text=cfg.model.force_custom_text,
@@ -364,6 +365,8 @@ def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
         print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
               f"{target} is writable", file=sys.stderr)
         needed = 0
+    finally:
+        logging.disable(logging.NOTSET)
     try:
         check_checkpoint_space(target, needed)
     except ValueError as error:

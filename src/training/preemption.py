@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 from typing import Iterator, Optional, Sequence, Tuple
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): stopped early, to be continued
@@ -57,7 +58,11 @@ class PreemptionFlag:
     def watching(self, signals: Sequence[signal.Signals]) -> Iterator["PreemptionFlag"]:
         """Handle `signals` while the block runs (DataLoader workers forked meanwhile inherit the handler,
         so a signal sent to the whole process group does not kill them first); restores the previous
-        handlers after."""
+        handlers after. Outside the main thread (a run started from a thread pool) Python cannot handle
+        signals: the flag is never set, and the signals keep their previous effect."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
         previous = {sig: signal.signal(sig, self._handle) for sig in signals}
         try:
             yield self
