@@ -238,16 +238,9 @@ class Bench:
 
 
 def children(pid: int) -> List[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+    """torchrun's workers (its direct children)."""
+    listing = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(line) for line in listing.split()]
 
 
 def zombie(pid: int) -> bool:

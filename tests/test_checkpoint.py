@@ -15,7 +15,7 @@ from open_clip_adacl import DistributedSetup, list_losses, register_loss
 from open_clip_adacl.losses import ContrastiveLoss
 from run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
-from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, load_checkpoint,
+from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
                                  save_atomic)
 from training.distributed import DistributedEnv
 from training.logger import read_metrics
@@ -76,7 +76,7 @@ def test_kill_during_checkpoint_write_leaves_the_previous_checkpoint_loadable(tm
     proc.wait()
     assert load_checkpoint(path) == {"step": 1}
     assert not (tmp_path / "step_2.pt").exists()
-    assert find_latest_checkpoint(tmp_path) == path  # the half-written temp file is ignored
+    assert checkpoint_candidates(tmp_path)[0] == path  # the half-written temp file is ignored
 
 
 def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
@@ -86,12 +86,14 @@ def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
     save_atomic({"epoch": 1, "step": 15}, tmp_path / "step_15.pt")
     save_atomic({"epoch": 2, "step": 20}, tmp_path / "epoch_latest.pt")
     (tmp_path / "notes.pt.txt").write_text("not a checkpoint")
-    assert find_latest_checkpoint(tmp_path) == tmp_path / "step_25.pt"
+    assert checkpoint_candidates(tmp_path)[0] == tmp_path / "step_25.pt"
     (tmp_path / "step_25.pt").unlink()
-    assert find_latest_checkpoint(tmp_path).name in ("epoch_2.pt", "epoch_latest.pt")
+    assert checkpoint_candidates(tmp_path)[0].name in ("epoch_2.pt", "epoch_latest.pt")
     (tmp_path / "epoch_3.pt").write_bytes(b"truncated")
-    assert find_latest_checkpoint(tmp_path).name in ("epoch_2.pt", "epoch_latest.pt")
-    assert find_latest_checkpoint(tmp_path / "missing") is None
+    (tmp_path / "step_30.pt").write_bytes((tmp_path / "step_15.pt").read_bytes()[:40])  # named newest, unreadable
+    assert checkpoint_candidates(tmp_path)[0].name in ("epoch_2.pt", "epoch_latest.pt")
+    assert [p.name for p in checkpoint_candidates(tmp_path)][2:] == ["step_15.pt", "epoch_1.pt"]
+    assert checkpoint_candidates(tmp_path / "missing") == []
 
 
 def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(tmp_path):
@@ -147,7 +149,7 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
     assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
         "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
     assert {p.stat().st_mode & 0o777 for p in checkpoints.glob("*.pt")} == {0o644}
-    assert find_latest_checkpoint(checkpoints).name in ("epoch_3.pt", "step_6.pt")
+    assert checkpoint_candidates(checkpoints)[0].name in ("epoch_3.pt", "step_6.pt")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -191,12 +191,6 @@ def checkpoint_candidates(checkpoint_dir: os.PathLike) -> List[Path]:
     return [path for _, _, path in sorted(candidates, reverse=True)]
 
 
-def find_latest_checkpoint(checkpoint_dir: os.PathLike) -> Optional[Path]:
-    """The readable checkpoint with the most steps (`checkpoint_candidates`' first); None if none."""
-    candidates = checkpoint_candidates(checkpoint_dir)
-    return candidates[0] if candidates else None
-
-
 def roll_back(checkpoint_dir: os.PathLike, resumed_step: int) -> Optional[Path]:
     """Move the checkpoints of `checkpoint_dir` written after `resumed_step` into a new folder
     `rolled_back_after_step_<S>_<time>/` next to them (kept, never deleted; `--resume latest` no longer

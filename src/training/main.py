@@ -112,9 +112,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
 
 
 def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
-          preemption: Optional[PreemptionFlag] = None) -> RunSummary:
-    """The run on this rank, with the loss `main` built (torch configured and this rank seeded)."""
-    preemption = preemption or PreemptionFlag()
+          preemption: PreemptionFlag) -> RunSummary:
+    """The run on this rank, with the loss `main` built (torch configured and this rank seeded); stops
+    early (Preempted) when `preemption` is signalled."""
     paths = build_run_paths(cfg, env)
     setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
                   log_all_ranks=cfg.logging.log_local)
@@ -143,6 +143,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     state, resumed_from = resume_run(cfg.resume, request, paths, bundle, optimizer, precision, loss_fn, env)
     global_batch = cfg.data.batch_size * env.world_size * cfg.train.accum_freq
     if resumed_from is not None:
+        # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
         state.batches_in_epoch = min(state.batches_in_epoch, plan.num_batches - cfg.train.accum_freq)
         after_resume(cfg, paths, resumed_from, state, global_batch, env)
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
