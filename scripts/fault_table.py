@@ -175,19 +175,19 @@ class Bench:
                  "nothing")
 
     def broken_checkpoints(self) -> None:
-        name = "trunc-1"
-        shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
-        newest = self.run_dir(name) / "checkpoints" / "epoch_2.pt"
-        newest.write_bytes(newest.read_bytes()[:4096])
-        for extra in (["--resume", "latest"], ["--resume", str(newest)]):
-            result, _ = self.run(1, self.argv(name, 1, *extra))
+        for case in ("latest", "path"):
+            name = f"trunc-{case}"
+            shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
+            newest = self.run_dir(name) / "checkpoints" / "epoch_2.pt"  # cut short, as by a full disk or a dying copy
+            newest.write_bytes(newest.read_bytes()[:4096])
+            result, _ = self.run(1, self.argv(name, 1, "--resume", "latest" if case == "latest" else str(newest)))
             log = (self.run_dir(name) / "out.log").read_text()
             fallback = next((line.split(" | ")[-1] for line in log.splitlines() if "Ignoring unreadable" in line), "")
             resumed = next((line.split(" | ")[-1] for line in log.splitlines() if "Resumed from" in line), "")
-            if extra[1] == "latest":
-                self.add("truncated newest checkpoint, --resume latest",
+            if case == "latest":
+                self.add("truncated newest checkpoint (epoch_2.pt), --resume latest",
                          f"rc {result.returncode}; warns `{fallback[:70]}...`; `{resumed[:90]}`",
-                         "the steps after the older checkpoint are redone")
+                         "the step after step_15.pt is redone")
             else:
                 self.add("truncated checkpoint given as --resume PATH",
                          f"rc {result.returncode}: `{last_line(result.stderr)[:150]}...`", "nothing (refused)")
