@@ -1,6 +1,8 @@
 """Graceful preemption: SIGTERM / SIGUSR1 mid-epoch on 1 and 2 gloo ranks save the step that was running,
 requeue the SLURM job (stub scontrol), exit with status 75, and `--resume latest` ends exactly where an
-uninterrupted run ends; torchrun's workers never outlive it; the SLURM recipe forwards the warning signal."""
+uninterrupted run ends; torchrun's workers never outlive it; the SLURM recipe forwards the warning signal.
+(On 2 ranks, one run takes both signals in turn: SIGUSR1 on one rank, then SIGTERM from the kernel when
+torchrun dies.)"""
 import os
 import signal
 import subprocess
@@ -35,13 +37,14 @@ def slurm_job(tmp_path):
     return env, record
 
 
-def assert_preempted(run_dir, log_text, signal_name):
-    """One log line for the stop, at the last step the run logged, whose step_N.pt was saved and requeued."""
+def assert_preempted(run_dir, signal_name, stops=1):
+    """One log line per stop (`stops` so far), the last at the last step the run logged, whose step_N.pt
+    was saved and whose job was requeued."""
     stopped_at = logged_steps(run_dir / "metrics.jsonl")[-1]
-    lines = [line for line in log_text.splitlines() if "Preempted by" in line]
-    assert len(lines) == 1, lines
-    assert f"Preempted by {signal_name} at step {stopped_at} " in lines[0], lines[0]
-    assert f"requeued SLURM job {JOB_ID}; exiting with status {PREEMPTED_EXIT_CODE}" in lines[0], lines[0]
+    lines = [line for line in (run_dir / "out.log").read_text().splitlines() if "Preempted by" in line]
+    assert len(lines) == stops, lines
+    assert f"Preempted by {signal_name} at step {stopped_at} " in lines[-1], lines[-1]
+    assert f"requeued SLURM job {JOB_ID}; exiting with status {PREEMPTED_EXIT_CODE}" in lines[-1], lines[-1]
     assert (run_dir / "checkpoints" / f"step_{stopped_at}.pt").exists()
     return stopped_at
 
@@ -89,7 +92,7 @@ def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothin
         wait_for_step(run_dir / "metrics.jsonl", proc, STEPS_PER_EPOCH + 3)  # mid-epoch 1
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
-    stopped_at = assert_preempted(run_dir, (run_dir / "out.log").read_text(), sig.name)
+    stopped_at = assert_preempted(run_dir, sig.name)
     assert STEPS_PER_EPOCH < stopped_at < 2 * STEPS_PER_EPOCH
     assert "Traceback" not in (tmp_path / "run.log").read_text()
     assert scontrol_record.read_text() == f"requeue {JOB_ID}\n"
@@ -106,7 +109,7 @@ def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothin
 # Two ranks under torchrun (our launcher, which reports a preemption as status 75)
 # ---------------------------------------------------------------------------------------------
 
-TWO_RANK_ARGS = ("--loss", "adacl", "--adacl-queue-size", "48", "--epochs", "1", "--save-every-n-steps", "100",
+TWO_RANK_ARGS = ("--loss", "adacl", "--adacl-queue-size", "48", "--epochs", "2", "--save-every-n-steps", "100",
                  "--slurm-requeue")
 
 
@@ -125,43 +128,59 @@ def two_rank_reference(demo_shards, tmp_path_factory):
     return logs / "ddp"
 
 
-def start_two_ranks(demo_shards, tmp_path, slurm_env, output):
-    command, env = two_rank_command(demo_shards, tmp_path)
-    proc = subprocess.Popen(command, env={**env, **slurm_env}, stdout=output, stderr=subprocess.STDOUT)
-    wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, 3)
-    return proc
-
-
-@pytest.mark.parametrize("target, sig, stopped_by, returncode", [
-    # torchrun has no handler for SIGUSR1 and dies; the kernel sends its workers SIGTERM (parent-death
-    # signal), so they save and stop instead of training on without a parent.
-    ("torchrun", signal.SIGUSR1, "SIGTERM", -signal.SIGUSR1),
-    # Only one rank hears it: the ranks agree at the next step; our torchrun launcher reports 75.
-    ("rank 1", signal.SIGUSR1, "a signal to another rank", PREEMPTED_EXIT_CODE),
-    # torchrun passes SIGTERM on to both workers and ends with 128 + 15 (one line, no traceback).
-    pytest.param("torchrun", signal.SIGTERM, "SIGTERM", 128 + signal.SIGTERM, marks=pytest.mark.slow),
-])
-def test_two_ranks_stop_together_at_a_signal_and_the_resume_loses_nothing(demo_shards, two_rank_reference,
-                                                                         slurm_job, tmp_path, target, sig,
-                                                                         stopped_by, returncode):
-    env, scontrol_record = slurm_job
-    run_dir = tmp_path / "ddp"
+def interrupt_two_ranks(demo_shards, tmp_path, slurm_env, at_step, target, sig, *extra):
+    """Start (or resume) the 2-rank run, send `sig` to torchrun or to rank 1 once `at_step` is logged; returns
+    torchrun's exit status after every worker is gone."""
+    command, env = two_rank_command(demo_shards, tmp_path, *extra)
     with open(tmp_path / "run.log", "w") as output:
-        proc = start_two_ranks(demo_shards, tmp_path, {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}, output)
+        proc = subprocess.Popen(command, env={**env, **slurm_env}, stdout=output, stderr=subprocess.STDOUT)
+        wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, at_step)
         workers = sorted(children(proc.pid))
         os.kill(proc.pid if target == "torchrun" else workers[1], sig)
-        assert proc.wait(timeout=120) == returncode, (tmp_path / "run.log").read_text()[-3000:]
+        returncode = proc.wait(timeout=120)
     wait_until_gone(workers)  # no worker outlives the launcher
-    assert "Traceback" not in (tmp_path / "run.log").read_text()
-    # Rank 0 saved the step and requeued the job (once), whichever rank heard the signal.
-    stopped_at = assert_preempted(run_dir, (run_dir / "out.log").read_text(), stopped_by)
-    assert stopped_at < STEPS_PER_EPOCH and not (run_dir / "checkpoints" / "epoch_1.pt").exists()
-    assert scontrol_record.read_text() == f"requeue {JOB_ID}\n"
+    assert "Traceback" not in (tmp_path / "run.log").read_text(), (tmp_path / "run.log").read_text()[-3000:]
+    return returncode
+
+
+def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(demo_shards, two_rank_reference,
+                                                                              slurm_job, tmp_path):
+    env, scontrol_record = slurm_job
+    slurm_env = {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}
+    run_dir = tmp_path / "ddp"
+    # SIGUSR1 to rank 1 only, mid-epoch 0: the ranks agree at the next step, rank 0 saves and requeues,
+    # and our torchrun launcher reports the preemption as status 75.
+    assert interrupt_two_ranks(demo_shards, tmp_path, slurm_env, 3, "rank 1", signal.SIGUSR1) == PREEMPTED_EXIT_CODE
+    first_stop = assert_preempted(run_dir, "a signal to another rank")
+    assert first_stop < STEPS_PER_EPOCH
+    # Resumed, then SIGUSR1 to torchrun alone, mid-epoch 1: torchrun has no handler and dies; the kernel
+    # sends its workers SIGTERM (parent-death signal), so they save and stop instead of training on.
+    returncode = interrupt_two_ranks(demo_shards, tmp_path, slurm_env, STEPS_PER_EPOCH + 3, "torchrun",
+                                     signal.SIGUSR1, "--resume", "latest")
+    assert returncode == -signal.SIGUSR1
+    second_stop = assert_preempted(run_dir, "SIGTERM", stops=2)
+    assert STEPS_PER_EPOCH < second_stop < 2 * STEPS_PER_EPOCH
+    assert scontrol_record.read_text() == f"requeue {JOB_ID}\n" * 2
 
     command, env = two_rank_command(demo_shards, tmp_path, "--resume", "latest")
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_resumed_without_loss(run_dir, two_rank_reference, stopped_at, STEPS_PER_EPOCH, "epoch_1.pt")
+    assert_resumed_without_loss(run_dir, two_rank_reference, second_stop, 2 * STEPS_PER_EPOCH, "epoch_2.pt")
+    assert losses_by_step(run_dir) == pytest.approx(losses_by_step(two_rank_reference), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_reaches_both_workers(demo_shards, two_rank_reference, slurm_job, tmp_path):
+    """torchrun passes SIGTERM on to its workers, which save and stop; it ends with 128 + 15, in one line."""
+    env, _ = slurm_job
+    returncode = interrupt_two_ranks(demo_shards, tmp_path, {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}, 3,
+                                     "torchrun", signal.SIGTERM)
+    assert returncode == 128 + signal.SIGTERM
+    stopped_at = assert_preempted(tmp_path / "ddp", "SIGTERM")
+    command, env = two_rank_command(demo_shards, tmp_path, "--resume", "latest")
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_resumed_without_loss(tmp_path / "ddp", two_rank_reference, stopped_at, 2 * STEPS_PER_EPOCH, "epoch_2.pt")
 
 
 # ---------------------------------------------------------------------------------------------
