@@ -185,9 +185,10 @@ class Bench:
             fallback = next((line.split(" | ")[-1] for line in log.splitlines() if "Ignoring unreadable" in line), "")
             resumed = next((line.split(" | ")[-1] for line in log.splitlines() if "Resumed from" in line), "")
             if case == "latest":
+                start = int(resumed.split("step ")[1].split(",")[0]) if resumed else 0
                 self.add("truncated newest checkpoint (epoch_2.pt), --resume latest",
                          f"rc {result.returncode}; warns `{fallback[:70]}...`; `{resumed[:90]}`",
-                         "the step after step_15.pt is redone")
+                         f"{STEPS - start} steps redone")
             else:
                 self.add("truncated checkpoint given as --resume PATH",
                          f"rc {result.returncode}: `{last_line(result.stderr)[:150]}...`", "nothing (refused)")
