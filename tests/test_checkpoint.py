@@ -13,8 +13,9 @@ import torch
 
 from open_clip_adacl import DistributedSetup, list_losses, register_loss
 from open_clip_adacl.losses import ContrastiveLoss
+from run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
-from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, load_checkpoint,
+from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
                                  save_atomic)
 from training.distributed import DistributedEnv
 from training.logger import read_metrics
@@ -75,7 +76,7 @@ def test_kill_during_checkpoint_write_leaves_the_previous_checkpoint_loadable(tm
     proc.wait()
     assert load_checkpoint(path) == {"step": 1}
     assert not (tmp_path / "step_2.pt").exists()
-    assert find_latest_checkpoint(tmp_path) == path  # the half-written temp file is ignored
+    assert checkpoint_candidates(tmp_path)[0] == path  # the half-written temp file is ignored
 
 
 def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
@@ -85,12 +86,14 @@ def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
     save_atomic({"epoch": 1, "step": 15}, tmp_path / "step_15.pt")
     save_atomic({"epoch": 2, "step": 20}, tmp_path / "epoch_latest.pt")
     (tmp_path / "notes.pt.txt").write_text("not a checkpoint")
-    assert find_latest_checkpoint(tmp_path) == tmp_path / "step_25.pt"
+    assert checkpoint_candidates(tmp_path)[0] == tmp_path / "step_25.pt"
     (tmp_path / "step_25.pt").unlink()
-    assert find_latest_checkpoint(tmp_path).name in ("epoch_2.pt", "epoch_latest.pt")
+    assert checkpoint_candidates(tmp_path)[0].name in ("epoch_2.pt", "epoch_latest.pt")
     (tmp_path / "epoch_3.pt").write_bytes(b"truncated")
-    assert find_latest_checkpoint(tmp_path).name in ("epoch_2.pt", "epoch_latest.pt")
-    assert find_latest_checkpoint(tmp_path / "missing") is None
+    (tmp_path / "step_30.pt").write_bytes((tmp_path / "step_15.pt").read_bytes()[:40])  # named newest, unreadable
+    assert checkpoint_candidates(tmp_path)[0].name in ("epoch_2.pt", "epoch_latest.pt")
+    assert [p.name for p in checkpoint_candidates(tmp_path)][2:] == ["step_15.pt", "epoch_1.pt"]
+    assert checkpoint_candidates(tmp_path / "missing") == []
 
 
 def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(tmp_path):
@@ -146,7 +149,7 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
     assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
         "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
     assert {p.stat().st_mode & 0o777 for p in checkpoints.glob("*.pt")} == {0o644}
-    assert find_latest_checkpoint(checkpoints).name in ("epoch_3.pt", "step_6.pt")
+    assert checkpoint_candidates(checkpoints)[0].name in ("epoch_3.pt", "step_6.pt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,23 +206,6 @@ def reference_run(demo_shards, tmp_path_factory):
     return logs / "reference", summary
 
 
-def _losses(run_dir):
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
-
-
-def _assert_same_final_state(run_dir, reference_dir):
-    ours = load_checkpoint(run_dir / "checkpoints" / "epoch_2.pt")
-    theirs = load_checkpoint(reference_dir / "checkpoints" / "epoch_2.pt")
-    assert (ours["epoch"], ours["step"]) == (theirs["epoch"], theirs["step"]) == (2, 16)
-    for key, value in theirs["loss"].items():
-        assert torch.equal(ours["loss"][key], value), key
-    for key, value in theirs["state_dict"].items():
-        torch.testing.assert_close(ours["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)
-    for index, state in theirs["optimizer"]["state"].items():
-        for key, value in state.items():
-            torch.testing.assert_close(ours["optimizer"]["state"][index][key], value, rtol=1e-5, atol=1e-7)
-
-
 def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path):
     reference_dir, reference = reference_run
     assert reference.step == 16 and sorted(p.name for p in (reference_dir / "checkpoints").glob("step_*")) == [
@@ -230,11 +216,11 @@ def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path
 
     summary = main(run_argv(demo_shards, tmp_path, "resumed", "--resume", str(resume_from)))
     assert (summary.epoch, summary.step) == (2, 16)
-    expected, resumed = _losses(reference_dir), _losses(tmp_path / "resumed")
+    expected, resumed = losses_by_step(reference_dir), losses_by_step(tmp_path / "resumed")
     assert sorted(resumed) == list(range(7, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    _assert_same_final_state(tmp_path / "resumed", reference_dir)
+    assert_same_final_state(tmp_path / "resumed", reference_dir)
     # The interrupted epoch's summary counts the steps before the interruption too.
     reference_epochs = read_metrics(reference_dir / "metrics.jsonl", "epoch")
     resumed_epochs = read_metrics(tmp_path / "resumed" / "metrics.jsonl", "epoch")
@@ -270,7 +256,7 @@ def test_sigkill_mid_epoch_then_resume_latest_finishes_the_run(demo_shards, refe
     summary = main(argv + ["--resume", "latest"])
     assert (summary.epoch, summary.step) == (2, 16)
     assert "Resumed from" in (tmp_path / "killed" / "out.log").read_text()
-    _assert_same_final_state(tmp_path / "killed", reference_dir)
+    assert_same_final_state(tmp_path / "killed", reference_dir)
 
 
 def test_a_failed_save_is_logged_and_training_continues(demo_shards, tmp_path, monkeypatch):

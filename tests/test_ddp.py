@@ -9,6 +9,7 @@ import torch
 
 from distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss
+from run_utils import torchrun_command
 from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
 from training.model import ModelConfig, build_model, build_precision
 from training.train import MicroBatch, forward_backward
@@ -135,21 +136,6 @@ def test_slurm_environment_is_detected():
         assert f"rank={rank} local={rank} world=2 sum=1 backend=gloo" in output, output
 
 
-def torchrun_command(demo_shards, logs, *extra):
-    """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
-    "ddp" under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--batch-size", "16", "--lr", "1e-3", "--warmup", "2", "--workers", "0",
-            "--device", "cpu", "--logs", str(logs), "--name", "ddp", "--log-every-n-steps", "1",
-            "--save-every-n-steps", "5", "--local-loss", "--gather-with-grad", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), "-m", "training.main", "--", *argv]
-    return command, env
-
-
 def _torchrun(demo_shards, logs, *extra):
     command, env = torchrun_command(demo_shards, logs, *extra)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -185,3 +171,21 @@ def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl", "train")] == list(range(1, 17))
     assert load_checkpoint(run / "checkpoints" / "epoch_2.pt")["step"] == 16
+
+
+def test_ranks_announced_by_slurm_that_never_arrive_stop_the_run_within_dist_timeout(demo_shards, tmp_path):
+    """`SLURM_NTASKS=2 SLURM_PROCID=0 python -m training.main` without srun: rank 1 never comes."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env.update(SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODELIST="localhost",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
+            "--model", "adacl-tiny", "--batch-size", "16", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path),
+            "--name", "alone", "--dist-timeout", "2"]
+    result = subprocess.run([sys.executable, "-m", "training.main", *argv], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("error: rank 0 of 2 (SLURM_NTASKS=2): the other ranks did not join the rendezvous "
+                                    "at localhost:"), result.stderr
+    assert "within --dist-timeout 2 s" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,21 +1,17 @@
 """Reliability end to end: a 2-rank AdaCL run that crashes, resumes and exports; SIGKILL at any step
 loses less than --save-every-n-steps and restores AdaCL's state exactly; hostile shards; clear stops."""
-import json
 import os
-import signal
 import struct
 import subprocess
 import sys
 import textwrap
-import time
 import zlib
-from pathlib import Path
 
 import pytest
 
 from data_utils import good, png, write_hostile_shards, write_tar
-from test_checkpoint import _assert_same_final_state, _losses
-from test_ddp import torchrun_command
+from run_utils import (assert_same_final_state, kill_run, logged_steps, losses_by_step, torchrun_command,
+                       wait_for_step)
 from training.checkpoint import load_checkpoint
 from training.logger import read_metrics
 from training.main import main
@@ -25,59 +21,6 @@ STEPS_PER_EPOCH = 8  # in both kinds of killed runs: 256 samples per epoch, glob
 SAVE_EVERY = {"torchrun": 5, "single": 3}  # their --save-every-n-steps
 
 
-def children(pid):
-    """Direct child processes of `pid` (torchrun starts its workers in their own sessions)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def logged_steps(metrics_path):
-    """The train steps a running run has logged so far (a line still being written is left out)."""
-    if not metrics_path.exists():
-        return []
-    complete = metrics_path.read_text().rpartition("\n")[0]
-    return [record["step"] for record in map(json.loads, complete.splitlines()) if record["kind"] == "train"]
-
-
-def wait_for_step(metrics_path, proc, step, timeout=300):
-    """Wait until the run has logged `step` (or more)."""
-    deadline = time.time() + timeout
-    while not (logged_steps(metrics_path) or [0])[-1] >= step:
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline, f"step {step} not reached in {timeout} s"
-        time.sleep(0.05)
-
-
-def running(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def kill_run(proc, timeout=60):
-    """SIGKILL a run and its workers at once, as when its node dies; returns when all are gone."""
-    if proc.poll() is not None:
-        return  # it ended by itself (the test has failed already)
-    workers = children(proc.pid)
-    for pid in [*workers, proc.pid]:
-        os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.time() + timeout
-    while any(running(pid) for pid in workers):  # not our children: init reaps them
-        assert time.time() < deadline, "a killed worker is still running"
-        time.sleep(0.05)
-
-
 def assert_bounded_loss_of_work(run_dir, killed_at, save_every):
     """The resumed run started from the newest step checkpoint, less than `save_every` steps back."""
     log = (run_dir / "out.log").read_text()
@@ -85,8 +28,9 @@ def assert_bounded_loss_of_work(run_dir, killed_at, save_every):
     resumed_from = int(resumed_line.split("step_")[1].split(".pt")[0])
     assert 0 <= killed_at - resumed_from < save_every, (killed_at, resumed_line)
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")]
-    # The killed run's steps, then the resumed run's from the checkpoint on: nothing skipped.
-    assert steps == list(range(1, killed_at + 1)) + list(range(resumed_from + 1, 2 * STEPS_PER_EPOCH + 1))
+    # The killed run's steps up to the checkpoint, then the resumed run's: each step once, none skipped
+    # (the killed run's records after the checkpoint were removed at the resume).
+    assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     return resumed_from
 
 
@@ -181,10 +125,10 @@ def test_sigkill_between_checkpoints_loses_less_than_n_steps_and_restores_adacl_
     summary = main(argv + ["--resume", "latest"])
     assert (summary.epoch, summary.step) == (2, 2 * STEPS_PER_EPOCH)
     resumed_from = assert_bounded_loss_of_work(run_dir, killed_at, SAVE_EVERY["single"])
-    expected, resumed = _losses(tmp_path / "reference"), _losses(run_dir)
+    expected, resumed = losses_by_step(tmp_path / "reference"), losses_by_step(run_dir)
     for step in range(resumed_from + 1, 2 * STEPS_PER_EPOCH + 1):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    _assert_same_final_state(run_dir, tmp_path / "reference")  # loss buffers compared with torch.equal
+    assert_same_final_state(run_dir, tmp_path / "reference")  # loss buffers compared with torch.equal
     state = load_checkpoint(run_dir / "checkpoints" / "epoch_2.pt")["loss"]
     assert bool(state["previous_valid"].all()) and int(state["queue_filled"]) == 40
 

@@ -87,3 +87,23 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
     cfg = DataConfig(train_data=str(directory / "0.tar"), train_num_samples=8, batch_size=4, workers=0)
     with pytest.raises(RuntimeError, match="images in a row could not be decoded.*bad_image=1000"):
         list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
+
+
+def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
+    """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
+    shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
+    from training.logger import read_metrics
+    from training.main import main
+
+    shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
+    failing = ["pipe:false", f"pipe:cat {tmp_path}/missing.tar"]
+    summary = main(["--train-data", "::".join(shards + failing), "--dataset-type", "webdataset",
+                    "--train-num-samples", "192", "--model", "adacl-tiny", "--batch-size", "32", "--epochs", "1",
+                    "--lr", "1e-3", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pipes"])
+    assert summary.step == 6
+    [epoch] = read_metrics(tmp_path / "pipes" / "metrics.jsonl", "epoch")
+    # The epoch drew 192 of the 256 streamed samples; the failing pipes were visited at least once each.
+    assert epoch["skipped/unreadable_shard"] >= 2 and epoch["skipped_shard_visits"] == epoch["skipped/unreadable_shard"]
+    assert epoch["skipped_samples"] == 0
+    line = next(line for line in (tmp_path / "pipes" / "out.log").read_text().splitlines() if "Epoch 0 done" in line)
+    assert f"skipped shard visits: unreadable_shard {epoch['skipped/unreadable_shard']}, skipped samples: none" in line

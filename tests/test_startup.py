@@ -85,7 +85,8 @@ def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp
     summary = main(train_argv(demo_shards, tmp_path, "taken"))
     assert load_checkpoint(summary.checkpoint)["step"] == 2
     message = dry_run_error(train_argv(demo_shards, tmp_path, "taken"))
-    assert message == f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest or choose another --name"
+    assert message == (f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest, roll it back "
+                       f"with --resume {tmp_path / 'taken' / 'checkpoints'}/<checkpoint>, or choose another --name")
     assert main([*train_argv(demo_shards, tmp_path, "taken", "--resume", "latest"), "--dry-run"]) is None
     assert "dry run OK" in capsys.readouterr().out
 

@@ -34,9 +34,11 @@ per_rank_batch() {
 }
 
 # launch WORLD_SIZE TRAINER_ARGS...: exec "${LAUNCHER[@]}" TRAINER_ARGS (LAUNCHER ends with the
-# trainer module, e.g. (torchrun ... -m training.main --)). With --dry-run among the arguments, print
-# the launch command and run the trainer's dry run here, as rank 0 of WORLD_SIZE, so that it works on
-# a login node or on one node of a multi-node run (no GPU, no rendezvous with the other nodes).
+# trainer module, e.g. (torchrun ... -m training.main --)); with FORWARD_SIGNALS set (e.g. "USR1 TERM"),
+# run it in the background instead and pass those signals on to it (run_forwarding_signals). With
+# --dry-run among the arguments, print the launch command and run the trainer's dry run here, as rank 0
+# of WORLD_SIZE, so that it works on a login node or on one node of a multi-node run (no GPU, no
+# rendezvous with the other nodes).
 launch() {
     local world=$1
     shift
@@ -47,7 +49,32 @@ launch() {
             WORLD_SIZE="$world" RANK=0 LOCAL_RANK=0 exec "$PYTHON" -m training.main "$@"
         fi
     done
-    exec "${LAUNCHER[@]}" "$@"
+    if [ -n "${FORWARD_SIGNALS:-}" ]; then
+        run_forwarding_signals "${LAUNCHER[@]}" "$@"
+    else
+        exec "${LAUNCHER[@]}" "$@"
+    fi
+}
+
+# run_forwarding_signals COMMAND...: run COMMAND in the background, send it each signal of
+# FORWARD_SIGNALS this shell receives, and return its exit status. A SLURM job script needs this:
+# `#SBATCH --signal=B:USR1@120` signals the script's shell only, and bash runs a trap only between
+# commands, so an `exec`ed or foreground srun would never hear of it.
+run_forwarding_signals() {
+    "$@" &
+    local child=$! status=0 signal_name
+    FORWARDED=0
+    for signal_name in $FORWARD_SIGNALS; do
+        # shellcheck disable=SC2064  # expand now: the trap runs after this function returned
+        trap "FORWARDED=1; echo \"launch: forwarding SIG$signal_name to $1 (pid $child)\" >&2; kill -$signal_name $child 2>/dev/null || true" "$signal_name"
+    done
+    while true; do
+        FORWARDED=0
+        wait "$child" && status=0 || status=$?
+        # wait returns early (status > 128) when a trap ran; the child is still running then
+        [ "$FORWARDED" = 1 ] && kill -0 "$child" 2>/dev/null || break
+    done
+    return "$status"
 }
 
 # torchrun_launcher RUN_ID: LAUNCHER and WORLD for GPUS processes on each of NNODES nodes.

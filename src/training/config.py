@@ -7,6 +7,7 @@ CheckpointConfig in `training.checkpoint`); the ones only `training.main` reads 
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
@@ -59,6 +60,7 @@ class DistributedConfig:
     no_set_device_rank: bool
     use_bn_sync: bool
     ddp_static_graph: bool
+    timeout_s: Optional[float] = None     # --dist-timeout (None: torch's default)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class RunConfig:
     torchcompile: bool
     resume: Optional[str]         # a checkpoint path, "latest" (params.RESUME_LATEST) or None
     reset_loss_state: bool
+    resume_anyway: bool           # accept a mid-epoch checkpoint of another data order (training.checkpoint)
+    preempt_signals: Tuple[signal.Signals, ...]   # save and stop at the next step boundary (training.preemption)
+    slurm_requeue: bool           # then requeue the SLURM job
     dry_run: bool
     recorded_args: Mapping[str, Any]
     """Every argument as params.txt, checkpoints and wandb record it (precision resolved; a run

@@ -6,13 +6,22 @@ SLURM_NODELIST, or SLURM_JOB_NODELIST, and MASTER_PORT to one derived from SLURM
 detection and process-group creation are OpenCLIP's (`open_clip_train.distributed`); the backend is
 gloo on CPU and nccl on CUDA.
 DDP wrapping is ours: OpenCLIP passes `device_ids=[device]`, which DDP rejects for CPU modules.
+Ours too: `--dist-timeout` for the rendezvous and collectives, a one-line error when announced ranks never
+arrive, and workers of a torchrun agent that never outlive it (parent-death signal).
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import logging
 import os
 import re
+import signal
+import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from datetime import timedelta
+from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,6 +29,11 @@ from open_clip_train.distributed import init_distributed_device_so, is_device_av
 from torch.nn.parallel import DistributedDataParallel
 
 DEFAULT_MASTER_PORT = 29500
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class DistributedStartError(RuntimeError):
+    """The process group could not form (ranks that never arrived); the message names what to check."""
 
 
 @dataclass(frozen=True)
@@ -77,21 +91,73 @@ def init_distributed(
     dist_backend: Optional[str] = None,
     dist_url: Optional[str] = None,
     no_set_device_rank: bool = False,
+    timeout_s: Optional[float] = None,
 ) -> DistributedEnv:
     """Initialise the default process group when launched by torchrun or srun; else a single process.
 
-    An unavailable `device` falls back to the CPU with a warning (as OpenCLIP does).
+    An unavailable `device` falls back to the CPU with a warning (as OpenCLIP does). `timeout_s`
+    (None: torch's default) bounds the rendezvous and every later collective; ranks that do not
+    arrive within it raise DistributedStartError.
     """
     set_slurm_rendezvous_env()
-    info = init_distributed_device_so(
-        device=device, dist_backend=dist_backend, dist_url=dist_url, no_set_device_rank=no_set_device_rank,
-    )
+    exit_with_torchrun_agent()
+    try:
+        with _process_group_timeout(timeout_s):
+            info = init_distributed_device_so(
+                device=device, dist_backend=dist_backend, dist_url=dist_url, no_set_device_rank=no_set_device_rank,
+            )
+    except dist.DistStoreError as error:  # the TCP store gave up waiting for the other ranks
+        raise DistributedStartError(missing_ranks_message(error, timeout_s)) from None
     return DistributedEnv(
         rank=info["global_rank"],
         local_rank=info["local_rank"],
         world_size=info["world_size"],
         device=torch.device(info["device"]),
     )
+
+
+@contextlib.contextmanager
+def _process_group_timeout(timeout_s: Optional[float]) -> Iterator[None]:
+    """OpenCLIP's `init_distributed_device_so` creates the group with torch's default timeout and takes
+    none; this passes ours to its `init_process_group` call (looked up on the module at call time)."""
+    if timeout_s is None:
+        yield
+        return
+    original = dist.init_process_group
+    dist.init_process_group = functools.partial(original, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield
+    finally:
+        dist.init_process_group = original
+
+
+def missing_ranks_message(error: Exception, timeout_s: Optional[float]) -> str:
+    """One line for a rendezvous that timed out: who was expected, where, and what to check."""
+    launcher = "SLURM_NTASKS" if "SLURM_PROCID" in os.environ else "WORLD_SIZE"  # OpenCLIP's choice of the two
+    announced = os.environ.get(launcher, "?")
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "?")
+    waited = f"--dist-timeout {timeout_s:g} s" if timeout_s is not None else "torch's default timeout"
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"rank {rank} of {announced} ({launcher}={announced}): the other ranks did not join the rendezvous at "
+            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} within {waited} ({reason}); "
+            "start every rank (srun inside an allocation, or torchrun), or unset the SLURM_* variables to train "
+            "in one process")
+
+
+def exit_with_torchrun_agent() -> None:
+    """Under torchrun (Linux), have the kernel send this worker SIGTERM when its agent dies, so that a
+    killed agent (e.g. by a signal it does not handle, such as SIGUSR1) never leaves workers training on
+    without a parent; SIGTERM takes the graceful preemption path (a step checkpoint, then exit).
+
+    Only for torchrun's workers: a plain run under a shell that exits (nohup) must keep running."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    # (An agent that dies before this line, while the worker imports torch, is not noticed; checking
+    # getppid() == 1 would misfire where torchrun itself is a container's process 1.)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        logging.warning(f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): this worker would outlive "
+                        "a killed torchrun")
 
 
 def resolved_device_type(device: str) -> str:
@@ -130,11 +196,16 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistributedEnv) -> torch.Tensor:
 
 def any_rank(flag: bool, env: DistributedEnv) -> bool:
     """True on every rank when `flag` is true on at least one."""
+    return any_rank_each([flag], env)[0]
+
+
+def any_rank_each(flags: Sequence[bool], env: DistributedEnv) -> List[bool]:
+    """For each of `flags`, whether it is true on at least one rank: several decisions, one all-reduce."""
     if not env.distributed:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=env.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return list(flags)
+    values = torch.tensor([1.0 if flag else 0.0 for flag in flags], device=env.device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(value) for value in values.tolist()]
 
 
 def broadcast_object(obj: Any, env: DistributedEnv, src: int = 0) -> Any:

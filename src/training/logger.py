@@ -5,7 +5,8 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
   samples_per_second_per_gpu, data_time, batch_time, num_nonfinite_steps, and the loss's own
   diagnostics as "stats/<name>" (floats; logged, never part of the loss);
 - kind "epoch": an epoch summary: loss (mean over the epoch's finite steps), num_steps,
-  num_nonfinite_steps, seconds, samples_per_second and "skipped/<reason>" sample counts;
+  num_nonfinite_steps, seconds, "skipped/<reason>" counts per skip reason, and their totals
+  skipped_shard_visits (shard visits cut short: unreadable_shard, bad_tar) and skipped_samples;
 - kind "val": validation / zero-shot metrics after an epoch.
 
 Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
@@ -14,6 +15,9 @@ step, `val/<metric>` (e.g. `val/clip_val_loss`, `val/imagenet-zeroshot-val-top1`
 ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/<name>`. wandb
 (`--report-to wandb`) gets the same keys, all at the training step (wandb needs steps that never
 decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
+
+After a resume from step S, `drop_records_after` removes the records of steps after S (written by
+the interrupted run, which the resumed run replays), so metrics.jsonl holds each step once.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -139,3 +144,28 @@ def read_metrics(path: str, kind: Optional[str] = None) -> list:
     with open(path) as f:
         records = [json.loads(line) for line in f if line.strip()]
     return [r for r in records if kind is None or r["kind"] == kind]
+
+
+def drop_records_after(path: str, step: int) -> int:
+    """Remove the records with a step after `step` from the metrics.jsonl at `path` (rewritten atomically;
+    a last line cut short by a crash goes too); returns how many lines were removed."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the interrupted run's half-written last line
+            continue
+        if record["step"] <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return 0
+    fd, tmp_name = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    os.fchmod(fd, os.stat(path).st_mode & 0o777)  # keep the file's mode, not mkstemp's 0600
+    with os.fdopen(fd, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp_name, path)
+    return len(lines) - len(kept)

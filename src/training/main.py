@@ -4,7 +4,9 @@
         --loss clip --batch-size 64 --epochs 5 --lr 1e-3 --warmup 50 --workers 2 --device cpu
 
 Single process, or one process per device under torchrun / srun (DDP). Everything a run writes is
-under <logs>/<name>/: out.log, params.txt, metrics.jsonl, checkpoints/, tensorboard/.
+under <logs>/<name>/: out.log, params.txt (one block per launch), metrics.jsonl, checkpoints/,
+tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss or a failed final checkpoint,
+2 a configuration error (one line), 75 preempted (a step checkpoint saved; docs/cluster.md).
 """
 from __future__ import annotations
 
@@ -15,24 +17,28 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import open_clip
 import torch
 import torchvision
 
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from . import params
-from .checkpoint import CheckpointConfig, Checkpointer, TrainState, find_latest_checkpoint, resume
+from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
+                         checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
+                         roll_back)
 from .config import LossConfig, RunConfig, ValidationConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
-from .distributed import (DistributedEnv, any_rank, barrier, broadcast_object, init_distributed, shutdown,
-                          unwrap_model, wrap_ddp)
-from .logger import MetricsWriter, WandbConfig, setup_logging
+from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
+                          init_distributed, shutdown, unwrap_model, wrap_ddp)
+from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
 from .model import (ModelBundle, ModelConfig, build_model, build_optimizer, build_precision, build_scheduler,
                     check_pretrained, open_clip_model_config, preprocess_config)
 from .params import RESUME_LATEST, ConfigError
+from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
 
@@ -51,8 +57,13 @@ class StartupPlan:
     """What the checks before any work found: the plan's text, and what to warn about."""
 
     text: str
+    num_batches: int                # training batches per rank and epoch
     imagenet: Optional[torchvision.datasets.ImageFolder] = None  # --imagenet-val, without transform yet
     warnings: List[str] = field(default_factory=list)
+
+
+class FinalCheckpointError(RuntimeError):
+    """The run trained to the end but its last checkpoint could not be written."""
 
 
 @dataclass
@@ -70,36 +81,46 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     cfg = params.run_config(args)  # from here on nothing reads args
     plan = check_startup(cfg, world_size)
     if cfg.dry_run:
-        build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
+        loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
-            collision = run_dir_collision(cfg.resume, os.path.join(cfg.logging.logs, cfg.logging.name, "out.log"))
+            run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)
+            collision = run_dir_collision(cfg.resume, os.path.join(run_dir, "out.log"),
+                                          os.path.join(run_dir, "checkpoints"))
             if collision:
                 raise ConfigError(collision)
+        if cfg.logging.logs is not None:
+            check_dry_run_checkpoint_space(cfg, loss_fn)
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(f"dry run OK: {plan.text}")
         return None
-    env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,
-                           dist_url=cfg.distributed.dist_url, no_set_device_rank=cfg.distributed.no_set_device_rank)
+    try:
+        env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,
+                               dist_url=cfg.distributed.dist_url, no_set_device_rank=cfg.distributed.no_set_device_rank,
+                               timeout_s=cfg.distributed.timeout_s)
+    except DistributedStartError as error:
+        raise ConfigError(str(error)) from None
     try:
         configure_torch(env.device)
         seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
         loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
-        return train(cfg, env, plan, loss_fn)
+        with PreemptionFlag().watching(cfg.preempt_signals) as preemption:
+            return train(cfg, env, plan, loss_fn, preemption)
     finally:
         shutdown(env)
 
 
-def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss) -> RunSummary:
-    """The run on this rank, with the loss `main` built (torch configured and this rank seeded)."""
+def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
+          preemption: PreemptionFlag) -> RunSummary:
+    """The run on this rank, with the loss `main` built (torch configured and this rank seeded); stops
+    early (Preempted) when `preemption` is signalled."""
     paths = build_run_paths(cfg, env)
     setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
                   log_all_ranks=cfg.logging.log_local)
     logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; "
                  f"run {paths.name}")
     recorded = recorded_args(cfg, paths)
-    write_params(recorded, paths, env)
     for warning in plan.warnings if env.is_master else []:
         logging.warning(warning)
 
@@ -115,19 +136,27 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss)
     seed_everything(cfg.seed + env.rank)
     optimizer = build_optimizer(bundle.model, cfg.optimizer)
     precision = build_precision(cfg.model.precision, env.device)
+    check_run_checkpoint_space(paths, bundle.model, loss_fn, env)
 
-    state = TrainState()
-    resume_from = find_resume_checkpoint(cfg.resume, paths, env)
-    if resume_from is not None:
-        state = resume(resume_from, model=bundle.model, optimizer=optimizer, scaler=precision.scaler,
-                       loss=loss_fn, env=env, reset_loss_state=cfg.reset_loss_state)
+    request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
+                            reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
+    state, resumed_from = resume_run(cfg.resume, request, paths, bundle, optimizer, precision, loss_fn, env)
+    global_batch = cfg.data.batch_size * env.world_size * cfg.train.accum_freq
+    if resumed_from is not None:
+        # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
+        state.batches_in_epoch = min(state.batches_in_epoch, plan.num_batches - cfg.train.accum_freq)
+        after_resume(cfg, paths, resumed_from, state, global_batch, env)
+    state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
+    write_params(recorded, paths, env, launch_note(env, resumed_from, state))
 
     data = build_data(cfg.data, bundle, env, epoch=state.epoch, skip_batches=state.batches_in_epoch)
     val_data = build_val_data_if_needed(cfg.data, bundle, env)
     imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
     if imagenet is not None:
         imagenet.transform = bundle.preprocess_val
-    scheduler = build_scheduler(optimizer, cfg.schedule, data.num_batches // cfg.train.accum_freq)
+    # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
+    scheduled_steps_per_epoch = data.num_batches // cfg.train.accum_freq * global_batch / state.samples_per_schedule_step
+    scheduler = build_scheduler(optimizer, cfg.schedule, scheduled_steps_per_epoch)
     model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,
                      sync_batchnorm=cfg.distributed.use_bn_sync)
     if cfg.torchcompile:
@@ -142,14 +171,21 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss)
         data.set_epoch(epoch)
         result = train_one_epoch(model, loss_fn, data.dataloader, data.num_batches, optimizer, scheduler,
                                  precision, state, cfg.train, env, skip_reasons=SKIP_REASONS, metrics=metrics,
-                                 checkpointer=checkpointer)
+                                 checkpointer=checkpointer, preemption=preemption)
+        if result.preempted:
+            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
         final_loss = result.loss
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
                        paths, env)
-        if checkpointer is not None:
-            checkpointer.save_epoch(state)
-        barrier(env)  # keep ranks together while rank 0 evaluates and saves
+        saved = checkpointer.save_epoch(state) if checkpointer is not None else True
+        if not saved and state.epoch == cfg.epochs:
+            raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
+                                       f"be written (CHECKPOINT SAVE FAILED above): the trained model is not on disk; "
+                                       f"free space or fix {paths.checkpoint_dir}, then rerun with --resume latest")
+        # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
+        if any_rank(preemption.requested, env) and state.epoch < cfg.epochs:
+            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
 
     metrics.close()
     last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
@@ -158,6 +194,80 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss)
     logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
                  f"last checkpoint {summary.checkpoint}")
     return summary
+
+
+def stop_for_preemption(state: TrainState, checkpointer: Optional[Checkpointer], preemption: PreemptionFlag,
+                        slurm_requeue: bool, metrics: MetricsWriter, env: DistributedEnv) -> None:
+    """Save step_N.pt (all ranks), requeue the SLURM job (rank 0, --slurm-requeue), log one line, raise Preempted."""
+    saved = checkpointer.save_now(state) if checkpointer is not None else None
+    metrics.close()
+    requeued = requeue_slurm_job(slurm_requeue) if env.is_master and checkpointer is not None else "not requeued"
+    cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
+    where = f"step {state.step} (epoch {state.epoch}, {state.batches_in_epoch} batches into it)"
+    if saved is not None:
+        message = (f"Preempted by {cause} at {where}: saved {saved}; {requeued}; exiting with status "
+                   f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})")
+        logging.info(message)
+        raise Preempted(message)
+    reason = "the save failed (CHECKPOINT SAVE FAILED above)" if checkpointer is not None else "--logs none"
+    message = (f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
+               "status 1 (--resume latest continues from the previous checkpoint)")
+    logging.error(message)
+    raise Preempted(message, exit_code=1)
+
+
+def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, bundle: ModelBundle, optimizer,
+               precision, loss_fn: Loss, env: DistributedEnv) -> Tuple[TrainState, Optional[str]]:
+    """The state to start from and the checkpoint it came from (None: from scratch).
+
+    --resume latest tries this run's checkpoints newest first, skipping (with a warning naming it) any
+    that does not load; --resume PATH loads PATH or stops with one line naming it. A checkpoint this
+    run cannot continue (`check_resume`) stops the run with the reason.
+    """
+    for path in find_resume_candidates(resume_arg, paths, env):
+        checkpoint, error = None, None
+        try:
+            checkpoint = load_checkpoint(path)
+        except Exception as load_error:  # noqa: BLE001 - any unreadable file: a truncated zip, a wrong format
+            error = f"{type(load_error).__name__}: {str(load_error).strip().splitlines()[0][:300]}"
+        if any_rank(error is not None, env):  # every rank moves on to the same candidate
+            if resume_arg != RESUME_LATEST:
+                raise ConfigError(f"--resume {path}: cannot read the checkpoint ({error or 'failed on another rank'}); "
+                                  "pass another checkpoint, or --resume latest")
+            logging.warning(f"Skipping unreadable checkpoint {path} ({error or 'failed on another rank'}); trying the "
+                            "next older one")
+            continue
+        try:
+            state = resume(path, model=bundle.model, optimizer=optimizer, scaler=precision.scaler, loss=loss_fn,
+                           env=env, request=request, checkpoint=checkpoint)
+        except ResumeError as refusal:
+            raise ConfigError(str(refusal)) from None
+        return state, str(path)
+    if resume_arg == RESUME_LATEST:
+        logging.info(f"No readable checkpoint in {paths.checkpoint_dir}; starting from scratch")
+    return TrainState(), None
+
+
+def after_resume(cfg: RunConfig, paths: RunPaths, resumed_from: str, state: TrainState, global_batch: int,
+                 env: DistributedEnv) -> None:
+    """Bring the run directory back to the resume point (rank 0): an explicit --resume into this run's
+    own checkpoints moves the newer ones aside; metrics.jsonl loses the steps the run will replay."""
+    if not state.samples_per_schedule_step:  # a checkpoint written before the schedule counted samples
+        state.samples_per_schedule_step, state.samples_seen = global_batch, state.step * global_batch
+    if env.is_master and paths.run_dir is not None:
+        if cfg.resume != RESUME_LATEST and is_inside(resumed_from, paths.checkpoint_dir):
+            folder = roll_back(paths.checkpoint_dir, state.step)
+            if folder is not None:
+                moved = ", ".join(sorted(p.name for p in folder.iterdir()))
+                logging.warning(f"Rolled back to {resumed_from}: moved the newer checkpoints ({moved}) to {folder}")
+        dropped = drop_records_after(os.path.join(paths.run_dir, "metrics.jsonl"), state.step)
+        if dropped:
+            logging.info(f"metrics.jsonl: removed {dropped} records after step {state.step}, which this run replays")
+    barrier(env)
+
+
+def is_inside(path: str, directory: Optional[str]) -> bool:
+    return directory is not None and Path(directory).resolve() in Path(path).resolve().parents
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,18 +305,78 @@ def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
     if cfg.logging.logs is None:
         return RunPaths(name, None, None, None)
     run_dir = os.path.join(cfg.logging.logs, name)
+    checkpoint_dir = os.path.join(run_dir, "checkpoints")
     log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else "out.log")
     writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
     # Decided together: a rank that raised alone would leave the others waiting at the next collective.
-    if any_rank(writes_log and run_dir_collision(cfg.resume, log_file) is not None, env):
-        raise ConfigError(run_dir_collision(cfg.resume, log_file)
+    if any_rank(writes_log and run_dir_collision(cfg.resume, log_file, checkpoint_dir) is not None, env):
+        raise ConfigError(run_dir_collision(cfg.resume, log_file, checkpoint_dir)
                           or f"{run_dir} already holds a run (seen by another rank)")
+    problem = None
     if env.is_master:
-        os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-    barrier(env)
+        problem = cannot_create(checkpoint_dir)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
     if writes_log:
         os.makedirs(run_dir, exist_ok=True)
-    return RunPaths(name, run_dir, os.path.join(run_dir, "checkpoints"), log_file if writes_log else None)
+    return RunPaths(name, run_dir, checkpoint_dir, log_file if writes_log else None)
+
+
+def cannot_create(directory: str) -> Optional[str]:
+    """Create `directory`; the error line when that fails (None: it exists now)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        return (f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
+                "--name, or fix the path")
+    return None
+
+
+def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, env: DistributedEnv) -> None:
+    """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
+    checkpoint of this model, optimizer and loss state."""
+    if paths.checkpoint_dir is None:
+        return
+    problem = None
+    if env.is_master:
+        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+        try:
+            check_checkpoint_space(paths.checkpoint_dir, needed)
+        except ValueError as error:
+            problem = str(error)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
+
+
+def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
+    """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
+    (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
+    target = (os.path.join(cfg.logging.logs, cfg.logging.name, "checkpoints") if cfg.logging.name is not None
+              else cfg.logging.logs)
+    logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
+    try:
+        model = open_clip.create_model(cfg.model.name, device="meta", force_quick_gelu=cfg.model.force_quick_gelu,
+                                       force_custom_text=cfg.model.force_custom_text,
+                                       force_image_size=cfg.model.force_image_size,
+                                       force_context_length=cfg.model.force_context_length, **cfg.model.model_kwargs)
+        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+    except Exception as error:  # noqa: BLE001 - e.g. a hub model not downloaded: check writability only
+        print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
+              f"{target} is writable", file=sys.stderr)
+        needed = 0
+    finally:
+        logging.disable(logging.NOTSET)
+    try:
+        check_checkpoint_space(target, needed)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def state_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's state_dict tensors (a loss's per-sample banks, queues, ...)."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values() if isinstance(t, torch.Tensor))
 
 
 def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
@@ -216,12 +386,15 @@ def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
                      f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}"])
 
 
-def run_dir_collision(resume_arg: Optional[str], log_file: str) -> Optional[str]:
-    """The error for starting a new run where `log_file` shows an earlier one (None: no collision)."""
+def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
+    """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
+    Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision."""
     if resume_arg == RESUME_LATEST or not os.path.exists(log_file):
         return None
-    return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest or choose "
-            f"another --name")
+    if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
+        return None
+    return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest, roll it back with "
+            f"--resume {checkpoint_dir}/<checkpoint>, or choose another --name")
 
 
 def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
@@ -229,27 +402,37 @@ def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
     return {**cfg.recorded_args, "name": paths.name}
 
 
-def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv) -> None:
-    """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`)."""
+def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainState) -> str:
+    """The header of this launch's block in params.txt."""
+    start = (f"resumed from {resumed_from} at epoch {state.epoch}, step {state.step}, "
+             f"{state.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
+    return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
+
+
+def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str) -> None:
+    """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`), one block
+    per launch, each under a `# launch ...` line (appended, so a resumed run keeps its history)."""
     if not env.is_master:
         return
     lines = [f"{name}: {value}" for name, value in recorded.items()]
     logging.info("Params:\n  " + "\n  ".join(lines))
     if paths.run_dir is not None:
-        Path(paths.run_dir, "params.txt").write_text("\n".join(lines) + "\n")
+        path = Path(paths.run_dir, "params.txt")
+        separator = "\n" if path.exists() else ""
+        with open(path, "a") as f:
+            f.write(separator + "\n".join([note, *lines]) + "\n")
 
 
-def find_resume_checkpoint(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> Optional[str]:
-    """--resume PATH as given; --resume latest: this run's newest checkpoint (None: start from scratch)."""
+def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:
+    """--resume PATH: [PATH]; --resume latest: this run's readable checkpoints, newest first (rank 0's listing)."""
+    if resume_arg is None:
+        return []
     if resume_arg != RESUME_LATEST:
-        return resume_arg
+        return [resume_arg]
     if paths.checkpoint_dir is None:
         raise ConfigError("--resume latest looks in <logs>/<name>/checkpoints; it needs --logs")
-    latest = find_latest_checkpoint(paths.checkpoint_dir) if env.is_master else None
-    latest = broadcast_object(str(latest) if latest else None, env)
-    if latest is None:
-        logging.info(f"No checkpoint in {paths.checkpoint_dir}; starting from scratch")
-    return latest
+    candidates = [str(path) for path in checkpoint_candidates(paths.checkpoint_dir)] if env.is_master else None
+    return broadcast_object(candidates, env)
 
 
 def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
@@ -369,12 +552,14 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         warnings.append(f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
                         f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
                         "the steps)")
-    return StartupPlan(text, imagenet, warnings)
+    return StartupPlan(text, data.num_batches, imagenet, warnings)
 
 
 def cli() -> None:
     """Console entry point: a configuration problem prints one line and exits with status 2; data that
-    cannot fill an epoch (every shard of a rank unreadable) or a diverged run is logged and exits with 1."""
+    cannot fill an epoch (every shard of a rank unreadable), a diverged run or a final checkpoint that
+    could not be written is logged and exits with 1; a preempted run (its step checkpoint saved) exits
+    with 75 (PREEMPTED_EXIT_CODE)."""
     try:
         main(sys.argv[1:])
     except ConfigError as error:
@@ -382,6 +567,11 @@ def cli() -> None:
         sys.exit(2)
     except NonFiniteLossError:
         sys.exit(1)  # the reason and what to change were logged
+    except Preempted as stop:
+        sys.exit(stop.exit_code)  # the one line was logged
+    except FinalCheckpointError as error:
+        logging.error(str(error))
+        sys.exit(1)
     except DataError as error:
         logging.error(f"training data: {data_error_reason(error)}")
         sys.exit(1)

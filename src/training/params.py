@@ -6,7 +6,8 @@ the flag instead of argparse's generic "unrecognized arguments" or, worse, silen
 
 Ours: `--loss` (any registered loss), one flag per loss option (`--<loss>-<option>` or the option's
 own `flag`, generated from `open_clip_adacl.get_loss_class(name).Options`), `--caption-key`,
-`--val-caption-key`, `--train-group-size`, `--save-every-n-steps` and `--max-nonfinite-steps`.
+`--val-caption-key`, `--train-group-size`, `--save-every-n-steps`, `--max-nonfinite-steps`, and the
+cluster flags `--preempt-signal`, `--slurm-requeue`, `--resume-anyway` and `--dist-timeout`.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
 `validate_args` rejects bad combinations before any work, and `run_config` converts the namespace,
@@ -37,6 +38,7 @@ from .config import DistributedConfig, LoggingConfig, LossConfig, RunConfig, Val
 from .data import DataConfig
 from .distributed import resolved_device_type
 from .model import ModelConfig, OptimizerConfig, SchedulerConfig
+from .preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
 from .train import TrainConfig
 
 RESUME_LATEST = "latest"
@@ -204,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(parser.add_argument_group("model"))
     _add_checkpoint_flags(parser.add_argument_group("checkpoints and logs"))
     _add_distributed_flags(parser.add_argument_group("devices and distribution"))
+    _add_cluster_flags(parser.add_argument_group("preemption, resume and rendezvous (docs/cluster.md)"))
     loss_group = parser.add_argument_group("loss")
     loss_group.add_argument("--loss", type=str, default="clip", choices=list_losses(),
                             help="Registered loss to train with (open_clip_adacl.list_losses()).")
@@ -379,6 +382,21 @@ def _add_distributed_flags(group) -> None:
                        help="Don't set device index from local rank.")
 
 
+def _add_cluster_flags(group) -> None:
+    group.add_argument("--preempt-signal", type=str, default=DEFAULT_PREEMPT_SIGNALS,
+                       help="Signals that save a step checkpoint at the next step boundary and end the run with "
+                            "status 75 (comma list, or none).")
+    group.add_argument("--slurm-requeue", default=False, action="store_true",
+                       help="After a preemption save inside a SLURM job, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.")
+    group.add_argument("--resume-anyway", default=False, action="store_true",
+                       help="Resume a mid-epoch checkpoint although world size, batch size, workers or data "
+                            "changed: continues at the same number of samples into the epoch, in the new order "
+                            "(some samples of that epoch are seen twice or never).")
+    group.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
+                       help="Timeout of the process group (rendezvous and every collective; default: torch's). "
+                            "Ranks that do not arrive in time stop the run with one error line.")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse the command line (argparse errors exit; our own checks raise ConfigError).
 
@@ -445,6 +463,10 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
          f"--resume {args.resume}: no such file; pass an existing checkpoint or --resume latest"),
         (args.reset_loss_state and args.resume is None,
          "--reset-loss-state only applies when resuming; add --resume latest or --resume PATH"),
+        (args.resume_anyway and args.resume is None,
+         "--resume-anyway only applies when resuming; add --resume latest or --resume PATH"),
+        (args.dist_timeout is not None and not args.dist_timeout > 0,
+         f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}"),
         (args.train_num_samples is not None and args.train_num_samples < 1,
          f"--train-num-samples must be >= 1, got {args.train_num_samples}"),
     ]
@@ -453,6 +475,10 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             raise ConfigError(message)
     _validate_model_name(args.model)
     _validate_image_size(args.force_image_size)
+    try:
+        parse_preempt_signals(args.preempt_signal)
+    except ValueError as error:
+        raise ConfigError(f"--preempt-signal {args.preempt_signal}: {error}") from None
     loss_options = validated_loss_options(args)
     data_size = loss_options.data_size if get_loss_class(args.loss).needs_sample_index else None
     if data_size is not None and args.train_num_samples is not None and data_size < args.train_num_samples:
@@ -571,7 +597,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                               wandb_notes=args.wandb_notes),
         distributed=DistributedConfig(device=args.device, dist_backend=args.dist_backend, dist_url=args.dist_url,
                                       no_set_device_rank=args.no_set_device_rank, use_bn_sync=args.use_bn_sync,
-                                      ddp_static_graph=args.ddp_static_graph),
+                                      ddp_static_graph=args.ddp_static_graph, timeout_s=args.dist_timeout),
         loss=LossConfig(name=args.loss, options=validated_loss_options(args),
                         local_loss=args.local_loss, gather_with_grad=args.gather_with_grad),
         epochs=args.epochs,
@@ -579,6 +605,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         torchcompile=args.torchcompile,
         resume=args.resume,
         reset_loss_state=args.reset_loss_state,
+        resume_anyway=args.resume_anyway,
+        preempt_signals=parse_preempt_signals(args.preempt_signal),
+        slurm_requeue=args.slurm_requeue,
         dry_run=args.dry_run,
         # params.txt records the precision the run uses (as it did when main filled it into args).
         recorded_args=MappingProxyType({**arg_values(args), "precision": precision}),

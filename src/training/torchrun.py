@@ -5,7 +5,11 @@
 torchrun (2.x) parses the whole command line and abbreviates its own options, so a trainer flag that
 prefixes one of them is taken, or refused, by torchrun: `--logs` fails with "ambiguous option: --logs
 could match --logs-specs, --logs_specs". Plain torchrun needs `--` after the trainer module; this
-launcher inserts it when it is missing and is torchrun otherwise (same options, same environment).
+launcher inserts it when it is missing and is torchrun otherwise (same options, same environment),
+except for two endings: workers that all stopped for a preemption (exit status 75, a step checkpoint
+saved; `training.preemption`) end it with status 75 and one line instead of torchrun's failure report,
+and a signal that stops torchrun itself (it passes SIGTERM on to the workers, which save and stop)
+ends it with 128 + the signal and one line instead of a traceback.
 """
 from __future__ import annotations
 
@@ -29,9 +33,24 @@ def with_separator(argv: Sequence[str]) -> List[str]:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> None:
-    from torch.distributed.run import main as torchrun_main
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
-    torchrun_main(with_separator(sys.argv[1:] if argv is None else argv))
+    from .preemption import PREEMPTED_EXIT_CODE
+
+    try:
+        run(parse_args(with_separator(sys.argv[1:] if argv is None else argv)))
+    except ChildFailedError as error:
+        if {failure.exitcode for failure in error.failures.values()} != {PREEMPTED_EXIT_CODE}:
+            raise
+        print(f"torchrun: the workers stopped for a preemption (exit status {PREEMPTED_EXIT_CODE}) after saving a "
+              "step checkpoint; --resume latest continues the run", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except SignalException as error:
+        print(f"torchrun: stopped by {error.sigval.name}, which it passed on to the workers (they save a step "
+              "checkpoint at their next step when it is one of --preempt-signal; see out.log)", file=sys.stderr)
+        sys.exit(128 + int(error.sigval))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differe
   counted; after `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
 - samples the data pipeline skipped (corrupt image, empty caption, ...) are counted per reason,
   summed over ranks at the end of the epoch and reported in its summary;
-- mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume.
+- mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume;
+- the LR schedule is placed by the global samples trained (`TrainState.schedule_position`);
+- a preemption signal (`training.preemption`) is agreed on by all ranks inside the step's all-reduce,
+  and the epoch stops after that step (`EpochResult.preempted`), for the caller to save and exit.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ from open_clip_adacl.losses.base import Loss
 from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoint import Checkpointer, TrainState, restore_rng_state
-from .distributed import DistributedEnv, all_reduce_sum, any_rank, unwrap_model
+from .data.shards import SHARD_SKIP_REASONS
+from .distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
 from .logger import MetricsWriter
 from .model import Precision
+from .preemption import PreemptionFlag
 
 MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
 
@@ -167,8 +172,9 @@ class EpochResult:
     loss: float                 # mean loss over the epoch's finite steps (rank 0's)
     num_steps: int
     num_nonfinite_steps: int
-    skipped: Dict[str, int]     # samples the data pipeline skipped, per reason, summed over ranks
+    skipped: Dict[str, int]     # shards and samples the data pipeline skipped, per reason, summed over ranks
     seconds: float
+    preempted: bool = False     # stopped after a step, inside the epoch, for a preemption signal
 
 
 def train_one_epoch(
@@ -186,6 +192,7 @@ def train_one_epoch(
     skip_reasons: Sequence[str],
     metrics: MetricsWriter,
     checkpointer: Optional[Checkpointer] = None,
+    preemption: Optional[PreemptionFlag] = None,
 ) -> EpochResult:
     """Train on the rest of epoch `state.epoch` (all of it, or what follows a mid-epoch resume).
 
@@ -193,6 +200,9 @@ def train_one_epoch(
     already been told to skip the `state.batches_in_epoch` batches consumed before the interruption.
     `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
+
+    When `preemption` was signalled on any rank, the epoch ends after the current step (unless it is
+    the epoch's last, which ends the epoch anyway) with `preempted` set and no epoch summary.
     """
     model.train()
     loss_fn.on_epoch_start(state.epoch)
@@ -219,16 +229,20 @@ def train_one_epoch(
         if len(micro_batches) < cfg.accum_freq:
             continue
         data_time = time.time() - end
+        global_samples = sum(len(b.images) for b in micro_batches) * env.world_size
+        if not state.samples_per_schedule_step:
+            state.samples_per_schedule_step = global_samples
 
         if scheduler is not None and not cfg.skip_scheduler:
-            scheduler(state.step)
+            scheduler(state.schedule_position)
         optimizer.zero_grad(set_to_none=True)
         out = forward_backward(model, loss_fn, micro_batches, precision)
-        num_samples = sum(len(b.images) for b in micro_batches)
         micro_batches = []
 
-        # Every rank takes the same decision, or DDP replicas would drift apart.
-        if any_rank(not out.finite, env):
+        # Every rank takes the same decisions, or DDP replicas would drift apart; the preemption flag
+        # rides on the all-reduce the non-finite check needs anyway.
+        nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], env)
+        if nonfinite:
             skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss)
         else:
             apply_update(model, optimizer, precision, cfg.grad_clip_norm)
@@ -237,17 +251,24 @@ def train_one_epoch(
             state.loss_sum += out.loss.item()
             state.num_loss_steps += 1
         state.step += 1
+        state.samples_seen += global_samples
         step_in_epoch += 1
 
         batch_time = time.time() - end
         end = time.time()
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
-                      num_samples * env.world_size, batch_time, data_time, env,
+                      global_samples, batch_time, data_time, env,
                       console_stats=loss_fn.console_stats)
         # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
-        # of the next epoch rather than as the end of this one.
-        if checkpointer is not None and step_in_epoch < steps_per_epoch:
+        # of the next epoch rather than as the end of this one; so is a preemption at that step.
+        if step_in_epoch == steps_per_epoch:
+            continue
+        if preempted:
+            return EpochResult(loss=state.loss_sum / max(state.num_loss_steps, 1), num_steps=step_in_epoch,
+                               num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
+                               seconds=time.time() - epoch_start, preempted=True)
+        if checkpointer is not None:
             checkpointer.maybe_save_step(state)
 
     skipped = all_reduce_sum(state.skip_counts.to(env.device), env).cpu().tolist()
@@ -294,16 +315,23 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
 def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, env: DistributedEnv) -> None:
     if not env.is_master:
         return
-    skipped = ", ".join(f"{reason} {count}" for reason, count in result.skipped.items() if count) or "none"
+    shards = {reason: count for reason, count in result.skipped.items() if reason in SHARD_SKIP_REASONS}
+    samples = {reason: count for reason, count in result.skipped.items() if reason not in SHARD_SKIP_REASONS}
+
+    def listed(counts: Dict[str, int]) -> str:
+        return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
+
     logging.info(
         f"Epoch {state.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
-        f"({result.num_nonfinite_steps} skipped as non-finite), skipped samples: {skipped}, "
-        f"{result.seconds:.1f} s"
+        f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {listed(shards)}, "
+        f"skipped samples: {listed(samples)}, {result.seconds:.1f} s"
     )
     metrics.write("epoch", step=state.step, epoch=state.epoch, values={
         "loss": result.loss,
         "num_steps": result.num_steps,
         "num_nonfinite_steps": result.num_nonfinite_steps,
         "seconds": result.seconds,
+        "skipped_shard_visits": sum(shards.values()),
+        "skipped_samples": sum(samples.values()),
         **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
     })

@@ -15,6 +15,8 @@ from .config import DataError
 from .samples import SkipCounter, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+# Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
+SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +25,10 @@ def read_shard(url: str, counter: SkipCounter) -> Iterator[dict]:
     """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
 
     Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
-    shard, adjacent or not, makes the whole later sample a duplicate. A failure while opening
-    counts `unreadable_shard`, a tar format error or truncation `bad_tar`; either ends the
-    visit after the samples read so far.
+    shard, adjacent or not, makes the whole later sample a duplicate. A failure while opening, or a
+    `pipe:` command that exits non-zero (a missing object behind `aws s3 cp`, `curl -f`), counts
+    `unreadable_shard`, a tar format error or truncation `bad_tar`; either ends the visit after the
+    samples read so far.
     """
     try:
         stream = gopen(url)
@@ -63,7 +66,10 @@ def read_shard(url: str, counter: SkipCounter) -> Iterator[dict]:
     except Exception as error:  # tarfile raises ReadError / EOFError / OSError on corrupt streams
         errors.append(error)
     finally:
-        stream.close()
+        try:
+            stream.close()
+        except Exception as error:  # webdataset's Pipe raises on a non-zero exit: the cause of any earlier error
+            errors.insert(0, error)
     yield from emit(current)
     if errors:
         reason = "unreadable_shard" if isinstance(errors[0], OSError) else "bad_tar"

@@ -1,0 +1,285 @@
+"""Measure what the trainer does under the faults a cluster delivers: tiny runs on 1 and 2 gloo ranks
+(CPU), each fault injected for real (signals, truncated files, a file-size limit, failing pipes, absent
+ranks), printing the "fault -> what happens -> what is lost" table of docs/cluster.md.
+
+    PYTHONPATH=src OMP_NUM_THREADS=1 python scripts/fault_table.py [--work DIR]
+
+Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
+of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from synthetic_scenes.scenes import write_demo_dataset
+
+STEPS = 16        # 2 epochs of 8 steps
+SAVE_EVERY = 5
+SIGNAL_AT = 11    # mid-epoch 1
+PREEMPTED = 75
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Bench:
+    def __init__(self, work: Path):
+        self.work = work
+        self.data = work / "demo"
+        if not (self.data / "manifest.json").exists():
+            write_demo_dataset(self.data, seed=0, num_train=512, num_val=128, num_test=128, shard_size=128)
+        self.stubs = work / "bin"
+        self.stubs.mkdir(exist_ok=True)
+        self.scontrol_record = work / "scontrol.txt"
+        (self.stubs / "scontrol").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {self.scontrol_record}\n')
+        (self.stubs / "scontrol").chmod(0o755)
+        self.env = {key: value for key, value in os.environ.items()
+                    if not key.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC"))}
+        self.env.update(OMP_NUM_THREADS="1", PATH=os.pathsep.join([str(self.stubs), os.environ["PATH"]]),
+                        SLURM_JOB_ID="4242")
+        self.rows: List[tuple] = []
+
+    def argv(self, name: str, ranks: int = 1, *extra: str) -> List[str]:
+        return ["--train-data", str(self.data / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
+                "--model", "adacl-tiny", "--loss", "adacl", "--adacl-queue-size", "48",
+                "--batch-size", str(32 // ranks), "--epochs", "2", "--lr", "2e-3", "--warmup", "3", "--workers", "0",
+                "--device", "cpu", "--logs", str(self.work / "logs"), "--name", name, "--log-every-n-steps", "1",
+                "--save-every-n-steps", str(SAVE_EVERY), "--slurm-requeue",
+                *(["--local-loss", "--gather-with-grad"] if ranks > 1 else []), *extra]
+
+    def command(self, ranks: int, argv: List[str]) -> List[str]:
+        if ranks == 1:
+            return [sys.executable, "-m", "training.main", *argv]
+        return [sys.executable, "-m", "training.torchrun", "--nproc_per_node", str(ranks), "--master_port",
+                str(free_port()), "-m", "training.main", *argv]
+
+    def run(self, ranks: int, argv: List[str], *, env: Optional[dict] = None, preexec: Optional[Callable] = None):
+        start = time.time()
+        result = subprocess.run(self.command(ranks, argv), env=env or self.env, capture_output=True, text=True,
+                                timeout=900, preexec_fn=preexec)
+        return result, time.time() - start
+
+    def run_dir(self, name: str) -> Path:
+        return self.work / "logs" / name
+
+    def steps(self, name: str, kind: str = "train") -> List[int]:
+        path = self.run_dir(name) / "metrics.jsonl"
+        if not path.exists():
+            return []
+        complete = path.read_text().rpartition("\n")[0]
+        return [r["step"] for r in map(json.loads, complete.splitlines()) if r["kind"] == kind]
+
+    def start_and_signal(self, name: str, ranks: int, target: str, sig: signal.Signals):
+        """Start a run, send `sig` to `target` (trainer / torchrun / rank1 / all: srun's way) at SIGNAL_AT."""
+        proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks)), env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        while not (self.steps(name) or [0])[-1] >= SIGNAL_AT:
+            assert proc.poll() is None, proc.communicate()[0][-2000:]
+            time.sleep(0.05)
+        workers = children(proc.pid) if ranks > 1 else []
+        signalled = time.time()
+        targets = {"trainer": [proc.pid], "torchrun": [proc.pid], "rank1": sorted(workers)[1:], "all": workers}[target]
+        for pid in targets:
+            os.kill(pid, sig)
+        output = proc.communicate(timeout=300)[0]
+        stopped = time.time() - signalled
+        deadline = time.time() + 120
+        while any(Path(f"/proc/{pid}").exists() and not zombie(pid) for pid in workers) and time.time() < deadline:
+            time.sleep(0.05)
+        orphans = [pid for pid in workers if Path(f"/proc/{pid}").exists() and not zombie(pid)]
+        return proc.returncode, stopped, output, orphans
+
+    def add(self, fault: str, happens: str, lost: str) -> None:
+        self.rows.append((fault, happens, lost))
+        print(f"| {fault} | {happens} | {lost} |", flush=True)
+
+    # -----------------------------------------------------------------------------------------
+
+    def preemption(self, ranks: int, target: str, sig: signal.Signals, label: str) -> None:
+        name = f"pre-{ranks}-{target}-{sig.name}"
+        self.scontrol_record.unlink(missing_ok=True)
+        rc, stopped, output, orphans = self.start_and_signal(name, ranks, target, sig)
+        last = (self.steps(name) or [0])[-1]
+        log = (self.run_dir(name) / "out.log").read_text()
+        line = next((line.split(" | ")[-1] for line in log.splitlines() if "Preempted by" in line), "no line")
+        saved = sorted(int(p.stem[5:]) for p in (self.run_dir(name) / "checkpoints").glob("step_*.pt"))
+        requeues = self.scontrol_record.read_text().count("requeue 4242") if self.scontrol_record.exists() else 0
+        resumed, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        steps = self.steps(name)
+        traceback = "Traceback" in output
+        self.add(label,
+                 f"rc {rc} after {stopped:.1f} s; `{line[:60]}...`; step_{saved[-1] if saved else '-'}.pt saved; "
+                 f"scontrol requeue called {requeues}x; {len(orphans)} orphan workers; traceback: {traceback}; "
+                 f"resume rc {resumed.returncode}",
+                 f"{last - (saved[-1] if saved else 0)} steps (last logged {last}); metrics steps after resume "
+                 f"{'1..16 once each' if steps == list(range(1, STEPS + 1)) else steps}")
+
+    def sigkill(self) -> None:
+        name = "kill-1"
+        rc, _, _, _ = self.start_and_signal(name, 1, "trainer", signal.SIGKILL)
+        last = self.steps(name)[-1]
+        resumed, _ = self.run(1, self.argv(name, 1, "--resume", "latest"))
+        line = next(line for line in (self.run_dir(name) / "out.log").read_text().splitlines() if "Resumed from" in line)
+        start = int(line.split("step_")[1].split(".pt")[0])
+        self.add("SIGKILL, 1 rank (node dies)", f"rc {rc}; resume rc {resumed.returncode} from step_{start}.pt",
+                 f"{last - start} steps redone (< --save-every-n-steps {SAVE_EVERY})")
+
+    def changed_resumes(self) -> None:
+        source = "base-1"
+        result, _ = self.run(1, self.argv(source, 1))
+        assert result.returncode == 0, result.stderr[-2000:]
+        checkpoint = self.run_dir(source) / "checkpoints" / "step_5.pt"
+        for label, extra in [
+            ("resume mid-epoch with --batch-size 32 -> 16", ["--batch-size", "16"]),
+            ("resume mid-epoch with --workers 0 -> 1", ["--workers", "1"]),
+            ("resume mid-epoch with another --train-num-samples", ["--train-num-samples", "384"]),
+            ("resume with --loss clip (was adacl)", ["--loss", "clip"]),
+            ("resume with --adacl-queue-size 40 (was 48)", ["--adacl-queue-size", "40"]),
+            ("resume with another architecture (--force-context-length 16)", ["--force-context-length", "16"]),
+        ]:
+            argv = self.argv(f"changed-{len(self.rows)}", 1, *extra, "--resume", str(checkpoint))
+            if extra[0] == "--loss":
+                argv = [a for a in argv if a not in ("--adacl-queue-size", "48")]
+            result, _ = self.run(1, argv)
+            self.add(label, f"rc {result.returncode}: `{last_line(result.stderr)[:160]}...`", "nothing (refused before "
+                     "any step)")
+        # 2 ranks -> 1 mid-epoch, and 1 -> 2 at the epoch boundary.
+        result, _ = self.run(2, self.argv("base-2", 2))
+        assert result.returncode == 0, result.stderr[-2000:]
+        result, _ = self.run(1, self.argv("changed-world", 1, "--batch-size", "16", "--resume",
+                                          str(self.run_dir("base-2") / "checkpoints" / "step_5.pt")))
+        self.add("resume a 2-rank mid-epoch checkpoint on 1 rank", f"rc {result.returncode}: "
+                 f"`{last_line(result.stderr)[:160]}...`", "nothing (refused)")
+        result, _ = self.run(2, self.argv("boundary-world", 2, "--resume",
+                                          str(self.run_dir(source) / "checkpoints" / "epoch_1.pt")))
+        reference = {r["step"]: r["lr"] for r in records(self.run_dir(source), "train")}
+        lrs = [r["lr"] for r in records(self.run_dir("boundary-world"), "train")]
+        same = all(abs(lr - reference[9 + k]) <= 1e-12 * max(1.0, lr) for k, lr in enumerate(lrs))
+        self.add("resume a 1-rank epoch_1.pt on 2 ranks (epoch boundary)",
+                 f"rc {result.returncode}; allowed, logged; LR of steps 9..16 equal to the 1-rank run's: {same}",
+                 "nothing")
+
+    def broken_checkpoints(self) -> None:
+        for case in ("latest", "path"):
+            name = f"trunc-{case}"
+            shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
+            newest = self.run_dir(name) / "checkpoints" / "epoch_2.pt"  # cut short, as by a full disk or a dying copy
+            newest.write_bytes(newest.read_bytes()[:4096])
+            result, _ = self.run(1, self.argv(name, 1, "--resume", "latest" if case == "latest" else str(newest)))
+            log = (self.run_dir(name) / "out.log").read_text()
+            fallback = next((line.split(" | ")[-1] for line in log.splitlines() if "Ignoring unreadable" in line), "")
+            resumed = next((line.split(" | ")[-1] for line in log.splitlines() if "Resumed from" in line), "")
+            if case == "latest":
+                start = int(resumed.split("step ")[1].split(",")[0]) if resumed else 0
+                self.add("truncated newest checkpoint (epoch_2.pt), --resume latest",
+                         f"rc {result.returncode}; warns `{fallback[:70]}...`; `{resumed[:90]}`",
+                         f"{STEPS - start} steps redone")
+            else:
+                self.add("truncated checkpoint given as --resume PATH",
+                         f"rc {result.returncode}: `{last_line(result.stderr)[:150]}...`", "nothing (refused)")
+
+        def small_files():  # a full disk as far as checkpoints go: files over 20 MB fail with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (20_000_000, 20_000_000))
+
+        result, _ = self.run(1, self.argv("full-1", 1, "--epochs", "1"), preexec=small_files)
+        log = (self.run_dir("full-1") / "out.log").read_text()
+        self.add("disk full for checkpoints (every save fails: file-size limit)",
+                 f"rc {result.returncode}; {log.count('retrying once')} retries, "
+                 f"{log.count('CHECKPOINT SAVE FAILED: could not write')} logged failures; `{last_line(log)[30:150]}...`",
+                 "the run's model (reported, non-zero status)")
+        (self.work / "logs-file").write_text("a file where the logs folder should be")
+        for extra in (["--dry-run"], []):
+            argv = [a if a != str(self.work / "logs") else str(self.work / "logs-file") for a in self.argv("x", 1)]
+            result, _ = self.run(1, argv + extra)
+            self.add(f"--logs is a file{' (--dry-run)' if extra else ''}",
+                     f"rc {result.returncode}: `{last_line(result.stderr)[:140]}...`", "nothing (refused at start)")
+        name = "rollback-1"
+        shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
+        result, _ = self.run(1, self.argv(name, 1, "--resume", str(self.run_dir(name) / "checkpoints" / "step_5.pt")))
+        log = (self.run_dir(name) / "out.log").read_text()
+        moved = next((line.split(" | ")[-1] for line in log.splitlines() if "Rolled back" in line), "")
+        self.add("--resume step_5.pt into the same --name (roll back)",
+                 f"rc {result.returncode}; `{moved.split(': ', 1)[-1][:110]}...`; metrics steps "
+                 f"{'1..16 once each' if self.steps(name) == list(range(1, STEPS + 1)) else self.steps(name)}; "
+                 f"params.txt launches: {(self.run_dir(name) / 'params.txt').read_text().count('# launch at')}",
+                 "nothing (newer checkpoints kept aside)")
+
+    def pipes(self) -> None:
+        shards = [f"pipe:cat {self.data}/train/shard-{index:06d}.tar" for index in range(3)]
+        argv = self.argv("pipes-1", 1, "--train-data", "::".join([*shards, "pipe:false"]), "--dataset-type",
+                         "webdataset", "--epochs", "1")
+        result, _ = self.run(1, argv)
+        line = next((line.split(" | ")[-1] for line in (self.run_dir("pipes-1") / "out.log").read_text().splitlines()
+                     if "Epoch 0 done" in line), "")
+        self.add("a failing `pipe:` shard (pipe:false among 3 good ones)", f"rc {result.returncode}; "
+                 f"`{line[line.index('skipped shard'):line.rindex(',')]}`", "that shard's samples")
+
+    def absent_ranks(self) -> None:
+        env = {**self.env, "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+               "SLURM_NODELIST": "localhost", "MASTER_PORT": str(free_port())}
+        result, seconds = self.run(1, self.argv("alone", 1, "--dist-timeout", "10"), env=env)
+        self.add("SLURM_NTASKS=2 SLURM_PROCID=0 without srun, --dist-timeout 10",
+                 f"rc {result.returncode} after {seconds:.0f} s (startup included): `{last_line(result.stderr)[:120]}...`",
+                 "nothing")
+
+
+def children(pid: int) -> List[int]:
+    """torchrun's workers (its direct children)."""
+    listing = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(line) for line in listing.split()]
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def records(run_dir: Path, kind: str) -> list:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="fault-table-"))
+    work.mkdir(parents=True, exist_ok=True)
+    bench = Bench(work)
+    print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
+    bench.preemption(1, "trainer", signal.SIGTERM, "SIGTERM, 1 rank")
+    bench.preemption(1, "trainer", signal.SIGUSR1, "SIGUSR1, 1 rank")
+    bench.preemption(2, "all", signal.SIGUSR1, "SIGUSR1 to both ranks (srun's delivery), 2 ranks under torchrun")
+    bench.preemption(2, "rank1", signal.SIGTERM, "SIGTERM to rank 1 only, 2 ranks")
+    bench.preemption(2, "torchrun", signal.SIGTERM, "SIGTERM to torchrun, 2 ranks")
+    bench.preemption(2, "torchrun", signal.SIGUSR1, "SIGUSR1 to torchrun only (it dies), 2 ranks")
+    bench.sigkill()
+    bench.changed_resumes()
+    bench.broken_checkpoints()
+    bench.pipes()
+    bench.absent_ranks()
+
+
+if __name__ == "__main__":
+    main()
