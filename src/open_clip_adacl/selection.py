@@ -114,7 +114,7 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
 def _histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
     """Counts of each bin index (int64). `torch.bincount` on CUDA reads the maximum back to the host,
     so the GPU path scatters instead."""
-    if bins.device.type == "cpu":
+    if reading_back_is_free(bins.device):
         return torch.bincount(bins, minlength=num_bins)
     counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
     return counts.index_add_(0, bins.long(), torch.ones_like(bins, dtype=torch.int64))
