@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -62,21 +62,26 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_cases(num: int, dim: int, device: str, repeats: int) -> Dict[str, float]:
-    """Median seconds per forward+backward of each case, rounds interleaved so drift hits all alike."""
+def time_cases(num: int, dim: int, device: str, repeats: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Median wall-clock seconds and median CPU seconds (this process, all threads) per forward+backward of
+    each case, rounds interleaved so drift hits all alike. On a machine shared with other jobs the CPU time
+    moves less than the wall clock: it leaves out the time the process waits for a core."""
     image, text = make_features(num, dim, device)
     losses = {case: build_loss(case) for case in CASES}
     for loss_fn in losses.values():
         train_step(loss_fn, image, text)
     seconds: Dict[str, List[float]] = {case: [] for case in CASES}
+    cpu_seconds: Dict[str, List[float]] = {case: [] for case in CASES}
     for _ in range(repeats):
         for case, loss_fn in losses.items():
             _synchronize(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             train_step(loss_fn, image, text)
             _synchronize(device)
             seconds[case].append(time.perf_counter() - start)
-    return {case: statistics.median(values) for case, values in seconds.items()}
+            cpu_seconds[case].append(time.process_time() - cpu_start)
+    return ({case: statistics.median(values) for case, values in seconds.items()},
+            {case: statistics.median(values) for case, values in cpu_seconds.items()})
 
 
 def _resident_bytes(field: str) -> int:
@@ -119,10 +124,11 @@ def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| N | loss | time (ms) | time ratio | peak memory (MiB) | memory ratio |",
-             "|---:|---|---:|---:|---:|---:|"]
+    lines = ["| N | loss | time (ms) | time ratio | CPU time (ms) | CPU time ratio | peak memory (MiB) | memory ratio |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['N']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} | "
+                     f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | "
                      f"{row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |")
     return "\n".join(lines)
 
@@ -130,11 +136,12 @@ def markdown_table(rows: Sequence[dict]) -> str:
 def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int) -> List[dict]:
     rows = []
     for num in sizes:
-        seconds = time_cases(num, dim, device, repeats)
+        seconds, cpu_seconds = time_cases(num, dim, device, repeats)
         peak = {case: measure_peak_memory(case, num, dim, device, threads) for case in CASES}
         for case in CASES:
             rows.append({"N": num, "loss": case, "seconds": seconds[case], "peak_bytes": peak[case],
-                         "time_ratio": seconds[case] / seconds["clip"],
+                         "time_ratio": seconds[case] / seconds["clip"], "cpu_seconds": cpu_seconds[case],
+                         "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
                          # Tiny batches can reuse freed heap memory, leaving nothing to compare.
                          "memory_ratio": peak[case] / peak["clip"] if peak["clip"] > 0 else float("nan")})
     return rows
