@@ -74,7 +74,7 @@ def test_fused_selections_are_bit_identical_to_eager(anchor_stat, region, path, 
     assert not fused._failed
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])  # float16 takes bfloat16's path
 def test_fused_selections_are_bit_identical_in_every_dtype(dtype, path, monkeypatch):
     for case, logits in enumerate(_random_cases()[:2]):
         for anchor_stat in ("median", "max"):

@@ -305,7 +305,7 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
 @torch.no_grad()
 def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   workspace: Optional[torch.Tensor] = None,
+                   workspace: Optional["KeyWorkspace"] = None,
                    lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
@@ -313,8 +313,8 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
     the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
     count: this rank's number of candidates. high_counts: this rank's first radix histogram
-    (see `radix_select`). `workspace`, an int32 tensor of at least rows x C elements, is reused for
-    the keys so that no fresh rows x C buffer (and its page faults) is needed each step. `lower`
+    (see `radix_select`). `workspace` keeps the keys' buffer from step to step, so that no fresh
+    rows x C buffer (and its page faults) is needed each step. `lower`
     (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
     The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
@@ -328,7 +328,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
     bounds = _candidate_bounds(coefficients, lower, dtype)
-    keys = ensure_workspace(workspace, num_rows * num_cols, logits.device)[:num_rows * num_cols].view(num_rows, num_cols)
+    keys = (workspace or KeyWorkspace()).get(num_rows * num_cols, logits.device).view(num_rows, num_cols)
     if fused.wanted(logits):
         try:
             with one_cpu_thread(logits.device):
@@ -447,11 +447,18 @@ def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, posi
     return count, key, _first_row_holding(row_min, positive_col, rows)
 
 
-def ensure_workspace(workspace: Optional[torch.Tensor], num_elements: int, device: torch.device) -> torch.Tensor:
-    """`workspace` (flat int32) when it is on `device` and holds `num_elements`, else a new one."""
-    if workspace is None or workspace.numel() < num_elements or workspace.device != device:
-        return torch.empty(num_elements, dtype=torch.int32, device=device)
-    return workspace
+class KeyWorkspace:
+    """The int32 buffer that `candidate_keys` writes its keys into, kept from step to step (by the loss)
+    and allocated at its first use: a median from the logits (`_lower_median_from_logits`) needs none."""
+
+    def __init__(self):
+        self._buffer: Optional[torch.Tensor] = None
+
+    def get(self, num_elements: int, device: torch.device) -> torch.Tensor:
+        """The first `num_elements` of the buffer (flat), grown or moved to `device` when needed."""
+        if self._buffer is None or self._buffer.numel() < num_elements or self._buffer.device != device:
+            self._buffer = torch.empty(num_elements, dtype=torch.int32, device=device)
+        return self._buffer[:num_elements]
 
 
 def masked_keys(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -690,7 +697,7 @@ def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 @torch.no_grad()
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
-                  workspace: Optional[torch.Tensor] = None, region: str = "gda") -> AnchorSelection:
+                  workspace: Optional[KeyWorkspace] = None, region: str = "gda") -> AnchorSelection:
     """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
     `region`: the candidate region (`adacl.clone_candidate_mask`).
