@@ -145,8 +145,17 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     """One chunked pass: positive logit, negatives' max, mean (if `with_mean`) and log-sum-exp.
 
     The log-sum-exp over the negatives is the loss's denominator without the positive (the loss
-    adds its modulated positive to it); the max doubles as the `max` salient score's term.
+    adds its modulated positive to it); the max doubles as the `max` salient score's term. Runs on
+    one CPU thread, as the selection (`one_cpu_thread`), with the same results: its chunked ops are
+    many short parallel regions, and with 2 threads on a 2-core machine that other jobs load, each
+    waits for a preempted thread (AdaCL's step 1.50x ClipLoss's with this pass on 2 threads, 1.18x
+    on one, load average 10, N = 4096, 7 interleaved rounds).
     """
+    with one_cpu_thread(logits.device):
+        return _summarize_rows(logits, positive_col, with_mean)
+
+
+def _summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: bool) -> RowSummary:
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
     positive = logits.gather(1, positive_col[:, None]).squeeze(1).to(dtype)
