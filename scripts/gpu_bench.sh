@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# GPU throughput of AdaCL against CLIP, one command, at most 8 minutes (two parts of at most 4):
+# GPU throughput of AdaCL against CLIP, one command, at most 12 minutes (three parts of at most 4):
 #   bash scripts/gpu_bench.sh [OUTPUT_DIR]            on a CUDA machine; OUTPUT_DIR defaults to docs/gpu_bench
 #   bash scripts/gpu_bench.sh --smoke OUTPUT_DIR      the same steps on the CPU at toy sizes (a check, seconds)
 # Needs the project installed (e.g. `source scripts/setup_env.sh`).
 #   1. training step (forward, loss, backward, AdamW; amp) of ViT-B-32 at the CC12M recipe's per-GPU
 #      batch 256, --loss clip and --loss adacl: samples/s and their ratio (scripts/bench_step.py);
 #   2. the loss alone, forward + backward at N = 32768, D = 512: time and peak memory of AdaCL
-#      against OpenCLIP's ClipLoss (scripts/bench_loss.py).
-# Writes OUTPUT_DIR/step.json, step.md, loss.md and summary.md (device, commit, commands, tables),
-# which docs/THROUGHPUT.md and docs/RESULTS.md cite.
+#      against OpenCLIP's ClipLoss (scripts/bench_loss.py), with AdaCL's fused selection passes
+#      (compiled by torch.compile: Triton; the default) and 3. with the eager passes (--fused off).
+# Writes OUTPUT_DIR/step.json, step.md, loss.md, loss_eager.md and summary.md (device, commit,
+# commands, tables), which docs/THROUGHPUT.md and docs/RESULTS.md cite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0
@@ -25,6 +26,7 @@ fi
 if (( SMOKE )); then
     STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
+    FUSED=on  # toy sizes are below the size from which `auto` compiles
 else
     if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
@@ -32,10 +34,12 @@ else
     fi
     STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup 5 --repeats 20)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 10)
+    FUSED=auto
 fi
 mkdir -p "$OUT_DIR"
 timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"
-timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" > /dev/null
+timeout 240 "${LOSS[@]}" --fused "$FUSED" --output "$OUT_DIR/loss.md" > /dev/null
+timeout 240 "${LOSS[@]}" --fused off --output "$OUT_DIR/loss_eager.md" > /dev/null
 {
     echo "# GPU benchmarks, $(date -u +%Y-%m-%d)"
     echo
@@ -47,10 +51,16 @@ timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" > /dev/null
     echo
     cat "$OUT_DIR/step.md"
     echo
-    echo "## Loss only"
+    echo "## Loss only, fused selection passes"
     echo
-    echo "\`${LOSS[*]}\`"
+    echo "\`${LOSS[*]} --fused $FUSED\`"
     echo
     cat "$OUT_DIR/loss.md"
+    echo
+    echo "## Loss only, eager selection passes"
+    echo
+    echo "\`${LOSS[*]} --fused off\`"
+    echo
+    cat "$OUT_DIR/loss_eager.md"
 } > "$OUT_DIR/summary.md"
 cat "$OUT_DIR/summary.md"

@@ -239,12 +239,14 @@ def test_plot_margins_draws_a_png(tmp_path):
 
 def test_bench_loss_measures_every_case():
     bench = _script("bench_loss")
-    seconds = bench.time_cases(64, 16, "cpu", repeats=1)
-    assert set(seconds) == set(bench.CASES) and all(s > 0 for s in seconds.values())
+    for seconds in bench.time_cases(64, 16, "cpu", repeats=1):  # wall clock, CPU time
+        assert set(seconds) == set(bench.CASES) and all(s > 0 for s in seconds.values())
     assert bench.peak_memory_worker("adacl-calibrated", 256, 16, "cpu") >= 0
-    table = bench.markdown_table([{"N": 64, "loss": "clip", "seconds": 0.01, "peak_bytes": 2 ** 20,
-                                   "time_ratio": 1.0, "memory_ratio": 1.0}])
-    assert "| 64 | clip | 10.0 | 1.000 | 1.0 | 1.000 |" in table
+    table = bench.markdown_table([{"N": 64, "loss": "clip", "seconds": 0.01, "cpu_seconds": 0.02, "cpu_ratio": 1.0,
+                                   "peak_bytes": 2 ** 20, "time_ratio": 1.0, "memory_ratio": 1.0}])
+    assert "| 64 | clip | 10.0 | 1.000 | 20.0 | 1.000 | 1.0 | 1.000 |" in table
+    machine = bench.describe_machine("cpu", 2)
+    assert machine.startswith("CPU ") and " cores, 2 torch thread(s)" in machine
 
 
 def test_positive_gradient_defaults_follow_the_mode():

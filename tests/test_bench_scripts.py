@@ -28,6 +28,7 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "| adacl-tiny | 8 | adacl |" in summary and "| 128 | adacl-calibrated |" in summary
     assert "scripts/bench_step.py --smoke --device cpu" in summary
+    assert "## Loss only, eager selection passes" in summary and summary.count("| 128 | adacl-calibrated |") == 2
 
 
 def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):

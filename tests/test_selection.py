@@ -71,6 +71,20 @@ def test_summarize_rows_matches_dense():
     torch.testing.assert_close(summary.negative_mean, (logits.double() * negatives).sum(1) / 10)
 
 
+def test_summarize_rows_on_one_thread_gives_what_two_threads_give():
+    logits = _logits(n=300, seed=6)
+    positive_col = torch.arange(300)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        on_two = selection._summarize_rows(logits, positive_col, with_mean=True)
+        on_one = selection.summarize_rows(logits, positive_col, with_mean=True)  # switches to one thread
+    finally:
+        torch.set_num_threads(threads)
+    for field in ("positive", "negative_max", "negative_mean", "negative_lse"):
+        assert torch.equal(getattr(on_one, field), getattr(on_two, field)), field
+
+
 def _radix_cases():
     g = torch.Generator().manual_seed(5)
     ties = (torch.randint(-6, 7, (9, 13), generator=g) / 8).float()  # duplicates and negatives

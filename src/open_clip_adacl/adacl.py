@@ -156,8 +156,8 @@ def positive_quadratic_intervals(quadratic: Scalar, linear: Scalar, constant: Sc
         parameters.append(_f64(lower).to(a.device))
         intervals[:, 0] = torch.maximum(intervals[:, 0], parameters[-1])
     finite = torch.isfinite(torch.stack(parameters)).all()
-    return torch.where(finite, intervals, torch.tensor([[float("inf"), -float("inf")]] * 2, dtype=torch.float64,
-                                                       device=intervals.device))
+    empty = torch.stack([inf, -inf]).expand(2, 2)  # made on the device: a tensor from host values would wait for it
+    return torch.where(finite, intervals, empty)
 
 
 def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor, mu_c: Scalar,

@@ -84,9 +84,11 @@ def gather_no_grad(tensor: Optional[torch.Tensor], world_size: int) -> Optional[
 
 def check_equal_local_rows(num_rows: int, device: torch.device) -> None:
     """Raise the same ValueError on every rank unless all ranks hold `num_rows` rows."""
-    extremes = torch.tensor([num_rows, -num_rows], device=device)
+    extremes = torch.full((2,), num_rows, dtype=torch.int64, device=device)
+    extremes[1] = -num_rows  # filled on the device: a tensor copied from the host would wait for it
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-    largest, smallest = extremes[0].item(), -extremes[1].item()
+    largest, negative_smallest = extremes.tolist()  # the one host read of the step
+    smallest = -negative_smallest
     if largest != smallest:
         raise ValueError(
             f"the ranks hold different local batch sizes (between {smallest} and {largest} rows); the loss "

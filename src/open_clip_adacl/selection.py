@@ -8,7 +8,8 @@ all-reduces. Nothing of size N x N crosses ranks: the reductions move a few scal
 median is a radix select whose two passes each all-reduce one 65,537-bin histogram.
 
 Everything runs under `torch.no_grad()`. On a GPU it uses tensor ops only: no `.item()`, no boolean
-indexing, no data-dependent Python branch, so the device never waits for the host. On the CPU,
+indexing, no data-dependent Python branch, no tensor made from host values, so the device never
+waits for the host. On the CPU,
 where reading a value back costs nothing (`reading_back_is_free`), a few values are read to skip
 work they show to be unneeded (an empty interval of the candidate test, the keys outside the
 median's radix bin); the results are the same. Every rank ends with bit-identical results: each
@@ -19,6 +20,12 @@ The selection reads the logits the loss already has: every decision it makes is 
 the positive affine map cos -> t cos + bias (see adacl.py), so no second matmul is needed. Rows are
 processed in chunks small enough to stay in the CPU cache (large on a GPU); the only rows x C buffer
 is the int32 keys of `candidate_keys`, which the loss reuses from step to step.
+
+The passes over the logits and the keys also exist as traceable functions (`_fused_keys` and the
+`*_pass` functions) that `fused.run` compiles: each then reads its input once. On the CPU they
+write the keys and histogram them in two compiled passes; on a GPU the median needs no keys at all
+(three passes over the logits: `_lower_median_from_logits`). They give the same bits as the eager
+passes, which remain the reference and the fallback (see fused.py).
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-from . import adacl
+from . import adacl, fused
 from .distributed import RowGroup
 
 # Radix digit width: two passes of 16 bits resolve a float32 exactly; each pass's histogram
@@ -107,10 +114,18 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
 def _histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
     """Counts of each bin index (int64). `torch.bincount` on CUDA reads the maximum back to the host,
     so the GPU path scatters instead."""
-    if bins.device.type == "cpu":
+    if reading_back_is_free(bins.device):
         return torch.bincount(bins, minlength=num_bins)
     counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
     return counts.index_add_(0, bins.long(), torch.ones_like(bins, dtype=torch.int64))
+
+
+def _scatter_histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """`_histogram` of bins of any shape as one scatter-add, for the compiled passes (bincount's output
+    size depends on the values, which a compiled graph cannot have); inductor fuses it with the ops
+    that compute the bins."""
+    counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
+    return counts.index_put_((bins.long(),), torch.ones((), dtype=torch.int64, device=bins.device), accumulate=True)
 
 
 # --- per-row summaries ----------------------------------------------------------------------------
@@ -130,8 +145,17 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     """One chunked pass: positive logit, negatives' max, mean (if `with_mean`) and log-sum-exp.
 
     The log-sum-exp over the negatives is the loss's denominator without the positive (the loss
-    adds its modulated positive to it); the max doubles as the `max` salient score's term.
+    adds its modulated positive to it); the max doubles as the `max` salient score's term. Runs on
+    one CPU thread, as the selection (`one_cpu_thread`), with the same results: its chunked ops are
+    many short parallel regions, and with 2 threads on a 2-core machine that other jobs load, each
+    waits for a preempted thread (AdaCL's step 1.50x ClipLoss's with this pass on 2 threads, 1.18x
+    on one, load average 10, N = 4096, 7 interleaved rounds).
     """
+    with one_cpu_thread(logits.device):
+        return _summarize_rows(logits, positive_col, with_mean)
+
+
+def _summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: bool) -> RowSummary:
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
     positive = logits.gather(1, positive_col[:, None]).squeeze(1).to(dtype)
@@ -166,7 +190,7 @@ def _owned_row(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor)
 
 def _min_or(values: torch.Tensor, empty: float) -> torch.Tensor:
     """values.min(), or `empty` when a rank has no rows (the number of rows is known on the host)."""
-    return values.min() if values.numel() else torch.tensor(empty, dtype=values.dtype, device=values.device)
+    return values.min() if values.numel() else torch.full((), empty, dtype=values.dtype, device=values.device)
 
 
 def row_value_from_owner(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor,
@@ -224,7 +248,7 @@ def candidate_bounds(intervals: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     +0.0, so that x - lo and hi - x are never -0.0; for finite x their sign bits are then clear
     exactly when x >= lo and x <= hi (a non-zero difference of two floats never rounds to zero).
     """
-    inf = torch.tensor(float("inf"), dtype=dtype, device=intervals.device)
+    inf = torch.full((), float("inf"), dtype=dtype, device=intervals.device)
     rounded = intervals.to(dtype)
     lo, hi = rounded.unbind(1)
     lo = torch.where(lo.double() > intervals[:, 0], lo, torch.nextafter(lo, inf))
@@ -290,7 +314,7 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
 @torch.no_grad()
 def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   workspace: Optional[torch.Tensor] = None,
+                   workspace: Optional["KeyWorkspace"] = None,
                    lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
@@ -298,8 +322,8 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
     the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
     count: this rank's number of candidates. high_counts: this rank's first radix histogram
-    (see `radix_select`). `workspace`, an int32 tensor of at least rows x C elements, is reused for
-    the keys so that no fresh rows x C buffer (and its page faults) is needed each step. `lower`
+    (see `radix_select`). `workspace` keeps the keys' buffer from step to step, so that no fresh
+    rows x C buffer (and its page faults) is needed each step. `lower`
     (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
     The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
@@ -312,10 +336,18 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     """
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
-    intervals = adacl.positive_quadratic_intervals(*coefficients, lower=lower)
-    bounds = _bounds_to_test(candidate_bounds(intervals, dtype))
+    bounds = _candidate_bounds(coefficients, lower, dtype)
+    keys = (workspace or KeyWorkspace()).get(num_rows * num_cols, logits.device).view(num_rows, num_cols)
+    if fused.wanted(logits):
+        try:
+            with one_cpu_thread(logits.device):
+                fused.run(_keys_pass, logits, positive, positive_col, bounds, keys)
+                high_counts = fused.run(_high_histogram_pass, keys)
+            return keys, _count_candidates(high_counts, keys.numel()), high_counts
+        except fused.Unavailable:
+            pass
+    bounds = _bounds_to_test(bounds)
     positive = positive.to(dtype)[:, None] + 0.0
-    keys = ensure_workspace(workspace, num_rows * num_cols, logits.device)[:num_rows * num_cols].view(num_rows, num_cols)
     high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
     scratch = ChunkScratch(num_rows, num_cols, logits.device)
     for start, stop in row_chunks(num_rows, num_cols, logits.device):
@@ -329,13 +361,21 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
             chunk_keys |= bits
         chunk_keys[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
         high_counts += _high_histogram(chunk_keys, out=bits)
-    count = keys.numel() - _not_candidate_count(high_counts)
+    return keys, _count_candidates(high_counts, keys.numel()), high_counts
+
+
+def _candidate_bounds(coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor],
+                      dtype: torch.dtype) -> torch.Tensor:
+    """`candidate_bounds` of the GDA log-odds' positive set (above `lower` when given)."""
+    return candidate_bounds(adacl.positive_quadratic_intervals(*coefficients, lower=lower), dtype)
+
+
+def _count_candidates(high_counts: torch.Tensor, num_entries: int) -> torch.Tensor:
+    """This rank's number of candidates, from the first-pass histogram of all its `num_entries` keys,
+    whose not-candidate bins it then empties (see `radix_select`)."""
+    count = num_entries - sum(high_counts[bins].sum() for bins in _NOT_CANDIDATE_BINS)
     _drop_not_candidate_bins(high_counts)
-    return keys, count, high_counts
-
-
-def _not_candidate_count(high_counts: torch.Tensor) -> torch.Tensor:
-    return sum(high_counts[bins].sum() for bins in _NOT_CANDIDATE_BINS)
+    return count
 
 
 def _drop_not_candidate_bins(high_counts: torch.Tensor) -> None:
@@ -343,11 +383,91 @@ def _drop_not_candidate_bins(high_counts: torch.Tensor) -> None:
         high_counts[bins] = 0
 
 
-def ensure_workspace(workspace: Optional[torch.Tensor], num_elements: int, device: torch.device) -> torch.Tensor:
-    """`workspace` (flat int32) when it is on `device` and holds `num_elements`, else a new one."""
-    if workspace is None or workspace.numel() < num_elements or workspace.device != device:
-        return torch.empty(num_elements, dtype=torch.int32, device=device)
-    return workspace
+# --- the compiled passes (fused.py) ----------------------------------------------------------------
+
+def _fused_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                bounds: torch.Tensor) -> torch.Tensor:
+    """`candidate_keys`'s keys as one elementwise expression that a compiler fuses into the pass that
+    consumes them. `bounds`: `candidate_bounds`, both intervals tested as they are (no read-back).
+
+    Comparisons replace the eager sign-bit arithmetic: they test the same closed bounds (see
+    `candidate_bounds`) and cost nothing extra in a fused pass. A -0.0 gap is made +0.0 by a `where`,
+    since a compiler may drop the eager `+ 0.0` as an identity."""
+    dtype = working_dtype(logits.dtype)
+    x = logits.to(dtype)
+    gap = (positive.to(dtype)[:, None] - x).to(torch.float32)
+    bits = torch.where(gap == 0, 0.0, gap).view(torch.int32)
+    inside = ((x >= bounds[0, 0]) & (x <= bounds[0, 1])) | ((x >= bounds[1, 0]) & (x <= bounds[1, 1]))
+    keys = torch.where(inside, bits, bits | NOT_CANDIDATE_BITS)
+    positive_entry = torch.arange(x.shape[1], device=x.device) == positive_col[:, None]
+    return torch.where(positive_entry, NOT_CANDIDATE_BITS, keys)
+
+
+def _keys_pass(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor,
+               out: torch.Tensor) -> None:
+    """Writes the keys into `out` (rows x C int32)."""
+    out.copy_(_fused_keys(logits, positive, positive_col, bounds))
+
+
+def _high_histogram_pass(keys: torch.Tensor) -> torch.Tensor:
+    """`_high_histogram` of the keys."""
+    return _scatter_histogram(_high_bins(keys), _RADIX)
+
+
+def _high_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                              bounds: torch.Tensor) -> torch.Tensor:
+    """`_high_histogram` of the keys, computed on the fly from the logits."""
+    return _high_histogram_pass(_fused_keys(logits, positive, positive_col, bounds))
+
+
+def _low_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                             bounds: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """`_low_histogram` of the keys, computed on the fly from the logits."""
+    return _scatter_histogram(_low_bins(_fused_keys(logits, positive, positive_col, bounds), high), _LOW_BINS)
+
+
+def _row_min_xor_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                           bounds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`_row_min_xor` of the keys, computed on the fly from the logits."""
+    return (_fused_keys(logits, positive, positive_col, bounds) ^ mask).amin(dim=1)
+
+
+def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                              bounds: torch.Tensor, rows: RowGroup) -> Optional[Tuple[torch.Tensor, ...]]:
+    """(global candidate count, key of the lower median, its lowest global row) as `candidate_keys` and
+    the device path of `lower_median` give them, by three compiled passes over the logits (high
+    histogram, low histogram of the median's high bin, owner search) and no key matrix: where reading
+    values back would make a device wait, the eager passes write rows x C int32 keys and read them
+    three times. None when the passes cannot be compiled; they are all compiled before the first
+    collective, so that a rank that falls back to the eager passes still runs the same collectives.
+    """
+    args = (logits, positive, positive_col, bounds)
+    some_key = torch.zeros((), dtype=torch.int32, device=logits.device)
+    try:
+        high_counts = fused.run(_high_histogram_of_logits, *args)
+        for later_pass in (_low_histogram_of_logits, _row_min_xor_of_logits):
+            fused.prepare(later_pass, *args, some_key)
+    except fused.Unavailable:
+        return None
+    count = rows.sum(_count_candidates(high_counts, logits.numel()))
+    high, rank_in_bin = _high_bin(high_counts, ((count - 1) // 2).clamp(min=0), rows)
+    key = _key_in_bin(fused.run(_low_histogram_of_logits, *args, high), high, rank_in_bin, rows)
+    row_min = fused.run(_row_min_xor_of_logits, *args, key ^ _INT32_MIN)
+    return count, key, _first_row_holding(row_min, positive_col, rows)
+
+
+class KeyWorkspace:
+    """The int32 buffer that `candidate_keys` writes its keys into, kept from step to step (by the loss)
+    and allocated at its first use: a median from the logits (`_lower_median_from_logits`) needs none."""
+
+    def __init__(self):
+        self._buffer: Optional[torch.Tensor] = None
+
+    def get(self, num_elements: int, device: torch.device) -> torch.Tensor:
+        """The first `num_elements` of the buffer (flat), grown or moved to `device` when needed."""
+        if self._buffer is None or self._buffer.numel() < num_elements or self._buffer.device != device:
+            self._buffer = torch.empty(num_elements, dtype=torch.int32, device=device)
+        return self._buffer[:num_elements]
 
 
 def masked_keys(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -365,8 +485,11 @@ def candidate_gaps(keys: torch.Tensor, fill: float) -> torch.Tensor:
 def _high_histogram(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys; `out` (int32, keys'
     shape) receives the bin indices."""
-    bins = torch.bitwise_right_shift(keys, RADIX_BITS, out=out).add_(_HALF)
-    return _histogram(bins.reshape(-1), _RADIX)
+    return _histogram(_high_bins(keys, out).reshape(-1), _RADIX)
+
+
+def _high_bins(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.bitwise_right_shift(keys, RADIX_BITS, out=out).add_(_HALF)
 
 
 # Bins of the second radix pass: 8 + the low 16 bits for keys in the selected high bin, and 16 dump
@@ -377,7 +500,12 @@ _LOW_OFFSET = 8
 
 
 def _low_histogram(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """Histogram (`_LOW_BINS`) of the low 16 bits of the keys whose high 16 bits equal `high`.
+    """Histogram (`_LOW_BINS`) of the low 16 bits of the keys whose high 16 bits equal `high`."""
+    return _histogram(_low_bins(keys, high).reshape(-1), _LOW_BINS)
+
+
+def _low_bins(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """`_low_histogram`'s bin of each key.
 
     relative = key ^ (high << 16) lies in [0, 2^16) exactly for those keys (the xor clears their
     high bits and leaves a high bit, or the sign, set in every other key). Clamped to [-1, 2^16]
@@ -385,8 +513,7 @@ def _low_histogram(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     low 3 bits are then replaced by the key's own to spread them. No comparison kernel involved.
     """
     relative = keys ^ (high << RADIX_BITS).to(torch.int32)
-    bins = relative.clamp(-1, _RADIX).add_(_LOW_OFFSET).bitwise_and_(~7).bitwise_or_(relative & 7)
-    return _histogram(bins.reshape(-1), _LOW_BINS)
+    return relative.clamp(-1, _RADIX).add_(_LOW_OFFSET).bitwise_and_(~7).bitwise_or_(relative & 7)
 
 
 def _locate(counts: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -494,10 +621,15 @@ def reading_back_is_free(device: torch.device) -> bool:
 
 def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Lowest global row holding `key` (one all-reduce)."""
-    # keys ^ key is 0 exactly where the key matches; flipping the sign bit too maps that 0 to the
-    # smallest int32, so a row holds the key iff its min is INT32_MIN (one xor and one min per
-    # entry: cheaper than == and .any() on CPUs).
-    row_min = _row_min_xor(keys, key.to(torch.int32) ^ _INT32_MIN)
+    return _first_row_holding(_row_min_xor(keys, key.to(torch.int32) ^ _INT32_MIN), row_index, rows)
+
+
+def _first_row_holding(row_min: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+    """Lowest global row whose `row_min`, the min over the row of keys ^ key ^ INT32_MIN, is INT32_MIN:
+    the lowest row holding `key` (one all-reduce).
+
+    keys ^ key is 0 exactly where the key matches; flipping the sign bit too maps that 0 to the
+    smallest int32 (one xor and one min per entry: cheaper than == and .any() on CPUs)."""
     return rows.min(_min_or(torch.where(row_min == _INT32_MIN, row_index, _NO_ROW), _NO_ROW))
 
 
@@ -514,7 +646,7 @@ def _row_min_xor(keys: torch.Tensor, mask) -> torch.Tensor:
 def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
     """Key of the global max (or min) candidate gap."""
     fill = float("-inf") if largest else float("inf")
-    extremes = torch.stack([torch.tensor(fill, device=keys.device)] + [
+    extremes = torch.stack([torch.full((), fill, device=keys.device)] + [
         candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
         for start, stop in row_chunks(*keys.shape, keys.device)])
     extreme = rows.max(extremes.max()) if largest else rows.min(extremes.min())
@@ -556,10 +688,25 @@ class AnchorSelection:
     flat_reference: torch.Tensor  # 0-dim bool: a reference fit is at the std floor
 
 
+def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], anchor_stat: str,
+                      row_index: torch.Tensor, rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(global candidate count, anchor key, its lowest global row) from this rank's `candidate_keys`."""
+    keys, count, high_counts = candidates
+    count = rows.sum(count)
+    if anchor_stat == "median":
+        key, row = lower_median(keys, count, high_counts, row_index, rows)
+    elif anchor_stat == "mean":
+        row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
+    else:
+        key = masked_extreme(keys, anchor_stat == "max", rows)
+        row = first_row_with_key(keys, key, row_index, rows)
+    return count, key, row
+
+
 @torch.no_grad()
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
-                  workspace: Optional[torch.Tensor] = None, region: str = "gda") -> AnchorSelection:
+                  workspace: Optional[KeyWorkspace] = None, region: str = "gda") -> AnchorSelection:
     """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
     `region`: the candidate region (`adacl.clone_candidate_mask`).
@@ -584,21 +731,17 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
         flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
         if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
-            coefficients = tuple(torch.tensor(c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
+            coefficients = tuple(torch.full((), c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
         else:
             coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
         lower = reference[2] if region == "upper" else None
-        keys, count, high_counts = candidate_keys(logits, summary.positive, positive_col, coefficients, workspace,
-                                                  lower)
-        count = rows.sum(count)
-
-        if anchor_stat == "median":
-            key, row = lower_median(keys, count, high_counts, row_index, rows)
-        elif anchor_stat == "mean":
-            row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
-        else:
-            key = masked_extreme(keys, anchor_stat == "max", rows)
-            row = first_row_with_key(keys, key, row_index, rows)
+        median = None
+        if anchor_stat == "median" and not reading_back_is_free(logits.device) and fused.wanted(logits):
+            median = _lower_median_from_logits(logits, summary.positive, positive_col, _candidate_bounds(
+                coefficients, lower, working_dtype(logits.dtype)), rows)
+        count, key, row = median or _anchor_from_keys(
+            candidate_keys(logits, summary.positive, positive_col, coefficients, workspace, lower), anchor_stat,
+            row_index, rows)
     found = count > 0
     return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),
                            count, reference, flat_reference)

@@ -24,7 +24,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import adacl
-from ..selection import RowSummary, ensure_workspace, row_value_from_owner, select_anchor, summarize_rows
+from ..selection import KeyWorkspace, RowSummary, row_value_from_owner, select_anchor, summarize_rows
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
 from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
@@ -170,7 +170,7 @@ class AdaCLLoss(ContrastiveLoss):
         self._queue_filled = 0
         self._update_state = False
         # Reused int32 scratch for the selection's candidate keys (not state: never checkpointed).
-        self._workspace: Optional[torch.Tensor] = None
+        self._workspace = KeyWorkspace()
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -251,7 +251,6 @@ class AdaCLLoss(ContrastiveLoss):
                           **{name: zero for name in BOUND_STATS}}, scale)
             return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
 
-        self._workspace = ensure_workspace(self._workspace, logits.numel(), logits.device)
         options = self.options
         selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=options.salient,
                                   anchor_stat=options.anchor_stat, prior_ratio=options.prior_ratio,
