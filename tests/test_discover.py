@@ -30,8 +30,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def family_data(tmp_path_factory):
     """192 demo scenes in families of 8 one-edit siblings (json "family", "family_edit"), 3 shards."""
     root = tmp_path_factory.mktemp("families")
-    write_demo_dataset(root, seed=1, num_train=192, num_val=8, num_test=8, shard_size=64, family_size=FAMILY,
-                       num_weak_captions=0)
+    write_demo_dataset(root, seed=1, num_train=192, num_val=8, num_test=8, shard_size=64, family_size=FAMILY)
     return str(root / "train" / "shard-{000000..000002}.tar")
 
 
@@ -217,7 +216,7 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: none of the first 64 samples has a "
                                                                        "caption field 'caption'")
-    assert "pass --caption-key with one of ['txt', 'txt_alt']" in result.stderr
+    assert "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']" in result.stderr
 
 
 def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
