@@ -10,7 +10,7 @@ from evaluation.zero_shot import cli, format_markdown, infer_task, main, table_r
 from training.main import main as train_main
 
 NUM_TEST = 128  # the demo fixture's test scenes (conftest.DEMO_SIZES)
-NUM_CLASSES = {"wds/scenes_color": 7, "wds/scenes_shape": 6}
+NUM_CLASSES = {"wds/scenes_color": 7, "wds/scenes_shape": 4}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,9 @@ def read_table(output_dir):
 
 def test_stock_cli_table_lists_every_metric_in_unit_range(stock_cli_output):
     table = read_table(stock_cli_output)
-    classification = {(name, "zeroshot_classification", metric) for name in NUM_CLASSES
-                      for metric in ("acc1", "acc5", "mean_per_class_recall")}
+    # clip-benchmark reports top-5 accuracy only for sets of at least 5 classes
+    classification = {(name, "zeroshot_classification", metric) for name, classes in NUM_CLASSES.items()
+                      for metric in ("acc1", "acc5", "mean_per_class_recall") if metric != "acc5" or classes >= 5}
     retrieval = {("wds/scenes_retrieval", "zeroshot_retrieval", f"{direction}_retrieval_recall@{k}")
                  for direction in ("image", "text") for k in (1, 5, 10)}
     clone_selection = {("clone_selection", "clone_selection", f"{edit}_acc")
