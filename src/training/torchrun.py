@@ -13,6 +13,7 @@ ends it with 128 + the signal and one line instead of a traceback.
 """
 from __future__ import annotations
 
+import signal
 import sys
 from typing import List, Optional, Sequence
 
@@ -42,7 +43,10 @@ def cli(argv: Optional[Sequence[str]] = None) -> None:
     try:
         run(parse_args(with_separator(sys.argv[1:] if argv is None else argv)))
     except ChildFailedError as error:
-        if {failure.exitcode for failure in error.failures.values()} != {PREEMPTED_EXIT_CODE}:
+        # Every rank agreed to stop at the same step; torchrun SIGTERMs the others as soon as the first
+        # one exits, so a rank may end killed (-SIGTERM) while finishing its own stop.
+        exit_codes = {failure.exitcode for failure in error.failures.values()}
+        if PREEMPTED_EXIT_CODE not in exit_codes or not exit_codes <= {PREEMPTED_EXIT_CODE, -signal.SIGTERM}:
             raise
         print(f"torchrun: the workers stopped for a preemption (exit status {PREEMPTED_EXIT_CODE}) after saving a "
               "step checkpoint; --resume latest continues the run", file=sys.stderr)
