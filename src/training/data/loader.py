@@ -119,17 +119,16 @@ def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: 
                         num_batches)
 
 
+@dataclass
 class _PermutedBatches(Sampler):
     """Per-rank batches of a seeded per-epoch permutation, skipping `skip_batches` at the start epoch."""
 
-    def __init__(self, num_samples: int, cfg: DataConfig, num_batches: int, shared_epoch: SharedEpoch,
-                 start_epoch: int, shuffle: bool) -> None:
-        self.num_samples = num_samples
-        self.cfg = cfg
-        self.num_batches = num_batches
-        self.shared_epoch = shared_epoch
-        self.start_epoch = start_epoch
-        self.shuffle = shuffle
+    num_samples: int
+    cfg: DataConfig
+    num_batches: int
+    shared_epoch: SharedEpoch
+    start_epoch: int
+    shuffle: bool
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.shared_epoch.get_value()
