@@ -35,7 +35,7 @@ from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LO
 
 from .checkpoint import CheckpointConfig
 from .config import DistributedConfig, LoggingConfig, LossConfig, RunConfig, ValidationConfig
-from .data import DataConfig
+from .data import DataConfig, dataset_type_help, registered_dataset_types
 from .distributed import resolved_device_type
 from .model import ModelConfig, OptimizerConfig, SchedulerConfig
 from .preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
@@ -234,9 +234,8 @@ def _add_data_flags(group) -> None:
     group.add_argument("--train-num-samples", type=int, default=None,
                        help="Samples per epoch; needed when the shards have no sizes.json.")
     group.add_argument("--val-num-samples", type=int, default=None, help="Validation samples.")
-    group.add_argument("--dataset-type", type=str, default="auto", choices=["webdataset", "csv", "synthetic", "auto"],
-                       help="webdataset shards, a csv/tsv file of image paths and captions, synthetic, or auto "
-                            "(csv for .csv/.tsv, webdataset for .tar).")
+    group.add_argument("--dataset-type", type=str, default="auto", choices=registered_dataset_types(),
+                       help=dataset_type_help())
     group.add_argument("--csv-separator", type=str, default="\t", help="For csv-like datasets, which separator to use.")
     group.add_argument("--csv-img-key", type=str, default="filepath",
                        help="For csv-like datasets, the name of the key for the image paths.")

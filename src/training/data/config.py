@@ -17,7 +17,6 @@ SKIP_REASONS = (
     "empty_caption",  # the caption is empty or whitespace
     "bad_json",  # the json member does not parse (its key could not be trusted)
 )
-DATASET_TYPES = ("webdataset", "csv", "synthetic", "auto")
 
 
 class DataError(RuntimeError):
@@ -48,7 +47,8 @@ class DataConfig:
     val_num_samples: int | None = None
     """Validation size for progress (--val-num-samples); default: sizes.json, else unknown (0)."""
     dataset_type: str = "auto"
-    """"webdataset", "synthetic" or "auto" (webdataset when the data ends in .tar) (--dataset-type)."""
+    """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
+    suffix, webdataset for .tar, csv for .csv/.tsv (--dataset-type)."""
     dataset_resampled: bool = False
     """Draw shards with replacement instead of an epoch-wise shuffle (--dataset-resampled)."""
     batch_size: int = 64

@@ -1,26 +1,19 @@
-"""Building the loaders: `build_train_data` and `build_val_data` pick the source (webdataset shards,
-a csv file or synthetic data), check the configuration, size the epoch and wrap the source's
-stream in a DataLoader."""
+"""Building the loaders: `build_train_data` and `build_val_data` check the configuration and ask the
+data source `--dataset-type` names (`registry`) for its loader; the helpers below are what sources
+build their loaders with."""
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
-from open_clip_train.data import DataInfo, SharedEpoch, expand_urls
-from torch.utils.data import DataLoader
+from open_clip_train.data import DataInfo, SharedEpoch
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import DATASET_TYPES, SKIP_REASONS, DataConfig
-from .csv_rows import CsvStream, read_csv_rows
-from .shards import check_shards, declared_dataset_size
+from .config import SKIP_REASONS, DataConfig
+from .registry import get_data_source, resolve_dataset_type
 from .stream import ShardStream
-from .synthetic import SyntheticDataset, _SyntheticBatches
-
-_SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,46 +30,8 @@ def build_train_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
     Call `info.set_epoch(e)` before iterating epoch e; `skip_batches` applies to `epoch` only.
     """
     _check_common(cfg)
-    dataset_type = _resolve_type(cfg.dataset_type, cfg.train_data)
-    if dataset_type == "synthetic":
-        return _build_synthetic(cfg, preprocess, tokenizer, epoch, cfg.train_num_samples, train=True)
-    if dataset_type == "csv":
-        rows = read_csv_rows(cfg.train_data, cfg, "train_data (--train-data)")
-        num_batches = _num_batches(cfg.train_num_samples or len(rows), cfg.batch_size * cfg.world_size,
-                                   max(1, cfg.workers))
-        _check_skip(cfg.skip_batches, num_batches)
-        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                           shared_epoch=SharedEpoch(epoch), start_epoch=epoch,
-                           batches_per_reader=num_batches // max(1, cfg.workers))
-        return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
-                            num_batches * cfg.batch_size, num_batches)
-    urls, weights = _train_urls(cfg)
-    dataset_size = declared_dataset_size(urls)
-    num_samples = cfg.train_num_samples or dataset_size
-    if not num_samples:
-        raise ValueError(f"no sizes.json next to the shards of {cfg.train_data!r}: pass train_num_samples "
-                         "(--train-num-samples) with the number of training samples")
-    num_readers = max(1, cfg.workers)
-    num_batches = _num_batches(num_samples, cfg.batch_size * cfg.world_size, num_readers)
-    if cfg.batch_size % cfg.group_size:
-        logger.warning(f"batch size {cfg.batch_size} is not a multiple of --train-group-size {cfg.group_size}: "
-                       "batch boundaries cut some groups in two")
-    _check_skip(cfg.skip_batches, num_batches)
-    # OpenCLIP's 5000-sample buffer is half an img2dataset shard of 10000; keep that ratio.
-    shuffle_size = max(1, min(_SHUFFLE_SIZE, (dataset_size or num_samples) // len(urls) // 2))
-    stream = ShardStream(
-        urls=tuple(urls),
-        weights=None if weights is None else tuple(weights),
-        cfg=cfg,
-        preprocess=preprocess,
-        tokenizer=tokenizer,
-        shared_epoch=SharedEpoch(epoch),
-        start_epoch=epoch,
-        batches_per_reader=num_batches // num_readers,
-        shuffle_size=shuffle_size,
-    )
-    return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
-                        num_batches * cfg.batch_size, num_batches)
+    source = get_data_source(resolve_dataset_type(cfg.dataset_type, cfg.train_data))
+    return source.train_data(cfg, preprocess, tokenizer, epoch)
 
 
 def build_val_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo | None:
@@ -84,59 +39,7 @@ def build_val_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -
     if cfg.val_data is None:
         return None
     _check_common(cfg)
-    dataset_type = _resolve_type(cfg.dataset_type, cfg.val_data)
-    if dataset_type == "synthetic":
-        num_samples = cfg.val_num_samples or cfg.train_num_samples
-        return _build_synthetic(cfg, preprocess, tokenizer, 0, num_samples, train=False)
-    if dataset_type == "csv":
-        rows = read_csv_rows(cfg.val_data, cfg, "val_data (--val-data)")
-        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                           shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
-        num_samples = cfg.val_num_samples or len(rows)
-        return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
-                            num_samples, math.ceil(num_samples / cfg.batch_size))
-    urls, _ = expand_urls(cfg.val_data)
-    check_shards(urls, "val_data (--val-data)")
-    num_samples = cfg.val_num_samples or declared_dataset_size(urls) or 0
-    stream = ShardStream(
-        urls=tuple(urls), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-        shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None, shuffle_size=0,
-    )
-    return _loader_info(_stream_loader(stream, cfg.workers), stream.shared_epoch,
-                        num_samples, math.ceil(num_samples / cfg.batch_size))
-
-
-def _build_synthetic(cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int,
-                     num_samples: int | None, *, train: bool) -> LoaderInfo:
-    if not num_samples:
-        raise ValueError("dataset_type synthetic needs train_num_samples (--train-num-samples)")
-    if train:
-        if cfg.group_size != 1:
-            raise ValueError("group_size (--train-group-size) groups consecutive samples of webdataset shards; "
-                             "synthetic data has none: leave it at 1")
-        num_batches = num_samples // (cfg.batch_size * cfg.world_size)
-        if num_batches < 1:
-            raise ValueError(f"{num_samples} synthetic samples do not fill one batch of "
-                             f"{cfg.batch_size} x {cfg.world_size} ranks")
-        _check_skip(cfg.skip_batches, num_batches)
-    else:
-        num_batches = math.ceil(num_samples / cfg.batch_size)
-    batches = _SyntheticBatches(num_samples, cfg, num_batches, SharedEpoch(epoch), epoch, shuffle=train)
-
-    def collate(items: list[tuple[torch.Tensor, str, int]]) -> tuple[torch.Tensor, ...]:
-        images, texts, indices = zip(*items)
-        return (torch.stack(images), tokenizer(list(texts)), torch.tensor(indices, dtype=torch.long),
-                torch.zeros(len(SKIP_REASONS), dtype=torch.long))
-
-    dataloader = DataLoader(SyntheticDataset(preprocess, num_samples, cfg.seed), batch_sampler=batches,
-                            collate_fn=collate, num_workers=cfg.workers, persistent_workers=False,
-                            generator=_private_generator())
-    samples = num_batches * cfg.batch_size if train else num_samples
-    return _loader_info(dataloader, batches.shared_epoch, samples, num_batches)
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks and sizes
+    return get_data_source(resolve_dataset_type(cfg.dataset_type, cfg.val_data)).val_data(cfg, preprocess, tokenizer)
 
 
 def _check_common(cfg: DataConfig) -> None:
@@ -150,46 +53,11 @@ def _check_common(cfg: DataConfig) -> None:
                          f"got {cfg.group_size}")
 
 
-def _resolve_type(dataset_type: str, data: str | None) -> str:
-    """OpenCLIP's --dataset-type: "auto" means csv for .csv/.tsv data, webdataset for .tar data."""
-    if dataset_type not in DATASET_TYPES:
-        raise ValueError(f"dataset_type {dataset_type!r} is not supported; choose one of {DATASET_TYPES}")
-    if dataset_type == "synthetic":
-        return "synthetic"
-    if data is None:
-        raise ValueError("no data given: pass --train-data/--val-data shards or --dataset-type synthetic")
-    if dataset_type != "auto":
-        return dataset_type
-    extension = data.split(".")[-1]
-    if extension in ("csv", "tsv"):
-        return "csv"
-    if extension != "tar":
-        raise ValueError(f"cannot infer the dataset type of {data!r} (expected shards ending in .tar or a "
-                         ".csv/.tsv file); pass --dataset-type webdataset, csv or synthetic")
-    return "webdataset"
+# ---------------------------------------------------------------------------------------------
+# For data sources: epoch sizes, and loaders over a stream of batches or a map-style dataset
 
 
-def _train_urls(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
-    """Expanded training shards and per-shard weights, checked against the sources and readers."""
-    factors = cfg.train_data_upsampling_factors
-    if factors is not None:
-        if not cfg.dataset_resampled:
-            raise ValueError("train_data_upsampling_factors (--train-data-upsampling-factors) needs "
-                             "dataset_resampled (--dataset-resampled), as in OpenCLIP")
-        num_sources, num_factors = len(cfg.train_data.split("::")), len(factors.split("::"))
-        if num_sources != num_factors:
-            raise ValueError(f"{num_factors} upsampling factors for {num_sources} '::'-separated train_data sources")
-    urls, weights = expand_urls(cfg.train_data, factors)
-    check_shards(urls, "train_data (--train-data)")
-    num_readers = max(1, cfg.workers) * cfg.world_size
-    if not cfg.dataset_resampled and len(urls) < num_readers:
-        raise ValueError(f"{len(urls)} shards cannot be split over world_size x workers = "
-                         f"{cfg.world_size} x {max(1, cfg.workers)} readers: use fewer workers, more shards, "
-                         "or dataset_resampled (--dataset-resampled)")
-    return urls, weights
-
-
-def _num_batches(num_samples: int, global_batch_size: int, num_readers: int) -> int:
+def batches_per_epoch(num_samples: int, global_batch_size: int, num_readers: int) -> int:
     """Batches per rank and epoch: floor(num_samples / global batch), rounded down to a multiple of readers."""
     batches_per_reader = num_samples // global_batch_size // num_readers
     if batches_per_reader < 1:
@@ -199,9 +67,83 @@ def _num_batches(num_samples: int, global_batch_size: int, num_readers: int) -> 
     return batches_per_reader * num_readers
 
 
-def _check_skip(skip_batches: int, num_batches: int) -> None:
+def check_skip(skip_batches: int, num_batches: int) -> None:
     if skip_batches >= num_batches:
         raise ValueError(f"skip_batches={skip_batches} is not inside an epoch of {num_batches} batches")
+
+
+def validation_batches(num_samples: int, batch_size: int) -> int:
+    """Validation keeps a partial last batch."""
+    return math.ceil(num_samples / batch_size)
+
+
+def stream_data(stream: ShardStream, workers: int, num_samples: int, num_batches: int) -> LoaderInfo:
+    """The loader of a ShardStream (which yields whole batches); fresh workers each epoch (cheap with
+    fork) see set_epoch."""
+    dataloader = DataLoader(stream, batch_size=None, num_workers=workers, persistent_workers=False,
+                            generator=_private_generator())
+    return _loader_info(dataloader, stream.shared_epoch, num_samples, num_batches)
+
+
+def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: int, *, train: bool,
+                 source: str) -> LoaderInfo:
+    """The loader of a map-style dataset whose item i is (preprocessed image tensor, caption, sample index).
+
+    Training: each epoch a permutation of the items seeded by (seed, epoch), split over ranks,
+    len(dataset) // global batch full batches per rank; validation: the items in order, with a
+    partial last batch. Seed any augmentation inside the dataset by index (`samples.seeded`), so
+    that a batch does not depend on the worker process that builds it.
+    """
+    num_samples = len(dataset)
+    if train:
+        if cfg.group_size != 1:
+            raise ValueError(f"group_size (--train-group-size) groups consecutive samples of webdataset shards; "
+                             f"{source} data has none: leave it at 1")
+        num_batches = num_samples // (cfg.batch_size * cfg.world_size)
+        if num_batches < 1:
+            raise ValueError(f"{num_samples} {source} samples do not fill one batch of "
+                             f"{cfg.batch_size} x {cfg.world_size} ranks")
+        check_skip(cfg.skip_batches, num_batches)
+    else:
+        num_batches = validation_batches(num_samples, cfg.batch_size)
+    batches = _PermutedBatches(num_samples, cfg, num_batches, SharedEpoch(epoch), epoch, shuffle=train)
+
+    def collate(items: list[tuple[torch.Tensor, str, int]]) -> tuple[torch.Tensor, ...]:
+        images, texts, indices = zip(*items)
+        return (torch.stack(images), tokenizer(list(texts)), torch.tensor(indices, dtype=torch.long),
+                torch.zeros(len(SKIP_REASONS), dtype=torch.long))
+
+    dataloader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=cfg.workers,
+                            persistent_workers=False, generator=_private_generator())
+    return _loader_info(dataloader, batches.shared_epoch, num_batches * cfg.batch_size if train else num_samples,
+                        num_batches)
+
+
+@dataclass
+class _PermutedBatches(Sampler):
+    """Per-rank batches of a seeded per-epoch permutation, skipping `skip_batches` at the start epoch."""
+
+    num_samples: int
+    cfg: DataConfig
+    num_batches: int
+    shared_epoch: SharedEpoch
+    start_epoch: int
+    shuffle: bool
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self.shared_epoch.get_value()
+        order = torch.arange(self.num_samples)
+        if self.shuffle:
+            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.cfg.seed + epoch))
+        mine = order[self.cfg.rank::self.cfg.world_size].tolist()
+        for batch in range(self._skip(epoch), self.num_batches):
+            yield mine[batch * self.cfg.batch_size:(batch + 1) * self.cfg.batch_size]
+
+    def __len__(self) -> int:
+        return self.num_batches - self._skip(self.shared_epoch.get_value())
+
+    def _skip(self, epoch: int) -> int:
+        return self.cfg.skip_batches if self.shuffle and epoch == self.start_epoch else 0
 
 
 def _loader_info(dataloader: DataLoader, shared_epoch: SharedEpoch, num_samples: int, num_batches: int) -> LoaderInfo:
@@ -209,12 +151,6 @@ def _loader_info(dataloader: DataLoader, shared_epoch: SharedEpoch, num_samples:
     dataloader.num_batches = num_batches
     return LoaderInfo(dataloader=dataloader, shared_epoch=shared_epoch, num_samples=num_samples,
                       num_batches=num_batches)
-
-
-def _stream_loader(stream: ShardStream, workers: int) -> DataLoader:
-    """The stream yields whole batches; fresh workers each epoch (cheap with fork) see set_epoch."""
-    return DataLoader(stream, batch_size=None, num_workers=workers, persistent_workers=False,
-                      generator=_private_generator())
 
 
 def _private_generator() -> torch.Generator:

@@ -1,8 +1,8 @@
 """The stream each reader (a DataLoader worker, or the main process) runs: ShardStream.
 
 It splits and shuffles the shards, shuffles samples in a buffer, skips what fails its checks and
-assembles whole batches, every random choice seeded by (seed, epoch, rank, reader); see the package
-docstring for what that buys (exact mid-epoch resume, batches independent of the process).
+assembles whole batches, every random choice seeded by (seed, epoch, rank, reader); see
+docs/data.md for what that buys (exact mid-epoch resume, batches independent of the process).
 """
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from tqdm import tqdm
 
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
-from ..data import DataConfig, DataError
+from ..data import DataConfig, DataError, resolve_dataset_type
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
 from ..model import build_precision
 from ..params import PRECISIONS
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
-from .data import build_discovery_data, check_caption_key, resolve_dataset_type, shard_urls
+from .data import build_discovery_data, check_caption_key, shard_urls
 from .model import load_discovery_model, quiet_logging
 from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_name
 

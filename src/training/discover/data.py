@@ -28,8 +28,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
 from ..data import (DataConfig, DataError, IMAGE_EXTENSIONS, CsvStream, ShardStream, SkipCounter, read_csv_rows,
-                    read_shard)
-from ..data.loader import _resolve_type as resolve_dataset_type
+                    read_shard, resolve_dataset_type)
 from ..data.samples import Candidate, describe_counts
 from ..data.shards import check_shards, declared_dataset_size
 

@@ -2,18 +2,39 @@
 images seeded by index, OpenCLIP's dummy caption, batches of a seeded per-epoch permutation."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
-from open_clip_train.data import SharedEpoch
 from PIL import Image
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from .config import DataConfig
-from .samples import seeded, stable_hash
+from ..config import DataConfig
+from ..loader import LoaderInfo, indexed_data
+from ..registry import DataSource, register_data_source
+from ..samples import seeded, stable_hash
 
 _SYNTHETIC_CAPTION = "Dummy caption"  # what OpenCLIP's SyntheticDataset uses
+
+
+@register_data_source("synthetic")
+class Synthetic(DataSource):
+    description = "random-noise images with a dummy caption, --train-num-samples of them (a smoke test)"
+    reads_data = False
+
+    def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
+        dataset = SyntheticDataset(preprocess, _num_samples(cfg.train_num_samples), cfg.seed)
+        return indexed_data(dataset, cfg, tokenizer, epoch, train=True, source="synthetic")
+
+    def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
+        dataset = SyntheticDataset(preprocess, _num_samples(cfg.val_num_samples or cfg.train_num_samples), cfg.seed)
+        return indexed_data(dataset, cfg, tokenizer, 0, train=False, source="synthetic")
+
+
+def _num_samples(num_samples: int | None) -> int:
+    if not num_samples:
+        raise ValueError("dataset_type synthetic needs train_num_samples (--train-num-samples)")
+    return num_samples
 
 
 class SyntheticDataset(Dataset):
@@ -33,34 +54,6 @@ class SyntheticDataset(Dataset):
         with seeded(stable_hash(self.seed, index, "augment")):
             image = self.preprocess(Image.fromarray(pixels))
         return image, _SYNTHETIC_CAPTION, index
-
-
-class _SyntheticBatches(Sampler):
-    """Per-rank batches of a seeded per-epoch permutation, skipping `skip` at the start epoch."""
-
-    def __init__(self, num_samples: int, cfg: DataConfig, num_batches: int, shared_epoch: SharedEpoch,
-                 start_epoch: int, shuffle: bool) -> None:
-        self.num_samples = num_samples
-        self.cfg = cfg
-        self.num_batches = num_batches
-        self.shared_epoch = shared_epoch
-        self.start_epoch = start_epoch
-        self.shuffle = shuffle
-
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.shared_epoch.get_value()
-        order = torch.arange(self.num_samples)
-        if self.shuffle:
-            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.cfg.seed + epoch))
-        mine = order[self.cfg.rank::self.cfg.world_size].tolist()
-        for batch in range(self._skip(epoch), self.num_batches):
-            yield mine[batch * self.cfg.batch_size:(batch + 1) * self.cfg.batch_size]
-
-    def __len__(self) -> int:
-        return self.num_batches - self._skip(self.shared_epoch.get_value())
-
-    def _skip(self, epoch: int) -> int:
-        return self.cfg.skip_batches if self.shuffle and epoch == self.start_epoch else 0
 
 
 def _transform_size(preprocess: Callable) -> tuple[int, int]:

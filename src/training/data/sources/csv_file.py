@@ -1,5 +1,6 @@
-"""OpenCLIP's csv data (`--dataset-type csv`): one csv/tsv file, `--csv-separator`, a header naming
-the `--csv-img-key` image-path and `--csv-caption-key` caption columns.
+"""OpenCLIP's csv data (`--dataset-type csv`, or `auto` for data ending in .csv/.tsv): one csv/tsv
+file, `--csv-separator`, a header naming the `--csv-img-key` image-path and `--csv-caption-key`
+caption columns.
 
 Rows go through the same checks, decoding and batching as tar samples (`CsvStream`): sample_index
 is the row number (0-based, after the header); a row whose image file is missing or whose caption
@@ -17,9 +18,35 @@ from typing import Callable, Iterable, Iterator
 
 from open_clip_train.data import SharedEpoch
 
-from .config import DataConfig, DataError
-from .samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
-from .stream import ShardStream
+from ..config import DataConfig, DataError
+from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
+from ..registry import DataSource, register_data_source
+from ..samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
+from ..stream import ShardStream
+
+
+@register_data_source("csv")
+class CsvFile(DataSource):
+    description = "a csv/tsv file of image paths and captions (--csv-img-key, --csv-caption-key)"
+    suffixes = (".csv", ".tsv")
+
+    def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
+        rows = read_csv_rows(cfg.train_data, cfg, "train_data (--train-data)")
+        num_readers = max(1, cfg.workers)
+        num_batches = batches_per_epoch(cfg.train_num_samples or len(rows), cfg.batch_size * cfg.world_size,
+                                        num_readers)
+        check_skip(cfg.skip_batches, num_batches)
+        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                           shared_epoch=SharedEpoch(epoch), start_epoch=epoch,
+                           batches_per_reader=num_batches // num_readers)
+        return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+
+    def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
+        rows = read_csv_rows(cfg.val_data, cfg, "val_data (--val-data)")
+        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+                           shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
+        num_samples = cfg.val_num_samples or len(rows)
+        return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,116 @@
+"""Name -> data source, the values of `--dataset-type`. A source declares the file endings `auto`
+picks it for; registration refuses a name or an ending another source already has, so `auto` never
+has to choose."""
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Tuple, Type
+
+from .config import DataConfig
+
+if TYPE_CHECKING:
+    from .loader import LoaderInfo
+
+AUTO = "auto"
+
+_SOURCES: Dict[str, Type["DataSource"]] = {}
+
+
+class DataSource(abc.ABC):
+    """A kind of data `--dataset-type` names: how its training and validation loaders are built.
+
+    The loaders yield OpenCLIP-style batches `(images, texts, sample_index, skip_counts)` (see
+    `training.data`); `training.data.loader` has the helpers that make one from a stream of whole
+    batches (`stream_data`) or from a map-style dataset of samples (`indexed_data`).
+    """
+
+    description: ClassVar[str] = ""
+    """What --dataset-type's help says of this source (a short phrase)."""
+    suffixes: ClassVar[Tuple[str, ...]] = ()
+    """Endings of --train-data / --val-data (".tar") for which --dataset-type auto picks this source."""
+    reads_data: ClassVar[bool] = True
+    """False for a source that makes its own samples and needs no --train-data / --val-data."""
+
+    @abc.abstractmethod
+    def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
+        """The training loader of `cfg.train_data`, positioned at `epoch` and `cfg.skip_batches` batches into it.
+
+        Every epoch has the same number of batches per rank; a batch's samples depend only on the
+        data, the seed, the epoch and the batch's position, so a resumed run reads what the
+        interrupted one would have.
+        """
+
+    @abc.abstractmethod
+    def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
+        """One unshuffled pass over `cfg.val_data`."""
+
+
+def register_data_source(name: str) -> Callable[[Type[DataSource]], Type[DataSource]]:
+    def decorator(cls: Type[DataSource]) -> Type[DataSource]:
+        _check_declaration(name, cls)
+        _SOURCES[name] = cls
+        return cls
+
+    return decorator
+
+
+def _check_declaration(name: str, cls: type) -> None:
+    if name == AUTO or name in _SOURCES:
+        owner = "--dataset-type's own value" if name == AUTO else f"registered by {_SOURCES[name].__module__}"
+        raise ValueError(f"data source {name!r} is already {owner}")
+    if not (isinstance(cls, type) and issubclass(cls, DataSource)):
+        raise TypeError(f"data source {name!r}: {cls!r} is not a subclass of training.data.DataSource")
+    if inspect.isabstract(cls):
+        raise TypeError(f"data source {name!r}: {cls.__name__} must implement train_data and val_data")
+    if not cls.description:
+        raise TypeError(f"data source {name!r}: {cls.__name__}.description must say what it reads, for --help")
+    for suffix in cls.suffixes:
+        if not suffix.startswith("."):
+            raise TypeError(f"data source {name!r}: suffix {suffix!r} must start with '.', e.g. '.tar'")
+        owner = next((other for other, source in _SOURCES.items() if suffix in source.suffixes), None)
+        if owner is not None:
+            raise ValueError(f"data source {name!r}: --dataset-type auto already picks {owner!r} for data "
+                             f"ending in {suffix!r}")
+
+
+def registered_dataset_types() -> Tuple[str, ...]:
+    """The values --dataset-type accepts: every registered source, then "auto"."""
+    return (*sorted(_SOURCES), AUTO)
+
+
+def dataset_type_help() -> str:
+    """--dataset-type's help, from what each registered source declares."""
+    sources = "; ".join(f"{name}: {_SOURCES[name].description}" for name in sorted(_SOURCES))
+    return f"{sources}; auto (the default): by the data's ending, {_auto_suffixes()}."
+
+
+def get_data_source(name: str) -> DataSource:
+    if name not in _SOURCES:
+        raise ValueError(f"dataset_type {name!r} is not supported; choose one of {registered_dataset_types()}")
+    return _SOURCES[name]()
+
+
+def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
+    """The source that reads `data` (--train-data or --val-data): `dataset_type` itself, or for "auto"
+    the source declaring the suffix the data ends in."""
+    if dataset_type != AUTO and not get_data_source(dataset_type).reads_data:
+        return dataset_type
+    if data is None:
+        own_samples = ", ".join(name for name in sorted(_SOURCES) if not _SOURCES[name].reads_data)
+        raise ValueError(f"no data given: pass --train-data/--val-data, or a --dataset-type that makes its own "
+                         f"samples ({own_samples})")
+    if dataset_type != AUTO:
+        return dataset_type
+    for name, source in _SOURCES.items():
+        if data.endswith(source.suffixes):
+            return name
+    readers = ", ".join(name for name in sorted(_SOURCES) if _SOURCES[name].reads_data)
+    raise ValueError(f"cannot infer the dataset type of {data!r}: --dataset-type auto picks {_auto_suffixes()}; "
+                     f"pass --dataset-type {readers}")
+
+
+def _auto_suffixes() -> str:
+    """"webdataset for .tar, csv for .csv/.tsv"."""
+    return ", ".join(f"{name} for {'/'.join(_SOURCES[name].suffixes)}" for name in sorted(_SOURCES)
+                     if _SOURCES[name].suffixes)

@@ -1,0 +1,82 @@
+"""Webdataset shards (`--dataset-type webdataset`, or `auto` for data ending in .tar): brace-expanded
+tar URLs, several sources joined by `::`, read by `ShardStream`."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from open_clip_train.data import SharedEpoch, expand_urls
+
+from ..config import DataConfig
+from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
+from ..registry import DataSource, register_data_source
+from ..shards import check_shards, declared_dataset_size
+from ..stream import ShardStream
+
+_SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE
+
+logger = logging.getLogger(__name__)
+
+
+@register_data_source("webdataset")
+class WebdatasetShards(DataSource):
+    description = "webdataset tar shards (img2dataset layout), several sources joined by '::'"
+    suffixes = (".tar",)
+
+    def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
+        urls, weights = _train_urls(cfg)
+        dataset_size = declared_dataset_size(urls)
+        num_samples = cfg.train_num_samples or dataset_size
+        if not num_samples:
+            raise ValueError(f"no sizes.json next to the shards of {cfg.train_data!r}: pass train_num_samples "
+                             "(--train-num-samples) with the number of training samples")
+        num_readers = max(1, cfg.workers)
+        num_batches = batches_per_epoch(num_samples, cfg.batch_size * cfg.world_size, num_readers)
+        if cfg.batch_size % cfg.group_size:
+            logger.warning(f"batch size {cfg.batch_size} is not a multiple of --train-group-size {cfg.group_size}: "
+                           "batch boundaries cut some groups in two")
+        check_skip(cfg.skip_batches, num_batches)
+        # OpenCLIP's 5000-sample buffer is half an img2dataset shard of 10000; keep that ratio.
+        shuffle_size = max(1, min(_SHUFFLE_SIZE, (dataset_size or num_samples) // len(urls) // 2))
+        stream = ShardStream(
+            urls=tuple(urls),
+            weights=None if weights is None else tuple(weights),
+            cfg=cfg,
+            preprocess=preprocess,
+            tokenizer=tokenizer,
+            shared_epoch=SharedEpoch(epoch),
+            start_epoch=epoch,
+            batches_per_reader=num_batches // num_readers,
+            shuffle_size=shuffle_size,
+        )
+        return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+
+    def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
+        urls, _ = expand_urls(cfg.val_data)
+        check_shards(urls, "val_data (--val-data)")
+        num_samples = cfg.val_num_samples or declared_dataset_size(urls) or 0
+        stream = ShardStream(
+            urls=tuple(urls), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
+            shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None, shuffle_size=0,
+        )
+        return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
+
+
+def _train_urls(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
+    """Expanded training shards and per-shard weights, checked against the sources and readers."""
+    factors = cfg.train_data_upsampling_factors
+    if factors is not None:
+        if not cfg.dataset_resampled:
+            raise ValueError("train_data_upsampling_factors (--train-data-upsampling-factors) needs "
+                             "dataset_resampled (--dataset-resampled), as in OpenCLIP")
+        num_sources, num_factors = len(cfg.train_data.split("::")), len(factors.split("::"))
+        if num_sources != num_factors:
+            raise ValueError(f"{num_factors} upsampling factors for {num_sources} '::'-separated train_data sources")
+    urls, weights = expand_urls(cfg.train_data, factors)
+    check_shards(urls, "train_data (--train-data)")
+    num_readers = max(1, cfg.workers) * cfg.world_size
+    if not cfg.dataset_resampled and len(urls) < num_readers:
+        raise ValueError(f"{len(urls)} shards cannot be split over world_size x workers = "
+                         f"{cfg.world_size} x {max(1, cfg.workers)} readers: use fewer workers, more shards, "
+                         "or dataset_resampled (--dataset-resampled)")
+    return urls, weights

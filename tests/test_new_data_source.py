@@ -1,0 +1,98 @@
+"""A new data source is one module: this file declares one that reads a small format of its own
+(`.pairs`: one "r,g,b<TAB>caption" line per sample, a solid-colour image), registers it and trains
+and validates on it through `training.main`, with no edit anywhere else. It becomes a value of
+`--dataset-type` (in --help and params.txt), `auto` picks it by its suffix, and the run reads
+exactly its samples."""
+from collections import Counter
+
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from training.data import DataSource, register_data_source, registry, resolve_dataset_type
+from training.data.loader import indexed_data
+from training.logger import read_metrics
+from training.main import main
+from training.params import build_parser
+
+NAME = "pairs"
+SERVED = []  # sample indices the training loader's dataset handed out, in order (workers=0: this process)
+
+
+class PairsFile(Dataset):
+    """The lines of a .pairs file; item i is (preprocessed solid-colour image, caption, i)."""
+
+    def __init__(self, path, preprocess, *, record):
+        with open(path) as f:
+            self.lines = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        self.preprocess = preprocess
+        self.record = record
+
+    def __len__(self):
+        return len(self.lines)
+
+    def __getitem__(self, index):
+        rgb, caption = self.lines[index]
+        if self.record:
+            SERVED.append(index)
+        image = Image.new("RGB", (32, 32), tuple(int(channel) for channel in rgb.split(",")))
+        return self.preprocess(image), caption, index
+
+
+class Pairs(DataSource):
+    description = "a .pairs file: one 'r,g,b<TAB>caption' line per solid-colour image"
+    suffixes = (".pairs",)
+
+    def train_data(self, cfg, preprocess, tokenizer, epoch):
+        return indexed_data(PairsFile(cfg.train_data, preprocess, record=True), cfg, tokenizer, epoch, train=True,
+                            source=NAME)
+
+    def val_data(self, cfg, preprocess, tokenizer):
+        return indexed_data(PairsFile(cfg.val_data, preprocess, record=False), cfg, tokenizer, 0, train=False,
+                            source=NAME)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The source registered with the real decorator, in a copy of the registry this test throws away."""
+    monkeypatch.setattr(registry, "_SOURCES", dict(registry._SOURCES))
+    register_data_source(NAME)(Pairs)
+    SERVED.clear()
+
+
+def write_pairs(path, count):
+    colours = [(255 * (i % 2), 255 * (i // 2 % 2), 255 * (i // 4 % 2)) for i in range(count)]
+    path.write_text("".join(f"{r},{g},{b}\tsolid colour number {i}\n" for i, (r, g, b) in enumerate(colours)))
+    return path
+
+
+def test_a_data_source_declared_in_one_file_trains_through_the_trainer(registered, tmp_path):
+    help_text = " ".join(build_parser().format_help().split())
+    assert "{csv,pairs,synthetic,webdataset,auto}" in help_text and Pairs.description in help_text
+    train, val = write_pairs(tmp_path / "train.pairs", 24), write_pairs(tmp_path / "val.pairs", 10)
+    summary = main(["--dataset-type", NAME, "--train-data", str(train), "--val-data", str(val), "--model",
+                    "adacl-tiny", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--warmup", "1",
+                    "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pairs"])
+    run = tmp_path / "pairs"
+    assert f"dataset_type: {NAME}" in (run / "params.txt").read_text()
+    # The epoch's size is the file's: 24 lines, batches of 8, two epochs; each line read once per epoch.
+    assert summary.step == 6 and [r["num_steps"] for r in read_metrics(run / "metrics.jsonl", "epoch")] == [3, 3]
+    assert Counter(SERVED) == {index: 2 for index in range(24)}
+    assert sorted(SERVED[:24]) == list(range(24)) and SERVED[:24] != SERVED[24:]  # reshuffled per epoch
+    # Validation read the val file: all of its 10 lines (the last batch partial).
+    assert [r["val/num_samples"] for r in read_metrics(run / "metrics.jsonl", "val")] == [10, 10]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(run / "metrics.jsonl", "train"))
+
+
+def test_auto_picks_it_by_its_suffix_and_suffixes_stay_unambiguous(registered):
+    assert resolve_dataset_type("auto", "data/train.pairs") == NAME
+    assert resolve_dataset_type("auto", "data/shard-{000000..000003}.tar") == "webdataset"
+
+    class Shards(Pairs):
+        suffixes = (".tar",)
+
+    with pytest.raises(ValueError, match="auto already picks 'webdataset' for data ending in '.tar'"):
+        register_data_source("more-shards")(Shards)
+    with pytest.raises(ValueError, match="'pairs' is already registered"):
+        register_data_source(NAME)(Pairs)
