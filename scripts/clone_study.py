@@ -75,7 +75,8 @@ def endpoint_argv(name: str) -> List[str]:
 
 def write_scenes(data_dir: Path, combinations: str) -> None:
     """The demo data of QUICK's sizes with the given colour-shape combinations (written once)."""
-    from synthetic_scenes.scenes import SceneConfig, write_demo_dataset
+    from synthetic_scenes.scenes import SceneConfig
+    from synthetic_scenes.writers import write_demo_dataset
 
     if (data_dir / "manifest.json").is_file():
         manifest = json.loads((data_dir / "manifest.json").read_text())

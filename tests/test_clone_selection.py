@@ -53,7 +53,7 @@ def test_margin_per_edit_type_and_pooled_in_cosine_units_logits_and_lower_tail()
 
 
 def write_clone_shards(data_dir, samples, per_shard=2):
-    """`<key>.png` + `<key>.json` {"caption", "clones"} samples in data_dir/<n>.tar, like synthetic_scenes.scenes."""
+    """`<key>.png` + `<key>.json` {"caption", "clones"} samples in data_dir/<n>.tar, like synthetic_scenes.writers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(samples), per_shard):
         with wds.TarWriter(str(data_dir / f"{start // per_shard:06d}.tar")) as sink:

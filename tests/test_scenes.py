@@ -6,17 +6,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import webdataset as wds
-from clip_benchmark.datasets.builder import build_dataset
 from open_clip.tokenizer import SimpleTokenizer
-from torchvision.transforms import ToTensor
 
+from synthetic_scenes.captions import (COARSE_COLORS, caption, family_duplicate_rate, paraphrases, pseudo_caption,
+                                       word_edit_distance)
 from synthetic_scenes.cli import main
-from synthetic_scenes.scenes import (BENCHMARK_DATASETS, COARSE_COLORS, COLORS, EDIT_TYPES, OPPOSITE_RELATION,
-                                     RELATIONS, SHAPES, SIZES, Description, ObjectSpec, PlacedObject, SceneConfig,
-                                     caption, could_hold, edit_caption, edit_description, family_duplicate_rate,
-                                     family_edit, holds, paraphrases, pseudo_caption, render, sample_family,
-                                     sample_scene, word_edit_distance, write_demo_dataset,
-                                     combination_allowed)
+from synthetic_scenes.edits import EDIT_TYPES, edit_caption, edit_description, family_edit, sample_family
+from synthetic_scenes.rendering import render
+from synthetic_scenes.scenes import (COLORS, OPPOSITE_RELATION, RELATIONS, SHAPES, SIZES, Description, ObjectSpec,
+                                     PlacedObject, SceneConfig, combination_allowed, could_hold, holds, sample_scene)
+from synthetic_scenes.writers import BENCHMARK_DATASETS, write_demo_dataset
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")

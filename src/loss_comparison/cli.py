@@ -19,7 +19,7 @@ the same way, and the numbers go into one Markdown report with a plot and a per-
     python -m loss_comparison --report-only --output-dir runs/cc3m --results-md cc3m.md
 
 Steps:
-1. Demo data (`synthetic_scenes.scenes.write_demo_dataset`) with a fixed data seed, written once
+1. Demo data (`synthetic_scenes.writers.write_demo_dataset`) with a fixed data seed, written once
    into --data-dir and reused while its manifest matches the budget (`data`).
 2. For every (loss variant, seed) one job, run as its own process (`--jobs` at a time, each with
    an equal share of the CPU threads; its output goes to <output-dir>/logs/<run>.log). A job

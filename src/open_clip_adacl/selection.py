@@ -47,8 +47,8 @@ _LOW_MASK = _RADIX - 1
 # Elements per chunk; on the CPU per thread, since each op splits its chunk between the threads.
 # Chunks should be few, since every op on a chunk costs a dispatch and, with several threads, a
 # fork-join; within a chunk the ops reuse chunk-sized scratch buffers (`ChunkScratch`), which stay
-# in the last-level cache. 2^20 per thread (4 MiB of float32) measured best on an AMD EPYC with 1
-# and 2 threads, 2^18-2^21 within a few percent. On a GPU bigger chunks only bound the temporaries.
+# in the last-level cache. 2^20 per thread (4 MiB of float32) is the middle of a flat optimum
+# (sizes tried: docs/THROUGHPUT.md). On a GPU bigger chunks only bound the temporaries.
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 24}
 _NO_ROW = torch.iinfo(torch.int64).max
 _INT32_MIN = torch.iinfo(torch.int32).min
@@ -59,10 +59,8 @@ def one_cpu_thread(device: torch.device) -> Iterator[None]:
     """On the CPU, run the block on one thread (torch's intra-op threads restored after it).
 
     For the selection's passes: integer and comparison ops that memory traffic bounds, so a second
-    thread gains little (with 2 threads on an idle 2-core AMD EPYC: 28 instead of 37 ms per
-    direction at N = 4096, within the noise of a training step), while every op costs a fork-join
-    that waits for any thread another process has preempted (with one core busy: AdaCL's step 1.28x
-    ClipLoss's with the selection on 2 threads, 1.12x on one).
+    thread gains little, while every op costs a fork-join that waits for any thread another process
+    has preempted; on a shared machine one thread is the faster choice (measured: docs/THROUGHPUT.md).
     """
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1:
@@ -147,9 +145,8 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     The log-sum-exp over the negatives is the loss's denominator without the positive (the loss
     adds its modulated positive to it); the max doubles as the `max` salient score's term. Runs on
     one CPU thread, as the selection (`one_cpu_thread`), with the same results: its chunked ops are
-    many short parallel regions, and with 2 threads on a 2-core machine that other jobs load, each
-    waits for a preempted thread (AdaCL's step 1.50x ClipLoss's with this pass on 2 threads, 1.18x
-    on one, load average 10, N = 4096, 7 interleaved rounds).
+    many short parallel regions, and when other jobs load the cores each waits for a preempted
+    thread (measured: docs/THROUGHPUT.md).
     """
     with one_cpu_thread(logits.device):
         return _summarize_rows(logits, positive_col, with_mean)
@@ -235,7 +232,7 @@ def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: 
 # those bins. An entry whose gap is not finite (a non-finite logit, or an overflow) has these bits
 # already, so it is never a candidate whatever its GDA test says. Sign and mantissa are left as
 # they were so that these keys spread over the 256 bins: a histogram that increments one counter
-# over and over stalls on the store-to-load dependency (2-3x slower on CPUs).
+# over and over stalls on the store-to-load dependency on CPUs.
 NOT_CANDIDATE_BITS = 0x7F800000
 _NOT_CANDIDATE_BINS = (slice(_HALF - 128, _HALF), slice(_RADIX - 128, _RADIX))  # `_high_histogram` indices
 
@@ -285,7 +282,7 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
 
     An interval's margin min(x - lo, hi - x) has its sign bit clear exactly when x is inside (see
     `candidate_bounds`), and so does the max of the intervals' margins for their union. Arithmetic
-    and one shift instead of comparisons and `torch.where`, several times slower on CPUs.
+    and one shift instead of comparisons and `torch.where`, which cost more on CPUs.
     """
     if not bounds:
         out.fill_(NOT_CANDIDATE_BITS)

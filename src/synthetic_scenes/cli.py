@@ -5,12 +5,12 @@
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
 (txt), a paraphrase (txt_alt) and a generic pseudo caption (txt_pseudo).
-The layout is in `synthetic_scenes.scenes`; see docs/data.md.
+The layout is in `synthetic_scenes.writers`; see docs/data.md.
 """
 import argparse
 import json
 
-from .scenes import write_demo_dataset
+from .writers import write_demo_dataset
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """How many of a batch's negatives are siblings: measured on the real training batch stream.
 
-Data written in families (e.g. `synthetic_scenes.scenes`' one-edit siblings) stores a family id in each
+Data written in families (e.g. the one-edit siblings of `synthetic_scenes.edits`) stores a family id in each
 sample's json (`"family": 123`). A row's *siblings* are the other rows of its batch from the same
 family: for a contrastive loss they are the hardest negatives (clone negatives). The shuffle
 buffer scatters families unless the trainer keeps runs of consecutive samples together

@@ -1,12 +1,14 @@
 """Console/file logging and the metrics record (`<logs>/<name>/metrics.jsonl`, optional tensorboard).
 
 metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoch":
-- kind "train": a logged training step: loss, lr, logit_scale, samples_per_second,
-  samples_per_second_per_gpu, data_time, batch_time, num_nonfinite_steps, and the loss's own
-  diagnostics as "stats/<name>" (floats; logged, never part of the loss);
-- kind "epoch": an epoch summary: loss (mean over the epoch's finite steps), num_steps,
-  num_nonfinite_steps, seconds, "skipped/<reason>" counts per skip reason, and their totals
-  skipped_shard_visits (shard visits cut short: unreadable_shard, bad_tar) and skipped_samples;
+- kind "train": a logged training step (every --log-every-n-steps steps of an epoch, and its last):
+  loss, lr, logit_scale, samples_per_second, samples_per_second_per_gpu, data_time, batch_time,
+  num_nonfinite_steps, and the loss's own diagnostics as "stats/<name>" (floats; logged, never
+  part of the loss);
+- kind "epoch": a completed epoch's summary (an epoch cut short by preemption writes none): loss
+  (mean over the epoch's finite steps), num_steps, num_nonfinite_steps, seconds,
+  "skipped/<reason>" counts per skip reason, and their totals skipped_shard_visits (shard visits
+  cut short: unreadable_shard, bad_tar) and skipped_samples;
 - kind "val": validation / zero-shot metrics after an epoch.
 
 Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:

@@ -1,0 +1,108 @@
+"""The captions of a scene: the gold caption and its paraphrases, a generic pseudo caption, and how
+alike a training split's captions are.
+
+The gold caption names every object and the relation (`caption`); `paraphrases` are two other true
+captions. Each sample also carries a *pseudo* caption from a generic captioner (`pseudo_caption`),
+for the paper's pseudo-caption regime: siblings that differ in a size, the relation or a colour's
+shade share it exactly. `caption_likeness` measures this for the manifest (docs/data.md).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .scenes import OPPOSITE_RELATION, Description, Scene
+
+# The pseudo captioner's coarse colour words: neighbours on the colour wheel share one.
+COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "green": "greenish",
+                 "cyan": "greenish", "blue": "bluish", "purple": "bluish"}
+PSEUDO_CAPTION_KEY = "txt_pseudo"  # tar member / --caption-key field of the pseudo caption
+CAPTION_KEYS = ("txt", "txt_alt", PSEUDO_CAPTION_KEY)
+
+
+def caption(description: Description) -> str:
+    """The canonical caption: "a large red circle to the left of a small blue square[ and a ...]"."""
+    first, second, *rest = description.objects
+    text = f"{first.phrase()} {description.relation} {second.phrase()}"
+    return text + "".join(f" and {spec.phrase()}" for spec in rest)
+
+
+def paraphrases(description: Description) -> tuple[str, str]:
+    """Two other true captions: the converse ("B [and C] to the right of A") and "there is ..."."""
+    first, *others = description.objects
+    subjects = " and ".join(spec.phrase() for spec in others)
+    converse = f"{subjects} {OPPOSITE_RELATION[description.relation]} {first.phrase()}"
+    return converse, "there is " + caption(description)
+
+
+def pseudo_caption(description: Description) -> str:
+    """A generic captioner's caption, one rule for every image: each object by its coarse colour
+    (COARSE_COLORS) and its shape, joined by "and": "a reddish circle and a bluish square".
+
+    True of the image but generic, like the pseudo captions of the paper's weakly supervised regime:
+    it never names a size, the relation or a colour's shade, so one-edit siblings that differ only
+    in those share their caption exactly (clone negatives that are also false negatives). The
+    manifest measures how alike it makes a family's captions (`caption_likeness`; docs/data.md).
+    """
+    return " and ".join(f"a {COARSE_COLORS[spec.color]} {spec.shape}" for spec in description.objects)
+
+
+# ---------------------------------------------------------------------------------------------
+# How alike the captions of a split and of its families are
+
+
+def family_duplicate_rate(families: Iterable[Sequence[str]]) -> float:
+    """The fraction of within-family caption pairs that are exactly equal (false negatives in a batch).
+
+    families: each family's captions, one per member. 0.0 when no family has two members.
+    """
+    equal = pairs = 0
+    for captions in families:
+        counts = Counter(captions)
+        equal += sum(n * (n - 1) // 2 for n in counts.values())
+        pairs += len(captions) * (len(captions) - 1) // 2
+    return equal / pairs if pairs else 0.0
+
+
+def word_edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance between two captions counted in words (insert, delete, substitute)."""
+    words_a, words_b = a.split(), b.split()
+    previous = list(range(len(words_b) + 1))
+    for i, word_a in enumerate(words_a, 1):
+        current = [i]
+        for j, word_b in enumerate(words_b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word_a != word_b)))
+        previous = current
+    return previous[-1]
+
+
+def caption_likeness(scenes: Sequence[tuple[int, str | None, Scene]]) -> dict[str, dict[str, float]]:
+    """How alike the training captions are, per caption field (gold `txt`, `txt_pseudo`), for the manifest:
+
+    shared_in_split: the fraction of images whose caption is exactly another image's caption;
+    shared_in_family: ... another image of its own family (a duplicate inside one training batch);
+    family_duplicate_pairs: `family_duplicate_rate`, the fraction of within-family pairs that are equal;
+    sibling_word_distance: the mean `word_edit_distance` between each sibling's caption and its base's;
+    sibling_within_one_word: the fraction of siblings whose caption is at most one word from the base's.
+    """
+    likeness = {}
+    for key, captioner in (("txt", caption), (PSEUDO_CAPTION_KEY, pseudo_caption)):
+        texts = [captioner(scene.description) for _, _, scene in scenes]
+        families = [family for family, _, _ in scenes]
+        in_split = Counter(texts)
+        in_family = Counter(zip(families, texts))
+        by_family: dict[int, list[str]] = {}
+        for family, text in zip(families, texts):
+            by_family.setdefault(family, []).append(text)
+        distances = [word_edit_distance(by_family[family][0], text)
+                     for (family, edit, _), text in zip(scenes, texts) if edit is not None]
+        likeness[key] = {
+            "shared_in_split": float(np.mean([in_split[text] > 1 for text in texts])),
+            "shared_in_family": float(np.mean([in_family[pair] > 1 for pair in zip(families, texts)])),
+            "family_duplicate_pairs": family_duplicate_rate(by_family.values()),
+            "sibling_word_distance": float(np.mean(distances)) if distances else 0.0,
+            "sibling_within_one_word": float(np.mean([d <= 1 for d in distances])) if distances else 0.0,
+        }
+    return likeness
