@@ -3,8 +3,8 @@ alike a training split's captions are.
 
 The gold caption names every object and the relation (`caption`); `paraphrases` are two other true
 captions. Each sample also carries a *pseudo* caption from a generic captioner (`pseudo_caption`),
-for the paper's pseudo-caption regime: siblings that differ in a size, the relation or a colour's
-shade share it exactly. `caption_likeness` measures this for the manifest (docs/data.md).
+for the paper's pseudo-caption regime: siblings that differ in a size or the relation share it
+exactly. `caption_likeness` measures this for the manifest (docs/data.md).
 """
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import numpy as np
 
 from .scenes import OPPOSITE_RELATION, Description, Scene
 
-# The pseudo captioner's coarse colour words: neighbours on the colour wheel share one.
-COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "green": "greenish",
-                 "cyan": "greenish", "blue": "bluish", "purple": "bluish"}
 PSEUDO_CAPTION_KEY = "txt_pseudo"  # tar member / --caption-key field of the pseudo caption
 CAPTION_KEYS = ("txt", "txt_alt", PSEUDO_CAPTION_KEY)
 
@@ -38,15 +35,17 @@ def paraphrases(description: Description) -> tuple[str, str]:
 
 
 def pseudo_caption(description: Description) -> str:
-    """A generic captioner's caption, one rule for every image: each object by its coarse colour
-    (COARSE_COLORS) and its shape, joined by "and": "a reddish circle and a bluish square".
+    """A generic captioner's caption, one rule for every image: each object by its colour and its
+    shape, joined by "and": "a red circle and an orange square".
 
     True of the image but generic, like the pseudo captions of the paper's weakly supervised regime:
-    it never names a size, the relation or a colour's shade, so one-edit siblings that differ only
-    in those share their caption exactly (clone negatives that are also false negatives). The
-    manifest measures how alike it makes a family's captions (`caption_likeness`; docs/data.md).
+    it never names a size or the relation, so one-edit siblings that differ only in those share their
+    caption exactly (clone negatives that are also false negatives). Its words are the gold
+    captions' own, so a model trained on it can be evaluated on gold captions. The manifest measures
+    how alike it makes a family's captions (`caption_likeness`; docs/data.md).
     """
-    return " and ".join(f"a {COARSE_COLORS[spec.color]} {spec.shape}" for spec in description.objects)
+    return " and ".join(f"{'an' if spec.color[0] in 'aeiou' else 'a'} {spec.color} {spec.shape}"
+                        for spec in description.objects)
 
 
 # ---------------------------------------------------------------------------------------------
