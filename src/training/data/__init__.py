@@ -61,16 +61,18 @@ missing local shards and DataError when no shard opens as a tar.
 
 Modules: `config` (DataConfig, skip reasons, DataError), `loader` (build_train_data,
 build_val_data), `stream` (ShardStream, the per-reader stream), `shards` (reading and checking tar
-shards), `csv_rows`, `synthetic`, and `samples` (skip counting, per-sample checks, seeding).
+shards), `position` (DataPosition, the checkpointed position), `csv_rows`, `synthetic`, and `samples`
+(skip counting, per-sample checks, seeding).
 """
 from .config import DATASET_TYPES, SKIP_REASONS, DataConfig, DataError, data_error_reason
 from .csv_rows import CsvRow, CsvStream, read_csv_rows
 from .loader import LoaderInfo, build_train_data, build_val_data
+from .position import DataPosition
 from .samples import SkipCounter
 from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .stream import ShardStream
 from .synthetic import SyntheticDataset
 
 __all__ = ["DATASET_TYPES", "IMAGE_EXTENSIONS", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig", "DataError",
-           "LoaderInfo", "ShardStream", "SkipCounter", "SyntheticDataset", "build_train_data", "build_val_data",
-           "data_error_reason", "read_csv_rows", "read_shard", "sample_index_of"]
+           "DataPosition", "LoaderInfo", "ShardStream", "SkipCounter", "SyntheticDataset", "build_train_data",
+           "build_val_data", "data_error_reason", "read_csv_rows", "read_shard", "sample_index_of"]
