@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from run_utils import losses_by_step
-from training.checkpoint import CHECKPOINT_FORMAT, EpochSums, TrainState, load_checkpoint
+from training.checkpoint import (CHECKPOINT_FORMAT, CheckpointConfig, Checkpointer, EpochSums, TrainState, load_checkpoint,
+                                 resume, run_components)
 from training.data import DataPosition
+from training.distributed import DistributedEnv
 from training.export import export
 from training.logger import read_metrics
 from training.main import main
@@ -103,3 +105,28 @@ def test_a_checkpoint_in_the_earlier_layout_exports_to_stock_open_clip(tmp_path)
     assert loaded.keys() == raw.keys()
     for key, value in raw.items():
         assert torch.equal(loaded[key], value), key
+
+
+def test_per_rank_components_of_another_world_size(tmp_path, caplog):
+    """Saved by 2 ranks, resumed on 1: the RNG streams start afresh (with a warning), the epoch sums
+    merge into rank 0 (skip counts summed), every other component loads as saved."""
+    def components(state):
+        model = torch.nn.Linear(2, 2)
+        return run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
+                              loss=torch.nn.Module(), state=state)
+
+    saved_state = TrainState(position=DataPosition(epoch=1, batches_in_epoch=4), step=12)
+    saved_state.epoch_sums.load_state_dict({"skip_counts": torch.tensor([2, 0]), "loss_sum": 6.0, "num_loss_steps": 4})
+    checkpointer = Checkpointer(CheckpointConfig(), checkpoint_dir=str(tmp_path), components=components(saved_state),
+                                env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
+    checkpoint = checkpointer.payload()
+    other_rank = {"skip_counts": torch.tensor([1, 3]), "loss_sum": 6.0, "num_loss_steps": 4}
+    checkpoint.update(world_size=2, rng=checkpoint["rng"] * 2, epoch_sums=checkpoint["epoch_sums"] + [other_rank])
+
+    state = TrainState()
+    with caplog.at_level(logging.INFO):
+        resume("step_12.pt", components(state), env=DistributedEnv(), checkpoint=checkpoint)
+    assert "step_12.pt holds rng states of 2 ranks, this run has 1; rng starts afresh on every rank" in caplog.text
+    assert state.rng.pending is None
+    assert torch.equal(state.epoch_sums.skip_counts, torch.tensor([3, 3])) and state.epoch_sums.loss_sum == 6.0
+    assert (state.position, state.step) == (DataPosition(epoch=1, batches_in_epoch=4), 12)
