@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from run_utils import losses_by_step
-from training.checkpoint import (CHECKPOINT_FORMAT, CheckpointConfig, Checkpointer, EpochSums, TrainState, load_checkpoint,
-                                 resume, run_components)
+from training.checkpoint import (CHECKPOINT_FORMAT, CheckpointConfig, Checkpointer, EpochSums, TrainState,
+                                 load_checkpoint, resume, run_components)
 from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.export import export
@@ -64,7 +64,8 @@ def test_a_checkpoint_in_the_earlier_layout_is_converted_on_load(caplog):
                                   "samples_per_schedule_step": old["samples_per_schedule_step"]}
     [sums] = converted["epoch_sums"]  # written by one rank
     assert torch.equal(sums["skip_counts"], old["skip_counts"])
-    assert (sums["loss_sum"], sums["num_loss_steps"]) == (old["loss_sum"], old["num_loss_steps"]) and old["loss_sum"] > 0
+    assert (sums["loss_sum"], sums["num_loss_steps"]) == (old["loss_sum"], old["num_loss_steps"])
+    assert old["loss_sum"] > 0
     for key in ("epoch", "step", "name", "args", "model_cfg", "preprocess_cfg", "world_size"):
         assert converted[key] == raw[key], key
     assert torch.equal(converted["rng"][0]["torch"], raw["rng"][0]["torch"])

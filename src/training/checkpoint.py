@@ -256,7 +256,7 @@ def converted_from_earlier_layout(checkpoint: Mapping[str, Any]) -> Dict[str, An
                           "samples_per_schedule_step": data.get("samples_per_schedule_step", 0)}
     if "skip_counts" in data:
         world_size = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1
-        rank0 = {"skip_counts": data["skip_counts"], "loss_sum": data["loss_sum"], "num_loss_steps": data["num_loss_steps"]}
+        rank0 = {key: data[key] for key in ("skip_counts", "loss_sum", "num_loss_steps")}
         others = {"skip_counts": torch.zeros_like(data["skip_counts"]), "loss_sum": 0.0, "num_loss_steps": 0}
         converted["epoch_sums"] = [rank0] + [dict(others) for _ in range(world_size - 1)]
     return converted

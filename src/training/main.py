@@ -484,7 +484,8 @@ def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: 
     if paths.checkpoint_dir is None:
         return None
     return Checkpointer(cfg, checkpoint_dir=paths.checkpoint_dir, components=components, env=env, name=paths.name,
-                        args=recorded, model_cfg=open_clip_model_config(model_cfg), preprocess_cfg=preprocess_config(bundle.model))
+                        args=recorded, model_cfg=open_clip_model_config(model_cfg),
+                        preprocess_cfg=preprocess_config(bundle.model))
 
 
 # ---------------------------------------------------------------------------------------------
