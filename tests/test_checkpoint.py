@@ -16,7 +16,7 @@ from open_clip_adacl.losses import ContrastiveLoss
 from run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
 from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
-                                 save_atomic)
+                                 run_components, save_atomic)
 from training.distributed import DistributedEnv
 from training.logger import read_metrics
 from training.main import main
@@ -101,20 +101,20 @@ def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(
     model.logit_scale = torch.nn.Parameter(torch.zeros(()))
     cfg = CheckpointConfig(save_frequency=2, save_most_recent=True, save_every_n_steps=3, delete_previous=True,
                            total_epochs=3)
-    checkpointer = Checkpointer(cfg, checkpoint_dir=str(tmp_path), model=model,
-                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
-                                loss=torch.nn.Module(), env=DistributedEnv(), name="n", args={"model": "m"},
-                                model_cfg={}, preprocess_cfg={})
     state = TrainState()
+    components = run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
+                                loss=torch.nn.Module(), state=state)
+    checkpointer = Checkpointer(cfg, checkpoint_dir=str(tmp_path), components=components, env=DistributedEnv(),
+                                name="n", args={"model": "m"}, model_cfg={}, preprocess_cfg={})
     state.start_epoch(num_skip_reasons=1)
     names = []
     for state.step in range(1, 10):  # 3 steps per epoch
-        state.batches_in_epoch = state.step % 3
-        if state.batches_in_epoch:
-            checkpointer.maybe_save_step(state)
+        state.position.batches_in_epoch = state.step % 3
+        if state.position.batches_in_epoch:
+            checkpointer.maybe_save_step()
         else:
             state.finish_epoch()
-            checkpointer.save_epoch(state)
+            checkpointer.save_epoch()
         names.append(sorted(p.name for p in tmp_path.iterdir()))
     # step_3: the end of epoch 1 (not saved every 2 epochs, but epoch_latest); step_6 with epoch_2.pt;
     # step_9 with epoch_3.pt (the last epoch always), each removing the previous step_N.pt and epoch_N.pt.

@@ -11,7 +11,8 @@ import torch
 
 from open_clip_adacl import create_loss
 from training import params
-from training.checkpoint import Checkpointer, TrainState
+from training.checkpoint import Checkpointer, TrainState, run_components
+from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.export import CONFIG_NAME, WEIGHTS_NAME, export
 from training.model import build_model, build_optimizer, open_clip_model_config, preprocess_config
@@ -41,14 +42,15 @@ def _write_checkpoint(tmp_path, argv):
         for p in bundle.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     loss = create_loss("clip")  # the loss only contributes its (empty) state here
+    state = TrainState(position=DataPosition(epoch=1), step=3)
+    components = run_components(model=bundle.model, optimizer=build_optimizer(bundle.model, cfg.optimizer),
+                                scaler=None, loss=loss, state=state)
     checkpointer = Checkpointer(
-        cfg.checkpoints, checkpoint_dir=str(tmp_path / "checkpoints"), model=bundle.model,
-        optimizer=build_optimizer(bundle.model, cfg.optimizer), scaler=None, loss=loss,
+        cfg.checkpoints, checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
         env=DistributedEnv(), name="export-test", args=dict(cfg.recorded_args),
         model_cfg=open_clip_model_config(cfg.model), preprocess_cfg=preprocess_config(bundle.model))
-    state = TrainState(epoch=1, step=3)
     state.start_epoch(num_skip_reasons=2)
-    [path] = checkpointer.save(["epoch_1.pt"], state)
+    [path] = checkpointer.save(["epoch_1.pt"])
     return path, bundle, args
 
 

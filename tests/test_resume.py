@@ -13,7 +13,8 @@ from run_utils import losses_by_step
 from training import checkpoint as ckpt
 from training import main as entry
 from training.checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState,
-                                 check_resume, load_checkpoint)
+                                 check_resume, load_checkpoint, run_components)
+from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.logger import read_metrics
 from training.main import main
@@ -177,10 +178,11 @@ def test_resume_path_into_its_own_run_rolls_back_and_keeps_the_newer_files(demo_
     assert params_txt.count("# launch at ") == 2 and "resumed from " in params_txt.split("# launch at ")[2]
 
 
-def tiny_checkpointer(tmp_path, **cfg):
+def tiny_checkpointer(tmp_path, state, **cfg):
     model = torch.nn.Linear(2, 2)
-    return Checkpointer(CheckpointConfig(**cfg), checkpoint_dir=str(tmp_path), model=model,
-                        optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None, loss=torch.nn.Module(),
+    components = run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
+                                loss=torch.nn.Module(), state=state)
+    return Checkpointer(CheckpointConfig(**cfg), checkpoint_dir=str(tmp_path), components=components,
                         env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
 
 
@@ -194,10 +196,10 @@ def test_a_failed_save_is_retried_once(tmp_path, monkeypatch, caplog):
         real_save(payload, path)
 
     monkeypatch.setattr(ckpt, "save_atomic", fails_once)
-    state = TrainState(epoch=1, step=8)
+    state = TrainState(position=DataPosition(epoch=1), step=8)
     state.start_epoch(num_skip_reasons=1)
     with caplog.at_level(logging.INFO):
-        assert tiny_checkpointer(tmp_path, total_epochs=1).save_epoch(state)
+        assert tiny_checkpointer(tmp_path, state, total_epochs=1).save_epoch()
     assert attempts == ["epoch_1.pt", "epoch_1.pt"] and load_checkpoint(tmp_path / "epoch_1.pt")["step"] == 8
     assert "retrying once" in caplog.text and "CHECKPOINT SAVE FAILED" not in caplog.text
 

@@ -179,7 +179,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes(tmp_path):
 
 def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
     result, state, optimizer_steps, loss_fn = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, accum_freq=2)
-    assert (result.num_steps, state.step, state.batches_in_epoch) == (3, 3, 6)
+    assert (result.num_steps, state.step, state.position.batches_in_epoch) == (3, 3, 6)
     # The loss ran twice per step (once per micro-batch) and its state moved once per step.
     assert loss_fn.committed == [0, 8, 16]
 

@@ -1,21 +1,24 @@
 """Checkpoints: atomic writes, OpenCLIP-compatible keys, and a one-call resume.
 
-A checkpoint is a dict saved with `torch.save` that `torch.load(..., weights_only=True)` reads (so
+A checkpoint holds the state_dict() of every stateful component of the run under the component's key
+(`run_components`), saved with `torch.save` so that `torch.load(..., weights_only=True)` reads it (so
 OpenCLIP's `--pretrained PATH` and clip-benchmark load `epoch_N.pt` directly):
 
 - OpenCLIP's keys: `epoch` (completed epochs), `name`, `state_dict` (the unwrapped model, no DDP
   'module.' prefix), `optimizer`, `scaler` (fp16 amp only);
-- `step`: training steps taken (optimizer updates plus skipped non-finite steps);
 - `loss`: the loss's `state_dict()` (per-sample state banks etc.; rank 0's copy, losses keep it
   identical on every rank);
-- `data`: the position in the data stream: {"epoch", "batches_in_epoch", "skip_counts",
-  "loss_sum", "num_loss_steps", "num_nonfinite_steps", "samples_seen", "samples_per_schedule_step"}
-  (the skip counts and loss sums let the epoch summary of a resumed epoch count what happened before
-  the interruption; the last two place the LR schedule by global samples trained);
-- `rng`: per-rank RNG states [{"torch", "cuda", "numpy", "python"}, ...] in rank order;
-- `world_size`: the number of ranks that wrote it;
-- `args`: every command-line argument (plain values), `model_cfg` / `preprocess_cfg`: the open_clip
-  configs `training.export` writes next to the weights.
+- `data`: the position in the data stream (`training.data.DataPosition`: epoch, batches_in_epoch);
+- `train`: the run's counters (`TrainState`: steps, non-finite steps, samples trained and the LR
+  schedule's unit, which places the schedule by global samples trained);
+- per-rank components, a list in rank order: `rng` (torch / CUDA / numpy / python RNG states) and
+  `epoch_sums` (the epoch's skip counts and loss sums so far, so that the summary of a resumed epoch
+  counts what happened before the interruption);
+- `step` (training steps taken: lists checkpoints without reading the components), `world_size` (the
+  ranks that wrote it), `args` (every command-line argument, plain values), `model_cfg` /
+  `preprocess_cfg` (the open_clip configs `training.export` writes next to the weights), and
+  `format` (CHECKPOINT_FORMAT). A checkpoint without `format` (the earlier layout, whose `data` entry
+  mixed the position with the counters and rank 0's sums, or OpenCLIP's) is converted on load.
 
 Files: `epoch_N.pt` (after epoch N), `epoch_latest.pt` (--save-most-recent), `step_N.pt`
 (--save-every-n-steps, and at a preemption; --keep-step-checkpoints K keeps the newest K) in
@@ -40,37 +43,96 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
 
-from .distributed import DistributedEnv, all_gather_object, all_reduce_sum, any_rank, unwrap_model
+from .data.position import DataPosition
+from .distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
 
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
 _CHECKPOINT_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
+CHECKPOINT_FORMAT = 2  # the layout above; checkpoints without a "format" key are converted on load
+
+
+@dataclass
+class EpochSums:
+    """This rank's running sums over the current epoch, for its summary (skip counts are summed over
+    ranks when the epoch ends). A per-rank checkpoint component."""
+
+    per_rank: ClassVar[bool] = True
+    skip_counts: Optional[torch.Tensor] = None
+    loss_sum: float = 0.0
+    num_loss_steps: int = 0
+
+    def reset(self, num_skip_reasons: int) -> None:
+        self.skip_counts = torch.zeros(num_skip_reasons, dtype=torch.long)
+        self.loss_sum, self.num_loss_steps = 0.0, 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"skip_counts": self.skip_counts, "loss_sum": self.loss_sum, "num_loss_steps": self.num_loss_steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.skip_counts = state["skip_counts"]
+        self.loss_sum, self.num_loss_steps = float(state["loss_sum"]), int(state["num_loss_steps"])
+
+    @staticmethod
+    def merge_rank_states(states: List[Mapping[str, Any]]) -> Dict[str, Any]:
+        """The sums of another world size's ranks, for rank 0 to carry: skip counts summed over ranks (as
+        the epoch summary sums them), the loss sums of the old rank 0 (the rank that logs the summary)."""
+        counts = [state["skip_counts"] for state in states if state["skip_counts"] is not None]
+        return {**states[0], "skip_counts": torch.stack(counts).sum(0) if counts else None}
+
+
+class RandomStreams:
+    """This process's torch / CUDA / numpy / python RNG states, a per-rank checkpoint component. A loaded
+    state waits until `restore_pending()`: the trainer restores it right before the next batch is drawn,
+    since restoring earlier would let setup work consume random numbers."""
+
+    per_rank: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.pending: Optional[Dict[str, Any]] = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.pending = dict(state)
+
+    def restore_pending(self) -> None:
+        if self.pending is not None:
+            restore_rng_state(self.pending)
+            self.pending = None
 
 
 @dataclass
 class TrainState:
-    """Progress through training: what a checkpoint records and a resume restores."""
+    """Progress through training: the data position, the run's counters (this object's own state_dict),
+    this rank's epoch sums and RNG streams; each is a checkpoint component (`run_components`)."""
 
-    epoch: int = 0                     # completed epochs (OpenCLIP's checkpoint "epoch")
+    position: DataPosition = field(default_factory=DataPosition)
     step: int = 0                      # training steps taken, skipped non-finite steps included
-    batches_in_epoch: int = 0          # batches of epoch `epoch` already consumed
     num_nonfinite_steps: int = 0       # steps skipped for a non-finite loss, whole run
     consecutive_nonfinite_steps: int = 0
-    # Running sums for the current epoch's summary (this rank's; skip counts are summed over ranks
-    # when the epoch ends).
-    skip_counts: Optional[torch.Tensor] = None
-    loss_sum: float = 0.0
-    num_loss_steps: int = 0
-    rng: Optional[List[Dict[str, Any]]] = field(default=None, repr=False)  # per-rank RNG to restore
     # The LR schedule's position is samples_seen / samples_per_schedule_step: OpenCLIP's step-based
     # schedule in units of the global batch the run started with, so a resume with another world size
     # or batch size continues it from the samples trained rather than from a recomputed step.
     samples_seen: int = 0                 # global samples of all steps taken
     samples_per_schedule_step: int = 0    # 0 until the trainer sets it (the first launch's global batch)
+    epoch_sums: EpochSums = field(default_factory=EpochSums)
+    rng: RandomStreams = field(default_factory=RandomStreams, repr=False)
+
+    _COUNTERS: ClassVar[tuple] = ("step", "num_nonfinite_steps", "consecutive_nonfinite_steps", "samples_seen",
+                                  "samples_per_schedule_step")
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._COUNTERS}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in self._COUNTERS:
+            setattr(self, name, int(state[name]))
 
     @property
     def schedule_position(self) -> float:
@@ -78,13 +140,26 @@ class TrainState:
 
     def start_epoch(self, num_skip_reasons: int) -> None:
         """Reset the epoch's running sums unless resuming inside this epoch."""
-        if self.batches_in_epoch == 0 or self.skip_counts is None:
-            self.skip_counts = torch.zeros(num_skip_reasons, dtype=torch.long)
-            self.loss_sum, self.num_loss_steps = 0.0, 0
+        if self.position.batches_in_epoch == 0 or self.epoch_sums.skip_counts is None:
+            self.epoch_sums.reset(num_skip_reasons)
 
     def finish_epoch(self) -> None:
-        self.epoch += 1
-        self.batches_in_epoch = 0
+        self.position.next_epoch()
+
+
+def run_components(*, model, optimizer, scaler, loss, state: TrainState) -> Dict[str, Any]:
+    """Every stateful object of the run by its checkpoint key (OpenCLIP's for model, optimizer and scaler):
+    what the Checkpointer saves and `resume` restores. `model` may be wrapped (DDP, torch.compile)."""
+    components = {"state_dict": unwrap_model(model), "optimizer": optimizer, "loss": loss, "data": state.position,
+                  "train": state, "epoch_sums": state.epoch_sums, "rng": state.rng}
+    if scaler is not None:
+        components["scaler"] = scaler
+    return components
+
+
+def is_per_rank(component) -> bool:
+    """Whether each rank's copy is saved (a list in rank order) rather than rank 0's alone."""
+    return getattr(component, "per_rank", False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +230,36 @@ def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
 
 
 def load_checkpoint(path: os.PathLike) -> Dict[str, Any]:
-    """Read a checkpoint on the CPU (weights_only: no arbitrary code runs on load)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Read a checkpoint on the CPU (weights_only: no arbitrary code runs on load), in today's layout: one
+    of the earlier layout (no "format" key) is converted; a bare state dict is returned as it is."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if "state_dict" in checkpoint and "format" not in checkpoint:
+        checkpoint = converted_from_earlier_layout(checkpoint)
+        logging.info(f"{path} is in the earlier checkpoint layout (written before components were saved by name, "
+                     "or by OpenCLIP); converted on load")
+    return checkpoint
+
+
+def converted_from_earlier_layout(checkpoint: Mapping[str, Any]) -> Dict[str, Any]:
+    """A checkpoint without "format" in today's layout. Its `data` held the position, the run's counters and
+    the epoch's sums (skip counts summed over ranks, rank 0's loss sums; rank 0 carries them, the other
+    ranks start from zero, as that layout's resume did); OpenCLIP's has no `data` (at an epoch boundary),
+    and a DDP-wrapped model's 'module.' prefix where it saved without unwrapping."""
+    data = checkpoint.get("data") or {}
+    converted = {key: value for key, value in checkpoint.items() if key != "data"}
+    converted["format"] = CHECKPOINT_FORMAT
+    converted["state_dict"] = {key.removeprefix("module."): value for key, value in checkpoint["state_dict"].items()}
+    converted["data"] = {"epoch": data.get("epoch", checkpoint.get("epoch", 0)),
+                         "batches_in_epoch": data.get("batches_in_epoch", 0)}
+    converted["train"] = {"step": checkpoint.get("step", 0), "num_nonfinite_steps": data.get("num_nonfinite_steps", 0),
+                          "consecutive_nonfinite_steps": 0, "samples_seen": data.get("samples_seen", 0),
+                          "samples_per_schedule_step": data.get("samples_per_schedule_step", 0)}
+    if "skip_counts" in data:
+        world_size = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1
+        rank0 = {key: data[key] for key in ("skip_counts", "loss_sum", "num_loss_steps")}
+        others = {"skip_counts": torch.zeros_like(data["skip_counts"]), "loss_sum": 0.0, "num_loss_steps": 0}
+        converted["epoch_sums"] = [rank0] + [dict(others) for _ in range(world_size - 1)]
+    return converted
 
 
 def step_checkpoint_number(path: Path) -> Optional[int]:
@@ -266,17 +369,17 @@ class CheckpointConfig:
 
 
 class Checkpointer:
-    """Saves every stateful object of the run through its state_dict (rank 0 writes; all ranks call)."""
+    """Saves every stateful component of the run through its state_dict (rank 0 writes; all ranks call)."""
 
-    def __init__(self, cfg: CheckpointConfig, *, checkpoint_dir: str, model, optimizer, scaler, loss,
+    def __init__(self, cfg: CheckpointConfig, *, checkpoint_dir: str, components: Mapping[str, Any],
                  env: DistributedEnv, name: str, args: Dict[str, Any], model_cfg: Dict[str, Any],
                  preprocess_cfg: Dict[str, Any]):
+        """`components`: the objects to save by checkpoint key (`run_components`); its "train", the
+        TrainState, also names the files (epoch and step)."""
         self.cfg = cfg
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.model = model
-        self.optimizer = optimizer
-        self.scaler = scaler
-        self.loss = loss
+        self.components = dict(components)
+        self.state: TrainState = components["train"]
         self.env = env
         self.metadata = {
             "name": name,
@@ -288,48 +391,32 @@ class Checkpointer:
         if env.is_master:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
 
-    def payload(self, state: TrainState) -> Dict[str, Any]:
+    def payload(self) -> Dict[str, Any]:
         """The checkpoint dict (collective: every rank must call it)."""
-        rng = all_gather_object(rng_state(), self.env)
-        skip_counts = all_reduce_sum(state.skip_counts.to(self.env.device), self.env).cpu()
-        payload = {
-            "epoch": state.epoch,
-            "name": self.metadata["name"],
-            "state_dict": unwrap_model(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": state.step,
-            "loss": self.loss.state_dict(),
-            "data": {
-                "epoch": state.epoch,
-                "batches_in_epoch": state.batches_in_epoch,
-                "skip_counts": skip_counts,
-                "loss_sum": state.loss_sum,
-                "num_loss_steps": state.num_loss_steps,
-                "num_nonfinite_steps": state.num_nonfinite_steps,
-                "samples_seen": state.samples_seen,
-                "samples_per_schedule_step": state.samples_per_schedule_step,
-            },
-            "rng": rng,
+        per_rank = {key: component for key, component in self.components.items() if is_per_rank(component)}
+        ranks = all_gather_object({key: component.state_dict() for key, component in per_rank.items()}, self.env)
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "epoch": self.state.position.epoch,
+            "step": self.state.step,
+            **{key: component.state_dict() for key, component in self.components.items() if key not in per_rank},
+            **{key: [rank[key] for rank in ranks] for key in per_rank},
             "world_size": self.env.world_size,
-            "args": self.metadata["args"],
-            "model_cfg": self.metadata["model_cfg"],
-            "preprocess_cfg": self.metadata["preprocess_cfg"],
+            **self.metadata,
         }
-        if self.scaler is not None:
-            payload["scaler"] = self.scaler.state_dict()
-        return payload
 
-    def save(self, filenames: List[str], state: TrainState) -> List[Path]:
+    def save(self, filenames: List[str]) -> List[Path]:
         """Write the checkpoint under each of `filenames` (rank 0); a failed write is retried once, then
         logged, not raised: the returned files are those written (all of them on other ranks)."""
-        payload = self.payload(state)
+        state = self.state
+        payload = self.payload()
         if not self.env.is_master:
             return [self.checkpoint_dir / filename for filename in filenames]
         written = []
         for filename in filenames:
             path = self.checkpoint_dir / filename
             if self._write_with_retry(payload, path):
-                logging.info(f"Saved checkpoint {path} (epoch {state.epoch}, step {state.step})")
+                logging.info(f"Saved checkpoint {path} (epoch {state.position.epoch}, step {state.step})")
                 written.append(path)
                 self.last_saved = path
         return written
@@ -347,48 +434,47 @@ class Checkpointer:
                               f"the previous checkpoint ({self.last_saved}) is intact.")
         return False
 
-    def _step_filenames(self, state: TrainState) -> List[str]:
-        every = self.cfg.save_every_n_steps
-        return [f"step_{state.step}.pt"] if every and state.step % every == 0 else []
+    def _step_filenames(self) -> List[str]:
+        every, step = self.cfg.save_every_n_steps, self.state.step
+        return [f"step_{step}.pt"] if every and step % every == 0 else []
 
-    def maybe_save_step(self, state: TrainState) -> None:
+    def maybe_save_step(self) -> None:
         """step_N.pt every --save-every-n-steps steps (collective: every rank calls it)."""
-        filenames = self._step_filenames(state)
+        filenames = self._step_filenames()
         if filenames:
-            self._save_and_prune(filenames, state)
+            self._save_and_prune(filenames)
 
-    def save_now(self, state: TrainState) -> Optional[Path]:
+    def save_now(self) -> Optional[Path]:
         """step_N.pt for this step whatever --save-every-n-steps says (a preemption); the file, or None when
         the write failed (collective; the result is rank 0's on every rank)."""
-        written = self._save_and_prune([f"step_{state.step}.pt"], state)
-        if any_rank(not written, self.env):
-            return None
-        return self.checkpoint_dir / f"step_{state.step}.pt"
+        path = self.checkpoint_dir / f"step_{self.state.step}.pt"
+        written = self._save_and_prune([path.name])
+        return None if any_rank(not written, self.env) else path
 
-    def save_epoch(self, state: TrainState) -> bool:
+    def save_epoch(self) -> bool:
         """After an epoch: epoch_N.pt (every --save-frequency epochs and after the last), epoch_latest.pt
         (--save-most-recent), as OpenCLIP, and step_N.pt when the epoch ended on a step-checkpoint step.
         Whether every file was written (collective; rank 0's answer on every rank)."""
-        completed = state.epoch
-        filenames = self._step_filenames(state)
+        completed = self.state.position.epoch
+        filenames = self._step_filenames()
         if completed == self.cfg.total_epochs or (
                 self.cfg.save_frequency > 0 and completed % self.cfg.save_frequency == 0):
             filenames.append(f"epoch_{completed}.pt")
         if self.cfg.save_most_recent:
             filenames.append(LATEST_CHECKPOINT_NAME)
-        written = self._save_and_prune(filenames, state) if filenames else []
+        written = self._save_and_prune(filenames) if filenames else []
         return not any_rank(len(written) < len(filenames), self.env)
 
-    def _save_and_prune(self, filenames: List[str], state: TrainState) -> List[Path]:
+    def _save_and_prune(self, filenames: List[str]) -> List[Path]:
         """Save, then with --delete-previous-checkpoint remove the previous epoch_N.pt / older step_N.pt,
         and with --keep-step-checkpoints K all but the newest K step_N.pt. Returns the files written."""
-        written = self.save(filenames, state)
+        written = self.save(filenames)
         if not self.env.is_master:
             return written
         keep_steps = 1 if self.cfg.delete_previous else self.cfg.keep_step_checkpoints
         for path in written:
             if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
-                previous = self.checkpoint_dir / f"epoch_{state.epoch - 1}.pt"
+                previous = self.checkpoint_dir / f"epoch_{self.state.position.epoch - 1}.pt"
                 previous.unlink(missing_ok=True)
             elif keep_steps and step_checkpoint_number(path) is not None:
                 steps = sorted((step_checkpoint_number(p), p) for p in self.checkpoint_dir.glob("step_*.pt")
@@ -484,9 +570,10 @@ def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -
     checkpoint's run had consumed of it (rounded down to whole optimizer steps)."""
     old = checkpoint["args"]
     old_world = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or request.world_size
-    consumed = checkpoint["data"]["batches_in_epoch"] * _global_batch(old, old_world)
-    batches = consumed // _global_batch(request.args, request.world_size)
-    return batches - batches % int(request.args.get("accum_freq", 1))
+    position = DataPosition()
+    position.load_state_dict(checkpoint["data"])
+    return position.in_batches_of(_global_batch(old, old_world), _global_batch(request.args, request.world_size),
+                                  int(request.args.get("accum_freq", 1)))
 
 
 def _changed_loss_options(checkpoint: Mapping[str, Any], request: ResumeRequest) -> Dict[str, tuple]:
@@ -495,87 +582,81 @@ def _changed_loss_options(checkpoint: Mapping[str, Any], request: ResumeRequest)
     return {name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)}
 
 
-def resume(path: os.PathLike, *, model, optimizer, scaler, loss, env: DistributedEnv,
-           request: Optional[ResumeRequest] = None, checkpoint: Optional[Mapping[str, Any]] = None) -> TrainState:
-    """Restore model, optimizer, scaler and loss from `path` (or its already loaded `checkpoint`); return
-    the progress to continue from. With `request`, first `check_resume` (ResumeError on what it refuses).
+def resume(path: os.PathLike, components: Mapping[str, Any], *, env: DistributedEnv,
+           request: Optional[ResumeRequest] = None, checkpoint: Optional[Mapping[str, Any]] = None) -> None:
+    """Load every component of `components` (`run_components`) from `path` (or its already loaded
+    `checkpoint`, in today's layout). With `request`, first `check_resume` (ResumeError on what it refuses).
 
-    With `request.reset_loss_state` the loss restarts its own state (`loss.reset_state()`) instead.
-
-    The RNG states are returned in `TrainState.rng` for the trainer to restore right before the next
-    batch is drawn (restoring earlier would let setup work consume random numbers).
+    A per-rank component loads this rank's state; saved by another world size, it starts afresh (with a
+    warning), unless it can merge the ranks' states for rank 0 (`merge_rank_states`). With
+    `request.reset_loss_state` the loss restarts its own state (`loss.reset_state()`) instead. With
+    --resume-anyway's new data order the position is translated into this run's batches and the RNG
+    streams are not restored. A component the checkpoint lacks (an OpenCLIP checkpoint) starts afresh.
     """
     checkpoint = load_checkpoint(path) if checkpoint is None else checkpoint
     request = request or ResumeRequest(args=checkpoint.get("args") or {}, world_size=env.world_size)
     changes = check_resume(checkpoint, path, request)
-    state_dict = checkpoint["state_dict"]
-    if next(iter(state_dict)).startswith("module."):
-        state_dict = {key[len("module."):]: value for key, value in state_dict.items()}
-    try:
-        unwrap_model(model).load_state_dict(state_dict)
-    except RuntimeError as error:
-        raise ResumeError(f"{path}: its weights do not fit this model ({_first_line(error)}); resume with the "
-                          "checkpoint's --model and --force-* settings") from None
-    try:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    except ValueError as error:
-        raise ResumeError(f"{path}: its optimizer state does not fit this run's trainable parameters "
-                          f"({_first_line(error)}); resume with the checkpoint's --lock-* settings") from None
-    if scaler is not None and "scaler" in checkpoint:
-        scaler.load_state_dict(checkpoint["scaler"])
-    _restore_loss_state(checkpoint, path, loss, request)
-    epoch = checkpoint["epoch"]
-    data = checkpoint.get("data", {"epoch": epoch, "batches_in_epoch": 0})
-    rng = checkpoint.get("rng")
-    if rng is not None and len(rng) != env.world_size:
-        logging.warning(f"{path} holds RNG states of {len(rng)} ranks, this run has {env.world_size}; "
-                        "random streams are re-seeded instead of restored")
-        rng = None
-    state = TrainState(
-        epoch=data["epoch"],
-        step=checkpoint.get("step", 0),
-        batches_in_epoch=data["batches_in_epoch"],
-        num_nonfinite_steps=data.get("num_nonfinite_steps", 0),
-        rng=rng,
-        samples_seen=data.get("samples_seen", 0),
-        samples_per_schedule_step=data.get("samples_per_schedule_step", 0),
-    )
-    if changes and state.batches_in_epoch:  # accepted with --resume-anyway
-        state.batches_in_epoch = translated_position(checkpoint, request)
-        state.rng = None
-        logging.warning(f"--resume-anyway: {path} was {data['batches_in_epoch']} batches into epoch {state.epoch}; "
-                        f"with {_describe(changes)} this run continues at batch {state.batches_in_epoch}, in its own "
-                        "sample order (some samples of this epoch are seen twice or not at all)")
+    translated = bool(changes and checkpoint["data"]["batches_in_epoch"])  # accepted with --resume-anyway
+    not_loaded = {"rng"} if translated else set()
+    if request.reset_loss_state:
+        components["loss"].reset_state()
+        logging.info("The loss's state starts afresh (--reset-loss-state)")
+        not_loaded.add("loss")
+    missing = [key for key in components if key not in checkpoint and key not in not_loaded]
+    if missing:
+        logging.warning(f"{path} holds no state for {', '.join(missing)} (an OpenCLIP checkpoint?); "
+                        "they start afresh")
+    for key, component in components.items():
+        if key in not_loaded or key in missing:
+            continue
+        try:
+            if is_per_rank(component):
+                _load_rank_state(key, component, checkpoint[key], path, env)
+            else:
+                component.load_state_dict(checkpoint[key])
+        except (RuntimeError, ValueError) as error:  # torch's size mismatch, or the component's own check
+            raise ResumeError(f"{path}: {_mismatch(key, error, checkpoint, request)}") from None
+    position, state = components["data"], components["train"]
+    changed_options = _changed_loss_options(checkpoint, request)
+    if changed_options and not request.reset_loss_state:
+        logging.warning(f"Resuming with other loss options ({_describe_options(changed_options)}); the loss's "
+                        "state was restored")
+    if translated:
+        position.batches_in_epoch = translated_position(checkpoint, request)
+        logging.warning(f"--resume-anyway: {path} was {checkpoint['data']['batches_in_epoch']} batches into epoch "
+                        f"{position.epoch}; with {_describe(changes)} this run continues at batch "
+                        f"{position.batches_in_epoch}, in its own sample order (some samples of this epoch are seen "
+                        "twice or not at all)")
     elif changes:
         logging.info(f"Resuming at an epoch boundary with {_describe(changes)}: the next epoch follows this run's "
                      "data order, and the LR schedule continues from the samples trained so far")
-    if state.batches_in_epoch and env.is_master:
-        # The epoch's running sums so far (skip counts summed over ranks, so only rank 0 carries them).
-        state.skip_counts = data["skip_counts"].clone()
-        state.loss_sum, state.num_loss_steps = data["loss_sum"], data["num_loss_steps"]
-    elif state.batches_in_epoch:
-        state.skip_counts = torch.zeros_like(data["skip_counts"])
-    logging.info(f"Resumed from {path}: epoch {state.epoch}, step {state.step}, "
-                 f"{state.batches_in_epoch} batches into the epoch")
-    return state
+    logging.info(f"Resumed from {path}: epoch {position.epoch}, step {state.step}, "
+                 f"{position.batches_in_epoch} batches into the epoch")
 
 
-def _restore_loss_state(checkpoint: Mapping[str, Any], path: os.PathLike, loss, request: ResumeRequest) -> None:
-    changed = _changed_loss_options(checkpoint, request)
-    if request.reset_loss_state:
-        loss.reset_state()
-        logging.info("The loss's state starts afresh (--reset-loss-state)")
-        return
-    if "loss" not in checkpoint:
-        logging.warning(f"{path} has no loss state (an OpenCLIP checkpoint?); the loss starts fresh")
-        return
-    try:
-        loss.load_state_dict(checkpoint["loss"])
-    except (RuntimeError, ValueError) as error:  # torch's size mismatch, or the loss's own check
+def _load_rank_state(key: str, component, states: List[Mapping[str, Any]], path: os.PathLike,
+                     env: DistributedEnv) -> None:
+    if len(states) == env.world_size:
+        component.load_state_dict(states[env.rank])
+    elif hasattr(component, "merge_rank_states"):
+        if env.is_master:
+            component.load_state_dict(component.merge_rank_states(states))
+    else:
+        logging.warning(f"{path} holds {key} states of {len(states)} ranks, this run has {env.world_size}; "
+                        f"{key} starts afresh on every rank")
+
+
+def _mismatch(key: str, error: BaseException, checkpoint: Mapping[str, Any], request: ResumeRequest) -> str:
+    """What a component's state that does not load means, and the way out."""
+    if key == "state_dict":
+        return (f"its weights do not fit this model ({_first_line(error)}); resume with the checkpoint's --model "
+                "and --force-* settings")
+    if key == "optimizer":
+        return (f"its optimizer state does not fit this run's trainable parameters ({_first_line(error)}); resume "
+                "with the checkpoint's --lock-* settings")
+    if key == "loss":
+        changed = _changed_loss_options(checkpoint, request)
         what = f"the loss options changed ({_describe_options(changed)})" if changed else _first_line(error)
-        raise ResumeError(f"{path}: its loss state does not fit this run's loss: {what}; add --reset-loss-state to "
-                          "start the loss's state afresh (weights and optimizer are restored), or resume with the "
-                          "checkpoint's options") from None
-    if changed:
-        logging.warning(f"Resuming with other loss options ({_describe_options(changed)}); the loss's state was "
-                        "restored")
+        return (f"its loss state does not fit this run's loss: {what}; add --reset-loss-state to start the loss's "
+                "state afresh (weights and optimizer are restored), or resume with the checkpoint's options")
+    return f"its {key} state does not fit this run ({_first_line(error)})"

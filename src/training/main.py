@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import open_clip
@@ -29,7 +29,7 @@ from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 from . import params
 from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
-                         roll_back)
+                         roll_back, run_components)
 from .config import LossConfig, RunConfig, ValidationConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
@@ -140,16 +140,20 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
 
     request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
                             reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
-    state, resumed_from = resume_run(cfg.resume, request, paths, bundle, optimizer, precision, loss_fn, env)
+    state = TrainState()
+    components = run_components(model=bundle.model, optimizer=optimizer, scaler=precision.scaler, loss=loss_fn,
+                                state=state)
+    resumed_from = resume_run(cfg.resume, request, paths, components, env)
+    position = state.position
     global_batch = cfg.data.batch_size * env.world_size * cfg.train.accum_freq
     if resumed_from is not None:
         # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
-        state.batches_in_epoch = min(state.batches_in_epoch, plan.num_batches - cfg.train.accum_freq)
+        position.batches_in_epoch = min(position.batches_in_epoch, plan.num_batches - cfg.train.accum_freq)
         after_resume(cfg, paths, resumed_from, state, global_batch, env)
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
     write_params(recorded, paths, env, launch_note(env, resumed_from, state))
 
-    data = build_data(cfg.data, bundle, env, epoch=state.epoch, skip_batches=state.batches_in_epoch)
+    data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch)
     val_data = build_val_data_if_needed(cfg.data, bundle, env)
     imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
     if imagenet is not None:
@@ -162,11 +166,10 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     if cfg.torchcompile:
         model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
     metrics = build_metrics_writer(cfg, recorded, paths, env)
-    checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, model, optimizer,
-                                      precision.scaler, loss_fn, bundle, env)
+    checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env)
 
     final_loss = None
-    for epoch in range(state.epoch, cfg.epochs):
+    for epoch in range(position.epoch, cfg.epochs):
         logging.info(f"Start epoch {epoch}")
         data.set_epoch(epoch)
         result = train_one_epoch(model, loss_fn, data.dataloader, data.num_batches, optimizer, scheduler,
@@ -178,18 +181,18 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
                        paths, env)
-        saved = checkpointer.save_epoch(state) if checkpointer is not None else True
-        if not saved and state.epoch == cfg.epochs:
+        saved = checkpointer.save_epoch() if checkpointer is not None else True
+        if not saved and position.epoch == cfg.epochs:
             raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
                                        f"be written (CHECKPOINT SAVE FAILED above): the trained model is not on disk; "
                                        f"free space or fix {paths.checkpoint_dir}, then rerun with --resume latest")
         # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
-        if any_rank(preemption.requested, env) and state.epoch < cfg.epochs:
+        if any_rank(preemption.requested, env) and position.epoch < cfg.epochs:
             stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
 
     metrics.close()
     last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
-    summary = RunSummary(paths.run_dir, state.epoch, state.step, final_loss, last_checkpoint)
+    summary = RunSummary(paths.run_dir, position.epoch, state.step, final_loss, last_checkpoint)
     loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
     logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
                  f"last checkpoint {summary.checkpoint}")
@@ -199,11 +202,11 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
 def stop_for_preemption(state: TrainState, checkpointer: Optional[Checkpointer], preemption: PreemptionFlag,
                         slurm_requeue: bool, metrics: MetricsWriter, env: DistributedEnv) -> None:
     """Save step_N.pt (all ranks), requeue the SLURM job (rank 0, --slurm-requeue), log one line, raise Preempted."""
-    saved = checkpointer.save_now(state) if checkpointer is not None else None
+    saved = checkpointer.save_now() if checkpointer is not None else None
     metrics.close()
     requeued = requeue_slurm_job(slurm_requeue) if env.is_master and checkpointer is not None else "not requeued"
     cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
-    where = f"step {state.step} (epoch {state.epoch}, {state.batches_in_epoch} batches into it)"
+    where = f"step {state.step} (epoch {state.position.epoch}, {state.position.batches_in_epoch} batches into it)"
     if saved is not None:
         message = (f"Preempted by {cause} at {where}: saved {saved}; {requeued}; exiting with status "
                    f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})")
@@ -216,9 +219,10 @@ def stop_for_preemption(state: TrainState, checkpointer: Optional[Checkpointer],
     raise Preempted(message, exit_code=1)
 
 
-def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, bundle: ModelBundle, optimizer,
-               precision, loss_fn: Loss, env: DistributedEnv) -> Tuple[TrainState, Optional[str]]:
-    """The state to start from and the checkpoint it came from (None: from scratch).
+def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, components: Dict[str, Any],
+               env: DistributedEnv) -> Optional[str]:
+    """Load the run's `components` (`run_components`) from the checkpoint to start from; that checkpoint
+    (None: from scratch, the components as they are).
 
     --resume latest tries this run's checkpoints newest first, skipping (with a warning naming it) any
     that does not load; --resume PATH loads PATH or stops with one line naming it. A checkpoint this
@@ -238,14 +242,13 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
                             "next older one")
             continue
         try:
-            state = resume(path, model=bundle.model, optimizer=optimizer, scaler=precision.scaler, loss=loss_fn,
-                           env=env, request=request, checkpoint=checkpoint)
+            resume(path, components, env=env, request=request, checkpoint=checkpoint)
         except ResumeError as refusal:
             raise ConfigError(str(refusal)) from None
-        return state, str(path)
+        return str(path)
     if resume_arg == RESUME_LATEST:
         logging.info(f"No readable checkpoint in {paths.checkpoint_dir}; starting from scratch")
-    return TrainState(), None
+    return None
 
 
 def after_resume(cfg: RunConfig, paths: RunPaths, resumed_from: str, state: TrainState, global_batch: int,
@@ -404,8 +407,8 @@ def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
 
 def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainState) -> str:
     """The header of this launch's block in params.txt."""
-    start = (f"resumed from {resumed_from} at epoch {state.epoch}, step {state.step}, "
-             f"{state.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
+    start = (f"resumed from {resumed_from} at epoch {state.position.epoch}, step {state.step}, "
+             f"{state.position.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
     return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
 
 
@@ -477,13 +480,12 @@ def build_metrics_writer(cfg: RunConfig, recorded: Dict[str, Any], paths: RunPat
 
 
 def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: Dict[str, Any], paths: RunPaths,
-                       model, optimizer, scaler, loss_fn, bundle: ModelBundle,
-                       env: DistributedEnv) -> Optional[Checkpointer]:
+                       components: Dict[str, Any], bundle: ModelBundle, env: DistributedEnv) -> Optional[Checkpointer]:
     if paths.checkpoint_dir is None:
         return None
-    return Checkpointer(cfg, checkpoint_dir=paths.checkpoint_dir, model=model, optimizer=optimizer, scaler=scaler,
-                        loss=loss_fn, env=env, name=paths.name, args=recorded,
-                        model_cfg=open_clip_model_config(model_cfg), preprocess_cfg=preprocess_config(bundle.model))
+    return Checkpointer(cfg, checkpoint_dir=paths.checkpoint_dir, components=components, env=env, name=paths.name,
+                        args=recorded, model_cfg=open_clip_model_config(model_cfg),
+                        preprocess_cfg=preprocess_config(bundle.model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,7 +499,7 @@ def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, 
     epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
     if not env.is_master:
         return
-    completed, is_last = state.epoch, state.epoch == cfg.total_epochs
+    completed, is_last = state.position.epoch, state.position.epoch == cfg.total_epochs
     results = {}
     if val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
         results.update(run_validation(model, val_data.dataloader, device=env.device, autocast=precision.autocast,

@@ -27,7 +27,7 @@ import torch
 from open_clip_adacl.losses.base import Loss
 from torch.nn.parallel import DistributedDataParallel
 
-from .checkpoint import Checkpointer, TrainState, restore_rng_state
+from .checkpoint import Checkpointer, TrainState
 from .data.shards import SHARD_SKIP_REASONS
 from .distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
 from .logger import MetricsWriter
@@ -160,7 +160,7 @@ def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, pre
 def nonfinite_message(state: TrainState, lr: float, precision: str, limit: int) -> str:
     return (
         f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {state.step} "
-        f"(epoch {state.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
+        f"(epoch {state.position.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
         f"too high for this batch size and warmup (lower --lr or raise --warmup; --grad-clip-norm helps), "
         f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32). Resume from the "
         f"last checkpoint with --resume latest after changing them."
@@ -194,10 +194,10 @@ def train_one_epoch(
     checkpointer: Optional[Checkpointer] = None,
     preemption: Optional[PreemptionFlag] = None,
 ) -> EpochResult:
-    """Train on the rest of epoch `state.epoch` (all of it, or what follows a mid-epoch resume).
+    """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
     `dataloader` yields (images, texts, sample_index, skip_counts) and, when resuming mid-epoch, has
-    already been told to skip the `state.batches_in_epoch` batches consumed before the interruption.
+    already been told to skip the `state.position.batches_in_epoch` batches consumed before the interruption.
     `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
 
@@ -205,27 +205,26 @@ def train_one_epoch(
     the epoch's last, which ends the epoch anyway) with `preempted` set and no epoch summary.
     """
     model.train()
-    loss_fn.on_epoch_start(state.epoch)
+    position, sums = state.position, state.epoch_sums
+    loss_fn.on_epoch_start(position.epoch)
     state.start_epoch(len(skip_reasons))
     steps_per_epoch = num_batches // cfg.accum_freq
-    step_in_epoch = state.batches_in_epoch // cfg.accum_freq
+    step_in_epoch = position.batches_in_epoch // cfg.accum_freq
     num_nonfinite_at_start = state.num_nonfinite_steps
     epoch_start = end = time.time()
 
     batches = iter(dataloader)
-    if state.rng is not None:
-        # Restored here, after the loader's iterator drew its seed, so the next batch and step see
-        # exactly the random numbers they saw before the interruption.
-        restore_rng_state(state.rng[env.rank])
-        state.rng = None
+    # Restored here, after the loader's iterator drew its seed, so the next batch and step see
+    # exactly the random numbers they saw before the interruption.
+    state.rng.restore_pending()
 
     micro_batches: List[MicroBatch] = []
     for batch in batches:
         if step_in_epoch >= steps_per_epoch:
             break
-        state.skip_counts += batch[3].cpu()
+        sums.skip_counts += batch[3].cpu()
         micro_batches.append(to_device(batch, env.device, precision.input_dtype))
-        state.batches_in_epoch += 1
+        position.batches_in_epoch += 1
         if len(micro_batches) < cfg.accum_freq:
             continue
         data_time = time.time() - end
@@ -248,8 +247,8 @@ def train_one_epoch(
             apply_update(model, optimizer, precision, cfg.grad_clip_norm)
             loss_fn.commit()
             state.consecutive_nonfinite_steps = 0
-            state.loss_sum += out.loss.item()
-            state.num_loss_steps += 1
+            sums.loss_sum += out.loss.item()
+            sums.num_loss_steps += 1
         state.step += 1
         state.samples_seen += global_samples
         step_in_epoch += 1
@@ -265,15 +264,15 @@ def train_one_epoch(
         if step_in_epoch == steps_per_epoch:
             continue
         if preempted:
-            return EpochResult(loss=state.loss_sum / max(state.num_loss_steps, 1), num_steps=step_in_epoch,
+            return EpochResult(loss=sums.loss_sum / max(sums.num_loss_steps, 1), num_steps=step_in_epoch,
                                num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
                                seconds=time.time() - epoch_start, preempted=True)
         if checkpointer is not None:
-            checkpointer.maybe_save_step(state)
+            checkpointer.maybe_save_step()
 
-    skipped = all_reduce_sum(state.skip_counts.to(env.device), env).cpu().tolist()
+    skipped = all_reduce_sum(sums.skip_counts.to(env.device), env).cpu().tolist()
     result = EpochResult(
-        loss=state.loss_sum / max(state.num_loss_steps, 1),
+        loss=sums.loss_sum / max(sums.num_loss_steps, 1),
         num_steps=step_in_epoch,
         num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
         skipped=dict(zip(skip_reasons, skipped)),
@@ -304,12 +303,12 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
     stats = " ".join(f"{name}: {value.item():#.4g}" for name, value in out.stats.items()
                      if console_stats is None or name.rsplit("/", 1)[-1] in console_stats)
     logging.info(
-        f"Train Epoch: {state.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
+        f"Train Epoch: {state.position.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
         f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
         f"Loss: {values['loss']:#.5g}" + (f" | {stats}" if stats else "")
     )
-    metrics.write("train", step=state.step, epoch=state.epoch, values=values)
+    metrics.write("train", step=state.step, epoch=state.position.epoch, values=values)
 
 
 def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, env: DistributedEnv) -> None:
@@ -322,11 +321,11 @@ def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, e
         return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
 
     logging.info(
-        f"Epoch {state.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
+        f"Epoch {state.position.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
         f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {listed(shards)}, "
         f"skipped samples: {listed(samples)}, {result.seconds:.1f} s"
     )
-    metrics.write("epoch", step=state.step, epoch=state.epoch, values={
+    metrics.write("epoch", step=state.step, epoch=state.position.epoch, values={
         "loss": result.loss,
         "num_steps": result.num_steps,
         "num_nonfinite_steps": result.num_nonfinite_steps,

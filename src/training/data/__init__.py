@@ -3,12 +3,14 @@ registered data source, read into OpenCLIP-style batches `(images, texts, sample
 
 `build_train_data` / `build_val_data` build the loaders; `DataConfig` is what they take. A data
 source is one module: a `DataSource` registered with `@register_data_source("name")` (the built-in
-ones are in `sources/`). docs/data.md describes the batches, the sample ids, the seeding behind exact
-mid-epoch resume, and what is skipped and counted instead of stopping the run.
+ones are in `sources/`); `DataPosition` is the checkpointed position in the data. docs/data.md
+describes the batches, the sample ids, the seeding behind exact mid-epoch resume, and what is skipped
+and counted instead of stopping the run.
 """
 from . import sources  # registers the built-in data sources
 from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason
 from .loader import LoaderInfo, build_train_data, build_val_data
+from .position import DataPosition
 from .registry import (DataSource, dataset_type_help, get_data_source, register_data_source,
                        registered_dataset_types, resolve_dataset_type)
 from .samples import SkipCounter
@@ -16,7 +18,7 @@ from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .sources.csv_file import CsvRow, CsvStream, read_csv_rows
 from .stream import ShardStream
 
-__all__ = ["IMAGE_EXTENSIONS", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig", "DataError", "DataSource",
-           "LoaderInfo", "ShardStream", "SkipCounter", "build_train_data", "build_val_data",
+__all__ = ["IMAGE_EXTENSIONS", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig", "DataError", "DataPosition",
+           "DataSource", "LoaderInfo", "ShardStream", "SkipCounter", "build_train_data", "build_val_data",
            "data_error_reason", "dataset_type_help", "get_data_source", "read_csv_rows", "read_shard",
            "register_data_source", "registered_dataset_types", "resolve_dataset_type", "sample_index_of"]
