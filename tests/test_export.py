@@ -14,7 +14,8 @@ from training import params
 from training.checkpoint import Checkpointer, TrainState
 from training.distributed import DistributedEnv
 from training.export import CONFIG_NAME, WEIGHTS_NAME, export
-from training.model import build_model, build_optimizer, open_clip_model_config, preprocess_config
+from training.model import build_model, open_clip_model_config, preprocess_config
+from training.optimizer import build_optimizer
 
 STOCK_OPEN_CLIP = textwrap.dedent("""
     import sys, torch, open_clip
