@@ -26,8 +26,7 @@ import torch
 from open_clip_adacl import create_loss
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
-from training.precision import build_precision
-from training.params import resolve_precision
+from training.precision import build_precision, resolve_precision
 from training.train import MicroBatch, apply_update, forward_backward
 
 DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")

@@ -12,7 +12,7 @@ import importlib.util
 import os
 import signal
 import typing
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 from open_clip_adacl import LossOptions, get_loss_class, list_losses
@@ -35,8 +35,8 @@ class LossConfig:
     FLAG_GROUP: ClassVar[str] = HelpGroup.LOSS
 
     name: str = flag("clip", "Registered loss to train with (open_clip_adacl.list_losses()).", name="--loss",
-                     choices=list_losses, field_default=None)
-    options: Optional[LossOptions] = None  # that loss's validated options: given flags, else the declared defaults
+                     choices=list_losses, field_default=MISSING)
+    options: LossOptions  # that loss's validated options: given flags, else the declared defaults
     local_loss: bool = flag(False, "calculate loss w/ local features @ global (instead of realizing full global @ "
                                    "global matrix); needs --gather-with-grad for correct gradients")
     gather_with_grad: bool = flag(False, "enable full distributed gradient for feature gather")

@@ -146,8 +146,8 @@ def declared_flags(configs: Sequence[type]) -> Dict[str, Flag]:
             declaration = f.metadata.get(_DECLARED)
             if declaration is None:
                 continue
-            option = declaration.name or f"--{f.name.replace('_', '-')}"
-            dest = option[2:].replace("-", "_")
+            option = _flag_name(f, declaration)
+            dest = _dest(option)
             if dest in flags:
                 first = flags[dest]
                 raise TypeError(f"{option} is declared by both {first.owner}.{first.field} and {cls.__name__}.{f.name}; "
@@ -164,6 +164,15 @@ def declared_flags(configs: Sequence[type]) -> Dict[str, Flag]:
                 raise TypeError(f"{cls.__name__}.{f.name} takes from_flag({reference.dest!r}), but no config "
                                 f"declares --{reference.dest.replace('_', '-')}")
     return flags
+
+
+def _flag_name(f: dataclasses.Field, declaration: _Declaration) -> str:
+    return declaration.name or f"--{f.name.replace('_', '-')}"
+
+
+def _dest(flag_name: str) -> str:
+    """argparse's attribute for a flag: --batch-size -> batch_size."""
+    return flag_name[2:].replace("-", "_")
 
 
 def _with_argparse_type(cls: type, f: dataclasses.Field, declaration: _Declaration) -> _Declaration:
@@ -190,7 +199,7 @@ def config_from_args(cls: type, args: argparse.Namespace, flags: Dict[str, Flag]
             continue
         declaration, reference = f.metadata.get(_DECLARED), f.metadata.get(_REFERENCED)
         if declaration is not None:
-            source = flags[(declaration.name or f"--{f.name}")[2:].replace("-", "_")]
+            source = flags[_dest(_flag_name(f, declaration))]
             values[f.name] = source.converted(getattr(args, source.dest), declaration.convert)
         elif reference is not None:
             source = flags[reference.dest]

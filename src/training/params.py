@@ -4,14 +4,14 @@ Every OpenCLIP flag we support keeps OpenCLIP's name, default and meaning (`open
 OpenCLIP flags we do not support are still recognised, so that using one is a `ConfigError` naming
 the flag instead of argparse's generic "unrecognized arguments" or, worse, silence.
 
-Ours: `--loss` (any registered loss), one flag per loss option (`--<loss>-<option>` or the option's
-own `flag`, generated from `open_clip_adacl.get_loss_class(name).Options`), `--caption-key`,
-`--val-caption-key`, `--train-group-size`, `--save-every-n-steps`, `--max-nonfinite-steps`, and the
-cluster flags `--preempt-signal`, `--slurm-requeue`, `--resume-anyway` and `--dist-timeout`.
+The flags are declared once, on the fields of the config dataclasses (`training.flags`, collected in
+`training.config.FLAGS`); this module generates the parser from them, adds one flag per loss option
+(`--<loss>-<option>` or the option's own `flag`, from `open_clip_adacl.get_loss_class(name).Options`),
+the `--siglip` alias and the refused OpenCLIP flags.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
-`validate_args` rejects bad combinations before any work, and `run_config` converts the namespace,
-once, into the frozen `RunConfig` whose parts the rest of `training` takes.
+`validate_args` rejects bad combinations before any work (`RunConfig.check`), and `run_config`
+converts the namespace, once, into the frozen `RunConfig` whose parts the rest of `training` takes.
 """
 from __future__ import annotations
 
