@@ -24,8 +24,9 @@ from typing import Dict, List, Sequence
 import torch
 
 from open_clip_adacl import create_loss
-from training.model import ModelConfig, OptimizerConfig, build_model, build_optimizer, build_precision
-from training.params import resolve_precision
+from training.model import ModelConfig, build_model
+from training.optimizer import OptimizerConfig, build_optimizer
+from training.precision import build_precision, resolve_precision
 from training.train import MicroBatch, apply_update, forward_backward
 
 DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")

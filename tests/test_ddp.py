@@ -11,7 +11,8 @@ from distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss
 from run_utils import torchrun_command
 from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
-from training.model import ModelConfig, build_model, build_precision
+from training.model import ModelConfig, build_model
+from training.precision import build_precision
 from training.train import MicroBatch, forward_backward
 
 BATCH = 8

@@ -15,7 +15,8 @@ from training.checkpoint import Checkpointer, TrainState, run_components
 from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.export import CONFIG_NAME, WEIGHTS_NAME, export
-from training.model import build_model, build_optimizer, open_clip_model_config, preprocess_config
+from training.model import build_model, open_clip_model_config, preprocess_config
+from training.optimizer import build_optimizer
 
 STOCK_OPEN_CLIP = textwrap.dedent("""
     import sys, torch, open_clip

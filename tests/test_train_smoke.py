@@ -10,7 +10,9 @@ from training.checkpoint import TrainState, load_checkpoint
 from training.distributed import DistributedEnv
 from training.logger import MetricsWriter, read_metrics
 from training.main import main
-from training.model import ModelConfig, OptimizerConfig, build_model, build_optimizer, build_precision
+from training.model import ModelConfig, build_model
+from training.optimizer import OptimizerConfig, build_optimizer
+from training.precision import build_precision
 from training.train import NonFiniteLossError, TrainConfig, train_one_epoch
 
 

@@ -50,6 +50,7 @@ import torch
 
 from .data.position import DataPosition
 from .distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
+from .flags import ConfigError, HelpGroup, flag, from_flag
 
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
 _CHECKPOINT_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
@@ -360,12 +361,25 @@ def _first_line(error: BaseException) -> str:
 class CheckpointConfig:
     """When to save and what to keep; where is the Checkpointer's `checkpoint_dir`."""
 
-    save_frequency: int = 1          # epochs between epoch_N.pt
-    save_most_recent: bool = False   # also epoch_latest.pt after every epoch
-    save_every_n_steps: int = 0      # step_N.pt every N steps (0: off)
-    delete_previous: bool = False    # remove the previous checkpoint of the same kind after a save
-    keep_step_checkpoints: int = 0   # keep only the newest K step_N.pt (0: all); epoch files are never pruned
-    total_epochs: int = 1
+    FLAG_GROUP: ClassVar[str] = HelpGroup.LOGS
+
+    save_frequency: int = flag(1, "How often (epochs) to save checkpoints.")
+    save_most_recent: bool = flag(False, "Always save the most recent model trained to epoch_latest.pt.")
+    save_every_n_steps: int = flag(0, "Also save step_N.pt every N optimizer steps (0: off), so a crash loses at "
+                                      "most N steps.")
+    delete_previous: bool = flag(False, "Delete the previous checkpoint after storing a new one.",
+                                 name="--delete-previous-checkpoint")
+    keep_step_checkpoints: int = flag(0, "Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are "
+                                         "never removed by this flag.", metavar="K")
+    total_epochs: int = from_flag("epochs", default=1)
+
+    def check(self) -> None:
+        if self.save_every_n_steps < 0:
+            raise ConfigError(f"--save-every-n-steps must be >= 0 (0 turns step checkpoints off), got "
+                              f"{self.save_every_n_steps}")
+        if self.keep_step_checkpoints < 0:
+            raise ConfigError(f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got "
+                              f"{self.keep_step_checkpoints}")
 
 
 class Checkpointer:

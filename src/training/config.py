@@ -1,70 +1,117 @@
 """The run's configuration: one frozen `RunConfig`, built once from the command line by
-`params.run_config` right after validation; each component takes its own part of it.
+`params.run_config`; each component takes its own part of it.
 
-The parts that had a home already live with their component (DataConfig in `training.data`,
-ModelConfig / OptimizerConfig / SchedulerConfig in `training.model`, TrainConfig in `training.train`,
-CheckpointConfig in `training.checkpoint`); the ones only `training.main` reads are here.
+Every config declares its flags on its fields (`training.flags`): DataConfig in `training.data`,
+ModelConfig in `training.model`, OptimizerConfig in `training.optimizer`, SchedulerConfig in
+`training.schedule`, TrainConfig in `training.train`, CheckpointConfig in `training.checkpoint`; the
+ones only `training.main` reads are here. `FLAGS` collects them, refusing a flag declared twice.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
-from open_clip_adacl import LossOptions
+from open_clip_adacl import LossOptions, get_loss_class, list_losses
 
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
-from .model import ModelConfig, OptimizerConfig, SchedulerConfig
+from .flags import ConfigError, HelpGroup, declared_flags, flag, from_flag
+from .model import ModelConfig
+from .optimizer import OptimizerConfig
+from .preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
+from .schedule import SchedulerConfig
 from .train import TrainConfig
+
+RESUME_LATEST = "latest"
+DASHBOARDS = ("tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    name: str                  # a registered loss
-    options: LossOptions       # that loss's validated options: given flags, else the declared defaults
-    local_loss: bool           # OpenCLIP's --local-loss and --gather-with-grad
-    gather_with_grad: bool
+    FLAG_GROUP: ClassVar[str] = HelpGroup.LOSS
+
+    name: str = flag("clip", "Registered loss to train with (open_clip_adacl.list_losses()).", name="--loss",
+                     choices=list_losses, field_default=MISSING)
+    options: LossOptions  # that loss's validated options: given flags, else the declared defaults
+    local_loss: bool = flag(False, "calculate loss w/ local features @ global (instead of realizing full global @ "
+                                   "global matrix); needs --gather-with-grad for correct gradients")
+    gather_with_grad: bool = flag(False, "enable full distributed gradient for feature gather")
 
 
 @dataclass(frozen=True)
 class ValidationConfig:
     """Validation after epochs, on rank 0, as OpenCLIP's `evaluate`."""
 
-    val_frequency: int            # epochs between val loss and retrieval (0: never; the last epoch always)
-    zeroshot_frequency: int       # epochs between ImageNet zero-shot (0: never; the last epoch always)
-    imagenet_val: Optional[str]   # ImageNet val folder for zero-shot
-    total_epochs: int
-    batch_size: int               # zero-shot batches and loader workers, as OpenCLIP: --batch-size, --workers
-    workers: int
+    FLAG_GROUP: ClassVar[str] = HelpGroup.LOGS
+
+    total_epochs: int = from_flag("epochs")
+    batch_size: int = from_flag("batch_size")   # zero-shot batches and loader workers, as OpenCLIP
+    workers: int = from_flag("workers")
+    imagenet_val: Optional[str] = flag(None, "Path to imagenet val set for conducting zero shot evaluation.",
+                                       group=HelpGroup.DATA)
+    zeroshot_frequency: int = flag(2, "How often to run zero shot.")   # (0: never; the last epoch always)
+    val_frequency: int = flag(1, "How often to run evaluation with val data.")
+
+
+def dashboards(value: str) -> Tuple[str, ...]:
+    """The dashboards --report-to names (OpenCLIP's 'all' is both; '' and 'none' neither)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip() and name.strip() != "none")
+    if not set(names) <= {*DASHBOARDS, "all"}:
+        raise ConfigError(f"--report-to {value!r}: choose tensorboard, wandb, tensorboard,wandb or all, or leave it out")
+    return DASHBOARDS if "all" in names else names
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
     """Where the run writes (<logs>/<name>/) and which dashboards it reports to."""
 
-    logs: Optional[str]           # None: nothing is written (--logs none)
-    name: Optional[str]           # None: named at start from the time and the main settings
-    log_local: bool               # a log file per node (out-<rank>.log), not only rank 0's out.log
-    debug: bool
-    report_to: Tuple[str, ...]    # "tensorboard", "wandb"
-    wandb_project_name: str
-    wandb_notes: str
+    FLAG_GROUP: ClassVar[str] = HelpGroup.LOGS
+
+    logs: Optional[str] = flag("./logs/", "Where to store logs, metrics and checkpoints (<logs>/<name>/).",
+                               convert=lambda logs: None if logs is None or logs.lower() == "none" else logs)
+    log_local: bool = flag(False, "log files on local master, otherwise global master only.")
+    name: Optional[str] = flag(None, "Identifier for the experiment; default: current time and main settings.")
+    report_to: Tuple[str, ...] = flag(
+        "", "Options are ['wandb', 'tensorboard', 'wandb,tensorboard'] (or 'all'); metrics.jsonl is always written. "
+            "wandb needs pip install 'open_clip_adacl[wandb]'.", type=str, convert=dashboards)
+    wandb_notes: str = flag("", "Notes if logging with wandb")
+    wandb_project_name: str = flag("open-clip", "Name of the project if logging with wandb.")
+    debug: bool = flag(False, "If true, more information is logged.")
+
+    def check(self) -> None:
+        if "wandb" in self.report_to and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("--report-to wandb needs the wandb package: pip install 'open_clip_adacl[wandb]' "
+                              "(or pip install wandb)")
 
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    device: str
-    dist_backend: Optional[str]
-    dist_url: Optional[str]
-    no_set_device_rank: bool
-    use_bn_sync: bool
-    ddp_static_graph: bool
-    timeout_s: Optional[float] = None     # --dist-timeout (None: torch's default)
+    FLAG_GROUP: ClassVar[str] = HelpGroup.DEVICES
+
+    device: str = flag("cuda", "Accelerator to use (falls back to cpu with a warning when unavailable).")
+    dist_url: Optional[str] = flag(None, "url used to set up distributed training")
+    dist_backend: Optional[str] = flag(None, "distributed backend (default: nccl on CUDA, gloo on CPU)")
+    use_bn_sync: bool = flag(False, "Whether to use batch norm sync.")
+    ddp_static_graph: bool = flag(False, "Enable static graph optimization for DDP.")
+    no_set_device_rank: bool = flag(False, "Don't set device index from local rank.")
+    timeout_s: Optional[float] = flag(
+        None, "Timeout of the process group (rendezvous and every collective; default: torch's). Ranks that do not "
+              "arrive in time stop the run with one error line.",
+        name="--dist-timeout", metavar="SECONDS", group=HelpGroup.CLUSTER)
+
+    def check(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(f"--dist-timeout must be > 0 seconds, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    FLAG_GROUP: ClassVar[str] = HelpGroup.CLUSTER
+
     data: DataConfig              # the whole run's data (rank 0 of 1): each rank takes its share with replace
     model: ModelConfig            # precision resolved for the device the run will use
     optimizer: OptimizerConfig
@@ -75,15 +122,59 @@ class RunConfig:
     logging: LoggingConfig
     distributed: DistributedConfig
     loss: LossConfig
-    epochs: int
-    seed: int
-    torchcompile: bool
-    resume: Optional[str]         # a checkpoint path, "latest" (params.RESUME_LATEST) or None
-    reset_loss_state: bool
-    resume_anyway: bool           # accept a mid-epoch checkpoint of another data order (training.checkpoint)
-    preempt_signals: Tuple[signal.Signals, ...]   # save and stop at the next step boundary (training.preemption)
-    slurm_requeue: bool           # then requeue the SLURM job
-    dry_run: bool
     recorded_args: Mapping[str, Any]
     """Every argument as params.txt, checkpoints and wandb record it (precision resolved; a run
     without --name records the name it gets at start)."""
+    epochs: int = flag(32, "Number of epochs to train for.", group=HelpGroup.OPTIMISATION)
+    seed: int = flag(0, "Default random seed.", group=HelpGroup.OPTIMISATION)
+    torchcompile: bool = flag(False, "torch.compile() the model, requires pytorch 2.0 or later.",
+                              group=HelpGroup.MODEL)
+    dry_run: bool = flag(False, "Validate the arguments and the training shards, print the plan, and exit.",
+                         group=HelpGroup.DEVICES)
+    resume: Optional[str] = flag(None, f"Checkpoint to resume from: a path, or '{RESUME_LATEST}' for the newest in "
+                                       f"<logs>/<name>/checkpoints.", group=HelpGroup.LOGS)
+    reset_loss_state: bool = flag(False, "With --resume: restart the loss's own state (per-sample banks, running "
+                                         "statistics) instead of restoring it, e.g. after changing the training data.",
+                                  group=HelpGroup.LOGS)
+    preempt_signals: Tuple[signal.Signals, ...] = flag(
+        DEFAULT_PREEMPT_SIGNALS, "Signals that save a step checkpoint at the next step boundary and end the run with "
+                                 "status 75 (comma list, or none).",
+        name="--preempt-signal", type=str, convert=parse_preempt_signals)   # training.preemption
+    slurm_requeue: bool = flag(False, "After a preemption save inside a SLURM job, rank 0 runs "
+                                      "`scontrol requeue $SLURM_JOB_ID`.")
+    resume_anyway: bool = flag(False, "Resume a mid-epoch checkpoint although world size, batch size, workers or data "
+                                      "changed: continues at the same number of samples into the epoch, in the new "
+                                      "order (some samples of that epoch are seen twice or never).")
+
+    def check(self, world_size: int) -> None:
+        """Each part's own checks, then those spanning parts; raises ConfigError saying what to change."""
+        if self.epochs < 0:
+            raise ConfigError(f"--epochs must be >= 0, got {self.epochs}")
+        for name in RUN_PARTS:
+            part = getattr(self, name)
+            if hasattr(part, "check"):
+                part.check()
+        if self.loss.local_loss and not self.loss.gather_with_grad and world_size > 1:
+            raise ConfigError("--local-loss without --gather-with-grad gives wrong gradients with several ranks (each "
+                              "rank's loss then ignores how its features act as other ranks' negatives); add "
+                              "--gather-with-grad")
+        if self.resume not in (None, RESUME_LATEST) and not os.path.isfile(self.resume):
+            raise ConfigError(f"--resume {self.resume}: no such file; pass an existing checkpoint or --resume latest")
+        for given, flag_name in ((self.reset_loss_state, "--reset-loss-state"), (self.resume_anyway, "--resume-anyway")):
+            if given and self.resume is None:
+                raise ConfigError(f"{flag_name} only applies when resuming; add --resume latest or --resume PATH")
+        data_size = self.loss.options.data_size if get_loss_class(self.loss.name).needs_sample_index else None
+        train_num_samples = self.data.train_num_samples
+        if data_size is not None and train_num_samples is not None and data_size < train_num_samples:
+            raise ConfigError(
+                f"--data-size {data_size} is smaller than --train-num-samples {train_num_samples}; the loss keeps "
+                f"per-sample state indexed by sample_index, so set --data-size to at least the number of samples "
+                f"in the training set")
+
+
+# The order of the flags within each --help section.
+CONFIGS = (DataConfig, ValidationConfig, OptimizerConfig, SchedulerConfig, TrainConfig, ModelConfig, LoggingConfig,
+           CheckpointConfig, DistributedConfig, RunConfig, LossConfig)
+FLAGS = declared_flags(CONFIGS)  # raises at import for a flag declared twice or a reference to no flag
+# RunConfig's parts: field name -> config class.
+RUN_PARTS: Dict[str, type] = {name: hint for name, hint in typing.get_type_hints(RunConfig).items() if hint in CONFIGS}

@@ -30,15 +30,17 @@ from . import params
 from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
-from .config import LossConfig, RunConfig, ValidationConfig
+from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
-from .model import (ModelBundle, ModelConfig, build_model, build_optimizer, build_precision, build_scheduler,
-                    check_pretrained, open_clip_model_config, preprocess_config)
-from .params import RESUME_LATEST, ConfigError
+from .flags import ConfigError
+from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open_clip_model_config, preprocess_config
+from .optimizer import build_optimizer
+from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
+from .schedule import build_scheduler
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
 

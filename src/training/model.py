@@ -1,56 +1,91 @@
-"""Model, tokenizer, optimizer, LR schedule and mixed precision, built as OpenCLIP's trainer builds them.
+"""The model and its tokenizer, built as OpenCLIP's trainer builds them, and the checks of --model and
+--pretrained before any work.
 
 The model comes from `open_clip.create_model_and_transforms` (our `adacl-tiny` config is registered by
-importing `open_clip_adacl`), the schedules from `open_clip_train.scheduler` and autocast from
-`open_clip_train.precision`. On CPU, `--precision amp` means fp16 autocast and `amp_bf16` bf16
-autocast; both are slower than fp32 there.
+importing `open_clip_adacl`). The optimizer is in `training.optimizer`, the LR schedules in
+`training.schedule`, mixed precision in `training.precision`.
 """
 from __future__ import annotations
 
 import copy
-import logging
+import difflib
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import open_clip
 import torch
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
-from open_clip_train.precision import get_autocast
-from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
+from open_clip_train.params import ParseKwargs
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
+
+from .flags import ConfigError, HelpGroup, OneOrSeveral, flag
+from .precision import PRECISIONS
+
+
+def _image_size(size: Union[None, int, List[int]]) -> Union[None, int, Tuple[int, int]]:
+    """--force-image-size: one size (kept by OneOrSeveral as an int) or height and width."""
+    if isinstance(size, list):
+        if len(size) != 2:
+            raise ConfigError(f"--force-image-size takes one size or height and width, got {size}")
+        return tuple(size)
+    return size
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """What decides the architecture, its initial weights and its preprocessing (OpenCLIP's flags)."""
 
-    name: str
-    pretrained: str = ""
-    precision: str = "fp32"
-    force_image_size: Optional[Union[int, Tuple[int, int]]] = None
-    force_context_length: Optional[int] = None
-    force_quick_gelu: bool = False
-    force_custom_text: bool = False
-    force_patch_dropout: Optional[float] = None
-    pretrained_image: bool = False
-    image_mean: Optional[Tuple[float, ...]] = None
-    image_std: Optional[Tuple[float, ...]] = None
-    image_interpolation: Optional[str] = None
-    image_resize_mode: Optional[str] = None
-    aug_cfg: Dict[str, Any] = field(default_factory=dict)
-    cache_dir: Optional[str] = None
-    lock_image: bool = False
-    lock_image_unlocked_groups: int = 0
-    lock_image_freeze_bn_stats: bool = False
-    lock_text: bool = False
-    lock_text_unlocked_layers: int = 0
-    lock_text_freeze_layer_norm: bool = False
-    lock_logit_scale: bool = False
-    grad_checkpointing: bool = False
+    FLAG_GROUP: ClassVar[str] = HelpGroup.MODEL
+
+    name: str = flag("RN50", "Name of the model (open_clip.list_models()).", name="--model", field_default=MISSING)
+    pretrained: str = flag("", "Pretrained CLIP weights: a tag or a file path (e.g. an epoch_N.pt).")
+    # The run's precision is resolved for its device (params.run_config); in code it defaults to fp32.
+    precision: str = flag(None, "Floating point precision. Default: amp on CUDA (as OpenCLIP), fp32 on CPU "
+                                "(amp on CPU means fp16 autocast and amp_bf16 bf16 autocast, both slower there).",
+                          choices=PRECISIONS, group=HelpGroup.OPTIMISATION, field_default="fp32")
+    force_image_size: Optional[Union[int, Tuple[int, int]]] = flag(
+        None, "Override default image size", type=int, action=OneOrSeveral, convert=_image_size)
+    force_context_length: Optional[int] = flag(None, "Override default context length")
+    force_quick_gelu: bool = flag(False, "Force use of QuickGELU activation for non-OpenAI transformer models.")
+    force_custom_text: bool = flag(False, "Force use of CustomTextCLIP model (separate text-tower).")
+    force_patch_dropout: Optional[float] = flag(None, "Override the patch dropout.")
+    pretrained_image: bool = flag(False, "Load imagenet pretrained weights for image tower backbone if available.")
+    image_mean: Optional[Tuple[float, ...]] = flag(None, "Override default image mean value of dataset",
+                                                   type=float, nargs="+", metavar="MEAN")
+    image_std: Optional[Tuple[float, ...]] = flag(None, "Override default image std deviation of dataset",
+                                                  type=float, nargs="+", metavar="STD")
+    image_interpolation: Optional[str] = flag(None, "Override default image resize interpolation",
+                                              choices=["bicubic", "bilinear", "random"])
+    image_resize_mode: Optional[str] = flag(None, "Override default image resize (& crop) mode during inference",
+                                            choices=["shortest", "longest", "squash"])
+    aug_cfg: Dict[str, Any] = flag({}, "Training augmentation overrides, key=value (open_clip AugmentationCfg).",
+                                   nargs="*", action=ParseKwargs, convert=dict)
+    cache_dir: Optional[str] = flag(None, "Cache path for downloads.")
+    lock_image: bool = flag(False, "Lock full image tower by disabling gradients.")
+    lock_image_unlocked_groups: int = flag(0, "Leave last n image tower layer groups unlocked.")
+    lock_image_freeze_bn_stats: bool = flag(False, "Freeze BatchNorm running stats in image tower for any locked layers.")
+    lock_text: bool = flag(False, "Lock full text tower by disabling gradients.")
+    lock_text_unlocked_layers: int = flag(0, "Leave last n text tower layer groups unlocked.")
+    lock_text_freeze_layer_norm: bool = flag(False, "Freeze LayerNorm running stats in text tower for any locked layers.")
+    lock_logit_scale: bool = flag(False, "(not in OpenCLIP) Keep logit_scale at its initial or pretrained value: "
+                                         "separates a loss's effect on the temperature from its effect on the embeddings.")
+    grad_checkpointing: bool = flag(False, "Enable gradient checkpointing.")
     # Extra constructor kwargs, e.g. OpenCLIP's --siglip init (init_logit_scale, init_logit_bias).
     model_kwargs: Dict[str, float] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.name.startswith(("local-dir:", "hf-hub:")):
+            return
+        known = open_clip.list_models()
+        if self.name not in known:
+            close = difflib.get_close_matches(self.name, known, n=5, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see open_clip.list_models()"
+            raise ConfigError(f"--model {self.name!r} is not a known model config{hint}")
+        if "multimodal_cfg" in (open_clip.get_model_config(self.name) or {}):
+            raise ConfigError(f"--model {self.name} is a CoCa model; CoCa's captioning loss is not supported by "
+                              f"open_clip_adacl")
 
 
 @dataclass
@@ -186,82 +221,3 @@ def open_clip_model_config(cfg: ModelConfig) -> Dict[str, Any]:
 def preprocess_config(model: torch.nn.Module) -> Dict[str, Any]:
     """The image preprocessing open_clip attached to the model (size, mean, std, interpolation...)."""
     return dict(open_clip.get_model_preprocess_cfg(model))
-
-
-# ---------------------------------------------------------------------------------------------
-# Optimisation
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    lr: float
-    wd: float
-    beta1: float
-    beta2: float
-    eps: float
-
-
-def exclude_from_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
-    """OpenCLIP's rule: no weight decay on gains, biases, norms and logit_scale."""
-    return param.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW with OpenCLIP's two parameter groups (decayed weights, undecayed gains/biases)."""
-    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    no_decay = [p for name, p in trainable if exclude_from_weight_decay(name, p)]
-    decay = [p for name, p in trainable if not exclude_from_weight_decay(name, p)]
-    optimizer = torch.optim.AdamW(
-        [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": cfg.wd}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-    )
-    logging.info(f"Created AdamW optimizer: lr {cfg.lr}, betas ({cfg.beta1}, {cfg.beta2}), eps {cfg.eps}, "
-                 f"weight decay {cfg.wd} on {len(decay)} tensors, 0 on {len(no_decay)}")
-    return optimizer
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    name: str = "cosine"  # cosine | const | const-cooldown
-    lr: float = 5e-4
-    warmup: int = 10000
-    epochs: int = 32
-    epochs_cooldown: Optional[int] = None
-    lr_cooldown_power: float = 1.0
-    lr_cooldown_end: float = 0.0
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig,
-                    steps_per_epoch: int) -> Callable[[int], float]:
-    """OpenCLIP's LR schedule: a function `step -> lr` that also sets the optimizer's lr."""
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.name == "cosine":
-        return cosine_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
-    if cfg.name == "const":
-        return const_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
-    if cfg.name == "const-cooldown":
-        cooldown_steps = steps_per_epoch * cfg.epochs_cooldown
-        return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, cooldown_steps,
-                                 cfg.lr_cooldown_power, cfg.lr_cooldown_end)
-    raise ValueError(f"unknown LR scheduler {cfg.name!r}")
-
-
-@dataclass
-class Precision:
-    """How a step runs: autocast context, input dtype and the gradient scaler (fp16 amp only)."""
-
-    name: str
-    autocast: Callable
-    input_dtype: Optional[torch.dtype]
-    scaler: Optional[torch.amp.GradScaler]
-
-
-def build_precision(precision: str, device: torch.device) -> Precision:
-    scaler = torch.amp.GradScaler(device=device.type) if precision == "amp" else None
-    return Precision(
-        name=precision,
-        autocast=get_autocast(precision, device_type=device.type),
-        input_dtype=open_clip.get_input_dtype(precision),
-        scaler=scaler,
-    )

@@ -21,7 +21,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence
 
 import torch
 from open_clip_adacl.losses.base import Loss
@@ -30,8 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 from .checkpoint import Checkpointer, TrainState
 from .data.shards import SHARD_SKIP_REASONS
 from .distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
+from .flags import ConfigError, HelpGroup, flag
 from .logger import MetricsWriter
-from .model import Precision
+from .precision import Precision
 from .preemption import PreemptionFlag
 
 MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
@@ -43,11 +44,24 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    accum_freq: int = 1
-    grad_clip_norm: Optional[float] = None
-    log_every_n_steps: int = 100
-    max_nonfinite_steps: int = 10
-    skip_scheduler: bool = False
+    FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
+
+    accum_freq: int = flag(1, "Update the model every --accum-freq steps.")
+    grad_clip_norm: Optional[float] = flag(None, "Gradient clip.")
+    log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.",
+                                  group=HelpGroup.LOGS)
+    max_nonfinite_steps: int = flag(10, "Skip steps whose loss is NaN/inf; stop after this many in a row.")
+    skip_scheduler: bool = flag(False, "Use this flag to skip the learning rate decay.")
+
+    def check(self) -> None:
+        if self.accum_freq < 1:
+            raise ConfigError(f"--accum-freq must be >= 1, got {self.accum_freq}")
+        if self.log_every_n_steps < 1:
+            raise ConfigError(f"--log-every-n-steps must be >= 1, got {self.log_every_n_steps}")
+        if self.max_nonfinite_steps < 1:
+            raise ConfigError(f"--max-nonfinite-steps must be >= 1, got {self.max_nonfinite_steps}")
+        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+            raise ConfigError(f"--grad-clip-norm must be > 0, got {self.grad_clip_norm}")
 
 
 @dataclass

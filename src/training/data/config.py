@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from PIL import Image
+
+from ..flags import ConfigError, HelpGroup, flag, from_flag
 
 SKIP_REASONS = (
     "unreadable_shard",  # the shard file could not be opened or read (counted once per visit)
@@ -32,48 +35,75 @@ def data_error_reason(error: DataError) -> str:
     return text.rsplit(f"{DataError.__name__}: ", 1)[-1].strip()
 
 
+def dataset_type_choices() -> tuple:
+    """--dataset-type's choices, read when the parser is built: every registered data source, and auto."""
+    from .registry import registered_dataset_types  # the registry imports this module
+
+    return registered_dataset_types()
+
+
+def dataset_type_help() -> str:
+    """--dataset-type's help, read when the parser is built, from what each registered source declares."""
+    from .registry import dataset_type_help as registry_help
+
+    return registry_help()
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Everything the data pipeline needs; the trainer fills it from OpenCLIP-named flags."""
 
-    train_data: str | None = None
-    """Shard URLs, brace-expanded, several sources joined by `::` (--train-data)."""
-    train_data_upsampling_factors: str | None = None
-    """`::`-separated weight per source, only with dataset_resampled (--train-data-upsampling-factors)."""
-    train_num_samples: int | None = None
-    """Samples per epoch; default: the sum of the shards' sizes.json entries (--train-num-samples)."""
-    val_data: str | None = None
-    """Validation shards (--val-data)."""
-    val_num_samples: int | None = None
-    """Validation size for progress (--val-num-samples); default: sizes.json, else unknown (0)."""
-    dataset_type: str = "auto"
+    FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
+
+    train_data: str | None = flag(None, "Training shards (braceexpand patterns); several sources joined with `::`.")
+    train_data_upsampling_factors: str | None = flag(
+        None, "With --dataset-resampled and several `::` sources: one weight per source (e.g. 1::2::0.5). By "
+              "default sources are sampled uniformly.")
+    val_data: str | None = flag(None, "Validation shards.")
+    train_num_samples: int | None = flag(None, "Samples per epoch; needed when the shards have no sizes.json.")
+    val_num_samples: int | None = flag(None, "Validation samples.")
+    """Validation size for progress; default: sizes.json, else unknown (0)."""
+    dataset_type: str = flag("auto", dataset_type_help, choices=dataset_type_choices)
     """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
-    suffix, webdataset for .tar, csv for .csv/.tsv (--dataset-type)."""
-    dataset_resampled: bool = False
-    """Draw shards with replacement instead of an epoch-wise shuffle (--dataset-resampled)."""
-    batch_size: int = 64
-    """Per-rank batch size (--batch-size)."""
-    workers: int = 1
-    """DataLoader worker processes per rank; 0 reads in the main process (--workers)."""
-    seed: int = 0
-    """Seeds shard order, shuffling, caption choice and augmentation (--seed)."""
+    suffix."""
+    csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.")
+    csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.")
+    csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.")
+    dataset_resampled: bool = flag(False, "Sample shards with replacement.")
+    caption_key: str = flag("txt", "Caption field of each sample; a comma list samples one field per sample.")
+    val_caption_key: str | None = flag(
+        None, "Caption field for validation (default: the first of --caption-key), e.g. train on pseudo captions, "
+              "validate on gold ones (docs/data.md).")
+    group_size: int = flag(
+        1, "Shuffle runs of this many consecutive samples of a shard as units, so data written in families "
+           "(one-edit siblings) reaches a batch as whole families (docs/data.md). 1: shuffle single samples, as "
+           "OpenCLIP.", name="--train-group-size")
+    workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1)
+    """DataLoader worker processes per rank; 0 reads in the main process (in code: 1)."""
+    batch_size: int = flag(64, "Batch size per GPU.")
+    seed: int = from_flag("seed", default=0)
+    """Seeds shard order, shuffling, caption choice and augmentation."""
     rank: int = 0
     """This process's rank: training shards are split over ranks without a process group."""
     world_size: int = 1
     """Number of ranks."""
-    caption_key: str = "txt"
-    """Caption field; a comma list samples one of them per sample (--caption-key)."""
-    val_caption_key: str | None = None
-    """Validation's caption field (--val-caption-key); default: the first of caption_key."""
-    group_size: int = 1
-    """Training shuffles runs of this many consecutive samples of a shard as units (--train-group-size)."""
     skip_batches: int = 0
     """Batches of the starting epoch already consumed (all ranks alike), for exact mid-epoch resume."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
-    csv_separator: str = "\t"
-    """Field separator of csv data (--csv-separator; OpenCLIP's default: tab)."""
-    csv_img_key: str = "filepath"
-    """Column of csv data holding the image path (--csv-img-key)."""
-    csv_caption_key: str = "title"
-    """Column of csv data holding the caption (--csv-caption-key)."""
+
+    def _makes_its_own_samples(self) -> bool:
+        from .registry import AUTO, get_data_source  # the registry imports this module
+
+        return self.dataset_type != AUTO and not get_data_source(self.dataset_type).reads_data
+
+    def check(self) -> None:
+        if self.train_data is None and not self._makes_its_own_samples():
+            raise ConfigError("--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
+                              "or use --dataset-type synthetic for a smoke test")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise ConfigError(f"--workers must be >= 0, got {self.workers}")
+        if self.train_num_samples is not None and self.train_num_samples < 1:
+            raise ConfigError(f"--train-num-samples must be >= 1, got {self.train_num_samples}")

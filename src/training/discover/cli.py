@@ -19,8 +19,7 @@ from open_clip_adacl.losses.adacl import AdaCLLoss
 from ..data import DataConfig, DataError, resolve_dataset_type
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
-from ..model import build_precision
-from ..params import PRECISIONS
+from ..precision import PRECISIONS, build_precision
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import build_discovery_data, check_caption_key, shard_urls

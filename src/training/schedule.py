@@ -1,0 +1,104 @@
+"""LR schedules: name -> how to build it, registered like losses. A new schedule is one module:
+
+    @register_schedule("linear", "linear decay to 0 after the warmup")
+    def linear(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float):
+        return ...  # a function step -> lr that also sets the optimizer's lr
+
+`--lr-scheduler` lists what is registered when the parser is built. The built-ins are OpenCLIP's
+(`open_clip_train.scheduler`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Dict, Optional, Tuple
+
+import torch
+from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
+
+from .flags import ConfigError, HelpGroup, flag, from_flag
+
+LrFunction = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    help: str
+    build: Callable[..., LrFunction]  # (optimizer, cfg, steps_per_epoch, total_steps) -> step -> lr
+    check: Optional[Callable[["SchedulerConfig"], None]]  # raises ConfigError for settings it cannot use
+
+
+_SCHEDULES: Dict[str, Schedule] = {}
+
+
+def register_schedule(name: str, help: str, *, check: Optional[Callable[["SchedulerConfig"], None]] = None):
+    """Register the decorated builder as `--lr-scheduler name`; `check` validates the config for it."""
+    def decorator(build: Callable[..., LrFunction]) -> Callable[..., LrFunction]:
+        if name in _SCHEDULES:
+            raise ValueError(f"LR schedule {name!r} is already registered by {_SCHEDULES[name].build.__module__}")
+        _SCHEDULES[name] = Schedule(name, help, build, check)
+        return build
+
+    return decorator
+
+
+def registered_schedules() -> Tuple[str, ...]:
+    """The registered schedule names, in registration order."""
+    return tuple(_SCHEDULES)
+
+
+def _schedules_help() -> str:
+    return "LR scheduler, one of: " + "; ".join(f"'{s.name}' ({s.help})" for s in _SCHEDULES.values()) + "."
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
+
+    # Checked against the registry in check(), not by argparse, as OpenCLIP leaves the name free.
+    name: str = flag("cosine", _schedules_help, name="--lr-scheduler")
+    lr: float = from_flag("lr", default=5e-4)
+    warmup: int = flag(10000, "Number of steps to warmup for.")
+    epochs: int = from_flag("epochs", default=32)
+    epochs_cooldown: Optional[int] = flag(None, "With --lr-scheduler const-cooldown: cool down over the last N epochs.")
+    lr_cooldown_power: float = flag(1.0, "Power for polynomial cooldown schedule (1.0: linear).")
+    lr_cooldown_end: float = flag(0.0, "End learning rate for cooldown.")
+
+    def check(self) -> None:
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.name not in _SCHEDULES:
+            raise ConfigError(f"--lr-scheduler {self.name!r} is unknown; choose one of {', '.join(registered_schedules())}")
+        if _SCHEDULES[self.name].check is not None:
+            _SCHEDULES[self.name].check(self)
+        if self.epochs_cooldown is not None and not 0 <= self.epochs_cooldown <= self.epochs:
+            raise ConfigError(f"--epochs-cooldown must be between 0 and --epochs ({self.epochs}), got {self.epochs_cooldown}")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, steps_per_epoch: float) -> LrFunction:
+    """The registered schedule `cfg.name`: a function `step -> lr` that also sets the optimizer's lr."""
+    if cfg.name not in _SCHEDULES:
+        raise ValueError(f"unknown LR scheduler {cfg.name!r}")
+    return _SCHEDULES[cfg.name].build(optimizer, cfg, steps_per_epoch, steps_per_epoch * cfg.epochs)
+
+
+@register_schedule("cosine", "warmup, then cosine decay to 0")
+def _cosine(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float) -> LrFunction:
+    return cosine_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
+
+
+@register_schedule("const", "constant after the warmup")
+def _const(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float) -> LrFunction:
+    return const_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
+
+
+def _needs_cooldown_epochs(cfg: SchedulerConfig) -> None:
+    if cfg.epochs_cooldown is None:
+        raise ConfigError("--lr-scheduler const-cooldown needs --epochs-cooldown N (the number of cooldown epochs)")
+
+
+@register_schedule("const-cooldown", "constant, then a polynomial cooldown over the last --epochs-cooldown epochs",
+                   check=_needs_cooldown_epochs)
+def _const_cooldown(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float) -> LrFunction:
+    return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, steps_per_epoch * cfg.epochs_cooldown,
+                             cfg.lr_cooldown_power, cfg.lr_cooldown_end)
