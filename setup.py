@@ -21,7 +21,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    # Evaluation (evaluation.zero_shot, the demo's table) and plots; clip_benchmark pulls transformers,
+    # Evaluation (training.evaluation.zero_shot, the demo's table) and plots; clip_benchmark pulls transformers,
     # scikit-learn and pycocoevalcap, which training does not need.
     "eval": [
         "clip-benchmark>=1.6.2,<2",
@@ -38,8 +38,8 @@ setup(
     name="open_clip_adacl",
     version="0.1.0",
     description="OpenCLIP fork for CLIP pretraining with the AdaCL loss (clone negatives) and its peers",
-    # The library (open_clip_adacl), the trainer (training), and beside it evaluation, synthetic_scenes
-    # (the demo data) and loss_comparison: every package under src/ (README.md, "Layout").
+    # Two top-level packages, the library (open_clip_adacl) and the trainer (training, whose tools are
+    # its subpackages), so nothing generic lands in site-packages (README.md, "Layout").
     package_dir={"": "src"},
     packages=find_packages("src"),
     package_data={"open_clip_adacl": ["model_configs/*.json"]},
@@ -50,7 +50,9 @@ setup(
         "console_scripts": [
             "adacl-train=training.main:cli",
             "adacl-export=training.export:cli",
-            "adacl-evaluate=evaluation.zero_shot:cli",
+            "adacl-evaluate=training.evaluation.zero_shot:cli",
+            "adacl-scenes=training.synthetic_scenes.cli:main",
+            "adacl-compare=training.loss_comparison.cli:cli",
             "adacl-torchrun=training.torchrun:cli",
             "adacl-discover=training.discover.cli:cli",
         ]

@@ -150,7 +150,7 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads
 def describe_machine(device: str, threads: int) -> str:
     """CPU model (with family and model numbers, which tell apart CPUs that /proc/cpuinfo names alike),
     cores, torch threads, and the GPU when measuring on one."""
-    from loss_comparison.report import machine_info
+    from training.loss_comparison.report import machine_info
 
     info = machine_info(device)
     fields = {}

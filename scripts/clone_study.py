@@ -6,10 +6,10 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
     python scripts/clone_study.py --losses clip,adacl:paper       # some of each regime's variants first
     python scripts/clone_study.py --report-only                 # rewrite the reports from the runs
 
-Every regime trains the tiny model on the demo scenes (`synthetic_scenes`, written in families of 8
+Every regime trains the tiny model on the demo scenes (`training.synthetic_scenes`, written in families of 8
 one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
 negatives) for the budget at which `clip` learns the colour, shape and size clones
-(docs/results/learnability.md). One `python -m loss_comparison` call per regime, into
+(docs/results/learnability.md). One `python -m training.loss_comparison` call per regime, into
 runs/clone_study/<regime>, writes the regime's report (docs/results/<regime>.md, plot, per-run CSV);
 this script then assembles docs/RESULTS.md from them, keeping RESULTS.md's hand-written sections
 below the comparison's marker. Regimes (docs/adacl.md §5):
@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from loss_comparison.cli import main as compare_losses
-from loss_comparison.data import QUICK
-from loss_comparison.report import kept_tail
+from training.loss_comparison.cli import main as compare_losses
+from training.loss_comparison.data import QUICK
+from training.loss_comparison.report import kept_tail
 
 GROUPED = "--train-group-size 8"
 EPOCHS = 24                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
@@ -75,8 +75,8 @@ def endpoint_argv(name: str) -> List[str]:
 
 def write_scenes(data_dir: Path, combinations: str) -> None:
     """The demo data of QUICK's sizes with the given colour-shape combinations (written once)."""
-    from synthetic_scenes.scenes import SceneConfig
-    from synthetic_scenes.writers import write_demo_dataset
+    from training.synthetic_scenes.scenes import SceneConfig
+    from training.synthetic_scenes.writers import write_demo_dataset
 
     if (data_dir / "manifest.json").is_file():
         manifest = json.loads((data_dir / "manifest.json").read_text())
@@ -114,7 +114,7 @@ def regime_losses(regime: Regime, only: Optional[str]) -> str:
     """The regime's variants, or those of `only` (which must all be the regime's), in the regime's order."""
     if only is None:
         return regime.losses
-    from loss_comparison.variants import parse_loss_variants
+    from training.loss_comparison.variants import parse_loss_variants
 
     labels = [variant.label for variant in parse_loss_variants(regime.losses)]
     wanted = {variant.label for variant in parse_loss_variants(only)}
@@ -165,8 +165,8 @@ def caption_likeness_lines(data_dir: Path) -> List[str]:
 
 def missing_variants(regime: Regime, output_dir: Path) -> List[str]:
     """The regime's variants that its last comparison (comparison.json in `output_dir`) did not include."""
-    from loss_comparison.runner import COMPARISON_FILE
-    from loss_comparison.variants import parse_loss_variants
+    from training.loss_comparison.runner import COMPARISON_FILE
+    from training.loss_comparison.variants import parse_loss_variants
 
     saved = output_dir / COMPARISON_FILE
     compared = set(json.loads(saved.read_text())["labels"]) if saved.is_file() else set()

@@ -22,7 +22,7 @@ if [ -f "$DATA/manifest.json" ] && ! python -c "import json, sys; m = json.load(
     rm -rf "$DATA"
 fi
 if [ ! -f "$DATA/manifest.json" ]; then
-    python -m synthetic_scenes --output "$DATA" --num-train 8192 --num-val 512 --num-test 512 \
+    python -m training.synthetic_scenes --output "$DATA" --num-train 8192 --num-val 512 --num-test 512 \
         --family-size "$FAMILY_SIZE"
 fi
 split() { python -c "import json,sys; print('$DATA/' + json.load(open('$DATA/manifest.json'))['splits']['$1']['data'])"; }
@@ -36,5 +36,5 @@ python -m training.main \
 
 CHECKPOINT=$(ls -t "$DEMO/logs/$RUN_NAME/checkpoints"/epoch_*.pt | head -1)
 echo "== evaluating $CHECKPOINT (exported to plain OpenCLIP format, stock clip-benchmark CLI)"
-python -m evaluation --checkpoint "$CHECKPOINT" --demo-root "$DATA" --output-dir "$DEMO/eval/$RUN_NAME"
+python -m training.evaluation --checkpoint "$CHECKPOINT" --demo-root "$DATA" --output-dir "$DEMO/eval/$RUN_NAME"
 python scripts/plot_margins.py "$DEMO/logs/$RUN_NAME"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from synthetic_scenes.writers import write_demo_dataset
+from training.synthetic_scenes.writers import write_demo_dataset
 
 STEPS = 16        # 2 epochs of 8 steps
 SAVE_EVERY = 5

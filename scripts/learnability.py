@@ -5,7 +5,7 @@
 
 Trains one run (the loss comparison's recipe: adacl-tiny, batch 64, AdamW, cosine schedule,
 `--train-group-size 8`) with a step checkpoint every `--every` steps, then scores every checkpoint
-with the clone-selection evaluation (`evaluation.clone_selection`, test scenes). Writes
+with the clone-selection evaluation (`training.evaluation.clone_selection`, test scenes). Writes
 `curve.csv` (step, edit type, accuracy, mean cosine margin) under --output, and with --results-md a
 Markdown page with the table, the plot (beside it) and the command. An edit type whose accuracy stays
 near 0.5 at the budget is one no loss can be compared on at that budget.
@@ -48,8 +48,8 @@ def checkpoint_step(path: Path) -> int:
 
 
 def score(checkpoints: Path, data_dir: Path, output: Path) -> List[Dict[str, float]]:
-    from evaluation.clone_selection import evaluate_clone_selection
-    from evaluation.zero_shot import export_checkpoint, load_model
+    from training.evaluation.clone_selection import evaluate_clone_selection
+    from training.evaluation.zero_shot import export_checkpoint, load_model
 
     rows = []
     for path in sorted(checkpoints.glob("step_*.pt"), key=checkpoint_step):
@@ -91,7 +91,7 @@ def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
 
 
 def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict) -> None:
-    from loss_comparison.report import machine_info
+    from training.loss_comparison.report import machine_info
 
     machine = machine_info("cpu")
     steps = sorted({row["step"] for row in rows})
@@ -127,7 +127,7 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
 
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", type=Path, required=True, help="demo data written by python -m synthetic_scenes")
+    parser.add_argument("--data-dir", type=Path, required=True, help="demo data written by python -m training.synthetic_scenes")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=1536, help="at least this many steps (whole epochs)")
     parser.add_argument("--every", type=int, default=128, help="checkpoint and score every this many steps")

@@ -7,7 +7,7 @@ real loader delivers them, for each --train-group-size given. See docs/data.md.
 import argparse
 
 from training.data import DataConfig
-from synthetic_scenes.families import measure_siblings
+from training.synthetic_scenes.families import measure_siblings
 
 
 def main(argv: list[str] | None = None) -> None:

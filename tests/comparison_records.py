@@ -2,9 +2,9 @@
 paths, run records and a report context."""
 import math
 
-from loss_comparison.data import QUICK, Budget, data_from_manifest
-from loss_comparison.report import ReportContext
-from loss_comparison.stats import assess_run
+from training.loss_comparison.data import QUICK, Budget, data_from_manifest
+from training.loss_comparison.report import ReportContext
+from training.loss_comparison.stats import assess_run
 
 
 # The sizes of the `demo_shards` fixture (tests/conftest.py), so the runner reuses it as its data.
@@ -51,5 +51,5 @@ def report_context(tmp_path):
     data = fake_data(tmp_path / "data", num_train=4096, num_val=512)
     machine = {"cpu": "Test CPU", "cores": "2", "python": "3.11", "torch": "2.x", "open_clip": "3.3.0",
                "clip_benchmark": "1.6.2", "load": "1.0", "code": "git abc"}
-    return ReportContext(command="python -m loss_comparison --quick --seeds 0,1,2", budget=QUICK, data=data,
+    return ReportContext(command="python -m training.loss_comparison --quick --seeds 0,1,2", budget=QUICK, data=data,
                          data_seed=0, seeds=[0, 1, 2], wall_seconds=600.0, machine=machine, started="today")

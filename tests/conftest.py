@@ -1,14 +1,14 @@
 """Shared fixtures: the demo dataset, generated once per test session."""
 import pytest
 
-from synthetic_scenes.writers import write_demo_dataset
+from training.synthetic_scenes.writers import write_demo_dataset
 
 DEMO_SIZES = {"num_train": 512, "num_val": 128, "num_test": 128, "shard_size": 128}
 
 
 @pytest.fixture(scope="session")
 def demo_shards(tmp_path_factory):
-    """Root Path of a small demo dataset (seed 0, 32 px; `synthetic_scenes.writers` documents the layout):
+    """Root Path of a small demo dataset (seed 0, 32 px; `training.synthetic_scenes.writers` documents the layout):
 
     train/shard-{000000..000003}.tar   512 samples, keys 0..511 (json "key" "000000000"...)
     val/shard-000000.tar               128 samples, keys 512..639

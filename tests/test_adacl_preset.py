@@ -105,7 +105,7 @@ def test_the_trainer_records_every_resolved_option_and_refuses_conflicts():
 
 
 def test_the_loss_comparison_accepts_the_preset_as_a_variant():
-    from loss_comparison.variants import parse_loss_variants
+    from training.loss_comparison.variants import parse_loss_variants
 
     (variant,) = parse_loss_variants("adacl:paper")
     assert variant.flags(data_size=8)[:4] == ["--loss", "adacl", "--adacl-preset", "paper"]

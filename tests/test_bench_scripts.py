@@ -34,7 +34,7 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
 def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     import importlib.util
 
-    from loss_comparison.report import KEEP_MARKER
+    from training.loss_comparison.report import KEEP_MARKER
 
     spec = importlib.util.spec_from_file_location("clone_study", REPO / "scripts" / "clone_study.py")
     study = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""`evaluation.clone_detection`: the loss's discovery step scored against known sibling families."""
+"""`training.evaluation.clone_detection`: the loss's discovery step scored against known sibling families."""
 import io
 import json
 
@@ -8,7 +8,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from evaluation.clone_detection import detection_counts, evaluate_clone_detection, family_batches
+from training.evaluation.clone_detection import detection_counts, evaluate_clone_detection, family_batches
 
 FAMILY = 4
 N = 16

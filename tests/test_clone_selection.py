@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from evaluation.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
+from training.evaluation.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
                                       read_clone_selection)
 
 NAN = float("nan")
@@ -53,7 +53,7 @@ def test_margin_per_edit_type_and_pooled_in_cosine_units_logits_and_lower_tail()
 
 
 def write_clone_shards(data_dir, samples, per_shard=2):
-    """`<key>.png` + `<key>.json` {"caption", "clones"} samples in data_dir/<n>.tar, like synthetic_scenes.writers."""
+    """`<key>.png` + `<key>.json` {"caption", "clones"} samples in data_dir/<n>.tar, like training.synthetic_scenes.writers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(samples), per_shard):
         with wds.TarWriter(str(data_dir / f"{start // per_shard:06d}.tar")) as sink:

@@ -16,7 +16,7 @@ import torch
 
 from data_utils import good, png, write_tar
 from distributed_utils import run_on_ranks
-from synthetic_scenes.writers import write_demo_dataset
+from training.synthetic_scenes.writers import write_demo_dataset
 from training.data import DataError
 from training.discover import main
 from training.discover.store import BATCHES_FILE, PAIRS_FILE

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.data import DataConfig
-from synthetic_scenes.families import count_siblings, measure_siblings, read_families
+from training.synthetic_scenes.families import count_siblings, measure_siblings, read_families
 
 
 def test_count_siblings_on_hand_built_batches():

@@ -1,6 +1,7 @@
 """The packages under src/ depend on each other one way, and each command-line package runs as `python -m`.
 
-open_clip_adacl (the library) <- training (the trainer) <- evaluation, synthetic_scenes <- loss_comparison.
+open_clip_adacl (the library) <- the trainer (`training`, but its tools) <- training.evaluation,
+training.synthetic_scenes, training.discover <- training.loss_comparison.
 """
 import ast
 import os
@@ -11,41 +12,64 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-# What each package may import of the others (lazy imports inside functions count too).
+TRAINER = "training"
+TOOLS = ("training.evaluation", "training.synthetic_scenes", "training.discover", "training.loss_comparison")
+# What each part may import of the others (lazy imports inside functions count too).
 ALLOWED = {
     "open_clip_adacl": set(),
-    "training": {"open_clip_adacl"},
-    "evaluation": {"open_clip_adacl", "training"},
-    "synthetic_scenes": {"open_clip_adacl", "training"},
-    "loss_comparison": {"open_clip_adacl", "training", "evaluation", "synthetic_scenes"},
+    TRAINER: {"open_clip_adacl"},
+    "training.evaluation": {"open_clip_adacl", TRAINER},
+    "training.synthetic_scenes": {"open_clip_adacl", TRAINER},
+    "training.discover": {"open_clip_adacl", TRAINER},
+    "training.loss_comparison": {"open_clip_adacl", TRAINER, "training.evaluation", "training.synthetic_scenes"},
 }
 
 
-def imported_packages(path: Path) -> set:
-    """The top-level names `path` imports absolutely (relative imports stay inside its package)."""
+def part_of(module: str) -> str:
+    """The part of the house a dotted module name belongs to ("training.data.loader" -> "training")."""
+    for tool in TOOLS:
+        if module == tool or module.startswith(tool + "."):
+            return tool
+    return module.split(".")[0]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_parts(path: Path) -> set:
+    """The parts `path` imports, absolutely or relatively."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module
+            else:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from training import evaluation`
+    return {part_of(name) for name in names}
 
 
-def test_every_package_under_src_is_known():
-    assert {path.parent.name for path in SRC.glob("*/__init__.py")} == set(ALLOWED)
+def test_only_two_top_level_packages_under_src():
+    assert {path.parent.name for path in SRC.glob("*/__init__.py")} == {"open_clip_adacl", "training"}
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_dependencies_point_one_way(package):
-    forbidden = set(ALLOWED) - ALLOWED[package] - {package}
-    wrong = {str(path.relative_to(SRC)): sorted(imported_packages(path) & forbidden)
-             for path in sorted((SRC / package).rglob("*.py"))}
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_dependencies_point_one_way(part):
+    forbidden = set(ALLOWED) - ALLOWED[part] - {part}
+    files = [path for path in sorted(SRC.rglob("*.py")) if part_of(module_name(path)) == part]
+    assert files
+    wrong = {str(path.relative_to(SRC)): sorted(imported_parts(path) & forbidden) for path in files}
     assert {path: names for path, names in wrong.items() if names} == {}
 
 
-# (`python -m loss_comparison` runs in tests/test_loss_comparison_jobs.py: every job is such a process.)
-@pytest.mark.parametrize("package", ["synthetic_scenes", "evaluation", "training.discover"])
+# (`python -m training.loss_comparison` runs in the loss comparison's job tests: every job is such a process.)
+@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.evaluation", "training.discover"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env,

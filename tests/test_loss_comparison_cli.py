@@ -1,7 +1,7 @@
 """The command line refuses a budget that cannot run and a report without runs, before writing anything."""
 import pytest
 
-from loss_comparison.cli import main
+from training.loss_comparison.cli import main
 
 
 def test_the_command_line_rejects_a_bad_budget_and_a_report_without_runs(tmp_path):

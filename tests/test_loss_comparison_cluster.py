@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from evaluation.clone_selection import read_clone_selection
-from loss_comparison.cli import main
+from training.evaluation.clone_selection import read_clone_selection
+from training.loss_comparison.cli import main
 
 ENDPOINT = "clone_mean=clone/color+clone/shape+clone/size+clone/relation"
 
@@ -133,7 +133,7 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     train, finish, *_ = calls.read_text().splitlines()
     assert train.startswith("-m training.torchrun --standalone --nproc-per-node 2 -m training.main -- --train-data")
     assert "--seed 1 " in train and "--loss clip" in train and train.endswith("--resume latest")
-    assert finish.startswith(f"-m loss_comparison --finish-job {output_dir / 'records' / 'clip-seed1.job.json'} "
+    assert finish.startswith(f"-m training.loss_comparison --finish-job {output_dir / 'records' / 'clip-seed1.job.json'} "
                              "--train-status 3 --train-seconds ")
     assert "training failed" in (output_dir / "logs" / "clip-seed1.log").read_text()
     record = json.loads((output_dir / "records" / "clip-seed1.json").read_text())

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from loss_comparison.data import prepare_data
+from training.loss_comparison.data import prepare_data
 from comparison_records import TINY
 
 

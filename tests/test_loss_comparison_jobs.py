@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from loss_comparison.data import QUICK
-from loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, final_checkpoint,
+from training.loss_comparison.data import QUICK
+from training.loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, final_checkpoint,
                                   train_argv, worker_environment)
-from loss_comparison.stats import assess_run
-from loss_comparison.variants import parse_loss_variant
+from training.loss_comparison.stats import assess_run
+from training.loss_comparison.variants import parse_loss_variant
 from training import params
 from comparison_records import fake_data
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from loss_comparison.preregistration import Preregistration, from_file, resolve
-from loss_comparison.report import write_report
-from loss_comparison.stats import assess_run
+from training.loss_comparison.preregistration import Preregistration, from_file, resolve
+from training.loss_comparison.report import write_report
+from training.loss_comparison.stats import assess_run
 from comparison_records import record, report_context
 
 ENDPOINT = "clone_learnable=clone/color+clone/shape+clone/size"

@@ -1,8 +1,8 @@
 """The report from synthetic records: Markdown, plot and CSVs, findings, and the hand-written tail it keeps."""
 import csv
 
-from loss_comparison.report import KEEP_MARKER, compare, write_report
-from loss_comparison.stats import assess_run, summarize
+from training.loss_comparison.report import KEEP_MARKER, compare, write_report
+from training.loss_comparison.stats import assess_run, summarize
 from comparison_records import assessed_records, record, report_context
 
 
@@ -21,7 +21,7 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     results_md = tmp_path / "docs" / "RESULTS.md"
     markdown = write_report(records, report_context(tmp_path), results_md, tmp_path / "out")
     assert results_md.read_text() == markdown
-    assert "python -m loss_comparison --quick --seeds 0,1,2" in markdown and "Test CPU, 2 cores" in markdown
+    assert "python -m training.loss_comparison --quick --seeds 0,1,2" in markdown and "Test CPU, 2 cores" in markdown
     assert "**10.0 min** for 10 runs; one run (its process: start, train, evaluate) took 15 s" in markdown
     assert "**192 steps** at batch 64" in markdown
     assert "| `A` | 2/3 ok (1 collapsed) | 0.320 ± 0.028 |" in markdown

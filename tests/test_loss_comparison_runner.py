@@ -2,9 +2,9 @@
 import json
 import math
 
-from loss_comparison.cli import main
-from loss_comparison.runner import run_comparison, saved_comparison
-from loss_comparison.variants import LossVariant
+from training.loss_comparison.cli import main
+from training.loss_comparison.runner import run_comparison, saved_comparison
+from training.loss_comparison.variants import LossVariant
 from comparison_records import TINY
 
 
@@ -12,7 +12,7 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     """1 loss x 1 seed x 16 steps on the fixture's data: a record with every metric, and the report."""
     results_md, output_dir = tmp_path / "RESULTS.md", tmp_path / "comparison"
     records = run_comparison([LossVariant("clip")], [0], TINY, output_dir=output_dir, results_md=results_md,
-                             data_dir=demo_shards, command="python -m loss_comparison (test)", echo=lambda _: None)
+                             data_dir=demo_shards, command="python -m training.loss_comparison (test)", echo=lambda _: None)
     (run,) = records
     assert run["status"] == "ok", run["error"]
     assert run["verdict"] in ("ok", "collapsed")  # 16 steps may or may not leave chance level; either is reported
@@ -42,6 +42,6 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     saved["context"]["command"] = "python -m training.benchmark --quick --seeds 0"
     (output_dir / "benchmark.json").write_text(json.dumps(saved))
     (output_dir / "comparison.json").unlink()
-    assert saved_comparison(output_dir)["context"]["command"] == "python -m loss_comparison --quick --seeds 0"
+    assert saved_comparison(output_dir)["context"]["command"] == "python -m training.loss_comparison --quick --seeds 0"
     main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "legacy.md")])
-    assert "python -m loss_comparison --quick --seeds 0\n" in (tmp_path / "legacy.md").read_text()
+    assert "python -m training.loss_comparison --quick --seeds 0\n" in (tmp_path / "legacy.md").read_text()

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from loss_comparison.report import write_report
-from loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, holm, paired_difference,
+from training.loss_comparison.report import write_report
+from training.loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, holm, paired_difference,
                                    primary_verdict, secondary_tests, softmax_width, summarize)
 from comparison_records import assessed_records, record, report_context
 

@@ -1,7 +1,7 @@
 """Loss-variant specs: parsed and checked against each loss's options, mapped to the trainer's flags."""
 import pytest
 
-from loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
+from training.loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
 
 
 def test_specs_map_to_the_trainers_flags_and_parse_back():

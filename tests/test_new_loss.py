@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
-from loss_comparison.variants import parse_loss_variant
+from training.loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
 from training.checkpoint import load_checkpoint
 from training.logger import read_metrics

@@ -8,14 +8,14 @@ import pytest
 import webdataset as wds
 from open_clip.tokenizer import SimpleTokenizer
 
-from synthetic_scenes.captions import (caption, family_duplicate_rate, paraphrases, pseudo_caption,
+from training.synthetic_scenes.captions import (caption, family_duplicate_rate, paraphrases, pseudo_caption,
                                        word_edit_distance)
-from synthetic_scenes.cli import main
-from synthetic_scenes.edits import EDIT_TYPES, edit_caption, edit_description, family_edit, sample_family
-from synthetic_scenes.rendering import render
-from synthetic_scenes.scenes import (COLORS, OPPOSITE_RELATION, RELATIONS, SHAPES, SIZES, Description, ObjectSpec,
+from training.synthetic_scenes.cli import main
+from training.synthetic_scenes.edits import EDIT_TYPES, edit_caption, edit_description, family_edit, sample_family
+from training.synthetic_scenes.rendering import render
+from training.synthetic_scenes.scenes import (COLORS, OPPOSITE_RELATION, RELATIONS, SHAPES, SIZES, Description, ObjectSpec,
                                      PlacedObject, SceneConfig, combination_allowed, could_hold, holds, sample_scene)
-from synthetic_scenes.writers import BENCHMARK_DATASETS, write_demo_dataset
+from training.synthetic_scenes.writers import BENCHMARK_DATASETS, write_demo_dataset
 
 CONFIG = SceneConfig()
 RED_CIRCLE = ObjectSpec("large", "red", "circle")

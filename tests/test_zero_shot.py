@@ -1,4 +1,4 @@
-"""evaluation.zero_shot on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
+"""training.evaluation.zero_shot on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
 above-chance accuracy and recall, the in-process path gives the same numbers, and the table lists them."""
 import csv
 import json
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from evaluation.zero_shot import cli, format_markdown, infer_task, main, table_rows, worker_count
+from training.evaluation.zero_shot import cli, format_markdown, infer_task, main, table_rows, worker_count
 from training.main import main as train_main
 
 NUM_TEST = 128  # the demo fixture's test scenes (conftest.DEMO_SIZES)

@@ -1,5 +1,7 @@
 """The trainer: `python -m training.main` (training), `training.export`; data, checkpoints, logging, validation.
 
-Built on the library `open_clip_adacl`; evaluation after training (`evaluation`), the demo data
-(`synthetic_scenes`) and the loss comparison (`loss_comparison`) are packages beside it that use it.
+Built on the library `open_clip_adacl`. The tools that use the trainer live beside it as subpackages,
+and nothing else in the trainer imports them: evaluation after training (`training.evaluation`), the
+demo data (`training.synthetic_scenes`), the loss comparison (`training.loss_comparison`) and clone
+discovery over a dataset (`training.discover`).
 """

@@ -48,7 +48,7 @@ UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--remote-sync-frequency": "sync <logs>/<name> with your own tool",
     "--remote-sync-protocol": "sync <logs>/<name> with your own tool",
     "--use-bnb-linear": "bitsandbytes layers are not supported",
-    "--imagenet-v2": "evaluate ImageNet-v2 with `python -m evaluation` (clip-benchmark)",
+    "--imagenet-v2": "evaluate ImageNet-v2 with `python -m training.evaluation` (clip-benchmark)",
     "--copy-codebase": "record the code version yourself (e.g. git rev-parse HEAD)",
     "--momentum": "only AdamW is supported (--opt adamw)",
 }

@@ -4,7 +4,7 @@
   open_clip_adacl config name with `--pretrained` (a tag, or a file: an `epoch_N.pt`, an exported
   `open_clip_model.safetensors`, an OpenCLIP state dict), loaded as clip-benchmark loads it;
 - `--checkpoint epoch_N.pt`: the architecture the trainer recorded in it, through `training.export`
-  into a temporary folder and back with open_clip, as `python -m evaluation --checkpoint` does.
+  into a temporary folder and back with open_clip, as `python -m training.evaluation --checkpoint` does.
 
 A file whose tensors do not fit the named architecture is a one-line ValueError saying how many
 differ and which architecture the file was trained as, when it says so.

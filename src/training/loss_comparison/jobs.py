@@ -3,11 +3,11 @@
 A job trains with `training.main.main(argv)` (adacl-tiny unless --model; the same steps, batch, lr
 schedule and workers for every job but for the loss flags and seed), then evaluates its final
 checkpoint (`finish_job`): validation retrieval R@1/R@5 both ways (the trainer's results.jsonl),
-clip-benchmark zero-shot classification and retrieval (`evaluation.zero_shot.evaluate_dataset`, the
+clip-benchmark zero-shot classification and retrieval (`training.evaluation.zero_shot.evaluate_dataset`, the
 in-process path) on the demo's `wds/` sets or the user's own (`Benchmarks`), clone-negative
-selection per edit type (`evaluation.clone_selection`, when there is a clone-selection set) and, on
-training data written in families, clone detection (`evaluation.clone_detection`).
-`launch_job` runs a job as `python -m loss_comparison --run-job JOB.json`, its output in its log
+selection per edit type (`training.evaluation.clone_selection`, when there is a clone-selection set) and, on
+training data written in families, clone detection (`training.evaluation.clone_detection`).
+`launch_job` runs a job as `python -m training.loss_comparison --run-job JOB.json`, its output in its log
 file; the process writes the job's JSON record, which a later call reuses while the job is unchanged.
 An emitted job (`cluster`) trains under torchrun instead and then runs `--finish-job JOB.json`.
 """
@@ -40,7 +40,7 @@ OK, NONFINITE, FAILED = "ok", "nonfinite", "failed"  # a record's status; `stats
 class Benchmarks:
     """The user's own evaluation sets (instead of the demo's): clip-benchmark dataset names, their
     `--dataset_root` template (`{dataset}`: the name without `wds/`), and optionally a clone-selection
-    folder (`evaluation.clone_selection`'s shard layout)."""
+    folder (`training.evaluation.clone_selection`'s shard layout)."""
 
     datasets: Tuple[str, ...]
     root: str
@@ -244,7 +244,7 @@ def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
 def evaluation_sets(job: RunJob) -> Tuple[List[str], str, Optional[Path]]:
     """(clip-benchmark datasets, their --dataset_root template, clone-selection folder or None) of a job:
     the demo data's, or the user's."""
-    from evaluation.zero_shot import demo_datasets
+    from training.evaluation.zero_shot import demo_datasets
 
     if job.data_root is None:
         return job.benchmark_datasets, job.benchmark_root or "", (
@@ -257,9 +257,9 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the job's sets."""
     import torch
 
-    from evaluation.clone_detection import evaluate_clone_detection
-    from evaluation.clone_selection import evaluate_clone_selection
-    from evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset,
+    from training.evaluation.clone_detection import evaluate_clone_detection
+    from training.evaluation.clone_selection import evaluate_clone_selection
+    from training.evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset,
                                       export_checkpoint, infer_task, load_model, result_path, worker_count,
                                       write_result)
 
@@ -329,7 +329,7 @@ def worker_environment(jobs: int) -> Dict[str, str]:
 
 
 def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool = True) -> Dict[str, Any]:
-    """Run `job` in a fresh process (`python -m loss_comparison --run-job`), output to its log file.
+    """Run `job` in a fresh process (`python -m training.loss_comparison --run-job`), output to its log file.
 
     A finished (status ok) record left by an earlier call for the same job is returned as it is
     (when `reuse`); otherwise the run's folder is removed first, since the trainer refuses to
@@ -348,7 +348,7 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     job_path.write_text(json.dumps(asdict(job), indent=1))
     log_path = log_file(job)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "loss_comparison", "--run-job", str(job_path)]
+    command = [sys.executable, "-m", "training.loss_comparison", "--run-job", str(job_path)]
     start = time.time()
     with log_path.open("w") as log:
         try:

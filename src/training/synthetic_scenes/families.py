@@ -1,6 +1,6 @@
 """How many of a batch's negatives are siblings: measured on the real training batch stream.
 
-Data written in families (e.g. the one-edit siblings of `synthetic_scenes.edits`) stores a family id in each
+Data written in families (e.g. the one-edit siblings of `training.synthetic_scenes.edits`) stores a family id in each
 sample's json (`"family": 123`). A row's *siblings* are the other rows of its batch from the same
 family: for a contrastive loss they are the hardest negatives (clone negatives). The shuffle
 buffer scatters families unless the trainer keeps runs of consecutive samples together
@@ -44,7 +44,7 @@ def read_families(train_data: str, family_field: str = "family") -> dict[int, in
             if family_field not in meta:
                 raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
                                  "the json field that holds the family id, or write the data in families "
-                                 "(python -m synthetic_scenes --family-size)")
+                                 "(python -m training.synthetic_scenes --family-size)")
             families[sample_index_of(sample)] = meta[family_field]
     return families
 

@@ -1,6 +1,6 @@
 """What every run of one comparison shares: the budget (data sizes, training recipe) and the demo data.
 
-The demo data (`synthetic_scenes.writers.write_demo_dataset`) is written with a fixed data seed,
+The demo data (`training.synthetic_scenes.writers.write_demo_dataset`) is written with a fixed data seed,
 once, into --data-dir and reused while its manifest matches the budget.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def prepare_data(data_dir: Path, budget: Budget, data_seed: int) -> ComparisonDa
 
     A folder that holds anything else is never overwritten: that is an error naming it.
     """
-    from synthetic_scenes.writers import write_demo_dataset
+    from training.synthetic_scenes.writers import write_demo_dataset
 
     wanted = {"seed": data_seed, "num_samples": demo_sizes(budget)}
     manifest_path = data_dir / "manifest.json"

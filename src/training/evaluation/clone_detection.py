@@ -48,7 +48,7 @@ def family_batches(shards: Sequence[str], batch_size: int, num_batches: int, cap
             meta = sample["json"] if isinstance(sample["json"], dict) else json.loads(sample["json"])
             if "family" not in meta:
                 raise ValueError(f"sample {sample['__key__']} has no 'family' in its json: clone detection needs "
-                                 "shards written in families (python -m synthetic_scenes --family-size K)")
+                                 "shards written in families (python -m training.synthetic_scenes --family-size K)")
             families.append(int(meta["family"]))
         images = [sample.get("png") or sample.get("jpg") for sample in chunk]
         captions = [_text(sample[caption_key]) for sample in chunk]

@@ -1,11 +1,11 @@
-"""`python -m synthetic_scenes`: write the built-in demo data (procedural scenes with clone captions).
+"""`python -m training.synthetic_scenes`: write the built-in demo data (procedural scenes with clone captions).
 
-    python -m synthetic_scenes --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
+    python -m training.synthetic_scenes --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
 
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
 (txt), a paraphrase (txt_alt) and a generic pseudo caption (txt_pseudo).
-The layout is in `synthetic_scenes.writers`; see docs/data.md.
+The layout is in `training.synthetic_scenes.writers`; see docs/data.md.
 """
 import argparse
 import json
@@ -14,7 +14,7 @@ from .writers import write_demo_dataset
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m synthetic_scenes", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.synthetic_scenes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0)

@@ -6,11 +6,11 @@ our clone-negative selection when the demo data has its set, and writes one tabl
 (dataset, task, metric, value) rows as CSV and Markdown. Everything runs offline.
 
     # a training checkpoint: exported first to OUTPUT/export (loadable as local-dir:OUTPUT/export)
-    python -m evaluation --checkpoint logs/RUN/checkpoints/epoch_5.pt --demo-root demo --output-dir eval
+    python -m training.evaluation --checkpoint logs/RUN/checkpoints/epoch_5.pt --demo-root demo --output-dir eval
     # an export, on the demo's clip-benchmark sets (demo/benchmark/*) and clone-selection set
-    python -m evaluation --model local-dir:export --demo-root demo --output-dir eval
+    python -m training.evaluation --model local-dir:export --demo-root demo --output-dir eval
     # datasets the user has: --dataset-root-dir is clip-benchmark's template ({dataset} = name without "wds/")
-    python -m evaluation --model local-dir:export --datasets imagenet1k,mscoco_captions \
+    python -m training.evaluation --model local-dir:export --datasets imagenet1k,mscoco_captions \
         --dataset-root-dir '/data/{dataset}' --output-dir eval
 
 By default each task runs as a subprocess of the stock CLI, exactly what a user would type:
@@ -225,7 +225,7 @@ def export_checkpoint(checkpoint: Path, export_dir: Path) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.evaluation", description=__doc__.split("\n")[0])
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="local-dir:EXPORT_DIR or an open_clip model name")
     model.add_argument("--checkpoint", type=Path, help="training checkpoint (epoch_N.pt), exported to OUTPUT_DIR/export")

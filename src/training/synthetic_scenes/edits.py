@@ -6,7 +6,7 @@ image (`scenes.could_hold`). Training scenes come in *families* (`sample_family`
 `family_size - 1` (default 7) siblings re-drawn from one-edit clones of its description, written
 next to each other; `--train-group-size` keeps them together through the shuffle, so a training
 batch holds whole families of captions one attribute apart (docs/data.md; how many siblings a
-batch really holds: `synthetic_scenes.families`).
+batch really holds: `training.synthetic_scenes.families`).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The comparison's runs as cluster jobs: one shell script per (variant, seed), a SLURM array script, a jobs list.
 
-`python -m loss_comparison ... --emit-jobs DIR` writes, instead of running anything:
+`python -m training.loss_comparison ... --emit-jobs DIR` writes, instead of running anything:
 
     DIR/jobs/NNN-<run>.sh   one run: `python -m training.torchrun --standalone --nproc-per-node N -m
                             training.main -- <the run's trainer arguments> --resume latest`, then
-                            `python -m loss_comparison --finish-job <run>.job.json` (evaluates the final
+                            `python -m training.loss_comparison --finish-job <run>.job.json` (evaluates the final
                             checkpoint and writes the run's record where `--report-only` reads it);
                             its output goes to OUTPUT_DIR/logs/<run>.log
     DIR/jobs.tsv            task id, run name, variant, seed, script, record (task id = array index)
@@ -48,7 +48,7 @@ def job_script(job: RunJob, *, index: int, total: int, nproc_per_node: int, work
         "start=$(date +%s)",
         f'"$PYTHON" {shlex.join(train)} >> {log} 2>&1',
         "status=$?",
-        f'exec "$PYTHON" -m loss_comparison --finish-job {shlex.quote(str(job_file(job)))} --train-status "$status" '
+        f'exec "$PYTHON" -m training.loss_comparison --finish-job {shlex.quote(str(job_file(job)))} --train-status "$status" '
         f'--train-seconds "$(( $(date +%s) - start ))" >> {log} 2>&1',
         "",
     ])

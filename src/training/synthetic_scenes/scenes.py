@@ -3,13 +3,13 @@
 A scene holds 2 objects (3 with `SceneConfig.three_object_prob`), each a (size, colour, shape) drawn
 anywhere in the frame on a noisy, tinted, shaded background. Its `Description` names the objects and
 how the first one lies relative to all the others (captioned "a large red circle to the left of a
-small blue square[ and a small green triangle]" by `synthetic_scenes.captions`): the first object's
+small blue square[ and a small green triangle]" by `training.synthetic_scenes.captions`): the first object's
 extent is clear of each other object's along that axis, so both readings of the "and" are true
-(`holds`). A clone of the description (`synthetic_scenes.edits`) is checked never to describe the
+(`holds`). A clone of the description (`training.synthetic_scenes.edits`) is checked never to describe the
 image (`could_hold`).
 
 Sampling draws only from the `numpy.random.Generator` it is given, so the same seed gives the same
-scenes (`synthetic_scenes.writers` gives each family and scene its own generator).
+scenes (`training.synthetic_scenes.writers` gives each family and scene its own generator).
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def run_line(record: Mapping[str, Any]) -> str:
 def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str, float]]:
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
-    from synthetic_scenes.families import measure_siblings
+    from training.synthetic_scenes.families import measure_siblings
     from training.data import DataConfig
 
     group_size = int(flag_value(budget.train_args, "--train-group-size", "1"))
@@ -179,5 +179,5 @@ def saved_comparison(output_dir: Path) -> Dict[str, Any]:
         raise ValueError(f"no {saved_path}: run the comparison into --output-dir {output_dir} first")
     saved = json.loads(legacy_path.read_text())
     command = saved["context"]["command"]
-    saved["context"]["command"] = command.replace("python -m training.benchmark", "python -m loss_comparison", 1)
+    saved["context"]["command"] = command.replace("python -m training.benchmark", "python -m training.loss_comparison", 1)
     return saved

@@ -9,7 +9,7 @@
   clone-selection set; the layout is in its docstring);
 - `families`: how many of a training batch's negatives are siblings, measured on the trainer's
   real batch stream (`training.data`);
-- `cli`: `python -m synthetic_scenes --output DIR` writes the demo data.
+- `cli`: `python -m training.synthetic_scenes --output DIR` writes the demo data.
 
 The names below are the public API. Depends on the trainer (`families` reads its loader) and
 never the other way round.

@@ -1,33 +1,33 @@
-"""`python -m loss_comparison`: the same tiny model trained with each loss over several seeds, one report.
+"""`python -m training.loss_comparison`: the same tiny model trained with each loss over several seeds, one report.
 
 Every loss variant trains the same model under the same budget, each final model is evaluated
 the same way, and the numbers go into one Markdown report with a plot and a per-run CSV.
 
-    python -m loss_comparison --quick                   # 2-core CPU, under 20 minutes
-    python -m loss_comparison --full --jobs 4           # a GPU: more data, more steps
-    python -m loss_comparison --quick --losses clip,adacl:mode=literal,adacl:calibrated --seeds 0,1,2
+    python -m training.loss_comparison --quick                   # 2-core CPU, under 20 minutes
+    python -m training.loss_comparison --full --jobs 4           # a GPU: more data, more steps
+    python -m training.loss_comparison --quick --losses clip,adacl:mode=literal,adacl:calibrated --seeds 0,1,2
     # pre-registered: one verdict per variant on the endpoint (helps / hurts / no effect / inconclusive)
-    python -m loss_comparison --quick --losses clip,adacl --seeds 0,1,2,3,4 \
+    python -m training.loss_comparison --quick --losses clip,adacl --seeds 0,1,2,3,4 \
         --primary-endpoint clone_learnable=clone/color+clone/shape+clone/size --equivalence-margin 0.02
     # your own shards and clip-benchmark sets, as cluster jobs (torchrun scripts and a SLURM array), then the report
-    python -m loss_comparison --full --losses clip,adacl --seeds 0,1,2,3,4 --model RN50 \
+    python -m training.loss_comparison --full --losses clip,adacl --seeds 0,1,2,3,4 --model RN50 \
         --train-data '/data/cc3m/train/{00000..00331}.tar' --train-num-samples 2800000 \
         --val-data '/data/cc3m/val/{00000..00015}.tar' --train-args '--precision amp' \
         --benchmark-datasets imagenet1k,mscoco_captions --benchmark-root '/data/{dataset}' \
         --nproc-per-node 8 --emit-jobs jobs/ --output-dir runs/cc3m
     sbatch jobs/array.sh
-    python -m loss_comparison --report-only --output-dir runs/cc3m --results-md cc3m.md
+    python -m training.loss_comparison --report-only --output-dir runs/cc3m --results-md cc3m.md
 
 Steps:
-1. Demo data (`synthetic_scenes.writers.write_demo_dataset`) with a fixed data seed, written once
+1. Demo data (`training.synthetic_scenes.writers.write_demo_dataset`) with a fixed data seed, written once
    into --data-dir and reused while its manifest matches the budget (`data`).
 2. For every (loss variant, seed) one job, run as its own process (`--jobs` at a time, each with
    an equal share of the CPU threads; its output goes to <output-dir>/logs/<run>.log). A job
    trains with `training.main.main(argv)` (--model, same steps, batch, lr schedule, workers),
    then evaluates its final checkpoint: validation retrieval R@1/R@5 both ways (the trainer's
    results.jsonl), clip-benchmark zero-shot classification and retrieval on the demo's `wds/`
-   sets or --benchmark-datasets (`evaluation.zero_shot.evaluate_dataset`, the in-process path) and
-   clone-negative selection per edit type, accuracy and margins (`evaluation.clone_selection`). It
+   sets or --benchmark-datasets (`training.evaluation.zero_shot.evaluate_dataset`, the in-process path) and
+   clone-negative selection per edit type, accuracy and margins (`training.evaluation.clone_selection`). It
    writes a JSON record; a finished record whose job is unchanged is reused on the next call, so
    an interrupted comparison resumes (`jobs`, `runner`).
 3. Every run gets a verdict (`stats.assess_run`): failed (crashed, or no record), nonfinite (NaN/inf
@@ -81,7 +81,7 @@ DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fn
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loss_comparison", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m training.loss_comparison", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="budget", action="store_const", const="quick",
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="|variant - reference| below this is no effect (default 0.02)")
     statistics.add_argument("--reference", help="the variant every other is paired with (default: clip)")
     statistics.add_argument("--preregistration", metavar="FILE[#NAME]",
-                            help="a committed JSON or Markdown file holding those three (loss_comparison.preregistration "
+                            help="a committed JSON or Markdown file holding those three (training.loss_comparison.preregistration "
                                  "documents the format); the report cites it")
     own = parser.add_argument_group("your own data (instead of the demo data)")
     own.add_argument("--train-data", help="training shards or csv, as the trainer's --train-data")
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="clip-benchmark datasets every final model is evaluated on, comma-separated "
                           "(e.g. imagenet1k,mscoco_captions,wds/my_set)")
     own.add_argument("--benchmark-root", help="clip-benchmark --dataset_root template, e.g. '/data/{dataset}'")
-    own.add_argument("--clone-selection-dir", help="a clone-selection set (evaluation.clone_selection's layout)")
+    own.add_argument("--clone-selection-dir", help="a clone-selection set (training.evaluation.clone_selection's layout)")
     parser.add_argument("--model", default=MODEL, help=f"the model every run trains (default {MODEL})")
     cluster = parser.add_argument_group("cluster jobs")
     cluster.add_argument("--emit-jobs", type=Path, metavar="DIR",
@@ -248,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     if budget.pretrain_epochs and (own or args.emit_jobs):
         raise ValueError("--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs start "
                          "every run from a model you have: --train-args '--pretrained CHECKPOINT_OR_TAG'")
-    command = "python -m loss_comparison " + shlex.join(argv)
+    command = "python -m training.loss_comparison " + shlex.join(argv)
     if args.emit_jobs:
         if args.nproc_per_node < 1:
             raise ValueError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
@@ -256,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
                                own_data=own, data_dir=args.data_dir, data_seed=args.data_seed, command=command,
                                model=args.model, nproc_per_node=args.nproc_per_node, preregistration=preregistration)
         print(f"wrote {len(jobs)} job scripts, {args.emit_jobs / 'array.sh'} (sbatch it) and "
-              f"{args.emit_jobs / 'jobs.tsv'}; then: python -m loss_comparison --report-only --output-dir "
+              f"{args.emit_jobs / 'jobs.tsv'}; then: python -m training.loss_comparison --report-only --output-dir "
               f"{args.output_dir.resolve()}")
         return None
     records = run_comparison(variants, seeds, budget, output_dir=args.output_dir, results_md=args.results_md,

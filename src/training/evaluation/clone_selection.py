@@ -21,7 +21,7 @@ every clone caption are encoded once for all edit types, and an exact tie counts
 the tokenizer truncates the edit away, and then the model cannot tell the captions apart).
 
 Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
-`{"caption": str, "clones": {edit_type: str or null}}` (written by `synthetic_scenes.writers`).
+`{"caption": str, "clones": {edit_type: str or null}}` (written by `training.synthetic_scenes.writers`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,0 @@
-"""`python -m evaluation`: zero-shot evaluation with the stock clip-benchmark (`evaluation.zero_shot`)."""
-from .zero_shot import cli
-
-if __name__ == "__main__":
-    cli()

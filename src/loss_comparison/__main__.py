@@ -1,5 +1,0 @@
-"""`python -m loss_comparison`: every loss trained and evaluated over seeds, one report (`loss_comparison.cli`)."""
-from .cli import cli
-
-if __name__ == "__main__":
-    cli()

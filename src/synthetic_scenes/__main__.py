@@ -1,5 +1,0 @@
-"""`python -m synthetic_scenes --output DIR [...]`: write the demo data (`synthetic_scenes.cli`)."""
-from .cli import main
-
-if __name__ == "__main__":
-    main()
