@@ -1,5 +1,6 @@
 """Helpers for tests that run the trainer as a process and interrupt it: torchrun commands, waiting for a
 logged step, killing a run with its workers, and comparing a resumed run's end with an uninterrupted one."""
+import hashlib
 import json
 import os
 import signal
@@ -103,3 +104,12 @@ def assert_same_final_state(run_dir, reference_dir, checkpoint="epoch_2.pt"):
     for index, state in theirs["optimizer"]["state"].items():
         for key, value in state.items():
             torch.testing.assert_close(ours["optimizer"]["state"][index][key], value, rtol=1e-5, atol=1e-7)
+
+
+def digest(state_dict):
+    """sha256 of a state dict's names and values."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(state_dict.items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

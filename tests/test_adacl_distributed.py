@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import DistributedSetup, create_loss, selection
+from open_clip_adacl import DistributedSetup, create_loss, fused, selection
 from open_clip_adacl.distributed import RowGroup
 from distributed_utils import run_on_ranks
 
@@ -121,6 +121,9 @@ def _assert_matches_single_process(world_size):
                     torch.testing.assert_close(gy, ref["gy"], atol=1e-5, rtol=1e-4, msg=context)
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ranks_match_single_process_with_identical_margins(world_size):
+@pytest.mark.parametrize("world_size, fused_passes", [(2, "off"), (4, "off"), (2, "on"),
+                                                      pytest.param(4, "on", marks=pytest.mark.slow)])
+def test_ranks_match_single_process_with_identical_margins(world_size, fused_passes, monkeypatch):
+    # Through the fused passes too (docs/adacl.md §6.1); the spawned ranks inherit the variable.
+    monkeypatch.setenv(fused.ENV_VARIABLE, fused_passes)
     _assert_matches_single_process(world_size)

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from open_clip_adacl import DistributedSetup, list_losses, register_loss
-from open_clip_adacl.losses import ContrastiveLoss
+from counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
 from run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
 from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
@@ -156,39 +155,6 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
 # Resuming a training run
 # ---------------------------------------------------------------------------------------------
 
-COUNTING_LOSS = "test-counting-clip"
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-class CountingClip(ContrastiveLoss):
-    """The clip loss plus state that depends on every batch and epoch seen: what a resume must restore."""
-
-    keeps_state = True
-
-    def __init__(self, options=None, dist=DistributedSetup()):
-        super().__init__(options, dist)
-        self.register_buffer("num_calls", torch.zeros((), dtype=torch.long))
-        self.register_buffer("index_sum", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("epoch", torch.full((), -1, dtype=torch.long))
-
-    def on_epoch_start(self, epoch):
-        # Called again when a run resumes inside an epoch, so it sets rather than accumulates.
-        self.epoch.fill_(epoch)
-
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None,
-                output_dict=False):
-        self.num_calls += 1
-        self.index_sum += sample_index.double().sum()
-        return super().forward(image_features, text_features, logit_scale, logit_bias,
-                               sample_index=sample_index, output_dict=output_dict)
-
-
-def register_counting_loss():
-    """Registered on demand (not at import) so registry-wide tests do not pick it up."""
-    if COUNTING_LOSS not in list_losses():
-        register_loss(COUNTING_LOSS)(CountingClip)
-
-
 def run_argv(demo_shards, logs, name, *extra):
     # 2 epochs of 8 steps (256 samples per epoch, batch 32).
     return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
@@ -230,8 +196,8 @@ def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path
 KILLABLE_RUN = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
-    import test_checkpoint
-    test_checkpoint.register_counting_loss()
+    from counting_loss import register_counting_loss
+    register_counting_loss()
     from training.main import main
     main(sys.argv[2:])
 """)

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from open_clip_adacl import adacl, fused, selection
-from test_selection import _logits, _select, \
-    test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them as three_ranks_test
-from test_adacl_distributed import _assert_matches_single_process
+from selection_cases import random_logits, select_anchor
 
 FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
 # The compiled median on the device path: three passes over the logits, no key matrix.
@@ -36,9 +34,9 @@ def path(request, monkeypatch):
 
 def _random_cases():
     """Random batches of several sizes and spreads, one with NaN, infinite and signed-zero logits."""
-    cases = [_logits(n=n, d=d, seed=seed, noise=noise)
+    cases = [random_logits(n=n, d=d, seed=seed, noise=noise)
              for n, d, seed, noise in ((48, 16, 2, 0.8), (37, 8, 11, 0.3), (64, 32, 5, 1.5), (20, 4, 7, 0.05))]
-    odd = _logits(n=40, seed=9)
+    odd = random_logits(n=40, seed=9)
     odd[3, 7], odd[4, 9], odd[5, 11], odd[6, 2], odd[8, 8] = float("nan"), float("inf"), -float("inf"), -0.0, -0.0
     odd[10, :5] = odd[10, 10]  # ties with the positive: zero gaps
     return cases + [odd]
@@ -54,9 +52,9 @@ def _same_bits(first: torch.Tensor, second: torch.Tensor) -> bool:
 
 def _both_selections(monkeypatch, logits, **kwargs):
     monkeypatch.setenv(fused.ENV_VARIABLE, "off")
-    eager = _select(logits, torch.arange(logits.shape[0]), **kwargs)
+    eager = select_anchor(logits, torch.arange(logits.shape[0]), **kwargs)
     monkeypatch.setenv(fused.ENV_VARIABLE, "on")
-    compiled = _select(logits, torch.arange(logits.shape[0]), **kwargs)
+    compiled = select_anchor(logits, torch.arange(logits.shape[0]), **kwargs)
     return eager, compiled
 
 
@@ -102,23 +100,12 @@ def test_fused_keys_are_the_eager_keys_bit_for_bit(monkeypatch):
             assert _same_bits(eager, compiled)
 
 
-def test_two_ranks_match_one_process_through_the_fused_passes(monkeypatch):
-    monkeypatch.setenv(fused.ENV_VARIABLE, "on")  # the spawned ranks inherit it
-    _assert_matches_single_process(2)
-
-
-def test_three_ranks_with_unequal_rows_select_exactly_through_the_fused_passes(monkeypatch):
-    monkeypatch.setenv(fused.ENV_VARIABLE, "on")  # rank 1 holds no row and runs the eager passes
-    three_ranks_test()
-
-
-@pytest.mark.slow
-def test_four_ranks_match_one_process_through_the_fused_passes(monkeypatch):
-    monkeypatch.setenv(fused.ENV_VARIABLE, "on")
-    _assert_matches_single_process(4)
+# Several ranks through the fused passes: test_selection.py and test_adacl_distributed.py run their
+# multi-rank tests with the passes off and on.
 
 
 # --- when the passes are used ------------------------------------------------------------------------
+
 
 def test_the_mode_variable_selects_the_passes(monkeypatch):
     large = torch.empty(2048, 2048)
@@ -140,11 +127,11 @@ def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):
     script = textwrap.dedent("""
         import logging, torch
         from open_clip_adacl import selection
-        from test_selection import _logits, _select
+        from selection_cases import random_logits, select_anchor
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-        logits = _logits()
-        first = _select(logits, torch.arange(48), anchor_stat="median")
-        second = _select(logits, torch.arange(48), anchor_stat="median")
+        logits = random_logits()
+        first = select_anchor(logits, torch.arange(48), anchor_stat="median")
+        second = select_anchor(logits, torch.arange(48), anchor_stat="median")
         print("selected", first.row.item(), first.gap.item(), second.row.item(), second.gap.item())
     """)
     env = {**os.environ, fused.ENV_VARIABLE: "on", "CXX": str(tmp_path / "no-such-compiler"),
@@ -155,7 +142,7 @@ def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if "cannot compile the fused selection pass" in line]
     assert len(warnings) == 1 and warnings[0].startswith("WARNING AdaCL: cannot compile"), result.stderr[-3000:]
     assert "using the eager passes" in warnings[0] and "compiled the fused" not in result.stderr
-    expected = _select(_logits(), torch.arange(48), anchor_stat="median")
+    expected = select_anchor(random_logits(), torch.arange(48), anchor_stat="median")
     row, gap = expected.row.item(), expected.gap.item()
     assert result.stdout.split() == ["selected", str(row), repr(gap), str(row), repr(gap)]
 
@@ -165,7 +152,7 @@ def test_the_compile_time_is_logged_once_per_pass(monkeypatch, caplog):
     monkeypatch.setenv(fused.ENV_VARIABLE, "on")
     with caplog.at_level("INFO", logger=fused.__name__):
         for _ in range(2):
-            _select(_logits(), torch.arange(48))
+            select_anchor(random_logits(), torch.arange(48))
     lines = [record.getMessage() for record in caplog.records if record.name == fused.__name__]
     assert len(lines) == len(CPU_PASSES), lines
     assert all(line.startswith("AdaCL: compiled the fused selection pass _") and line.endswith(" s") for line in lines)

@@ -1,6 +1,5 @@
 """Launch recipes (scripts/launch/*) and SLURM launches: dry runs on img2dataset-named shards, clear
 failures on bad input, the srun line, and ranks started with srun's variables training together."""
-import hashlib
 import json
 import os
 import random
@@ -15,6 +14,7 @@ import pytest
 from open_clip_train.data import expand_urls
 from torch.distributed.run import parse_args as torchrun_parse_args
 
+from run_utils import digest
 from training.checkpoint import load_checkpoint
 from training.params import parse_args, validate_args
 
@@ -171,7 +171,7 @@ SLURM_TASK = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import training.main as entry
-    from test_launch import digest
+    from run_utils import digest
     from training.distributed import unwrap_model
 
     digests = {}
@@ -186,15 +186,6 @@ SLURM_TASK = textwrap.dedent("""
     summary = entry.main(sys.argv[2:])
     print("RESULT " + json.dumps({"step": summary.step, "epoch": summary.epoch, **digests}))
 """)
-
-
-def digest(state_dict):
-    """sha256 of a state dict's names and values."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(state_dict.items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def _slurm_job_id_with_free_port():

@@ -6,24 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from distributed_utils import run_on_ranks
-from open_clip_adacl import DistributedSetup, adacl, create_loss, selection
+from selection_cases import LOCAL, SCALE, random_logits, select_anchor
+from open_clip_adacl import DistributedSetup, adacl, create_loss, fused, selection
 from open_clip_adacl.distributed import RowGroup
 
-SCALE = 14.3
-LOCAL = RowGroup(split_across_ranks=False)
-
-
-def _logits(n=48, d=16, seed=2, noise=0.8):
-    g = torch.Generator().manual_seed(seed)
-    x = F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
-    y = F.normalize(x + noise * torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
-    return (SCALE * x @ y.T).float()
-
-
-def _select(logits, positive_col, rows=LOCAL, salient="max", anchor_stat="median", prior_ratio=1.0, region="gda"):
-    summary = selection.summarize_rows(logits, positive_col, with_mean=salient == "mean")
-    return selection.select_anchor(logits, summary, positive_col, rows, salient=salient, anchor_stat=anchor_stat,
-                                   prior_ratio=prior_ratio, std_floor=1e-3, region=region)
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
@@ -72,7 +58,7 @@ def test_summarize_rows_matches_dense():
 
 
 def test_summarize_rows_on_one_thread_gives_what_two_threads_give():
-    logits = _logits(n=300, seed=6)
+    logits = random_logits(n=300, seed=6)
     positive_col = torch.arange(300)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -135,7 +121,7 @@ def test_candidate_bounds_are_the_open_intervals_exactly(dtype):
     ((0.3, -0.2, -1.0), None), ((0.3, -0.2, -1.0), 0.5), ((-0.3, 0.1, 2.0), -1.0), ((0.0, 0.0, 1.0), None),
     ((-1.0, 0.0, -1.0), None), ((0.0, -2.0, 1.0), None), ((0.02, 0.0, -0.5), -30.0)])
 def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lower, monkeypatch):
-    logits = _logits(seed=5)
+    logits = random_logits(seed=5)
     logits[3, 7], logits[4, 9], logits[5, 11], logits[6, 2] = float("nan"), float("inf"), -float("inf"), -0.0
     positive_col = torch.arange(48)
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
@@ -188,8 +174,8 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
 
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
 def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
-    logits = _logits()
-    chosen = _select(logits, torch.arange(48), anchor_stat=anchor_stat, prior_ratio=1e30)  # posterior < 1/2
+    logits = random_logits()
+    chosen = select_anchor(logits, torch.arange(48), anchor_stat=anchor_stat, prior_ratio=1e30)  # posterior < 1/2
     assert chosen.num_candidates == 0 and chosen.row == -1 and torch.isnan(chosen.gap)
 
 
@@ -198,9 +184,9 @@ def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
 @pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
 def test_select_anchor_matches_dense_pipeline(salient, anchor_stat, path):
-    logits = _logits()
+    logits = random_logits()
     positive_col = torch.arange(48)
-    chosen = _select(logits, positive_col, salient=salient, anchor_stat=anchor_stat)
+    chosen = select_anchor(logits, positive_col, salient=salient, anchor_stat=anchor_stat)
     gap, row, count = _dense_anchor(logits, positive_col, salient, anchor_stat, 1e-3)
     assert 0 < count < 48 * 47
     assert chosen.num_candidates.item() == count.item()
@@ -211,9 +197,9 @@ def test_select_anchor_matches_dense_pipeline(salient, anchor_stat, path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
 def test_low_precision_logits_select_what_fp64_selects(dtype, anchor_stat, path):
-    logits = _logits(seed=3).to(dtype)
+    logits = random_logits(seed=3).to(dtype)
     positive_col = torch.arange(48)
-    chosen = _select(logits, positive_col, anchor_stat=anchor_stat)
+    chosen = select_anchor(logits, positive_col, anchor_stat=anchor_stat)
     gap, row, count = _dense_anchor(logits.double(), positive_col, "max", anchor_stat, 1e-3)
     assert 0 < count < 48 * 47
     assert (chosen.num_candidates.item(), chosen.row.item()) == (count.item(), row.item())
@@ -229,7 +215,7 @@ def _rank_selects(rank, world_size, logits):
     start = sum(ROW_SPLIT[:rank])
     rows = slice(start, start + ROW_SPLIT[rank])
     positive_col = torch.arange(logits.shape[0])[rows]
-    results = {(salient, stat): _select(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
+    results = {(salient, stat): select_anchor(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
                for salient in adacl.SALIENT_KINDS for stat in adacl.ANCHOR_STATS}
     loss_fn = create_loss("adacl", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=True,
                                                          gather_with_grad=True))
@@ -241,12 +227,15 @@ def _rank_selects(rank, world_size, logits):
     return results
 
 
-def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them():
-    logits = _logits(n=sum(ROW_SPLIT), seed=4)
+@pytest.mark.parametrize("fused_passes", ["off", pytest.param("on", marks=pytest.mark.slow)])
+def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(fused_passes, monkeypatch):
+    # Through the fused passes too (docs/adacl.md §6.1): rank 1 holds no row and runs the eager passes.
+    monkeypatch.setenv(fused.ENV_VARIABLE, fused_passes)  # the spawned ranks inherit it
+    logits = random_logits(n=sum(ROW_SPLIT), seed=4)
     per_rank = run_on_ranks(_rank_selects, len(ROW_SPLIT), logits)
     for salient in adacl.SALIENT_KINDS:
         for stat in adacl.ANCHOR_STATS:
-            expected = _select(logits, torch.arange(logits.shape[0]), salient=salient, anchor_stat=stat)
+            expected = select_anchor(logits, torch.arange(logits.shape[0]), salient=salient, anchor_stat=stat)
             assert expected.num_candidates > 0
             for result in per_rank:
                 chosen = result[salient, stat]
@@ -258,9 +247,9 @@ def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(
 
 @pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
 def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region, path):
-    logits = _logits(seed=3)
+    logits = random_logits(seed=3)
     positive_col = torch.arange(48)
-    chosen = _select(logits, positive_col, region=region)
+    chosen = select_anchor(logits, positive_col, region=region)
     gap, row, count = _dense_anchor(logits, positive_col, "max", "median", 1e-3, region)
     assert chosen.num_candidates.item() == count.item()
     assert (chosen.row.item(), chosen.gap.item()) == (row.item(), gap.item())
