@@ -1,0 +1,115 @@
+"""Helpers for tests that run the trainer as a process and interrupt it: torchrun commands, waiting for a
+logged step, killing a run with its workers, and comparing a resumed run's end with an uninterrupted one."""
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from helpers.distributed_utils import free_port
+from training.checkpoint import load_checkpoint
+from training.logger import read_metrics
+
+
+def torchrun_command(demo_shards, logs, *extra, name="ddp"):
+    """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
+    `name` under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
+    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
+            "--model", "adacl-tiny", "--batch-size", "16", "--lr", "1e-3", "--warmup", "2", "--workers", "0",
+            "--device", "cpu", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
+            "--save-every-n-steps", "5", "--local-loss", "--gather-with-grad", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(variable, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(free_port()), "-m", "training.main", "--", *argv]
+    return command, env
+
+
+def children(pid):
+    """Direct child processes of `pid` (torchrun starts its workers in their own sessions)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def logged_steps(metrics_path):
+    """The train steps a running run has logged so far (a line still being written is left out)."""
+    if not metrics_path.exists():
+        return []
+    complete = metrics_path.read_text().rpartition("\n")[0]
+    return [record["step"] for record in map(json.loads, complete.splitlines()) if record["kind"] == "train"]
+
+
+def wait_for_step(metrics_path, proc, step, timeout=300):
+    """Wait until the run has logged `step` (or more)."""
+    deadline = time.time() + timeout
+    while not (logged_steps(metrics_path) or [0])[-1] >= step:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.time() < deadline, f"step {step} not reached in {timeout} s"
+        time.sleep(0.05)
+
+
+def running(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until_gone(pids, timeout=60):
+    """Wait until none of `pids` runs (they need not be our children: init reaps orphans)."""
+    deadline = time.time() + timeout
+    while any(running(pid) for pid in pids):
+        assert time.time() < deadline, f"still running after {timeout} s: {[p for p in pids if running(p)]}"
+        time.sleep(0.05)
+
+
+def kill_run(proc, timeout=60):
+    """SIGKILL a run and its workers at once, as when its node dies; returns when all are gone."""
+    if proc.poll() is not None:
+        return  # it ended by itself (the test has failed already)
+    workers = children(proc.pid)
+    for pid in [*workers, proc.pid]:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    wait_until_gone(workers, timeout)
+
+
+def losses_by_step(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
+
+
+def assert_same_final_state(run_dir, reference_dir, checkpoint="epoch_2.pt"):
+    """The run ended where the reference ended: same step, loss state (exactly), weights and optimizer."""
+    ours = load_checkpoint(run_dir / "checkpoints" / checkpoint)
+    theirs = load_checkpoint(reference_dir / "checkpoints" / checkpoint)
+    assert (ours["epoch"], ours["step"]) == (theirs["epoch"], theirs["step"])
+    for key, value in theirs["loss"].items():
+        assert torch.equal(ours["loss"][key], value), key
+    for key, value in theirs["state_dict"].items():
+        torch.testing.assert_close(ours["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    for index, state in theirs["optimizer"]["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(ours["optimizer"]["state"][index][key], value, rtol=1e-5, atol=1e-7)
+
+
+def digest(state_dict):
+    """sha256 of a state dict's names and values."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(state_dict.items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

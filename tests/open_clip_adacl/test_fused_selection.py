@@ -1,0 +1,159 @@
+"""The compiled (fused) selection passes of fused.py: bit-identical to the eager passes on random and
+adversarial cases, on both code paths and every dtype; the mode variable; and the fallback to the eager
+passes when nothing can be compiled. (The multi-rank tests run through them in their own modules.)"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from helpers import TESTS
+from helpers.selection_cases import random_logits, select_anchor
+from open_clip_adacl import adacl, fused, selection
+
+FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
+# The compiled median on the device path: three passes over the logits, no key matrix.
+DEVICE_MEDIAN_PASSES = ("_high_histogram_of_logits", "_low_histogram_of_logits", "_row_min_xor_of_logits")
+CPU_PASSES = ("_keys_pass", "_high_histogram_pass")
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Eager passes over several chunks, the last one partial (as in test_selection.py)."""
+    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * 48)
+
+
+@pytest.fixture(params=["cpu", "device"])
+def path(request, monkeypatch):
+    """Both code paths on the CPU, as in test_selection.py: `device` never reads a value back."""
+    if request.param == "device":
+        monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+    return request.param
+
+
+def _random_cases():
+    """Random batches of several sizes and spreads, one with NaN, infinite and signed-zero logits."""
+    cases = [random_logits(n=n, d=d, seed=seed, noise=noise)
+             for n, d, seed, noise in ((48, 16, 2, 0.8), (37, 8, 11, 0.3), (64, 32, 5, 1.5), (20, 4, 7, 0.05))]
+    odd = random_logits(n=40, seed=9)
+    odd[3, 7], odd[4, 9], odd[5, 11], odd[6, 2], odd[8, 8] = float("nan"), float("inf"), -float("inf"), -0.0, -0.0
+    odd[10, :5] = odd[10, 10]  # ties with the positive: zero gaps
+    return cases + [odd]
+
+
+def _same_bits(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Equal bit patterns (NaN included)."""
+    if first.dtype != second.dtype or not first.is_floating_point():
+        return torch.equal(first, second)
+    as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16}[first.element_size()]
+    return torch.equal(first.view(as_int), second.view(as_int))
+
+
+def _both_selections(monkeypatch, logits, **kwargs):
+    monkeypatch.setenv(fused.ENV_VARIABLE, "off")
+    eager = select_anchor(logits, torch.arange(logits.shape[0]), **kwargs)
+    monkeypatch.setenv(fused.ENV_VARIABLE, "on")
+    compiled = select_anchor(logits, torch.arange(logits.shape[0]), **kwargs)
+    return eager, compiled
+
+
+@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
+@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+def test_fused_selections_are_bit_identical_to_eager(anchor_stat, region, path, monkeypatch):
+    for case, logits in enumerate(_random_cases()):
+        for salient in adacl.SALIENT_KINDS:
+            eager, compiled = _both_selections(monkeypatch, logits, salient=salient, anchor_stat=anchor_stat,
+                                               region=region)
+            for field in FIELDS:
+                assert _same_bits(getattr(eager, field), getattr(compiled, field)), (case, salient, field)
+    passes = DEVICE_MEDIAN_PASSES if path == "device" and anchor_stat == "median" else CPU_PASSES
+    assert {name for name, device, dtype in fused._ready} >= set(passes)
+    assert not fused._failed
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])  # float16 takes bfloat16's path
+def test_fused_selections_are_bit_identical_in_every_dtype(dtype, path, monkeypatch):
+    for case, logits in enumerate(_random_cases()[:2]):
+        for anchor_stat in ("median", "max"):
+            eager, compiled = _both_selections(monkeypatch, logits.to(dtype), anchor_stat=anchor_stat)
+            for field in FIELDS:
+                assert _same_bits(getattr(eager, field), getattr(compiled, field)), (case, anchor_stat, field)
+    assert (CPU_PASSES[0], "cpu", dtype) in fused._ready
+
+
+def test_fused_keys_are_the_eager_keys_bit_for_bit(monkeypatch):
+    # Including the keys of NaN, infinite and -0.0 logits, which no selection reads.
+    logits = _random_cases()[-1]
+    positive_col = torch.arange(logits.shape[0])
+    positive = logits.gather(1, positive_col[:, None]).squeeze(1)
+    for coefficients, lower in (((0.3, -0.2, -1.0), None), ((0.3, -0.2, -1.0), 0.5), ((0.0, 0.0, 1.0), None),
+                                ((-1.0, 0.0, -1.0), None)):
+        coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in coefficients)
+        lower = None if lower is None else torch.tensor(lower, dtype=torch.float64)
+        results = []
+        for mode in ("off", "on"):
+            monkeypatch.setenv(fused.ENV_VARIABLE, mode)
+            results.append([value.clone() for value in selection.candidate_keys(
+                logits, positive, positive_col, coefficients, lower=lower)])
+        for eager, compiled in zip(*results):
+            assert _same_bits(eager, compiled)
+
+
+# Several ranks through the fused passes: test_selection.py and test_adacl_distributed.py run their
+# multi-rank tests with the passes off and on.
+
+
+# --- when the passes are used ------------------------------------------------------------------------
+
+
+def test_the_mode_variable_selects_the_passes(monkeypatch):
+    large = torch.empty(2048, 2048)
+    small = torch.empty(64, 64)
+    monkeypatch.delenv(fused.ENV_VARIABLE, raising=False)
+    assert fused.mode() == "auto" and fused.wanted(large) and not fused.wanted(small)
+    monkeypatch.setenv(fused.ENV_VARIABLE, "on")
+    assert fused.wanted(small) and not fused.wanted(torch.empty(0, 64))  # a rank without rows
+    assert not fused.wanted(small.int()) and not fused.wanted(small.to("meta"))
+    monkeypatch.setenv(fused.ENV_VARIABLE, "OFF")
+    assert not fused.wanted(large)
+    monkeypatch.setenv(fused.ENV_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="OPEN_CLIP_ADACL_FUSED='yes' is not one of auto, on, off"):
+        fused.wanted(large)
+
+
+def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):
+    # A fresh process with no C++ compiler and an empty compile cache: the selection falls back.
+    script = textwrap.dedent("""
+        import logging, torch
+        from open_clip_adacl import selection
+        from helpers.selection_cases import random_logits, select_anchor
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        logits = random_logits()
+        first = select_anchor(logits, torch.arange(48), anchor_stat="median")
+        second = select_anchor(logits, torch.arange(48), anchor_stat="median")
+        print("selected", first.row.item(), first.gap.item(), second.row.item(), second.gap.item())
+    """)
+    env = {**os.environ, fused.ENV_VARIABLE: "on", "CXX": str(tmp_path / "no-such-compiler"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "cannot compile the fused selection pass" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING AdaCL: cannot compile"), result.stderr[-3000:]
+    assert "using the eager passes" in warnings[0] and "compiled the fused" not in result.stderr
+    expected = select_anchor(random_logits(), torch.arange(48), anchor_stat="median")
+    row, gap = expected.row.item(), expected.gap.item()
+    assert result.stdout.split() == ["selected", str(row), repr(gap), str(row), repr(gap)]
+
+
+def test_the_compile_time_is_logged_once_per_pass(monkeypatch, caplog):
+    monkeypatch.setattr(fused, "_ready", set())  # as in a fresh process (the compiled code itself is reused)
+    monkeypatch.setenv(fused.ENV_VARIABLE, "on")
+    with caplog.at_level("INFO", logger=fused.__name__):
+        for _ in range(2):
+            select_anchor(random_logits(), torch.arange(48))
+    lines = [record.getMessage() for record in caplog.records if record.name == fused.__name__]
+    assert len(lines) == len(CPU_PASSES), lines
+    assert all(line.startswith("AdaCL: compiled the fused selection pass _") and line.endswith(" s") for line in lines)

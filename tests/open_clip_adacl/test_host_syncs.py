@@ -1,0 +1,149 @@
+"""How often one AdaCL training step (forward and backward) makes the host wait for the device, counted
+on the GPU code path forced on the CPU: every read of a tensor's values into Python (`.item()`,
+`.tolist()`, `bool()`, `int()`, ...), every op whose output size depends on values (`nonzero`,
+boolean-mask indexing, ...) and every tensor made from host values on a device (a copy that waits
+for the device's queue). docs/adacl.md §6 states the count; it must not grow with N or the ranks."""
+import contextlib
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers.distributed_utils import run_on_ranks
+from open_clip_adacl import DistributedSetup, create_loss, fused, selection
+
+# Methods that read values back, or whose output shape depends on them.
+READING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero",
+                   "masked_select", "unique", "bincount", "repeat_interleave")
+READING_FUNCTIONS = ("nonzero", "masked_select", "unique", "bincount", "repeat_interleave", "argwhere")
+# The loss in one process reads nothing back; with several ranks, the check that every rank holds the
+# same number of rows reads its 2-element all-reduce once (distributed.check_equal_local_rows).
+EXPECTED = {1: Counter(), 2: Counter({"Tensor.tolist": 1})}
+
+
+INDEXING_OPS = (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_)
+
+
+class _BooleanMaskIndexing(TorchDispatchMode):
+    """Counts indexing with a boolean mask (whose output size depends on the values), seen at the aten
+    level: setting `Tensor.__getitem__` would make every tensor a Python sequence for good."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in INDEXING_OPS and any(
+                index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]):
+            self.counts[f"aten.{func.overloadpacket.__name__} with a boolean mask"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting_host_reads(boolean_masks: bool = True):
+    """Counts, by name, the calls that would make the host wait for a device. `boolean_masks`: also
+    boolean-mask indexing, through a dispatch mode, under which compiled code does not run (so not
+    with the fused passes, whose compiled graphs hold no Python-level indexing)."""
+    counts = Counter()
+    patched = []
+
+    def wrap(owner, name, counts_call=lambda *args, **kwargs: True):
+        original = getattr(owner, name)
+        own = name in vars(owner)  # else inherited from torch._C.TensorBase: deleted again afterwards
+
+        def counted(*args, **kwargs):
+            if counts_call(*args, **kwargs):
+                counts[f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"] += 1
+            return original(*args, **kwargs)
+        patched.append((owner, name, original, own))
+        setattr(owner, name, counted)
+
+    for name in READING_METHODS:
+        if hasattr(torch.Tensor, name):
+            wrap(torch.Tensor, name)
+    for name in READING_FUNCTIONS:
+        wrap(torch, name)
+    for name in ("tensor", "as_tensor"):  # host data copied to a device
+        wrap(torch, name, lambda data, *args, **kwargs: kwargs.get("device") is not None
+             and not isinstance(data, torch.Tensor))
+    try:
+        with _BooleanMaskIndexing(counts) if boolean_masks else contextlib.nullcontext():
+            yield counts
+    finally:
+        for owner, name, original, own in reversed(patched):
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+
+
+def _features(num, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = F.normalize(torch.randn(num, 16, generator=g), dim=-1)
+    return x, F.normalize(x + 0.8 * torch.randn(num, 16, generator=g), dim=-1)
+
+
+def _step(loss_fn, image, text):
+    image, text = image.clone().requires_grad_(), text.clone().requires_grad_()
+    loss_fn(image, text, torch.tensor(14.3, requires_grad=True)).backward()
+
+
+def _counted_steps(rank, world_size, sizes, options, fused_mode):
+    """Per N: the reads of the second training step (the first compiles the fused passes)."""
+    import os
+
+    os.environ[fused.ENV_VARIABLE] = fused_mode
+    selection.reading_back_is_free = lambda device: False  # the GPU code path
+    counts = {}
+    for num in sizes:
+        image, text = _features(num)
+        rows = slice(rank * num // world_size, (rank + 1) * num // world_size)
+        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=world_size > 1,
+                                gather_with_grad=world_size > 1)
+        loss_fn = create_loss("adacl", dist=dist, **options)
+        _step(loss_fn, image[rows], text[rows])
+        with counting_host_reads(boolean_masks=fused_mode == "off") as reads:
+            _step(loss_fn, image[rows], text[rows])
+        counts[num] = reads
+    return counts, {name for name, _, _ in fused._ready}, set(fused._failed)
+
+
+OPTIONS = {"median": {}, "mean_gda_queue": {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 64},
+           "max_all": {"anchor_stat": "max", "candidate_region": "all", "mode": "literal"}}
+
+
+@pytest.mark.parametrize("fused_mode", ["off", "on"])
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypatch):
+    monkeypatch.setattr(selection, "reading_back_is_free", selection.reading_back_is_free)  # restored after
+    counts, compiled, failed = _counted_steps(0, 1, (24, 80), options, fused_mode)
+    assert counts == {24: EXPECTED[1], 80: EXPECTED[1]}
+    assert not failed
+    if fused_mode == "on" and not options:  # the default median ran its three compiled passes
+        assert {"_high_histogram_of_logits", "_low_histogram_of_logits", "_row_min_xor_of_logits"} <= compiled
+
+
+@pytest.mark.parametrize("fused_mode", ["off", "on"])
+def test_two_ranks_read_back_once_whatever_n(fused_mode):
+    for counts, compiled, failed in run_on_ranks(_counted_steps, 2, (24, 80), {}, fused_mode):
+        assert counts == {24: EXPECTED[2], 80: EXPECTED[2]}
+        assert not failed
+
+
+def test_the_counter_sees_reads_and_leaves_torch_as_it_was(monkeypatch):
+    # The CPU code path reads values back on purpose (they cost nothing there): the counter must see them.
+    monkeypatch.setenv(fused.ENV_VARIABLE, "off")
+    loss_fn = create_loss("adacl")
+    image, text = _features(24)
+    with counting_host_reads() as reads:
+        _step(loss_fn, image, text)
+    assert reads["Tensor.tolist"] >= 2 and reads["Tensor.nonzero"] >= 2 and reads["Tensor.__int__"] >= 2
+    with counting_host_reads() as reads:
+        torch.tensor([1.0], device="cpu")[torch.tensor([True])] = 0.0
+    assert reads == Counter({"torch.tensor": 1, "aten.index_put_ with a boolean mask": 1})
+    assert "__getitem__" not in vars(torch.Tensor) and "item" not in vars(torch.Tensor)
+    scores, index = torch.zeros(3, 3, dtype=torch.bool), torch.tensor([2, 0, 1])
+    scores[torch.arange(len(scores)), index] = True  # as clip_benchmark indexes: fails if a patch is left
+    assert scores.sum() == 3

@@ -1,0 +1,109 @@
+"""Webdataset tar shards: every kind of damage skipped and counted, unreadable and missing shards named,
+sample ids from keys."""
+from dataclasses import replace
+
+import pytest
+from torchvision.transforms.functional import to_tensor
+
+from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from helpers.data_utils import byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar
+
+
+def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
+    urls, good_keys, expected = write_hostile_shards(tmp_path / "hostile")
+    cfg = DataConfig(val_data=urls, batch_size=4, workers=0, max_image_pixels=1000)
+    batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    assert sorted(indices(batches)) == good_keys
+    assert [text for b in batches for text in decode_texts(b[1])].count("caption 1") == 1  # the first copy wins
+    totals = sum(batch[3] for batch in batches)
+    assert dict(zip(SKIP_REASONS, totals.tolist())) == {reason: expected.get(reason, 0) for reason in SKIP_REASONS}
+
+
+def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
+    urls, good_keys, _ = write_hostile_shards(tmp_path / "hostile")
+    cfg = DataConfig(train_data=urls, train_num_samples=48, batch_size=4, workers=2, max_image_pixels=1000,
+                     dataset_type="webdataset", dataset_resampled=True)
+    batches = list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    assert len(batches) == 12 and all(len(batch[2]) == 4 for batch in batches)
+    assert set(indices(batches)) <= set(good_keys)
+    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    assert all(totals[reason] > 0 for reason in ("bad_image", "unreadable_shard", "bad_tar", "duplicate_key"))
+
+
+def test_a_reader_whose_shards_are_all_unreadable_stops_with_a_clear_error(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    write_tar(directory / "good.tar", [good(key) for key in range(8)])
+    (directory / "garbage.tar").write_bytes(b"not a tar file at all" * 100)
+    urls = f"{directory}/good.tar::{directory}/garbage.tar"
+    outcomes = []
+    for rank in range(2):  # one rank draws the garbage shard
+        cfg = DataConfig(train_data=urls, train_num_samples=16, batch_size=4, world_size=2, rank=rank, workers=0)
+        try:
+            outcomes.append(len(list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)))
+        except RuntimeError as error:
+            assert "none of its shards yielded a usable sample" in str(error) and "bad_tar=1" in str(error)
+            outcomes.append("error")
+    assert sorted(outcomes, key=str) == [2, "error"]
+
+
+def test_no_readable_shard_at_all_fails_before_training(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    (directory / "0.tar").write_bytes(b"garbage")
+    (directory / "1.tar").mkdir()
+    cfg = DataConfig(train_data=f"{directory}/{{0..1}}.tar", train_num_samples=16, batch_size=4)
+    with pytest.raises(RuntimeError, match="none of the 2 shards"):
+        build_train_data(cfg, to_tensor, byte_tokenizer)
+
+
+def test_missing_shards_are_named_before_training(demo_shards):
+    cfg = config(demo_shards, train_data=str(demo_shards / "train/shard-{000000..000005}.tar"))
+    with pytest.raises(FileNotFoundError, match="2 of the 6 shards.*shard-000004.tar"):
+        build_train_data(cfg, to_tensor, byte_tokenizer)
+    with pytest.raises(FileNotFoundError, match="val_data"):
+        build_val_data(config(demo_shards, val_data=str(demo_shards / "nowhere.tar")), to_tensor, byte_tokenizer)
+
+
+def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    samples = [{"__key__": f"img-{n}", "png": png(), "txt": b"a caption"} for n in range(6)]
+    samples += [{"__key__": "img-text-key", "png": png(), "txt": b"a caption", "json": b'{"key": "abc"}'},
+                {"__key__": "img-huge-key", "png": png(), "txt": b"a caption", "json": b'{"key": "9' + b"9" * 30 + b'"}'},
+                {"__key__": "img-int-key", "png": png(), "txt": b"a caption", "json": b'{"key": 42}'}]
+    write_tar(directory / "0.tar", samples)
+    cfg = DataConfig(val_data=str(directory / "0.tar"), batch_size=9, workers=0)
+    first = indices(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    again = indices(build_val_data(replace(cfg, workers=1), to_tensor, byte_tokenizer).dataloader)  # other process
+    assert first == again and len(set(first)) == 9 and first[-1] == 42
+    assert all(0 <= index < 2**63 for index in first)
+
+
+def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path):
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    write_tar(directory / "0.tar", [{**good(key), "png": b"not an image"} for key in range(8)])
+    cfg = DataConfig(train_data=str(directory / "0.tar"), train_num_samples=8, batch_size=4, workers=0)
+    with pytest.raises(RuntimeError, match="images in a row could not be decoded.*bad_image=1000"):
+        list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
+
+
+def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
+    """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
+    shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
+    from training.logger import read_metrics
+    from training.main import main
+
+    shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
+    failing = ["pipe:false", f"pipe:cat {tmp_path}/missing.tar"]
+    summary = main(["--train-data", "::".join(shards + failing), "--dataset-type", "webdataset",
+                    "--train-num-samples", "192", "--model", "adacl-tiny", "--batch-size", "32", "--epochs", "1",
+                    "--lr", "1e-3", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pipes"])
+    assert summary.step == 6
+    [epoch] = read_metrics(tmp_path / "pipes" / "metrics.jsonl", "epoch")
+    # The epoch drew 192 of the 256 streamed samples; the failing pipes were visited at least once each.
+    assert epoch["skipped/unreadable_shard"] >= 2 and epoch["skipped_shard_visits"] == epoch["skipped/unreadable_shard"]
+    assert epoch["skipped_samples"] == 0
+    line = next(line for line in (tmp_path / "pipes" / "out.log").read_text().splitlines() if "Epoch 0 done" in line)
+    assert f"skipped shard visits: unreadable_shard {epoch['skipped/unreadable_shard']}, skipped samples: none" in line

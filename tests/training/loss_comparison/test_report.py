@@ -1,0 +1,63 @@
+"""The report from synthetic records: Markdown, plot and CSVs, findings, and the hand-written tail it keeps."""
+import csv
+
+from training.loss_comparison.report import KEEP_MARKER, compare, write_report
+from training.loss_comparison.stats import assess_run, summarize
+from helpers.comparison_records import assessed_records, record, report_context
+
+
+def test_comparisons_say_whether_a_lead_exceeds_the_seed_spread():
+    summaries = summarize(assessed_records())
+    clone = compare(summaries, "clone/overall")
+    assert clone.startswith("`B` is best on clone/overall (0.720 ± 0.020)") and "ahead of `D`" not in clone
+    assert "ahead of `A` (0.620 ± 0.028) by 0.100, larger than" in clone
+    close = summarize([assess_run(r) for r in [record("X", 0, i2t=0.30), record("X", 1, i2t=0.40),
+                                                  record("Y", 0, i2t=0.33), record("Y", 1, i2t=0.35)]])
+    assert "not a clear difference" in compare(close, "val/i2t_R@1")
+
+
+def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
+    records = assessed_records()
+    results_md = tmp_path / "docs" / "RESULTS.md"
+    markdown = write_report(records, report_context(tmp_path), results_md, tmp_path / "out")
+    assert results_md.read_text() == markdown
+    assert "python -m training.loss_comparison --quick --seeds 0,1,2" in markdown and "Test CPU, 2 cores" in markdown
+    assert "**10.0 min** for 10 runs; one run (its process: start, train, evaluate) took 15 s" in markdown
+    assert "**192 steps** at batch 64" in markdown
+    assert "| `A` | 2/3 ok (1 collapsed) | 0.320 ± 0.028 |" in markdown
+    assert "| `C` | 0/2 ok (2 collapsed) | - |" in markdown
+    assert "`A-seed2`: **collapsed**: final loss" in markdown and "`D-seed0`: **failed**: boom" in markdown
+    assert "![main metrics" in markdown and "(RESULTS.png)" in markdown and "[RESULTS_runs.csv]" in markdown
+    assert "`B` is best on clone/overall" in markdown and "Against `A`" in markdown  # no clip row: first is baseline
+
+    png = results_md.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    with (tmp_path / "docs" / "RESULTS_runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(records) and rows[2]["verdict"] == "collapsed" and rows[2]["clone/overall"] == "0.99"
+    for name in ("results.md", "runs.csv", "results.png", "summary.csv"):
+        assert (tmp_path / "out" / name).is_file()
+
+
+def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(tmp_path):
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("old generated table\n\n" + KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
+    markdown = write_report(assessed_records(), report_context(tmp_path), results_md, tmp_path / "out")
+    text = results_md.read_text()
+    assert "old generated table" not in text and text.startswith(markdown)
+    assert text.endswith(KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
+
+
+def test_the_findings_name_hard_edit_types_ties_and_variants_that_change_nothing(tmp_path):
+    clip = [record("clip", seed, **{"clone/color": 0.95, "clone/size": 0.85, "clone/shape": 0.52 + seed / 100})
+            for seed in range(2)]
+    # Another loss whose runs differ from clip's by at most 0.002 on any metric: it changed nothing.
+    same = [{**r, "label": "same", "metrics": {k: v + 0.002 for k, v in r["metrics"].items()}} for r in clip]
+    markdown = write_report([assess_run(r) for r in clip + same], report_context(tmp_path), tmp_path / "R.md",
+                            tmp_path / "out")
+    assert ("`clip` is below 0.9 on 2 of 3 clone edit types (shape, size), and within 0.05 of chance (0.5) on "
+            "shape.") in markdown
+    assert "`same` matches `clip` seed for seed (largest difference on any metric 0.0020)" in markdown
+    assert "All 4 runs finished with finite losses and above-chance recall" in markdown
+    tie = summarize([assess_run(record("X", 0)), assess_run(record("Y", 0))])
+    assert compare(tie, "clone/overall") == "`X` and `Y` tie for best on clone/overall (0.600 (1 run))."

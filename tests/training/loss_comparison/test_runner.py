@@ -1,0 +1,47 @@
+"""A whole comparison, end to end on the demo fixture; then the report again from its records alone."""
+import json
+import math
+
+from training.loss_comparison.cli import main
+from training.loss_comparison.runner import run_comparison, saved_comparison
+from training.loss_comparison.variants import LossVariant
+from helpers.comparison_records import TINY
+
+
+def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
+    """1 loss x 1 seed x 16 steps on the fixture's data: a record with every metric, and the report."""
+    results_md, output_dir = tmp_path / "RESULTS.md", tmp_path / "comparison"
+    records = run_comparison([LossVariant("clip")], [0], TINY, output_dir=output_dir, results_md=results_md,
+                             data_dir=demo_shards, command="python -m training.loss_comparison (test)", echo=lambda _: None)
+    (run,) = records
+    assert run["status"] == "ok", run["error"]
+    assert run["verdict"] in ("ok", "collapsed")  # 16 steps may or may not leave chance level; either is reported
+    metrics = run["metrics"]
+    assert metrics["train/steps"] == 16 and 0 < metrics["train/final_loss"] < 2 * math.log(32)
+    expected = {"val/i2t_R@1", "val/t2i_R@5", "cls/scenes_shape/acc1", "cls/scenes_color/acc1",
+                "ret/scenes_retrieval/image_R@1", "ret/scenes_retrieval/text_R@5", "clone/color", "clone/relation",
+                "clone/shape", "clone/size", "clone/overall"}
+    assert expected <= set(metrics) and all(0 <= metrics[key] <= 1 for key in expected)
+    assert run["val_num_samples"] == 128
+    assert (output_dir / "runs" / "clip-seed0" / "export" / "open_clip_config.json").is_file()
+    assert (output_dir / "logs" / "clip-seed0.log").stat().st_size > 0
+    markdown = results_md.read_text()
+    assert "| `clip` | 1/1 ok |" in markdown or "| `clip` | 0/1 ok (1 collapsed) |" in markdown
+    # --report-only writes the same report from the records, training nothing.
+    main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "again.md")])
+    assert (tmp_path / "again.md").read_text() == markdown.replace("RESULTS", "again")
+
+    # The same call again reuses the finished run instead of training it again.
+    again = run_comparison([LossVariant("clip")], [0], TINY, output_dir=output_dir, results_md=results_md,
+                           data_dir=demo_shards, command="(test)", echo=lambda _: None)
+    assert again[0]["reused"] and again[0]["metrics"] == metrics
+
+    # An output dir written before the comparison had its package (benchmark.json, the command
+    # `python -m training.benchmark ...`) still gives its report, with the command as it is spelled now.
+    saved = json.loads((output_dir / "comparison.json").read_text())
+    saved["context"]["command"] = "python -m training.benchmark --quick --seeds 0"
+    (output_dir / "benchmark.json").write_text(json.dumps(saved))
+    (output_dir / "comparison.json").unlink()
+    assert saved_comparison(output_dir)["context"]["command"] == "python -m training.loss_comparison --quick --seeds 0"
+    main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "legacy.md")])
+    assert "python -m training.loss_comparison --quick --seeds 0\n" in (tmp_path / "legacy.md").read_text()

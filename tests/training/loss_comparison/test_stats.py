@@ -1,0 +1,168 @@
+"""Verdicts (collapsed, failed, nonfinite), means over the ok runs only, and paired differences over seeds."""
+import math
+
+import pytest
+
+from training.loss_comparison.report import write_report
+from training.loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, holm, paired_difference,
+                                   primary_verdict, secondary_tests, softmax_width, summarize)
+from helpers.comparison_records import assessed_records, record, report_context
+
+
+def test_healthy_runs_are_ok():
+    assert assess_run(record())["verdict"] == "ok"
+    # A non-softmax loss (siglip) has no ln(batch) chance level: its loss value is not a collapse signal.
+    assert assess_run(record("siglip", loss=10.0, softmax=False))["verdict"] == "ok"
+
+
+def test_a_loss_pinned_at_log_batch_is_collapsed():
+    verdict = assess_run(record(loss=math.log(64) * 0.97, i2t=0.2, t2i=0.2))
+    assert verdict["verdict"] == "collapsed" and "ln(64)" in verdict["reasons"][0]
+    assert assess_run(record(loss=math.log(64) * 0.9))["verdict"] == "ok"  # below 95% of chance: learning
+    strict = CollapseCriteria(loss_fraction=0.85)
+    assert assess_run(record(loss=math.log(64) * 0.9), strict)["verdict"] == "collapsed"
+
+
+def test_recall_at_chance_is_collapsed_for_every_loss():
+    chance = 1 / 512
+    verdict = assess_run(record("siglip", loss=5.0, softmax=False, i2t=chance, t2i=2.5 * chance))
+    assert verdict["verdict"] == "collapsed" and "chance" in verdict["reasons"][0]
+    assert assess_run(record(i2t=2 * chance, t2i=2.5 * chance))["verdict"] == "ok"
+
+
+def test_failed_nonfinite_and_incomplete_runs_are_flagged():
+    assert assess_run(record(status="failed"))["verdict"] == "failed"
+    assert assess_run(record(status="nonfinite"))["verdict"] == "nonfinite"
+    nan_metric = assess_run(record(**{"clone/overall": math.nan}))
+    assert nan_metric["verdict"] == "nonfinite" and "clone/overall" in nan_metric["reasons"][0]
+    incomplete = record()
+    del incomplete["metrics"]["val/i2t_R@1"]
+    assert assess_run(incomplete)["verdict"] == "failed"
+
+
+def test_means_exclude_flagged_runs_and_rows_count_them():
+    summaries = {s.label: s for s in summarize(assessed_records())}
+    a = summaries["A"]
+    assert a.runs_text() == "2/3 ok (1 collapsed)"
+    assert a.metrics["clone/overall"].mean == pytest.approx(0.62) and a.metrics["clone/overall"].n == 2
+    assert a.metrics["val/i2t_R@1"].std == pytest.approx(0.0282843, rel=1e-5)  # sample std of 0.30, 0.34
+    assert summaries["B"].runs_text() == "3/3 ok"
+    assert summaries["B"].metrics["clone/overall"].mean == pytest.approx(0.72)
+    assert summaries["C"].runs_text() == "0/2 ok (2 collapsed)" and summaries["C"].metrics == {}
+    assert summaries["D"].runs_text() == "1/2 ok (1 failed)" and math.isnan(summaries["D"].metrics["val/i2t_R@1"].std)
+    assert list(summaries) == ["A", "B", "C", "D"]
+
+
+def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
+    # Seeds move both losses together (0.1 apart per seed); `noisy` alternates around clip.
+    records = [assess_run(r) for seed in range(5) for r in (
+        record("clip", seed, i2t=0.3 + 0.1 * seed),
+        record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
+        record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0))]
+    noisy = paired_difference(records, "noisy", "clip", "val/i2t_R@1")
+    # differences -0.05, +0.05, -0.05, +0.05, -0.05: mean -0.01, sd 0.0548, t(0.975, 4) = 2.776
+    half = 2.776 * 0.05477 / 5 ** 0.5
+    assert noisy.n == 5 and noisy.mean == pytest.approx(-0.01)
+    assert noisy.interval(0.95) == pytest.approx((-0.01 - half, -0.01 + half), rel=1e-3)
+    assert noisy.p_value == pytest.approx(0.7040, abs=1e-3)  # t = -0.408 on 4 degrees of freedom
+    assert paired_difference(records, "collapsed", "clip", "val/i2t_R@1") is None  # no ok run: no pair
+    # A collapsed run drops its seed from the pairs.
+    records[3] = assess_run(record("noisy", 1, loss=10.0, i2t=0.0, t2i=0.0))
+    assert paired_difference(records, "noisy", "clip", "val/i2t_R@1").n == 4
+
+
+def test_a_zero_variance_difference_is_never_significant(tmp_path):
+    # `steady` is 0.02 above clip on every seed (up to float rounding), `same` scores exactly what clip does,
+    # `tiny` is a steady float-noise offset, `single` has one pair.
+    records = [assess_run(r) for seed in range(5) for r in (
+        record("clip", seed, i2t=0.3 + 0.1 * seed), record("steady", seed, i2t=0.32 + 0.1 * seed),
+        record("same", seed, i2t=0.3 + 0.1 * seed), record("tiny", seed, i2t=0.3 + 0.1 * seed + 1e-7 * seed))]
+    records.append(assess_run(record("single", 0, i2t=0.5)))
+    steady = paired_difference(records, "steady", "clip", "val/i2t_R@1")
+    assert steady.n == 5 and steady.mean == pytest.approx(0.02) and steady.zero_variance and not steady.testable
+    rounded = PairedDifference((0.02, 0.020000000000000018, 0.019999999999999997))  # float rounding is no spread
+    assert 0 < rounded.sd < 1e-15 and rounded.zero_variance and rounded.p_value is None
+    assert steady.interval(0.95) is None and steady.p_value is None
+    assert steady.interval_text(0.95) == "n/a (zero variance)"
+    assert primary_verdict(steady, margin=0.05)[0] == "inconclusive"
+    same = paired_difference(records, "same", "clip", "val/i2t_R@1")
+    assert same.identical and primary_verdict(same, margin=0.02) == ("no effect",
+                                                                     "identical to the reference on every pair")
+    single = paired_difference(records, "single", "clip", "val/i2t_R@1")
+    assert single.n == 1 and primary_verdict(single, 0.02) == ("inconclusive", "1 pair (a paired interval needs 2)")
+    assert primary_verdict(None, 0.02)[0] == "inconclusive"
+    tests = secondary_tests(records, ["clip", "steady", "same", "tiny", "single"], "clip", ["val/i2t_R@1"])
+    assert not any(test["val/i2t_R@1"].significant for test in tests.values())
+    assert tests["steady"]["val/i2t_R@1"].p_value is None and tests["steady"]["val/i2t_R@1"].adjusted == 1.0
+    # `tiny` has a real spread and p < 0.05, but a difference below the tables' resolution is no finding.
+    assert tests["tiny"]["val/i2t_R@1"].p_value < 0.05
+    markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
+    assert "| `steady` | val/i2t_R@1 | 5 | +0.0200 | n/a (zero variance) | n/a | 1.000 |  |" in markdown
+    assert "`steady` vs `clip`: no secondary difference survives the Holm correction" in markdown
+
+
+def test_holm_matches_a_hand_computed_example():
+    # Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> max(0.06, 0.04) = 0.06.
+    adjusted, rejected = holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert rejected == [True, False, False, True]
+    assert holm([0.3, 0.9], alpha=0.05) == ([0.6, 0.9], [False, False])  # capped at 1, monotone
+    assert holm([]) == ([], [])
+
+
+def test_secondary_tests_are_holm_corrected_over_every_variant_and_metric(tmp_path):
+    # Two variants x two metrics = a family of 4. `a`'s gain on val/i2t_R@1 is clear (p ~ 1e-7); `b`'s on
+    # clone/color has raw p 0.045 < 0.05, second smallest of 4, so Holm p = 3 x 0.045 > 0.05.
+    gains = {"a": [0.101, 0.099, 0.1, 0.102, 0.098], "b": [0.02, 0.05, 0.005, 0.04, 0.01]}
+    records = [assess_run(record("clip", seed, i2t=0.3, **{"clone/color": 0.7})) for seed in range(5)]
+    records += [assess_run(record(label, seed, i2t=0.3 + (gain[seed] if label == "a" else 0.01 * (seed % 2)),
+                                  **{"clone/color": 0.7 + (gain[seed] if label == "b" else 0.0)}))
+                for label, gain in gains.items() for seed in range(5)]
+    tests = secondary_tests(records, ["clip", "a", "b"], "clip", ["clone/color", "val/i2t_R@1"])
+    b_color, a_recall = tests["b"]["clone/color"], tests["a"]["val/i2t_R@1"]
+    assert b_color.p_value == pytest.approx(0.0448, abs=1e-3)  # mean 0.025, sd 0.01936, t 2.887, 4 df
+    assert a_recall.p_value < 1e-5 and a_recall.significant
+    raw = [tests[label][key].p_value or 1.0 for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")]
+    assert [tests[label][key].adjusted for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")] == \
+        pytest.approx(holm(raw)[0])
+    assert b_color.adjusted == pytest.approx(3 * b_color.p_value) and not b_color.significant  # raw p < 0.05, not Holm
+    markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
+    assert "`a` vs `clip`: better on val/i2t_R@1 +0.100 (Holm p" in markdown
+    assert "`b` vs `clip`: no secondary difference survives the Holm correction" in markdown
+
+
+@pytest.mark.parametrize("differences, margin, verdict", [
+    ((0.03, 0.04, 0.05, 0.035, 0.045), 0.02, "helps"),
+    ((-0.03, -0.04, -0.05, -0.035, -0.045), 0.02, "hurts"),
+    ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.02, "no effect"),
+    ((0.03, -0.03, 0.02, -0.025, 0.01), 0.02, "inconclusive"),
+    ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.001, "inconclusive"),  # a tight margin: cannot show equivalence
+])
+def test_primary_verdicts_helps_hurts_no_effect_inconclusive(differences, margin, verdict):
+    assert primary_verdict(PairedDifference(differences), margin)[0] == verdict
+
+
+def test_the_equivalence_test_uses_the_90_percent_interval():
+    difference = PairedDifference((0.001, -0.002, 0.0015, -0.001, 0.0005))
+    # mean 0, sd 0.001458; t(0.95, 4) = 2.132 -> 90% half width 0.001390; t(0.975, 4) = 2.776 -> 0.001811
+    assert difference.interval(0.90) == pytest.approx((-0.001390, 0.001390), abs=2e-6)
+    assert difference.interval(0.95) == pytest.approx((-0.001811, 0.001811), abs=2e-6)
+    # A margin between the two half widths: equivalent by TOST (90%), which a 95% interval would not show.
+    assert primary_verdict(difference, 0.0016) == ("no effect", "TOST: the 90% interval is inside ±0.0016")
+    # Significant but smaller than the margin: helps, and the reason says so.
+    assert primary_verdict(PairedDifference((0.004, 0.005, 0.006)), 0.02) == (
+        "helps", "the 95% interval is above 0 (inside the margin)")
+
+
+def test_collapse_is_judged_against_the_real_number_of_negatives():
+    # A 1024-entry queue makes each softmax row span 64 + 1024 logits: ln(1088) = 6.99, not ln(64) = 4.16.
+    queued = {**record(loss=math.log(64) * 0.97), "loss_options": {"queue_size": 1024, "mode": "calibrated"}}
+    assert softmax_width(queued) == 1088 and assess_run(queued)["verdict"] == "ok"
+    pinned = {**queued, "metrics": {**queued["metrics"], "train/final_loss": math.log(1088) * 0.97}}
+    verdict = assess_run(pinned)
+    assert verdict["verdict"] == "collapsed" and "ln(1088)" in verdict["reasons"][0]
+    # Ranks multiply the batch (the loss gathers features across them); records without the trainer's
+    # resolved options fall back to the variant's own (`adacl:queue_size=1024`).
+    assert softmax_width({**record(), "world_size": 8}) == 512
+    assert softmax_width({**record(), "options": {"queue_size": "1024"}}) == 1088
+    assert assess_run({**record(loss=math.log(64) * 0.97), "options": {"queue_size": "1024"}})["verdict"] == "ok"
