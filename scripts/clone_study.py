@@ -16,7 +16,7 @@ below the comparison's marker. Regimes (docs/adacl.md §5):
 
 - scratch: pretraining from scratch on clone-dense batches, gold captions;
 - pseudo: the same on the generic captioner's pseudo captions (`txt_pseudo`: siblings differing in a
-  size, the relation or a colour's shade share one caption), evaluation on gold captions;
+  size or the relation share one caption), evaluation on gold captions;
 - transfer: `clip` pretrained on scenes of one half of the colour x shape combinations, then each
   loss fine-tunes it on the clone-dense scenes of the other half, where it is also evaluated.
 """

@@ -11,8 +11,7 @@ base scene plus `family_size - 1` (default 7) siblings re-drawn from one-edit cl
 description, written next to each other; `--train-group-size` keeps them together through the
 shuffle, so a training batch holds whole families of captions one attribute apart (docs/data.md).
 Each sample also carries a *pseudo* caption from a generic captioner (`pseudo_caption`), for the
-paper's pseudo-caption regime: siblings that differ in a size, the relation or a colour's shade
-share it exactly.
+paper's pseudo-caption regime: siblings that differ in a size or the relation share it exactly.
 
 Everything is deterministic by seed: every family/scene draws from its own
 `numpy.random.default_rng([seed, stream, index])`, tar members carry fixed metadata, so the same
@@ -81,9 +80,6 @@ OPPOSITE_RELATION = {
     "below": "above",
 }
 EDIT_TYPES = ("color", "shape", "size", "relation")
-# The pseudo captioner's coarse colour words: neighbours on the colour wheel share one.
-COARSE_COLORS = {"red": "reddish", "orange": "reddish", "yellow": "yellow", "green": "greenish",
-                 "cyan": "greenish", "blue": "bluish", "purple": "bluish"}
 PSEUDO_CAPTION_KEY = "txt_pseudo"  # tar member / --caption-key field of the pseudo caption
 CAPTION_KEYS = ("txt", "txt_alt", PSEUDO_CAPTION_KEY)
 BENCHMARK_DATASETS = ("scenes_shape", "scenes_color", "scenes_retrieval")
@@ -212,15 +208,17 @@ def paraphrases(description: Description) -> tuple[str, str]:
 
 
 def pseudo_caption(description: Description) -> str:
-    """A generic captioner's caption, one rule for every image: each object by its coarse colour
-    (COARSE_COLORS) and its shape, joined by "and": "a reddish circle and a bluish square".
+    """A generic captioner's caption, one rule for every image: each object by its colour and its
+    shape, joined by "and": "a red circle and an orange square".
 
     True of the image but generic, like the pseudo captions of the paper's weakly supervised regime:
-    it never names a size, the relation or a colour's shade, so one-edit siblings that differ only
-    in those share their caption exactly (clone negatives that are also false negatives). The
-    manifest measures how alike it makes a family's captions (`caption_likeness`; docs/data.md).
+    it never names a size or the relation, so one-edit siblings that differ only in those share their
+    caption exactly (clone negatives that are also false negatives). Its words are the gold
+    captions' own, so a model trained on it can be evaluated on gold captions. The manifest measures
+    how alike it makes a family's captions (`caption_likeness`; docs/data.md).
     """
-    return " and ".join(f"a {COARSE_COLORS[spec.color]} {spec.shape}" for spec in description.objects)
+    return " and ".join(f"{'an' if spec.color[0] in 'aeiou' else 'a'} {spec.color} {spec.shape}"
+                        for spec in description.objects)
 
 
 def family_edit(base: Description, sibling: Description) -> str | None:
