@@ -150,8 +150,15 @@ def setup_lines(markdown: str) -> List[str]:
     return [line for line in head.splitlines() if line.startswith("- ")]
 
 
-def caption_likeness_lines(data_dir: Path) -> List[str]:
-    """The measured likeness of the training captions the regime's data holds (its manifest)."""
+def regime_caption_keys(regime: Regime) -> Tuple[str, ...]:
+    """The caption fields whose likeness the regime's section prints: gold, and what it trains on if not gold."""
+    argv = regime.train_args.split()
+    trained = argv[argv.index("--caption-key") + 1] if "--caption-key" in argv else "txt"
+    return tuple(dict.fromkeys(("txt", trained)))
+
+
+def caption_likeness_lines(data_dir: Path, keys: Sequence[str]) -> List[str]:
+    """The measured likeness of the training captions `keys` in the regime's data (its manifest)."""
     manifest_path = data_dir / "manifest.json"
     if not manifest_path.is_file():
         return []
@@ -160,7 +167,7 @@ def caption_likeness_lines(data_dir: Path) -> List[str]:
             f"caption with another image, {value['shared_in_family']:.1%} with another of their own family (so in "
             f"their batch); a sibling's caption is {value['sibling_word_distance']:.2f} words from its base's on "
             f"average, within one word for {value['sibling_within_one_word']:.1%}"
-            for key, value in likeness.items()]
+            for key, value in likeness.items() if key in keys]
 
 
 def missing_variants(regime: Regime, output_dir: Path) -> List[str]:
@@ -201,7 +208,7 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         found = sections(report)
         data_dir = output_root / ("data" if regime.combinations == "all" else f"data_{regime.combinations}")
         lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
-                  "", *setup_lines(report), *caption_likeness_lines(data_dir)]
+                  "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
         if regime.pretrain_combinations:
             lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {TRANSFER_PRETRAIN_EPOCHS} epochs on "
                          f"4096 scenes whose objects use only the `{regime.pretrain_combinations}` half of the "
