@@ -25,10 +25,9 @@ import torch
 
 ENV_VARIABLE = "OPEN_CLIP_ADACL_FUSED"
 MODES = ("auto", "on", "off")
-# `auto` compiles for matrices from 2048 x 2048 entries up, whose passes take milliseconds (at N = 4096
-# the compiled ones save some 10 ms per direction and step on a CPU, docs/RESULTS.md, so a one-time
-# compile of tens of seconds is repaid within a few thousand steps); smaller runs (tests, demos)
-# never wait for a compiler.
+# `auto` compiles for matrices from 2048 x 2048 entries up, where the passes cost enough that a one-time
+# compile is repaid within a run (measured in docs/adacl.md §6.1); smaller runs (tests, demos) never
+# wait for a compiler.
 AUTO_MIN_ELEMENTS = 1 << 22
 DEVICE_TYPES = ("cpu", "cuda")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
