@@ -53,15 +53,19 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     (runs / "scratch").mkdir(parents=True)
     (runs / "scratch" / "comparison.json").write_text(json.dumps({"labels": ["clip", "adacl"]}))
     (runs / "data").mkdir()
-    (runs / "data" / "manifest.json").write_text(json.dumps({"train_caption_likeness": {"txt_pseudo": {
-        "shared_in_split": 1.0, "shared_in_family": 0.473, "family_duplicate_pairs": 0.167,
-        "sibling_word_distance": 0.83, "sibling_within_one_word": 0.931}}}))
+    likeness = {"shared_in_split": 1.0, "shared_in_family": 0.473, "family_duplicate_pairs": 0.167,
+                "sibling_word_distance": 0.83, "sibling_within_one_word": 0.931}
+    (runs / "data" / "manifest.json").write_text(json.dumps({"train_caption_likeness": {
+        "txt": {**likeness, "shared_in_split": 0.359}, "txt_pseudo": likeness}}))
     text = study.assemble(list(study.REGIMES), results, results_md, runs, "python scripts/clone_study.py")
     assert "## Scratch: clone-dense batches, gold captions (`scratch`)" in text
     # what the regime registers but the comparison did not run, and the regimes not run at all, are said
     assert "not run yet in this regime: `adacl:preset=paper`, `adacl:candidate_region=all`" in text
     assert "Not run yet: `python scripts/clone_study.py --regimes pseudo` runs it." in text
-    assert "`txt_pseudo`: 100.0% of training images share their exact caption with another image, 47.3%" in text
+    # each regime prints the likeness of gold captions and of what it trains on: scratch trains on gold only
+    assert "`txt`: 35.9% of training images share their exact caption with another image" in text
+    assert "`txt_pseudo`" not in text
+    assert study.regime_caption_keys(study.REGIMES["pseudo"]) == ("txt", "txt_pseudo")
     assert "- every run also gets `--train-group-size 8`" in text and "| `clip` | 2/2 ok |" in text
     assert "![plot](results/scratch.png)" in text  # links follow the page into results/
     assert "no paired difference excludes 0" in text and "Flagged" not in text
