@@ -73,6 +73,11 @@ def endpoint_argv(name: str) -> List[str]:
     return ["--preregistration", f"{PREREGISTRATION}#{name}"]
 
 
+def scenes_dir(output_root: Path, combinations: str) -> Path:
+    """Where the scenes of these colour-shape combinations live: `data` (all of them) or `data_<half>`."""
+    return output_root / ("data" if combinations == "all" else f"data_{combinations}")
+
+
 def write_scenes(data_dir: Path, combinations: str) -> None:
     """The demo data of QUICK's sizes with the given colour-shape combinations (written once)."""
     from training.synthetic_scenes.scenes import SceneConfig
@@ -90,7 +95,7 @@ def write_scenes(data_dir: Path, combinations: str) -> None:
 
 def pretrain(regime: Regime, output_root: Path) -> Path:
     """Train `clip` on the regime's pretraining scenes (once); returns its final checkpoint."""
-    data_dir = output_root / f"data_{regime.pretrain_combinations}"
+    data_dir = scenes_dir(output_root, regime.pretrain_combinations)
     write_scenes(data_dir, regime.pretrain_combinations)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
@@ -127,9 +132,8 @@ def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, ext
                 losses: Optional[str] = None) -> List[str]:
     regime = REGIMES[name]
     train_args = regime.train_args
-    data_dir = output_root / "data"
-    if regime.combinations != "all":
-        data_dir = output_root / f"data_{regime.combinations}"
+    data_dir = scenes_dir(output_root, regime.combinations)
+    if regime.combinations != "all":  # the comparison writes the default scenes itself
         write_scenes(data_dir, regime.combinations)
     if regime.pretrain_combinations:
         train_args += f" --pretrained {pretrain(regime, output_root)}"
@@ -206,7 +210,7 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
             continue
         report = page.read_text()
         found = sections(report)
-        data_dir = output_root / ("data" if regime.combinations == "all" else f"data_{regime.combinations}")
+        data_dir = scenes_dir(output_root, regime.combinations)
         lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
                   "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
         if regime.pretrain_combinations:
