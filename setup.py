@@ -31,7 +31,7 @@ EXTRAS_REQUIRE = {
         "scipy",  # loss_comparison's paired-t intervals
     ],
     "wandb": ["wandb"],
-    "test": ["pytest", "pytest-timeout", "packaging"],
+    "test": ["pytest", "pytest-timeout", "pytest-xdist", "packaging"],
 }
 
 setup(

@@ -2,11 +2,13 @@
 # README command (2): install into ./.venv if needed, then run the test suite on the CPU.
 #   bash scripts/test.sh            default suite (no tests marked slow)
 #   bash scripts/test.sh --slow     everything, slow tests included
-#   extra arguments go to pytest, e.g. bash scripts/test.sh -k adacl
+#   extra arguments go to pytest, e.g. bash scripts/test.sh -k adacl  (-n 0: one process, for -s or --pdb)
+# Two pytest-xdist workers, each test file on one worker so a module's shared runs are made once. Most tests use
+# one core (OMP_NUM_THREADS=1), so two workers keep both of a 2-core machine's cores busy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 MARKERS=(-m "not slow")
 if [ "${1:-}" = "--slow" ]; then MARKERS=(); shift; fi
-python -m pytest "${MARKERS[@]}" "$@"
+python -m pytest -n 2 --dist loadfile "${MARKERS[@]}" "$@"

@@ -1,4 +1,6 @@
-"""Shared fixtures: the demo dataset, generated once per test session."""
+"""Shared fixtures: the demo dataset, generated once per test session, and folders for a module's shared runs."""
+import shutil
+
 import pytest
 
 from training.synthetic_scenes.writers import write_demo_dataset
@@ -24,3 +26,21 @@ def demo_shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     write_demo_dataset(root, seed=0, **DEMO_SIZES)
     return root
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory, request):
+    """`module_tmp("base")` makes a folder for runs that a module's tests share; the folders are deleted once the
+    module is done unless one of its tests failed. A tiny model's checkpoint is ~40 MB and a module's runs keep
+    dozens, so leaving them to the end of the session (as `tmp_path_factory` does) fills a small disk."""
+    made = []
+
+    def make(name):
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    failed_before = request.session.testsfailed
+    yield make
+    if request.session.testsfailed == failed_before:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)

@@ -164,10 +164,10 @@ def run_argv(demo_shards, logs, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def reference_run(demo_shards, tmp_path_factory):
+def reference_run(demo_shards, module_tmp):
     """An uninterrupted run; its step checkpoints are the resume points."""
     register_counting_loss()
-    logs = tmp_path_factory.mktemp("reference")
+    logs = module_tmp("reference")
     summary = main(run_argv(demo_shards, logs, "reference"))
     return logs / "reference", summary
 

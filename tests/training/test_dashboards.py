@@ -22,8 +22,8 @@ def run_argv(demo_shards, logs, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def tensorboard_scalars(demo_shards, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("dashboards")
+def tensorboard_scalars(demo_shards, module_tmp):
+    logs = module_tmp("dashboards")
     main(run_argv(demo_shards, logs, "tb", "--report-to", "tensorboard"))
     events = EventAccumulator(str(logs / "tb" / "tensorboard"))
     events.Reload()

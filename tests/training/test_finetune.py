@@ -23,9 +23,9 @@ def run_argv(demo_shards, logs, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def pretrained(demo_shards, tmp_path_factory):
+def pretrained(demo_shards, module_tmp):
     """A short adacl run's epoch_1.pt and its hub-folder export."""
-    logs = tmp_path_factory.mktemp("pretrain")
+    logs = module_tmp("pretrain")
     summary = main(run_argv(demo_shards, logs, "base", "--loss", "adacl"))
     hub = export_for_hub(summary.checkpoint, logs / "hub", repo_id="someone/adacl-tiny-demo")
     return Path(summary.checkpoint), hub

@@ -74,8 +74,8 @@ def single_argv(demo_shards, logs, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def single_reference(demo_shards, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("reference")
+def single_reference(demo_shards, module_tmp):
+    logs = module_tmp("reference")
     assert main(single_argv(demo_shards, logs, "reference")).step == 2 * STEPS_PER_EPOCH
     return logs / "reference"
 
@@ -120,8 +120,8 @@ def two_rank_command(demo_shards, logs, *extra):
 
 
 @pytest.fixture(scope="module")
-def two_rank_reference(demo_shards, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("reference2")
+def two_rank_reference(demo_shards, module_tmp):
+    logs = module_tmp("reference2")
     command, env = two_rank_command(demo_shards, logs)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -32,9 +32,9 @@ def argv(demo_shards, logs, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def base_run(demo_shards, tmp_path_factory):
+def base_run(demo_shards, module_tmp):
     """An uninterrupted run: step_{3,6,9,12,15}.pt, epoch_{1,2}.pt."""
-    logs = tmp_path_factory.mktemp("base")
+    logs = module_tmp("base")
     assert main(argv(demo_shards, logs, "base")).step == 2 * STEPS_PER_EPOCH
     return logs / "base"
 

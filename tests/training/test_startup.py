@@ -35,8 +35,8 @@ def write_image_folder(root, num_classes):
 
 
 @pytest.fixture(scope="module")
-def imagenet_like(tmp_path_factory):
-    return write_image_folder(tmp_path_factory.mktemp("imagenet") / "val", 1000)
+def imagenet_like(module_tmp):
+    return write_image_folder(module_tmp("imagenet") / "val", 1000)
 
 
 def test_dry_run_names_a_missing_or_unreadable_pretrained_file(demo_shards, tmp_path):

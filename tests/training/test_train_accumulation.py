@@ -67,12 +67,12 @@ def _train_every_loss(rank, world_size, demo_shards, logs, ports=None):
 
 
 @pytest.fixture(scope="module")
-def trained(demo_shards, tmp_path_factory):
+def trained(demo_shards, module_tmp):
     """The runs of every loss and accum_freq: {world_size: results of `_train_every_loss`}."""
     torch.set_num_threads(1)
-    single = _train_every_loss(0, 1, demo_shards, tmp_path_factory.mktemp("single"))
+    single = _train_every_loss(0, 1, demo_shards, module_tmp("single"))
     ports = [free_port() for _ in range(len(list_losses()) * len(ACCUM_FREQS))]
-    ranks = run_on_ranks(_train_every_loss, 2, demo_shards, tmp_path_factory.mktemp("ranks"), ports,
+    ranks = run_on_ranks(_train_every_loss, 2, demo_shards, module_tmp("ranks"), ports,
                          init_group=False)
     return {1: single, 2: ranks[0]}
 

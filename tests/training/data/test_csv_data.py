@@ -18,9 +18,9 @@ GOOD_ROWS = [row for row in range(NUM_GOOD + 3) if row not in (10, 11, 12)]
 
 
 @pytest.fixture(scope="module")
-def csv_dataset(demo_shards, tmp_path_factory):
+def csv_dataset(demo_shards, module_tmp):
     """A comma-separated file with OpenCLIP-style columns: NUM_GOOD demo images as PNG files, then bad rows."""
-    root = tmp_path_factory.mktemp("csv")
+    root = module_tmp("csv")
     rows = []
     for sample in wds.WebDataset(str(demo_shards / "train" / "shard-000000.tar"), shardshuffle=False):
         if len(rows) == NUM_GOOD:

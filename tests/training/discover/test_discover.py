@@ -28,17 +28,17 @@ SRC = REPO / "src"
 
 
 @pytest.fixture(scope="module")
-def family_data(tmp_path_factory):
+def family_data(module_tmp):
     """192 demo scenes in families of 8 one-edit siblings (json "family", "family_edit"), 3 shards."""
-    root = tmp_path_factory.mktemp("families")
+    root = module_tmp("families")
     write_demo_dataset(root, seed=1, num_train=192, num_val=8, num_test=8, shard_size=64, family_size=FAMILY)
     return str(root / "train" / "shard-{000000..000002}.tar")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(family_data, tmp_path_factory):
+def checkpoint(family_data, module_tmp):
     """epoch_1.pt of 3 AdaCL steps on the family data, trained with the 'gda' candidate region."""
-    logs = tmp_path_factory.mktemp("logs")
+    logs = module_tmp("logs")
     summary = train_main(["--train-data", family_data, "--model", "adacl-tiny", "--loss", "adacl",
                           "--adacl-candidate-region", "gda", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3",
                           "--warmup", "1", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", "tiny"])
@@ -46,10 +46,10 @@ def checkpoint(family_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory):
+def weights(module_tmp):
     """A randomly initialised adacl-tiny state dict, the same in every process that loads it."""
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("weights") / "tiny.pt"
+    path = module_tmp("weights") / "tiny.pt"
     torch.save(open_clip.create_model("adacl-tiny").state_dict(), path)
     return str(path)
 

@@ -14,9 +14,9 @@ NUM_CLASSES = {"wds/scenes_color": 7, "wds/scenes_shape": 4}
 
 
 @pytest.fixture(scope="module")
-def trained_checkpoint(demo_shards, tmp_path_factory):
+def trained_checkpoint(demo_shards, module_tmp):
     """adacl-tiny after 96 CLIP steps on the demo's 512 training scenes (about 20 s on 2 CPU cores)."""
-    logs = tmp_path_factory.mktemp("logs")
+    logs = module_tmp("logs")
     summary = train_main([
         "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--model", "adacl-tiny",
         "--loss", "clip", "--batch-size", "64", "--epochs", "12", "--lr", "3e-3", "--warmup", "10",
@@ -27,9 +27,9 @@ def trained_checkpoint(demo_shards, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stock_cli_output(trained_checkpoint, demo_shards, tmp_path_factory):
+def stock_cli_output(trained_checkpoint, demo_shards, module_tmp):
     """The README command: export the checkpoint, run the stock `clip_benchmark eval` (a subprocess per task)."""
-    output_dir = tmp_path_factory.mktemp("stock")
+    output_dir = module_tmp("stock")
     main(["--checkpoint", trained_checkpoint, "--demo-root", str(demo_shards), "--output-dir", str(output_dir),
           "--num-workers", "2"])
     return output_dir
