@@ -49,11 +49,14 @@ def test_loss_stats_and_epoch_summaries_have_their_own_prefixes(tensorboard_scal
 
 
 def test_wandb_runs_offline_with_the_same_keys(demo_shards, tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
+    wandb = pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     main(run_argv(demo_shards, tmp_path, "wb", "--report-to", "tensorboard,wandb", "--wandb-project-name", "adacl-test",
                   "--wandb-notes", "offline test", "--epochs", "1"))
+    # run.finish() returns before wandb's service has written the run file (it did so 60 ms later under load);
+    # teardown waits for the service, as the atexit hook does when the trainer's process ends.
+    wandb.teardown()
     [run_file] = (tmp_path / "wb" / "wandb").glob("offline-run-*-wb/run-wb.wandb")  # the run's name is its id
     # wandb 0.31 has no Python reader for its record log; history keys are stored as plain protobuf strings.
     records = run_file.read_bytes()
