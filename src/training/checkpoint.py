@@ -71,6 +71,11 @@ class EpochSums:
         self.skip_counts = torch.zeros(num_skip_reasons, dtype=torch.long)
         self.loss_sum, self.num_loss_steps = 0.0, 0
 
+    @property
+    def mean_loss(self) -> float:
+        """The epoch's mean loss over its finite steps so far (0 before the first)."""
+        return self.loss_sum / max(self.num_loss_steps, 1)
+
     def state_dict(self) -> Dict[str, Any]:
         return {"skip_counts": self.skip_counts, "loss_sum": self.loss_sum, "num_loss_steps": self.num_loss_steps}
 
@@ -256,11 +261,17 @@ def converted_from_earlier_layout(checkpoint: Mapping[str, Any]) -> Dict[str, An
                           "consecutive_nonfinite_steps": 0, "samples_seen": data.get("samples_seen", 0),
                           "samples_per_schedule_step": data.get("samples_per_schedule_step", 0)}
     if "skip_counts" in data:
-        world_size = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or 1
+        world_size = saved_world_size(checkpoint, default=1)
         rank0 = {key: data[key] for key in ("skip_counts", "loss_sum", "num_loss_steps")}
         others = {"skip_counts": torch.zeros_like(data["skip_counts"]), "loss_sum": 0.0, "num_loss_steps": 0}
         converted["epoch_sums"] = [rank0] + [dict(others) for _ in range(world_size - 1)]
     return converted
+
+
+def saved_world_size(checkpoint: Mapping[str, Any], default: int) -> int:
+    """The number of ranks that wrote `checkpoint`: its `world_size`, else the length of its per-rank RNG
+    list (a checkpoint from before `world_size` was saved), else `default` (OpenCLIP's, which has neither)."""
+    return checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or default
 
 
 def step_checkpoint_number(path: Path) -> Optional[int]:
@@ -564,7 +575,7 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
                           f"and optimizer are restored), or resume with --loss {old.get('loss')}")
     changes = {name: (old[name], new.get(name)) for name in SAMPLE_ORDER_ARGS
                if name in old and old[name] != new.get(name)}
-    old_world = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or request.world_size
+    old_world = saved_world_size(checkpoint, default=request.world_size)
     if old_world != request.world_size:
         changes = {"world_size": (old_world, request.world_size), **changes}
     data = checkpoint.get("data") or {}
@@ -583,7 +594,7 @@ def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -
     """--resume-anyway: the batch of this run's epoch that follows as many global samples as the
     checkpoint's run had consumed of it (rounded down to whole optimizer steps)."""
     old = checkpoint["args"]
-    old_world = checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or request.world_size
+    old_world = saved_world_size(checkpoint, default=request.world_size)
     position = DataPosition()
     position.load_state_dict(checkpoint["data"])
     return position.in_batches_of(_global_batch(old, old_world), _global_batch(request.args, request.world_size),

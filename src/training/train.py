@@ -278,7 +278,7 @@ def train_one_epoch(
         if step_in_epoch == steps_per_epoch:
             continue
         if preempted:
-            return EpochResult(loss=sums.loss_sum / max(sums.num_loss_steps, 1), num_steps=step_in_epoch,
+            return EpochResult(loss=sums.mean_loss, num_steps=step_in_epoch,
                                num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
                                seconds=time.time() - epoch_start, preempted=True)
         if checkpointer is not None:
@@ -286,7 +286,7 @@ def train_one_epoch(
 
     skipped = all_reduce_sum(sums.skip_counts.to(env.device), env).cpu().tolist()
     result = EpochResult(
-        loss=sums.loss_sum / max(sums.num_loss_steps, 1),
+        loss=sums.mean_loss,
         num_steps=step_in_epoch,
         num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
         skipped=dict(zip(skip_reasons, skipped)),
