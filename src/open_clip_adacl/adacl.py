@@ -24,6 +24,8 @@ ANCHOR_STATS = ("median", "mean", "min", "max")
 ANCHOR_PROBS = ("vanilla", "progressive")
 CANDIDATE_REGIONS = ("gda", "upper", "all")
 BOUNDARY_KINDS = ("fixed", "gap")
+MARGIN_GRADS = ("detached", "closed_form")
+ANCHOR_VALUES = ("positive", "gap")
 
 Scalar = Union[float, torch.Tensor]
 
@@ -358,6 +360,32 @@ def modulated_positive(similarity: torch.Tensor, scale: torch.Tensor, m1: torch.
         vanilla = scale * similarity
         return vanilla + (m1.detach().to(similarity.dtype) * (similarity - m2) - vanilla).detach()
     raise ValueError(f"positive_grad must be one of {POSITIVE_GRADS}, got {positive_grad!r}")
+
+
+def closed_form_positive(similarity: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
+    """The positive logit m1 (s - m2) with the margins' own gradient (docs/method.md §3.8, the `closed_form`
+    reading): m1 and m2 are functions of the anchor a and log Z_u (section 3.7), so the positive passes
+    gradient to s with slope m1 and, through the closed forms, to the anchor row and the temperature.
+    Shapes: similarity (rows,), m1 and m2 0-dim (float64, may require grad) -> rows."""
+    return m1.to(similarity.dtype) * (similarity - m2.to(similarity.dtype))
+
+
+def anchor_row_terms(query: torch.Tensor, candidates: torch.Tensor, positive_col: torch.Tensor,
+                     scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(a, log Z_u) of one anchor row from its features, differentiable (sections 3.5-3.6):
+    a = q_u . c_u, log Z_u = log sum_{k != u} exp(t q_u . c_k) (no logit bias). query (D,), candidates
+    C x D, positive_col 0-dim -> two 0-dim float64 tensors. The `closed_form` margins take their gradient
+    from these; their values come from the selection's own (bit-identical across ranks)."""
+    similarities = candidates @ query
+    negatives = torch.arange(candidates.shape[0], device=candidates.device) != positive_col
+    log_z_u = torch.logsumexp((scale * similarities).masked_fill(~negatives, float("-inf")).double(), dim=0)
+    return similarities[positive_col].double(), log_z_u
+
+
+def with_gradient_of(value: torch.Tensor, differentiable: torch.Tensor) -> torch.Tensor:
+    """`value` exactly, with the gradient of `differentiable` (which computes the same quantity, up to
+    rounding): value + (d - d.detach()), whose forward adds an exact zero."""
+    return value + (differentiable - differentiable.detach())
 
 
 def vanilla_margins(scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

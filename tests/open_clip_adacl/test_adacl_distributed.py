@@ -21,6 +21,7 @@ CONFIGS = {
     "min_bias": {**GDA, "anchor_stat": "min"},
     "gap_upper": {"boundary_kind": "gap", "candidate_region": "upper", "salient": "mean"},
     "gap_all_literal": {"boundary_kind": "gap", "candidate_region": "all", "mode": "literal"},
+    "closed_form_progressive": {**GDA, "mode": "literal", "margin_grad": "closed_form", "anchor_prob": "progressive"},
 }
 REGIMES = {"full": (False, False), "local": (True, True)}
 QUEUE = {**GDA, "queue_size": 48}

@@ -19,7 +19,7 @@ path while still computing and logging the margins.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -33,6 +33,9 @@ MODES = ("literal", "calibrated")
 # Why a direction fell back to vanilla CL this step (first failing guard wins; docs/method.md §3 "Guards").
 FALLBACK_REASONS = ("few_rows", "flat_reference", "no_candidates", "bad_margins")
 MIN_ROWS = 3  # two reference rows with at least two negatives each
+ALGORITHM_1 = {"mode": "literal", "salient": "max", "prior_ratio": 1.0, "candidate_region": "gda",
+               "anchor_stat": "median", "positive_grad": "fixed", "boundary": 1.0, "boundary_kind": "fixed",
+               "modulate": True}
 # Per-step 0/1 stats: which of calibrated mode's bounds changed the closed forms (docs/adacl.md).
 BOUND_STATS = ("anchor_clamped", "scale_bounded", "offset_bounded")
 
@@ -61,25 +64,42 @@ class _NegativeLogSumExp(torch.autograd.Function):
         return weights.to(logits.dtype), None, None
 
 
+class DirectionMargins(NamedTuple):
+    """What `_margins` decided for one direction (0-dim, no gradient, identical on every rank)."""
+
+    m1: torch.Tensor        # the applied margins (vanilla's on a fallback step)
+    m2: torch.Tensor
+    modulated: torch.Tensor  # bool: no guard failed
+    row: torch.Tensor        # global anchor row u (-1: none)
+    anchor: torch.Tensor     # a, as the closed forms took it (before any clamp)
+    log_z_u: torch.Tensor
+    gap: torch.Tensor        # the anchor element's gap, cosine units
+
+
 @register_loss("adacl")
 class AdaCLLoss(ContrastiveLoss):
     """AdaCL's positive margins on top of OpenCLIP's ClipLoss, exact over the global batch."""
 
     @dataclass(frozen=True)
     class Options(LossOptions):
-        # `paper`: Algorithm 1 as docs/method.md §3 reconstructs it, with none of the project's bounds
-        # (literal mode has none): the GDA candidate set, the median anchor, the progressive anchor
-        # probability, the steep positive of slope m1 and boundary 1. eps was not recovered and stays free.
-        PRESETS = {"paper": {
-            "mode": "literal", "salient": "max", "prior_ratio": 1.0, "candidate_region": "gda",
-            "anchor_stat": "median", "anchor_prob": "progressive", "positive_grad": "fixed",
-            "boundary": 1.0, "boundary_kind": "fixed", "modulate": True,
-        }}
+        # Algorithm 1 as docs/method.md §3 reconstructs it, with none of the project's bounds (literal mode has
+        # none): the GDA candidate set, the median anchor, the steep positive of slope m1 and boundary 1. eps was
+        # not recovered and stays free; so do the readings the method text leaves open (§3.6-3.7: the anchor
+        # probability, whether the margins carry gradient, the anchor's value), which `algorithm1` leaves to the
+        # other options and `paper` fixes to our first reading (detached margins, progressive p_u).
+        PRESETS = {
+            "algorithm1": ALGORITHM_1,
+            "paper": {**ALGORITHM_1, "anchor_prob": "progressive", "margin_grad": "detached",
+                      "anchor_value": "positive"},
+        }
 
         preset: Optional[str] = option(
-            None, "'paper': every choice set to the paper's Algorithm 1 as docs/method.md §3 reads it (literal "
-            "closed forms, GDA candidates, median anchor, progressive p_u, the steep positive, boundary 1); options "
-            "given with it that contradict it are refused", choices=(None, "paper"))
+            None, "'algorithm1': every choice the method text fixes set to our reconstruction of Algorithm 1 "
+            "(docs/method.md §3: literal closed forms, GDA candidates, median anchor, the steep positive, boundary "
+            "1), the open readings left to --adacl-anchor-prob, --adacl-margin-grad and --adacl-anchor-value; "
+            "'paper': algorithm1 with our first reading of those (progressive p_u, detached margins, the owning "
+            "row's positive as anchor); options given with a preset that contradict it are refused",
+            choices=(None, "algorithm1", "paper"))
         mode: str = option(
             "calibrated", "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
             "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "
@@ -97,6 +117,15 @@ class AdaCLLoss(ContrastiveLoss):
         anchor_prob: str = option(
             "vanilla", "p_u of the anchor pair: its vanilla probability, or 'progressive': its probability under "
             "the previous step's margins", choices=adacl.ANCHOR_PROBS)
+        margin_grad: str = option(
+            "detached", "literal mode: 'detached': m1, m2 are constants of each step; 'closed_form': the loss's "
+            "gradient flows through the closed forms m1(a, log Z_u), m2(a, log Z_u) to the anchor row's "
+            "features and the temperature (the selection stays non-differentiable; docs/method.md §3.7)",
+            choices=adacl.MARGIN_GRADS)
+        anchor_value: str = option(
+            "positive", "the anchor a of the closed forms: 'positive': the owning row's positive cosine s_uu; "
+            "'gap': the selected candidate gap itself, as the method text names the anchor (docs/method.md §3.5)",
+            choices=adacl.ANCHOR_VALUES)
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         boundary: float = option(
             1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by --adacl-boundary-kind fixed")
@@ -142,6 +171,14 @@ class AdaCLLoss(ContrastiveLoss):
                    f"boundary {self.boundary}")
             _check(0 <= self.ema < 1, f"ema must be in [0, 1), got {self.ema}")
             _check(self.std_floor >= 0, f"std_floor must be >= 0, got {self.std_floor}")
+            if self.margin_grad == "closed_form":
+                _check(self.mode == "literal" and self.positive_grad in (None, "fixed"),
+                       "margin_grad='closed_form' is a reading of Algorithm 1's closed forms: it needs mode='literal' "
+                       f"and the steep positive (positive_grad 'fixed'), got mode={self.mode!r}, "
+                       f"positive_grad={self.positive_grad!r}")
+                _check(self.anchor_value == "positive",
+                       "margin_grad='closed_form' differentiates the anchor row's positive cosine; with "
+                       "anchor_value='gap' the gap's negative column is not tracked: use anchor_value='positive'")
 
     keeps_state = True
     console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
@@ -218,25 +255,55 @@ class AdaCLLoss(ContrastiveLoss):
         summary = summarize_rows(logits.detach(), labels, with_mean=self.options.salient == "mean")
         positive_features = batch.candidate_features(direction).index_select(0, labels)
         similarity = (batch.query_features(direction) * positive_features).sum(dim=-1)
-        m1, m2, modulated = self._margins(batch, direction, summary, similarity.detach())
+        margins = self._margins(batch, direction, summary, similarity.detach())
+        vanilla = batch.to_logits(similarity)
+        negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
+        # CLIP's loss on the same logits, beside the trained one: a loss far below it with recall at chance is
+        # a positive logit that stopped tracking the features (docs/adacl.md §5).
+        clip_terms = torch.logaddexp(summary.negative_lse, vanilla.detach()) - vanilla.detach()
+        self.stats[f"{direction}/clip_loss"] = (batch.rows.sum(clip_terms.double().sum())
+                                                / batch.all_image_features.shape[0])
         if not self.options.modulate:
             return super().direction_loss(batch, direction)
+        m1, m2 = margins.m1, margins.m2
+        if self.options.margin_grad == "closed_form":
+            m1, m2 = self._differentiable_margins(batch, direction, margins)
+            modulated_logit = adacl.closed_form_positive(similarity, m1, m2)
+        else:
+            modulated_logit = adacl.modulated_positive(similarity, batch.logit_scale, m1, m2, self.positive_grad)
+        if batch.logit_bias is not None:
+            modulated_logit = modulated_logit + batch.logit_bias
         # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
         # would cost an N x N scatter in the backward).
-        positive = torch.where(modulated, adacl.modulated_positive(similarity, batch.logit_scale, m1, m2,
-                                                                   self.positive_grad),
-                               batch.logit_scale * similarity)
-        if batch.logit_bias is not None:
-            positive = positive + batch.logit_bias
-        negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
+        positive = torch.where(margins.modulated, modulated_logit, vanilla)
         return (torch.logaddexp(negative_lse, positive) - positive).mean()
+
+    def _differentiable_margins(self, batch: GlobalBatch, direction: str,
+                                margins: "DirectionMargins") -> Tuple[torch.Tensor, torch.Tensor]:
+        """(m1, m2) of the `closed_form` reading: the values `_margins` applied, with the gradient of the closed
+        forms through the anchor row's a and log Z_u (from the gathered features, so every rank differentiates
+        the same global row) and the temperature. A fallback step gets vanilla's margins and no such gradient."""
+        queries = batch.all_image_features if direction == "i2t" else batch.all_text_features
+        row = margins.row.clamp(min=0)
+        anchor, log_z_u = adacl.anchor_row_terms(queries.index_select(0, row.view(1))[0],
+                                                 batch.candidate_features(direction), row, batch.logit_scale)
+        modulated = margins.modulated
+        zero = torch.zeros((), dtype=torch.float64, device=anchor.device)
+        # Inputs of a fallback step are replaced, not only its outputs: the closed forms of a degenerate row may
+        # be infinite, and a discarded infinite branch still poisons the gradient of torch.where.
+        anchor = torch.where(modulated, adacl.with_gradient_of(margins.anchor, anchor), zero)
+        log_z_u = torch.where(modulated, adacl.with_gradient_of(margins.log_z_u, log_z_u), zero)
+        scale = batch.logit_scale.double()
+        closed = self._closed_forms(DIRECTIONS.index(direction), anchor, log_z_u, scale, margins.gap)
+        return torch.where(modulated, closed.m1, scale), torch.where(modulated, closed.m2, zero)
 
     # --- margins -----------------------------------------------------------------------------------
 
     @torch.no_grad()
     def _margins(self, batch: GlobalBatch, direction: str, summary: RowSummary,
-                 similarity: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(m1, m2, modulated) for one direction, all 0-dim and identical on every rank; logs stats."""
+                 similarity: torch.Tensor) -> "DirectionMargins":
+        """One direction's applied margins and the anchor they came from, all 0-dim and identical on every
+        rank; logs stats."""
         index = DIRECTIONS.index(direction)
         logits, labels = batch.logits(direction), batch.labels
         scale = batch.logit_scale.detach().double()
@@ -249,16 +316,19 @@ class AdaCLLoss(ContrastiveLoss):
                          {"anchor": zero, "anchor_used": zero, "p_u": zero, "log_z_u": zero, "candidates": zero,
                           "anchor_gap": zero, "closed_m1_over_scale": zero, "closed_m2": zero, "boundary": zero,
                           **{name: zero for name in BOUND_STATS}}, scale)
-            return vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device)
+            no_row = torch.full((), -1, dtype=torch.long, device=logits.device)
+            return DirectionMargins(vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
+                                    no_row, zero, zero, zero)
 
         options = self.options
         selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=options.salient,
                                   anchor_stat=options.anchor_stat, prior_ratio=options.prior_ratio,
                                   std_floor=options.std_floor * scale, workspace=self._workspace,
                                   region=options.candidate_region)
-        anchor = row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
-        log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
         gap = selection.gap.double() / scale  # cosine units
+        anchor = (gap if options.anchor_value == "gap" else
+                  row_value_from_owner(similarity, selection.row, labels, batch.rows).double())
+        log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
         margins = self._closed_forms(index, anchor, log_z_u, scale, gap)
         failed = torch.stack([torch.zeros_like(margins.valid), selection.flat_reference,
                               selection.num_candidates == 0, ~margins.valid])
@@ -275,7 +345,7 @@ class AdaCLLoss(ContrastiveLoss):
             "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2,
             "boundary": margins.boundary, "anchor_clamped": margins.anchor_clamped,
             "scale_bounded": margins.scale_bounded, "offset_bounded": margins.offset_bounded}, scale)
-        return m1, m2, modulated
+        return DirectionMargins(m1, m2, modulated, selection.row, anchor, log_z_u, gap)
 
     def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor,
                       gap: torch.Tensor) -> adacl.Margins:
