@@ -14,6 +14,7 @@ trainer can log the returned dicts as they are.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -61,14 +62,15 @@ def run_validation(
     Recall ranks each image's caption among all val captions and vice versa; features are kept
     on the CPU, so the val set must fit an N x N similarity matrix, as in OpenCLIP.
 
-    Returns `val/clip_val_loss`, `val/num_samples` and, for `image_to_text` and `text_to_image`,
+    Returns `val/clip_val_loss`, its chance value `val/clip_val_loss_chance` (the same average of ln(batch
+    size): what equal logits give), `val/num_samples` and, for `image_to_text` and `text_to_image`,
     `val/<direction>_R@1|5|10`, `_mean_rank` and `_median_rank`.
     """
     device = torch.device(device)
     clip_loss = ClipLoss()
     model.eval()
     image_features, text_features = [], []
-    cumulative_loss, num_samples = 0.0, 0
+    cumulative_loss, cumulative_chance, num_samples = 0.0, 0.0, 0
     with torch.inference_mode():
         for batch in progress(dataloader, f"val epoch {epoch}"):
             images = batch[0].to(device=device, dtype=input_dtype)
@@ -79,6 +81,7 @@ def run_validation(
             image_features.append(batch_image_features.float().cpu())
             text_features.append(batch_text_features.float().cpu())
             cumulative_loss += batch_loss.item() * len(images)
+            cumulative_chance += math.log(len(images)) * len(images)  # ClipLoss of equal logits: ln(batch)
             num_samples += len(images)
     if num_samples == 0:
         raise ValueError("the validation dataloader yielded no samples")
@@ -87,7 +90,8 @@ def run_validation(
         text_features=torch.cat(text_features),
         logit_scale=logit_scale.mean().float().cpu(),
     )
-    metrics = {"clip_val_loss": cumulative_loss / num_samples, "num_samples": num_samples, **retrieval}
+    metrics = {"clip_val_loss": cumulative_loss / num_samples, "clip_val_loss_chance": cumulative_chance / num_samples,
+               "num_samples": num_samples, **retrieval}
     return {METRIC_PREFIX + name: float(value) for name, value in metrics.items()}
 
 

@@ -20,13 +20,14 @@ def fake_data(root, *, num_train, num_val):
     }})
 
 
-def record(label="clip", seed=0, *, status="ok", loss=1.2, i2t=0.3, t2i=0.3, softmax=True, batch=64, **metrics):
-    values = {"train/final_loss": loss, "val/i2t_R@1": i2t, "val/t2i_R@1": t2i, "clone/color": 0.7,
-              "clone/overall": 0.6, **metrics}
+def record(label="clip", seed=0, *, status="ok", loss=1.2, val_loss=1.5, i2t=0.3, t2i=0.3, softmax=True, batch=64,
+           code="git 0123456789", **metrics):
+    values = {"train/final_loss": loss, "val/clip_loss": val_loss, "val/i2t_R@1": i2t, "val/t2i_R@1": t2i,
+              "clone/color": 0.7, "clone/overall": 0.6, **metrics}
     return {"label": label, "loss": label.split(":")[0], "options": {}, "seed": seed, "name": f"{label}-seed{seed}",
             "status": status, "error": None if status == "ok" else "boom", "batch_size": batch,
             "softmax_loss": softmax, "train_seconds": 10.0, "eval_seconds": 2.0, "wall_seconds": 15.0,
-            "val_num_samples": 512,
+            "val_num_samples": 512, "code": code,
             "metrics": values}
 
 
@@ -36,12 +37,12 @@ def assessed_records():
     return [assess_run(r) for r in [
         record("A", 0, i2t=0.30, **{"clone/overall": 0.60}),
         record("A", 1, i2t=0.34, **{"clone/overall": 0.64}),
-        record("A", 2, loss=math.log(64), i2t=chance, t2i=chance, **{"clone/overall": 0.99}),
+        record("A", 2, val_loss=math.log(64), i2t=chance, t2i=chance, **{"clone/overall": 0.99}),
         record("B", 0, i2t=0.20, **{"clone/overall": 0.70}),
         record("B", 1, i2t=0.22, **{"clone/overall": 0.72}),
         record("B", 2, i2t=0.24, **{"clone/overall": 0.74}),
-        record("C", 0, loss=math.log(64), i2t=chance, t2i=chance),
-        record("C", 1, loss=math.log(64), i2t=chance, t2i=chance),
+        record("C", 0, val_loss=math.log(64), i2t=chance, t2i=chance),
+        record("C", 1, val_loss=math.log(64), i2t=chance, t2i=chance),
         record("D", 0, status="failed"),
         record("D", 1, i2t=0.1),
     ]]

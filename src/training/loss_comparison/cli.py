@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from OUTPUT_DIR's records (whichever runs finished; the others are "
                              "listed), e.g. after cluster jobs or a change of the collapse criteria; trains nothing")
+    parser.add_argument("--pair-across-code", action="store_true",
+                        help="pair runs that ran different code (each record keeps its commit and a hash of any "
+                             "uncommitted change); by default the report refuses such pairs. The report prints each "
+                             "pair's code either way")
     statistics = parser.add_argument_group("pre-registered statistics (saved for --report-only, which may replace them)")
     statistics.add_argument("--primary-endpoint", metavar="NAME=METRIC+METRIC...",
                             help="the endpoint each variant gets a verdict on: the per-run mean of these metrics, e.g. "
@@ -233,7 +237,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     if args.report_only:
         given = args.preregistration or any(value is not None for value in registration_flags)
         records, missing = rebuild_report(args.output_dir, args.results_md,
-                                          resolve(args.preregistration, *registration_flags) if given else None)
+                                          resolve(args.preregistration, *registration_flags) if given else None,
+                                          args.pair_across_code)
         print(f"wrote {args.results_md} from the records in {args.output_dir}"
               + (f"; no record yet of {len(missing)} run(s): {', '.join(missing)}" if missing else ""))
         return records
@@ -262,7 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     records = run_comparison(variants, seeds, budget, output_dir=args.output_dir, results_md=args.results_md,
                             data_dir=args.data_dir, data_seed=args.data_seed, command=command,
                             timeout=args.run_timeout, reuse=not args.no_reuse, own_data=own, model=args.model,
-                            preregistration=preregistration)
+                            preregistration=preregistration, pair_across_code=args.pair_across_code)
     print(f"wrote {args.results_md} (plot and per-run CSV beside it); runs in {args.output_dir}")
     return records
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from open_clip_adacl import get_loss_class
+from training.provenance import code_version
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .variants import LossVariant
@@ -187,7 +188,7 @@ def base_record(job: RunJob) -> Dict[str, Any]:
         "status": OK, "error": None, "batch_size": job.batch_size, "world_size": job.world_size,
         # Softmax losses over the batch sit at ln(batch) when nothing is learned (all logits equal).
         "softmax_loss": get_loss_class(job.loss).softmax_style,
-        "train_argv": job.train_argv, "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
+        "train_argv": job.train_argv, "code": code_version(), "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
         "val_num_samples": None, "metrics": {},
     }
 
@@ -202,6 +203,10 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
         if steps:
             tail = steps[-max(1, math.ceil(len(steps) / 10)):]
             metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
+            clip_losses = [float(record[f"stats/{direction}/clip_loss"]) for record in tail
+                           for direction in ("i2t", "t2i") if f"stats/{direction}/clip_loss" in record]
+            if clip_losses:  # CLIP's loss on the trained logits, beside the trained loss (docs/adacl.md §5)
+                metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
             metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
             metrics["train/steps"] = float(steps[-1]["step"])
             metrics.update(mechanism_metrics(steps))
@@ -214,6 +219,8 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
                 for k in (1, 5):
                     metrics[f"val/{short}_R@{k}"] = float(val[f"val/{direction}_R@{k}"])
             metrics["val/clip_loss"] = float(val["val/clip_val_loss"])
+            if "val/clip_val_loss_chance" in val:
+                metrics["val/clip_loss_chance"] = float(val["val/clip_val_loss_chance"])
             metrics["val/num_samples"] = float(val["val/num_samples"])
     return metrics
 

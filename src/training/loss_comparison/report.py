@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from training.provenance import code_version
+
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .jobs import BASELINE, MODEL, OK
 from .preregistration import Preregistration
-from .stats import (FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, SecondaryTest, VariantSummary,
+from .stats import (check_same_code, paired_codes, FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, SecondaryTest, VariantSummary,
                     metric_keys, metric_order, paired_difference, primary_verdict, secondary_tests, section_keys,
                     summarize, tracking_baseline, with_endpoint)
 
@@ -35,6 +37,10 @@ TRACKING = 0.01  # a variant within this of the baseline on every metric, seed f
 HEADLINE_METRICS = ("val/i2t_R@1", "val/t2i_R@1", "clone/overall", "train/final_loss")
 PLOT_PREFIXES = ("val/", "cls/", "sel/", "clone/")
 PLOT_EXCLUDED = ("val/clip_loss",)
+CLONE_EDIT_TYPES = ("color", "shape", "size", "relation")
+# The Holm family of the secondary tests, exactly as docs/preregistration.md registers it.
+SECONDARY_FAMILY = tuple(f"clone/{edit}{suffix}" for edit in CLONE_EDIT_TYPES
+                         for suffix in ("", "_cos_margin", "_cos_margin_p10")) + ("val/i2t_R@1", "val/t2i_R@1")
 # Report sections: (title, metric-name prefix, what the numbers are).
 SECTIONS = (
     ("Clone-negative selection", "clone/",
@@ -154,8 +160,8 @@ def format_p(value: Optional[float]) -> str:
 def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
                   preregistration: Preregistration) -> List[str]:
     """One row per variant: the endpoint's paired difference to the reference, both intervals, the verdict."""
-    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict | code |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label in labels:
         if label == reference:
             continue
@@ -164,8 +170,18 @@ def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], r
         cells = ["-", "-", "-"] if difference is None else [
             f"{difference.mean:+.4f}", difference.interval_text(0.95), difference.interval_text(0.90)]
         lines.append(f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
-                     f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) |")
+                     f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) | "
+                     f"{pair_code_text(records, label, reference)} |")
     return lines
+
+
+def pair_code_text(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> str:
+    """The code the pairs ran: `git X (5 pairs)`, or each pair's when they differ."""
+    pairs = paired_codes(records, label, reference)
+    codes = {code for _, mine, theirs in pairs for code in (mine, theirs)}
+    if len(codes) == 1:
+        return f"{codes.pop()} ({len(pairs)} pair{'s' * (len(pairs) != 1)})"
+    return "; ".join(f"seed {seed}: {mine} vs {theirs}" for seed, mine, theirs in pairs) or "-"
 
 
 def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
@@ -184,14 +200,19 @@ def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
         *primary_table(records, labels, reference, preregistration), ""]
 
 
-def secondary_keys(summaries: Sequence[VariantSummary]) -> List[str]:
-    """The paired metrics tested as secondary endpoints: clone accuracies and cosine margins, the clip-benchmark
-    sets' metrics, val recall.
+def secondary_keys(summaries: Sequence[VariantSummary], registered: bool) -> List[str]:
+    """The paired metrics tested together as secondary endpoints (Holm's family).
 
-    Logit margins (`_margin`) are left out: they are the cosine margins times each model's own logit scale,
-    so they test the temperature as much as the clone handling (the clone table shows them)."""
-    return [key for key in section_keys(summaries, PAIRED_PREFIXES)
-            if not key.endswith("_margin")]
+    `registered` (a study with a pre-registration file): exactly the registered family
+    (docs/preregistration.md, "Secondary metrics"), those of its metrics the runs have: per edit type the
+    clone-selection accuracy, the mean cosine margin and its 10th percentile; val R@1 both ways. Otherwise
+    every paired metric the runs have. Logit margins (`_margin` without `cos`) are never in it: they are the
+    cosine margins times each model's own logit scale, so they test the temperature as much as the clone
+    handling (the clone table shows them)."""
+    present = section_keys(summaries, PAIRED_PREFIXES)
+    if registered:
+        return [key for key in SECONDARY_FAMILY if key in present]
+    return [key for key in present if not key.endswith("_margin") or key.endswith("_cos_margin")]
 
 
 def secondary_table(tests: Mapping[str, Mapping[str, SecondaryTest]]) -> List[str]:
@@ -232,10 +253,10 @@ def secondary_findings(tests: Mapping[str, Mapping[str, SecondaryTest]], summari
     return lines
 
 
-def paired_section(records: Sequence[Mapping[str, Any]], summaries: Sequence[VariantSummary], reference: str
-                   ) -> List[str]:
+def paired_section(records: Sequence[Mapping[str, Any]], summaries: Sequence[VariantSummary], reference: str,
+                   preregistration: Preregistration) -> List[str]:
     tests = secondary_tests(records, [summary.label for summary in summaries], reference,
-                            secondary_keys(summaries))
+                            secondary_keys(summaries, registered=bool(preregistration.source)))
     size = sum(len(by_key) for by_key in tests.values())
     return [
         f"## Paired against `{reference}`", "",
@@ -406,7 +427,7 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     if reference is not None and len(summaries) > 1:
         if preregistration.endpoint:
             lines += primary_section(records, labels, reference, preregistration)
-        lines += paired_section(records, summaries, reference)
+        lines += paired_section(records, summaries, reference, preregistration)
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
@@ -414,15 +435,14 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
                                        for name in missing]
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
-              f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: a softmax loss whose final "
-              f"training loss is at least {CollapseCriteria().loss_fraction:g} x ln(negatives per row: the global "
-              f"batch plus any feature queue's entries), or mean val R@1 "
-              f"below {CollapseCriteria().recall_factor:g} x chance.", ""]
+              f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: the final val CLIP loss (ClipLoss within "
+              f"each val batch, whatever loss trained the model) at least {CollapseCriteria().loss_fraction:g} x its "
+              f"chance value ln(val batch), or mean val R@1 below {CollapseCriteria().recall_factor:g} x chance.", ""]
     return "\n".join(lines)
 
 
-RUN_FIELDS = ("label", "loss", "options", "seed", "name", "verdict", "reasons", "train_seconds", "eval_seconds",
-              "wall_seconds")
+RUN_FIELDS = ("label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds",
+              "eval_seconds", "wall_seconds")
 
 
 def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -433,7 +453,8 @@ def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
         writer.writerow([*RUN_FIELDS, *keys])
         for record in records:
             identity = [record["label"], record["loss"], json.dumps(record["options"], sort_keys=True),
-                        record["seed"], record["name"], record["verdict"], "; ".join(record["reasons"]),
+                        record["seed"], record["name"], record.get("code") or "unknown", record["verdict"],
+                        "; ".join(record["reasons"]),
                         record.get("train_seconds"), record.get("eval_seconds"), record.get("wall_seconds")]
             writer.writerow([*identity, *(record["metrics"].get(key, "") for key in keys)])
 
@@ -502,10 +523,15 @@ def kept_tail(results_md: Path) -> str:
 
 def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, results_md: Path,
                  output_dir: Path, preregistration: Preregistration = Preregistration(),
-                 missing: Sequence[str] = ()) -> str:
+                 missing: Sequence[str] = (), pair_across_code: bool = False) -> str:
     """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`.
 
-    With a primary endpoint, each record gains its per-run value (`primary/<name>`) first."""
+    With a primary endpoint, each record gains its per-run value (`primary/<name>`) first. Pairs whose runs
+    ran different code are refused unless `pair_across_code` (`stats.check_same_code`)."""
+    labels = list(dict.fromkeys(record["label"] for record in records))
+    reference = reference_label(labels, preregistration)
+    if reference is not None and not pair_across_code:
+        check_same_code(records, labels, reference)
     if preregistration.endpoint:
         check_endpoint(records, preregistration)
         records = with_endpoint(records, preregistration.metrics, preregistration.key)
@@ -553,16 +579,3 @@ def package_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def code_version() -> str:
-    """`git <commit>` of the source tree (marked when it has uncommitted changes), or `unknown`."""
-    source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=source, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"git {commit}" + (" with uncommitted changes" if dirty else "")

@@ -86,7 +86,8 @@ def save_comparison(output_dir: Path, variants: Sequence[LossVariant], context: 
 def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
                   results_md: Path, data_dir: Optional[Path] = None, data_seed: int = 0, command: str = "",
                   timeout: Optional[float] = None, reuse: bool = True, echo=print, own_data: Optional[OwnData] = None,
-                  model: str = MODEL, preregistration: Preregistration = Preregistration()) -> List[Dict[str, Any]]:
+                  model: str = MODEL, preregistration: Preregistration = Preregistration(),
+                  pair_across_code: bool = False) -> List[Dict[str, Any]]:
     """Data (the demo's, written or reused, unless `own_data`), every run, the report; returns the assessed records."""
     start = time.time()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -111,7 +112,7 @@ def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget
                             siblings=None if own_data else training_siblings(budget, data), model=model,
                             benchmarks=asdict(benchmarks) if benchmarks else None)
     save_comparison(output_dir, variants, context, preregistration)
-    write_report(records, context, results_md, output_dir, preregistration)
+    write_report(records, context, results_md, output_dir, preregistration, pair_across_code=pair_across_code)
     return records
 
 
@@ -138,8 +139,8 @@ def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budge
     return jobs
 
 
-def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional[Preregistration] = None
-                   ) -> Tuple[List[Dict[str, Any]], List[str]]:
+def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional[Preregistration] = None,
+                   pair_across_code: bool = False) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Write the report from `output_dir`'s records and comparison.json, training nothing; returns the
     assessed records and the names of the planned runs without a record (listed in the report).
 
@@ -164,7 +165,7 @@ def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional
                for name in names if name not in missing]
     if context.emitted:
         context = replace(context, machine=next((r["machine"] for r in records if r.get("machine")), context.machine))
-    write_report(records, context, results_md, output_dir, preregistration, missing)
+    write_report(records, context, results_md, output_dir, preregistration, missing, pair_across_code)
     return records, missing
 
 

@@ -1,8 +1,8 @@
 """Verdicts and aggregation: which runs count, and what the ok runs say per variant and against the reference.
 
 Every run gets a verdict (`assess_run`): failed (crashed, or no record), nonfinite (NaN/inf loss
-or metric), collapsed (training loss pinned near ln(negatives) for a softmax loss, or val R@1 under
-twice chance, docs/method.md §4b) or ok. Means and standard deviations (`summarize`) and paired
+or metric), collapsed (val CLIP loss within 5% of its chance value ln(val batch), or val R@1 under
+twice chance, docs/adacl.md §5) or ok. Means and standard deviations (`summarize`) and paired
 differences to the reference over seeds (`paired_difference`) are over the ok runs only.
 
 The paired statistics (docs/cluster.md, "Running the loss comparison"), per variant against the
@@ -13,8 +13,8 @@ reference, on seeds where both runs are ok:
   effect* (the 90% interval entirely inside [-margin, +margin]: both one-sided tests of TOST reject at
   5%), else *inconclusive*; helps and hurts are checked first, so a difference that is significant but
   inside the margin is reported as helps or hurts;
-- every paired metric (`PAIRED_PREFIXES`: clone selection, clip-benchmark sets, val recall; the
-  report leaves out logit margins, see `report.secondary_keys`) x variant is one secondary test
+- every metric of the registered secondary family (`report.SECONDARY_FAMILY`: per edit type clone
+  accuracy, cosine margin and its 10th percentile; val R@1) x variant is one secondary test
   (two-sided paired t), Holm-Bonferroni corrected over that whole family at a family-wise alpha of
   0.05 (`holm`); a rejected difference smaller than TIE is not marked (float noise);
 - fewer than 2 pairs: no interval, inconclusive, never significant;
@@ -39,11 +39,12 @@ COLLAPSED = "collapsed"  # the verdict of a run that finished but learned (next 
 
 @dataclass(frozen=True)
 class CollapseCriteria:
-    """When a finished run counts as collapsed (docs/method.md §4b: loss pinned at ln(negatives), recall at chance).
+    """When a finished run counts as collapsed: its features stopped telling pairs apart (docs/adacl.md §5).
 
-    loss_fraction: a softmax loss whose final training loss is at least this fraction of
-        ln(negatives) has learned (next to) nothing: within 5% of the all-logits-equal value, where
-        negatives is the number of logits each row's softmax spans (`softmax_width`).
+    loss_fraction: the final val CLIP loss (ClipLoss within each val batch, whatever loss trained the model) is
+        at least this fraction of its chance value, ln(val batch size): within 5% of what equal logits give.
+        Judged on the val CLIP loss, not the training loss, which a loss may lower without learning (AdaCL's
+        progressive p_u carries a positive logit forward that the features no longer earn).
     recall_factor: mean val R@1 of the two directions below this many times chance (1 / val size).
     """
 
@@ -59,15 +60,14 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
     nonfinite = sorted(key for key, value in metrics.items() if not math.isfinite(value))
     if nonfinite:
         return {**record, "verdict": NONFINITE, "reasons": [f"non-finite {', '.join(nonfinite)}"]}
-    missing = [key for key in ("train/final_loss", "val/i2t_R@1", "val/t2i_R@1") if key not in metrics]
+    missing = [key for key in ("val/clip_loss", "val/i2t_R@1", "val/t2i_R@1") if key not in metrics]
     if missing or not record.get("val_num_samples"):
         return {**record, "verdict": FAILED, "reasons": [f"no {', '.join(missing) or 'val/num_samples'} recorded"]}
     reasons = []
-    width = softmax_width(record)
-    chance_loss = math.log(width)
-    if record["softmax_loss"] and metrics["train/final_loss"] >= criteria.loss_fraction * chance_loss:
-        reasons.append(f"final loss {metrics['train/final_loss']:.3f} >= {criteria.loss_fraction:g} x "
-                       f"ln({width}) = {criteria.loss_fraction * chance_loss:.3f}")
+    chance_loss = val_chance_loss(record)
+    if metrics["val/clip_loss"] >= criteria.loss_fraction * chance_loss:
+        reasons.append(f"val CLIP loss {metrics['val/clip_loss']:.3f} >= {criteria.loss_fraction:g} x "
+                       f"its chance value {chance_loss:.3f}")
     chance_recall = 1.0 / record["val_num_samples"]
     mean_recall = (metrics["val/i2t_R@1"] + metrics["val/t2i_R@1"]) / 2
     if mean_recall < criteria.recall_factor * chance_recall:
@@ -76,13 +76,13 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
     return {**record, "verdict": COLLAPSED if reasons else OK, "reasons": reasons}
 
 
-def softmax_width(record: Mapping[str, Any]) -> int:
-    """The logits in each row of a softmax loss: the global batch (per-rank batch x ranks, gathered)
-    plus the entries of the loss's feature queue (adacl's `queue_size`), which a run's last tenth
-    sees full (a queue fills within queue_size / global batch steps). The loss options are those the
-    trainer resolved (`loss_options`); records written before they were kept give the variant's own."""
-    options = record.get("loss_options") or record["options"]
-    return record["batch_size"] * record.get("world_size", 1) + int(options.get("queue_size") or 0)
+def val_chance_loss(record: Mapping[str, Any]) -> float:
+    """The val CLIP loss of equal logits: the trainer's sample-weighted ln(val batch size) when the record has it
+    (`val/clip_loss_chance`), else ln(min(batch size, val samples)) (records written before it was kept)."""
+    recorded = record["metrics"].get("val/clip_loss_chance")
+    if recorded is not None:
+        return recorded
+    return math.log(min(record["batch_size"], record["val_num_samples"]))
 
 
 @dataclass
@@ -243,6 +243,28 @@ def paired_difference(records: Sequence[Mapping[str, Any]], label: str, referenc
     mine, theirs = by_seed(label), by_seed(reference)
     differences = tuple(mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys()))
     return PairedDifference(differences) if differences else None
+
+
+def paired_codes(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
+    """(seed, code of `label`'s run, code of `reference`'s run) of every pair where both runs are ok: what each
+    pair ran (`training.provenance.code_version`; `unknown` for records written before runs kept it)."""
+    def by_seed(name: str) -> Dict[int, str]:
+        return {r["seed"]: r.get("code") or "unknown" for r in records if r["label"] == name and r["verdict"] == OK}
+
+    mine, theirs = by_seed(label), by_seed(reference)
+    return [(seed, mine[seed], theirs[seed]) for seed in sorted(mine.keys() & theirs.keys())]
+
+
+def check_same_code(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str) -> None:
+    """ValueError naming the pairs whose two runs ran different (or unknown) code: a paired difference is then
+    not only the loss's."""
+    mixed = [f"{label} seed {seed} ({mine}) vs {reference} ({theirs})" for label in labels if label != reference
+             for seed, mine, theirs in paired_codes(records, label, reference)
+             if mine != theirs or mine.startswith("unknown")]
+    if mixed:
+        raise ValueError(f"{len(mixed)} pair(s) ran different or unknown code, e.g. {'; '.join(mixed[:3])}: rerun "
+                         "them from one commit, or pass --pair-across-code to pair them anyway (the report then "
+                         "prints each pair's code)")
 
 
 def primary_verdict(difference: Optional[PairedDifference], margin: float) -> Tuple[str, str]:

@@ -26,7 +26,7 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     assert "**192 steps** at batch 64" in markdown
     assert "| `A` | 2/3 ok (1 collapsed) | 0.320 ± 0.028 |" in markdown
     assert "| `C` | 0/2 ok (2 collapsed) | - |" in markdown
-    assert "`A-seed2`: **collapsed**: final loss" in markdown and "`D-seed0`: **failed**: boom" in markdown
+    assert "`A-seed2`: **collapsed**: val CLIP loss" in markdown and "`D-seed0`: **failed**: boom" in markdown
     assert "![main metrics" in markdown and "(RESULTS.png)" in markdown and "[RESULTS_runs.csv]" in markdown
     assert "`B` is best on clone/overall" in markdown and "Against `A`" in markdown  # no clip row: first is baseline
 

@@ -4,23 +4,44 @@ import math
 import pytest
 
 from training.loss_comparison.report import write_report
-from training.loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, holm, paired_difference,
-                                   primary_verdict, secondary_tests, softmax_width, summarize)
+from training.loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, check_same_code, holm,
+                                           paired_difference, primary_verdict, secondary_tests, summarize,
+                                           val_chance_loss)
 from helpers.comparison_records import assessed_records, record, report_context
 
 
 def test_healthy_runs_are_ok():
     assert assess_run(record())["verdict"] == "ok"
-    # A non-softmax loss (siglip) has no ln(batch) chance level: its loss value is not a collapse signal.
+    # The trained loss's own value is no collapse signal (siglip's, or AdaCL's progressive positive logit).
     assert assess_run(record("siglip", loss=10.0, softmax=False))["verdict"] == "ok"
+    assert assess_run(record("adacl:paper", loss=0.001))["verdict"] == "ok"
 
 
-def test_a_loss_pinned_at_log_batch_is_collapsed():
-    verdict = assess_run(record(loss=math.log(64) * 0.97, i2t=0.2, t2i=0.2))
-    assert verdict["verdict"] == "collapsed" and "ln(64)" in verdict["reasons"][0]
-    assert assess_run(record(loss=math.log(64) * 0.9))["verdict"] == "ok"  # below 95% of chance: learning
+def test_a_val_clip_loss_at_its_chance_value_is_collapsed_whatever_the_training_loss():
+    # The collapsed paper runs: training loss 0.001-0.04, val CLIP loss ~ ln 64, recall above 2x chance.
+    verdict = assess_run(record("adacl:paper", loss=0.02, val_loss=math.log(64) * 0.96, i2t=0.004, t2i=0.004))
+    assert verdict["verdict"] == "collapsed" and "val CLIP loss" in verdict["reasons"][0]
+    assert assess_run(record(val_loss=math.log(64) * 0.9))["verdict"] == "ok"  # below 95% of chance: learning
     strict = CollapseCriteria(loss_fraction=0.85)
-    assert assess_run(record(loss=math.log(64) * 0.9), strict)["verdict"] == "collapsed"
+    assert assess_run(record(val_loss=math.log(64) * 0.9), strict)["verdict"] == "collapsed"
+
+
+def test_the_chance_value_is_the_one_the_trainer_recorded_else_ln_of_the_val_batch():
+    assert val_chance_loss(record()) == pytest.approx(math.log(64))
+    assert val_chance_loss(record(batch=1024)) == pytest.approx(math.log(512))  # the val set is one batch
+    recorded = record(**{"val/clip_loss_chance": 3.5})
+    assert val_chance_loss(recorded) == 3.5
+    assert assess_run({**recorded, "metrics": {**recorded["metrics"], "val/clip_loss": 3.4}})["verdict"] == "collapsed"
+
+
+def test_pairs_of_different_code_are_refused_in_one_line():
+    records = [assess_run(record("clip", 0)), assess_run(record("adacl", 0, code="git 0123456789 + diff abc"))]
+    with pytest.raises(ValueError, match=r"1 pair\(s\) ran different or unknown code, e\.g\. adacl seed 0"):
+        check_same_code(records, ["clip", "adacl"], "clip")
+    check_same_code([assess_run(record("clip", 0)), assess_run(record("adacl", 0))], ["clip", "adacl"], "clip")
+    with pytest.raises(ValueError, match="unknown"):
+        check_same_code([assess_run(record("clip", 0, code=None)), assess_run(record("adacl", 0, code=None))],
+                        ["clip", "adacl"], "clip")
 
 
 def test_recall_at_chance_is_collapsed_for_every_loss():
@@ -154,15 +175,3 @@ def test_the_equivalence_test_uses_the_90_percent_interval():
         "helps", "the 95% interval is above 0 (inside the margin)")
 
 
-def test_collapse_is_judged_against_the_real_number_of_negatives():
-    # A 1024-entry queue makes each softmax row span 64 + 1024 logits: ln(1088) = 6.99, not ln(64) = 4.16.
-    queued = {**record(loss=math.log(64) * 0.97), "loss_options": {"queue_size": 1024, "mode": "calibrated"}}
-    assert softmax_width(queued) == 1088 and assess_run(queued)["verdict"] == "ok"
-    pinned = {**queued, "metrics": {**queued["metrics"], "train/final_loss": math.log(1088) * 0.97}}
-    verdict = assess_run(pinned)
-    assert verdict["verdict"] == "collapsed" and "ln(1088)" in verdict["reasons"][0]
-    # Ranks multiply the batch (the loss gathers features across them); records without the trainer's
-    # resolved options fall back to the variant's own (`adacl:queue_size=1024`).
-    assert softmax_width({**record(), "world_size": 8}) == 512
-    assert softmax_width({**record(), "options": {"queue_size": "1024"}}) == 1088
-    assert assess_run({**record(loss=math.log(64) * 0.97), "options": {"queue_size": "1024"}})["verdict"] == "ok"
