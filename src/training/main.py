@@ -31,7 +31,7 @@ from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequ
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
-from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
+from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
@@ -155,7 +155,8 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
     write_params(recorded, paths, env, launch_note(env, resumed_from, state))
 
-    data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch)
+    data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
+                      families=loss_fn.needs_family)
     val_data = build_val_data_if_needed(cfg.data, bundle, env)
     imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
     if imagenet is not None:
@@ -451,9 +452,12 @@ def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
     return loss_fn.to(env.device)
 
 
-def build_data(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int):
-    """The training stream for this rank (the shards were checked by `check_startup`)."""
-    cfg = replace(cfg, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches)
+def build_data(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int,
+               families: bool = False):
+    """The training stream for this rank (the shards were checked by `check_startup`); with `families`
+    (a loss that `needs_family`) its batches carry each sample's family id."""
+    cfg = replace(cfg, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches,
+                  family_field=FAMILY_FIELD if families else None)
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)
     except ValueError as error:  # e.g. a resume position outside the epoch (another batch size or world size)

@@ -69,6 +69,7 @@ class MicroBatch:
     images: torch.Tensor
     texts: torch.Tensor
     sample_index: torch.Tensor
+    family: Optional[torch.Tensor] = None  # each sample's family id, when the data carries them (a loss needs_family)
 
 
 @dataclass
@@ -81,17 +82,20 @@ class StepOutput:
 
 def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
     images, texts, sample_index = batch[0], batch[1], batch[2]
+    family = batch[4] if len(batch) > 4 else None  # after skip_counts, when the data was asked for families
     return MicroBatch(
         images=images.to(device=device, dtype=input_dtype, non_blocking=True),
         texts=texts.to(device=device, non_blocking=True),
         sample_index=sample_index.to(device=device, non_blocking=True),
+        family=None if family is None else family.to(device=device, non_blocking=True),
     )
 
 
 def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor],
-             sample_index: torch.Tensor) -> torch.Tensor:
+             sample_index: torch.Tensor, family: Optional[torch.Tensor]) -> torch.Tensor:
+    inputs = {"family": family} if loss_fn.needs_family else {}
     return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
-                   sample_index=sample_index)
+                   sample_index=sample_index, **inputs)
 
 
 def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
@@ -114,13 +118,14 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
         with precision.autocast():
             model_out = model(batch.images, batch.texts)
             loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out,
-                            batch.sample_index)
+                            batch.sample_index, batch.family)
         _backward(loss, precision.scaler)
         finite = bool(torch.isfinite(loss))
     else:
         with torch.no_grad(), precision.autocast():
             cached = [model(batch.images, batch.texts) for batch in micro_batches]
         sample_index = torch.cat([batch.sample_index for batch in micro_batches])
+        family = None if micro_batches[0].family is None else torch.cat([batch.family for batch in micro_batches])
         finite = True
         for j, batch in enumerate(micro_batches):
             # Gradients are all-reduced once, on the last micro-batch.
@@ -133,7 +138,7 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
                                                + [c["image_features"] for c in cached[j + 1:]])
                     text_features = torch.cat([c["text_features"] for c in cached[:j]] + [model_out["text_features"]]
                                               + [c["text_features"] for c in cached[j + 1:]])
-                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index)
+                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family)
                 _backward(loss, precision.scaler)
             finite = finite and bool(torch.isfinite(loss))
     stats = {name: value.detach() for name, value in loss_fn.stats.items()}
@@ -210,7 +215,7 @@ def train_one_epoch(
 ) -> EpochResult:
     """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
-    `dataloader` yields (images, texts, sample_index, skip_counts) and, when resuming mid-epoch, has
+    `dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch, has
     already been told to skip the `state.position.batches_in_epoch` batches consumed before the interruption.
     `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).

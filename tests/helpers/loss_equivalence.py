@@ -18,7 +18,8 @@ from helpers.distributed_utils import run_on_ranks
 LOGIT_SCALE = 14.3
 REGIMES = ((False, False), (True, True))  # (local_loss, gather_with_grad): full logits, local loss
 
-Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # image features, text features, sample_index
+# image features, text features, sample_index[, family: for a loss that needs_family]
+Batch = Tuple[torch.Tensor, ...]
 
 
 def make_batches(num_steps: int, n: int, d: int, *, data_size: int, noise: float = 0.6, seed: int = 0) -> List[Batch]:
@@ -35,12 +36,13 @@ def make_batches(num_steps: int, n: int, d: int, *, data_size: int, noise: float
 
 
 def value_and_grads(loss_fn, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
-                    scale: float = LOGIT_SCALE) -> Tuple[torch.Tensor, ...]:
-    """Loss value and gradients with respect to both features and the logit scale."""
+                    scale: float = LOGIT_SCALE, **inputs) -> Tuple[torch.Tensor, ...]:
+    """Loss value and gradients with respect to both features and the logit scale; `inputs` (e.g.
+    `family`) go to the loss with `sample_index`."""
     x = x.clone().requires_grad_()
     y = y.clone().requires_grad_()
     scale = torch.tensor(scale, requires_grad=True)
-    value = loss_fn(x, y, scale, sample_index=index)
+    value = loss_fn(x, y, scale, sample_index=index, **inputs)
     value.backward()
     return value.detach(), x.grad, y.grad, scale.grad
 
@@ -49,9 +51,10 @@ def run_steps(loss_fn, batches: Sequence[Batch], rank: int = 0, world_size: int 
     """Each step's (value, grad x, grad y, grad scale) on this rank's slice, and the final state_dict.
     Each step's state update is committed, as the trainer does after the optimizer step."""
     steps = []
-    for x, y, index in batches:
+    for x, y, index, *family in batches:
         rows = slice(rank * (len(x) // world_size), (rank + 1) * (len(x) // world_size))
-        steps.append(value_and_grads(loss_fn, x[rows], y[rows], index[rows]))
+        inputs = {"family": family[0][rows]} if family else {}
+        steps.append(value_and_grads(loss_fn, x[rows], y[rows], index[rows], **inputs))
         loss_fn.commit()
     return steps, {key: value.clone() for key, value in loss_fn.state_dict().items()}
 

@@ -1,10 +1,11 @@
 """What every registered loss shares.
 
 `Loss` fixes the interface the trainer relies on (OpenCLIP's `ClipLoss.forward` signature plus
-`sample_index`, `stats`, `on_epoch_start`, `commit`) and what a loss declares about itself: its
-`Options` dataclass and its capabilities. `ContrastiveLoss` is InfoNCE over the global batch
-with OpenCLIP's `ClipLoss` semantics in both distributed regimes; losses that change the logits
-(AdaCL's positive margins, GloFND's masks, FNE's weights) override `adjust_logits` only.
+`sample_index` and, for a loss that `needs_family`, `family`; `stats`, `on_epoch_start`, `commit`)
+and what a loss declares about itself: its `Options` dataclass and its capabilities.
+`ContrastiveLoss` is InfoNCE over the global batch with OpenCLIP's `ClipLoss` semantics in both
+distributed regimes; losses that change the logits (AdaCL's positive margins, GloFND's masks,
+FNE's weights, the oracle's family weights) override `adjust_logits` only.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ class Loss(nn.Module):
     """Interface of every registered loss.
 
     forward(image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None,
-    output_dict=False) returns the loss (or `{"contrastive_loss": loss}`). After each forward,
+    output_dict=False) returns the loss (or `{"contrastive_loss": loss}`).
+    A loss that `needs_family` also takes `family=`: each sample's family id (-1: none), which the
+    trainer reads from the data's json only for such a loss. After each forward,
     `stats` holds 0-dim tensors for logging; they are never part of the loss. State that must
     survive a resume lives in buffers, so `state_dict()` checkpoints it.
 
@@ -43,6 +46,7 @@ class Loss(nn.Module):
     Options: ClassVar[Type[LossOptions]] = LossOptions  # its options, declared once
     needs_logit_bias: ClassVar[bool] = False    # the model must have a logit_bias (built as OpenCLIP's --siglip)
     needs_sample_index: ClassVar[bool] = False  # forward needs sample_index; Options derive SampleStateOptions
+    needs_family: ClassVar[bool] = False        # forward takes family= (each sample's family id, -1: none)
     keeps_state: ClassVar[bool] = False         # buffers that move across steps (checkpointed, `commit()`ed)
     softmax_style: ClassVar[bool] = False       # a cross-entropy over each row's candidates (chance: ln N)
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
@@ -106,6 +110,7 @@ class GlobalBatch:
     rows: RowGroup                    # reductions over the ranks sharing the rows
     sample_index: Optional[torch.Tensor]  # N, global sample index of each column, or None
     logit_bias: Optional[torch.Tensor] = None  # 0-dim, or None
+    family: Optional[torch.Tensor] = None      # N, family id of each column (-1: none), or None
 
     def to_logits(self, similarity: torch.Tensor) -> torch.Tensor:
         """Cosine similarities mapped to this batch's logit space (`logit_scale * s + logit_bias`)."""
@@ -121,6 +126,11 @@ class GlobalBatch:
     def logits(self, direction: str) -> torch.Tensor:
         return self.logits_per_image if direction == "i2t" else self.logits_per_text
 
+    def positive_mask(self) -> torch.Tensor:
+        """rows x N, True at each row's positive column."""
+        columns = torch.arange(self.logits_per_image.shape[1], device=self.labels.device)
+        return columns[None, :] == self.labels[:, None]
+
     def query_features(self, direction: str) -> torch.Tensor:
         return self.image_features if direction == "i2t" else self.text_features
 
@@ -134,7 +144,7 @@ class ContrastiveLoss(Loss):
     softmax_style = True
 
     def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
-                    sample_index=None) -> GlobalBatch:
+                    sample_index=None, family=None) -> GlobalBatch:
         dist = self.dist
         if dist.world_size > 1:
             all_image, all_text = gather_batch(
@@ -174,6 +184,7 @@ class ContrastiveLoss(Loss):
             rows=RowGroup(split_across_ranks=dist.splits_rows),
             sample_index=gather_no_grad(sample_index, dist.world_size),
             logit_bias=logit_bias,
+            family=gather_no_grad(family, dist.world_size),
         )
 
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
@@ -193,8 +204,8 @@ class ContrastiveLoss(Loss):
         return (self.direction_loss(batch, "i2t") + self.direction_loss(batch, "t2i")) / 2
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
-                sample_index=None, output_dict=False):
-        batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
+                sample_index=None, family=None, output_dict=False):
+        batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index, family)
         self.stats = {}
         return self.wrap_output(self.symmetric_loss(batch), output_dict)
 

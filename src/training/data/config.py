@@ -89,6 +89,9 @@ class DataConfig:
     """Number of ranks."""
     skip_batches: int = 0
     """Batches of the starting epoch already consumed (all ranks alike), for exact mid-epoch resume."""
+    family_field: str | None = None
+    """The json field of each sample's family id; when set, batches carry the ids as a fifth tensor (-1: the
+    sample has none). The trainer sets it for a loss that `needs_family`."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
 

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import SKIP_REASONS, DataConfig
 from .registry import get_data_source, resolve_dataset_type
+from .samples import NO_FAMILY
 from .stream import ShardStream
 
 
@@ -110,8 +111,10 @@ def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: 
 
     def collate(items: list[tuple[torch.Tensor, str, int]]) -> tuple[torch.Tensor, ...]:
         images, texts, indices = zip(*items)
-        return (torch.stack(images), tokenizer(list(texts)), torch.tensor(indices, dtype=torch.long),
-                torch.zeros(len(SKIP_REASONS), dtype=torch.long))
+        batch = (torch.stack(images), tokenizer(list(texts)), torch.tensor(indices, dtype=torch.long),
+                 torch.zeros(len(SKIP_REASONS), dtype=torch.long))
+        # Samples of a map-style dataset carry no json, so none has a family.
+        return batch if cfg.family_field is None else (*batch, torch.full((len(items),), NO_FAMILY))
 
     dataloader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=cfg.workers,
                             persistent_workers=False, generator=_private_generator())

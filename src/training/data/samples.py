@@ -16,6 +16,9 @@ from PIL import Image
 
 from .config import SKIP_REASONS
 
+FAMILY_FIELD = "family"  # the json field data written in families (training.synthetic_scenes) holds its ids in
+NO_FAMILY = -1  # the family id of a sample without one
+
 
 class SkipCounter:
     """Per-reason skip counts of one reader since its previous batch."""
@@ -39,6 +42,7 @@ class Candidate:
     text: str
     image_bytes: bytes
     shard_run: tuple[int, int]  # (shard visit, position in the shard // group_size): the shuffle's unit
+    family: int = NO_FAMILY  # read only when DataConfig.family_field is set
 
 
 def decode_caption(data: bytes | None) -> tuple[str | None, str]:

@@ -12,7 +12,7 @@ from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from .config import DataError
-from .samples import SkipCounter, stable_hash
+from .samples import NO_FAMILY, SkipCounter, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
@@ -96,9 +96,24 @@ def sample_index_of(sample: dict) -> int:
         key = meta.get("key") if isinstance(meta, dict) else None
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
-        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < 2**63:  # fits a LongTensor
+        if _is_long_id(key):
             return key
     return stable_hash(sample["__key__"]) >> 1
+
+
+def family_of(sample: dict, field: str) -> int:
+    """The json `field` when it is a non-negative integer (a family id), else NO_FAMILY.
+
+    Raises ValueError when a json member is present but does not parse.
+    """
+    meta = json.loads(sample["json"]) if "json" in sample else None
+    family = meta.get(field) if isinstance(meta, dict) else None
+    return family if _is_long_id(family) else NO_FAMILY
+
+
+def _is_long_id(value: object) -> bool:
+    """A non-negative integer (not a bool) that fits a LongTensor."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def _is_local(url: str) -> bool:

@@ -18,8 +18,9 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from webdataset.filters import _shuffle
 
 from .config import DataConfig, DataError
-from .samples import Candidate, SkipCounter, decode_caption, decode_image, describe_counts, seeded, stable_hash
-from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
+from .samples import (NO_FAMILY, Candidate, SkipCounter, decode_caption, decode_image, describe_counts, seeded,
+                      stable_hash)
+from .shards import IMAGE_EXTENSIONS, family_of, read_shard, sample_index_of
 
 _SHUFFLE_INITIAL = 1000  # OpenCLIP's _SAMPLE_SHUFFLE_INITIAL
 
@@ -160,6 +161,7 @@ class ShardStream(IterableDataset):
             return None
         try:
             sample_index = sample_index_of(sample)
+            family = NO_FAMILY if self.cfg.family_field is None else family_of(sample, self.cfg.family_field)
         except ValueError:
             counter.add("bad_json")
             return None
@@ -170,7 +172,7 @@ class ShardStream(IterableDataset):
         if reason is not None:
             counter.add(reason)
             return None
-        return Candidate(sample_index, text, sample[image_key], shard_run)
+        return Candidate(sample_index, text, sample[image_key], shard_run, family)
 
     def _decoded(self, candidates: Iterator[Candidate], counter: SkipCounter, *,
                  bad_image_limit: int | None) -> Iterator[tuple[Image.Image, Candidate]]:
@@ -190,12 +192,13 @@ class ShardStream(IterableDataset):
 
     def _assemble(self, images: Iterator[tuple[Image.Image, Candidate]],
                   counter: SkipCounter) -> tuple[torch.Tensor, ...] | None:
-        """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty).
+        """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty):
+        (images, texts, sample_index, skip_counts) and, when `cfg.family_field` is set, the family ids.
 
         A transform that raises on an image skips it (bad_image) and the next sample takes its
         place, so training batches always have batch_size rows.
         """
-        tensors, texts, indices = [], [], []
+        tensors, texts, indices, families = [], [], [], []
         while len(tensors) < self.cfg.batch_size:
             try:
                 image, candidate = next(images)
@@ -208,12 +211,14 @@ class ShardStream(IterableDataset):
                 continue
             texts.append(candidate.text)
             indices.append(candidate.sample_index)
+            families.append(candidate.family)
         if not tensors:
             return None
         # default_collate stacks straight into shared memory inside a DataLoader worker, so handing the
         # batch to the trainer does not copy the images a second time (torch.stack would).
-        return (default_collate(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
-                counter.take())
+        batch = (default_collate(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
+                 counter.take())
+        return batch if self.cfg.family_field is None else (*batch, torch.tensor(families, dtype=torch.long))
 
 
 def _reader_name(cfg: DataConfig, reader: int, urls: Sequence[str]) -> str:

@@ -23,6 +23,11 @@ def _default_options(name):
     return {"data_size": 64} if cls.needs_sample_index else {}
 
 
+def _inputs(loss_fn, sample_index):
+    """The per-sample inputs the trainer passes the loss: sample indices, and families (of four) if it needs them."""
+    return {"sample_index": sample_index, **({"family": sample_index // 4} if loss_fn.needs_family else {})}
+
+
 # Options under which a stateful loss's state moves on the first training step.
 MOVING_STATE = {"adacl": {"queue_size": 8}, "fne": {"start_epoch": 0, "min_matched": 1}}
 
@@ -35,7 +40,7 @@ def _step(loss_fn, seed):
     """One training step's loss value (forward and backward) on fresh features whose pairs match."""
     x, noise = _features(seed=seed)
     y = F.normalize(x.detach() + 0.5 * noise.detach(), dim=-1).requires_grad_()
-    value = loss_fn(x, y, torch.tensor(10.0), torch.tensor(-10.0), sample_index=torch.arange(8) + 8 * seed)
+    value = loss_fn(x, y, torch.tensor(10.0), torch.tensor(-10.0), **_inputs(loss_fn, torch.arange(8) + 8 * seed))
     value.backward()
     return value.detach()
 
@@ -51,12 +56,12 @@ def test_forward_returns_finite_scalar_and_dict(name, dtype):
     x, y = _features(dtype=dtype)
     scale = torch.tensor(10.0, dtype=dtype)
     bias = torch.tensor(-10.0, dtype=dtype)
-    index = torch.arange(8)
-    value = loss_fn(x, y, scale, bias, sample_index=index)
+    inputs = _inputs(loss_fn, torch.arange(8))
+    value = loss_fn(x, y, scale, bias, **inputs)
     assert value.dim() == 0 and torch.isfinite(value)
     value.backward()
     assert torch.isfinite(x.grad).all()
-    out = loss_fn(x, y, scale, bias, sample_index=index, output_dict=True)
+    out = loss_fn(x, y, scale, bias, **inputs, output_dict=True)
     assert set(out) == {"contrastive_loss"}
     assert isinstance(loss_fn.stats, dict)
     assert all(torch.is_tensor(v) and v.dim() == 0 for v in loss_fn.stats.values())

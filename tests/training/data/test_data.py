@@ -196,6 +196,20 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
                         batches[4:])
 
 
+def test_family_ids_ride_along_only_when_asked_for(demo_shards):
+    """With family_field set, a fifth tensor holds each row's json family (-1 where data has none)."""
+    plain = train_batches(config(demo_shards, train_num_samples=64))
+    with_families = train_batches(config(demo_shards, train_num_samples=64, family_field="family"))
+    assert all(len(batch) == 4 for batch in plain) and all(len(batch) == 5 for batch in with_families)
+    assert_same_batches(with_families, plain)
+    families = {key: meta["family"] for key, meta in split_samples(demo_shards).items()}
+    assert all(batch[4].tolist() == [families[key] for key in batch[2].tolist()] for batch in with_families)
+    assert len({family for batch in with_families for family in batch[4].tolist()}) > 1
+    synthetic = DataConfig(dataset_type="synthetic", train_num_samples=32, batch_size=16, workers=0,
+                           family_field="family")
+    assert all(torch.equal(batch[4], torch.full((16,), -1)) for batch in train_batches(synthetic))
+
+
 def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="cannot be split"):
         build_train_data(config(demo_shards, workers=3, world_size=2), to_tensor, byte_tokenizer)

@@ -2,6 +2,7 @@
 import pytest
 
 from training.loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
+from training.params import parse_args
 
 
 def test_specs_map_to_the_trainers_flags_and_parse_back():
@@ -42,3 +43,14 @@ def test_variant_lists_refuse_duplicates_and_stray_options():
     assert parse_seeds("0, 1,2") == [0, 1, 2]
     with pytest.raises(ValueError, match="distinct"):
         parse_seeds("1,1")
+
+
+def test_the_positive_controls_parse_into_their_options():
+    oracle, hnnce = parse_loss_variants("oracle:weight=16, hnnce:beta=0.5,alpha=1")
+    assert oracle.flags(data_size=640) == ["--loss", "oracle", "--oracle-weight", "16"]
+    assert hnnce.flags(data_size=640) == ["--loss", "hnnce", "--hnnce-beta", "0.5", "--hnnce-alpha", "1"]
+    shards = ["--train-data", "shards/{0..1}.tar", "--model", "adacl-tiny"]
+    assert parse_args(shards + oracle.flags(data_size=640)).loss_options == {"weight": 16.0}
+    assert parse_args(shards + hnnce.flags(data_size=640)).loss_options == {"beta": 0.5, "alpha": 1.0}
+    with pytest.raises(ValueError, match="weight must be >= 0"):
+        parse_loss_variant("oracle:weight=-4")
