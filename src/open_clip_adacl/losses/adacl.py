@@ -244,7 +244,7 @@ class AdaCLLoss(ContrastiveLoss):
             # Staged first, so that a refused commit writes nothing.
             self.stage_update(lambda: _check_finite_queue_entries(*batch_features))
         batch = self._with_queue(batch)
-        self.stats = {}
+        self.stats = {"mean_cosine": _mean_cross_modal_cosine(batch)}
         loss = self.symmetric_loss(batch)
         if self._update_state and self.options.queue_size:
             self.stage_update(lambda: self._enqueue(*batch_features))
@@ -437,6 +437,14 @@ class AdaCLLoss(ContrastiveLoss):
         self._queue_filled = min(self._queue_filled + count, queue_size)
         self.queue_ptr.fill_(self._queue_ptr)
         self.queue_filled.fill_(self._queue_filled)
+
+
+@torch.no_grad()
+def _mean_cross_modal_cosine(batch: GlobalBatch) -> torch.Tensor:
+    """Mean image-text similarity over every pair of the global batch (queue excluded), from the feature sums:
+    the common mode whose drift is the collapse of docs/adacl.md §5."""
+    total = batch.all_image_features.sum(dim=0).double() @ batch.all_text_features.sum(dim=0).double()
+    return total / batch.all_image_features.shape[0] ** 2
 
 
 def _check_finite_queue_entries(image_features: torch.Tensor, text_features: torch.Tensor) -> None:

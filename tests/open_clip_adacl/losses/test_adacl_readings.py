@@ -159,3 +159,10 @@ def test_the_trained_loss_logs_clip_loss_on_the_same_logits():
     expected = float(clip(x, y, torch.tensor(SCALE)))
     logged = (float(loss_fn.stats["i2t/clip_loss"]) + float(loss_fn.stats["t2i/clip_loss"])) / 2
     assert logged == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_batch_mean_cross_modal_cosine_is_logged():
+    x, y = _features(24, 16, seed=9)
+    loss_fn = create_loss("adacl", preset="paper", eps=EPS)
+    loss_fn(x, y, torch.tensor(SCALE))
+    assert float(loss_fn.stats["mean_cosine"]) == pytest.approx(float((x.double() @ y.double().T).mean()), rel=1e-9)
