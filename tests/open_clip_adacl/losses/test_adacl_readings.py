@@ -165,4 +165,4 @@ def test_the_batch_mean_cross_modal_cosine_is_logged():
     x, y = _features(24, 16, seed=9)
     loss_fn = create_loss("adacl", preset="paper", eps=EPS)
     loss_fn(x, y, torch.tensor(SCALE))
-    assert float(loss_fn.stats["mean_cosine"]) == pytest.approx(float((x.double() @ y.double().T).mean()), rel=1e-9)
+    assert float(loss_fn.stats["mean_cosine"]) == pytest.approx(float((x.double() @ y.double().T).mean()), rel=1e-6)
