@@ -436,7 +436,7 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
                                        for name in missing]
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
               f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: the final val CLIP loss (ClipLoss within "
-              f"each val batch, whatever loss trained the model) at least {CollapseCriteria().loss_fraction:g} x its "
+              f"each val batch, whatever loss trained the model) within {CollapseCriteria().loss_band:.0%} of its "
               f"chance value ln(val batch), or mean val R@1 below {CollapseCriteria().recall_factor:g} x chance.", ""]
     return "\n".join(lines)
 

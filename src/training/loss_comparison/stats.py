@@ -41,14 +41,15 @@ COLLAPSED = "collapsed"  # the verdict of a run that finished but learned (next 
 class CollapseCriteria:
     """When a finished run counts as collapsed: its features stopped telling pairs apart (docs/adacl.md §5).
 
-    loss_fraction: the final val CLIP loss (ClipLoss within each val batch, whatever loss trained the model) is
-        at least this fraction of its chance value, ln(val batch size): within 5% of what equal logits give.
-        Judged on the val CLIP loss, not the training loss, which a loss may lower without learning (AdaCL's
-        progressive p_u carries a positive logit forward that the features no longer earn).
+    loss_band: the final val CLIP loss (ClipLoss within each val batch, whatever loss trained the model) lies
+        within this fraction of its chance value ln(val batch size): what equal logits give. Judged on the val
+        CLIP loss, not the training loss, which a loss may lower without learning (AdaCL's progressive p_u
+        carries a positive logit forward that the features no longer earn). A val loss far *above* chance is a
+        confidently wrong model (e.g. trained on other captions than it is validated on), not a collapsed one.
     recall_factor: mean val R@1 of the two directions below this many times chance (1 / val size).
     """
 
-    loss_fraction: float = 0.95
+    loss_band: float = 0.05
     recall_factor: float = 2.0
 
 
@@ -65,9 +66,9 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
         return {**record, "verdict": FAILED, "reasons": [f"no {', '.join(missing) or 'val/num_samples'} recorded"]}
     reasons = []
     chance_loss = val_chance_loss(record)
-    if metrics["val/clip_loss"] >= criteria.loss_fraction * chance_loss:
-        reasons.append(f"val CLIP loss {metrics['val/clip_loss']:.3f} >= {criteria.loss_fraction:g} x "
-                       f"its chance value {chance_loss:.3f}")
+    if abs(metrics["val/clip_loss"] - chance_loss) <= criteria.loss_band * chance_loss:
+        reasons.append(f"val CLIP loss {metrics['val/clip_loss']:.3f} within {criteria.loss_band:.0%} of its chance "
+                       f"value {chance_loss:.3f}")
     chance_recall = 1.0 / record["val_num_samples"]
     mean_recall = (metrics["val/i2t_R@1"] + metrics["val/t2i_R@1"]) / 2
     if mean_recall < criteria.recall_factor * chance_recall:

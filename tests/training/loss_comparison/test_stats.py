@@ -22,8 +22,11 @@ def test_a_val_clip_loss_at_its_chance_value_is_collapsed_whatever_the_training_
     verdict = assess_run(record("adacl:paper", loss=0.02, val_loss=math.log(64) * 0.96, i2t=0.004, t2i=0.004))
     assert verdict["verdict"] == "collapsed" and "val CLIP loss" in verdict["reasons"][0]
     assert assess_run(record(val_loss=math.log(64) * 0.9))["verdict"] == "ok"  # below 95% of chance: learning
-    strict = CollapseCriteria(loss_fraction=0.85)
+    strict = CollapseCriteria(loss_band=0.15)
     assert assess_run(record(val_loss=math.log(64) * 0.9), strict)["verdict"] == "collapsed"
+    # Far above chance with recall above chance: a confidently wrong model (pseudo captions), not a collapse.
+    assert assess_run(record(val_loss=math.log(64) * 3, i2t=0.01, t2i=0.01))["verdict"] == "ok"
+    assert assess_run(record(val_loss=math.log(64) * 1.04))["verdict"] == "collapsed"
 
 
 def test_the_chance_value_is_the_one_the_trainer_recorded_else_ln_of_the_val_batch():
