@@ -27,9 +27,10 @@ from training.provenance import code_version
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .jobs import BASELINE, MODEL, OK
 from .preregistration import Preregistration
-from .stats import (check_same_code, paired_codes, FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, SecondaryTest, VariantSummary,
-                    metric_keys, metric_order, paired_difference, primary_verdict, secondary_tests, section_keys,
-                    summarize, tracking_baseline, with_endpoint)
+from .stats import (FAMILY_ALPHA, PAIRED_PREFIXES, TIE, CollapseCriteria, MetricStats, PairedDifference,
+                    SecondaryTest, VariantSummary, check_same_code, metric_keys, metric_order, paired_codes,
+                    paired_difference, pairs_needed, primary_verdict, secondary_tests, section_keys, summarize,
+                    tracking_baseline, with_endpoint)
 
 TRACKING = 0.01  # a variant within this of the baseline on every metric, seed for seed, is reported so
 
@@ -160,8 +161,9 @@ def format_p(value: Optional[float]) -> str:
 def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
                   preregistration: Preregistration) -> List[str]:
     """One row per variant: the endpoint's paired difference to the reference, both intervals, the verdict."""
-    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict | code |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | endpoint | margin | pairs | mean difference | 95% interval | 90% interval | verdict | "
+             "pairs needed (detect / equivalence) | code |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label in labels:
         if label == reference:
             continue
@@ -171,8 +173,16 @@ def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], r
             f"{difference.mean:+.4f}", difference.interval_text(0.95), difference.interval_text(0.90)]
         lines.append(f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
                      f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) | "
-                     f"{pair_code_text(records, label, reference)} |")
+                     f"{needed_text(difference, preregistration.margin)} | {pair_code_text(records, label, reference)} |")
     return lines
+
+
+def needed_text(difference: Optional[PairedDifference], margin: float) -> str:
+    """`12 / 30`: the pairs at which, with the observed mean and spread, the verdict would reach helps/hurts and
+    no effect with 80% power (`stats.pairs_needed`); `-` where it cannot."""
+    if difference is None:
+        return "-"
+    return " / ".join("-" if n is None else str(n) for n in pairs_needed(difference, margin))
 
 
 def pair_code_text(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> str:
@@ -196,7 +206,8 @@ def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
         "(variant - reference) is above 0, **hurts** if below 0, else **no effect** if the 90% interval lies inside "
         "±margin (TOST at 5%), else **inconclusive**. Fewer than 2 pairs, or zero variance (every pair differs by "
         "the same amount), give no interval and are inconclusive; a variant identical to the reference on every "
-        "pair is no effect.", "",
+        "pair is no effect. *Pairs needed*: with the observed mean difference and spread, the pairs at which the "
+        "95% interval would exclude 0, and the 90% interval would lie inside ±margin, each with 80% power.", "",
         *primary_table(records, labels, reference, preregistration), ""]
 
 

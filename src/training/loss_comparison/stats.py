@@ -268,6 +268,28 @@ def check_same_code(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
                          "prints each pair's code)")
 
 
+def pairs_needed(difference: PairedDifference, margin: float, power: float = 0.8) -> Tuple[Optional[int], Optional[int]]:
+    """(pairs to detect the observed mean difference, pairs to show equivalence within ±margin), each with
+    `power` at the decision rule's levels (two-sided 5%; TOST at 5%), from the observed spread of the
+    differences; None where the observation cannot get there (a zero mean to detect, a mean outside the margin
+    for equivalence, or no spread). The smallest n whose paired-t interval would clear the bound."""
+    if not difference.testable:
+        return None, None
+    from scipy import stats
+
+    def smallest(effect: float, alpha: float, beta: float) -> Optional[int]:
+        if effect <= 0:
+            return None
+        for n in range(2, 10_000):
+            quantiles = stats.t.ppf(1 - alpha, n - 1) + stats.t.ppf(1 - beta, n - 1)
+            if math.sqrt(n) * effect / difference.sd >= quantiles:
+                return n
+        return None
+
+    return (smallest(abs(difference.mean), 0.025, 1 - power),
+            smallest(margin - abs(difference.mean), 0.05, (1 - power) / 2))
+
+
 def primary_verdict(difference: Optional[PairedDifference], margin: float) -> Tuple[str, str]:
     """(verdict, why) on the primary endpoint: helps, hurts, no effect or inconclusive (module docstring)."""
     if difference is None or difference.n < 2:

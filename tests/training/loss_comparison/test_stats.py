@@ -178,3 +178,19 @@ def test_the_equivalence_test_uses_the_90_percent_interval():
         "helps", "the 95% interval is above 0 (inside the margin)")
 
 
+
+
+def test_pairs_needed_follow_the_observed_spread():
+    from training.loss_comparison.stats import pairs_needed
+
+    # mean -0.037, sd 0.0286 (the scratch default's endpoint): 5 pairs just detect it; equivalence within 0.02
+    # is out of reach, the mean lies outside the margin.
+    difference = PairedDifference((-0.0738 + 0.03, -0.02, -0.06, -0.01, -0.0197))
+    detect, equivalent = pairs_needed(difference, 0.02)
+    assert (detect, equivalent) == (6, None)
+    # A small spread around 0: detection never, equivalence in a few pairs; a wider spread needs more.
+    tight = PairedDifference((0.001, -0.002, 0.0015, -0.001, 0.0005))
+    assert pairs_needed(tight, 0.02) == (None, 2)
+    wide = PairedDifference((0.01, -0.02, 0.015, -0.01, 0.005))
+    assert pairs_needed(wide, 0.02)[1] > pairs_needed(tight, 0.02)[1]
+    assert pairs_needed(PairedDifference((0.01,)), 0.02) == (None, None)
