@@ -447,8 +447,10 @@ class Checkpointer:
         logged, not raised: the returned files are those written (all of them on other ranks)."""
         state = self.state
         payload = self.payload()
-        if not self.env.is_master:
-            return [self.checkpoint_dir / filename for filename in filenames]
+        if not self.env.is_master:  # rank 0's files, as far as this rank knows
+            written = [self.checkpoint_dir / filename for filename in filenames]
+            self.last_saved = written[-1] if written else self.last_saved
+            return written
         payload = with_digest(payload)
         written = []
         for filename in filenames:

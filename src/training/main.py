@@ -10,6 +10,11 @@ tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss or a f
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below (seconds): a preemption signal meanwhile is not fatal
+    from training.preemption import remember_early_signals
+
+    remember_early_signals()
+
 import logging
 import os
 import random
@@ -40,6 +45,7 @@ from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open
 from .optimizer import build_optimizer
 from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
+from .resume_changes import warn_run_changes
 from .run_lock import RunInUse, RunLock
 from .run_records import RESULTS_NAME, checkpoint_files, set_aside_earlier_records, trim_to_resume_point
 from .safe_write import RunFiles
@@ -256,6 +262,7 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
             resume(path, components, env=env, request=request, checkpoint=checkpoint)
         except ResumeError as refusal:
             raise ConfigError(str(refusal)) from None
+        warn_run_changes(checkpoint, path, request.args)
         return str(path)
     if resume_arg == RESUME_LATEST:
         logging.info(f"No readable checkpoint in {paths.checkpoint_dir}; starting from scratch")

@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,8 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.run
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from helpers.run_utils import children, single_rank_argv, wait_for_step, kill_run
+import training.torchrun
+
+from helpers.run_utils import (catches, flip_bits, kill_run, processes_running, single_rank_argv, torchrun_command,
+                               wait_for_step)
 from training import safe_write
 from training.checkpoint import load_checkpoint, save_atomic
 from training.checkpoint_digest import CheckpointDamaged
@@ -125,15 +131,6 @@ def test_a_checkpoint_save_on_a_full_disk_is_reported_as_disk_full(tmp_path, mon
 # ---------------------------------------------------------------------------------------------
 
 
-def flip_bits(path, count=64):
-    """Flip `count` bits spread over the middle half of the file (tensor bytes, as a bad disk or copy would)."""
-    data = bytearray(path.read_bytes())
-    for k in range(count):
-        position = len(data) // 4 + k * (len(data) // 2 // count)
-        data[position] ^= 1 << (k % 8)
-    path.write_bytes(bytes(data))
-
-
 def test_a_bit_flipped_checkpoint_is_refused_and_resume_latest_falls_back_past_it(demo_shards, base_run, tmp_path,
                                                                                    caplog):
     run_dir = tmp_path / "flipped"
@@ -169,25 +166,28 @@ def test_a_checkpoint_without_a_digest_loads_with_one_line(caplog):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, tmp_path):
-    first = subprocess.Popen([sys.executable, "-m", "training.main", *argv(demo_shards, tmp_path, "twice", "--epochs",
-                                                                            "20")],
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+HOLD_THE_RUN = ("import sys, time; from training.run_lock import RunLock; RunLock().acquire(sys.argv[1]); "
+                "print(flush=True); time.sleep(600)")
+
+
+def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, base_run, tmp_path):
+    """Another live process holds the run folder (as a first launch does): refused; once it is killed (its
+    lock left behind), the next launch takes the run over."""
+    run_dir = tmp_path / "twice"
+    shutil.copytree(base_run, run_dir)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_RUN, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
-        wait_for_step(tmp_path / "twice" / "metrics.jsonl", first, 1)
-        with pytest.raises(ConfigError, match=rf"{tmp_path / 'twice'} is in use by PID {first.pid} on .*: this run is "
-                                              "already training there; wait for that launch to end"):
+        holder.stdout.readline()  # the lock is taken
+        with pytest.raises(ConfigError, match=rf"^{run_dir} is in use by PID {holder.pid} on .* \(since .*\): this run "
+                                              "is already training there; wait for that launch to end, or stop it, "
+                                              "before launching the run again$"):
             main(argv(demo_shards, tmp_path, "twice", "--resume", "latest"))
-        assert first.poll() is None
     finally:
-        kill_run(first)
-    # Its owner is gone (SIGKILL leaves the lock behind): the next launch takes the run over.
-    summary = main(argv(demo_shards, tmp_path, "twice", "--resume", "latest"))
-    assert summary.step == 2 * STEPS_PER_EPOCH
-    assert f"Taking over {tmp_path / 'twice' / 'run.lock'}: its owner, PID {first.pid}" in (
-        tmp_path / "twice" / "out.log").read_text()
-    assert not (tmp_path / "twice" / "run.lock").exists()
+        kill_run(holder)
+    summary = main(argv(demo_shards, tmp_path, "twice", "--resume", "latest", "--epochs", "3"))
+    assert summary.step == 3 * STEPS_PER_EPOCH
+    assert f"Taking over {run_dir / 'run.lock'}: its owner, PID {holder.pid}" in (run_dir / "out.log").read_text()
+    assert not (run_dir / "run.lock").exists()
 
 
 def test_a_restart_from_scratch_records_each_step_once(demo_shards, base_run, tmp_path):
@@ -233,17 +233,6 @@ def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoc
 # ---------------------------------------------------------------------------------------------
 
 
-def processes_running(command_line):
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().replace(b"\0", b" ").strip() == command_line:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shards, tmp_path):
     train = demo_shards / "train"
     shards = [f"pipe:cat {train}/shard-00000{k}.tar" for k in range(2)] + ["pipe:sleep 617"]
@@ -260,3 +249,66 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
     assert epoch["skipped/unreadable_shard"] == 1
     assert processes_running(b"sleep 617") == []
     assert seconds < 120, seconds  # the stall cost the timeout, not the command's 617 s
+
+
+# ---------------------------------------------------------------------------------------------
+# Changes that alter the run, and exit statuses that tell the truth
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_resume_that_changes_the_schedule_epochs_or_clipping_names_each_change(demo_shards, base_run, tmp_path):
+    summary = main(argv(demo_shards, tmp_path, "changed", "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1.0",
+                        "--resume", str(base_run / "checkpoints" / "step_3.pt")))
+    assert summary.step == 3 * STEPS_PER_EPOCH
+    warnings = [line.split(" | ")[-1] for line in (tmp_path / "changed" / "out.log").read_text().splitlines()
+                if "| WARNING | Resuming " in line]
+    checkpoint = base_run / "checkpoints" / "step_3.pt"
+    changes = [("--lr 0.002 -> 0.01", "the learning-rate schedule"),
+               ("--epochs 2 -> 3", "the run's length and its learning-rate schedule"),
+               ("--grad-clip-norm None -> 1.0", "gradient clipping")]
+    assert warnings == [f"Resuming {checkpoint} with {change}: from step 3 on this changes {what} (the run no longer "
+                        "matches the one the checkpoint began)" for change, what in changes]
+
+
+@pytest.mark.slow  # 12 s: the trainer's imports, in a process of its own
+def test_a_signal_during_startup_stops_the_run_after_its_first_step_with_status_75(demo_shards, tmp_path):
+    """SIGTERM while `python -m training.main` still imports torch: remembered, not fatal."""
+    proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv(demo_shards, tmp_path, "early")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while not catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stderr[-3000:]
+    assert "Preempted by SIGTERM at step 1 " in (tmp_path / "early" / "out.log").read_text()
+    assert (tmp_path / "early" / "checkpoints" / "step_1.pt").exists() and "Traceback" not in stderr
+
+
+def test_torchrun_ends_with_the_failed_workers_status_in_one_line(monkeypatch, capsys):
+    def workers_fail(config):
+        raise ChildFailedError("training.main", {1: ProcessFailure(local_rank=1, pid=7, exitcode=2, error_file=""),
+                                                 0: ProcessFailure(local_rank=0, pid=8, exitcode=-15, error_file="")})
+
+    monkeypatch.setattr(torch.distributed.run, "run", workers_fail)
+    with pytest.raises(SystemExit) as stop:
+        training.torchrun.cli(["--nproc_per_node", "2", "-m", "training.main", "--epochs", "1"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "torchrun: rank 1 exited with status 2 (a configuration error: its `error:` line above says what to change); "
+        "the other workers were stopped")
+
+
+@pytest.mark.slow  # 17 s: two workers import torch
+def test_torchrun_keeps_a_workers_configuration_error_status_in_one_line(demo_shards, tmp_path):
+    command, env = torchrun_command(demo_shards, tmp_path, "--resume", str(tmp_path / "missing.pt"))
+    command[command.index("torch.distributed.run")] = "training.torchrun"
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"error: --resume {tmp_path / 'missing.pt'}: no such file" in result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchrun: rank ") and last.endswith(
+        "exited with status 2 (a configuration error: its `error:` line above says what to change); the other "
+        "workers were stopped")
