@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.run_utils import catches, children, flip_bits, logged_steps, processes_running, running  # noqa: E402
+from helpers.run_utils import (catches, children, flip_bits, kill_run, logged_steps, processes_running,  # noqa: E402
+                               running)
 from training.logger import read_metrics  # noqa: E402
 from training.synthetic_scenes.writers import write_demo_dataset  # noqa: E402
 
@@ -107,6 +109,8 @@ class Bench:
         return proc.returncode, stopped, output, orphans
 
     def add(self, fault: str, happens: str, lost: str) -> None:
+        happens = re.sub(r"/[^\s`']*/(?=[\w.-]+\.(pt|lock|jsonl)\b)", ".../", happens)  # paths of the work folder
+        happens = happens.replace(str(self.work / "logs"), "<logs>")
         self.rows.append((fault, happens, lost))
         print(f"| {fault} | {happens} | {lost} |", flush=True)
 
@@ -299,14 +303,14 @@ class Bench:
         result, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
         log = self.log(name)
         self.add(f"64 flipped bits inside the newest checkpoint (`epoch_2.pt`), `--resume latest`, {ranks} rank(s)",
-                 f"rc {result.returncode}; `{message(log, 'Skipping unreadable')[-120:]}`; "
+                 f"rc {result.returncode}; `{message(log, 'Skipping unreadable')[:150]}...`; "
                  f"`{message(log, 'Resumed from').split(':')[0][:90]}`",
                  f"{STEPS - 15} step redone (from step_15.pt)")
 
     def second_launch(self, ranks: int) -> None:
         name = f"twice-{ranks}"
-        first = subprocess.Popen(self.command(ranks, self.argv(name, ranks)), env=self.env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        first = subprocess.Popen(self.command(ranks, self.argv(name, ranks, "--epochs", "20")), env=self.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             while not self.steps(name):
                 assert first.poll() is None
@@ -314,10 +318,7 @@ class Bench:
             second, seconds = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
             still = first.poll() is None
         finally:
-            workers = children(first.pid)
-            for pid in [*workers, first.pid]:
-                os.kill(pid, signal.SIGKILL)
-            first.wait()
+            kill_run(first)
         third, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
         taken = message(self.log(name), "Taking over")
         self.add(f"a second `--resume latest` launch while the run trains, {ranks} rank(s)",
@@ -345,7 +346,8 @@ class Bench:
         line = message(self.log(name), "Epoch 0 done")
         self.add(f"a stalled `pipe:` shard (`pipe:sleep 600` among 3 good ones), `--shard-timeout 5`, {ranks} rank(s)",
                  f"rc {result.returncode} after {seconds:.0f} s (startup included); "
-                 f"`{message(self.log(name), 'ShardStalled')[:75]}...`; `{line[line.index('skipped shard'):line.rindex(',')]}`"
+                 f"`{message(self.log(name), 'ShardStalled')[:150]}...`; "
+                 f"`{line[line.index('skipped shard'):line.rindex(',')]}`"
                  f"; `sleep 600` processes left: {len(processes_running(b'sleep 600'))}",
                  "that shard's samples")
 
@@ -377,6 +379,20 @@ class Bench:
                  f"{ranks} rank(s)",
                  f"rc {proc.returncode} after {time.time() - signalled:.0f} s; `{line[:70]}...`; traceback: "
                  f"{'Traceback' in stderr}", "nothing (step_1.pt saved)")
+
+    def rank_dies(self) -> None:
+        name = "dies-2"
+        proc = subprocess.Popen(self.command(2, self.argv(name, 2, "--dist-timeout", "30")), env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while (self.steps(name) or [0])[-1] < 3:
+            assert proc.poll() is None
+            time.sleep(0.05)
+        os.kill(sorted(children(proc.pid))[1], signal.SIGKILL)
+        output = proc.communicate(timeout=600)[0]
+        line = message(output, "a collective with the other ranks failed")
+        self.add("rank 1 killed (SIGKILL) mid-epoch, 2 ranks under torchrun",
+                 f"rc {proc.returncode}; rank 0: `{line[:150]}...`; then `{last_line(output)}`; traceback: "
+                 f"{'Traceback' in output}", "the steps since the last step_N.pt (`--resume latest`)")
 
     def torchrun_config_error(self) -> None:
         result, _ = self.run(2, self.argv("bad-2", 2, "--resume", str(self.work / "missing.pt")))
@@ -453,6 +469,7 @@ def main() -> None:
         "start_over": bench.start_over,
         "changed_schedule": bench.changed_schedule,
         "torchrun_config_error": bench.torchrun_config_error,
+        "rank_dies": bench.rank_dies,
     }
     needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk"}  # they mount a tmpfs
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)

@@ -95,7 +95,8 @@ def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str) -> Dict[
         comparison = (f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n"
                       f"| metric | value |\n|---|---|\n{rows}")
     else:
-        comparison = f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this checkpoint's."
+        comparison = (f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this "
+                      "checkpoint's.")
     return {
         "description": "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable "
                        "contrastive losses), exported from its checkpoint.",

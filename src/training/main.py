@@ -5,8 +5,9 @@
 
 Single process, or one process per device under torchrun / srun (DDP). Everything a run writes is
 under <logs>/<name>/: out.log, params.txt (one block per launch), metrics.jsonl, checkpoints/,
-tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss or a failed final checkpoint,
-2 a configuration error (one line), 75 preempted (a step checkpoint saved; docs/cluster.md).
+tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss, a failed final checkpoint or
+another rank's failure, 2 a configuration error (one line), 75 preempted (a step checkpoint saved;
+docs/cluster.md).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequ
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
-from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
+from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, setup_logging
 from .flags import ConfigError
@@ -596,9 +597,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
 
 def cli() -> None:
     """Console entry point: a configuration problem prints one line and exits with status 2; data that
-    cannot fill an epoch (every shard of a rank unreadable), a diverged run or a final checkpoint that
-    could not be written is logged and exits with 1; a preempted run (its step checkpoint saved) exits
-    with 75 (PREEMPTED_EXIT_CODE)."""
+    cannot fill an epoch (every shard of a rank unreadable), a diverged run, a final checkpoint that
+    could not be written or a collective that failed (another rank died or timed out) is logged in one
+    line and exits with 1; a preempted run (its step checkpoint saved) exits with 75 (PREEMPTED_EXIT_CODE)."""
     try:
         main(sys.argv[1:])
     except ConfigError as error:
@@ -613,6 +614,15 @@ def cli() -> None:
         sys.exit(1)
     except DataError as error:
         logging.error(f"training data: {data_error_reason(error)}")
+        sys.exit(1)
+    except RuntimeError as error:
+        reason = failed_collective(error)
+        if reason is None:
+            raise
+        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "0")
+        logging.error(f"rank {rank}: a collective with the other ranks failed ({reason}): another rank died or did not "
+                      "answer within --dist-timeout (its log says why); stopping, --resume latest continues from the "
+                      "last checkpoint")
         sys.exit(1)
 
 

@@ -27,7 +27,8 @@ RUN_CHANGING_ARGS = {
 
 def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
     """The RUN_CHANGING_ARGS whose recorded value differs (a checkpoint that recorded none: none)."""
-    return {name: (old[name], new.get(name)) for name in RUN_CHANGING_ARGS if name in old and old[name] != new.get(name)}
+    return {name: (old[name], new.get(name)) for name in RUN_CHANGING_ARGS
+            if name in old and old[name] != new.get(name)}
 
 
 def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> None:

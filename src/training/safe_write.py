@@ -65,8 +65,8 @@ class RunFiles:
             self._cut_back(path, size)
             cause = cause_of(error)
             if self.causes.get(path) != cause:
-                logging.error(f"Could not write {path} ({cause}); training goes on, "
-                              f"{len(texts)} record(s) held back, retried with the next record and at the end of the run")
+                logging.error(f"Could not write {path} ({cause}); training goes on, {len(texts)} record(s) held back, "
+                              "retried with the next record and at the end of the run")
             self.causes[path] = cause
             return False
         if path in self.causes:
@@ -81,10 +81,8 @@ class RunFiles:
         try:
             if size == -1:
                 return
-            if size is None:
-                path.unlink(missing_ok=True)
-            elif path.stat().st_size > size:
-                os.truncate(path, size)
+            if path.exists() and path.stat().st_size > (size or 0):
+                os.truncate(path, size or 0)  # a file this write created stays, empty (it may be a symlink's target)
         except OSError:
             pass  # the records are still held back; a half line is skipped by the readers
 

@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 import training.torchrun
 
-from helpers.run_utils import (catches, flip_bits, kill_run, processes_running, single_rank_argv, torchrun_command,
-                               wait_for_step)
+from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, single_rank_argv,
+                               torchrun_command, wait_for_step)
 from training import safe_write
 from training.checkpoint import load_checkpoint, save_atomic
 from training.checkpoint_digest import CheckpointDamaged
@@ -312,3 +312,19 @@ def test_torchrun_keeps_a_workers_configuration_error_status_in_one_line(demo_sh
     assert last.startswith("torchrun: rank ") and last.endswith(
         "exited with status 2 (a configuration error: its `error:` line above says what to change); the other "
         "workers were stopped")
+
+
+@pytest.mark.slow  # 25 s: a 2-rank run under torchrun
+def test_a_rank_that_dies_is_reported_in_one_line_by_the_survivor(demo_shards, tmp_path):
+    command, env = torchrun_command(demo_shards, tmp_path, "--epochs", "2", "--dist-timeout", "30")
+    command[command.index("torch.distributed.run")] = "training.torchrun"
+    with open(tmp_path / "run.log", "w") as output:
+        proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, 3)
+        os.kill(sorted(children(proc.pid))[1], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 128 + signal.SIGKILL
+    output = (tmp_path / "run.log").read_text()
+    assert "Traceback" not in output, output[-3000:]
+    assert "| ERROR | rank 0: a collective with the other ranks failed (" in output
+    assert "another rank died or did not answer within --dist-timeout" in output
+    assert output.strip().splitlines()[-1] == "torchrun: rank 1 was killed by SIGKILL; the other workers were stopped"

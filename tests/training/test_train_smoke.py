@@ -184,8 +184,9 @@ def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
 
 def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes_and_the_last_good_checkpoint(tmp_path):
     """No step checkpoint is written during the streak (steps 3 and 4): the stop names step_2.pt."""
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps.*learning rate.*precision.*; resume from the last "
-                                                 r"checkpoint written before the streak, .*/step_2.pt, with --resume "):
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps.*learning rate.*precision.*; resume from the "
+                                                 r"last checkpoint written before the streak, .*/step_2.pt, with "
+                                                 r"--resume "):
         _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3, save_every=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_1.pt", "step_2.pt"]
 
