@@ -54,7 +54,7 @@ from .distributed import DistributedEnv, all_gather_object, any_rank, unwrap_mod
 from .flags import ConfigError, HelpGroup, flag, from_flag
 from .safe_write import ErrorRecordingFile, cause_of
 
-LATESTCHECKPOINT_FILE_NAME = "epoch_latest.pt"
+LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
 CHECKPOINT_FILE_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
 CHECKPOINT_FORMAT = 2  # the layout above; checkpoints without a "format" key are converted on load
 
@@ -501,7 +501,7 @@ class Checkpointer:
                 self.cfg.save_frequency > 0 and completed % self.cfg.save_frequency == 0):
             filenames.append(f"epoch_{completed}.pt")
         if self.cfg.save_most_recent:
-            filenames.append(LATESTCHECKPOINT_FILE_NAME)
+            filenames.append(LATEST_CHECKPOINT_NAME)
         written = self._save_and_prune(filenames) if filenames else []
         return not any_rank(len(written) < len(filenames), self.env)
 
@@ -513,7 +513,7 @@ class Checkpointer:
             return written
         keep_steps = 1 if self.cfg.delete_previous else self.cfg.keep_step_checkpoints
         for path in written:
-            if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATESTCHECKPOINT_FILE_NAME:
+            if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
                 previous = self.checkpoint_dir / f"epoch_{self.state.position.epoch - 1}.pt"
                 previous.unlink(missing_ok=True)
             elif keep_steps and step_checkpoint_number(path) is not None:

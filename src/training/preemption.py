@@ -77,6 +77,9 @@ class PreemptionFlag:
         for sig in _early_signals[:1]:
             if sig in signals:
                 self._handle(sig, None)
+            else:  # not a preemption signal of this run (--preempt-signal): the effect it would have had
+                signal.signal(sig, signal.SIG_DFL)
+                signal.raise_signal(sig)
         try:
             yield self
         finally:
