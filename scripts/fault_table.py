@@ -1,17 +1,20 @@
 """Measure what the trainer does under the faults a cluster delivers: tiny runs on 1 and 2 gloo ranks
-(CPU), each fault injected for real (signals, truncated files, a file-size limit, failing pipes, absent
-ranks), printing the "fault -> what happens -> what is lost" table of docs/cluster.md.
+(CPU), each fault injected for real (signals, truncated and bit-flipped files, a file-size limit, a full
+tmpfs, failing and stalling pipes, absent ranks, a second launch), printing the "fault -> what happens
+-> what is lost" table of docs/cluster.md. The process helpers are the tests' (tests/helpers/run_utils.py).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python scripts/fault_table.py [--work DIR]
 
 Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
 of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
+The full-disk rows mount small tmpfs folders (root only; skipped otherwise).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -21,9 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
-from training.synthetic_scenes.writers import write_demo_dataset
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.run_utils import (catches, children, flip_bits, kill_run, logged_steps, processes_running,  # noqa: E402
+                               running)
+from training.logger import read_metrics  # noqa: E402
+from training.synthetic_scenes.writers import write_demo_dataset  # noqa: E402
 
 STEPS = 16        # 2 epochs of 8 steps
 SAVE_EVERY = 5
@@ -53,6 +60,7 @@ class Bench:
         self.env.update(OMP_NUM_THREADS="1", PATH=os.pathsep.join([str(self.stubs), os.environ["PATH"]]),
                         SLURM_JOB_ID="4242")
         self.rows: List[tuple] = []
+        self.val = str(self.data / "val" / "shard-000000.tar")
 
     def argv(self, name: str, ranks: int = 1, *extra: str) -> List[str]:
         return ["--train-data", str(self.data / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
@@ -77,12 +85,8 @@ class Bench:
     def run_dir(self, name: str) -> Path:
         return self.work / "logs" / name
 
-    def steps(self, name: str, kind: str = "train") -> List[int]:
-        path = self.run_dir(name) / "metrics.jsonl"
-        if not path.exists():
-            return []
-        complete = path.read_text().rpartition("\n")[0]
-        return [r["step"] for r in map(json.loads, complete.splitlines()) if r["kind"] == kind]
+    def steps(self, name: str) -> List[int]:
+        return logged_steps(self.run_dir(name) / "metrics.jsonl")
 
     def start_and_signal(self, name: str, ranks: int, target: str, sig: signal.Signals):
         """Start a run, send `sig` to `target` (trainer / torchrun / rank1 / all: srun's way) at SIGNAL_AT."""
@@ -99,12 +103,14 @@ class Bench:
         output = proc.communicate(timeout=300)[0]
         stopped = time.time() - signalled
         deadline = time.time() + 120
-        while any(Path(f"/proc/{pid}").exists() and not zombie(pid) for pid in workers) and time.time() < deadline:
+        while any(running(pid) for pid in workers) and time.time() < deadline:
             time.sleep(0.05)
-        orphans = [pid for pid in workers if Path(f"/proc/{pid}").exists() and not zombie(pid)]
+        orphans = [pid for pid in workers if running(pid)]
         return proc.returncode, stopped, output, orphans
 
     def add(self, fault: str, happens: str, lost: str) -> None:
+        happens = re.sub(r"/[^\s`']*/(?=[\w.-]+\.(pt|lock|jsonl)\b)", ".../", happens)  # paths of the work folder
+        happens = happens.replace(str(self.work / "logs"), "<logs>")
         self.rows.append((fault, happens, lost))
         print(f"| {fault} | {happens} | {lost} |", flush=True)
 
@@ -139,10 +145,17 @@ class Bench:
         self.add("SIGKILL, 1 rank (node dies)", f"rc {rc}; resume rc {resumed.returncode} from step_{start}.pt",
                  f"{last - start} steps redone (< --save-every-n-steps {SAVE_EVERY})")
 
+    def base_run(self, ranks: int) -> Path:
+        """base-<ranks>: the uninterrupted run the resume rows start from (run once)."""
+        name = f"base-{ranks}"
+        if not (self.run_dir(name) / "checkpoints" / "epoch_2.pt").exists():
+            result, _ = self.run(ranks, self.argv(name, ranks))
+            assert result.returncode == 0, result.stderr[-2000:]
+        return self.run_dir(name)
+
     def changed_resumes(self) -> None:
         source = "base-1"
-        result, _ = self.run(1, self.argv(source, 1))
-        assert result.returncode == 0, result.stderr[-2000:]
+        self.base_run(1)
         checkpoint = self.run_dir(source) / "checkpoints" / "step_5.pt"
         for label, extra in [
             ("resume mid-epoch with --batch-size 32 -> 16", ["--batch-size", "16"]),
@@ -159,16 +172,15 @@ class Bench:
             self.add(label, f"rc {result.returncode}: `{last_line(result.stderr)[:160]}...`", "nothing (refused before "
                      "any step)")
         # 2 ranks -> 1 mid-epoch, and 1 -> 2 at the epoch boundary.
-        result, _ = self.run(2, self.argv("base-2", 2))
-        assert result.returncode == 0, result.stderr[-2000:]
+        self.base_run(2)
         result, _ = self.run(1, self.argv("changed-world", 1, "--batch-size", "16", "--resume",
                                           str(self.run_dir("base-2") / "checkpoints" / "step_5.pt")))
         self.add("resume a 2-rank mid-epoch checkpoint on 1 rank", f"rc {result.returncode}: "
                  f"`{last_line(result.stderr)[:160]}...`", "nothing (refused)")
         result, _ = self.run(2, self.argv("boundary-world", 2, "--resume",
                                           str(self.run_dir(source) / "checkpoints" / "epoch_1.pt")))
-        reference = {r["step"]: r["lr"] for r in records(self.run_dir(source), "train")}
-        lrs = [r["lr"] for r in records(self.run_dir("boundary-world"), "train")]
+        reference = {r["step"]: r["lr"] for r in read_metrics(self.run_dir(source) / "metrics.jsonl", "train")}
+        lrs = [r["lr"] for r in read_metrics(self.run_dir("boundary-world") / "metrics.jsonl", "train")]
         same = all(abs(lr - reference[9 + k]) <= 1e-12 * max(1.0, lr) for k, lr in enumerate(lrs))
         self.add("resume a 1-rank epoch_1.pt on 2 ranks (epoch boundary)",
                  f"rc {result.returncode}; allowed, logged; LR of steps 9..16 equal to the 1-rank run's: {same}",
@@ -238,17 +250,189 @@ class Bench:
                  "nothing")
 
 
-def children(pid: int) -> List[int]:
-    """torchrun's workers (its direct children)."""
-    listing = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(line) for line in listing.split()]
+    # -----------------------------------------------------------------------------------------
+    # Full disks, damaged checkpoints, two launches, starting over, stalls, changed resumes, exits
 
+    def log(self, name: str) -> str:
+        return (self.run_dir(name) / "out.log").read_text()
 
-def zombie(pid: int) -> bool:
+    def records_on_a_full_disk(self, ranks: int) -> None:
+        """metrics.jsonl and results.jsonl on a full 1 MB tmpfs (symlinks from the run folder), freed after
+        epoch 0's validation; checkpoints and out.log on the roomy disk."""
+        name = f"records-full-{ranks}"
+        run_dir = self.run_dir(name)
+        with tmpfs(self.work / f"tmpfs-{name}", "1m") as disk:
+            (run_dir / "checkpoints").mkdir(parents=True)
+            (run_dir / "metrics.jsonl").symlink_to(disk / "metrics.jsonl")
+            (run_dir / "checkpoints" / "results.jsonl").symlink_to(disk / "results.jsonl")
+            fill(disk / "filler")
+            proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks, "--val-data", self.val)), env=self.env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wait_for_text(run_dir / "out.log", "Eval Epoch: 1", proc)
+            time.sleep(1)
+            (disk / "filler").unlink()  # room again: the held-back records go in with the next one
+            _, stderr = proc.communicate(timeout=900)
+            log = self.log(name)
+            results = read_metrics(str(disk / "results.jsonl")) if (disk / "results.jsonl").exists() else []
+            steps = self.steps(name)
+        self.add(f"`metrics.jsonl` and `results.jsonl` on a full disk (1 MB tmpfs) until epoch 0 is validated, "
+                 f"{ranks} rank(s)",
+                 f"rc {proc.returncode}; one line per file: `{message(log, 'Could not write')[:110]}...`; then "
+                 f"`...{message(log, 'is written again')[-55:]}`; traceback: {'Traceback' in stderr}",
+                 f"nothing: metrics steps {'1..16 once each' if steps == list(range(1, STEPS + 1)) else steps}, "
+                 f"results epochs {[r['epoch'] for r in results]}")
+
+    def checkpoints_on_a_full_disk(self) -> None:
+        """The checkpoint folder on a 60 MB tmpfs: room for one checkpoint (41 MB), not for the next one's temp file."""
+        name = "ckpt-full-1"
+        with tmpfs(self.work / f"tmpfs-{name}", "60m") as disk:
+            self.run_dir(name).mkdir(parents=True)
+            (self.run_dir(name) / "checkpoints").symlink_to(disk)
+            result, _ = self.run(1, self.argv(name, 1, "--epochs", "1"))
+            saved = sorted(p.name for p in disk.glob("*.pt"))
+        log = self.log(name)
+        self.add("disk full for checkpoints (a 60 MB tmpfs: step_5.pt fits, epoch_1.pt does not)",
+                 f"rc {result.returncode}; `{message(log, 'CHECKPOINT SAVE FAILED')[:125]}...`; "
+                 f"`{last_line(log).split(' | ')[-1][:90]}...`",
+                 f"the final model, reported (status 1); kept: {saved}")
+
+    def damaged_checkpoint(self, ranks: int) -> None:
+        name = f"flipped-{ranks}"
+        shutil.copytree(self.base_run(ranks), self.run_dir(name))
+        flip_bits(self.run_dir(name) / "checkpoints" / "epoch_2.pt")
+        result, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        log = self.log(name)
+        self.add(f"64 flipped bits inside the newest checkpoint (`epoch_2.pt`), `--resume latest`, {ranks} rank(s)",
+                 f"rc {result.returncode}; `{message(log, 'Skipping unreadable')[:150]}...`; "
+                 f"`{message(log, 'Resumed from').split(':')[0][:90]}`",
+                 f"{STEPS - 15} step redone (from step_15.pt)")
+
+    def second_launch(self, ranks: int) -> None:
+        name = f"twice-{ranks}"
+        first = subprocess.Popen(self.command(ranks, self.argv(name, ranks, "--epochs", "20")), env=self.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not self.steps(name):
+                assert first.poll() is None
+                time.sleep(0.05)
+            second, seconds = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+            still = first.poll() is None
+        finally:
+            kill_run(first)
+        third, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        taken = message(self.log(name), "Taking over")
+        self.add(f"a second `--resume latest` launch while the run trains, {ranks} rank(s)",
+                 f"rc {second.returncode} after {seconds:.0f} s: `{last_line(second.stderr)[:150]}...`; the first "
+                 f"launch trains on: {still}. After SIGKILL of the first: `{taken[:80]}...`, rc {third.returncode}",
+                 "nothing (refused before any step)")
+
+    def start_over(self) -> None:
+        name = "over-1"
+        shutil.copytree(self.base_run(1), self.run_dir(name))
+        for path in (self.run_dir(name) / "checkpoints").glob("*.pt"):
+            path.write_bytes(path.read_bytes()[:4096])
+        result, _ = self.run(1, self.argv(name, 1, "--resume", "latest"))
+        moved = message(self.log(name), "Starting over")
+        self.add("every checkpoint unreadable, `--resume latest` (starts over)",
+                 f"rc {result.returncode}; `{moved[:150]}...`; metrics steps "
+                 f"{'1..16 once each' if self.steps(name) == list(range(1, STEPS + 1)) else self.steps(name)}",
+                 "the run's training (restarted; the earlier records kept aside)")
+
+    def stalled_pipe(self, ranks: int) -> None:
+        name = f"stalled-{ranks}"
+        shards = [f"pipe:cat {self.data}/train/shard-{index:06d}.tar" for index in range(3)] + ["pipe:sleep 600"]
+        result, seconds = self.run(ranks, self.argv(name, ranks, "--train-data", "::".join(shards), "--dataset-type",
+                                                    "webdataset", "--epochs", "1", "--shard-timeout", "5"))
+        line = message(self.log(name), "Epoch 0 done")
+        self.add(f"a stalled `pipe:` shard (`pipe:sleep 600` among 3 good ones), `--shard-timeout 5`, {ranks} rank(s)",
+                 f"rc {result.returncode} after {seconds:.0f} s (startup included); "
+                 f"`{message(self.log(name), 'ShardStalled')[:150]}...`; "
+                 f"`{line[line.index('skipped shard'):line.rindex(',')]}`"
+                 f"; `sleep 600` processes left: {len(processes_running(b'sleep 600'))}",
+                 "that shard's samples")
+
+    def changed_schedule(self) -> None:
+        name = "changed-schedule-1"
+        result, _ = self.run(1, self.argv(name, 1, "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1",
+                                          "--resume", str(self.base_run(1) / "checkpoints" / "step_5.pt")))
+        warnings = [line.split(" | ")[-1] for line in self.log(name).splitlines() if "| WARNING | Resuming " in line]
+        self.add("resume mid-epoch with `--lr 2e-3 -> 1e-2 --epochs 2 -> 3 --grad-clip-norm None -> 1`",
+                 f"rc {result.returncode}; {len(warnings)} warning lines, one per flag, e.g. "
+                 f"`{warnings[0].split(': ', 1)[-1] if warnings else ''}`", "nothing (accepted, named)")
+
+    def signal_at_startup(self, ranks: int) -> None:
+        name = f"early-{ranks}"
+        proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks)), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        targets = [proc.pid] if ranks == 1 else []
+        while ranks > 1 and len(targets) < ranks:
+            targets = children(proc.pid)
+            time.sleep(0.01)
+        while not all(catches(pid, signal.SIGTERM) for pid in targets):
+            time.sleep(0.01)
+        signalled = time.time()
+        for pid in targets:
+            os.kill(pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=600)
+        line = message(self.log(name), "Preempted by")
+        self.add(f"SIGTERM {'to both ranks ' if ranks > 1 else ''}during startup (while importing torch), "
+                 f"{ranks} rank(s)",
+                 f"rc {proc.returncode} after {time.time() - signalled:.0f} s; `{line[:70]}...`; traceback: "
+                 f"{'Traceback' in stderr}", "nothing (step_1.pt saved)")
+
+    def rank_dies(self) -> None:
+        name = "dies-2"
+        proc = subprocess.Popen(self.command(2, self.argv(name, 2, "--dist-timeout", "30")), env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while (self.steps(name) or [0])[-1] < 3:
+            assert proc.poll() is None
+            time.sleep(0.05)
+        os.kill(sorted(children(proc.pid))[1], signal.SIGKILL)
+        output = proc.communicate(timeout=600)[0]
+        line = message(output, "a collective with the other ranks failed")
+        self.add("rank 1 killed (SIGKILL) mid-epoch, 2 ranks under torchrun",
+                 f"rc {proc.returncode}; rank 0: `{line[:150]}...`; then `{last_line(output)}`; traceback: "
+                 f"{'Traceback' in output}", "the steps since the last step_N.pt (`--resume latest`)")
+
+    def torchrun_config_error(self) -> None:
+        result, _ = self.run(2, self.argv("bad-2", 2, "--resume", str(self.work / "missing.pt")))
+        lines = [line for line in result.stderr.splitlines() if line.startswith(("error:", "torchrun:"))]
+        self.add("a configuration error under `python -m training.torchrun`, 2 ranks",
+                 f"rc {result.returncode}; `{lines[0][:80]}` (each rank), then `{lines[-1][:110]}...`; traceback: "
+                 f"{'Traceback' in result.stderr}", "nothing")
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (e.g. "1m") mounted at `folder` while the block runs: a disk that fills up for real."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Write `path` until its disk is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert proc.poll() is None and time.time() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
+
+
+def message(log: str, text: str) -> str:
+    """The message of the first log line holding `text` ('' when none)."""
+    return next((line.split(" | ")[-1] for line in log.splitlines() if text in line), "")
 
 
 def last_line(text: str) -> str:
@@ -256,30 +440,44 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def records(run_dir: Path, kind: str) -> list:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--cases", nargs="*", help="the groups of rows to measure (default: all), e.g. stalled_pipe")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="fault-table-"))
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work)
+    cases = {
+        "preemption": lambda: [bench.preemption(*case) for case in (
+            (1, "trainer", signal.SIGTERM, "SIGTERM, 1 rank"), (1, "trainer", signal.SIGUSR1, "SIGUSR1, 1 rank"),
+            (2, "all", signal.SIGUSR1, "SIGUSR1 to both ranks (srun's delivery), 2 ranks under torchrun"),
+            (2, "rank1", signal.SIGTERM, "SIGTERM to rank 1 only, 2 ranks"),
+            (2, "torchrun", signal.SIGTERM, "SIGTERM to torchrun, 2 ranks"),
+            (2, "torchrun", signal.SIGUSR1, "SIGUSR1 to torchrun only (it dies), 2 ranks"))],
+        "sigkill": bench.sigkill,
+        "changed_resumes": bench.changed_resumes,
+        "broken_checkpoints": bench.broken_checkpoints,
+        "pipes": bench.pipes,
+        "absent_ranks": bench.absent_ranks,
+        "damaged_checkpoint": lambda: [bench.damaged_checkpoint(ranks) for ranks in (1, 2)],
+        "second_launch": lambda: [bench.second_launch(ranks) for ranks in (1, 2)],
+        "stalled_pipe": lambda: [bench.stalled_pipe(ranks) for ranks in (1, 2)],
+        "signal_at_startup": lambda: [bench.signal_at_startup(ranks) for ranks in (1, 2)],
+        "records_on_a_full_disk": lambda: [bench.records_on_a_full_disk(ranks) for ranks in (1, 2)],
+        "checkpoints_on_a_full_disk": bench.checkpoints_on_a_full_disk,
+        "start_over": bench.start_over,
+        "changed_schedule": bench.changed_schedule,
+        "torchrun_config_error": bench.torchrun_config_error,
+        "rank_dies": bench.rank_dies,
+    }
+    needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk"}  # they mount a tmpfs
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
-    bench.preemption(1, "trainer", signal.SIGTERM, "SIGTERM, 1 rank")
-    bench.preemption(1, "trainer", signal.SIGUSR1, "SIGUSR1, 1 rank")
-    bench.preemption(2, "all", signal.SIGUSR1, "SIGUSR1 to both ranks (srun's delivery), 2 ranks under torchrun")
-    bench.preemption(2, "rank1", signal.SIGTERM, "SIGTERM to rank 1 only, 2 ranks")
-    bench.preemption(2, "torchrun", signal.SIGTERM, "SIGTERM to torchrun, 2 ranks")
-    bench.preemption(2, "torchrun", signal.SIGUSR1, "SIGUSR1 to torchrun only (it dies), 2 ranks")
-    bench.sigkill()
-    bench.changed_resumes()
-    bench.broken_checkpoints()
-    bench.pipes()
-    bench.absent_ranks()
-
+    for name in args.cases or cases:
+        if name in needs_root and os.geteuid() != 0:
+            print(f"skipped {name}: mounting a tmpfs needs root", file=sys.stderr)
+            continue
+        cases[name]()
 
 if __name__ == "__main__":
     main()

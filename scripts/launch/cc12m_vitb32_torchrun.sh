@@ -13,6 +13,6 @@ launch "$WORLD" \
     ${VAL_DATA:+--val-data "$VAL_DATA"} ${VAL_NUM_SAMPLES:+--val-num-samples "$VAL_NUM_SAMPLES"} \
     ${IMAGENET_VAL:+--imagenet-val "$IMAGENET_VAL"} \
     --model ViT-B-32 --loss adacl --batch-size "$BATCH" --lr 1e-3 --wd 0.1 --warmup 10000 --epochs 32 \
-    --precision amp --workers "${WORKERS:-8}" --local-loss --gather-with-grad --grad-checkpointing \
+    --precision amp --workers "${WORKERS:-8}" --local-loss --gather-with-grad --grad-checkpointing --dist-timeout "${DIST_TIMEOUT:-1800}" \
     --save-frequency 1 --save-every-n-steps 2000 --keep-step-checkpoints 2 --zeroshot-frequency 2 --report-to tensorboard \
     --logs "${LOGS:-./logs}" --name "${NAME:-cc12m-vitb32-adacl}" --resume latest --device cuda "$@"

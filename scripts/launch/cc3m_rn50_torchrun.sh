@@ -13,6 +13,6 @@ launch "$WORLD" \
     ${VAL_DATA:+--val-data "$VAL_DATA" --val-num-samples "${VAL_NUM_SAMPLES:-13000}"} \
     ${IMAGENET_VAL:+--imagenet-val "$IMAGENET_VAL"} \
     --model RN50 --loss adacl --batch-size "$BATCH" --lr 1e-3 --wd 0.1 --warmup 10000 --epochs 30 \
-    --precision amp --workers "${WORKERS:-8}" --local-loss --gather-with-grad \
+    --precision amp --workers "${WORKERS:-8}" --local-loss --gather-with-grad --dist-timeout "${DIST_TIMEOUT:-1800}" \
     --save-frequency 1 --save-every-n-steps 2000 --keep-step-checkpoints 2 --zeroshot-frequency 1 --report-to tensorboard \
     --logs "${LOGS:-./logs}" --name "${NAME:-cc3m-rn50-adacl}" --resume latest --device cuda "$@"

@@ -48,12 +48,14 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional
 import numpy as np
 import torch
 
+from .checkpoint_digest import verify_digest, with_digest
 from .data.position import DataPosition
 from .distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
 from .flags import ConfigError, HelpGroup, flag, from_flag
+from .safe_write import ErrorRecordingFile, cause_of
 
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
-_CHECKPOINT_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
+CHECKPOINT_FILE_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
 CHECKPOINT_FORMAT = 2  # the layout above; checkpoints without a "format" key are converted on load
 
 
@@ -219,7 +221,11 @@ def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            recording = ErrorRecordingFile(f)
+            try:
+                torch.save(payload, recording)
+            except RuntimeError as error:  # torch reports a failed write as "unexpected pos": raise its cause
+                raise (recording.error or error) from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -237,8 +243,10 @@ def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
 
 def load_checkpoint(path: os.PathLike) -> Dict[str, Any]:
     """Read a checkpoint on the CPU (weights_only: no arbitrary code runs on load), in today's layout: one
-    of the earlier layout (no "format" key) is converted; a bare state dict is returned as it is."""
+    of the earlier layout (no "format" key) is converted; a bare state dict is returned as it is. Its
+    content digest is checked first (`CheckpointDamaged` when it does not match; training.checkpoint_digest)."""
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    verify_digest(checkpoint, path)
     if "state_dict" in checkpoint and "format" not in checkpoint:
         checkpoint = converted_from_earlier_layout(checkpoint)
         logging.info(f"{path} is in the earlier checkpoint layout (written before components were saved by name, "
@@ -276,7 +284,7 @@ def saved_world_size(checkpoint: Mapping[str, Any], default: int) -> int:
 
 def step_checkpoint_number(path: Path) -> Optional[int]:
     """N for a step_N.pt file, else None."""
-    match = _CHECKPOINT_NAME.match(path.name)
+    match = CHECKPOINT_FILE_NAME.match(path.name)
     return int(match.group(3)) if match and match.group(3) is not None else None
 
 
@@ -297,7 +305,7 @@ def checkpoint_candidates(checkpoint_dir: os.PathLike) -> List[Path]:
         return []
     candidates = []
     for path in checkpoint_dir.iterdir():
-        if not _CHECKPOINT_NAME.match(path.name):
+        if not CHECKPOINT_FILE_NAME.match(path.name):
             continue
         try:
             candidates.append((checkpoint_step(path), path.stat().st_mtime, path))
@@ -313,7 +321,7 @@ def roll_back(checkpoint_dir: os.PathLike, resumed_step: int) -> Optional[Path]:
     checkpoint_dir = Path(checkpoint_dir)
     newer = []
     for path in checkpoint_dir.iterdir():
-        if not _CHECKPOINT_NAME.match(path.name):
+        if not CHECKPOINT_FILE_NAME.match(path.name):
             continue
         try:
             step = checkpoint_step(path)
@@ -321,11 +329,15 @@ def roll_back(checkpoint_dir: os.PathLike, resumed_step: int) -> Optional[Path]:
             step = None
         if step is None or step > resumed_step:
             newer.append(path)
-    if not newer:
+    return move_aside(newer, checkpoint_dir / f"rolled_back_after_step_{resumed_step}_{datetime.now():%Y%m%d-%H%M%S}")
+
+
+def move_aside(paths: List[Path], folder: Path) -> Optional[Path]:
+    """Move `paths` into the new `folder` (kept, never deleted); the folder, or None when `paths` is empty."""
+    if not paths:
         return None
-    folder = checkpoint_dir / f"rolled_back_after_step_{resumed_step}_{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir()
-    for path in newer:
+    for path in paths:
         path.rename(folder / path.name)
     return folder
 
@@ -435,8 +447,11 @@ class Checkpointer:
         logged, not raised: the returned files are those written (all of them on other ranks)."""
         state = self.state
         payload = self.payload()
-        if not self.env.is_master:
-            return [self.checkpoint_dir / filename for filename in filenames]
+        if not self.env.is_master:  # rank 0's files, as far as this rank knows
+            written = [self.checkpoint_dir / filename for filename in filenames]
+            self.last_saved = written[-1] if written else self.last_saved
+            return written
+        payload = with_digest(payload)
         written = []
         for filename in filenames:
             path = self.checkpoint_dir / filename
@@ -453,10 +468,10 @@ class Checkpointer:
                 return True
             except Exception as error:  # noqa: BLE001 - training must outlive a full disk or a flaky mount
                 if attempt == 1:
-                    logging.warning(f"Could not write {path} ({error!r}); retrying once")
+                    logging.warning(f"Could not write {path} ({cause_of(error)}); retrying once")
                     continue
-                logging.error(f"CHECKPOINT SAVE FAILED: could not write {path}: {error!r}. Training continues; "
-                              f"the previous checkpoint ({self.last_saved}) is intact.")
+                logging.error(f"CHECKPOINT SAVE FAILED: could not write {path} ({cause_of(error)}). Training "
+                              f"continues; the previous checkpoint ({self.last_saved}) is intact.")
         return False
 
     def _step_filenames(self) -> List[str]:

@@ -144,6 +144,15 @@ def missing_ranks_message(error: Exception, timeout_s: Optional[float]) -> str:
             "in one process")
 
 
+def failed_collective(error: BaseException) -> Optional[str]:
+    """The first line of `error` when it is a collective that failed because another rank died or did not
+    answer within --dist-timeout (gloo's and NCCL's errors), without its source location; None otherwise."""
+    text = str(error).strip()
+    if not (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text):
+        return None
+    return re.sub(r"^\[[^\]]*\] ", "", text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
 def exit_with_torchrun_agent() -> None:
     """Under torchrun (Linux), have the kernel send this worker SIGTERM when its agent dies, so that a
     killed agent (e.g. by a signal it does not handle, such as SIGUSR1) never leaves workers training on

@@ -33,11 +33,11 @@ from safetensors.torch import save_file
 
 from .checkpoint import load_checkpoint
 from .params import command_line
+from .run_records import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
 README_NAME = "README.md"
-RESULTS_NAME = "results.jsonl"  # the trainer's validation results, next to the checkpoints
 
 
 def _configs(checkpoint: Dict[str, Any], model_name: Optional[str]) -> Dict[str, Any]:
@@ -88,13 +88,15 @@ def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str) -> Dict[
     usage = ("```python\nimport open_clip\n\n"
              f"model, _, preprocess = open_clip.create_model_and_transforms('hf-hub:{repo_id}')\n"
              f"tokenizer = open_clip.get_tokenizer('hf-hub:{repo_id}')\n```\n")
-    if results:
-        latest = results[-1]
-        rows = "".join(f"| {name} | {value:.4f} |\n" for name, value in latest.items() if name != "epoch")
-        comparison = (f"Validation after epoch {latest['epoch']} (the trainer's results.jsonl):\n\n"
+    # The last record of the checkpoint's own epoch: a later one belongs to training it does not hold.
+    own = [record for record in results if record.get("epoch") == checkpoint.get("epoch")]
+    if own:
+        rows = "".join(f"| {name} | {value:.4f} |\n" for name, value in own[-1].items() if name != "epoch")
+        comparison = (f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n"
                       f"| metric | value |\n|---|---|\n{rows}")
     else:
-        comparison = "No validation results were recorded with this checkpoint."
+        comparison = (f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this "
+                      "checkpoint's.")
     return {
         "description": "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable "
                        "contrastive losses), exported from its checkpoint.",

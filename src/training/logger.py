@@ -29,7 +29,9 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+from .safe_write import RunFiles
 
 _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
 _HANDLER_TAG = "_open_clip_adacl_handler"
@@ -99,11 +101,13 @@ class WandbConfig:
 
 
 class MetricsWriter:
-    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only)."""
+    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only).
+    metrics.jsonl goes through `files` (a failed write is logged, held back and retried: training.safe_write)."""
 
     def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, wandb: Optional[WandbConfig] = None,
-                 enabled: bool = True):
+                 enabled: bool = True, files: Optional[RunFiles] = None):
         self.enabled = enabled and run_dir is not None
+        self.files = files if files is not None else RunFiles()
         self.path = os.path.join(run_dir, "metrics.jsonl") if self.enabled else None
         self.tb_writer = None
         self.wandb_run = None
@@ -122,8 +126,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.files.append(self.path, json.dumps(record) + "\n")
         scalars = {dashboard_tag(kind, name): value for name, value in record.items()
                    if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))}
         if self.tb_writer is not None:
@@ -132,13 +135,15 @@ class MetricsWriter:
         if self.wandb_run is not None:
             self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
 
-    def close(self) -> None:
+    def close(self) -> List[str]:
+        """Close the dashboards and retry what `files` held back; what could still not be written."""
         if self.tb_writer is not None:
             self.tb_writer.close()
             self.tb_writer = None
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+        return self.files.close()
 
 
 def read_metrics(path: str, kind: Optional[str] = None) -> list:
@@ -148,9 +153,9 @@ def read_metrics(path: str, kind: Optional[str] = None) -> list:
     return [r for r in records if kind is None or r["kind"] == kind]
 
 
-def drop_records_after(path: str, step: int) -> int:
-    """Remove the records with a step after `step` from the metrics.jsonl at `path` (rewritten atomically;
-    a last line cut short by a crash goes too); returns how many lines were removed."""
+def drop_records_after(path: str, step: int, key: str = "step") -> int:
+    """Remove the records whose `key` (step; results.jsonl: epoch) is after `step` from the JSON-lines file at
+    `path` (rewritten atomically; a last line cut short by a crash goes too); returns how many lines were removed."""
     if not os.path.exists(path):
         return 0
     with open(path) as f:
@@ -161,7 +166,7 @@ def drop_records_after(path: str, step: int) -> int:
             record = json.loads(line)
         except json.JSONDecodeError:  # the interrupted run's half-written last line
             continue
-        if record["step"] <= step:
+        if record[key] <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return 0

@@ -5,10 +5,16 @@
 
 Single process, or one process per device under torchrun / srun (DDP). Everything a run writes is
 under <logs>/<name>/: out.log, params.txt (one block per launch), metrics.jsonl, checkpoints/,
-tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss or a failed final checkpoint,
-2 a configuration error (one line), 75 preempted (a step checkpoint saved; docs/cluster.md).
+tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss, a failed final checkpoint or
+another rank's failure, 2 a configuration error (one line), 75 preempted (a step checkpoint saved;
+docs/cluster.md).
 """
 from __future__ import annotations
+
+if __name__ == "__main__":  # before the imports below (seconds): a preemption signal meanwhile is not fatal
+    from training.preemption import remember_early_signals
+
+    remember_early_signals()
 
 import logging
 import os
@@ -32,14 +38,18 @@ from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequ
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
 from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
-from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
+from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
-from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
+from .logger import MetricsWriter, WandbConfig, setup_logging
 from .flags import ConfigError
 from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open_clip_model_config, preprocess_config
 from .optimizer import build_optimizer
 from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
+from .resume_changes import warn_run_changes
+from .run_lock import RunInUse, RunLock
+from .run_records import RESULTS_NAME, checkpoint_files, set_aside_earlier_records, trim_to_resume_point
+from .safe_write import RunFiles
 from .schedule import build_scheduler
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
@@ -52,6 +62,7 @@ class RunSummary:
     step: int                       # training steps taken
     final_loss: Optional[float]     # mean loss of the last epoch trained by this call
     checkpoint: Optional[str]       # last checkpoint written
+    unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.safe_write)
 
 
 @dataclass
@@ -107,19 +118,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
         configure_torch(env.device)
         seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
         loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
-        with PreemptionFlag().watching(cfg.preempt_signals) as preemption:
-            return train(cfg, env, plan, loss_fn, preemption)
+        with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
+            return train(cfg, env, plan, loss_fn, preemption, lock)
     finally:
         shutdown(env)
 
 
-def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
-          preemption: PreemptionFlag) -> RunSummary:
+def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss, preemption: PreemptionFlag,
+          lock: RunLock) -> RunSummary:
     """The run on this rank, with the loss `main` built (torch configured and this rank seeded); stops
-    early (Preempted) when `preemption` is signalled."""
+    early (Preempted) when `preemption` is signalled. Rank 0 holds the run folder with `lock`."""
     paths = build_run_paths(cfg, env)
     setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
                   log_all_ranks=cfg.logging.log_local)
+    hold_run_dir(lock, paths, env)
     logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; "
                  f"run {paths.name}")
     recorded = recorded_args(cfg, paths)
@@ -152,8 +164,11 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
         position.batches_in_epoch = min(position.batches_in_epoch, plan.num_batches - cfg.train.accum_freq)
         after_resume(cfg, paths, resumed_from, state, global_batch, env)
+    else:
+        start_over(paths, env)
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
-    write_params(recorded, paths, env, launch_note(env, resumed_from, state))
+    files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
+    write_params(recorded, paths, env, launch_note(env, resumed_from, state), files)
 
     data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
                       families=loss_fn.needs_family)
@@ -168,7 +183,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
                      sync_batchnorm=cfg.distributed.use_bn_sync)
     if cfg.torchcompile:
         model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
-    metrics = build_metrics_writer(cfg, recorded, paths, env)
+    metrics = build_metrics_writer(cfg, recorded, paths, env, files)
     checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env)
 
     final_loss = None
@@ -183,7 +198,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         final_loss = result.loss
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
-                       paths, env)
+                       paths, env, files)
         saved = checkpointer.save_epoch() if checkpointer is not None else True
         if not saved and position.epoch == cfg.epochs:
             raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
@@ -193,12 +208,13 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         if any_rank(preemption.requested, env) and position.epoch < cfg.epochs:
             stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
 
-    metrics.close()
+    unwritten = metrics.close()
     last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
-    summary = RunSummary(paths.run_dir, position.epoch, state.step, final_loss, last_checkpoint)
+    summary = RunSummary(paths.run_dir, position.epoch, state.step, final_loss, last_checkpoint, unwritten)
     loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
+    not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
     logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
-                 f"last checkpoint {summary.checkpoint}")
+                 f"last checkpoint {summary.checkpoint}{not_written}")
     return summary
 
 
@@ -248,6 +264,7 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
             resume(path, components, env=env, request=request, checkpoint=checkpoint)
         except ResumeError as refusal:
             raise ConfigError(str(refusal)) from None
+        warn_run_changes(checkpoint, path, request.args)
         return str(path)
     if resume_arg == RESUME_LATEST:
         logging.info(f"No readable checkpoint in {paths.checkpoint_dir}; starting from scratch")
@@ -257,7 +274,7 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
 def after_resume(cfg: RunConfig, paths: RunPaths, resumed_from: str, state: TrainState, global_batch: int,
                  env: DistributedEnv) -> None:
     """Bring the run directory back to the resume point (rank 0): an explicit --resume into this run's
-    own checkpoints moves the newer ones aside; metrics.jsonl loses the steps the run will replay."""
+    own checkpoints moves the newer ones aside; metrics.jsonl and results.jsonl lose what the run will replay."""
     if not state.samples_per_schedule_step:  # a checkpoint written before the schedule counted samples
         state.samples_per_schedule_step, state.samples_seen = global_batch, state.step * global_batch
     if env.is_master and paths.run_dir is not None:
@@ -266,10 +283,28 @@ def after_resume(cfg: RunConfig, paths: RunPaths, resumed_from: str, state: Trai
             if folder is not None:
                 moved = ", ".join(sorted(p.name for p in folder.iterdir()))
                 logging.warning(f"Rolled back to {resumed_from}: moved the newer checkpoints ({moved}) to {folder}")
-        dropped = drop_records_after(os.path.join(paths.run_dir, "metrics.jsonl"), state.step)
-        if dropped:
-            logging.info(f"metrics.jsonl: removed {dropped} records after step {state.step}, which this run replays")
+        trim_to_resume_point(Path(paths.run_dir), Path(paths.checkpoint_dir), state.step, state.position.epoch)
     barrier(env)
+
+
+def start_over(paths: RunPaths, env: DistributedEnv) -> None:
+    """A launch from scratch in a folder an earlier launch wrote: its records go aside (rank 0)."""
+    if env.is_master and paths.run_dir is not None:
+        set_aside_earlier_records(Path(paths.run_dir), Path(paths.checkpoint_dir))
+    barrier(env)
+
+
+def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
+    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it."""
+    problem = None
+    if env.is_master and paths.run_dir is not None:
+        try:
+            lock.acquire(paths.run_dir)
+        except RunInUse as error:
+            problem = str(error)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
 
 
 def is_inside(path: str, directory: Optional[str]) -> bool:
@@ -394,8 +429,9 @@ def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
 
 def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
     """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
-    Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision."""
-    if resume_arg == RESUME_LATEST or not os.path.exists(log_file):
+    Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision;
+    nor is an earlier launch that left no checkpoint (its records are set aside: `start_over`)."""
+    if resume_arg == RESUME_LATEST or not os.path.exists(log_file) or not checkpoint_files(Path(checkpoint_dir)):
         return None
     if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
         return None
@@ -415,9 +451,9 @@ def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainSt
     return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
 
 
-def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str) -> None:
+def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str, files: RunFiles) -> None:
     """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`), one block
-    per launch, each under a `# launch ...` line (appended, so a resumed run keeps its history)."""
+    per launch, each under a `# launch ...` line (appended through `files`, so a resumed run keeps its history)."""
     if not env.is_master:
         return
     lines = [f"{name}: {value}" for name, value in recorded.items()]
@@ -425,8 +461,7 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
     if paths.run_dir is not None:
         path = Path(paths.run_dir, "params.txt")
         separator = "\n" if path.exists() else ""
-        with open(path, "a") as f:
-            f.write(separator + "\n".join([note, *lines]) + "\n")
+        files.append(path, separator + "\n".join([note, *lines]) + "\n")
 
 
 def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:
@@ -474,15 +509,15 @@ def build_val_data_if_needed(cfg: DataConfig, bundle: ModelBundle, env: Distribu
     return build_val_data(cfg, bundle.preprocess_val, bundle.tokenizer)
 
 
-def build_metrics_writer(cfg: RunConfig, recorded: Dict[str, Any], paths: RunPaths,
-                         env: DistributedEnv) -> MetricsWriter:
+def build_metrics_writer(cfg: RunConfig, recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
+                         files: RunFiles) -> MetricsWriter:
     """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
     wandb = None
     if "wandb" in cfg.logging.report_to:
         wandb = WandbConfig(project=cfg.logging.wandb_project_name, name=paths.name, notes=cfg.logging.wandb_notes,
                             resume=cfg.resume == RESUME_LATEST, config=recorded)
     return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in cfg.logging.report_to, wandb=wandb,
-                         enabled=env.is_master)
+                         enabled=env.is_master, files=files)
 
 
 def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: Dict[str, Any], paths: RunPaths,
@@ -500,7 +535,8 @@ def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: 
 
 
 def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, imagenet, precision,
-                   state: TrainState, metrics: MetricsWriter, paths: RunPaths, env: DistributedEnv) -> None:
+                   state: TrainState, metrics: MetricsWriter, paths: RunPaths, env: DistributedEnv,
+                   files: RunFiles) -> None:
     """Val loss and retrieval every --val-frequency epochs, ImageNet zero-shot every --zeroshot-frequency
     epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
     if not env.is_master:
@@ -519,7 +555,7 @@ def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, 
     logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
     metrics.write("val", step=state.step, epoch=completed, values=results)
     if paths.checkpoint_dir is not None:
-        write_results(Path(paths.checkpoint_dir) / "results.jsonl", completed, results)
+        write_results(Path(paths.checkpoint_dir) / RESULTS_NAME, completed, results, files)
 
 
 def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
@@ -565,9 +601,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
 
 def cli() -> None:
     """Console entry point: a configuration problem prints one line and exits with status 2; data that
-    cannot fill an epoch (every shard of a rank unreadable), a diverged run or a final checkpoint that
-    could not be written is logged and exits with 1; a preempted run (its step checkpoint saved) exits
-    with 75 (PREEMPTED_EXIT_CODE)."""
+    cannot fill an epoch (every shard of a rank unreadable), a diverged run, a final checkpoint that
+    could not be written or a collective that failed (another rank died or timed out) is logged in one
+    line and exits with 1; a preempted run (its step checkpoint saved) exits with 75 (PREEMPTED_EXIT_CODE)."""
     try:
         main(sys.argv[1:])
     except ConfigError as error:
@@ -582,6 +618,15 @@ def cli() -> None:
         sys.exit(1)
     except DataError as error:
         logging.error(f"training data: {data_error_reason(error)}")
+        sys.exit(1)
+    except RuntimeError as error:
+        reason = failed_collective(error)
+        if reason is None:
+            raise
+        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "0")
+        logging.error(f"rank {rank}: a collective with the other ranks failed ({reason}): another rank died or did not "
+                      "answer within --dist-timeout (its log says why); stopping, --resume latest continues from the "
+                      "last checkpoint")
         sys.exit(1)
 
 

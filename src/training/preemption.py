@@ -21,6 +21,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): stopped early, to be continued
 DEFAULT_PREEMPT_SIGNALS = "TERM,USR1"
 _REQUEUE_TIMEOUT_S = 60
+_early_signals: list = []  # preemption signals received before the run's handler took over
 
 
 def parse_preempt_signals(text: str) -> Tuple[signal.Signals, ...]:
@@ -38,6 +39,15 @@ def parse_preempt_signals(text: str) -> Tuple[signal.Signals, ...]:
     if signal.SIGKILL in signals or signal.SIGSTOP in signals:
         raise ValueError("SIGKILL and SIGSTOP cannot be caught; use TERM, USR1, USR2, INT, ...")
     return tuple(signals)
+
+
+def remember_early_signals() -> None:
+    """Note the default preemption signals from the first moment of `python -m training.main` (installed
+    before its imports, which take seconds): `PreemptionFlag.watching` honours one received meanwhile, so
+    a job preempted during startup stops after its first step with a checkpoint and status 75, instead
+    of dying of the signal (status -15)."""
+    for sig in parse_preempt_signals(DEFAULT_PREEMPT_SIGNALS):
+        signal.signal(sig, lambda signum, frame: _early_signals.append(signal.Signals(signum)))
 
 
 class PreemptionFlag:
@@ -64,6 +74,12 @@ class PreemptionFlag:
             yield self
             return
         previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        for sig in _early_signals[:1]:
+            if sig in signals:
+                self._handle(sig, None)
+            else:  # not a preemption signal of this run (--preempt-signal): the effect it would have had
+                signal.signal(sig, signal.SIG_DFL)
+                signal.raise_signal(sig)
         try:
             yield self
         finally:

@@ -163,26 +163,29 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, preci
 
 
 def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, precision: str, limit: int,
-                        loss: torch.Tensor) -> None:
-    """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row."""
+                        loss: torch.Tensor, last_checkpoint: Optional[str]) -> None:
+    """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row, naming
+    `last_checkpoint`, the last one written (none is written during the streak)."""
     optimizer.zero_grad(set_to_none=True)
     state.num_nonfinite_steps += 1
     state.consecutive_nonfinite_steps += 1
     logging.warning(f"Step {state.step}: non-finite loss ({loss.item()}); step skipped "
                     f"({state.consecutive_nonfinite_steps} in a row)")
     if state.consecutive_nonfinite_steps >= limit:
-        message = nonfinite_message(state, optimizer.param_groups[0]["lr"], precision, limit)
+        message = nonfinite_message(state, optimizer.param_groups[0]["lr"], precision, limit, last_checkpoint)
         logging.error(message)
         raise NonFiniteLossError(message)
 
 
-def nonfinite_message(state: TrainState, lr: float, precision: str, limit: int) -> str:
+def nonfinite_message(state: TrainState, lr: float, precision: str, limit: int, last_checkpoint: Optional[str]) -> str:
+    resume = (f"resume from the last checkpoint written before the streak, {last_checkpoint}, with --resume "
+              f"{last_checkpoint} after changing them" if last_checkpoint else
+              "no checkpoint was written before the streak: start again after changing them")
     return (
         f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {state.step} "
         f"(epoch {state.position.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
         f"too high for this batch size and warmup (lower --lr or raise --warmup; --grad-clip-norm helps), "
-        f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32). Resume from the "
-        f"last checkpoint with --resume latest after changing them."
+        f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32); {resume}."
     )
 
 
@@ -261,7 +264,9 @@ def train_one_epoch(
         # rides on the all-reduce the non-finite check needs anyway.
         nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], env)
         if nonfinite:
-            skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss)
+            last_saved = checkpointer.last_saved if checkpointer is not None else None
+            skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
+                                str(last_saved) if last_saved else None)
         else:
             apply_update(model, optimizer, precision, cfg.grad_clip_norm)
             loss_fn.commit()
@@ -286,7 +291,8 @@ def train_one_epoch(
             return EpochResult(loss=sums.mean_loss, num_steps=step_in_epoch,
                                num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
                                seconds=time.time() - epoch_start, preempted=True)
-        if checkpointer is not None:
+        # Not during a non-finite streak: those weights led into it, and --resume latest would resume them.
+        if checkpointer is not None and state.consecutive_nonfinite_steps == 0:
             checkpointer.maybe_save_step()
 
     skipped = all_reduce_sum(sums.skip_counts.to(env.device), env).cpu().tolist()

@@ -26,6 +26,8 @@ from open_clip import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES, ClipLoss, 
 from open_clip_train.train import get_clip_metrics
 from tqdm import tqdm
 
+from .safe_write import RunFiles
+
 METRIC_PREFIX = "val/"
 
 
@@ -163,9 +165,7 @@ def zero_shot_imagenet(
     return {f"{METRIC_PREFIX}imagenet-zeroshot-val-top{k}": num_correct[k] / len(dataset) for k in top_k}
 
 
-def write_results(path: str | Path, epoch: int, metrics: Mapping[str, float]) -> None:
-    """Append `{"epoch": epoch, **metrics}` as one JSON line to `path` (e.g. `<run>/results.jsonl`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps({"epoch": epoch, **metrics}) + "\n")
+def write_results(path: str | Path, epoch: int, metrics: Mapping[str, float], files: RunFiles | None = None) -> None:
+    """Append `{"epoch": epoch, **metrics}` as one JSON line to `path` (e.g. `<run>/results.jsonl`), through
+    the run's `files` (a failed write is logged and retried later, `training.safe_write`)."""
+    (files or RunFiles()).append(path, json.dumps({"epoch": epoch, **metrics}) + "\n")

@@ -113,3 +113,41 @@ def digest(state_dict):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32, epochs=2, save_every=3):
+    """A single-process AdaCL run (its queue on) on the demo shards with validation: `samples` / `batch_size`
+    steps per epoch, step_N.pt every `save_every` steps."""
+    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples",
+            str(samples), "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--model", "adacl-tiny",
+            "--loss", "adacl", "--adacl-queue-size", "40", "--batch-size", str(batch_size), "--epochs", str(epochs),
+            "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name,
+            "--log-every-n-steps", "1", "--save-every-n-steps", str(save_every), *extra]
+
+
+def flip_bits(path, count=64):
+    """Flip `count` bits spread over the middle half of the file (tensor bytes, as a bad disk or copy would)."""
+    data = bytearray(path.read_bytes())
+    for k in range(count):
+        position = len(data) // 4 + k * (len(data) // 2 // count)
+        data[position] ^= 1 << (k % 8)
+    path.write_bytes(bytes(data))
+
+
+def processes_running(command_line):
+    """The PIDs of processes whose command line is exactly `command_line` (bytes, arguments joined by spaces)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().replace(b"\0", b" ").strip() == command_line:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def catches(pid, sig):
+    """Whether process `pid` has a handler for `sig` (/proc's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (sig - 1) & 1)

@@ -60,6 +60,7 @@ def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, worl
     validate_args(args, world_size)
     assert (args.model, args.loss, args.batch_size, args.resume) == (model, "adacl", batch_size, "latest")
     assert args.local_loss and args.gather_with_grad and args.logs == str(logs)
+    assert args.dist_timeout == 1800  # a rank that dies is reported after 30 min, not torch's default
     urls, _ = expand_urls(args.train_data)
     assert urls == [str(shards_dir / f"{index:05d}.tar") for index in range(NUM_SHARDS)]
 

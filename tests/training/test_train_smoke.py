@@ -6,7 +6,7 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
-from training.checkpoint import TrainState, load_checkpoint
+from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, load_checkpoint, run_components
 from training.distributed import DistributedEnv
 from training.logger import MetricsWriter, read_metrics
 from training.main import main
@@ -139,7 +139,8 @@ def _batches(poisoned, num=6, batch=4):
     return out
 
 
-def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None):
+def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
+    """One epoch over `batches`; with `save_every`, step_N.pt every `save_every` steps in tmp_path/checkpoints."""
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
@@ -148,10 +149,17 @@ def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None):
     snapshots = []
     optimizer.register_step_post_hook(lambda *_: snapshots.append(state.step))
     metrics = MetricsWriter(str(tmp_path))
+    checkpointer = None
+    if save_every:
+        components = run_components(model=model, optimizer=optimizer, scaler=None, loss=loss_fn, state=state)
+        checkpointer = Checkpointer(CheckpointConfig(save_every_n_steps=save_every),
+                                    checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
+                                    env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
     result = train_one_epoch(model, loss_fn, batches, len(batches), optimizer, None, build_precision("fp32", torch.device("cpu")),
                              state, TrainConfig(accum_freq=accum_freq, log_every_n_steps=1,
                                                 max_nonfinite_steps=max_nonfinite),
-                             DistributedEnv(), skip_reasons=("bad_image", "empty_caption"), metrics=metrics)
+                             DistributedEnv(), skip_reasons=("bad_image", "empty_caption"), metrics=metrics,
+                             checkpointer=checkpointer)
     return result, state, snapshots, loss_fn
 
 
@@ -174,9 +182,13 @@ def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
     assert epoch["skipped/bad_image"] == 15 and epoch["num_steps"] == 6
 
 
-def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes(tmp_path):
-    with pytest.raises(NonFiniteLossError, match="3 consecutive steps.*learning rate.*precision"):
-        _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3)
+def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes_and_the_last_good_checkpoint(tmp_path):
+    """No step checkpoint is written during the streak (steps 3 and 4): the stop names step_2.pt."""
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps.*learning rate.*precision.*; resume from the "
+                                                 r"last checkpoint written before the streak, .*/step_2.pt, with "
+                                                 r"--resume "):
+        _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3, save_every=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_1.pt", "step_2.pt"]
 
 
 def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):

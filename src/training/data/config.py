@@ -78,6 +78,9 @@ class DataConfig:
         1, "Shuffle runs of this many consecutive samples of a shard as units, so data written in families "
            "(one-edit siblings) reaches a batch as whole families (docs/data.md). 1: shuffle single samples, as "
            "OpenCLIP.", name="--train-group-size")
+    shard_timeout: float = flag(
+        300.0, "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
+               "(counted as unreadable_shard, its URL logged); 0: wait forever.", metavar="SECONDS")
     workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1)
     """DataLoader worker processes per rank; 0 reads in the main process (in code: 1)."""
     batch_size: int = flag(64, "Batch size per GPU.")
@@ -106,6 +109,8 @@ class DataConfig:
                               "or use --dataset-type synthetic for a smoke test")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.shard_timeout < 0:
+            raise ConfigError(f"--shard-timeout must be >= 0 seconds (0: no timeout), got {self.shard_timeout}")
         if self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.train_num_samples is not None and self.train_num_samples < 1:

@@ -8,10 +8,10 @@ import tarfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from .config import DataError
+from .pipes import open_shard
 from .samples import NO_FAMILY, SkipCounter, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -21,17 +21,18 @@ SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
 logger = logging.getLogger(__name__)
 
 
-def read_shard(url: str, counter: SkipCounter) -> Iterator[dict]:
+def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator[dict]:
     """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
 
     Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
     shard, adjacent or not, makes the whole later sample a duplicate. A failure while opening, or a
     `pipe:` command that exits non-zero (a missing object behind `aws s3 cp`, `curl -f`), counts
     `unreadable_shard`, a tar format error or truncation `bad_tar`; either ends the visit after the
-    samples read so far.
+    samples read so far. So does a `pipe:` command that sends no data for `timeout_s` seconds
+    (`unreadable_shard`; it is ended, training.data.pipes; 0: no timeout).
     """
     try:
-        stream = gopen(url)
+        stream = open_shard(url, timeout_s)
     except Exception as error:  # missing, permission, directory, failing pipe: never fatal mid-run
         counter.add("unreadable_shard")
         _warn_once(url, f"skipping unreadable shard {url}: {error!r}")

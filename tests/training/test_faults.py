@@ -1,0 +1,330 @@
+"""Faults a cluster run meets, each injected for real in a tiny CPU run: a full or unwritable logs folder
+(records held back and retried, the final checkpoint written), a full disk named as such when a checkpoint
+save fails, damaged checkpoints refused by their digest, a second launch of one run, a restart from
+scratch that keeps each step recorded once, and a `pipe:` shard whose command stalls."""
+import errno
+import io
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.run
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+import training.torchrun
+
+from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, single_rank_argv,
+                               torchrun_command, wait_for_step)
+from training import safe_write
+from training.checkpoint import load_checkpoint, save_atomic
+from training.checkpoint_digest import CheckpointDamaged
+from training.export import model_card
+from training.logger import read_metrics
+from training.main import main
+from training.params import ConfigError
+
+STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32
+FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
+
+
+def argv(demo_shards, logs, name, *extra):
+    return single_rank_argv(demo_shards, logs, name, *extra, samples=128)
+
+
+@pytest.fixture(scope="module")
+def base_run(demo_shards, module_tmp):
+    """2 epochs of 4 steps, validated after each: step_3.pt, epoch_1.pt, step_6.pt, epoch_2.pt."""
+    logs = module_tmp("faults")
+    assert main(argv(demo_shards, logs, "base")).step == 2 * STEPS_PER_EPOCH
+    return logs / "base"
+
+
+def train_steps(run_dir):
+    return [record["step"] for record in read_metrics(run_dir / "metrics.jsonl", "train")]
+
+
+def result_epochs(run_dir):
+    path = run_dir / "checkpoints" / "results.jsonl"
+    return [record["epoch"] for record in read_metrics(path)] if path.exists() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# A full or unwritable logs folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_and_a_revoked_permission_for_the_records_do_not_stop_training(demo_shards, tmp_path,
+                                                                                    monkeypatch, caplog):
+    """metrics.jsonl meets a full disk for its writes 3..6, results.jsonl a permission error for good: training
+    goes on, each failure is one line naming the file and the cause, the held-back steps reach metrics.jsonl
+    once the disk has room, and the run ends with its final checkpoint, naming what was never written."""
+    real_open, metrics_writes = open, []
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            metrics_writes.append(path)
+            if 3 <= len(metrics_writes) <= 6:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        if str(path).endswith("results.jsonl"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(safe_write, "open", failing_open, raising=False)
+    with caplog.at_level(logging.INFO):
+        summary = main(argv(demo_shards, tmp_path, "full"))
+    run_dir = tmp_path / "full"
+    assert summary.step == 2 * STEPS_PER_EPOCH and (run_dir / "checkpoints" / "epoch_2.pt").exists()
+    metrics_file = run_dir / "metrics.jsonl"
+    assert caplog.text.count(f"Could not write {metrics_file} (disk full ([Errno 28] No space left on device))") == 1
+    assert f"{metrics_file} is written again (4 record(s) held back are in it now)" in caplog.text
+    assert train_steps(run_dir) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+    results_file = run_dir / "checkpoints" / "results.jsonl"
+    assert caplog.text.count(f"Could not write {results_file} (permission denied") == 1
+    assert summary.unwritten == [f"{results_file}: 2 record(s) (permission denied ([Errno 13] Permission denied))"]
+    assert f"NOT WRITTEN: {results_file}: 2 record(s)" in caplog.text
+    assert "1 record file(s) NOT fully written" in caplog.text.splitlines()[-1]
+
+
+class FullDisk(io.RawIOBase):
+    """A file on a disk that fills up after `room` bytes."""
+
+    def __init__(self, file, room):
+        self.file, self.room = file, room
+
+    def write(self, data):
+        if self.room < len(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def close(self):
+        super().close()
+        self.file.close()
+
+
+def test_a_checkpoint_save_on_a_full_disk_is_reported_as_disk_full(tmp_path, monkeypatch):
+    """torch.save reports a failed write as `inline_container.cc ... unexpected pos`; the save names ENOSPC."""
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: FullDisk(real_fdopen(fd, mode), room=100_000))
+    with pytest.raises(OSError) as failure:
+        save_atomic({"state_dict": {"w": torch.zeros(100_000)}}, tmp_path / "step_1.pt")
+    assert failure.value.errno == errno.ENOSPC
+    assert safe_write.cause_of(failure.value) == "disk full ([Errno 28] No space left on device)"
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_bit_flipped_checkpoint_is_refused_and_resume_latest_falls_back_past_it(demo_shards, base_run, tmp_path,
+                                                                                   caplog):
+    run_dir = tmp_path / "flipped"
+    shutil.copytree(base_run, run_dir)
+    newest = run_dir / "checkpoints" / "epoch_2.pt"
+    flip_bits(newest)
+    with pytest.raises(CheckpointDamaged, match="contents do not match the digest written with it"):
+        load_checkpoint(newest)
+    with pytest.raises(ConfigError, match=rf"--resume {newest}: cannot read the checkpoint \(CheckpointDamaged: its "
+                                          "contents do not match the digest"):
+        main(argv(demo_shards, tmp_path, "flipped", "--resume", str(newest)))
+
+    summary = main(argv(demo_shards, tmp_path, "flipped", "--resume", "latest"))
+    assert summary.step == 2 * STEPS_PER_EPOCH
+    log = (run_dir / "out.log").read_text()
+    assert f"Skipping unreadable checkpoint {newest} (CheckpointDamaged: its contents do not match" in log
+    assert f"Resumed from {run_dir / 'checkpoints' / 'step_6.pt'}" in log
+    assert train_steps(run_dir) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+    assert result_epochs(run_dir) == [1, 2]
+    load_checkpoint(newest)  # written again, whole
+
+
+def test_a_checkpoint_without_a_digest_loads_with_one_line(caplog):
+    with caplog.at_level(logging.INFO):
+        checkpoint = load_checkpoint(FIXTURE / "step_3.pt")
+    assert checkpoint["step"] == 3
+    assert caplog.text.count("carries no content digest (written before checkpoints had one, or by OpenCLIP); "
+                             "loaded without verifying its contents") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# One owner per run, one record per step
+# ---------------------------------------------------------------------------------------------
+
+
+HOLD_THE_RUN = ("import sys, time; from training.run_lock import RunLock; RunLock().acquire(sys.argv[1]); "
+                "print(flush=True); time.sleep(600)")
+
+
+def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, base_run, tmp_path):
+    """Another live process holds the run folder (as a first launch does): refused; once it is killed (its
+    lock left behind), the next launch takes the run over."""
+    run_dir = tmp_path / "twice"
+    shutil.copytree(base_run, run_dir)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_RUN, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # the lock is taken
+        with pytest.raises(ConfigError, match=rf"^{run_dir} is in use by PID {holder.pid} on .* \(since .*\): this run "
+                                              "is already training there; wait for that launch to end, or stop it, "
+                                              "before launching the run again$"):
+            main(argv(demo_shards, tmp_path, "twice", "--resume", "latest"))
+    finally:
+        kill_run(holder)
+    summary = main(argv(demo_shards, tmp_path, "twice", "--resume", "latest", "--epochs", "3"))
+    assert summary.step == 3 * STEPS_PER_EPOCH
+    assert f"Taking over {run_dir / 'run.lock'}: its owner, PID {holder.pid}" in (run_dir / "out.log").read_text()
+    assert not (run_dir / "run.lock").exists()
+
+
+def test_a_restart_from_scratch_records_each_step_once(demo_shards, base_run, tmp_path):
+    """Every checkpoint unreadable: --resume latest starts over and the earlier records go aside."""
+    run_dir = tmp_path / "over"
+    shutil.copytree(base_run, run_dir)
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        path.write_bytes(path.read_bytes()[:4096])
+    summary = main(argv(demo_shards, tmp_path, "over", "--resume", "latest"))
+    assert summary.step == 2 * STEPS_PER_EPOCH
+    assert train_steps(run_dir) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+    assert result_epochs(run_dir) == [1, 2]
+    [aside] = run_dir.glob("started_over_*")
+    assert sorted(p.name for p in aside.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "metrics.jsonl", "results.jsonl",
+                                                       "step_3.pt", "step_6.pt"]
+    assert train_steps(aside) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
+
+
+def test_a_run_folder_without_a_checkpoint_does_not_block_a_rerun(demo_shards, tmp_path):
+    run_dir = tmp_path / "again"
+    run_dir.mkdir()
+    (run_dir / "out.log").write_text("a launch that stopped before its first checkpoint\n")
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "epoch": 0, "loss": 9.0}\n')
+    summary = main(argv(demo_shards, tmp_path, "again", "--epochs", "1"))
+    assert summary.step == STEPS_PER_EPOCH and train_steps(run_dir) == list(range(1, STEPS_PER_EPOCH + 1))
+    assert len(list(run_dir.glob("started_over_*/metrics.jsonl"))) == 1
+
+
+def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoch(demo_shards, base_run, tmp_path):
+    run_dir = tmp_path / "rolled"
+    shutil.copytree(base_run, run_dir)
+    main(argv(demo_shards, tmp_path, "rolled", "--resume", str(run_dir / "checkpoints" / "step_3.pt")))
+    assert result_epochs(run_dir) == [1, 2]
+    assert "results.jsonl: removed 2 records after epoch 0" in (run_dir / "out.log").read_text()
+    results = read_metrics(run_dir / "checkpoints" / "results.jsonl")
+    card = model_card(load_checkpoint(run_dir / "checkpoints" / "epoch_1.pt"), results, "org/run")
+    assert "Validation after epoch 1 (the trainer's results.jsonl)" in str(card)
+    assert "after epoch 2" not in str(card)
+
+
+# ---------------------------------------------------------------------------------------------
+# A stalled pipe: shard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shards, tmp_path):
+    train = demo_shards / "train"
+    shards = [f"pipe:cat {train}/shard-00000{k}.tar" for k in range(2)] + ["pipe:sleep 617"]
+    start = time.time()
+    summary = main(argv(demo_shards, tmp_path, "stalled", "--train-data", "::".join(shards), "--dataset-type",
+                        "webdataset", "--train-num-samples", "256", "--epochs", "1", "--shard-timeout", "2",
+                        "--val-data", str(demo_shards / "val" / "shard-000000.tar")))
+    seconds = time.time() - start
+    assert summary.step == 2 * STEPS_PER_EPOCH
+    log = (tmp_path / "stalled" / "out.log").read_text()
+    assert ("shard pipe:sleep 617 ended early (unreadable_shard): ShardStalled('`sleep 617` sent no data for 2 s "
+            "(--shard-timeout); it was ended and the shard skipped')") in log
+    [epoch] = read_metrics(tmp_path / "stalled" / "metrics.jsonl", "epoch")
+    assert epoch["skipped/unreadable_shard"] == 1
+    assert processes_running(b"sleep 617") == []
+    assert seconds < 120, seconds  # the stall cost the timeout, not the command's 617 s
+
+
+# ---------------------------------------------------------------------------------------------
+# Changes that alter the run, and exit statuses that tell the truth
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_resume_that_changes_the_schedule_epochs_or_clipping_names_each_change(demo_shards, base_run, tmp_path):
+    summary = main(argv(demo_shards, tmp_path, "changed", "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1.0",
+                        "--resume", str(base_run / "checkpoints" / "step_3.pt")))
+    assert summary.step == 3 * STEPS_PER_EPOCH
+    warnings = [line.split(" | ")[-1] for line in (tmp_path / "changed" / "out.log").read_text().splitlines()
+                if "| WARNING | Resuming " in line]
+    checkpoint = base_run / "checkpoints" / "step_3.pt"
+    changes = [("--lr 0.002 -> 0.01", "the learning-rate schedule"),
+               ("--epochs 2 -> 3", "the run's length and its learning-rate schedule"),
+               ("--grad-clip-norm None -> 1.0", "gradient clipping")]
+    assert warnings == [f"Resuming {checkpoint} with {change}: from step 3 on this changes {what} (the run no longer "
+                        "matches the one the checkpoint began)" for change, what in changes]
+
+
+@pytest.mark.slow  # 12 s: the trainer's imports, in a process of its own
+def test_a_signal_during_startup_stops_the_run_after_its_first_step_with_status_75(demo_shards, tmp_path):
+    """SIGTERM while `python -m training.main` still imports torch: remembered, not fatal."""
+    proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv(demo_shards, tmp_path, "early")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while not catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stderr[-3000:]
+    assert "Preempted by SIGTERM at step 1 " in (tmp_path / "early" / "out.log").read_text()
+    assert (tmp_path / "early" / "checkpoints" / "step_1.pt").exists() and "Traceback" not in stderr
+
+
+def test_torchrun_ends_with_the_failed_workers_status_in_one_line(monkeypatch, capsys):
+    def workers_fail(config):
+        raise ChildFailedError("training.main", {1: ProcessFailure(local_rank=1, pid=7, exitcode=2, error_file=""),
+                                                 0: ProcessFailure(local_rank=0, pid=8, exitcode=-15, error_file="")})
+
+    monkeypatch.setattr(torch.distributed.run, "run", workers_fail)
+    with pytest.raises(SystemExit) as stop:
+        training.torchrun.cli(["--nproc_per_node", "2", "-m", "training.main", "--epochs", "1"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "torchrun: rank 1 exited with status 2 (a configuration error: its `error:` line above says what to change); "
+        "the other workers were stopped")
+
+
+@pytest.mark.slow  # 17 s: two workers import torch
+def test_torchrun_keeps_a_workers_configuration_error_status_in_one_line(demo_shards, tmp_path):
+    command, env = torchrun_command(demo_shards, tmp_path, "--resume", str(tmp_path / "missing.pt"))
+    command[command.index("torch.distributed.run")] = "training.torchrun"
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"error: --resume {tmp_path / 'missing.pt'}: no such file" in result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchrun: rank ") and last.endswith(
+        "exited with status 2 (a configuration error: its `error:` line above says what to change); the other "
+        "workers were stopped")
+
+
+@pytest.mark.slow  # 25 s: a 2-rank run under torchrun
+def test_a_rank_that_dies_is_reported_in_one_line_by_the_survivor(demo_shards, tmp_path):
+    command, env = torchrun_command(demo_shards, tmp_path, "--epochs", "2", "--dist-timeout", "30")
+    command[command.index("torch.distributed.run")] = "training.torchrun"
+    with open(tmp_path / "run.log", "w") as output:
+        proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, 3)
+        os.kill(sorted(children(proc.pid))[1], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 128 + signal.SIGKILL
+    output = (tmp_path / "run.log").read_text()
+    assert "Traceback" not in output, output[-3000:]
+    assert "| ERROR | rank 0: a collective with the other ranks failed (" in output
+    assert "another rank died or did not answer within --dist-timeout" in output
+    assert output.strip().splitlines()[-1] == "torchrun: rank 1 was killed by SIGKILL; the other workers were stopped"
