@@ -43,6 +43,9 @@ PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin an
 CONTROLS = "clip,adacl,adacl:paper,adacl:candidate_region=all,adacl:positive_grad=fixed"
 TRANSFER_PRETRAIN_EPOCHS = 24
 TRANSFER_PRETRAIN_SEED = 1000
+# The pretraining scenes' data seed: not the fine-tuning scenes' (0), so no base scene's geometry (positions,
+# sizes) is seen in pretraining and again, recoloured, in fine-tuning (tests/test_bench_scripts.py checks it).
+TRANSFER_PRETRAIN_DATA_SEED = 1
 TRANSFER_FINETUNE = ("--epochs", "8", "--lr", "1e-3", "--warmup", "10")
 
 
@@ -78,25 +81,26 @@ def scenes_dir(output_root: Path, combinations: str) -> Path:
     return output_root / ("data" if combinations == "all" else f"data_{combinations}")
 
 
-def write_scenes(data_dir: Path, combinations: str) -> None:
-    """The demo data of QUICK's sizes with the given colour-shape combinations (written once)."""
+def write_scenes(data_dir: Path, combinations: str, seed: int = 0) -> None:
+    """The demo data of QUICK's sizes with the given colour-shape combinations and data seed (written once)."""
     from training.synthetic_scenes.scenes import SceneConfig
     from training.synthetic_scenes.writers import write_demo_dataset
 
     if (data_dir / "manifest.json").is_file():
         manifest = json.loads((data_dir / "manifest.json").read_text())
-        if manifest["scene_config"]["combinations"] != combinations:
-            raise ValueError(f"{data_dir} holds scenes of combinations {manifest['scene_config']['combinations']!r}, "
-                             f"not {combinations!r}: remove it")
+        written = (manifest["scene_config"]["combinations"], manifest["seed"])
+        if written != (combinations, seed):
+            raise ValueError(f"{data_dir} holds scenes of combinations {written[0]!r} and data seed {written[1]}, "
+                             f"not {combinations!r} and {seed}: remove it")
         return
-    write_demo_dataset(data_dir, seed=0, num_train=QUICK.num_train, num_val=QUICK.num_val, num_test=QUICK.num_test,
+    write_demo_dataset(data_dir, seed=seed, num_train=QUICK.num_train, num_val=QUICK.num_val, num_test=QUICK.num_test,
                        shard_size=QUICK.shard_size, config=replace(SceneConfig(), combinations=combinations))
 
 
 def pretrain(regime: Regime, output_root: Path) -> Path:
     """Train `clip` on the regime's pretraining scenes (once); returns its final checkpoint."""
     data_dir = scenes_dir(output_root, regime.pretrain_combinations)
-    write_scenes(data_dir, regime.pretrain_combinations)
+    write_scenes(data_dir, regime.pretrain_combinations, TRANSFER_PRETRAIN_DATA_SEED)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
     checkpoint = logs / name / "checkpoints" / f"epoch_{TRANSFER_PRETRAIN_EPOCHS}.pt"
@@ -215,7 +219,8 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
                   "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
         if regime.pretrain_combinations:
             lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {TRANSFER_PRETRAIN_EPOCHS} epochs on "
-                         f"4096 scenes whose objects use only the `{regime.pretrain_combinations}` half of the "
+                         f"4096 scenes (data seed {TRANSFER_PRETRAIN_DATA_SEED}) whose objects use only the "
+                         f"`{regime.pretrain_combinations}` half of the "
                          f"colour x shape combinations; fine-tuning and evaluation scenes use only the "
                          f"`{regime.combinations}` half (no evaluation image holds a pair seen in pretraining)")
         missing = missing_variants(regime, output_root / name)
