@@ -241,7 +241,7 @@ class AdaCLLoss(ContrastiveLoss):
 
     def reset_state(self) -> None:
         """Back to a fresh loss: no margin history (progressive p_u, moving average), an empty
-        queue, counters at 0."""
+        queue and memory bank, counters at 0."""
         for buffer in self.buffers():
             buffer.zero_()
         self._queue_ptr = self._queue_filled = self._bank_writes = self._bank_entries = 0
@@ -464,7 +464,7 @@ class AdaCLLoss(ContrastiveLoss):
         self._extra_columns = {}
         if self.options.bank_size:
             entries = self.bank_selection(batch.sample_index)
-            image, text = self.bank_image[entries], self.bank_text[entries]  # indexing copies
+            image, text = self.bank_image[entries], self.bank_text[entries]
         elif self._queue_filled:
             image, text = self.queue_image[:self._queue_filled], self.queue_text[:self._queue_filled]
         else:
