@@ -72,7 +72,7 @@ class SampleStateBank(nn.Module):
         index = self._prepare(index)
         columns = torch.tensor([self.fields.index(name) for name in values], device=index.device)
         new_rows = torch.stack([values[name].to(self.state) for name in values], dim=1)
-        sorted_index, winner = _last_occurrence(index)
+        sorted_index, winner = last_occurrence(index)
         # Every duplicate of an index writes the same (winning) row, so the write order cannot matter.
         self.state[sorted_index[:, None], columns[None, :]] = new_rows[winner]
 
@@ -83,7 +83,7 @@ class SampleStateBank(nn.Module):
         return index.long()
 
 
-def _last_occurrence(index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def last_occurrence(index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """`index` sorted, and for each sorted entry the position in `index` of that value's last occurrence.
 
     A stable sort keeps equal values in their original order, so the last entry of each run of equal

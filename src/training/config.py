@@ -15,7 +15,8 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
-from open_clip_adacl import LossOptions, get_loss_class, list_losses
+from open_clip_adacl import LossOptions, list_losses
+from open_clip_adacl.losses import SampleStateOptions
 
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
@@ -163,7 +164,8 @@ class RunConfig:
         for given, flag_name in ((self.reset_loss_state, "--reset-loss-state"), (self.resume_anyway, "--resume-anyway")):
             if given and self.resume is None:
                 raise ConfigError(f"{flag_name} only applies when resuming; add --resume latest or --resume PATH")
-        data_size = self.loss.options.data_size if get_loss_class(self.loss.name).needs_sample_index else None
+        options = self.loss.options
+        data_size = options.data_size if isinstance(options, SampleStateOptions) and options.keeps_sample_state else None
         train_num_samples = self.data.train_num_samples
         if data_size is not None and train_num_samples is not None and data_size < train_num_samples:
             raise ConfigError(

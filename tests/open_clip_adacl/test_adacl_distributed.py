@@ -1,5 +1,6 @@
 """`adacl` on 2 and 4 gloo ranks equals one process on the concatenated batch, in OpenCLIP's two
-regimes, with bit-identical margins and stats on every rank; the radix select is exact across ranks."""
+regimes, with bit-identical margins and stats on every rank (and, with a queue or a memory bank, the same
+state); the radix select is exact across ranks."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,10 @@ CONFIGS = {
 }
 REGIMES = {"full": (False, False), "local": (True, True)}
 QUEUE = {**GDA, "queue_size": 48}
+# Samples drawn from 64, so that later batches share samples with the bank's entries.
+DATA_SIZE = 64
+BANK = {**GDA, "bank_size": 40, "data_size": DATA_SIZE}
+STATEFUL = {"queue": QUEUE, "bank": BANK}  # run for 3 steps
 
 
 def _batches(num_batches, seed):
@@ -32,17 +37,19 @@ def _batches(num_batches, seed):
     batches = []
     for _ in range(num_batches):
         x = F.normalize(torch.randn(NUM, 16, generator=g), dim=-1)
-        batches.append((x, F.normalize(x + 0.8 * torch.randn(NUM, 16, generator=g), dim=-1)))
+        y = F.normalize(x + 0.8 * torch.randn(NUM, 16, generator=g), dim=-1)
+        batches.append((x, y, torch.randperm(DATA_SIZE, generator=g)[:NUM]))
     return batches
 
 
-def _step(loss_fn, x, y, bias):
+def _step(loss_fn, x, y, index, bias):
     x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
     scale = torch.tensor(SCALE, requires_grad=True)
-    value = loss_fn(x, y, scale, None if bias is None else torch.tensor(bias))
+    value = loss_fn(x, y, scale, None if bias is None else torch.tensor(bias), sample_index=index)
     value.backward()
     loss_fn.commit()
-    return {"value": value.detach(), "gx": x.grad, "gy": y.grad, "gs": scale.grad, "stats": dict(loss_fn.stats)}
+    return {"value": value.detach(), "gx": x.grad, "gy": y.grad, "gs": scale.grad, "stats": dict(loss_fn.stats),
+            "state": {key: value.clone() for key, value in loss_fn.state_dict().items()}}
 
 
 def _bias(name):
@@ -52,7 +59,7 @@ def _bias(name):
 def _run(loss_fn, batches, bias, rank=0, world_size=1):
     b = NUM // world_size
     part = slice(rank * b, (rank + 1) * b)
-    return [_step(loss_fn, x[part], y[part], bias) for x, y in batches]
+    return [_step(loss_fn, x[part], y[part], index[part], bias) for x, y, index in batches]
 
 
 def _rank_fn(rank, world_size, batches, radix_values, radix_mask):
@@ -63,7 +70,8 @@ def _rank_fn(rank, world_size, batches, radix_values, radix_mask):
         for name, options in CONFIGS.items():
             results[regime, name] = _run(create_loss("adacl", dist=dist, **options), batches[:1], _bias(name), rank,
                                          world_size)
-        results[regime, "queue"] = _run(create_loss("adacl", dist=dist, **QUEUE), batches, None, rank, world_size)
+        for name, options in STATEFUL.items():
+            results[regime, name] = _run(create_loss("adacl", dist=dist, **options), batches, None, rank, world_size)
     rows = radix_values.shape[0] // world_size
     part = slice(rank * rows, (rank + 1) * rows)
     keys = selection.masked_keys(radix_values[part], radix_mask[part])
@@ -87,13 +95,16 @@ def _assert_matches_single_process(world_size):
 
     for regime, (local_loss, _) in REGIMES.items():
         cases = {name: (options, batches[:1], _bias(name)) for name, options in CONFIGS.items()}
-        cases["queue"] = (QUEUE, batches, None)
+        cases.update({name: (options, batches, None) for name, options in STATEFUL.items()})
         for name, (options, steps, bias) in cases.items():
             reference = _run(create_loss("adacl", **options), steps, bias)
             for step, ref in enumerate(reference):
                 ranks = [result[regime, name][step] for result in per_rank]
                 context = f"{regime} {name} step {step}"
                 assert ref["stats"]["i2t/modulated"] == 1 and ref["stats"]["t2i/modulated"] == 1, context
+                for key, value in ranks[0]["state"].items():  # the same state everywhere (the queue, the bank)
+                    assert all(torch.equal(value, other["state"][key]) for other in ranks[1:]), (context, key)
+                    torch.testing.assert_close(value, ref["state"][key], rtol=1e-5, atol=1e-6, msg=f"{context} {key}")
                 for key, value in ranks[0]["stats"].items():  # bit-identical margins and stats everywhere
                     assert all(torch.equal(value, other["stats"][key]) for other in ranks[1:]), (context, key)
                     # With a gap boundary the unbounded closed forms divide by the clone gap (here ~2e-3), so

@@ -147,3 +147,22 @@ def test_the_counter_sees_reads_and_leaves_torch_as_it_was(monkeypatch):
     scores, index = torch.zeros(3, 3, dtype=torch.bool), torch.tensor([2, 0, 1])
     scores[torch.arange(len(scores)), index] = True  # as clip_benchmark indexes: fails if a patch is left
     assert scores.sum() == 3
+
+
+def test_a_full_memory_bank_reads_nothing_back_in_the_loss_call(monkeypatch):
+    """docs/adacl.md §7: while the bank holds fewer than bank_size + N entries a step reads how many qualify (one
+    int in the loss call, one in commit); from then on the loss call reads nothing and commit its one bool."""
+    monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)  # the GPU code path
+    monkeypatch.setenv(fused.ENV_VARIABLE, "off")
+    loss_fn = create_loss("adacl", bank_size=16, data_size=64)
+    reads = []
+    for first in (0, 24, 40):  # 24 samples a step: 24, then 48 entries after the commits; 16 + 24 make it full
+        image, text = _features(24, seed=first)
+        image.requires_grad_()
+        with counting_host_reads() as step_reads:
+            loss_fn(image, text, torch.tensor(14.3), sample_index=torch.arange(first, first + 24)).backward()
+        with counting_host_reads() as commit_reads:
+            loss_fn.commit()
+        reads.append((step_reads, commit_reads))
+    assert reads[1] == (Counter({"Tensor.__int__": 1}), Counter({"Tensor.__bool__": 1, "Tensor.__int__": 1}))
+    assert reads[2] == (EXPECTED[1], Counter({"Tensor.__bool__": 1}))

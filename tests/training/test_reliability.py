@@ -231,6 +231,11 @@ def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_pa
     (["--loss", "glofnd", "--dry-run"], "--loss glofnd: .*data_size"),  # the dry run builds the loss
     (["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"],
      "--loss adacl: a fixed boundary must lie above anchor_max"),
+    (["--loss", "adacl", "--adacl-bank-size", "64", "--data-size", "100"],
+     "--data-size 100 is smaller than --train-num-samples 512"),
+    (["--loss", "adacl", "--adacl-bank-size", "64", "--dry-run"], "--loss adacl: data_size"),
+    (["--loss", "adacl", "--adacl-bank-size", "64", "--adacl-queue-size", "64", "--data-size", "512", "--dry-run"],
+     "--loss adacl: queue_size and bank_size are two kinds of extra negatives; set one of them, not both"),
 ])
 def test_invalid_settings_are_rejected_before_any_work(demo_shards, tmp_path, extra, message):
     argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "512",

@@ -1,6 +1,6 @@
 """Gradient accumulation trains as one larger batch, the loss's state included.
 
-For every registered loss, `--accum-freq 2 --batch-size B` and `--accum-freq 1 --batch-size 2B`
+For every registered loss (and AdaCL's memory bank), `--accum-freq 2 --batch-size B` and `--accum-freq 1 --batch-size 2B`
 (same shards, seed, and an augmentation without randomness) end an epoch with the same model
 weights and the same loss state, in one process and on 2 gloo ranks: the loss runs once per
 micro-batch but its state moves once per optimizer step (`Loss.commit`).
@@ -36,42 +36,48 @@ STATE_FLAGS: Dict[str, Tuple[str, ...]] = {
     "fne": ("--fne-start-epoch", "0", "--fne-min-matched", "1"),
     "glofnd": ("--data-size", "512", "--glofnd-alpha", "0.1", "--glofnd-init-lambda", "0.2"),
 }
+# Each run: a registered loss with its STATE_FLAGS, and AdaCL with its memory bank in place of its queue.
+RUNS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    **{loss: (loss, STATE_FLAGS.get(loss, ())) for loss in list_losses()},
+    "adacl_bank": ("adacl", ("--adacl-bank-size", "24", "--data-size", "512")),
+}
 # Observed: 5e-5 to 1.1e-4 for every loss; 1.9e-3 to 4.8e-2 when the state moved once per micro-batch.
 MAX_WEIGHT_DIFFERENCE = 5e-4
 ACCUM_FREQS = (2, 1)
 
 
-def _argv(demo_shards, logs, loss: str, accum_freq: int):
+def _argv(demo_shards, logs, run: str, accum_freq: int):
+    loss, flags = RUNS[run]
     batch_size = MICRO_BATCH * max(ACCUM_FREQS) // accum_freq
     return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"),
             "--train-num-samples", str(NUM_SAMPLES), "--model", "adacl-tiny", "--batch-size", str(batch_size),
             "--accum-freq", str(accum_freq), "--lr", "2e-3", "--warmup", "1", "--wd", "0.1", "--epochs", "1",
             "--seed", "0", "--workers", "0", "--device", "cpu", "--aug-cfg", "scale=(1.0, 1.0)",
-            "--local-loss", "--gather-with-grad", "--loss", loss, *STATE_FLAGS.get(loss, ()),
-            "--logs", str(logs), "--name", f"{loss}-accum{accum_freq}"]
+            "--local-loss", "--gather-with-grad", "--loss", loss, *flags,
+            "--logs", str(logs), "--name", f"{run}-accum{accum_freq}"]
 
 
 def _train_every_loss(rank, world_size, demo_shards, logs, ports=None):
-    """{(loss, accum_freq): (model state_dict, loss state_dict)} after one epoch of each, from the
+    """{(run, accum_freq): (model state_dict, loss state_dict)} after one epoch of each, from the
     checkpoints rank 0 writes (None on the other ranks). On several ranks each run forms its process
     group on its own port of `ports` (a port just released may still be held by the last group's store)."""
     results = {}
-    for run, (loss, accum_freq) in enumerate(itertools.product(list_losses(), ACCUM_FREQS)):
+    for number, (run, accum_freq) in enumerate(itertools.product(RUNS, ACCUM_FREQS)):
         if ports is not None:
-            os.environ["MASTER_PORT"] = str(ports[run])
-        summary = main(_argv(demo_shards, logs, loss, accum_freq))
+            os.environ["MASTER_PORT"] = str(ports[number])
+        summary = main(_argv(demo_shards, logs, run, accum_freq))
         if rank == 0:
             checkpoint = load_checkpoint(summary.checkpoint)
-            results[loss, accum_freq] = checkpoint["state_dict"], checkpoint["loss"]
+            results[run, accum_freq] = checkpoint["state_dict"], checkpoint["loss"]
     return results if rank == 0 else None
 
 
 @pytest.fixture(scope="module")
 def trained(demo_shards, module_tmp):
-    """The runs of every loss and accum_freq: {world_size: results of `_train_every_loss`}."""
+    """The runs of every RUNS entry and accum_freq: {world_size: results of `_train_every_loss`}."""
     torch.set_num_threads(1)
     single = _train_every_loss(0, 1, demo_shards, module_tmp("single"))
-    ports = [free_port() for _ in range(len(list_losses()) * len(ACCUM_FREQS))]
+    ports = [free_port() for _ in range(len(RUNS) * len(ACCUM_FREQS))]
     ranks = run_on_ranks(_train_every_loss, 2, demo_shards, module_tmp("ranks"), ports,
                          init_group=False)
     return {1: single, 2: ranks[0]}
@@ -83,10 +89,11 @@ def _relative_difference(state: Dict[str, torch.Tensor], reference: Dict[str, to
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-@pytest.mark.parametrize("loss", list_losses())
-def test_accumulated_micro_batches_train_like_one_large_batch(trained, loss, world_size):
+@pytest.mark.parametrize("run", list(RUNS))
+def test_accumulated_micro_batches_train_like_one_large_batch(trained, run, world_size):
     (weights, loss_state), (reference_weights, reference_state) = (
-        trained[world_size][loss, accum_freq] for accum_freq in ACCUM_FREQS)
+        trained[world_size][run, accum_freq] for accum_freq in ACCUM_FREQS)
+    loss = RUNS[run][0]
     assert weights.keys() == reference_weights.keys()
     assert _relative_difference(weights, reference_weights) < MAX_WEIGHT_DIFFERENCE
 
@@ -94,10 +101,10 @@ def test_accumulated_micro_batches_train_like_one_large_batch(trained, loss, wor
     for key, reference in reference_state.items():
         if reference.is_floating_point():
             torch.testing.assert_close(loss_state[key], reference, rtol=1e-3, atol=1e-4, msg=key)
-        else:  # counters, flags, queue positions
+        else:  # counters, flags, queue positions, the bank's write order
             assert torch.equal(loss_state[key], reference), key
     if get_loss_class(loss).keeps_state:  # its state moved during the epoch: the comparison above is not vacuous
-        options = params.parse_args(_argv(Path(), Path(), loss, accum_freq=1)).loss_options
+        options = params.parse_args(_argv(Path(), Path(), run, accum_freq=1)).loss_options
         fresh = create_loss(loss, **options).state_dict()
         assert any(not torch.equal(fresh[key], reference_state[key]) for key in fresh)
     else:

@@ -22,11 +22,13 @@ from dataclasses import dataclass, replace
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .. import adacl
 from ..selection import KeyWorkspace, RowSummary, row_value_from_owner, select_anchor, summarize_rows
+from ..state import last_occurrence
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
-from .options import DistributedSetup, LossOptions, option
+from .options import DistributedSetup, SampleStateOptions, option
 from .registry import register_loss
 
 MODES = ("literal", "calibrated")
@@ -81,7 +83,7 @@ class AdaCLLoss(ContrastiveLoss):
     """AdaCL's positive margins on top of OpenCLIP's ClipLoss, exact over the global batch."""
 
     @dataclass(frozen=True)
-    class Options(LossOptions):
+    class Options(SampleStateOptions):
         # Algorithm 1 as docs/method.md §3 reconstructs it, with none of the project's bounds (literal mode has
         # none): the GDA candidate set, the median anchor, the steep positive of slope m1 and boundary 1. eps was
         # not recovered and stays free; so do the readings the method text leaves open (§3.6-3.7: the anchor
@@ -139,6 +141,12 @@ class AdaCLLoss(ContrastiveLoss):
         queue_size: int = option(
             0, "FIFO of past batches' (detached, gathered) features used as extra negatives, in the anchor "
             "statistics and in the denominator; 0 disables it")
+        bank_size: int = option(
+            0, "momentum memory bank (docs/method.md §6): one image and one text feature per training sample; the "
+            "M most recently written entries of samples outside the global batch are extra negatives, in the "
+            "anchor statistics and in the denominator (the paper: 4096); needs --data-size; 0 disables it")
+        bank_momentum: float = option(
+            0.99, "memory bank: a seen sample's entry moves as v <- normalize(m v + (1 - m) f), m this momentum")
         modulate: bool = option(
             True, "apply the margins; --no-adacl-modulate computes and logs them but trains with ClipLoss exactly")
         positive_grad: Optional[str] = option(
@@ -157,11 +165,20 @@ class AdaCLLoss(ContrastiveLoss):
             1e-4, "a reference row whose negatives' std (cosine units) is at most this is degenerate: the "
             "direction falls back to vanilla")
 
+        @property
+        def keeps_sample_state(self) -> bool:
+            return self.bank_size > 0
+
         def check(self) -> None:
+            super().check()  # data_size, with the memory bank
             _check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
             _check(0 < self.rho < 1, f"rho must be in (0, 1), got {self.rho}")
             _check(self.prior_ratio > 0, f"prior_ratio must be > 0, got {self.prior_ratio}")
             _check(self.queue_size >= 0, f"queue_size must be >= 0, got {self.queue_size}")
+            _check(self.bank_size >= 0, f"bank_size must be >= 0, got {self.bank_size}")
+            _check(0 <= self.bank_momentum < 1, f"bank_momentum must be in [0, 1), got {self.bank_momentum}")
+            _check(not (self.queue_size and self.bank_size),
+                   "queue_size and bank_size are two kinds of extra negatives; set one of them, not both")
             _check(self.max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {self.max_scale_ratio}")
             _check(self.max_offset >= 0, f"max_offset must be >= 0, got {self.max_offset}")
             _check(self.anchor_min <= self.anchor_max,
@@ -205,6 +222,17 @@ class AdaCLLoss(ContrastiveLoss):
         # Host copies of queue_ptr / queue_filled so the hot path never reads a tensor back.
         self._queue_ptr = 0
         self._queue_filled = 0
+        # The memory bank: per sample, its features (allocated at the first write) and the order of its last write
+        # (1, 2, ... across steps and batch positions; 0: never written).
+        self.register_buffer("bank_image", torch.zeros(0, 0))
+        self.register_buffer("bank_text", torch.zeros(0, 0))
+        self.register_buffer("bank_stamp", torch.zeros(self._bank_rows, dtype=torch.long))
+        # Host copies: the latest stamp, and how many samples have an entry while that may be fewer than a
+        # step needs (so a full bank never reads a tensor back in the hot path).
+        self._bank_writes = 0
+        self._bank_entries = 0
+        # Per direction, the features of the extra negative columns of this forward (the queue's or the bank's).
+        self._extra_columns: Dict[str, torch.Tensor] = {}
         self._update_state = False
         # Reused int32 scratch for the selection's candidate keys (not state: never checkpointed).
         self._workspace = KeyWorkspace()
@@ -213,22 +241,37 @@ class AdaCLLoss(ContrastiveLoss):
 
     def reset_state(self) -> None:
         """Back to a fresh loss: no margin history (progressive p_u, moving average), an empty
-        queue, counters at 0."""
+        queue and memory bank, counters at 0."""
         for buffer in self.buffers():
             buffer.zero_()
-        self._queue_ptr = self._queue_filled = 0
+        self._queue_ptr = self._queue_filled = self._bank_writes = self._bank_entries = 0
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for name in ("queue_image", "queue_text"):
+    @property
+    def _bank_rows(self) -> int:
+        return self.options.data_size if self.options.bank_size else 0
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        options = self.options
+        what = {"queue": ("queue", options.queue_size, f"queue_size is {options.queue_size}"),
+                "bank": ("memory bank", self._bank_rows, f"this loss's holds {self._bank_rows} (data_size "
+                                                         f"{options.data_size}, bank_size {options.bank_size})")}
+        for name in ("queue_image", "queue_text", "bank_image", "bank_text", "bank_stamp"):
             saved = state_dict.get(prefix + name)
-            if saved is not None and saved.numel() and saved.shape[0] != self.options.queue_size:
-                raise ValueError(f"the checkpoint's AdaCL queue holds {saved.shape[0]} entries but queue_size is "
-                                 f"{self.options.queue_size}")
+            kind, rows, expected = what[name.split("_")[0]]
+            # Features are allocated at the first write (empty before it); the stamps always have their rows.
+            if saved is not None and (saved.numel() or name == "bank_stamp") and saved.shape[0] != rows:
+                raise ValueError(f"the checkpoint's AdaCL {kind} holds {saved.shape[0]} entries but {expected}")
             if saved is not None and saved.shape != getattr(self, name).shape:
                 setattr(self, name, torch.zeros(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        # Loading is not the hot path: reading the two integers back once is fine.
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if not self.options.bank_size:  # a checkpoint written before the bank existed holds an empty bank
+            missing_keys[:] = [key for key in missing_keys if not key.startswith(prefix + "bank_")]
+        # Loading is not the hot path: reading these integers back once is fine.
         self._queue_ptr, self._queue_filled = int(self.queue_ptr), int(self.queue_filled)
+        if self.options.bank_size:
+            self._bank_writes, self._bank_entries = int(self.bank_stamp.max()), int((self.bank_stamp > 0).sum())
 
     # --- forward -----------------------------------------------------------------------------------
 
@@ -238,16 +281,21 @@ class AdaCLLoss(ContrastiveLoss):
             self.to(image_features.device)  # the state follows the features (a Python-side check)
         # Only training steps stage a state update (applied by `commit`), not evaluation passes under no_grad.
         self._update_state = self.training and torch.is_grad_enabled()
+        options = self.options
+        if options.bank_size and sample_index is None:
+            raise ValueError("adacl: the memory bank (bank_size > 0) needs each sample's index: pass sample_index")
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index)
         batch_features = (batch.all_image_features.detach(), batch.all_text_features.detach())
-        if self._update_state and self.options.queue_size:
+        if self._update_state and (options.queue_size or options.bank_size):
             # Staged first, so that a refused commit writes nothing.
-            self.stage_update(lambda: _check_finite_queue_entries(*batch_features))
-        batch = self._with_queue(batch)
+            self.stage_update(lambda: _check_finite_entries(*batch_features))
+        batch = self._with_extra_negatives(batch)
         self.stats = {"mean_cosine": _mean_cross_modal_cosine(batch)}
         loss = self.symmetric_loss(batch)
-        if self._update_state and self.options.queue_size:
+        if self._update_state and options.queue_size:
             self.stage_update(lambda: self._enqueue(*batch_features))
+        if self._update_state and options.bank_size:
+            self.stage_update(lambda: self._write_bank(batch.sample_index, *batch_features))
         return self.wrap_output(loss, output_dict)
 
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
@@ -285,8 +333,11 @@ class AdaCLLoss(ContrastiveLoss):
         the same global row) and the temperature. A fallback step gets vanilla's margins and no such gradient."""
         queries = batch.all_image_features if direction == "i2t" else batch.all_text_features
         row = margins.row.clamp(min=0)
-        anchor, log_z_u = adacl.anchor_row_terms(queries.index_select(0, row.view(1))[0],
-                                                 batch.candidate_features(direction), row, batch.logit_scale)
+        columns = batch.candidate_features(direction)
+        if direction in self._extra_columns:  # log Z_u sums over the extra negatives too
+            columns = torch.cat([columns, self._extra_columns[direction]])
+        anchor, log_z_u = adacl.anchor_row_terms(queries.index_select(0, row.view(1))[0], columns, row,
+                                                 batch.logit_scale)
         modulated = margins.modulated
         zero = torch.zeros((), dtype=torch.float64, device=anchor.device)
         # Inputs of a fallback step are replaced, not only its outputs: the closed forms of a degenerate row may
@@ -405,22 +456,66 @@ class AdaCLLoss(ContrastiveLoss):
         values = torch.stack([value.double() for value in stats.values()]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in zip(stats, values.unbind())})
 
-    # --- feature queue -----------------------------------------------------------------------------
+    # --- extra negatives: feature queue or memory bank ---------------------------------------------
 
-    def _with_queue(self, batch: GlobalBatch) -> GlobalBatch:
-        """Appends the queue's entries as extra negative columns (docs/method.md §6)."""
-        if not self._queue_filled:
+    def _with_extra_negatives(self, batch: GlobalBatch) -> GlobalBatch:
+        """Appends the queue's entries, or the bank's selected ones, as extra negative columns after the batch's
+        N (docs/method.md §6)."""
+        self._extra_columns = {}
+        if self.options.bank_size:
+            entries = self.bank_selection(batch.sample_index)
+            image, text = self.bank_image[entries], self.bank_text[entries]
+        elif self._queue_filled:
+            image, text = self.queue_image[:self._queue_filled], self.queue_text[:self._queue_filled]
+        else:
             return batch
-        # Copies: the backward needs these entries even when the caller commits (overwrites the queue) first.
-        queued_image = self.queue_image[:self._queue_filled].to(batch.image_features.dtype, copy=True)
-        queued_text = self.queue_text[:self._queue_filled].to(batch.text_features.dtype, copy=True)
-        extra_per_image = batch.logit_scale * batch.image_features @ queued_text.T
-        extra_per_text = batch.logit_scale * batch.text_features @ queued_image.T
+        if not image.shape[0]:
+            return batch
+        # Copies: the backward needs these entries even when the caller commits (overwrites them) first.
+        image = image.to(batch.image_features.dtype, copy=True)
+        text = text.to(batch.text_features.dtype, copy=True)
+        self._extra_columns = {"i2t": text, "t2i": image}
+        extra_per_image = batch.logit_scale * batch.image_features @ text.T
+        extra_per_text = batch.logit_scale * batch.text_features @ image.T
         if batch.logit_bias is not None:
             extra_per_image = extra_per_image + batch.logit_bias
             extra_per_text = extra_per_text + batch.logit_bias
         return replace(batch, logits_per_image=torch.cat([batch.logits_per_image, extra_per_image], dim=1),
                        logits_per_text=torch.cat([batch.logits_per_text, extra_per_text], dim=1))
+
+    def bank_selection(self, sample_index: torch.Tensor) -> torch.Tensor:
+        """The samples whose bank entries are this step's extra negatives: the bank_size most recently written
+        ones outside the global batch `sample_index` (so no positive is its own negative), most recent first;
+        identical on every rank."""
+        stamps = self.bank_stamp.index_fill(0, sample_index.to(self.bank_stamp.device), 0)
+        if not self._bank_writes:
+            return stamps[:0]
+        recent = stamps.topk(min(self.options.bank_size, stamps.shape[0]))
+        if self._bank_entries < self.options.bank_size + sample_index.shape[0]:
+            # Fewer entries than a full step may qualify (the first steps, or data smaller than bank_size + N):
+            # one read of how many do.
+            return recent.indices[:int((recent.values > 0).sum())]
+        return recent.indices
+
+    @torch.no_grad()
+    def _write_bank(self, sample_index: torch.Tensor, image_features: torch.Tensor,
+                    text_features: torch.Tensor) -> None:
+        """v <- normalize(m v + (1 - m) f) for every sample of the global batch (a sample drawn twice: its last
+        occurrence), stamped in batch order; a first write stores f (v is 0). Identical on every rank."""
+        if self.bank_image.shape != (self._bank_rows, image_features.shape[1]):
+            # At least float32: a half-precision entry could not move by (1 - m) f at m = 0.99.
+            dtype = torch.promote_types(image_features.dtype, torch.float32)
+            self.bank_image = image_features.new_zeros(self._bank_rows, image_features.shape[1], dtype=dtype)
+            self.bank_text = text_features.new_zeros(self._bank_rows, text_features.shape[1], dtype=dtype)
+        index, winner = last_occurrence(sample_index.to(self.bank_stamp.device))
+        momentum = self.options.bank_momentum
+        for bank, features in ((self.bank_image, image_features), (self.bank_text, text_features)):
+            moved = momentum * bank[index] + (1 - momentum) * features[winner].to(bank.dtype)
+            bank[index] = F.normalize(moved, dim=-1)
+        self.bank_stamp[index] = self._bank_writes + 1 + winner
+        self._bank_writes += sample_index.shape[0]
+        if self._bank_entries < min(self._bank_rows, self.options.bank_size + sample_index.shape[0]):
+            self._bank_entries = int((self.bank_stamp > 0).sum())  # commit, not the loss call: once per step
 
     @torch.no_grad()
     def _enqueue(self, image_features: torch.Tensor, text_features: torch.Tensor) -> None:
@@ -447,11 +542,13 @@ def _mean_cross_modal_cosine(batch: GlobalBatch) -> torch.Tensor:
     return total / batch.all_image_features.shape[0] ** 2
 
 
-def _check_finite_queue_entries(image_features: torch.Tensor, text_features: torch.Tensor) -> None:
-    """Non-finite features would poison the queue's next queue_size steps: refuse to commit them."""
+def _check_finite_entries(image_features: torch.Tensor, text_features: torch.Tensor) -> None:
+    """Non-finite features would poison the queue's next queue_size steps, or the bank's entries for good: refuse
+    to commit them."""
     if not bool(torch.isfinite(image_features).all() & torch.isfinite(text_features).all()):
-        raise ValueError("adacl: this step's features are not finite and cannot enter the feature queue; do not "
-                         "commit a step whose loss is not finite (the trainer skips such steps without committing)")
+        raise ValueError("adacl: this step's features are not finite and cannot enter the feature queue or memory "
+                         "bank; do not commit a step whose loss is not finite (the trainer skips such steps without "
+                         "committing)")
 
 
 def _check(condition: bool, message: str) -> None:

@@ -128,9 +128,16 @@ class SampleStateOptions(LossOptions):
     data_size: Optional[int] = option(None, "number of training samples: sample indices must lie in [0, data_size) "
                                             "(sizes the per-sample state bank)", flag="--data-size")
 
+    @property
+    def keeps_sample_state(self) -> bool:
+        """Whether these options keep per-sample state, and so need sample indices and data_size: always for
+        a loss that `needs_sample_index`; a loss that keeps it only under some options (AdaCL's memory bank)
+        derives its Options from this class with needs_sample_index False and overrides this."""
+        return True
+
     def check(self) -> None:
         super().check()
-        if self.data_size is None or self.data_size < 1:
+        if self.keeps_sample_state and (self.data_size is None or self.data_size < 1):
             raise ValueError(f"data_size (--data-size) must be the number of training samples, >= 1, got "
                              f"{self.data_size}: it sizes the loss's per-sample state")
 

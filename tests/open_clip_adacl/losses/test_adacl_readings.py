@@ -20,13 +20,14 @@ def _features(n, d, seed, noise=0.8):
     return x.float(), y.float()
 
 
-def _closed_form_direction(queries, candidates, scale, previous):
+def _closed_form_direction(queries, candidates, scale, previous, extra=None):
     """One direction of Algorithm 1 with m1, m2 differentiable through a = s_uu and log Z_u (the selection
-    under no_grad): (cross-entropy, m1, m2)."""
-    logits = scale * queries @ candidates.T
+    under no_grad): (cross-entropy, m1, m2). `extra`: features of negatives appended after the batch's columns."""
+    columns = candidates if extra is None else torch.cat([candidates, extra])
+    logits = scale * queries @ columns.T
     n = logits.shape[0]
     labels = torch.arange(n)
-    negatives = adacl.negative_mask(n, n, labels)
+    negatives = adacl.negative_mask(n, columns.shape[0], labels)
     with torch.no_grad():
         detached = logits.detach()
         most, least = adacl.reference_rows(adacl.salient_scores(detached, labels, "max"))
@@ -41,8 +42,42 @@ def _closed_form_direction(queries, candidates, scale, previous):
     log_odds = adacl.anchor_log_odds(anchor, log_z_u, scale.double(), *previous)
     m1, m2 = adacl.margins_from_log_odds(anchor, log_odds, log_z_u, torch.logit(torch.tensor(EPS, dtype=torch.float64)))
     positive = m1.float() * ((queries * candidates).sum(-1) - m2.float())
-    modulated = torch.where(torch.eye(n, dtype=torch.bool), positive[:, None].expand_as(logits), logits)
+    modulated = torch.where(torch.eye(*logits.shape, dtype=torch.bool), positive[:, None].expand_as(logits), logits)
     return F.cross_entropy(modulated, labels), m1.detach(), m2.detach()
+
+
+def _value_and_grads(loss_fn, x, y, **inputs):
+    """The loss of one step and its gradients with respect to x, y and the logit scale."""
+    x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+    scale = torch.tensor(SCALE, requires_grad=True)
+    value = loss_fn(x, y, scale, **inputs)
+    value.backward()
+    return value.detach(), x.grad, y.grad, scale.grad
+
+
+def _closed_form_reference(x, y, previous, extra=(None, None)):
+    """`_value_and_grads` of the dense closed-form loss, and each direction's (m1, m2). `previous`: each
+    direction's previous margins; `extra`: the features of extra negative columns for i2t (texts) and t2i
+    (images)."""
+    x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+    scale = torch.tensor(SCALE, requires_grad=True)
+    losses, margins = [], {}
+    for (direction, queries, candidates), columns in zip((("i2t", x, y), ("t2i", y, x)), extra):
+        loss, *margins[direction] = _closed_form_direction(queries, candidates, scale, previous[direction], columns)
+        losses.append(loss)
+    reference = (losses[0] + losses[1]) / 2
+    reference.backward()
+    return (reference.detach(), x.grad, y.grad, scale.grad), margins
+
+
+def _assert_matches(ours, reference, stats, margins):
+    """The loss's value and gradients are the reference's, and so are the margins of both (modulated) directions."""
+    for direction, (m1, _) in margins.items():
+        assert stats[f"{direction}/modulated"] == 1, f"{direction} fell back"
+        assert float(stats[f"{direction}/m1"]) == pytest.approx(float(m1), rel=1e-6)
+    torch.testing.assert_close(ours[0], reference[0], rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(ours[1:], reference[1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("anchor_prob", ["vanilla", "progressive"])
@@ -50,33 +85,40 @@ def test_closed_form_margins_train_with_the_gradient_of_the_closed_forms(anchor_
     loss_fn = create_loss("adacl", preset="algorithm1", anchor_prob=anchor_prob, margin_grad="closed_form", eps=EPS)
     detached_fn = create_loss("adacl", preset="algorithm1", anchor_prob=anchor_prob, eps=EPS)
     previous = {"i2t": (None, None), "t2i": (None, None)}
-    for step, seed in enumerate((21, 22)):
+    for seed in (21, 22):
         x, y = _features(24, 16, seed)
-        x_ours, y_ours = x.clone().requires_grad_(), y.clone().requires_grad_()
-        scale_ours = torch.tensor(SCALE, requires_grad=True)
-        value = loss_fn(x_ours, y_ours, scale_ours)
-        value.backward()
-        stats = {name: float(v) for name, v in loss_fn.stats.items()}
+        ours = _value_and_grads(loss_fn, x, y)
+        stats = dict(loss_fn.stats)
         loss_fn.commit()
         # Same forward as the detached reading, bit for bit: only the gradient differs.
-        assert torch.equal(value.detach(), detached_fn(x, y, torch.tensor(SCALE)))
+        assert torch.equal(ours[0], detached_fn(x, y, torch.tensor(SCALE)))
         detached_fn.commit()
+        reference, margins = _closed_form_reference(x, y, previous)
+        _assert_matches(ours, reference, stats, margins)
+        if anchor_prob == "progressive":
+            previous = margins
 
-        x_ref, y_ref = x.clone().requires_grad_(), y.clone().requires_grad_()
-        scale_ref = torch.tensor(SCALE, requires_grad=True)
-        losses = []
-        for direction, (queries, candidates) in (("i2t", (x_ref, y_ref)), ("t2i", (y_ref, x_ref))):
-            loss, m1, m2 = _closed_form_direction(queries, candidates, scale_ref, previous[direction])
-            assert stats[f"{direction}/modulated"] == 1, f"step {step} {direction} fell back"
-            assert stats[f"{direction}/m1"] == pytest.approx(float(m1), rel=1e-6)
-            if anchor_prob == "progressive":
-                previous[direction] = (m1, m2)
-            losses.append(loss)
-        reference = (losses[0] + losses[1]) / 2
-        reference.backward()
-        torch.testing.assert_close(value.detach(), reference.detach(), rtol=1e-5, atol=1e-6)
-        for ours, ref in ((x_ours.grad, x_ref.grad), (y_ours.grad, y_ref.grad), (scale_ours.grad, scale_ref.grad)):
-            torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+
+def test_memory_bank_entries_enter_the_selection_and_the_denominator_as_extra_columns():
+    """Step 3 of a run with the memory bank (docs/method.md §6; 64 samples, 30 entries): the batch of samples
+    40..63 gets as extra negative columns the 30 most recently written entries of other samples: not its own
+    samples 40..47, written last, but samples 24..39 of step 2 and 10..23 of step 1, each holding its features (a
+    first write stores them). Both readings of the margins, against the dense re-computation with those columns."""
+    options = dict(preset="algorithm1", eps=EPS, bank_size=30, data_size=64)
+    loss_fn = create_loss("adacl", margin_grad="closed_form", **options)
+    detached_fn = create_loss("adacl", **options)
+    (x1, y1), (x2, y2), (x3, y3) = (_features(24, 16, seed) for seed in (31, 32, 33))
+    for fn in (loss_fn, detached_fn):
+        for x, y, index in ((x1, y1, torch.arange(24)), (x2, y2, torch.arange(24, 48))):
+            fn(x, y, torch.tensor(SCALE), sample_index=index)
+            fn.commit()
+    index = torch.arange(40, 64)
+    ours = _value_and_grads(loss_fn, x3, y3, sample_index=index)
+    assert torch.equal(ours[0], detached_fn(x3, y3, torch.tensor(SCALE), sample_index=index))
+    bank_text, bank_image = torch.cat([y2[:16], y1[10:]]), torch.cat([x2[:16], x1[10:]])
+    reference, margins = _closed_form_reference(x3, y3, {"i2t": (None, None), "t2i": (None, None)},
+                                                (bank_text, bank_image))
+    _assert_matches(ours, reference, loss_fn.stats, margins)
 
 
 def _common_mode_force(loss_fn, x, y):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import open_clip_adacl
 from open_clip_adacl import LossOptions, create_loss, list_losses, option
-from open_clip_adacl.losses import ContrastiveLoss, registry
+from open_clip_adacl.losses import ContrastiveLoss, SampleStateOptions, registry
 
 
 def _features(n=8, d=16, seed=0, dtype=torch.float32):
@@ -121,13 +121,16 @@ def test_duplicate_registration_is_refused():
 
 @pytest.mark.parametrize("name", list_losses())
 def test_declared_capabilities_match_the_loss(name):
-    """keeps_state <=> checkpointed buffers; needs_sample_index <=> the data_size option; every option
-    has help text and its default passes validation."""
+    """keeps_state <=> checkpointed buffers; the data_size option <=> Options derive SampleStateOptions, which
+    needs_sample_index implies (a loss without it keeps per-sample state only under some options, not its
+    defaults: AdaCL's memory bank); every option has help text and its default passes validation."""
     cls = open_clip_adacl.get_loss_class(name)
     loss_fn = create_loss(name, **_default_options(name))
     assert bool(loss_fn.state_dict()) == cls.keeps_state
     specs = cls.Options.specs()
-    assert ("data_size" in {spec.name for spec in specs}) == cls.needs_sample_index
+    per_sample = issubclass(cls.Options, SampleStateOptions)
+    assert ("data_size" in {spec.name for spec in specs}) == per_sample
+    assert (per_sample and loss_fn.options.keeps_sample_state) == cls.needs_sample_index
     assert all(spec.help for spec in specs)
     assert cls.softmax_style == isinstance(loss_fn, ContrastiveLoss)
 
