@@ -84,7 +84,9 @@ def caption_likeness(scenes: Sequence[tuple[int, str | None, Scene]]) -> dict[st
     shared_in_family: ... another image of its own family (a duplicate inside one training batch);
     family_duplicate_pairs: `family_duplicate_rate`, the fraction of within-family pairs that are equal;
     sibling_word_distance: the mean `word_edit_distance` between each sibling's caption and its base's;
-    sibling_within_one_word: the fraction of siblings whose caption is at most one word from the base's.
+    sibling_within_one_word: the fraction of siblings whose caption is at most one word from the base's;
+    sibling_word_distance_<edit>: `sibling_word_distance` over the siblings of one edit type (colour, shape,
+    size, relation): which edits a captioner makes closer than the gold captions and which farther.
     """
     likeness = {}
     for key, captioner in (("txt", caption), (PSEUDO_CAPTION_KEY, pseudo_caption)):
@@ -95,13 +97,18 @@ def caption_likeness(scenes: Sequence[tuple[int, str | None, Scene]]) -> dict[st
         by_family: dict[int, list[str]] = {}
         for family, text in zip(families, texts):
             by_family.setdefault(family, []).append(text)
-        distances = [word_edit_distance(by_family[family][0], text)
-                     for (family, edit, _), text in zip(scenes, texts) if edit is not None]
+        edited = [(edit, word_edit_distance(by_family[family][0], text))
+                  for (family, edit, _), text in zip(scenes, texts) if edit is not None]
+        distances = [distance for _, distance in edited]
+        by_edit: dict[str, list[int]] = {}
+        for edit, distance in edited:
+            by_edit.setdefault(edit, []).append(distance)
         likeness[key] = {
             "shared_in_split": float(np.mean([in_split[text] > 1 for text in texts])),
             "shared_in_family": float(np.mean([in_family[pair] > 1 for pair in zip(families, texts)])),
             "family_duplicate_pairs": family_duplicate_rate(by_family.values()),
             "sibling_word_distance": float(np.mean(distances)) if distances else 0.0,
             "sibling_within_one_word": float(np.mean([d <= 1 for d in distances])) if distances else 0.0,
+            **{f"sibling_word_distance_{edit}": float(np.mean(values)) for edit, values in sorted(by_edit.items())},
         }
     return likeness

@@ -240,9 +240,17 @@ def test_train_shards_hold_families_with_gold_and_pseudo_captions(demo_shards):
         assert likeness[key]["shared_in_family"] == pytest.approx(in_family)
         distances = [word_edit_distance(family[0], text) for family in texts for text in family[1:]]
         assert likeness[key]["sibling_word_distance"] == pytest.approx(np.mean(distances))
+        for edit in {m["family_edit"] for members in families.values() for m in members} - {None}:
+            per_edit = [word_edit_distance(members[0][field], m[field]) for members in families.values()
+                        for m in members if m["family_edit"] == edit]
+            assert likeness[key][f"sibling_word_distance_{edit}"] == pytest.approx(np.mean(per_edit))
     # The pseudo-caption regime's premise, measured: many exact duplicates, and siblings closer than in gold.
     assert likeness["txt"]["shared_in_family"] == 0.0 < 0.3 <= likeness["txt_pseudo"]["shared_in_family"]
     assert likeness["txt_pseudo"]["sibling_word_distance"] < likeness["txt"]["sibling_word_distance"]
+    # ... but closer only through the edits it cannot name: size siblings share a caption, while colour
+    # siblings' captions are no closer than gold (docs/data.md).
+    assert likeness["txt_pseudo"]["sibling_word_distance_size"] == 0.0
+    assert likeness["txt_pseudo"]["sibling_word_distance_color"] >= likeness["txt"]["sibling_word_distance_color"]
 
 
 def test_family_size_is_an_option(tmp_path):
