@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from open_clip_adacl import adacl, create_loss
 from open_clip_adacl.losses.adacl import AdaCLLoss
 from training.params import ConfigError, parse_args
+from helpers.selection_cases import algorithm_1_anchor_row
 
 SCALE = 14.3
 EPS = 1e-3
@@ -26,16 +27,10 @@ def _algorithm_1_direction(queries, candidates, scale, previous):
     logits = scale * queries @ candidates.T
     n = logits.shape[0]
     labels = torch.arange(n)
+    row = algorithm_1_anchor_row(logits, STD_FLOOR * scale.detach())
     with torch.no_grad():
         detached = logits.detach()
         negatives = adacl.negative_mask(n, n, labels)
-        most, least = adacl.reference_rows(adacl.salient_scores(detached, labels, "max"))
-        floor = STD_FLOOR * scale.detach()
-        mu_n, sigma_n = adacl.gaussian_fit(detached[most], negatives[most], floor)   # S_sln: not clone
-        mu_c, sigma_c = adacl.gaussian_fit(detached[least], negatives[least], floor)  # S_cln: clone
-        candidates_mask = adacl.clone_candidate_mask(detached, labels, mu_c, sigma_c, mu_n, sigma_n, 1.0, "gda")
-        assert candidates_mask.any()
-        _, row, _ = adacl.anchor_statistic(adacl.positive_gaps(detached, labels), candidates_mask, "median")
         anchor = (queries[row] * candidates[row]).sum().detach()
         log_z_u = torch.logsumexp(detached[row][negatives[row]].double(), 0)
         p_u_log_odds = adacl.anchor_log_odds(anchor, log_z_u, scale.detach(), *previous)

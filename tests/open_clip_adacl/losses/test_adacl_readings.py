@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from open_clip_adacl import adacl, create_loss
+from helpers.selection_cases import algorithm_1_anchor_row
 
 SCALE = 14.3
 EPS = 1e-3
@@ -28,15 +29,7 @@ def _closed_form_direction(queries, candidates, scale, previous, extra=None):
     n = logits.shape[0]
     labels = torch.arange(n)
     negatives = adacl.negative_mask(n, columns.shape[0], labels)
-    with torch.no_grad():
-        detached = logits.detach()
-        most, least = adacl.reference_rows(adacl.salient_scores(detached, labels, "max"))
-        floor = STD_FLOOR * scale.detach()
-        mu_n, sigma_n = adacl.gaussian_fit(detached[most], negatives[most], floor)
-        mu_c, sigma_c = adacl.gaussian_fit(detached[least], negatives[least], floor)
-        candidates_mask = adacl.clone_candidate_mask(detached, labels, mu_c, sigma_c, mu_n, sigma_n, 1.0, "gda")
-        assert candidates_mask.any()
-        _, row, _ = adacl.anchor_statistic(adacl.positive_gaps(detached, labels), candidates_mask, "median")
+    row = algorithm_1_anchor_row(logits, STD_FLOOR * scale.detach())
     anchor = (queries[row] * candidates[row]).sum().double()
     log_z_u = torch.logsumexp(logits[row][negatives[row]].double(), 0)
     log_odds = adacl.anchor_log_odds(anchor, log_z_u, scale.double(), *previous)
