@@ -31,7 +31,8 @@ from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequ
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
-from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
+from .data import (SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, check_data_fields,
+                   data_error_reason)
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
@@ -519,8 +520,8 @@ def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, 
 
 
 def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
-    """Before any work, on every rank (so that all of them stop together): the shards exist and open and
-    the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
+    """Before any work, on every rank (so that all of them stop together): the shards exist and open, their
+    first samples have the caption and image fields, the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
     ImageNet folder; returns the plan, with a warning when warmup never ends."""
     try:
         data = build_train_data(replace(cfg.data, world_size=world_size), preprocess=None, tokenizer=None, epoch=0)
@@ -530,6 +531,10 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         build_val_data(cfg.data, preprocess=None, tokenizer=None)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         raise ConfigError(f"validation data: {error}") from error
+    try:
+        check_data_fields(cfg.data)
+    except ValueError as error:  # a DataError (no readable sample) is the run's to report, as for the loaders
+        raise ConfigError(str(error)) from error
     accum_freq = cfg.train.accum_freq
     steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:

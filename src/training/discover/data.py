@@ -27,13 +27,10 @@ from open_clip_train.data import SharedEpoch, expand_urls
 from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
-from ..data import (DataConfig, DataError, IMAGE_EXTENSIONS, CsvStream, ShardStream, SkipCounter, read_csv_rows,
+from ..data import (DataConfig, CsvStream, ShardStream, SkipCounter, read_csv_rows,
                     read_shard, resolve_dataset_type)
-from ..data.samples import Candidate, describe_counts
+from ..data.samples import Candidate
 from ..data.shards import check_shards, declared_dataset_size
-
-# Samples read to check that the caption field exists before any work.
-CAPTION_PROBE_SAMPLES = 64
 
 
 @dataclass(frozen=True)
@@ -200,25 +197,6 @@ def shard_urls(data: str) -> List[str]:
     urls, _ = expand_urls(data)
     check_shards(urls, "--data")
     return urls
-
-
-def check_caption_key(urls: Iterable[str], caption_key: str) -> None:
-    """A ValueError naming the fields the data has when none of its first samples has `caption_key`."""
-    counter = SkipCounter()
-    samples = itertools.islice(itertools.chain.from_iterable(read_shard(url, counter) for url in urls),
-                               CAPTION_PROBE_SAMPLES)
-    fields = set()
-    for sample in samples:
-        if caption_key in sample:
-            return
-        fields.update(name for name in sample if not name.startswith("__"))
-    if not fields:
-        raise DataError(f"--data holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
-                        "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
-    text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
-    raise ValueError(f"none of the first {CAPTION_PROBE_SAMPLES} samples has a caption field {caption_key!r}; "
-                     f"their fields are {sorted(fields)}: pass --caption-key with one of "
-                     f"{text_fields or sorted(fields)}")
 
 
 def thumbnail_png(image_bytes: bytes, size: int) -> bytes:

@@ -215,8 +215,8 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
                              "--caption-key", "caption", "--output", str(tmp_path / "out"), "--device", "cpu"],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: none of the first 64 samples has a "
-                                                                       "caption field 'caption'")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --caption-key caption: none of the first "
+                                                                       "64 samples of --data has a field 'caption'")
     assert "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']" in result.stderr
 
 
