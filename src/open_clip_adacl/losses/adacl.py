@@ -144,7 +144,7 @@ class AdaCLLoss(ContrastiveLoss):
             _check(self.std_floor >= 0, f"std_floor must be >= 0, got {self.std_floor}")
 
     keeps_state = True
-    console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
+    console_stats = ("m2", "anchor", "candidates", "fallbacks")  # fallbacks: cumulative
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
