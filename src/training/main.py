@@ -37,6 +37,7 @@ from .distributed import (DistributedEnv, DistributedStartError, any_rank, barri
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, drop_records_after, setup_logging
 from .flags import ConfigError
+from .margins import write_margins_plot
 from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open_clip_model_config, preprocess_config
 from .optimizer import build_optimizer
 from .precision import build_precision
@@ -184,6 +185,8 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
                        paths, env)
+        if env.is_master and cfg.loss.name == "adacl" and metrics.enabled:
+            write_margins_plot(paths.run_dir)
         saved = checkpointer.save_epoch() if checkpointer is not None else True
         if not saved and position.epoch == cfg.epochs:
             raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
