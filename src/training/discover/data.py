@@ -42,6 +42,7 @@ class SampleInfo:
     caption: str
     family: Optional[int] = None  # the json's ground-truth family (the demo data's), if any
     family_edit: Optional[str] = None
+    facts: Optional[Tuple[str, ...]] = None  # the json's "facts": what the caption says, each fact stated one way
 
 
 @dataclass
@@ -134,8 +135,8 @@ class ShardBatches(_GlobalBatches, ShardStream):
         candidate = self._check(raw, 0, counter, self.caption_keys, shard_run=(0, 0))
         if candidate is None:
             return None
-        family, family_edit = _family(raw.get("json"))
-        return _Checked(candidate, SampleInfo(raw["__key__"], raw["__url__"], candidate.text, family, family_edit))
+        return _Checked(candidate, SampleInfo(raw["__key__"], raw["__url__"], candidate.text,
+                                              *_ground_truth(raw.get("json"))))
 
 
 class CsvBatches(_GlobalBatches, CsvStream):
@@ -157,13 +158,18 @@ class CsvBatches(_GlobalBatches, CsvStream):
         return _Checked(candidate, SampleInfo(self.rows[raw].image_path, self.path, candidate.text))
 
 
-def _family(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str]]:
-    """The ground-truth family fields of a sample's json (written by synthetic_scenes), if present.
-    The trainer's checks have already parsed the json, so it is valid here."""
+def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str], Optional[Tuple[str, ...]]]:
+    """The ground truth a sample's json may carry (synthetic_scenes writes it): its family and the edit from the
+    family's base, and its caption's facts (equal facts: the captions say the same thing). The trainer's
+    checks have already parsed the json, so it is valid here."""
     meta = json.loads(meta_bytes) if meta_bytes else None
-    if not isinstance(meta, dict) or not isinstance(meta.get("family"), int):
-        return None, None
-    return meta["family"], meta.get("family_edit")
+    if not isinstance(meta, dict):
+        return None, None, None
+    facts = meta.get("facts")
+    facts = tuple(facts) if isinstance(facts, list) and all(isinstance(fact, str) for fact in facts) else None
+    if not isinstance(meta.get("family"), int):
+        return None, None, facts
+    return meta["family"], meta.get("family_edit"), facts
 
 
 # ---------------------------------------------------------------------------------------------
