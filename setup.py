@@ -42,7 +42,7 @@ setup(
     # its subpackages), so nothing generic lands in site-packages (README.md, "Layout").
     package_dir={"": "src"},
     packages=find_packages("src"),
-    package_data={"open_clip_adacl": ["model_configs/*.json"]},
+    package_data={"open_clip_adacl": ["model_configs/*.json"], "training.discover": ["page.html"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -37,4 +37,6 @@ python -m training.main \
 CHECKPOINT=$(ls -t "$DEMO/logs/$RUN_NAME/checkpoints"/epoch_*.pt | head -1)
 echo "== evaluating $CHECKPOINT (exported to plain OpenCLIP format, stock clip-benchmark CLI)"
 python -m training.evaluation --checkpoint "$CHECKPOINT" --demo-root "$DATA" --output-dir "$DEMO/eval/$RUN_NAME"
-python scripts/plot_margins.py "$DEMO/logs/$RUN_NAME"
+if [ -f "$DEMO/logs/$RUN_NAME/margins.png" ]; then  # AdaCL runs: the trainer redraws it at each epoch end
+    echo "== AdaCL's margins over training: $DEMO/logs/$RUN_NAME/margins.png"
+fi

@@ -1,10 +1,14 @@
 """What `pip install .` puts into site-packages: only the project's own top-level names, so that
-installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`."""
+installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`; and
+`pip install -r requirements.txt` keeps the torch that stack has."""
+import json
+import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,5 +31,49 @@ def test_the_wheel_installs_only_open_clip_adacl_and_training(tmp_path):
     assert declared == shipped == {"open_clip_adacl", "training"}
     # The model configs travel with the library, and the tools with the trainer.
     assert "open_clip_adacl/model_configs/adacl-tiny.json" in names
+    assert "training/discover/page.html" in names  # the discovery page's template
     for tool in ("evaluation", "synthetic_scenes", "loss_comparison", "discover"):
         assert f"training/{tool}/__main__.py" in names
+
+
+def installed_metadata(site: Path, name: str, version: str, requires=()) -> None:
+    """A distribution's metadata as pip sees an installed one (name-version.dist-info/METADATA)."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (info / "RECORD").write_text("")
+
+
+def resolve_offline(requirements: Sequence[str], shadowing_site: Path, source: Path) -> subprocess.CompletedProcess:
+    """pip's resolver, dry run and offline, for `pip install REQUIREMENTS` from `source` into this environment
+    with `shadowing_site`'s distributions installed ahead of its own (as another stack's torch would be)."""
+    env = {**os.environ, "PYTHONPATH": str(shadowing_site), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
+                           "--report", str(source / "report.json"), *requirements],
+                          cwd=source, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
+    # The environment holds another torch and its torchvision than constraints.txt pins (a cluster's stack).
+    other_stack = tmp_path / "site"
+    installed_metadata(other_stack, "torch", "2.5.1")
+    installed_metadata(other_stack, "torchvision", "0.20.1", ["torch==2.5.1"])
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("setup.py", "requirements.txt", "constraints.txt"):
+        shutil.copy(ROOT / name, source / name)
+
+    result = resolve_offline(["-r", "requirements.txt"], other_stack, source)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((source / "report.json").read_text())
+    assert [item["metadata"]["name"] for item in report["install"]] == ["open_clip_adacl"]
+
+    # The tested pins, by contrast, would replace that torch: with constraints.txt the resolution fails offline
+    # (pip would have to fetch torch 2.14.1), and it succeeds once the torch and torchvision pins are dropped.
+    pinned = resolve_offline(["-r", "requirements.txt", "-c", "constraints.txt"], other_stack, source)
+    assert pinned.returncode != 0 and "ResolutionImpossible" in pinned.stderr, pinned.stderr[-2000:]
+    pins = (source / "constraints.txt").read_text().splitlines()
+    (source / "other.txt").write_text("\n".join(line for line in pins if not line.startswith("torch")) + "\n")
+    assert resolve_offline(["-r", "requirements.txt", "-c", "other.txt"], other_stack, source).returncode == 0

@@ -40,10 +40,11 @@ import random
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Mapping, Optional
+from typing import IO, Any, ClassVar, Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -210,22 +211,18 @@ def current_umask() -> int:
     return mask
 
 
-def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
-    """torch.save to a temp file in the target's directory, fsync, then rename over the target.
-
-    The file gets the mode a plain open() would give (0644 under umask 022), not mkstemp's 0600, so
-    that teammates can read checkpoints on shared storage.
-    """
+@contextmanager
+def atomic_file(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """A temporary file in `path`'s folder for the block to write, fsynced and renamed over `path` when the
+    block ends (removed if it fails), so a reader sees the old file or the whole new one. It gets the mode a
+    plain open() would give (0644 under umask 022), not mkstemp's 0600, so that teammates can read it on
+    shared storage."""
     path = Path(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as f:
-            recording = ErrorRecordingFile(f)
-            try:
-                torch.save(payload, recording)
-            except RuntimeError as error:  # torch reports a failed write as "unexpected pos": raise its cause
-                raise (recording.error or error) from None
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -233,7 +230,17 @@ def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
         if os.path.exists(tmp_name):
             os.remove(tmp_name)
         raise
-    # Make the rename itself durable.
+
+
+def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
+    """torch.save to `atomic_file(path)`, then make the rename itself durable."""
+    path = Path(path)
+    with atomic_file(path) as f:
+        recording = ErrorRecordingFile(f)
+        try:
+            torch.save(payload, recording)
+        except RuntimeError as error:  # torch reports a failed write as "unexpected pos": raise its cause
+            raise (recording.error or error) from None
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

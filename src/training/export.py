@@ -16,28 +16,35 @@ returning. `--hf-dir` writes the same files plus what a hub model repository hol
 model card (open_clip's `generate_readme`) with the training command, the checkpoint's progress and
 the run's validation results, and the tokenizer's files for Hugging Face tokenizers (open_clip's
 default tokenizer is fully described by the config's text_cfg, which is why open_clip's own
-`save_for_hf`, calling `tokenizer.save_pretrained`, fails for it).
+`save_for_hf`, calling `tokenizer.save_pretrained`, fails for it). The card's license is `--license`
+(the training data's terms decide it); local paths in the training command are cut to their last
+component (`.../{00000..00099}.tar`), URLs and `pipe:` commands kept; `--eval-dir` adds the
+clip-benchmark table that `python -m training.evaluation --output-dir` wrote there (results.csv).
+
+Files are written atomically with the umask's mode, as checkpoints are.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import open_clip
 import torch
 from open_clip.push_to_hf_hub import generate_readme
-from safetensors.torch import save_file
+from safetensors.torch import save
 
-from .checkpoint import load_checkpoint
+from .checkpoint import atomic_file, load_checkpoint
 from .params import command_line
 from .run_records import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
 README_NAME = "README.md"
+EVAL_TABLE_NAME = "results.csv"  # python -m training.evaluation's table: dataset, task, metric, value
 
 
 def _configs(checkpoint: Dict[str, Any], model_name: Optional[str]) -> Dict[str, Any]:
@@ -61,8 +68,10 @@ def export(checkpoint_path: str | Path, output_dir: str | Path, *, model_name: O
 
 
 def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: str,
-                   model_name: Optional[str] = None) -> Path:
+                   model_name: Optional[str] = None, license: str = "other",
+                   eval_dir: Optional[str | Path] = None) -> Path:
     """`export` plus the model card (README.md) and tokenizer files of a hub model repository; returns DIR."""
+    evaluation = read_eval_table(Path(eval_dir)) if eval_dir is not None else []  # before writing anything
     checkpoint = load_checkpoint(checkpoint_path)
     hf_dir = _export_loaded(checkpoint, hf_dir, model_name)
     tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
@@ -70,14 +79,50 @@ def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: 
         tokenizer.save_pretrained(str(hf_dir))
     results_file = Path(checkpoint_path).parent / RESULTS_NAME
     results = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.is_file() else []
-    card = model_card(checkpoint, results, repo_id)
-    (hf_dir / README_NAME).write_text(generate_readme(card, repo_id.split("/")[-1]))
+    card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
+    _write_text(hf_dir / README_NAME, generate_readme(card, repo_id.split("/")[-1]))
     return hf_dir
 
 
-def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str) -> Dict[str, Any]:
-    """open_clip's model-card dict: what was trained how (the exact command), and its validation results."""
-    args = checkpoint.get("args", {})
+def read_eval_table(eval_dir: Path) -> List[Dict[str, str]]:
+    """The rows of EVAL_DIR/results.csv (dataset, task, metric, value), as training.evaluation wrote them."""
+    table = eval_dir / EVAL_TABLE_NAME
+    if not table.is_file():
+        raise FileNotFoundError(f"--eval-dir {eval_dir}: no {EVAL_TABLE_NAME} there (write it with python -m "
+                                f"training.evaluation --output-dir {eval_dir})")
+    with table.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def public_value(value: Any) -> Any:
+    """`value` with every local path (of a "::"-joined list too) cut to `.../<last component>`; URLs, `pipe:`
+    commands, hub names and plain values are kept."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(public_value(item) for item in value)
+    if not isinstance(value, str) or "/" not in value:
+        return value
+    return "::".join(part if "://" in part or part.startswith(("pipe:", "hf-hub:")) or not _looks_local(part)
+                     else f".../{Path(part).name}" for part in value.split("::"))
+
+
+def _looks_local(text: str) -> bool:
+    """A path on this machine: absolute, home- or dot-relative, or one that exists."""
+    return text.startswith(("/", "~", "./", "../")) or Path(text).exists()
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; floats to 4 decimals."""
+    cells = [[f"{cell:.4f}" if isinstance(cell, float) else str(cell) for cell in row] for row in rows]
+    lines = ["| " + " | ".join(line) + " |" for line in (header, *cells)]
+    lines.insert(1, "|" + "---|" * len(header))
+    return "\n".join(lines) + "\n"
+
+
+def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str, *, license: str = "other",
+               evaluation: Sequence[Dict[str, str]] = ()) -> Dict[str, Any]:
+    """open_clip's model-card dict: what was trained how (the exact command, local paths cut), its validation
+    results and, when given, the clip-benchmark table of `evaluation` rows."""
+    args = {name: public_value(value) for name, value in checkpoint.get("args", {}).items()}
     details = {
         "Architecture": args.get("model", "see open_clip_config.json"),
         "Loss": args.get("loss", "unknown"),
@@ -91,20 +136,31 @@ def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str) -> Dict[
     # The last record of the checkpoint's own epoch: a later one belongs to training it does not hold.
     own = [record for record in results if record.get("epoch") == checkpoint.get("epoch")]
     if own:
-        rows = "".join(f"| {name} | {value:.4f} |\n" for name, value in own[-1].items() if name != "epoch")
-        comparison = (f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n"
-                      f"| metric | value |\n|---|---|\n{rows}")
+        comparison = (f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n" +
+                      markdown_table(["metric", "value"], [(name, value) for name, value in own[-1].items()
+                                                           if name != "epoch"]))
     else:
         comparison = (f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this "
                       "checkpoint's.")
+    if evaluation:
+        comparison += ("\nZero-shot evaluation with clip-benchmark (python -m training.evaluation):\n\n" +
+                       markdown_table(["dataset", "task", "metric", "value"],
+                                      [(row["dataset"], row["task"], row["metric"], float(row["value"]))
+                                       for row in evaluation]))
     return {
         "description": "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable "
                        "contrastive losses), exported from its checkpoint.",
         "details": details,
         "usage": usage,
         "comparison": comparison,
+        "license": license,
         "tags": ("clip", "open_clip", "open_clip_adacl"),
     }
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def _export_loaded(checkpoint: Dict[str, Any], output_dir: str | Path, model_name: Optional[str]) -> Path:
@@ -114,8 +170,9 @@ def _export_loaded(checkpoint: Dict[str, Any], output_dir: str | Path, model_nam
                   for k, v in state_dict.items()}
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state_dict, str(output_dir / WEIGHTS_NAME))
+    _write_text(output_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+    with atomic_file(output_dir / WEIGHTS_NAME) as f:  # safetensors' save_file would leave it 0600
+        f.write(save(state_dict))
     verify_export(output_dir, state_dict)
     return output_dir
 
@@ -138,11 +195,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
                                          "and tokenizer files; upload it with hf upload ORG/NAME FOLDER")
     parser.add_argument("--repo-id", default="ORG/NAME",
                         help="with --hf-dir: the hub repository the model card's usage example names")
+    parser.add_argument("--license", default="other",
+                        help="with --hf-dir: the model card's license id (mit, apache-2.0, cc-by-4.0, ...; the training "
+                             "data's terms decide it) (default: other)")
+    parser.add_argument("--eval-dir", default=None,
+                        help="with --hf-dir: a python -m training.evaluation --output-dir folder; its clip-benchmark "
+                             "table goes into the model card")
     parser.add_argument("--model", default=None,
                         help="model config name, only for checkpoints not written by training.main")
     args = parser.parse_args(argv)
+    if not args.hf_dir and (args.eval_dir or args.license != "other"):
+        parser.error("--license and --eval-dir go into the model card: use them with --hf-dir")
     if args.hf_dir:
-        output = export_for_hub(args.checkpoint, args.hf_dir, repo_id=args.repo_id, model_name=args.model)
+        output = export_for_hub(args.checkpoint, args.hf_dir, repo_id=args.repo_id, model_name=args.model,
+                                license=args.license, eval_dir=args.eval_dir)
         print(f"exported {args.checkpoint} to {output} for the hub (upload: hf upload "
               f"{args.repo_id} {output}; load locally with open_clip: 'local-dir:{output}')")
         return output

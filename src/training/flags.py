@@ -77,8 +77,7 @@ class Flag:
 
     def add_to(self, group: argparse._ArgumentGroup) -> None:
         d = self.declaration
-        kwargs: Dict[str, Any] = {"dest": self.dest, "default": d.default,
-                                  "help": d.help() if callable(d.help) else d.help}
+        kwargs: Dict[str, Any] = {"dest": self.dest, "default": d.default, "help": self.help_text()}
         if d.action is not None:
             kwargs["action"] = d.action
         if d.type is not None:
@@ -90,6 +89,17 @@ class Flag:
         if d.metavar is not None:
             kwargs["metavar"] = d.metavar
         group.add_argument(self.flag, **kwargs)
+
+    def help_text(self) -> str:
+        """The help, ending with the default unless it is unset (None), off (a store_true flag) or already said."""
+        d = self.declaration
+        text = d.help() if callable(d.help) else d.help
+        if d.default is None or d.default is False or "default" in text.lower():
+            return text
+        default = ",".join(map(str, d.default)) if isinstance(d.default, (list, tuple)) else str(d.default)
+        if not default.strip() or default != default.strip():  # a tab separator, say: shown quoted
+            default = repr(default)
+        return f"{text} (default: {default.replace('%', '%%')})"
 
     def converted(self, value: Any, convert: Optional[Callable[[Any], Any]]) -> Any:
         """`convert(value)`; a ValueError it raises becomes a ConfigError naming this flag and the value."""

@@ -37,11 +37,13 @@ from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequ
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
-from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
+from .data import (FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data,
+                   check_data_fields, data_error_reason)
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, setup_logging
 from .flags import ConfigError
+from .margins import write_margins_plot
 from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open_clip_model_config, preprocess_config
 from .optimizer import build_optimizer
 from .precision import build_precision
@@ -199,6 +201,8 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
                        paths, env, files)
+        if env.is_master and cfg.loss.name == "adacl" and metrics.enabled:
+            write_margins_plot(paths.run_dir)
         saved = checkpointer.save_epoch() if checkpointer is not None else True
         if not saved and position.epoch == cfg.epochs:
             raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
@@ -559,8 +563,8 @@ def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, 
 
 
 def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
-    """Before any work, on every rank (so that all of them stop together): the shards exist and open and
-    the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
+    """Before any work, on every rank (so that all of them stop together): the shards exist and open, their
+    first samples have the caption and image fields, the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
     ImageNet folder; returns the plan, with a warning when warmup never ends."""
     try:
         data = build_train_data(replace(cfg.data, world_size=world_size), preprocess=None, tokenizer=None, epoch=0)
@@ -570,6 +574,10 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         build_val_data(cfg.data, preprocess=None, tokenizer=None)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         raise ConfigError(f"validation data: {error}") from error
+    try:
+        check_data_fields(cfg.data)
+    except ValueError as error:  # a DataError (no readable sample) is the run's to report, as for the loaders
+        raise ConfigError(str(error)) from error
     accum_freq = cfg.train.accum_freq
     steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:

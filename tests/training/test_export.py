@@ -88,6 +88,18 @@ def test_epoch_checkpoint_loads_through_open_clip_pretrained_path(tmp_path):
         assert torch.equal(ours, theirs), name
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_export_files_get_the_umask_mode(tmp_path, umask, mode):
+    checkpoint, _, _ = _write_checkpoint(tmp_path, [])
+    previous = os.umask(umask)
+    try:
+        export_dir = export(checkpoint, tmp_path / "export")
+    finally:
+        os.umask(previous)
+    assert {path.name: path.stat().st_mode & 0o777 for path in export_dir.iterdir()} == \
+        {CONFIG_NAME: mode, WEIGHTS_NAME: mode}
+
+
 def test_export_cli_reports_a_checkpoint_without_config(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "bare.pt")
     result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "bare.pt"),

@@ -12,6 +12,7 @@ from training.checkpoint import load_checkpoint
 from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
 from training.export import main as export_main
 from training.main import main
+from training.evaluation.zero_shot import write_table
 from training.params import command_line
 
 
@@ -46,15 +47,39 @@ def test_hub_folder_loads_through_open_clip_local_dir(pretrained):
     assert preprocess.transforms[0].size == 32
 
 
-def test_model_card_has_the_training_command_and_results(pretrained):
+def test_model_card_has_the_training_command_and_results(pretrained, demo_shards):
     checkpoint, hub = pretrained
     card = (hub / README_NAME).read_text()
     assert card.startswith("---\ntags:\n- clip\n") and "library_name: open_clip" in card
-    assert f"`{command_line(load_checkpoint(checkpoint)['args'])}`" in card
+    assert "license: other\n" in card
+    args = load_checkpoint(checkpoint)["args"]
+    public = {**args, "train_data": ".../shard-{000000..000003}.tar", "val_data": ".../shard-000000.tar",
+              "logs": f".../{Path(args['logs']).name}"}
+    assert f"`{command_line(public)}`" in card
+    assert str(demo_shards) not in card and str(checkpoint.parents[2]) not in card  # no local path
     assert "--model adacl-tiny" in card and "--loss adacl" in card and "1 epochs, 2 steps" in card
     assert "open_clip.create_model_and_transforms('hf-hub:someone/adacl-tiny-demo')" in card
     [results] = [json.loads(line) for line in (checkpoint.parent / "results.jsonl").read_text().splitlines()]
     assert f"| val/clip_val_loss | {results['val/clip_val_loss']:.4f} |" in card
+
+
+def test_model_card_takes_the_license_and_the_evaluation_table(pretrained, tmp_path):
+    checkpoint, _ = pretrained
+    rows = [{"dataset": "wds/scenes_shape", "task": "zeroshot_classification", "metric": "acc1", "value": 0.625},
+            {"dataset": "wds/scenes_retrieval", "task": "zeroshot_retrieval", "metric": "image_retrieval_recall@5",
+             "value": 0.5}]
+    write_table(rows, tmp_path / "eval")  # what python -m training.evaluation --output-dir writes
+    output = export_main(["--checkpoint", str(checkpoint), "--hf-dir", str(tmp_path / "hub"), "--license",
+                          "cc-by-4.0", "--eval-dir", str(tmp_path / "eval")])
+    card = (output / README_NAME).read_text()
+    assert "license: cc-by-4.0\n" in card
+    assert "| dataset | task | metric | value |\n|---|---|---|---|\n" \
+           "| wds/scenes_shape | zeroshot_classification | acc1 | 0.6250 |\n" \
+           "| wds/scenes_retrieval | zeroshot_retrieval | image_retrieval_recall@5 | 0.5000 |\n" in card
+    with pytest.raises(FileNotFoundError, match="--eval-dir .*: no results.csv there"):
+        export_main(["--checkpoint", str(checkpoint), "--hf-dir", str(tmp_path / "hub2"), "--eval-dir",
+                     str(tmp_path)])
+    assert not (tmp_path / "hub2").exists()
 
 
 def test_fine_tune_from_the_export_with_a_locked_image_tower(demo_shards, tmp_path, pretrained):

@@ -51,3 +51,18 @@ def test_the_run_declares_every_flag_once_and_references_resolve():
     assert declared_flags(CONFIGS) == FLAGS  # collected at import, so a violation fails `import training.config`
     assert FLAGS["batch_size"].owner == "DataConfig" and FLAGS["epochs"].owner == "RunConfig"
     assert DataConfig().workers == 1 and FLAGS["workers"].default == 4  # the library default vs OpenCLIP's flag
+
+
+def test_help_shows_each_flags_default_unless_unset_or_said():
+    from training.params import build_parser
+
+    help_text = " ".join(build_parser().format_help().split())  # argparse wraps lines
+    assert "Batch size per GPU. (default: 64)" in help_text
+    assert "--csv-separator CSV_SEPARATOR For csv-like datasets, which separator to use. (default: '\\t')" in help_text
+    assert "--train-group-size" in help_text and "as OpenCLIP. (default: 1)" in help_text
+    # unset (None), a store_true flag, and a help that says its default itself get no suffix
+    assert "Validation shards. --train-num-samples" in help_text
+    assert "Sample shards with replacement. --caption-key" in help_text
+    assert "(default: the first of --caption-key)" in help_text and "--caption-key), e.g." in help_text
+    flags_with_defaults = [f for f in FLAGS.values() if f.default not in (None, False)]
+    assert all("default" in f.help_text().lower() for f in flags_with_defaults)

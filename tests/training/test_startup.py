@@ -81,6 +81,22 @@ def test_a_bad_imagenet_folder_stops_a_run_before_training(demo_shards, tmp_path
     assert not (tmp_path / "bad-imagenet").exists()
 
 
+def test_dry_run_names_a_caption_key_the_samples_lack_and_the_fields_they_have(demo_shards, tmp_path):
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--caption-key", "txt,nope"))
+    assert message == ("--caption-key nope: none of the first 64 samples of --train-data has a field 'nope'; their "
+                       "fields are ['json', 'png', 'txt', 'txt_alt', 'txt_pseudo']: pass --caption-key with one of "
+                       "['txt', 'txt_alt', 'txt_pseudo']")
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--val-data",
+                                       str(demo_shards / "val" / "shard-000000.tar"), "--val-caption-key", "caption"))
+    assert message.startswith("--val-caption-key caption: none of the first 64 samples of --val-data has a field")
+
+
+def test_a_caption_key_the_samples_lack_stops_a_run_before_anything_is_written(demo_shards, tmp_path):
+    with pytest.raises(ConfigError, match="--caption-key nope: none of the first 64 samples"):
+        main(train_argv(demo_shards, tmp_path, "bad-key", "--caption-key", "nope"))
+    assert not (tmp_path / "bad-key").exists()
+
+
 def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp_path, capsys):
     summary = main(train_argv(demo_shards, tmp_path, "taken"))
     assert load_checkpoint(summary.checkpoint)["step"] == 2

@@ -13,7 +13,7 @@ from training.main import main
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
 from training.precision import build_precision
-from training.train import NonFiniteLossError, TrainConfig, train_one_epoch
+from training.train import NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
 
 
 def train_argv(demo_shards, logs, name, *extra):
@@ -53,6 +53,13 @@ def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
     checkpoint = load_checkpoint(summary.checkpoint)
     assert (checkpoint["epoch"], checkpoint["step"]) == (3, 48)
     assert summary.final_loss == pytest.approx(epochs[-1]["loss"])
+
+
+def test_the_console_line_says_the_directions_once_and_only_the_losss_console_stats():
+    stats = {"i2t/m2": 0.0312, "i2t/anchor": 0.41, "i2t/p_u": 0.5, "t2i/m2": 0.0287, "t2i/anchor": 0.39, "t2i/p_u": 0.4}
+    assert console_stats_text(stats, ("m2", "anchor")) == "i2t/t2i m2: 0.0312/0.0287 anchor: 0.41/0.39"
+    assert console_stats_text({"i2t/m2": 1.0, "scale": 2.0}, None) == "i2t/m2: 1 scale: 2"  # directions differ
+    assert console_stats_text({}, None) == ""
 
 
 def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):

@@ -198,7 +198,7 @@ class AdaCLLoss(ContrastiveLoss):
                        "anchor_value='gap' the gap's negative column is not tracked: use anchor_value='positive'")
 
     keeps_state = True
-    console_stats = ("m1", "m2", "anchor", "p_u", "candidates", "modulated")
+    console_stats = ("m2", "anchor", "candidates", "fallbacks")  # fallbacks: cumulative
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)

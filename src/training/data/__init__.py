@@ -10,7 +10,7 @@ and counted instead of stopping the run.
 """
 from . import sources  # registers the built-in data sources
 from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason
-from .loader import LoaderInfo, build_train_data, build_val_data
+from .loader import LoaderInfo, build_train_data, build_val_data, check_data_fields
 from .position import DataPosition
 from .registry import (DataSource, dataset_type_help, get_data_source, register_data_source,
                        registered_dataset_types, resolve_dataset_type)
@@ -21,5 +21,6 @@ from .stream import ShardStream
 
 __all__ = ["FAMILY_FIELD", "IMAGE_EXTENSIONS", "NO_FAMILY", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig",
            "DataError", "DataPosition", "DataSource", "LoaderInfo", "ShardStream", "SkipCounter", "build_train_data",
-           "build_val_data", "data_error_reason", "dataset_type_help", "get_data_source", "read_csv_rows", "read_shard",
+           "build_val_data", "check_data_fields", "data_error_reason", "dataset_type_help", "get_data_source",
+           "read_csv_rows", "read_shard",
            "register_data_source", "registered_dataset_types", "resolve_dataset_type", "sample_index_of"]

@@ -43,6 +43,11 @@ def build_val_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -
     return get_data_source(resolve_dataset_type(cfg.dataset_type, cfg.val_data)).val_data(cfg, preprocess, tokenizer)
 
 
+def check_data_fields(cfg: DataConfig) -> None:
+    """The training (and validation) data's first samples carry the fields the run reads (`DataSource.check_fields`)."""
+    get_data_source(resolve_dataset_type(cfg.dataset_type, cfg.train_data)).check_fields(cfg)
+
+
 def _check_common(cfg: DataConfig) -> None:
     if cfg.batch_size < 1 or cfg.workers < 0 or cfg.world_size < 1 or not 0 <= cfg.rank < cfg.world_size:
         raise ValueError(f"invalid batch_size={cfg.batch_size}, workers={cfg.workers}, "

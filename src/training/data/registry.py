@@ -45,6 +45,10 @@ class DataSource(abc.ABC):
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         """One unshuffled pass over `cfg.val_data`."""
 
+    def check_fields(self, cfg: DataConfig) -> None:
+        """Before any work: the first samples of `cfg.train_data` (and `cfg.val_data`) carry the fields the run
+        reads, else a ValueError naming the flag and the fields present. Nothing to check by default."""
+
 
 def register_data_source(name: str) -> Callable[[Type[DataSource]], Type[DataSource]]:
     def decorator(cls: Type[DataSource]) -> Type[DataSource]:

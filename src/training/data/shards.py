@@ -1,22 +1,25 @@
 """Webdataset tar shards: reading one shard visit into samples, and checking the shards before training."""
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import tarfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from .config import DataError
 from .pipes import open_shard
-from .samples import NO_FAMILY, SkipCounter, stable_hash
+from .samples import NO_FAMILY, SkipCounter, describe_counts, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
 SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
+# Samples read before any work to check that the caption and image fields exist.
+FIELD_PROBE_SAMPLES = 64
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +146,30 @@ def _opens_as_tar(path: str) -> bool:
             return tar.next() is not None
     except Exception:  # any failure means "not readable as a shard"
         return False
+
+
+def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key_flag: str, data_flag: str) -> None:
+    """A ValueError naming the fields the data has when none of its first samples has one of `caption_keys`
+    (read with `key_flag`) or none has an image; a DataError when no sample is readable at all."""
+    counter = SkipCounter()
+    samples = itertools.islice(itertools.chain.from_iterable(read_shard(url, counter) for url in urls),
+                               FIELD_PROBE_SAMPLES)
+    fields: set[str] = set()
+    for sample in samples:
+        fields.update(name for name in sample if not name.startswith("__"))
+        if fields.issuperset(caption_keys) and fields.intersection(IMAGE_EXTENSIONS):
+            return
+    if not fields:
+        raise DataError(f"{data_flag} holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
+                        "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
+    probed = f"none of the first {FIELD_PROBE_SAMPLES} samples of {data_flag}"
+    if not fields.intersection(IMAGE_EXTENSIONS):
+        raise ValueError(f"{probed} has an image field ({', '.join(IMAGE_EXTENSIONS)}); their fields are "
+                         f"{sorted(fields)}: write the images as <key>.jpg|png|webp (img2dataset's layout)")
+    missing = next(key for key in caption_keys if key not in fields)
+    text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
+    raise ValueError(f"{key_flag} {missing}: {probed} has a field {missing!r}; their fields are {sorted(fields)}: "
+                     f"pass {key_flag} with one of {text_fields or sorted(fields)}")
 
 
 def declared_dataset_size(urls: Sequence[str]) -> int | None:

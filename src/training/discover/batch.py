@@ -56,6 +56,8 @@ class DirectionResult:
     flagged_siblings: Optional[int] = None  # with ground-truth families only
     siblings: Optional[int] = None
     kept_siblings: Optional[int] = None     # among the pairs kept for pairs.jsonl
+    flagged_paraphrases: Optional[int] = None  # with families and facts: other family, same facts
+    kept_paraphrases: Optional[int] = None
     pairs: List[dict] = field(default_factory=list)  # rank 0: the kept pairs, as pairs.jsonl lines
 
 
@@ -115,7 +117,7 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
     first = sum(counts[:env.rank])
     positive_col = torch.arange(first, first + rows, device=env.device)
     logit_scale, logit_bias = encoder.scale_and_bias()
-    families = _families(samples, env.device)
+    families, facts = _families(samples, env.device), _fact_ids(samples, env.device)
 
     results = []
     for direction in DIRECTIONS:
@@ -123,8 +125,8 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
         logits = logit_scale * queries @ candidates.T  # the loss's logits (ContrastiveLoss.build_batch)
         if logit_bias is not None:
             logits = logits + logit_bias
-        results.append(_direction(direction, logits, positive_col, logit_scale, logit_bias, families, samples,
-                                  local.index, options, env))
+        results.append(_direction(direction, logits, positive_col, logit_scale, logit_bias, families, facts,
+                                  samples, local.index, options, env))
     return BatchResult(local.index, total, raw_samples, skip_counts, results, samples) if env.is_master else None
 
 
@@ -155,6 +157,15 @@ def _families(samples: List[SampleInfo], device: torch.device) -> Optional[torch
     return torch.tensor([sample.family for sample in samples], device=device)
 
 
+def _fact_ids(samples: List[SampleInfo], device: torch.device) -> Optional[torch.Tensor]:
+    """Each sample's facts as a number (equal numbers: the same facts), or None unless every sample has facts.
+    Every rank numbers the same gathered samples, so the numbers agree across ranks."""
+    if any(sample.facts is None for sample in samples):
+        return None
+    numbers: Dict[tuple, int] = {}
+    return torch.tensor([numbers.setdefault(sample.facts, len(numbers)) for sample in samples], device=device)
+
+
 def _cosine(logits: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor]) -> torch.Tensor:
     return (logits - (0 if logit_bias is None else logit_bias)) / logit_scale
 
@@ -166,8 +177,9 @@ def _histogram(cosines: torch.Tensor) -> torch.Tensor:
 
 
 def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor, logit_scale: torch.Tensor,
-               logit_bias: Optional[torch.Tensor], families: Optional[torch.Tensor], samples: List[SampleInfo],
-               batch_index: int, options: DiscoveryOptions, env: DistributedEnv) -> DirectionResult:
+               logit_bias: Optional[torch.Tensor], families: Optional[torch.Tensor], facts: Optional[torch.Tensor],
+               samples: List[SampleInfo], batch_index: int, options: DiscoveryOptions,
+               env: DistributedEnv) -> DirectionResult:
     scale, bias = logit_scale.double(), None if logit_bias is None else logit_bias.double()
     found = clone_pairs(logits, positive_col, RowGroup(split_across_ranks=env.distributed), salient=options.salient,
                         region=options.candidate_region, prior_ratio=options.prior_ratio,
@@ -185,6 +197,9 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
         histograms["siblings"] = _histogram(cosines[siblings])
         counts.update(flagged_siblings=same_family.sum(), siblings=siblings.sum(),
                       kept_siblings=same_family[kept].sum())
+        if facts is not None:  # another family's caption that says the same thing: a clone, not a false positive
+            paraphrase = ~same_family & (facts[found.row] == facts[found.col])
+            counts.update(flagged_paraphrases=paraphrase.sum(), kept_paraphrases=paraphrase[kept].sum())
     totals = dict(zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()], device=env.device),
                                              env).tolist()))
     histograms = {name: all_reduce_sum(values, env).tolist() for name, values in histograms.items()}
@@ -221,7 +236,7 @@ def _kept(row: torch.Tensor, posterior: torch.Tensor, gap: torch.Tensor, per_row
 
 def _pair_lines(kept: Dict[str, list], direction: str, samples: List[SampleInfo], batch_index: int) -> List[dict]:
     """pairs.jsonl lines; values rounded to 6 decimals (float32 features carry no more); the family
-    fields only for samples that have them."""
+    fields, and `same_facts`, only for samples that have them."""
     lines = []
     for position, (row, col) in enumerate(zip(kept["row"], kept["col"])):
         query, negative = samples[row], samples[col]
@@ -232,5 +247,7 @@ def _pair_lines(kept: Dict[str, list], direction: str, samples: List[SampleInfo]
         if query.family is not None and negative.family is not None:
             line.update(query_family=query.family, query_family_edit=query.family_edit, negative_family=negative.family,
                         negative_family_edit=negative.family_edit, same_family=query.family == negative.family)
+        if query.facts is not None and negative.facts is not None:
+            line["same_facts"] = query.facts == negative.facts
         lines.append(line)
     return lines

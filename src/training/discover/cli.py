@@ -17,12 +17,13 @@ from tqdm import tqdm
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
 from ..data import DataConfig, DataError, resolve_dataset_type
+from ..data.shards import check_sample_fields
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
 from ..precision import PRECISIONS, build_precision
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
-from .data import build_discovery_data, check_caption_key, shard_urls
+from .data import build_discovery_data, shard_urls
 from .model import load_discovery_model, quiet_logging
 from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_name
 
@@ -130,7 +131,7 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     if kind not in ("webdataset", "csv"):
         raise ValueError(f"--dataset-type {kind}: discovery reads real samples: webdataset shards or a csv file")
     if kind == "webdataset":
-        check_caption_key(shard_urls(args.data), args.caption_key)
+        check_sample_fields(shard_urls(args.data), [args.caption_key], key_flag="--caption-key", data_flag="--data")
     with quiet_logging(logging.WARNING):
         loaded = load_discovery_model(args.model, args.pretrained, args.checkpoint, env.device)
     options = discovery_options(args)

@@ -27,13 +27,10 @@ from open_clip_train.data import SharedEpoch, expand_urls
 from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
-from ..data import (DataConfig, DataError, IMAGE_EXTENSIONS, CsvStream, ShardStream, SkipCounter, read_csv_rows,
+from ..data import (DataConfig, CsvStream, ShardStream, SkipCounter, read_csv_rows,
                     read_shard, resolve_dataset_type)
-from ..data.samples import Candidate, describe_counts
+from ..data.samples import Candidate
 from ..data.shards import check_shards, declared_dataset_size
-
-# Samples read to check that the caption field exists before any work.
-CAPTION_PROBE_SAMPLES = 64
 
 
 @dataclass(frozen=True)
@@ -45,6 +42,7 @@ class SampleInfo:
     caption: str
     family: Optional[int] = None  # the json's ground-truth family (the demo data's), if any
     family_edit: Optional[str] = None
+    facts: Optional[Tuple[str, ...]] = None  # the json's "facts": what the caption says, each fact stated one way
 
 
 @dataclass
@@ -137,8 +135,8 @@ class ShardBatches(_GlobalBatches, ShardStream):
         candidate = self._check(raw, 0, counter, self.caption_keys, shard_run=(0, 0))
         if candidate is None:
             return None
-        family, family_edit = _family(raw.get("json"))
-        return _Checked(candidate, SampleInfo(raw["__key__"], raw["__url__"], candidate.text, family, family_edit))
+        return _Checked(candidate, SampleInfo(raw["__key__"], raw["__url__"], candidate.text,
+                                              *_ground_truth(raw.get("json"))))
 
 
 class CsvBatches(_GlobalBatches, CsvStream):
@@ -160,13 +158,18 @@ class CsvBatches(_GlobalBatches, CsvStream):
         return _Checked(candidate, SampleInfo(self.rows[raw].image_path, self.path, candidate.text))
 
 
-def _family(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str]]:
-    """The ground-truth family fields of a sample's json (written by synthetic_scenes), if present.
-    The trainer's checks have already parsed the json, so it is valid here."""
+def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str], Optional[Tuple[str, ...]]]:
+    """The ground truth a sample's json may carry (synthetic_scenes writes it): its family and the edit from the
+    family's base, and its caption's facts (equal facts: the captions say the same thing). The trainer's
+    checks have already parsed the json, so it is valid here."""
     meta = json.loads(meta_bytes) if meta_bytes else None
-    if not isinstance(meta, dict) or not isinstance(meta.get("family"), int):
-        return None, None
-    return meta["family"], meta.get("family_edit")
+    if not isinstance(meta, dict):
+        return None, None, None
+    facts = meta.get("facts")
+    facts = tuple(facts) if isinstance(facts, list) and all(isinstance(fact, str) for fact in facts) else None
+    if not isinstance(meta.get("family"), int):
+        return None, None, facts
+    return meta["family"], meta.get("family_edit"), facts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,25 +203,6 @@ def shard_urls(data: str) -> List[str]:
     urls, _ = expand_urls(data)
     check_shards(urls, "--data")
     return urls
-
-
-def check_caption_key(urls: Iterable[str], caption_key: str) -> None:
-    """A ValueError naming the fields the data has when none of its first samples has `caption_key`."""
-    counter = SkipCounter()
-    samples = itertools.islice(itertools.chain.from_iterable(read_shard(url, counter) for url in urls),
-                               CAPTION_PROBE_SAMPLES)
-    fields = set()
-    for sample in samples:
-        if caption_key in sample:
-            return
-        fields.update(name for name in sample if not name.startswith("__"))
-    if not fields:
-        raise DataError(f"--data holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
-                        "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
-    text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
-    raise ValueError(f"none of the first {CAPTION_PROBE_SAMPLES} samples has a caption field {caption_key!r}; "
-                     f"their fields are {sorted(fields)}: pass --caption-key with one of "
-                     f"{text_fields or sorted(fields)}")
 
 
 def thumbnail_png(image_bytes: bytes, size: int) -> bytes:

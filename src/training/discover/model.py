@@ -24,10 +24,11 @@ from open_clip.factory import load_state_dict
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 
-from ..export import CONFIG_NAME, export
+from ..export import CONFIG_NAME, WEIGHTS_NAME, export
 from ..model import check_pretrained
 
 LOCAL_DIR = "local-dir:"
+HF_HUB = "hf-hub:"
 
 
 @dataclass
@@ -65,8 +66,19 @@ def load_discovery_model(model_name: Optional[str], pretrained: Optional[str], c
             check_pretrained(model_name, pretrained)
         except ValueError as error:
             raise ValueError(f"--pretrained {pretrained}: {error}") from None
-    description = model_name + (f" --pretrained {pretrained}" if pretrained else " (random weights)")
+    description = f"{model_name} {weights_description(model_name, pretrained)}"
     return _open_clip_model(model_name, pretrained, device, description)
+
+
+def weights_description(model_name: str, pretrained: Optional[str]) -> str:
+    """Which weights `model_name` is loaded with: a local-dir: export or an hf-hub: repository carries its own."""
+    if pretrained:
+        return f"--pretrained {pretrained}"
+    if model_name.startswith(LOCAL_DIR):
+        return f"(the export's weights, {Path(model_name.removeprefix(LOCAL_DIR)) / WEIGHTS_NAME})"
+    if model_name.startswith(HF_HUB):
+        return "(the hub repository's weights)"
+    return "(random weights)"
 
 
 def _from_checkpoint(path: Path, model_name: Optional[str], device: torch.device) -> DiscoveryModel:

@@ -10,13 +10,21 @@ resumed run reports over all of its batches, those before the interruption inclu
   and the sibling fraction (siblings / negatives): the precision of flagging every negative, the
   base rate a discovery must beat. `kept_precision` is the precision of the pairs written to
   pairs.jsonl (each row's most probable candidates).
+- With facts too (the json's "facts": what the caption says, each fact stated one way): the flagged
+  pairs of two families whose captions state the same facts ("A below B" against "B above A") are
+  paraphrases, true clones that the family precision counts as false positives: `paraphrases`
+  counts them and `precision_with_paraphrases` counts them as clones (also for the kept pairs).
 """
 from __future__ import annotations
 
+import collections
+import difflib
 import heapq
 import html
+import itertools
 import json
 import math
+import string
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -86,7 +94,8 @@ def summarize(records: Sequence[dict]) -> Dict[str, object]:
         for direction in record["directions"]:
             for name in (direction["direction"], POOLED):
                 totals = per_direction[name]
-                for field in ("rows", "negatives", "flagged", "flagged_siblings", "siblings", "kept_siblings"):
+                for field in ("rows", "negatives", "flagged", "flagged_siblings", "siblings", "kept_siblings",
+                              "flagged_paraphrases", "kept_paraphrases"):
                     if direction.get(field) is not None:
                         totals[field] = totals.get(field, 0) + direction[field]
                 totals["batches"] = totals.get("batches", 0) + 1
@@ -116,6 +125,11 @@ def _metrics(totals: Dict[str, float]) -> Dict[str, float]:
                        recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
                        sibling_fraction=_ratio(totals["siblings"], totals["negatives"]),
                        kept_precision=None, kept_siblings=totals["kept_siblings"])
+    if "flagged_paraphrases" in totals:  # facts known: other-family pairs that say the same thing are clones too
+        metrics.update(paraphrases=totals["flagged_paraphrases"],
+                       precision_with_paraphrases=_ratio(totals["flagged_siblings"] + totals["flagged_paraphrases"],
+                                                         totals["flagged"]),
+                       kept_paraphrases=totals["kept_paraphrases"])
     return metrics
 
 
@@ -131,6 +145,9 @@ def add_kept_precision(summary: Dict[str, object], output: Path) -> None:
     kept[POOLED] = sum(kept.values())
     for name, metrics in summary["directions"].items():
         metrics["kept_pairs"] = kept.get(name, 0)
+        if "kept_paraphrases" in metrics:
+            metrics["kept_precision_with_paraphrases"] = _ratio(metrics["kept_siblings"] + metrics.pop("kept_paraphrases"),
+                                                                metrics["kept_pairs"])
         if "kept_siblings" in metrics:
             metrics["kept_precision"] = _ratio(metrics.pop("kept_siblings"), metrics["kept_pairs"])
 
@@ -142,6 +159,8 @@ def console_table(summary: Dict[str, object]) -> str:
     if with_families:
         columns += [("precision", "precision"), ("recall", "recall"), ("sibling rate", "sibling_fraction"),
                     ("kept precision", "kept_precision")]
+    if "precision_with_paraphrases" in summary["directions"].get(POOLED, {}):
+        columns += [("+ paraphrases", "precision_with_paraphrases"), ("kept + paraphr.", "kept_precision_with_paraphrases")]
     lines = ["  ".join(f"{title:>14}" for title, _ in columns)]
     for name, metrics in summary["directions"].items():
         cells = [f"{name:>14}"] + [f"{_format(metrics.get(key)):>14}" for _, key in columns[1:]]
@@ -254,6 +273,12 @@ def _plot_fits(axis, direction: dict, edges, settings: Dict[str, object]) -> Non
 # The page
 
 
+# Rows the default view shows at most per query (batch, direction, query row) and per batch; the page's own
+# inputs change them (0: no limit), and pairs.jsonl holds every kept pair.
+PER_QUERY = 1
+PER_BATCH = 10
+
+
 def write_page(output: Path, summary: Dict[str, object], settings: Dict[str, object], pairs: Sequence[dict],
                plots: Sequence[str], table: str) -> None:
     rows = "\n".join(_pair_row(rank, pair) for rank, pair in enumerate(pairs, start=1))
@@ -261,10 +286,15 @@ def write_page(output: Path, summary: Dict[str, object], settings: Dict[str, obj
     description = (f"{settings['model']} on {settings['data']}, global batch {settings['global_batch_size']}, "
                    f"--adacl-salient {settings['salient']} --adacl-candidate-region {settings['candidate_region']}")
     skipped = ", ".join(f"{reason} {count}" for reason, count in summary["skipped"].items()) or "none"
-    page = _PAGE.format(
+    truths = {_truth(pair) for pair in pairs}
+    page = string.Template(_PAGE).substitute(
         description=html.escape(description), samples=summary["samples"], batches=summary["batches"],
         skipped=html.escape(skipped), table=html.escape(table), plots=plot_tags, rows=rows, shown=len(pairs),
-        kept=summary["directions"].get(POOLED, {}).get("kept_pairs", 0))
+        kept=summary["directions"].get(POOLED, {}).get("kept_pairs", 0), per_query=PER_QUERY, per_batch=PER_BATCH,
+        truth_options=_options([(name, label) for name, label in TRUTHS.items() if name in truths]),
+        edit_options=_options([(edit, f"{edit} edit") for edit in sorted({e for p in pairs for e in _edits(p)})]),
+        batch_options=_options([(str(batch), f"batch {batch}") for batch in sorted({p["batch"] for p in pairs})]),
+        truth_counts=html.escape(_truth_counts(pairs)))
     write_atomically(output / PAGE_FILE, page)
 
 
@@ -273,25 +303,74 @@ def page_thumbnails(pairs: Iterable[dict]) -> set:
             for side in ("query", "negative")}
 
 
+# What a pair is against the data's ground truth, when the data has one (the demo's families and facts).
+TRUTHS = {"sibling": "sibling (same family)", "paraphrase": "paraphrase (other family, same facts)",
+          "other": "other family", "none": "no family known"}
+
+
+def _truth(pair: dict) -> str:
+    if "same_family" not in pair:
+        return "none"
+    if pair["same_family"]:
+        return "sibling"
+    return "paraphrase" if pair.get("same_facts") else "other"
+
+
+def _edits(pair: dict) -> List[str]:
+    """The one-edit types that separate two siblings (each one's edit from their family's base)."""
+    if not pair.get("same_family"):
+        return []
+    return sorted({edit for edit in (pair.get("query_family_edit"), pair.get("negative_family_edit")) if edit})
+
+
+def _truth_counts(pairs: Sequence[dict]) -> str:
+    counts = {name: sum(_truth(pair) == name for pair in pairs) for name in TRUTHS}
+    return ", ".join(f"{count} {TRUTHS[name]}" for name, count in counts.items() if count)
+
+
+def _options(values: Sequence[Tuple[str, str]]) -> str:
+    return "".join(f'<option value="{html.escape(value)}">{html.escape(label)}</option>' for value, label in values)
+
+
+def differing_words(caption: str, other: str) -> str:
+    """`caption` as HTML with the words that tell it from `other` marked: those it has more often than `other`
+    ("below" against "above", "red" against "orange"); when both have the same words in another order ("A
+    above B" against "B above A"), those the word-level alignment with `other` leaves unmatched."""
+    words, other_words = caption.split(), other.split()
+    mine, theirs = collections.Counter(words), collections.Counter(other_words)
+    marked = {index for index, word in enumerate(words) if mine[word] > theirs[word]}
+    if not marked:
+        matcher = difflib.SequenceMatcher(a=words, b=other_words, autojunk=False)
+        marked = {index for tag, start, end, _, _ in matcher.get_opcodes() if tag != "equal"
+                  for index in range(start, end)}
+    runs = itertools.groupby(enumerate(words), key=lambda item: item[0] in marked)  # one <mark> per run of words
+    return " ".join(f"<mark>{text}</mark>" if is_marked else text
+                    for is_marked, run in runs for text in [" ".join(html.escape(word) for _, word in run)])
+
+
 def _pair_row(rank: int, pair: dict) -> str:
     image_side = "query" if pair["direction"] == "i2t" else "negative"  # whose image met the other's caption
     cells = []
-    for side in ("query", "negative"):
-        key, caption = html.escape(pair[f"{side}_key"]), html.escape(pair[f"{side}_caption"])
+    for side, other in (("query", "negative"), ("negative", "query")):
+        key = html.escape(pair[f"{side}_key"])
+        caption = differing_words(pair[f"{side}_caption"], pair[f"{other}_caption"])
         confused = "image" if side == image_side else "caption"
         thumbnail = thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"])
-        cells.append(f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}"><div class="caption">{caption}</div>'
+        cells.append(f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}" title="click to '
+                     f'enlarge"><div class="caption">{caption}</div>'
                      f'<div class="key">{key}{_family_text(pair, side)}</div></td>')
-    truth = ""
-    if "same_family" in pair:
-        truth = ('<span class="sibling">siblings</span>' if pair["same_family"]
-                 else '<span class="other">other family</span>')
+    truth = _truth(pair)
+    badge = "" if truth == "none" else f'<span class="truth {truth}">{TRUTHS[truth]}</span>'
     what = "image &rarr; caption" if pair["direction"] == "i2t" else "caption &rarr; image"
-    return (f'<tr data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}">'
+    searchable = " ".join(pair[f"{side}_{field}"] for side in ("query", "negative") for field in ("key", "caption"))
+    query = f'{pair["batch"]}/{pair["direction"]}/{pair["query_index"]}'
+    return (f'<tr class="pair" data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}" '
+            f'data-direction="{pair["direction"]}" data-truth="{truth}" data-edits="{" ".join(_edits(pair))}" '
+            f'data-batch="{pair["batch"]}" data-query="{query}" data-text="{html.escape(searchable.lower())}">'
             f'<td class="rank">{rank}</td>'
-            f'<td class="numbers"><b>{pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'
+            f'<td class="numbers"><b>posterior {pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'
             f'sim {pair["similarity"]:.3f}<br><span class="direction">{what}</span><br>batch {pair["batch"]}<br>'
-            f'{truth}</td>' + "".join(cells) + "</tr>")
+            f'{badge}</td>' + "".join(cells) + "</tr>")
 
 
 def _family_text(pair: dict, side: str) -> str:
@@ -302,53 +381,4 @@ def _family_text(pair: dict, side: str) -> str:
     return f" &middot; family {family}" + (f" ({html.escape(edit)} edit)" if edit else " (base)")
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Clone negatives discovered</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1340px; }}
-h1 {{ font-size: 22px; margin-bottom: 4px; }}
-p.meta {{ color: #555; margin-top: 0; }}
-pre {{ background: #f5f5f5; padding: 10px; font-size: 14px; overflow-x: auto; }}
-img.plot {{ max-width: 100%; display: block; margin: 8px 0; }}
-table.pairs {{ border-collapse: collapse; width: 100%; }}
-table.pairs td {{ border-top: 1px solid #ddd; padding: 8px; vertical-align: top; }}
-td.rank {{ color: #888; width: 32px; }}
-td.numbers {{ width: 160px; font-size: 14px; line-height: 1.45; white-space: nowrap; }}
-td.sample {{ width: 45%; }}
-td.sample img {{ width: 112px; height: 112px; object-fit: contain; image-rendering: pixelated; float: left;
-  margin-right: 12px; border: 3px solid transparent; background: #eee; }}
-td.image-confused img {{ border-color: #d55e00; }}
-td.caption-confused .caption {{ background: #fde8d7; }}
-.caption {{ font-size: 16px; line-height: 1.35; padding: 2px 4px; }}
-.key {{ color: #777; font-size: 12px; margin-top: 4px; }}
-.direction {{ color: #555; }}
-.sibling {{ color: #fff; background: #2a9d3a; padding: 1px 6px; border-radius: 3px; }}
-.other {{ color: #fff; background: #888; padding: 1px 6px; border-radius: 3px; }}
-button {{ font-size: 14px; margin-right: 8px; padding: 4px 10px; }}
-button.active {{ font-weight: bold; }}
-</style></head><body>
-<h1>Clone negatives discovered</h1>
-<p class="meta">{description}<br>{samples} samples in {batches} batches; skipped: {skipped}</p>
-<pre>{table}</pre>
-{plots}
-<h2>Top pairs</h2>
-<p class="meta">{shown} pairs of the {kept} in pairs.jsonl: the highest posteriors and the smallest gaps. Each row is a
-query (left) and a negative the loss flagged as its clone (right): the outlined image was confused with the
-highlighted caption.</p>
-<p>Sort by <button id="by-posterior" class="active" onclick="sortPairs('posterior', -1)">posterior (high first)</button>
-<button id="by-gap" onclick="sortPairs('gap', 1)">gap (small first)</button></p>
-<table class="pairs"><tbody id="pairs">
-{rows}
-</tbody></table>
-<script>
-function sortPairs(key, sign) {{
-  const body = document.getElementById('pairs');
-  const rows = Array.from(body.rows);
-  rows.sort((a, b) => sign * (parseFloat(a.dataset[key]) - parseFloat(b.dataset[key])));
-  rows.forEach((row, index) => {{ row.cells[0].textContent = index + 1; body.appendChild(row); }});
-  document.getElementById('by-posterior').classList.toggle('active', key === 'posterior');
-  document.getElementById('by-gap').classList.toggle('active', key === 'gap');
-}}
-</script>
-</body></html>
-"""
+_PAGE = (Path(__file__).with_name("page.html")).read_text()

@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from ..checkpoint import current_umask
+from ..checkpoint import atomic_file
 from ..data import SKIP_REASONS
 from ..data.samples import stable_hash
 from .batch import BatchResult
@@ -33,17 +32,8 @@ THUMBS_DIR = "thumbs"
 
 def write_atomically(path: Path, text: str) -> None:
     """Write `text` to a temporary file in the same folder, then rename it over `path`."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(descriptor, 0o666 & ~current_umask())  # a plain open()'s mode, not mkstemp's 0600
-        with os.fdopen(descriptor, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "w") as file:
+        file.write(text)
 
 
 def thumbnail_name(source: str, key: str) -> str:

@@ -39,7 +39,7 @@ from clip_benchmark.datasets.builder import build_dataset, get_dataset_collate_f
 from clip_benchmark.metrics import image_caption_selection, zeroshot_classification, zeroshot_retrieval
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
-from training.export import export
+from training.export import export, markdown_table
 
 from .clone_selection import evaluate_clone_selection
 
@@ -75,6 +75,22 @@ def infer_task(dataset: str, root: Path) -> str:
         dataset_type = type_file.read_text().strip().lower() if type_file.is_file() else "classification"
         return RETRIEVAL if dataset_type == "retrieval" else CLASSIFICATION
     return get_dataset_default_task(dataset)
+
+
+def check_dataset_roots(roots: dict[str, Path]) -> None:
+    """Every dataset's folder holds data before clip-benchmark runs: offline, it would try to download a missing
+    one and fail with a long traceback."""
+    missing = [f"{dataset} ({root})" for dataset, root in roots.items() if not _holds_data(dataset, root)]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of the {len(roots)} datasets have no data in their folder: "
+                                f"{', '.join(missing)}; put them there first (clip-benchmark's layout; evaluation "
+                                f"runs offline) or point --dataset-root-dir at them")
+
+
+def _holds_data(dataset: str, root: Path) -> bool:
+    if dataset.startswith(WDS_PREFIX):
+        return (root / SPLIT / "nshards.txt").is_file()
+    return root.is_dir() and any(root.iterdir())
 
 
 def worker_count(dataset: str, root: Path, requested: int) -> int:
@@ -185,9 +201,7 @@ def table_rows(result_paths: Sequence[Path]) -> list[dict]:
 
 def format_markdown(rows: Sequence[dict]) -> str:
     """The table as GitHub Markdown, values to 4 decimals."""
-    lines = ["| " + " | ".join(TABLE_FIELDS) + " |", "|" + "---|" * len(TABLE_FIELDS)]
-    lines += [f"| {row['dataset']} | {row['task']} | {row['metric']} | {row['value']:.4f} |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(TABLE_FIELDS, [[row[name] for name in TABLE_FIELDS] for row in rows])
 
 
 def write_table(rows: Sequence[dict], output_dir: Path) -> str:
@@ -267,9 +281,10 @@ def select_datasets(args: argparse.Namespace) -> tuple[list[str], str, Path | No
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Evaluate, write OUTPUT_DIR/results.csv and results.md, print the table; return its rows."""
     args = parse_args(argv)
-    model_name = args.model or export_checkpoint(args.checkpoint, args.output_dir / "export")
     datasets, root_template, clone_dir = select_datasets(args)
     roots = {dataset: dataset_root(root_template, dataset) for dataset in datasets}
+    check_dataset_roots(roots)
+    model_name = args.model or export_checkpoint(args.checkpoint, args.output_dir / "export")
     workers = {dataset: worker_count(dataset, roots[dataset], args.num_workers) for dataset in datasets}
     tasks: dict[str, list[str]] = {}
     for dataset in datasets:

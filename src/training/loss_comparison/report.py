@@ -431,7 +431,8 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
         "",
     ]
     if plot_name:
-        lines += [f"![main metrics, mean and standard deviation over ok runs]({plot_name})", ""]
+        lines += [f"![main metrics: mean and standard deviation over ok runs, chance where known; below, the paired "
+                  f"differences to the reference with their 95% intervals]({plot_name})", ""]
     labels = [summary.label for summary in summaries]
     reference = reference_label(labels, preregistration)
     lines += ["## What this shows", "", *findings(summaries, records, reference), ""]
@@ -486,8 +487,43 @@ def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
             if key not in PLOT_EXCLUDED and "_margin" not in key]
 
 
-def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
-    """Grouped bars (one group per main metric, one bar per variant) with std error bars; False if nothing to plot."""
+# Chance level of the plotted metrics where the metric alone says it: a choice between two captions.
+CHANCE_BY_PREFIX = {"clone/": 0.5, "sel/": 0.5}
+
+
+def chance_level(key: str) -> Optional[float]:
+    """The metric's chance level when it is known from its name (None: it depends on the set's size)."""
+    return next((level for prefix, level in CHANCE_BY_PREFIX.items() if key.startswith(prefix)), None)
+
+
+@dataclass
+class PairedPoint:
+    """One variant's paired difference to the reference on one metric, as the plot draws it."""
+
+    label: str
+    key: str
+    mean: float
+    interval: Optional[tuple]  # the 95% paired-t interval; None with fewer than 2 pairs or zero variance
+    pairs: int
+
+
+def paired_points(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
+                  keys: Sequence[str]) -> List[PairedPoint]:
+    """(variant - reference) per plotted metric, seed for seed, with the interval the verdicts rest on."""
+    points = []
+    for label in labels:
+        for key in keys:
+            difference = paired_difference(records, label, reference, key) if label != reference else None
+            if difference is not None:
+                points.append(PairedPoint(label, key, difference.mean, difference.interval(0.95), difference.n))
+    return points
+
+
+def write_plot(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]], reference: Optional[str],
+               path: Path) -> bool:
+    """Two panels: grouped bars (one group per main metric, one bar per variant, std error bars) with the chance
+    level where known; below, each variant's paired difference to `reference` with its 95% interval, the
+    numbers the verdicts rest on. False if nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -496,24 +532,44 @@ def write_plot(summaries: Sequence[VariantSummary], path: Path) -> bool:
     keys = plot_keys(summaries)
     if not keys:
         return False
+    labels = [summary.label for summary in summaries]
+    points = paired_points(records, labels, reference, keys) if reference is not None else []
     width = 0.8 / len(summaries)
-    figure, axes = plt.subplots(figsize=(min(16.0, max(8.0, 0.22 * len(keys) * len(summaries) + 2)), 5.5))
-    for index, summary in enumerate(summaries):
+    figure, (axes, paired_axes) = plt.subplots(
+        2, 1, figsize=(min(16.0, max(8.0, 0.22 * len(keys) * len(summaries) + 2)), 9.5), sharex=True,
+        gridspec_kw={"height_ratios": (3, 2)}, layout="constrained")
+    offsets = {label: (index - (len(summaries) - 1) / 2) * width for index, label in enumerate(labels)}
+    colors = {}
+    for summary in summaries:
         means = [summary.metrics[k].mean if k in summary.metrics else math.nan for k in keys]
         stds = [0.0 if k not in summary.metrics or math.isnan(summary.metrics[k].std) else summary.metrics[k].std
                 for k in keys]
-        positions = [position + (index - (len(summaries) - 1) / 2) * width for position in range(len(keys))]
+        positions = [position + offsets[summary.label] for position in range(len(keys))]
         bars = axes.bar(positions, means, width, yerr=stds, capsize=2, label=f"{summary.label} ({summary.runs_text()})")
+        colors[summary.label] = bars.patches[0].get_facecolor()
         # A variant without ok runs has no bar: an x on the axis marks its slot, so it is not mistaken for 0.
         missing = [position for position, mean in zip(positions, means) if math.isnan(mean)]
-        axes.plot(missing, [0.01] * len(missing), "x", color=bars.patches[0].get_facecolor(), clip_on=False)
-    axes.set_xticks(range(len(keys)))
-    axes.set_xticklabels(keys, rotation=30, ha="right", fontsize=8)
+        if missing:  # an empty unclipped line would stretch the layout to the figure's origin
+            axes.plot(missing, [0.01] * len(missing), "x", color=colors[summary.label], clip_on=False)
+    chance = [(position, chance_level(key)) for position, key in enumerate(keys) if chance_level(key) is not None]
+    for index, (position, level) in enumerate(chance):
+        axes.hlines(level, position - 0.45, position + 0.45, colors="black", linestyles="--", linewidth=1,
+                    label="chance" if index == 0 else None)
     axes.set_ylim(0, 1)
     axes.set_ylabel("mean over ok runs (± std)")
     axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    figure.tight_layout()
+    figure.legend(*axes.get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside upper center", frameon=False)
+    paired_axes.axhline(0.0, color="black", linewidth=1)
+    for point in points:
+        position = keys.index(point.key) + offsets[point.label]
+        low, high = point.interval if point.interval is not None else (point.mean, point.mean)
+        paired_axes.errorbar(position, point.mean, yerr=[[point.mean - low], [high - point.mean]], fmt="o",
+                             markersize=3, capsize=2, color=colors[point.label])
+    paired_axes.set_ylabel(f"variant - {reference}, paired by seed\n(mean, 95% paired-t interval)" if reference
+                           else "no reference variant")
+    paired_axes.grid(axis="y", alpha=0.3)
+    paired_axes.set_xticks(range(len(keys)))
+    paired_axes.set_xticklabels(keys, rotation=30, ha="right", fontsize=8)
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return True
@@ -547,11 +603,12 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
         check_endpoint(records, preregistration)
         records = with_endpoint(records, preregistration.metrics, preregistration.key)
     summaries = summarize(records)
+    reference = reference_label([summary.label for summary in summaries], preregistration)
     results_md.parent.mkdir(parents=True, exist_ok=True)
     output_dir.mkdir(parents=True, exist_ok=True)
     plot_path = results_md.with_suffix(".png")
     csv_path = results_md.with_name(results_md.stem + "_runs.csv")
-    has_plot = write_plot(summaries, plot_path)
+    has_plot = write_plot(summaries, records, reference, plot_path)
     write_runs_csv(records, csv_path)
     markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name,
                                preregistration, missing)

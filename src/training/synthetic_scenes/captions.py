@@ -34,6 +34,24 @@ def paraphrases(description: Description) -> tuple[str, str]:
     return converse, "there is " + caption(description)
 
 
+# Of each pair of converse relations, the one a fact is stated with ("B below A" is stated "A above B").
+_STATED_RELATIONS = ("to the left of", "above")
+
+
+def facts(description: Description) -> list[str]:
+    """What the description says, one fact per (first object, other object), each stated one way ("a large red
+    circle above a small blue square", never its converse), sorted: two descriptions with the same facts say
+    the same thing in other words ("A below B" and "B above A"), whatever their families."""
+    first, *others = description.objects
+    stated = []
+    for other in others:
+        if description.relation in _STATED_RELATIONS:
+            stated.append(f"{first.phrase()} {description.relation} {other.phrase()}")
+        else:
+            stated.append(f"{other.phrase()} {OPPOSITE_RELATION[description.relation]} {first.phrase()}")
+    return sorted(stated)
+
+
 def pseudo_caption(description: Description) -> str:
     """A generic captioner's caption, one rule for every image: each object by its colour and its
     shape, joined by "and": "a red circle and an orange square".

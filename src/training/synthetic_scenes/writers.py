@@ -15,7 +15,9 @@ On-disk layout written by `write_demo_dataset(output_dir)`:
                                   <key>.json {"key", "caption", "caption_alt", "caption_pseudo",
                                   "width", "height", "family": id, "family_edit": the sibling's edit
                                   from its family's base (null for the base and in val/test, whose
-                                  families are single scenes), "scene": {"relation", "objects":
+                                  families are single scenes), "facts": what the caption says, each
+                                  fact stated one way (captions.facts: equal facts, same meaning),
+                                  "scene": {"relation", "objects":
                                   [{size, color, shape, x, y, radius}]}}; keys are integer strings,
                                   unique across splits (train 0.., then val, then test)
     <split>/sizes.json            {shard file name: sample count}, read by get_dataset_size
@@ -43,7 +45,8 @@ from typing import Iterable, Iterator
 import numpy as np
 import webdataset as wds
 
-from .captions import CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, paraphrases, pseudo_caption
+from .captions import (CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases,
+                       pseudo_caption)
 from .edits import EDIT_TYPES, edit_caption, family_edit, sample_family
 from .rendering import encode_png, render
 from .scenes import (COLORS, RELATIONS, SHAPES, Description, ObjectSpec, Scene, SceneConfig, description_allowed,
@@ -167,6 +170,7 @@ def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key:
             "height": scene.image_size,
             "family": family,
             "family_edit": edit,
+            "facts": facts(scene.description),
             "scene": _scene_json(scene),
         }
         yield {"__key__": meta["key"], "png": encode_png(render(scene)), "txt": text.encode(),

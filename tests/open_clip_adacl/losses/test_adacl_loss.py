@@ -2,7 +2,6 @@
 batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/open_clip_adacl/test_selection.py.)"""
 import importlib.util
 import io
-import json
 from pathlib import Path
 
 import open_clip
@@ -223,19 +222,6 @@ def _script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def test_plot_margins_draws_a_png(tmp_path):
-    with open(tmp_path / "metrics.jsonl", "w") as handle:
-        for step in range(0, 50, 5):
-            record = {"step": step, "loss": 3.0}
-            for direction in ("i2t", "t2i"):
-                record.update({f"stats/{direction}/{name}": value for name, value in {
-                    "m1_over_scale": 1.0 + step / 500, "m2": step / 1000, "anchor": 0.3, "p_u": 0.01,
-                    "candidates": 100 + step, "modulated": 1.0}.items()})
-            handle.write(json.dumps(record) + "\n")
-    path = _script("plot_margins").plot_margins(str(tmp_path))
-    assert path == tmp_path / "margins.png" and path.read_bytes().startswith(b"\x89PNG")
 
 
 def test_bench_loss_measures_every_case():

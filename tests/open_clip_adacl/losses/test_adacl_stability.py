@@ -34,9 +34,9 @@ def test_default_adacl_adapts_on_clone_dense_batches_without_collapsing(demo_sha
     assert final_loss < 0.8 * math.log(BATCH), final_loss
     chance_recall = 1 / 128
     assert val["val/image_to_text_R@1"] > 3 * chance_recall and val["val/text_to_image_R@1"] > 3 * chance_recall
-    # The console line carries the headline margins; every stat reaches metrics.jsonl.
+    # The console line carries the headline margins, the directions said once; every stat reaches metrics.jsonl.
     out_log = (tmp_path / "adacl-default" / "out.log").read_text()
-    assert "i2t/m1:" in out_log and "t2i/anchor:" in out_log
+    assert "| i2t/t2i m2: " in out_log and " anchor: " in out_log
     assert "stats/i2t/fallback_few_rows" in train[-1]
     for direction in ("i2t", "t2i"):
         modulated = [r[f"stats/{direction}/modulated"] for r in train]

@@ -69,7 +69,7 @@ class _Sources(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "img":
+        if tag == "img" and "src" in attrs:  # the enlarged view's img gets its src when a thumbnail is clicked
             self.images.append(attrs["src"])
         if tag == "tr" and "data-posterior" in attrs:
             self.pair_rows += 1
@@ -107,6 +107,12 @@ def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
         assert pair["query_key"] != pair["negative_key"]
     assert max(per_row.values()) <= 2
     assert both["kept_precision"] == pytest.approx(sum(p["same_family"] for p in pairs) / len(pairs))
+    # other-family pairs whose captions state the same facts are counted apart, as clones
+    paraphrases = [p for p in pairs if not p["same_family"] and p["same_facts"]]
+    assert both["kept_precision_with_paraphrases"] == pytest.approx(
+        (sum(p["same_family"] for p in pairs) + len(paraphrases)) / len(pairs))
+    assert both["precision_with_paraphrases"] == pytest.approx(
+        both["precision"] + both["paraphrases"] / both["flagged"])
 
     page = page_sources(output)
     assert 0 < page.pair_rows <= 20
@@ -215,8 +221,8 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
                              "--caption-key", "caption", "--output", str(tmp_path / "out"), "--device", "cpu"],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: none of the first 64 samples has a "
-                                                                       "caption field 'caption'")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --caption-key caption: none of the first "
+                                                                       "64 samples of --data has a field 'caption'")
     assert "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']" in result.stderr
 
 

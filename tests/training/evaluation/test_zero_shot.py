@@ -85,14 +85,20 @@ def test_library_model_names_need_an_export_for_the_stock_cli(tmp_path, capsys):
     assert "pass --checkpoint CKPT" in capsys.readouterr().err
 
 
-def test_cli_reports_a_missing_dataset_in_one_line(stock_cli_output, tmp_path, monkeypatch, capsys):
+def test_cli_reports_missing_datasets_in_one_line_before_running_clip_benchmark(stock_cli_output, tmp_path,
+                                                                                  monkeypatch, capsys):
+    (tmp_path / "cifar10").mkdir()  # an empty folder holds no data either
     monkeypatch.setattr(sys, "argv", ["adacl-evaluate", "--model", f"local-dir:{stock_cli_output / 'export'}",
-                                      "--datasets", "wds/absent", "--dataset-root-dir", str(tmp_path / "{dataset}"),
-                                      "--output-dir", str(tmp_path / "eval")])
+                                      "--datasets", "wds/absent,cifar10", "--dataset-root-dir",
+                                      str(tmp_path / "{dataset}"), "--output-dir", str(tmp_path / "eval")])
     with pytest.raises(SystemExit) as exit_info:
         cli()
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.startswith(f"error: [Errno 2] No such file or directory: '{tmp_path / 'absent'}")
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"error: 2 of the 2 datasets have no data in their folder: wds/absent "
+                                   f"({tmp_path / 'absent'}), cifar10 ({tmp_path / 'cifar10'}); put them there first")
+    assert not (tmp_path / "eval").exists()
 
 
 def test_task_comes_from_dataset_type(tmp_path):

@@ -1,7 +1,9 @@
 """The report from synthetic records: Markdown, plot and CSVs, findings, and the hand-written tail it keeps."""
 import csv
 
-from training.loss_comparison.report import KEEP_MARKER, compare, write_report
+import pytest
+
+from training.loss_comparison.report import KEEP_MARKER, chance_level, compare, paired_points, plot_keys, write_report
 from training.loss_comparison.stats import assess_run, summarize
 from helpers.comparison_records import assessed_records, record, report_context
 
@@ -37,6 +39,21 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     assert len(rows) == len(records) and rows[2]["verdict"] == "collapsed" and rows[2]["clone/overall"] == "0.99"
     for name in ("results.md", "runs.csv", "results.png", "summary.csv"):
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their_intervals():
+    records = assessed_records()
+    keys = plot_keys(summarize(records))
+    assert {key: chance_level(key) for key in keys} == {  # recall's chance depends on the set's size
+        "clone/color": 0.5, "clone/overall": 0.5, "val/i2t_R@1": None, "val/t2i_R@1": None}
+    points = {(p.label, p.key): p for p in paired_points(records, ["A", "B", "C", "D"], "A", keys)}
+    # B - A on the seeds where both are ok (A's seed 2 collapsed): 0.70 - 0.60 and 0.72 - 0.64
+    b = points["B", "clone/overall"]
+    assert (b.pairs, b.mean) == (2, pytest.approx(0.09))
+    half = 12.706 * 0.02 / 2 ** 0.5 / 2 ** 0.5  # t(0.975, 1 df) x sd of (0.10, 0.08) / sqrt(2 pairs)
+    assert b.interval == (pytest.approx(0.09 - half, abs=1e-4), pytest.approx(0.09 + half, abs=1e-4))
+    assert points["D", "clone/overall"].pairs == 1 and points["D", "clone/overall"].interval is None  # a point only
+    assert not any(label in ("A", "C") for label, _ in points)  # the reference itself; C has no ok run
 
 
 def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(tmp_path):

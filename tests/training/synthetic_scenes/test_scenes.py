@@ -8,7 +8,7 @@ import pytest
 import webdataset as wds
 from open_clip.tokenizer import SimpleTokenizer
 
-from training.synthetic_scenes.captions import (caption, family_duplicate_rate, paraphrases, pseudo_caption,
+from training.synthetic_scenes.captions import (caption, facts, family_duplicate_rate, paraphrases, pseudo_caption,
                                        word_edit_distance)
 from training.synthetic_scenes.cli import main
 from training.synthetic_scenes.edits import EDIT_TYPES, edit_caption, edit_description, family_edit, sample_family
@@ -231,6 +231,7 @@ def test_train_shards_hold_families_with_gold_and_pseudo_captions(demo_shards):
         assert meta["family"] == key // 8  # written contiguously, families of 8
         assert (meta["family_edit"] is None) == (key % 8 == 0) and meta["family_edit"] in (None, *EDIT_TYPES)
         assert sample["txt_pseudo"].decode() == meta["caption_pseudo"]
+        assert meta["facts"] == sorted(meta["facts"]) and len(meta["facts"]) == len(meta["scene"]["objects"]) - 1
         families.setdefault(meta["family"], []).append(meta)
     likeness = manifest["train_caption_likeness"]
     for field, key in (("caption", "txt"), ("caption_pseudo", "txt_pseudo")):
@@ -251,6 +252,22 @@ def test_train_shards_hold_families_with_gold_and_pseudo_captions(demo_shards):
     # siblings' captions are no closer than gold (docs/data.md).
     assert likeness["txt_pseudo"]["sibling_word_distance_size"] == 0.0
     assert likeness["txt_pseudo"]["sibling_word_distance_color"] >= likeness["txt"]["sibling_word_distance_color"]
+
+
+def test_facts_are_equal_exactly_for_captions_that_say_the_same_thing():
+    green_cross = ObjectSpec("small", "green", "cross")
+    above = Description(objects=(RED_CIRCLE, BLUE_SQUARE), relation="above")
+    converse = Description(objects=(BLUE_SQUARE, RED_CIRCLE), relation="below")  # "B below A" says "A above B"
+    assert facts(above) == facts(converse) == ["a large red circle above a small blue square"]
+    assert facts(replace(above, relation="below")) != facts(above)  # a relation edit
+    assert facts(Description(objects=(BLUE_SQUARE, RED_CIRCLE), relation="above")) != facts(above)  # objects swapped
+    three = Description(objects=(RED_CIRCLE, BLUE_SQUARE, green_cross), relation="to the right of")
+    assert facts(three) == ["a small blue square to the left of a large red circle",
+                            "a small green cross to the left of a large red circle"]
+    for scene in _scenes(20):  # two objects: the converse ("B below A") states the same facts
+        subject, other = scene.description.objects
+        converse_description = Description(objects=(other, subject), relation=OPPOSITE_RELATION[scene.description.relation])
+        assert facts(converse_description) == facts(scene.description)
 
 
 def test_family_size_is_an_option(tmp_path):

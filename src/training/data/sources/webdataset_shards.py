@@ -10,7 +10,7 @@ from open_clip_train.data import SharedEpoch, expand_urls
 from ..config import DataConfig
 from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
 from ..registry import DataSource, register_data_source
-from ..shards import check_shards, declared_dataset_size
+from ..shards import check_sample_fields, check_shards, declared_dataset_size
 from ..stream import ShardStream
 
 _SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE
@@ -60,6 +60,16 @@ class WebdatasetShards(DataSource):
             shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None, shuffle_size=0,
         )
         return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
+
+
+    def check_fields(self, cfg: DataConfig) -> None:
+        caption_keys = [key.strip() for key in cfg.caption_key.split(",")]
+        check_sample_fields(expand_urls(cfg.train_data)[0], caption_keys, key_flag="--caption-key",
+                            data_flag="--train-data")
+        if cfg.val_data is not None:
+            check_sample_fields(expand_urls(cfg.val_data)[0], [(cfg.val_caption_key or caption_keys[0]).strip()],
+                                key_flag="--val-caption-key" if cfg.val_caption_key else "--caption-key",
+                                data_flag="--val-data")
 
 
 def _train_urls(cfg: DataConfig) -> tuple[list[str], list[float] | None]:

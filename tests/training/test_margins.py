@@ -1,0 +1,76 @@
+"""margins.png: an AdaCL run draws it at each epoch end, fallback steps are gaps in the margin traces (as many as
+the loss counted), and the fallback share per window adds up to the loss's counters."""
+import logging
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.checkpoint import load_checkpoint
+from training.main import main
+from training.margins import DIRECTIONS, MARGIN_PANELS, margin_traces, read_records, write_margins_plot
+
+
+def adacl_run(demo_shards, logs, name, *extra):
+    """The demo's recipe (families of 8 kept whole in a batch, AdaCL) on the test shards, 2 epochs of 16 steps."""
+    return main(["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--model", "adacl-tiny",
+                 "--loss", "adacl", "--batch-size", "32", "--epochs", "2", "--lr", "2e-3", "--warmup", "4",
+                 "--workers", "0", "--device", "cpu", "--precision", "fp32", "--seed", "0", "--train-group-size", "8",
+                 "--logs", str(logs), "--name", name, *extra])
+
+
+@pytest.fixture(scope="module")
+def every_step_logged(demo_shards, module_tmp):
+    return adacl_run(demo_shards, module_tmp("margins"), "every-step", "--log-every-n-steps", "1")
+
+
+def counted_fallbacks(summary):
+    """The loss's own cumulative fallback counters, per direction, from the final checkpoint."""
+    counts = load_checkpoint(summary.checkpoint)["loss"]["fallback_counts"]
+    return {direction: int(counts[index].sum()) for index, direction in enumerate(DIRECTIONS)}
+
+
+def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_counted(every_step_logged):
+    run = Path(every_step_logged.run_dir)
+    assert (run / "margins.png").read_bytes().startswith(b"\x89PNG")
+    traces = margin_traces(read_records(run / "metrics.jsonl"))
+    assert traces.steps == list(range(1, 33))
+    counted = counted_fallbacks(every_step_logged)
+    assert sum(counted.values()) > 0  # the recipe does fall back (at the first steps, before the anchor fits)
+    for direction in DIRECTIONS:
+        for name in MARGIN_PANELS:  # every step is logged: a gap per fallback, in every margin panel
+            assert sum(map(math.isnan, traces.values[f"{direction}/{name}"])) == counted[direction], (direction, name)
+        assert traces.fallbacks[direction] == counted[direction]
+        assert sum(traces.fallback_share[direction]) == counted[direction]  # windows of one step
+        # the candidate counts are real numbers at every step, fallbacks included
+        assert not any(map(math.isnan, traces.values[f"{direction}/candidates"]))
+
+
+def test_sampled_logging_draws_the_fallback_share_from_the_counters(every_step_logged):
+    # What --log-every-n-steps 5 writes: the same run's records at steps 5, 10, 15 and each epoch's last, 16.
+    records = read_records(Path(every_step_logged.run_dir) / "metrics.jsonl")
+    sampled = [r for r in records if r["kind"] == "train" and (r["step"] % 5 == 0 or r["step"] % 16 == 0)]
+    traces = margin_traces(sampled)
+    windows = [step - previous for previous, step in zip([0, *traces.steps], traces.steps)]
+    counted = counted_fallbacks(every_step_logged)
+    for direction in DIRECTIONS:
+        shares = traces.fallback_share[direction]
+        assert sum(share * window for share, window in zip(shares, windows)) == pytest.approx(counted[direction])
+        gaps = sum(map(math.isnan, traces.values[f"{direction}/m2"]))
+        assert gaps <= counted[direction]  # only the logged steps' own fallbacks are gaps
+
+
+def test_the_console_line_keeps_adacls_stats_short(every_step_logged):
+    lines = [line for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines() if "Train Epoch" in line]
+    assert all("| i2t/t2i m2: " in line and " fallbacks: " in line and len(line) < 300 for line in lines)
+
+
+def test_without_matplotlib_the_plot_is_one_log_line(every_step_logged, tmp_path, monkeypatch, caplog):
+    (tmp_path / "metrics.jsonl").write_bytes((Path(every_step_logged.run_dir) / "metrics.jsonl").read_bytes())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with caplog.at_level(logging.INFO):
+        assert write_margins_plot(tmp_path) is None
+    assert [record.getMessage() for record in caplog.records] == [
+        "margins.png not drawn: matplotlib is missing (pip install 'open_clip_adacl[eval]')"]
+    assert not (tmp_path / "margins.png").exists()
