@@ -10,6 +10,7 @@ tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss or a f
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -24,13 +25,14 @@ import open_clip
 import torch
 import torchvision
 
-from open_clip_adacl import DistributedSetup, Loss, get_loss_class
+from open_clip_adacl import DistributedSetup, Loss, fused, get_loss_class
 
 from . import params
 from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
+from .discover.store import write_atomically
 from .data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
@@ -43,6 +45,10 @@ from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_
 from .schedule import build_scheduler
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
+
+
+# Where a run records AdaCL's choices of selection passes (`record_selection_choices`).
+SELECTION_CHOICES_FILE = "adacl_selection.json"
 
 
 @dataclass
@@ -154,6 +160,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         after_resume(cfg, paths, resumed_from, state, global_batch, env)
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
     write_params(recorded, paths, env, launch_note(env, resumed_from, state))
+    record_selection_choices(paths, env)
 
     data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch)
     val_data = build_val_data_if_needed(cfg.data, bundle, env)
@@ -426,6 +433,14 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
         separator = "\n" if path.exists() else ""
         with open(path, "a") as f:
             f.write(separator + "\n".join([note, *lines]) + "\n")
+
+
+def record_selection_choices(paths: RunPaths, env: DistributedEnv) -> None:
+    """AdaCL's `auto` choices between its fused and eager selection passes (open_clip_adacl.fused: one per
+    shape, timed on the first batches) into <run>/adacl_selection.json, rewritten as each is made (rank 0's)."""
+    if env.is_master and paths.run_dir is not None:
+        path = Path(paths.run_dir, SELECTION_CHOICES_FILE)
+        fused.record_decisions(lambda decisions: write_atomically(path, json.dumps(decisions, indent=2) + "\n"))
 
 
 def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:
