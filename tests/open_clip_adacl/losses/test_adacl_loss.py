@@ -246,10 +246,11 @@ def test_bench_loss_measures_every_case(monkeypatch):
                                  "adacl-calibrated/eager"] and all(s > 0 for s in seconds.values())
     assert bench.peak_memory_worker("adacl-calibrated/eager", 256, 16, "cpu", "random") >= 0
     row = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "auto", "seconds": 0.01, "cpu_seconds": 0.02,
-           "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25}
-    assert "| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 |" in bench.markdown_table([row])
+           "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25, "auto_over_best_cpu": 0.5}
+    assert ("| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 | 0.500 |"
+            in bench.markdown_table([row]))
     table = bench.markdown_table([{**row, "peak_bytes": 2 ** 20, "memory_ratio": 1.0}])
-    assert table.endswith("| 1.250 | 1.0 | 1.000 |") and "| peak memory (MiB) | memory ratio |" in table
+    assert table.endswith("| 0.500 | 1.0 | 1.000 |") and "| peak memory (MiB) | memory ratio |" in table
     seconds = {bench.case_name("calibrated", path): value for path, value in (("auto", 1.1), ("fused", 1.0),
                                                                                ("eager", 2.0))}
     assert bench.auto_over_best(seconds, "calibrated") == pytest.approx(1.1)
