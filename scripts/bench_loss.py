@@ -1,19 +1,27 @@
 """Forward+backward time and peak memory of the AdaCL loss against OpenCLIP's ClipLoss.
 
     python scripts/bench_loss.py --sizes 1024 4096 --threads 1 [--output bench.md]
-    python scripts/bench_loss.py --device cuda --sizes 8192 32768 [--fused off]
+    python scripts/bench_loss.py --device cuda --sizes 8192 32768 --inputs trained-50 --paths auto eager --memory
 
-Every loss sees the same random unit features (N x D, positives correlated with their queries so
-that clone candidates exist) and logit_scale 14.3. Time: the median over `--repeats` interleaved
-rounds (one warm-up step each first, which also compiles AdaCL's fused selection passes), wall
-clock, synchronised on CUDA. Peak memory: on the CPU the peak resident set of a fresh subprocess per
-case above its resident set once the inputs exist and the fused passes are compiled (on a smaller
-batch, so the measured loss still allocates its own buffers; tracemalloc does not see torch's
-allocations); on CUDA `torch.cuda.max_memory_allocated` above the allocation before the step. Both
-are reported relative to ClipLoss measured in the same run. `--fused` sets OPEN_CLIP_ADACL_FUSED
-(docs/adacl.md §6) for the run. The report names the machine (CPU model and family from
-/proc/cpuinfo, cores, GPU) and the load average before and after the run, which on a shared machine
-says how far to trust the absolute times (the ratios are measured interleaved).
+Inputs (`--inputs`, N x D unit features; default all three):
+- `random`: random features, each text its image plus as much noise (cosine about 0.7 to its image,
+  0 to the others), logit_scale 14.3 (CLIP's at initialisation);
+- `trained-50`, `trained-100`: features shaped like a trained model's, logit_scale 50 and 100: a
+  direction shared by all (negatives at cosine about 0.14), clusters of eight near-duplicates
+  (cosine about 0.31 to a sibling's caption) and each caption near its image (cosine about 0.35).
+Every input runs ClipLoss and AdaCL in both modes (literal, calibrated) on each of the selection
+paths (`--paths`, OPEN_CLIP_ADACL_FUSED, docs/adacl.md §6.1): `auto` (the default, which times both
+the first time it meets a shape and keeps the faster), `fused` (on) and `eager` (off). Time: the
+median over `--repeats` rounds, each running every case once, in an order rotated from round to
+round (one warm-up step each first, which also compiles the fused passes and makes auto's choice);
+wall clock, synchronised on CUDA, and CPU time of the process. Peak memory (`--memory`): on the CPU
+the peak resident set of a fresh subprocess per case above its resident set once the inputs exist and
+the fused passes are compiled (on a smaller batch, so the measured loss still allocates its own
+buffers; tracemalloc does not see torch's allocations); on CUDA `torch.cuda.max_memory_allocated`
+above the allocation before the step. Everything is reported relative to ClipLoss measured in the
+same run, and `auto / best` compares auto with the faster of fused and eager. The report names the
+machine (CPU model and family from /proc/cpuinfo, cores, GPU), auto's choices, and the load average
+before and after the run, which on a shared machine says how far to trust the times.
 """
 from __future__ import annotations
 
@@ -24,14 +32,31 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-CASES = ("clip", "adacl-literal", "adacl-calibrated")
+MODES = ("literal", "calibrated")
+# Selection path -> OPEN_CLIP_ADACL_FUSED.
+PATHS = {"auto": "auto", "fused": "on", "eager": "off"}
+# Input kind -> logit_scale.
+INPUTS = {"random": 14.3, "trained-50": 50.0, "trained-100": 100.0}
+# Squared norms of the trained-like features' parts: shared direction, cluster, sample, caption noise
+# (cosines: negatives 0.14, a sibling's caption 0.31, the own caption 0.35).
+TRAINED_PARTS = (0.15, 0.16, 0.04, 2.51)
+CLUSTER_SIZE = 8
 # The fused passes compile for matrices from 2048 x 2048 entries (open_clip_adacl.fused.AUTO_MIN_ELEMENTS).
 COMPILE_WARMUP_SIZE = 2048
+
+
+def case_name(mode: str, path: str) -> str:
+    return f"adacl-{mode}/{path}"
+
+
+def cases(paths: Sequence[str]) -> List[str]:
+    return ["clip"] + [case_name(mode, path) for mode in MODES for path in paths]
 
 
 def build_loss(case: str):
@@ -40,21 +65,37 @@ def build_loss(case: str):
 
     if case == "clip":
         return open_clip.ClipLoss()
-    return create_loss("adacl", mode=case.split("-", 1)[1])
+    return create_loss("adacl", mode=case.split("/")[0].split("-", 1)[1])
 
 
-def make_features(num: int, dim: int, device: str, seed: int = 0):
+def make_features(num: int, dim: int, device: str, inputs: str = "random", seed: int = 0):
+    """(image, text) unit features of the `inputs` kind (see the module's docstring)."""
     generator = torch.Generator().manual_seed(seed)
-    image = F.normalize(torch.randn(num, dim, generator=generator), dim=-1)
-    text = F.normalize(image + torch.randn(num, dim, generator=generator), dim=-1)
-    return image.to(device), text.to(device)
+
+    def unit(rows: int) -> torch.Tensor:
+        return F.normalize(torch.randn(rows, dim, generator=generator), dim=-1)
+
+    if inputs == "random":
+        image = unit(num)
+        return image.to(device), F.normalize(image + unit(num), dim=-1).to(device)
+    shared, cluster, sample, caption = (part ** 0.5 for part in TRAINED_PARTS)
+    clusters = unit(-(-num // CLUSTER_SIZE)).repeat_interleave(CLUSTER_SIZE, dim=0)[:num]
+    image = shared * unit(1) + cluster * clusters + sample * unit(num)
+    text = image + caption * unit(num)
+    return F.normalize(image, dim=-1).to(device), F.normalize(text, dim=-1).to(device)
 
 
-def train_step(loss_fn, image: torch.Tensor, text: torch.Tensor) -> None:
+def train_step(loss_fn, image: torch.Tensor, text: torch.Tensor, scale: float = INPUTS["random"]) -> None:
     image = image.clone().requires_grad_()
     text = text.clone().requires_grad_()
-    scale = torch.tensor(14.3, device=image.device, requires_grad=True)
-    loss_fn(image, text, scale).backward()
+    loss_fn(image, text, torch.tensor(scale, device=image.device, requires_grad=True)).backward()
+
+
+def run_case(case: str, loss_fn, image: torch.Tensor, text: torch.Tensor, scale: float) -> None:
+    """One training step of `case`, its selection path set for the step."""
+    if case != "clip":
+        os.environ["OPEN_CLIP_ADACL_FUSED"] = PATHS[case.split("/")[1]]
+    train_step(loss_fn, image, text, scale)
 
 
 def _synchronize(device: str) -> None:
@@ -62,21 +103,26 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_cases(num: int, dim: int, device: str, repeats: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+def time_cases(num: int, dim: int, device: str, repeats: int, inputs: str,
+               paths: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Median wall-clock seconds and median CPU seconds (this process, all threads) per forward+backward of
-    each case, rounds interleaved so drift hits all alike. On a machine shared with other jobs the CPU time
-    moves less than the wall clock: it leaves out the time the process waits for a core."""
-    image, text = make_features(num, dim, device)
-    losses = {case: build_loss(case) for case in CASES}
-    for loss_fn in losses.values():
-        train_step(loss_fn, image, text)
-    seconds: Dict[str, List[float]] = {case: [] for case in CASES}
-    cpu_seconds: Dict[str, List[float]] = {case: [] for case in CASES}
-    for _ in range(repeats):
-        for case, loss_fn in losses.items():
+    each case, rounds interleaved (in an order rotated each round) so drift and order hit all alike. On a
+    machine shared with other jobs the CPU time moves less than the wall clock: it leaves out the time the
+    process waits for a core."""
+    image, text = make_features(num, dim, device, inputs)
+    scale = INPUTS[inputs]
+    names = cases(paths)
+    losses = {case: build_loss(case) for case in names}
+    for case, loss_fn in losses.items():
+        run_case(case, loss_fn, image, text, scale)
+    seconds: Dict[str, List[float]] = {case: [] for case in names}
+    cpu_seconds: Dict[str, List[float]] = {case: [] for case in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for case in names[shift:] + names[:shift]:
             _synchronize(device)
             start, cpu_start = time.perf_counter(), time.process_time()
-            train_step(loss_fn, image, text)
+            run_case(case, losses[case], image, text, scale)
             _synchronize(device)
             seconds[case].append(time.perf_counter() - start)
             cpu_seconds[case].append(time.process_time() - cpu_start)
@@ -92,59 +138,112 @@ def _resident_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_memory_worker(case: str, num: int, dim: int, device: str) -> int:
+def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str) -> int:
     """Peak bytes of two training steps above what the inputs already take (this process only)."""
-    warmup_image, warmup_text = make_features(min(num, COMPILE_WARMUP_SIZE), dim, device)
-    train_step(build_loss(case), warmup_image, warmup_text)  # compiles; the compiler's memory is not the loss's
+    scale = INPUTS[inputs]
+    warmup_image, warmup_text = make_features(min(num, COMPILE_WARMUP_SIZE), dim, device, inputs)
+    run_case(case, build_loss(case), warmup_image, warmup_text, scale)  # compiles: not the loss's memory
     del warmup_image, warmup_text
-    image, text = make_features(num, dim, device)
+    image, text = make_features(num, dim, device, inputs)
     loss_fn = build_loss(case)
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         for _ in range(2):
-            train_step(loss_fn, image, text)
+            run_case(case, loss_fn, image, text, scale)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
     base = _resident_bytes("VmRSS")
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # resets the peak (VmHWM) to the current resident set
     for _ in range(2):
-        train_step(loss_fn, image, text)
+        run_case(case, loss_fn, image, text, scale)
     return _resident_bytes("VmHWM") - base
 
 
-def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int) -> int:
+def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int, inputs: str) -> int:
     """`peak_memory_worker` in a fresh interpreter, so no earlier case's memory counts."""
     command = [sys.executable, os.path.abspath(__file__), "--memory-worker", case, "--sizes", str(num),
-               "--dim", str(dim), "--device", device, "--threads", str(threads)]
+               "--dim", str(dim), "--device", device, "--threads", str(threads), "--inputs", inputs]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return int(json.loads(output.strip().splitlines()[-1])["peak_bytes"])
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| N | loss | time (ms) | time ratio | CPU time (ms) | CPU time ratio | peak memory (MiB) | memory ratio |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    """One row per input kind, N, loss and path; `auto / best`: auto's time over the faster of fused and
+    eager in that mode (wall clock, and CPU time)."""
+    memory = any("peak_bytes" in row for row in rows)
+    lines = ["| inputs | N | loss | path | time (ms) | time ratio | CPU time (ms) | CPU time ratio | auto / best | "
+             "auto / best, CPU time |" + (" peak memory (MiB) | memory ratio |" if memory else ""),
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if memory else "")]
     for row in rows:
-        lines.append(f"| {row['N']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} | "
-                     f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | "
-                     f"{row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |")
+        line = (f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
+                f"{row['time_ratio']:.3f} | {row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | "
+                f"{_optional(row.get('auto_over_best'))} | {_optional(row.get('auto_over_best_cpu'))} |")
+        if memory:
+            line += f" {row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
-def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int) -> List[dict]:
+def _optional(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def auto_over_best(seconds: Dict[str, float], mode: str) -> Optional[float]:
+    """Auto's time over the faster of fused and eager in `mode` (None unless all three were measured)."""
+    times = {path: seconds.get(case_name(mode, path)) for path in PATHS}
+    if None in times.values():
+        return None
+    return times["auto"] / min(times["fused"], times["eager"])
+
+
+def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int, inputs_kinds: Sequence[str],
+              paths: Sequence[str], memory: bool) -> List[dict]:
     rows = []
-    for num in sizes:
-        seconds, cpu_seconds = time_cases(num, dim, device, repeats)
-        peak = {case: measure_peak_memory(case, num, dim, device, threads) for case in CASES}
-        for case in CASES:
-            rows.append({"N": num, "loss": case, "seconds": seconds[case], "peak_bytes": peak[case],
-                         "time_ratio": seconds[case] / seconds["clip"], "cpu_seconds": cpu_seconds[case],
-                         "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
-                         # Tiny batches can reuse freed heap memory, leaving nothing to compare.
-                         "memory_ratio": peak[case] / peak["clip"] if peak["clip"] > 0 else float("nan")})
+    for inputs in inputs_kinds:
+        for num in sizes:
+            seconds, cpu_seconds = time_cases(num, dim, device, repeats, inputs, paths)
+            peak = {case: measure_peak_memory(case, num, dim, device, threads, inputs) for case in seconds} if memory else {}
+            for case in seconds:
+                loss, _, path = case.partition("/")
+                row = {"inputs": inputs, "N": num, "loss": loss, "path": path or "-", "seconds": seconds[case],
+                       "time_ratio": seconds[case] / seconds["clip"], "cpu_seconds": cpu_seconds[case],
+                       "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
+                       "auto_over_best": auto_over_best(seconds, loss.split("-", 1)[1]) if path == "auto" else None,
+                       "auto_over_best_cpu": auto_over_best(cpu_seconds, loss.split("-", 1)[1]) if path == "auto" else None}
+                if memory:
+                    # Tiny batches can reuse freed heap memory, leaving nothing to compare.
+                    row.update(peak_bytes=peak[case],
+                               memory_ratio=peak[case] / peak["clip"] if peak["clip"] > 0 else float("nan"))
+                rows.append(row)
     return rows
+
+
+def combined_table(step_json: str, loss_json: str) -> str:
+    """One table of a training-step run (scripts/bench_step.py) and a loss run: time and ratio to clip."""
+    try:
+        with open(step_json) as step_file, open(loss_json) as loss_file:
+            step, loss = json.load(step_file), json.load(loss_file)
+        lines = ["| part | inputs | N | loss | path | time (ms) | ratio to clip |", "|---|---|---:|---|---|---:|---:|"]
+        lines += [f"| training step, {row['model']} | - | {row['batch_size']} | {row['loss']} | "
+                  f"{'auto' if row['loss'] != 'clip' else '-'} | {row['seconds'] * 1e3:.1f} | {row['ratio']:.3f} |"
+                  for row in step["rows"]]
+        lines += [f"| loss | {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | "
+                  f"{row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} |" for row in loss["rows"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"error: cannot combine {step_json} and {loss_json} ({type(error).__name__}: {error}); "
+                         f"pass a bench_step.py --output and a bench_loss.py --json file")
+    return "\n".join(lines) + f"\n\n{step['settings']}\n\n{loss['settings']}"
+
+
+def auto_choices() -> str:
+    """What `auto` chose in this process, one line per shape (its timings of the selection passes)."""
+    from open_clip_adacl import fused
+
+    return "\n".join(f"- {d['passes']} passes, {d['rows']} x {d['cols']} {d['dtype']} on {d['device']}: {d['choice']} "
+                     f"(fused {_optional(d['fused_ms'])} ms, eager {d['eager_ms']:.1f} ms)" for d in fused.decisions())
 
 
 def describe_machine(device: str, threads: int) -> str:
@@ -174,32 +273,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--fused", choices=("auto", "on", "off"),
-                        help="AdaCL's fused selection passes (OPEN_CLIP_ADACL_FUSED; default: as set, else auto)")
-    parser.add_argument("--output", help="also write the markdown table to this file")
-    parser.add_argument("--memory-worker", choices=CASES, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    parser.add_argument("--inputs", nargs="+", choices=tuple(INPUTS), default=list(INPUTS),
+                        help="input kinds (see the docstring; default all)")
+    parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=list(PATHS),
+                        help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)")
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory (a fresh process per case)")
+    parser.add_argument("--output", help="also write the report to this file")
+    parser.add_argument("--json", help="also write the settings, rows and auto's choices as JSON to this file")
+    parser.add_argument("--combine", nargs=2, metavar=("STEP_JSON", "LOSS_JSON"),
+                        help="print one table of a bench_step.py --output and a bench_loss.py --json, nothing else")
+    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or min(args.sizes) < 3 or args.dim < 1 or args.threads < 1:
+        parser.error("--repeats, --dim and --threads must be at least 1 and every --sizes value at least 3")
+    return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.combine:
+        print(combined_table(*args.combine))
+        return
     torch.set_num_threads(args.threads)
-    if args.fused:
-        os.environ["OPEN_CLIP_ADACL_FUSED"] = args.fused  # the memory workers inherit it
     if args.memory_worker:
-        print(json.dumps({"peak_bytes": peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device)}))
+        peak = peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device, args.inputs[0])
+        print(json.dumps({"peak_bytes": peak}))
         return
     load_before = load_average()
-    rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads)
-    fused = os.environ.get("OPEN_CLIP_ADACL_FUSED", "auto")
+    rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads, args.inputs, args.paths,
+                     args.memory)
     report = (f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, "
               f"{describe_machine(args.device, args.threads)}; load average {load_before} before, {load_average()} "
-              f"after; AdaCL fused passes: {fused}; median of {args.repeats} rounds; ratios against ClipLoss in "
-              f"the same run.\n\n{markdown_table(rows)}\n")
+              f"after; median of {args.repeats} rounds; ratios against ClipLoss in the same run.\n\n"
+              f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
+              f"{auto_choices() or '- none (auto not run, or no AdaCL step)'}\n")
     print(report)
+    from training.discover.store import write_atomically
+
     if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(report)
+        write_atomically(Path(args.output), report)
+    if args.json:
+        from open_clip_adacl import fused
+
+        payload = {"settings": report.split("\n\n")[0], "rows": rows, "auto_choices": fused.decisions()}
+        write_atomically(Path(args.json), json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# GPU throughput of AdaCL against CLIP, one command, at most 12 minutes (three parts of at most 4):
+# GPU throughput of AdaCL against CLIP, one command, at most 8 minutes (two parts of at most 4), one table:
 #   bash scripts/gpu_bench.sh [OUTPUT_DIR]            on a CUDA machine; OUTPUT_DIR defaults to docs/gpu_bench
 #   bash scripts/gpu_bench.sh --smoke OUTPUT_DIR      the same steps on the CPU at toy sizes (a check, seconds)
 # Needs the project installed (e.g. `source scripts/setup_env.sh`).
 #   1. training step (forward, loss, backward, AdamW; amp) of ViT-B-32 at the CC12M recipe's per-GPU
-#      batch 256, --loss clip and --loss adacl: samples/s and their ratio (scripts/bench_step.py);
-#   2. the loss alone, forward + backward at N = 32768, D = 512: time and peak memory of AdaCL
-#      against OpenCLIP's ClipLoss (scripts/bench_loss.py), with AdaCL's fused selection passes
-#      (compiled by torch.compile: Triton; the default) and 3. with the eager passes (--fused off).
-# Writes OUTPUT_DIR/step.json, step.md, loss.md, loss_eager.md and summary.md (device, commit,
-# commands, tables), which docs/THROUGHPUT.md and docs/RESULTS.md cite.
+#      batch 256, --loss clip and --loss adacl: time and their ratio (scripts/bench_step.py);
+#   2. the loss alone, forward + backward at N = 32768, D = 512, on bench_loss.py's three inputs (random
+#      features at logit scale 14.3, trained-like ones at 50 and 100): ClipLoss and AdaCL's two modes on
+#      each selection path, auto (the default), fused (Triton kernels) and eager (scripts/bench_loss.py).
+# Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md and summary.md (device, commit, commands, the
+# one table of both parts, then each part's own report); paste summary.md where docs/THROUGHPUT.md says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0
 if [ "${1:-}" = "--smoke" ]; then
     SMOKE=1
     shift
+fi
+if [ "$#" -gt 1 ] || [[ "${1:-}" == -* ]]; then
+    echo "error: unexpected arguments '$*'; usage: bash scripts/gpu_bench.sh [--smoke] [OUTPUT_DIR]" >&2
+    exit 2
 fi
 OUT_DIR="${1:-docs/gpu_bench}"
 PYTHON="${PYTHON:-python}"
@@ -26,41 +30,34 @@ fi
 if (( SMOKE )); then
     STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
-    FUSED=on  # toy sizes are below the size from which `auto` compiles
 else
     if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
         exit 2
     fi
     STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup 5 --repeats 20)
-    LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 10)
-    FUSED=auto
+    LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 5)
 fi
 mkdir -p "$OUT_DIR"
 timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"
-timeout 240 "${LOSS[@]}" --fused "$FUSED" --output "$OUT_DIR/loss.md" > /dev/null
-timeout 240 "${LOSS[@]}" --fused off --output "$OUT_DIR/loss_eager.md" > /dev/null
+timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" --json "$OUT_DIR/loss.json" > /dev/null
 {
     echo "# GPU benchmarks, $(date -u +%Y-%m-%d)"
     echo
     echo "Commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $("$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')")."
     echo
-    echo "## Training step, --loss clip vs --loss adacl"
-    echo
     echo "\`${STEP[*]}\`"
+    echo
+    echo "\`${LOSS[*]}\`"
+    echo
+    "$PYTHON" scripts/bench_loss.py --combine "$OUT_DIR/step.json" "$OUT_DIR/loss.json"
+    echo
+    echo "## Training step, --loss clip vs --loss adacl"
     echo
     cat "$OUT_DIR/step.md"
     echo
-    echo "## Loss only, fused selection passes"
-    echo
-    echo "\`${LOSS[*]} --fused $FUSED\`"
+    echo "## Loss only"
     echo
     cat "$OUT_DIR/loss.md"
-    echo
-    echo "## Loss only, eager selection passes"
-    echo
-    echo "\`${LOSS[*]} --fused off\`"
-    echo
-    cat "$OUT_DIR/loss_eager.md"
 } > "$OUT_DIR/summary.md"
 cat "$OUT_DIR/summary.md"

@@ -20,15 +20,34 @@ def test_gpu_bench_parses():
 def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     result = subprocess.run(["bash", str(GPU_BENCH), "--smoke", str(tmp_path)], env=env, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "step.json").read_text())["rows"]
     assert [(row["model"], row["loss"]) for row in rows] == [("adacl-tiny", "clip"), ("adacl-tiny", "adacl")]
     assert rows[0]["ratio"] == 1.0 and all(row["samples_per_second"] > 0 for row in rows)
     summary = (tmp_path / "summary.md").read_text()
-    assert "| adacl-tiny | 8 | adacl |" in summary and "| 128 | adacl-calibrated |" in summary
-    assert "scripts/bench_step.py --smoke --device cpu" in summary
-    assert "## Loss only, eager selection passes" in summary and summary.count("| 128 | adacl-calibrated |") == 2
+    assert "scripts/bench_step.py --smoke --device cpu" in summary and "| adacl-tiny | 8 | adacl |" in summary
+    # the one table: both parts, every input kind, both modes on each path
+    assert "| training step, adacl-tiny | - | 8 | adacl | auto |" in summary
+    for inputs in ("random", "trained-50", "trained-100"):
+        for mode in ("literal", "calibrated"):
+            for path in ("auto", "fused", "eager"):
+                assert f"| loss | {inputs} | 128 | adacl-{mode} | {path} |" in summary
+    assert "auto's choices" in summary and "keys passes, 128 x 128 float32 on cpu: eager" in summary
+
+
+def test_gpu_bench_refuses_unexpected_arguments_in_one_line():
+    result = subprocess.run(["bash", str(GPU_BENCH), "--fast"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: unexpected arguments '--fast'; usage: bash scripts/gpu_bench.sh [--smoke] [OUTPUT_DIR]"]
+
+
+def test_combining_files_that_are_not_benchmark_output_is_one_line(tmp_path):
+    (tmp_path / "step.json").write_text("{}")
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--combine",
+                             str(tmp_path / "step.json"), str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: cannot combine") and "pass a bench_step.py --output" in result.stderr
 
 
 def _clone_study():

@@ -7,9 +7,13 @@ matrices, for devices or dtypes the compiler does not handle, when compiling fai
 user turns the fused passes off. Both produce bit-identical selections, so ranks that take
 different paths still agree.
 
-`OPEN_CLIP_ADACL_FUSED` selects the passes: `auto` (default) compiles them for matrices of at
-least `AUTO_MIN_ELEMENTS` entries, where the time they save pays for compiling them once; `on`
-for every size; `off` never. Each pass is compiled once per process, device type and dtype, with
+`OPEN_CLIP_ADACL_FUSED` selects the passes: `on` for every size, `off` never, and `auto` (default)
+whichever is faster here: the first time the selection meets a shape (rows x columns, device type,
+dtype), it times both on that call's own inputs and keeps the faster for the process (`decide`),
+logging one line with both times; below `AUTO_MIN_ELEMENTS` entries it times the eager passes
+alone and compiles nothing, since a compile (seconds) would cost more than the passes could save.
+Whether the fused passes are faster depends on the CPU (measured: docs/adacl.md §6.3), so it is
+measured rather than assumed. Each pass is compiled once per process, device type and dtype, with
 dynamic shapes, so a new batch size does not recompile it; the compile time is logged once. A
 pass that fails to compile (no C++ compiler, no Triton, an inductor error) is logged once and
 runs eagerly from then on: never an error.
@@ -17,18 +21,21 @@ runs eagerly from then on: never an error.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
-from typing import Callable, Dict, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
 ENV_VARIABLE = "OPEN_CLIP_ADACL_FUSED"
 MODES = ("auto", "on", "off")
-# `auto` compiles for matrices from 2048 x 2048 entries up, where the passes cost enough that a one-time
-# compile is repaid within a run (measured in docs/adacl.md §6.1); smaller runs (tests, demos) never
-# wait for a compiler.
+# `auto` considers the fused passes for matrices from 2048 x 2048 entries up, where the passes cost enough
+# that a one-time compile can be repaid within a run (docs/adacl.md §6.1); smaller runs (tests, demos)
+# never wait for a compiler.
 AUTO_MIN_ELEMENTS = 1 << 22
+# `decide` times each path this many times, alternating, after one untimed call each (which compiles).
+DECISION_ROUNDS = 3
 DEVICE_TYPES = ("cpu", "cuda")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # The histogram indices are in range by construction (bit shifts and clamps), so inductor's per-element
@@ -39,6 +46,9 @@ _log = logging.getLogger(__name__)
 _compiled: Dict[Callable, Callable] = {}
 _ready: Set[Tuple[str, str, torch.dtype]] = set()
 _failed: Set[Tuple[str, str, torch.dtype]] = set()
+# `auto`'s choices, per (passes, device type, dtype, rows, columns); and who is told of a new one.
+_decisions: Dict[Tuple[str, str, torch.dtype, int, int], Dict[str, object]] = {}
+_recorder: List[Callable[[List[Dict[str, object]]], None]] = []
 
 
 def _key(function: Callable, args: Tuple[torch.Tensor, ...]) -> Tuple[str, str, torch.dtype]:
@@ -57,14 +67,83 @@ def mode() -> str:
     return value
 
 
-def wanted(logits: torch.Tensor) -> bool:
-    """Whether the selection over `logits` should run its compiled passes (see the module's docstring)."""
+def wanted(logits: torch.Tensor, passes: str, compiled: Callable[[], object], eager: Callable[[], object]) -> bool:
+    """Whether the selection's `passes` over `logits` should run compiled (see the module's docstring).
+    `compiled` and `eager` run them each way on this call's inputs (the compiled one raises
+    `Unavailable` when it cannot compile), for `auto` to time them the first time it meets a shape."""
     selected = mode()
     if selected == "off" or logits.device.type not in DEVICE_TYPES or logits.dtype not in DTYPES:
         return False
     if logits.numel() == 0:  # a rank without rows: nothing to gain, and no shape to specialise on
         return False
-    return selected == "on" or logits.numel() >= AUTO_MIN_ELEMENTS
+    if selected == "on":
+        return True
+    key = (passes, logits.device.type, logits.dtype, *logits.shape)
+    if key not in _decisions:
+        _decisions[key] = decide(key, compiled if logits.numel() >= AUTO_MIN_ELEMENTS else None, eager)
+        _record()
+    return _decisions[key]["choice"] == "fused"
+
+
+def decide(key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Callable[[], object]],
+           eager: Callable[[], object]) -> Dict[str, object]:
+    """`auto`'s choice for `key`: the faster of the two ways, each timed `DECISION_ROUNDS` times
+    (alternating, the fastest time kept: the least disturbed by other jobs) after one untimed call;
+    eager without timing `compiled` when it is None (too small to compile) or cannot compile. Logs it."""
+    passes, device_type, dtype, rows, cols = key
+    paths = {"eager": eager} if compiled is None else {"fused": compiled, "eager": eager}
+    try:
+        for path in paths.values():  # the untimed call compiles
+            path()
+    except Unavailable:
+        del paths["fused"]
+    times: Dict[str, List[float]] = {name: [] for name in paths}
+    for _ in range(DECISION_ROUNDS):
+        for name, path in paths.items():
+            times[name].append(_timed(path, device_type))
+    best = {name: min(values) * 1e3 for name, values in times.items()}
+    choice = min(best, key=best.get)
+    fused_text = (f"fused {best['fused']:.1f} ms" if "fused" in best else "fused not compiled (" + (
+        f"below {math.isqrt(AUTO_MIN_ELEMENTS)} squared entries, where compiling costs more than the passes can save"
+        if compiled is None else "cannot be compiled here") + ")")
+    _log.info("AdaCL: %s selection passes for %d x %d %s on %s: %s, eager %.1f ms; using the %s passes "
+              "(%s=auto; on or off forces one)", passes, rows, cols, str(dtype).replace("torch.", ""), device_type,
+              fused_text, best["eager"], choice, ENV_VARIABLE)
+    return {"passes": passes, "device": device_type, "dtype": str(dtype).replace("torch.", ""), "rows": rows,
+            "cols": cols, "fused_ms": best.get("fused"), "eager_ms": best["eager"], "choice": choice}
+
+
+def _timed(path: Callable[[], object], device_type: str) -> float:
+    """Wall-clock seconds of one call of `path`, the device synchronised around it."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    path()
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def decisions() -> List[Dict[str, object]]:
+    """`auto`'s choices so far in this process, in the order made (JSON-ready)."""
+    return [dict(decision) for decision in _decisions.values()]
+
+
+def record_decisions(recorder: Callable[[List[Dict[str, object]]], None]) -> None:
+    """Call `recorder(decisions())` after each new choice of `auto` (and now, if this process made some),
+    in place of the previous recorder (the trainer writes them into its run folder); a recorder that fails
+    is logged, not raised."""
+    _recorder[:] = [recorder]
+    if _decisions:
+        _record()
+
+
+def _record() -> None:
+    for recorder in _recorder:
+        try:
+            recorder(decisions())
+        except OSError as error:  # a record the run cannot write is no reason to stop training
+            _log.warning("AdaCL: cannot record the selection passes' choices (%s)", error)
 
 
 def run(function: Callable, *args: torch.Tensor):

@@ -332,17 +332,31 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     lowest, as in `adacl.anchor_statistic`.
     """
     num_rows, num_cols = logits.shape
-    dtype = working_dtype(logits.dtype)
-    bounds = _candidate_bounds(coefficients, lower, dtype)
+    bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
     keys = (workspace or KeyWorkspace()).get(num_rows * num_cols, logits.device).view(num_rows, num_cols)
-    if fused.wanted(logits):
+    args = (logits, positive, positive_col, bounds, keys)
+    if fused.wanted(logits, "keys", lambda: _compiled_candidate_keys(*args), lambda: _eager_candidate_keys(*args)):
         try:
-            with one_cpu_thread(logits.device):
-                fused.run(_keys_pass, logits, positive, positive_col, bounds, keys)
-                high_counts = fused.run(_high_histogram_pass, keys)
-            return keys, _count_candidates(high_counts, keys.numel()), high_counts
+            return _compiled_candidate_keys(*args)
         except fused.Unavailable:
             pass
+    return _eager_candidate_keys(*args)
+
+
+def _compiled_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                             bounds: torch.Tensor, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`candidate_keys` by the two compiled passes; raises `fused.Unavailable`."""
+    with one_cpu_thread(logits.device):
+        fused.run(_keys_pass, logits, positive, positive_col, bounds, keys)
+        high_counts = fused.run(_high_histogram_pass, keys)
+    return keys, _count_candidates(high_counts, keys.numel()), high_counts
+
+
+def _eager_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                          bounds: torch.Tensor, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`candidate_keys` by the chunked eager passes."""
+    num_rows, num_cols = logits.shape
+    dtype = working_dtype(logits.dtype)
     bounds = _bounds_to_test(bounds)
     positive = positive.to(dtype)[:, None] + 0.0
     high_counts = torch.zeros(_RADIX, dtype=torch.int64, device=logits.device)
@@ -451,6 +465,29 @@ def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, posi
     key = _key_in_bin(fused.run(_low_histogram_of_logits, *args, high), high, rank_in_bin, rows)
     row_min = fused.run(_row_min_xor_of_logits, *args, key ^ _INT32_MIN)
     return count, key, _first_row_holding(row_min, positive_col, rows)
+
+
+def _median_without_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
+                         coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor],
+                         rows: RowGroup) -> Optional[Tuple[torch.Tensor, ...]]:
+    """`_lower_median_from_logits` where the fused passes are wanted, else None (the caller writes keys).
+    `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing
+    differently still run the same collectives."""
+    bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
+    alone = RowGroup(split_across_ranks=False)
+
+    def compiled():
+        if _lower_median_from_logits(logits, positive, positive_col, bounds, alone) is None:
+            raise fused.Unavailable("median")
+
+    def eager():  # its keys are freed after the timing: the fused median needs none
+        keys = torch.empty(logits.shape, dtype=torch.int32, device=logits.device)
+        _anchor_from_keys(_eager_candidate_keys(logits, positive, positive_col, bounds, keys), "median",
+                          positive_col, alone)
+
+    if not fused.wanted(logits, "median", compiled, eager):
+        return None
+    return _lower_median_from_logits(logits, positive, positive_col, bounds, rows)
 
 
 class KeyWorkspace:
@@ -733,9 +770,8 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
             coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
         lower = reference[2] if region == "upper" else None
         median = None
-        if anchor_stat == "median" and not reading_back_is_free(logits.device) and fused.wanted(logits):
-            median = _lower_median_from_logits(logits, summary.positive, positive_col, _candidate_bounds(
-                coefficients, lower, working_dtype(logits.dtype)), rows)
+        if anchor_stat == "median" and not reading_back_is_free(logits.device):
+            median = _median_without_keys(logits, summary.positive, positive_col, coefficients, lower, rows)
         count, key, row = median or _anchor_from_keys(
             candidate_keys(logits, summary.positive, positive_col, coefficients, workspace, lower), anchor_stat,
             row_index, rows)

@@ -16,6 +16,7 @@ if __name__ == "__main__":  # before the imports below (seconds): a preemption s
 
     remember_early_signals()
 
+import json
 import logging
 import os
 import random
@@ -30,10 +31,10 @@ import open_clip
 import torch
 import torchvision
 
-from open_clip_adacl import DistributedSetup, Loss, get_loss_class
+from open_clip_adacl import DistributedSetup, Loss, fused, get_loss_class
 
 from . import params
-from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
+from .checkpoint import (CheckpointConfig, Checkpointer, atomic_file, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
                          checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
                          roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
@@ -55,6 +56,10 @@ from .safe_write import RunFiles
 from .schedule import build_scheduler
 from .train import NonFiniteLossError, train_one_epoch
 from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
+
+
+# Where a run records AdaCL's choices of selection passes (`record_selection_choices`).
+SELECTION_CHOICES_FILE = "adacl_selection.json"
 
 
 @dataclass
@@ -171,6 +176,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
     files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
     write_params(recorded, paths, env, launch_note(env, resumed_from, state), files)
+    record_selection_choices(paths, env)
 
     data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
                       families=loss_fn.needs_family)
@@ -466,6 +472,17 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
         path = Path(paths.run_dir, "params.txt")
         separator = "\n" if path.exists() else ""
         files.append(path, separator + "\n".join([note, *lines]) + "\n")
+
+
+def record_selection_choices(paths: RunPaths, env: DistributedEnv) -> None:
+    """AdaCL's `auto` choices between its fused and eager selection passes (open_clip_adacl.fused: one per
+    shape, timed on the first batches) into <run>/adacl_selection.json, rewritten as each is made (rank 0's)."""
+    if env.is_master and paths.run_dir is not None:
+        path = Path(paths.run_dir, SELECTION_CHOICES_FILE)
+        def write(decisions) -> None:
+            with atomic_file(path, "w") as f:
+                f.write(json.dumps(decisions, indent=2) + "\n")
+        fused.record_decisions(write)
 
 
 def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:

@@ -1,10 +1,13 @@
 """The compiled (fused) selection passes of fused.py: bit-identical to the eager passes on random and
 adversarial cases, on both code paths and every dtype; the mode variable; and the fallback to the eager
 passes when nothing can be compiled. (The multi-rank tests run through them in their own modules.)"""
+import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -108,19 +111,82 @@ def test_fused_keys_are_the_eager_keys_bit_for_bit(monkeypatch):
 # --- when the passes are used ------------------------------------------------------------------------
 
 
-def test_the_mode_variable_selects_the_passes(monkeypatch):
+def _wanted(logits, passes="test", compiled=lambda: None, eager=lambda: None):
+    return fused.wanted(logits, passes, compiled, eager)
+
+
+@pytest.fixture
+def fresh_decisions(monkeypatch):
+    """`auto` as in a fresh process: no choice made, no recorder."""
+    monkeypatch.setattr(fused, "_decisions", {})
+    monkeypatch.setattr(fused, "_recorder", [])
+    monkeypatch.delenv(fused.ENV_VARIABLE, raising=False)
+
+
+def test_the_mode_variable_selects_the_passes(monkeypatch, fresh_decisions):
     large = torch.empty(2048, 2048)
     small = torch.empty(64, 64)
-    monkeypatch.delenv(fused.ENV_VARIABLE, raising=False)
-    assert fused.mode() == "auto" and fused.wanted(large) and not fused.wanted(small)
+
+    def never():
+        raise AssertionError("a small matrix is never compiled")
+
+    assert fused.mode() == "auto" and _wanted(large, eager=lambda: time.sleep(0.002))  # auto: the faster
+    assert not _wanted(small, compiled=never)
     monkeypatch.setenv(fused.ENV_VARIABLE, "on")
-    assert fused.wanted(small) and not fused.wanted(torch.empty(0, 64))  # a rank without rows
-    assert not fused.wanted(small.int()) and not fused.wanted(small.to("meta"))
+    assert _wanted(small) and not _wanted(torch.empty(0, 64))  # a rank without rows
+    assert not _wanted(small.int()) and not _wanted(small.to("meta"))
     monkeypatch.setenv(fused.ENV_VARIABLE, "OFF")
-    assert not fused.wanted(large)
+    assert not _wanted(large)
     monkeypatch.setenv(fused.ENV_VARIABLE, "yes")
     with pytest.raises(ValueError, match="OPEN_CLIP_ADACL_FUSED='yes' is not one of auto, on, off"):
-        fused.wanted(large)
+        _wanted(large)
+
+
+def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fresh_decisions, caplog):
+    calls = {"fused": 0, "eager": 0}
+
+    def path(name, seconds):
+        def run():
+            calls[name] += 1
+            time.sleep(seconds)
+        return run
+
+    recorded = []
+    fused.record_decisions(recorded.append)
+    large = torch.empty(2048, 2048)
+    with caplog.at_level("INFO", logger=fused.__name__):
+        assert _wanted(large, "a", path("fused", 0.0), path("eager", 0.01))
+        assert _wanted(large, "a", path("fused", 0.0), path("eager", 0.01))  # decided: not timed again
+        assert not _wanted(large, "b", path("fused", 0.01), path("eager", 0.0))  # other passes: their own choice
+        assert not _wanted(torch.empty(64, 64), "a", path("fused", 0.0), path("eager", 0.01))
+    assert calls == {"fused": 2 * (1 + fused.DECISION_ROUNDS), "eager": 3 * (1 + fused.DECISION_ROUNDS)}
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3 and lines[0].startswith("AdaCL: a selection passes for 2048 x 2048 float32 on cpu: fused ")
+    assert re.search(r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto", lines[0])
+    assert "using the eager passes" in lines[1] and "fused not compiled (below 2048 squared entries" in lines[2]
+    choices = recorded[-1]
+    assert [(c["passes"], c["rows"], c["choice"]) for c in choices] == [("a", 2048, "fused"), ("b", 2048, "eager"),
+                                                                        ("a", 64, "eager")]
+    assert choices[0]["fused_ms"] < choices[0]["eager_ms"] and choices[2]["fused_ms"] is None
+    assert len(recorded) == 3 and json.loads(json.dumps(choices)) == choices
+
+
+def test_auto_keeps_the_eager_passes_where_nothing_compiles(fresh_decisions):
+    def cannot():
+        raise fused.Unavailable("test")
+
+    assert not _wanted(torch.empty(2048, 2048), compiled=cannot)
+    assert fused.decisions()[0]["fused_ms"] is None and fused.decisions()[0]["choice"] == "eager"
+
+
+def test_a_recorder_that_cannot_write_is_logged_not_raised(fresh_decisions, tmp_path, caplog):
+    def unwritable(decisions):
+        raise OSError("disk full")
+
+    fused.record_decisions(unwritable)
+    with caplog.at_level("WARNING", logger=fused.__name__):
+        assert not _wanted(torch.empty(8, 8))
+    assert "cannot record the selection passes' choices (disk full)" in caplog.text
 
 
 def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):

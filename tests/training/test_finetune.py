@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from open_clip_adacl import fused
 from training.checkpoint import load_checkpoint
 from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
 from training.export import main as export_main
@@ -27,9 +28,18 @@ def run_argv(demo_shards, logs, name, *extra):
 def pretrained(demo_shards, module_tmp):
     """A short adacl run's epoch_1.pt and its hub-folder export."""
     logs = module_tmp("pretrain")
+    fused._decisions.clear()  # as in a fresh process: the run makes, logs and records its own choices
     summary = main(run_argv(demo_shards, logs, "base", "--loss", "adacl"))
     hub = export_for_hub(summary.checkpoint, logs / "hub", repo_id="someone/adacl-tiny-demo")
     return Path(summary.checkpoint), hub
+
+
+def test_the_run_logs_and_records_adacl_choice_of_selection_passes(pretrained):
+    run = pretrained[0].parent.parent
+    assert ("AdaCL: keys selection passes for 32 x 32 float32 on cpu: fused not compiled (below 2048 squared "
+            "entries") in (run / "out.log").read_text()
+    choices = json.loads((run / "adacl_selection.json").read_text())
+    assert choices[0]["rows"] == 32 and choices[0]["choice"] == "eager" and choices[0]["eager_ms"] > 0
 
 
 def tower(state_dict, prefix):

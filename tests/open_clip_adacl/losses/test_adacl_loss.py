@@ -224,16 +224,36 @@ def _script(name):
     return module
 
 
-def test_bench_loss_measures_every_case():
+def test_bench_loss_measures_every_case(monkeypatch):
+    monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", "auto")  # the benchmark sets it per case
     bench = _script("bench_loss")
-    for seconds in bench.time_cases(64, 16, "cpu", repeats=1):  # wall clock, CPU time
-        assert set(seconds) == set(bench.CASES) and all(s > 0 for s in seconds.values())
-    assert bench.peak_memory_worker("adacl-calibrated", 256, 16, "cpu") >= 0
-    table = bench.markdown_table([{"N": 64, "loss": "clip", "seconds": 0.01, "cpu_seconds": 0.02, "cpu_ratio": 1.0,
-                                   "peak_bytes": 2 ** 20, "time_ratio": 1.0, "memory_ratio": 1.0}])
-    assert "| 64 | clip | 10.0 | 1.000 | 20.0 | 1.000 | 1.0 | 1.000 |" in table
+    for seconds in bench.time_cases(64, 16, "cpu", 1, "trained-50", ("auto", "eager")):  # wall clock, CPU time
+        assert list(seconds) == ["clip", "adacl-literal/auto", "adacl-literal/eager", "adacl-calibrated/auto",
+                                 "adacl-calibrated/eager"] and all(s > 0 for s in seconds.values())
+    assert bench.peak_memory_worker("adacl-calibrated/eager", 256, 16, "cpu", "random") >= 0
+    row = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "auto", "seconds": 0.01, "cpu_seconds": 0.02,
+           "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25, "auto_over_best_cpu": 0.5}
+    assert ("| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 | 0.500 |"
+            in bench.markdown_table([row]))
+    table = bench.markdown_table([{**row, "peak_bytes": 2 ** 20, "memory_ratio": 1.0}])
+    assert table.endswith("| 0.500 | 1.0 | 1.000 |") and "| peak memory (MiB) | memory ratio |" in table
+    seconds = {bench.case_name("calibrated", path): value for path, value in (("auto", 1.1), ("fused", 1.0),
+                                                                               ("eager", 2.0))}
+    assert bench.auto_over_best(seconds, "calibrated") == pytest.approx(1.1)
+    assert bench.auto_over_best(seconds, "literal") is None
     machine = bench.describe_machine("cpu", 2)
     assert machine.startswith("CPU ") and " cores, 2 torch thread(s)" in machine
+
+
+def test_bench_loss_trained_like_inputs_have_the_cosines_it_names():
+    image, text = _script("bench_loss").make_features(512, 512, "cpu", "trained-50")
+    cosines = image @ text.T
+    cluster = torch.arange(512) // 8
+    same_cluster = cluster[:, None] == cluster[None, :]
+    siblings = same_cluster & ~torch.eye(512, dtype=torch.bool)
+    assert cosines.diag().mean() == pytest.approx(0.35, abs=0.02)
+    assert cosines[siblings].mean() == pytest.approx(0.31, abs=0.02)
+    assert cosines[~same_cluster].mean() == pytest.approx(0.14, abs=0.02)
 
 
 def test_positive_gradient_defaults_follow_the_mode():
