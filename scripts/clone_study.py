@@ -66,6 +66,12 @@ REGIMES = {
     "transfer": Regime("Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones", CONTROLS,
                        GROUPED, combinations="odd", pretrain_combinations="even", budget=TRANSFER_FINETUNE),
 }
+# Where the regime reports stand: the controls and the amended judgments come first (docs/preregistration.md).
+READ_FIRST = ("**Read first:** the positive controls (an oracle and HN-NCE) and the readings of our Algorithm 1, on "
+              "the scratch data ([results/controls.md](results/controls.md), "
+              "[results/controls_mechanism.md](results/controls_mechanism.md)), and every regime's runs judged by the "
+              "amended collapse rule and registered secondary family ([results/reassessed.md](results/reassessed.md)). "
+              "The regime reports below are as first written.")
 # The sections of each regime's report that RESULTS.md repeats (the rest stays in the regime's page).
 KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-negative selection",
                  "AdaCL mechanism", "Clone detection")
@@ -197,6 +203,8 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         "runs in [preregistration.md](preregistration.md); the verdict and what it means for AdaCL are in "
         "[adacl.md](adacl.md#verdict). The budget is the one at which `clip` learns the colour, shape and size "
         "clones ([results/learnability.md](results/learnability.md)).",
+        "",
+        READ_FIRST,
         "",
         "Reproduce (from the repository root):",
         "",
