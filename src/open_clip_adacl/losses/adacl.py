@@ -305,7 +305,6 @@ class AdaCLLoss(ContrastiveLoss):
         similarity = (batch.query_features(direction) * positive_features).sum(dim=-1)
         margins = self._margins(batch, direction, summary, similarity.detach())
         vanilla = batch.to_logits(similarity)
-        negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
         # CLIP's loss on the same logits, beside the trained one: a loss far below it with recall at chance is
         # a positive logit that stopped tracking the features (docs/adacl.md §5).
         clip_terms = torch.logaddexp(summary.negative_lse, vanilla.detach()) - vanilla.detach()
@@ -324,6 +323,7 @@ class AdaCLLoss(ContrastiveLoss):
         # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
         # would cost an N x N scatter in the backward).
         positive = torch.where(margins.modulated, modulated_logit, vanilla)
+        negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
         return (torch.logaddexp(negative_lse, positive) - positive).mean()
 
     def _differentiable_margins(self, batch: GlobalBatch, direction: str,
