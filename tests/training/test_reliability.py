@@ -211,14 +211,15 @@ def test_no_readable_shard_stops_before_training(tmp_path):
 
 
 def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_path):
-    """The shards open, but no sample in them is usable: found in a DataLoader worker mid-run."""
+    """The shards open and have the fields, but no sample in them is usable (no caption is UTF-8): found in a
+    DataLoader worker mid-run. (A field missing from every sample is refused at startup: test_startup.)"""
     directory = tmp_path / "shards"
     directory.mkdir()
-    write_tar(directory / "0.tar", [{key: value for key, value in good(n).items() if key != "txt"} for n in range(8)])
+    write_tar(directory / "0.tar", [{**good(n), "txt": b"\xff\xfe"} for n in range(8)])
     result = run_cli(*cli_argv(str(directory / "0.tar"), tmp_path, "--workers", "1"))
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "| ERROR | training data: rank 0 reader 0 (shards: " in result.stderr
-    assert "none of its shards yielded a usable sample" in result.stderr and "missing_caption=8" in result.stderr
+    assert "none of its shards yielded a usable sample" in result.stderr and "non_utf8_caption=8" in result.stderr
     assert "none of its shards yielded a usable sample" in (tmp_path / "stop" / "out.log").read_text()
 
 
