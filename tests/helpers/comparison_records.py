@@ -20,13 +20,13 @@ def fake_data(root, *, num_train, num_val):
     }})
 
 
-def record(label="clip", seed=0, *, status="ok", loss=1.2, val_loss=1.5, i2t=0.3, t2i=0.3, softmax=True, batch=64,
+def record(label="clip", seed=0, *, status="ok", loss=1.2, val_loss=1.5, i2t=0.3, t2i=0.3, batch=64,
            code="git 0123456789", **metrics):
     values = {"train/final_loss": loss, "val/clip_loss": val_loss, "val/i2t_R@1": i2t, "val/t2i_R@1": t2i,
               "clone/color": 0.7, "clone/overall": 0.6, **metrics}
     return {"label": label, "loss": label.split(":")[0], "options": {}, "seed": seed, "name": f"{label}-seed{seed}",
             "status": status, "error": None if status == "ok" else "boom", "batch_size": batch,
-            "softmax_loss": softmax, "train_seconds": 10.0, "eval_seconds": 2.0, "wall_seconds": 15.0,
+            "train_seconds": 10.0, "eval_seconds": 2.0, "wall_seconds": 15.0,
             "val_num_samples": 512, "code": code,
             "metrics": values}
 

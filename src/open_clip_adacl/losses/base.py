@@ -48,7 +48,6 @@ class Loss(nn.Module):
     needs_sample_index: ClassVar[bool] = False  # forward needs sample_index; Options derive SampleStateOptions
     needs_family: ClassVar[bool] = False        # forward takes family= (each sample's family id, -1: none)
     keeps_state: ClassVar[bool] = False         # buffers that move across steps (checkpointed, `commit()`ed)
-    softmax_style: ClassVar[bool] = False       # a cross-entropy over each row's candidates (chance: ln N)
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: ClassVar[Optional[Tuple[str, ...]]] = None
@@ -140,8 +139,6 @@ class GlobalBatch:
 
 class ContrastiveLoss(Loss):
     """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it."""
-
-    softmax_style = True
 
     def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
                     sample_index=None, family=None) -> GlobalBatch:

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from open_clip_adacl import get_loss_class
 from training.provenance import code_version
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
@@ -170,7 +169,7 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
     record["metrics"].update(training_metrics(job.run_dir))
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
-        # The options as the trainer resolved them (defaults included): the collapse check counts a queue's negatives.
+        # The options as the trainer resolved them (defaults included), beside the variant's own.
         record["loss_options"] = parse_args(job.train_argv).loss_options
         start = time.time()
         try:
@@ -186,8 +185,6 @@ def base_record(job: RunJob) -> Dict[str, Any]:
     return {
         "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
         "status": OK, "error": None, "batch_size": job.batch_size, "world_size": job.world_size,
-        # Softmax losses over the batch sit at ln(batch) when nothing is learned (all logits equal).
-        "softmax_loss": get_loss_class(job.loss).softmax_style,
         "train_argv": job.train_argv, "code": code_version(), "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
         "val_num_samples": None, "metrics": {},
     }

@@ -17,7 +17,6 @@ import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -603,7 +602,6 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
         check_endpoint(records, preregistration)
         records = with_endpoint(records, preregistration.metrics, preregistration.key)
     summaries = summarize(records)
-    reference = reference_label([summary.label for summary in summaries], preregistration)
     results_md.parent.mkdir(parents=True, exist_ok=True)
     output_dir.mkdir(parents=True, exist_ok=True)
     plot_path = results_md.with_suffix(".png")

@@ -132,7 +132,6 @@ def test_declared_capabilities_match_the_loss(name):
     assert ("data_size" in {spec.name for spec in specs}) == per_sample
     assert (per_sample and loss_fn.options.keeps_sample_state) == cls.needs_sample_index
     assert all(spec.help for spec in specs)
-    assert cls.softmax_style == isinstance(loss_fn, ContrastiveLoss)
 
 
 def _undeclared_loss(**attributes):

@@ -13,7 +13,7 @@ from helpers.comparison_records import assessed_records, record, report_context
 def test_healthy_runs_are_ok():
     assert assess_run(record())["verdict"] == "ok"
     # The trained loss's own value is no collapse signal (siglip's, or AdaCL's progressive positive logit).
-    assert assess_run(record("siglip", loss=10.0, softmax=False))["verdict"] == "ok"
+    assert assess_run(record("siglip", loss=10.0))["verdict"] == "ok"
     assert assess_run(record("adacl:paper", loss=0.001))["verdict"] == "ok"
 
 
@@ -49,7 +49,7 @@ def test_pairs_of_different_code_are_refused_in_one_line():
 
 def test_recall_at_chance_is_collapsed_for_every_loss():
     chance = 1 / 512
-    verdict = assess_run(record("siglip", loss=5.0, softmax=False, i2t=chance, t2i=2.5 * chance))
+    verdict = assess_run(record("siglip", loss=5.0, i2t=chance, t2i=2.5 * chance))
     assert verdict["verdict"] == "collapsed" and "chance" in verdict["reasons"][0]
     assert assess_run(record(i2t=2 * chance, t2i=2.5 * chance))["verdict"] == "ok"
 
