@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -90,5 +89,4 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     print(f"wrote {main()}")
