@@ -5,6 +5,7 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
     python scripts/clone_study.py --regimes scratch --seeds 0,1   # a slice (reuses finished runs)
     python scripts/clone_study.py --losses clip,adacl:paper       # some of each regime's variants first
     python scripts/clone_study.py --report-only                 # rewrite the reports from the runs
+    python scripts/clone_study.py --controls --regimes transfer # the positive controls in a regime
 
 Every regime trains the tiny model on the demo scenes (`training.synthetic_scenes`, written in families of 8
 one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
@@ -47,6 +48,10 @@ TRANSFER_PRETRAIN_SEED = 1000
 # sizes) is seen in pretraining and again, recoloured, in fine-tuning (tests/test_bench_scripts.py checks it).
 TRANSFER_PRETRAIN_DATA_SEED = 1
 TRANSFER_FINETUNE = ("--epochs", "8", "--lr", "1e-3", "--warmup", "10")
+# `--controls`: the positive controls (the oracle, HN-NCE) against `clip` in a regime, before AdaCL, on the
+# endpoint registered for them there (docs/preregistration.md#controls_<regime>). The scratch regime's are the
+# controls study's (docs/results/controls.md).
+POSITIVE_CONTROLS = "clip,oracle:weight=16,hnnce"
 
 
 @dataclass(frozen=True)
@@ -57,14 +62,17 @@ class Regime:
     combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
     pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these
     budget: Tuple[str, ...] = ("--epochs", str(EPOCHS))
+    controls: Optional[str] = None  # the variants of `--controls`, positive controls first
 
 
 REGIMES = {
     "scratch": Regime("Scratch: clone-dense batches, gold captions", f"{CONTROLS},glofnd,fne", GROUPED),
     "pseudo": Regime("Pseudo captions: training on a generic captioner's captions, evaluation on gold captions",
-                     CONTROLS, f"{GROUPED} --caption-key txt_pseudo --val-caption-key txt"),
+                     CONTROLS, f"{GROUPED} --caption-key txt_pseudo --val-caption-key txt",
+                     controls=f"{POSITIVE_CONTROLS},adacl"),
     "transfer": Regime("Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones", CONTROLS,
-                       GROUPED, combinations="odd", pretrain_combinations="even", budget=TRANSFER_FINETUNE),
+                       GROUPED, combinations="odd", pretrain_combinations="even", budget=TRANSFER_FINETUNE,
+                       controls=f"{POSITIVE_CONTROLS},adacl,adacl:paper"),
 }
 # Where the regime reports stand: the controls and the amended judgments come first (docs/preregistration.md).
 READ_FIRST = ("**Read first:** the positive controls (an oracle and HN-NCE) and the readings of our Algorithm 1, on "
@@ -77,9 +85,15 @@ KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-
                  "AdaCL mechanism", "Clone detection")
 
 
-def endpoint_argv(name: str) -> List[str]:
-    """The regime's pre-registered endpoint, margin and reference (a json block of PREREGISTRATION)."""
-    return ["--preregistration", f"{PREREGISTRATION}#{name}"]
+def endpoint_argv(study: str) -> List[str]:
+    """The study's pre-registered endpoint, margin and reference (a json block of PREREGISTRATION)."""
+    return ["--preregistration", f"{PREREGISTRATION}#{study}"]
+
+
+def study_name(regime: str, controls: bool) -> str:
+    """A regime's study: its own (`transfer`) or its positive controls' (`controls_transfer`), each with its own
+    runs folder, report and registration."""
+    return f"controls_{regime}" if controls else regime
 
 
 def scenes_dir(output_root: Path, combinations: str) -> Path:
@@ -125,13 +139,14 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     return checkpoint
 
 
-def regime_losses(regime: Regime, only: Optional[str]) -> str:
-    """The regime's variants, or those of `only` (which must all be the regime's), in the regime's order."""
+def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -> str:
+    """The regime's variants (or its controls'), or those of `only` (which must all be among them), in order."""
+    losses = regime.controls if controls else regime.losses
     if only is None:
-        return regime.losses
+        return losses
     from training.loss_comparison.variants import parse_loss_variants
 
-    labels = [variant.label for variant in parse_loss_variants(regime.losses)]
+    labels = [variant.label for variant in parse_loss_variants(losses)]
     wanted = {variant.label for variant in parse_loss_variants(only)}
     if wanted - set(labels):
         raise ValueError(f"--losses {sorted(wanted - set(labels))} are not variants of this regime: {labels}")
@@ -139,17 +154,18 @@ def regime_losses(regime: Regime, only: Optional[str]) -> str:
 
 
 def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str],
-                losses: Optional[str] = None) -> List[str]:
-    regime = REGIMES[name]
+                losses: Optional[str] = None, controls: bool = False) -> List[str]:
+    regime, study = REGIMES[name], study_name(name, controls)
     train_args = regime.train_args
     data_dir = scenes_dir(output_root, regime.combinations)
     if regime.combinations != "all":  # the comparison writes the default scenes itself
         write_scenes(data_dir, regime.combinations)
     if regime.pretrain_combinations:
         train_args += f" --pretrained {pretrain(regime, output_root)}"
-    return ["--quick", "--losses", regime_losses(regime, losses), "--seeds", seeds, "--output-dir", str(output_root / name),
-            "--data-dir", str(data_dir), "--results-md", str(results_dir / f"{name}.md"), *regime.budget,
-            "--train-args", train_args, *endpoint_argv(name), *extra]
+    return ["--quick", "--losses", regime_losses(regime, losses, controls), "--seeds", seeds,
+            "--output-dir", str(output_root / study), "--data-dir", str(data_dir),
+            "--results-md", str(results_dir / f"{study}.md"), *regime.budget, "--train-args", train_args,
+            *endpoint_argv(study), *extra]
 
 
 def sections(markdown: str) -> dict:
@@ -258,20 +274,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results-md", type=Path, default=Path("docs/RESULTS.md"))
     parser.add_argument("--report-only", action="store_true", help="rewrite every report from the finished runs")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's)")
+    parser.add_argument("--controls", action="store_true",
+                        help="run (or report) each regime's positive controls instead of its study: "
+                             "<output-dir>/controls_<regime>, <results-dir>/controls_<regime>.md")
     args = parser.parse_args(argv)
     regimes = [name.strip() for name in args.regimes.split(",") if name.strip()]
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
         parser.error(f"unknown regime(s) {unknown}; choose from {', '.join(REGIMES)}")
+    if args.controls and any(REGIMES[name].controls is None for name in regimes):
+        parser.error("the scratch regime's positive controls are the controls study (docs/results/controls.md, "
+                     "docs/preregistration.md#controls); give --regimes " +
+                     ",".join(name for name, regime in REGIMES.items() if regime.controls))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
     for name in regimes:
+        study = study_name(name, args.controls)
         if args.report_only:
-            compare_losses(["--report-only", "--output-dir", str(args.output_dir / name),
-                            "--results-md", str(args.results_dir / f"{name}.md"), *endpoint_argv(name)])
+            compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
+                            "--results-md", str(args.results_dir / f"{study}.md"), *endpoint_argv(study)])
         else:
-            print(f"== regime {name}: {REGIMES[name].title}", flush=True)
-            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses))
+            print(f"== {study}: {REGIMES[name].title}", flush=True)
+            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses,
+                                       args.controls))
+    if args.controls:  # RESULTS.md is assembled from the regimes' own studies
+        print(f"wrote {', '.join(str(args.results_dir / study_name(name, True)) + '.md' for name in regimes)}")
+        return
     command = "python scripts/clone_study.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4" else "")
     assemble(list(REGIMES), args.results_dir, args.results_md, args.output_dir, command)
     print(f"wrote {args.results_md} and {args.results_dir}/")

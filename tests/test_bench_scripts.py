@@ -131,3 +131,20 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
     assert "no paired difference excludes 0" in text and "Flagged" not in text
     written = results_md.read_text()
     assert written.startswith("# Results: the clone-negative study") and written.endswith("## Hand-written\n")
+
+
+def test_clone_study_controls_are_their_own_study_with_their_own_registration(tmp_path):
+    from training.loss_comparison.preregistration import from_file
+
+    study = _clone_study()
+    argv = study.regime_argv("pseudo", "0,1", tmp_path / "runs", tmp_path / "results", [], controls=True)
+    value = lambda flag: argv[argv.index(flag) + 1]  # noqa: E731
+    assert value("--losses") == "clip,oracle:weight=16,hnnce,adacl"
+    assert value("--output-dir") == str(tmp_path / "runs" / "controls_pseudo")
+    assert value("--results-md") == str(tmp_path / "results" / "controls_pseudo.md")
+    registration = from_file(str(REPO / value("--preregistration")))
+    assert (registration.endpoint, registration.metrics) == ("color_endpoint", ("clone/color",))
+    assert from_file(str(REPO / study.PREREGISTRATION) + "#controls_transfer").metrics == ("clone/shape",)
+    # The scratch regime's controls are the controls study, which the script does not run.
+    with pytest.raises(SystemExit):
+        study.main(["--controls", "--regimes", "scratch", "--output-dir", str(tmp_path / "runs")])
