@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence, Tuple
 from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.report import kept_tail
+from training.run_dir import RunDir
 
 GROUPED = "--train-group-size 8"
 EPOCHS = 24                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
@@ -123,7 +124,7 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     write_scenes(data_dir, regime.pretrain_combinations, TRANSFER_PRETRAIN_DATA_SEED)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
-    checkpoint = logs / name / "checkpoints" / f"epoch_{TRANSFER_PRETRAIN_EPOCHS}.pt"
+    checkpoint = RunDir(logs / name).epoch_checkpoint(TRANSFER_PRETRAIN_EPOCHS)
     if checkpoint.is_file():
         return checkpoint
     splits = manifest["splits"]

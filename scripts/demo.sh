@@ -34,7 +34,7 @@ python -m training.main \
     --workers 1 --device cpu --precision fp32 --seed 0 --log-every-n-steps 16 --train-group-size "$FAMILY_SIZE" \
     --logs "$DEMO/logs" --name "$RUN_NAME" "$@"
 
-CHECKPOINT=$(ls -t "$DEMO/logs/$RUN_NAME/checkpoints"/epoch_*.pt | head -1)
+CHECKPOINT=$(python -m training.run_dir "$DEMO/logs/$RUN_NAME" --final-checkpoint)
 echo "== evaluating $CHECKPOINT (exported to plain OpenCLIP format, stock clip-benchmark CLI)"
 python -m training.evaluation --checkpoint "$CHECKPOINT" --demo-root "$DATA" --output-dir "$DEMO/eval/$RUN_NAME"
 if [ -f "$DEMO/logs/$RUN_NAME/margins.png" ]; then  # AdaCL runs: the trainer redraws it at each epoch end

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.run_utils import (catches, children, flip_bits, kill_run, logged_steps, processes_running,  # noqa: E402
+from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running,  # noqa: E402
                                running)
-from training.logger import read_metrics  # noqa: E402
+from training.run_dir import RESULTS_NAME, RunDir, read_records, step_checkpoint_number  # noqa: E402
 from training.synthetic_scenes.writers import write_demo_dataset  # noqa: E402
 
 STEPS = 16        # 2 epochs of 8 steps
@@ -86,7 +86,7 @@ class Bench:
         return self.work / "logs" / name
 
     def steps(self, name: str) -> List[int]:
-        return logged_steps(self.run_dir(name) / "metrics.jsonl")
+        return RunDir(self.run_dir(name)).steps()
 
     def start_and_signal(self, name: str, ranks: int, target: str, sig: signal.Signals):
         """Start a run, send `sig` to `target` (trainer / torchrun / rank1 / all: srun's way) at SIGNAL_AT."""
@@ -123,7 +123,7 @@ class Bench:
         last = (self.steps(name) or [0])[-1]
         log = (self.run_dir(name) / "out.log").read_text()
         line = next((line.split(" | ")[-1] for line in log.splitlines() if "Preempted by" in line), "no line")
-        saved = sorted(int(p.stem[5:]) for p in (self.run_dir(name) / "checkpoints").glob("step_*.pt"))
+        saved = [step_checkpoint_number(path) for path in RunDir(self.run_dir(name)).step_checkpoints()]
         requeues = self.scontrol_record.read_text().count("requeue 4242") if self.scontrol_record.exists() else 0
         resumed, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
         steps = self.steps(name)
@@ -148,7 +148,7 @@ class Bench:
     def base_run(self, ranks: int) -> Path:
         """base-<ranks>: the uninterrupted run the resume rows start from (run once)."""
         name = f"base-{ranks}"
-        if not (self.run_dir(name) / "checkpoints" / "epoch_2.pt").exists():
+        if not (RunDir(self.run_dir(name)).epoch_checkpoint(2)).exists():
             result, _ = self.run(ranks, self.argv(name, ranks))
             assert result.returncode == 0, result.stderr[-2000:]
         return self.run_dir(name)
@@ -156,7 +156,7 @@ class Bench:
     def changed_resumes(self) -> None:
         source = "base-1"
         self.base_run(1)
-        checkpoint = self.run_dir(source) / "checkpoints" / "step_5.pt"
+        checkpoint = RunDir(self.run_dir(source)).step_checkpoint(5)
         for label, extra in [
             ("resume mid-epoch with --batch-size 32 -> 16", ["--batch-size", "16"]),
             ("resume mid-epoch with --workers 0 -> 1", ["--workers", "1"]),
@@ -174,13 +174,13 @@ class Bench:
         # 2 ranks -> 1 mid-epoch, and 1 -> 2 at the epoch boundary.
         self.base_run(2)
         result, _ = self.run(1, self.argv("changed-world", 1, "--batch-size", "16", "--resume",
-                                          str(self.run_dir("base-2") / "checkpoints" / "step_5.pt")))
+                                          str(RunDir(self.run_dir("base-2")).step_checkpoint(5))))
         self.add("resume a 2-rank mid-epoch checkpoint on 1 rank", f"rc {result.returncode}: "
                  f"`{last_line(result.stderr)[:160]}...`", "nothing (refused)")
         result, _ = self.run(2, self.argv("boundary-world", 2, "--resume",
-                                          str(self.run_dir(source) / "checkpoints" / "epoch_1.pt")))
-        reference = {r["step"]: r["lr"] for r in read_metrics(self.run_dir(source) / "metrics.jsonl", "train")}
-        lrs = [r["lr"] for r in read_metrics(self.run_dir("boundary-world") / "metrics.jsonl", "train")]
+                                          str(RunDir(self.run_dir(source)).epoch_checkpoint(1))))
+        reference = {r["step"]: r["lr"] for r in RunDir(self.run_dir(source)).metrics("train")}
+        lrs = [r["lr"] for r in RunDir(self.run_dir("boundary-world")).metrics("train")]
         same = all(abs(lr - reference[9 + k]) <= 1e-12 * max(1.0, lr) for k, lr in enumerate(lrs))
         self.add("resume a 1-rank epoch_1.pt on 2 ranks (epoch boundary)",
                  f"rc {result.returncode}; allowed, logged; LR of steps 9..16 equal to the 1-rank run's: {same}",
@@ -190,7 +190,7 @@ class Bench:
         for case in ("latest", "path"):
             name = f"trunc-{case}"
             shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
-            newest = self.run_dir(name) / "checkpoints" / "epoch_2.pt"  # cut short, as by a full disk or a dying copy
+            newest = RunDir(self.run_dir(name)).epoch_checkpoint(2)  # cut short, as by a full disk or a dying copy
             newest.write_bytes(newest.read_bytes()[:4096])
             result, _ = self.run(1, self.argv(name, 1, "--resume", "latest" if case == "latest" else str(newest)))
             log = (self.run_dir(name) / "out.log").read_text()
@@ -222,7 +222,7 @@ class Bench:
                      f"rc {result.returncode}: `{last_line(result.stderr)[:140]}...`", "nothing (refused at start)")
         name = "rollback-1"
         shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
-        result, _ = self.run(1, self.argv(name, 1, "--resume", str(self.run_dir(name) / "checkpoints" / "step_5.pt")))
+        result, _ = self.run(1, self.argv(name, 1, "--resume", str(RunDir(self.run_dir(name)).step_checkpoint(5))))
         log = (self.run_dir(name) / "out.log").read_text()
         moved = next((line.split(" | ")[-1] for line in log.splitlines() if "Rolled back" in line), "")
         self.add("--resume step_5.pt into the same --name (roll back)",
@@ -273,7 +273,7 @@ class Bench:
             (disk / "filler").unlink()  # room again: the held-back records go in with the next one
             _, stderr = proc.communicate(timeout=900)
             log = self.log(name)
-            results = read_metrics(str(disk / "results.jsonl")) if (disk / "results.jsonl").exists() else []
+            results = read_records(disk / RESULTS_NAME)
             steps = self.steps(name)
         self.add(f"`metrics.jsonl` and `results.jsonl` on a full disk (1 MB tmpfs) until epoch 0 is validated, "
                  f"{ranks} rank(s)",
@@ -299,7 +299,7 @@ class Bench:
     def damaged_checkpoint(self, ranks: int) -> None:
         name = f"flipped-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
-        flip_bits(self.run_dir(name) / "checkpoints" / "epoch_2.pt")
+        flip_bits(RunDir(self.run_dir(name)).epoch_checkpoint(2))
         result, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
         log = self.log(name)
         self.add(f"64 flipped bits inside the newest checkpoint (`epoch_2.pt`), `--resume latest`, {ranks} rank(s)",
@@ -354,7 +354,7 @@ class Bench:
     def changed_schedule(self) -> None:
         name = "changed-schedule-1"
         result, _ = self.run(1, self.argv(name, 1, "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1",
-                                          "--resume", str(self.base_run(1) / "checkpoints" / "step_5.pt")))
+                                          "--resume", str(RunDir(self.base_run(1)).step_checkpoint(5))))
         warnings = [line.split(" | ")[-1] for line in self.log(name).splitlines() if "| WARNING | Resuming " in line]
         self.add("resume mid-epoch with `--lr 2e-3 -> 1e-2 --epochs 2 -> 3 --grad-clip-norm None -> 1`",
                  f"rc {result.returncode}; {len(warnings)} warning lines, one per flag, e.g. "

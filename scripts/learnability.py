@@ -16,11 +16,12 @@ import argparse
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
+
+from training.run_dir import RunDir, step_checkpoint_number
 
 
 def train(args: argparse.Namespace, manifest: dict) -> Path:
@@ -36,23 +37,19 @@ def train(args: argparse.Namespace, manifest: dict) -> Path:
             "--train-group-size", "8", "--save-every-n-steps", str(args.every),
             "--logs", str(args.output), "--name", "run", *args.train_args.split()]
     run_dir = args.output / "run"
-    if not (run_dir / "checkpoints" / f"epoch_{epochs}.pt").is_file():
+    if not RunDir(run_dir).epoch_checkpoint(epochs).is_file():
         log = open(args.output / "train.log", "w")
         subprocess.run(argv + (["--resume", "latest"] if run_dir.exists() else []), check=True, stdout=log,
                        stderr=subprocess.STDOUT)
-    return run_dir / "checkpoints"
+    return RunDir(run_dir)
 
 
-def checkpoint_step(path: Path) -> int:
-    return int(re.fullmatch(r"step_(\d+)\.pt", path.name).group(1))
-
-
-def score(checkpoints: Path, data_dir: Path, output: Path) -> List[Dict[str, float]]:
+def score(run: RunDir, data_dir: Path, output: Path) -> List[Dict[str, float]]:
     from training.evaluation.clone_selection import evaluate_clone_selection
     from training.evaluation.zero_shot import export_checkpoint, load_model
 
     rows = []
-    for path in sorted(checkpoints.glob("step_*.pt"), key=checkpoint_step):
+    for path in run.step_checkpoints():
         model_name = export_checkpoint(path, output / "exports" / path.stem)
         model, preprocess, tokenizer = load_model(model_name, "none", "cpu")
         metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir / "clone_selection",
@@ -61,10 +58,10 @@ def score(checkpoints: Path, data_dir: Path, output: Path) -> List[Dict[str, flo
         for name, value in sorted(metrics.items()):
             if name.endswith("_acc"):
                 edit = name.removesuffix("_acc")
-                rows.append({"step": checkpoint_step(path), "edit": edit, "accuracy": value,
+                rows.append({"step": step_checkpoint_number(path), "edit": edit, "accuracy": value,
                              "cosine_margin": metrics[f"{edit}_margin"] / scale})
-        print(f"step {checkpoint_step(path):5d}: " + ", ".join(
-            f"{row['edit']} {row['accuracy']:.3f}" for row in rows if row["step"] == checkpoint_step(path)),
+        print(f"step {step_checkpoint_number(path):5d}: " + ", ".join(
+            f"{row['edit']} {row['accuracy']:.3f}" for row in rows if row["step"] == step_checkpoint_number(path)),
             flush=True)
     return rows
 

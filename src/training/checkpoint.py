@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -53,10 +52,10 @@ from .checkpoint_digest import verify_digest, with_digest
 from .data.position import DataPosition
 from .distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
 from .flags import ConfigError, HelpGroup, flag, from_flag
+from .run_dir import (CHECKPOINT_FILE_NAME, EPOCH_CHECKPOINT_NAME, LATEST_CHECKPOINT_NAME, STEP_CHECKPOINT_NAME,
+                      epoch_checkpoint_name, numbered_checkpoints, step_checkpoint_name, step_checkpoint_number)
 from .safe_write import ErrorRecordingFile, cause_of
 
-LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
-CHECKPOINT_FILE_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
 CHECKPOINT_FORMAT = 2  # the layout above; checkpoints without a "format" key are converted on load
 
 
@@ -289,12 +288,6 @@ def saved_world_size(checkpoint: Mapping[str, Any], default: int) -> int:
     return checkpoint.get("world_size") or len(checkpoint.get("rng") or ()) or default
 
 
-def step_checkpoint_number(path: Path) -> Optional[int]:
-    """N for a step_N.pt file, else None."""
-    match = CHECKPOINT_FILE_NAME.match(path.name)
-    return int(match.group(3)) if match and match.group(3) is not None else None
-
-
 def checkpoint_step(path: Path) -> int:
     """The training step a checkpoint file was written at. Opens the file (lazily, through mmap: the
     zip index and the pickled structure, not the tensors), so a truncated file raises here."""
@@ -483,7 +476,7 @@ class Checkpointer:
 
     def _step_filenames(self) -> List[str]:
         every, step = self.cfg.save_every_n_steps, self.state.step
-        return [f"step_{step}.pt"] if every and step % every == 0 else []
+        return [step_checkpoint_name(step)] if every and step % every == 0 else []
 
     def maybe_save_step(self) -> None:
         """step_N.pt every --save-every-n-steps steps (collective: every rank calls it)."""
@@ -494,7 +487,7 @@ class Checkpointer:
     def save_now(self) -> Optional[Path]:
         """step_N.pt for this step whatever --save-every-n-steps says (a preemption); the file, or None when
         the write failed (collective; the result is rank 0's on every rank)."""
-        path = self.checkpoint_dir / f"step_{self.state.step}.pt"
+        path = self.checkpoint_dir / step_checkpoint_name(self.state.step)
         written = self._save_and_prune([path.name])
         return None if any_rank(not written, self.env) else path
 
@@ -506,7 +499,7 @@ class Checkpointer:
         filenames = self._step_filenames()
         if completed == self.cfg.total_epochs or (
                 self.cfg.save_frequency > 0 and completed % self.cfg.save_frequency == 0):
-            filenames.append(f"epoch_{completed}.pt")
+            filenames.append(epoch_checkpoint_name(completed))
         if self.cfg.save_most_recent:
             filenames.append(LATEST_CHECKPOINT_NAME)
         written = self._save_and_prune(filenames) if filenames else []
@@ -520,13 +513,11 @@ class Checkpointer:
             return written
         keep_steps = 1 if self.cfg.delete_previous else self.cfg.keep_step_checkpoints
         for path in written:
-            if self.cfg.delete_previous and path.name.startswith("epoch_") and path.name != LATEST_CHECKPOINT_NAME:
-                previous = self.checkpoint_dir / f"epoch_{self.state.position.epoch - 1}.pt"
+            if self.cfg.delete_previous and EPOCH_CHECKPOINT_NAME.match(path.name):
+                previous = self.checkpoint_dir / epoch_checkpoint_name(self.state.position.epoch - 1)
                 previous.unlink(missing_ok=True)
             elif keep_steps and step_checkpoint_number(path) is not None:
-                steps = sorted((step_checkpoint_number(p), p) for p in self.checkpoint_dir.glob("step_*.pt")
-                               if step_checkpoint_number(p) is not None)
-                for _, older in steps[:-keep_steps]:
+                for older in numbered_checkpoints(self.checkpoint_dir, STEP_CHECKPOINT_NAME)[:-keep_steps]:
                     older.unlink(missing_ok=True)
         return written
 

@@ -39,7 +39,7 @@ from safetensors.torch import save
 
 from .checkpoint import atomic_file, load_checkpoint
 from .params import command_line
-from .run_records import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
+from .run_dir import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .run_dir import METRICS_NAME
 from .safe_write import RunFiles
 
 _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
@@ -108,7 +109,7 @@ class MetricsWriter:
                  enabled: bool = True, files: Optional[RunFiles] = None):
         self.enabled = enabled and run_dir is not None
         self.files = files if files is not None else RunFiles()
-        self.path = os.path.join(run_dir, "metrics.jsonl") if self.enabled else None
+        self.path = os.path.join(run_dir, METRICS_NAME) if self.enabled else None
         self.tb_writer = None
         self.wandb_run = None
         if self.enabled and tensorboard:
@@ -144,13 +145,6 @@ class MetricsWriter:
             self.wandb_run.finish()
             self.wandb_run = None
         return self.files.close()
-
-
-def read_metrics(path: str, kind: Optional[str] = None) -> list:
-    """The records of a metrics.jsonl (optionally only those of one kind)."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if kind is None or r["kind"] == kind]
 
 
 def drop_records_after(path: str, step: int, key: str = "step") -> int:

@@ -51,7 +51,8 @@ from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
 from .resume_changes import warn_run_changes
 from .run_lock import RunInUse, RunLock
-from .run_records import RESULTS_NAME, checkpoint_files, set_aside_earlier_records, trim_to_resume_point
+from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RESULTS_NAME
+from .run_records import checkpoint_files, set_aside_earlier_records, trim_to_resume_point
 from .safe_write import RunFiles
 from .schedule import build_scheduler
 from .train import NonFiniteLossError, train_one_epoch
@@ -105,8 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
             run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)
-            collision = run_dir_collision(cfg.resume, os.path.join(run_dir, "out.log"),
-                                          os.path.join(run_dir, "checkpoints"))
+            collision = run_dir_collision(cfg.resume, os.path.join(run_dir, LOG_NAME),
+                                          os.path.join(run_dir, CHECKPOINT_DIR_NAME))
             if collision:
                 raise ConfigError(collision)
         if cfg.logging.logs is not None:
@@ -356,8 +357,8 @@ def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
     if cfg.logging.logs is None:
         return RunPaths(name, None, None, None)
     run_dir = os.path.join(cfg.logging.logs, name)
-    checkpoint_dir = os.path.join(run_dir, "checkpoints")
-    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else "out.log")
+    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR_NAME)
+    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else LOG_NAME)
     writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
     # Decided together: a rank that raised alone would leave the others waiting at the next collective.
     if any_rank(writes_log and run_dir_collision(cfg.resume, log_file, checkpoint_dir) is not None, env):
@@ -404,7 +405,7 @@ def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn:
 def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
     """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
     (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
-    target = (os.path.join(cfg.logging.logs, cfg.logging.name, "checkpoints") if cfg.logging.name is not None
+    target = (os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME) if cfg.logging.name is not None
               else cfg.logging.logs)
     logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
     try:
@@ -469,7 +470,7 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
     lines = [f"{name}: {value}" for name, value in recorded.items()]
     logging.info("Params:\n  " + "\n  ".join(lines))
     if paths.run_dir is not None:
-        path = Path(paths.run_dir, "params.txt")
+        path = Path(paths.run_dir, PARAMS_NAME)
         separator = "\n" if path.exists() else ""
         files.append(path, separator + "\n".join([note, *lines]) + "\n")
 

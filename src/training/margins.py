@@ -16,7 +16,6 @@ counter instead: (fallbacks at this record - at the previous one) / (steps betwe
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .checkpoint import atomic_file
+from .run_dir import RunDir
 
 DIRECTIONS = ("i2t", "t2i")
 # Stat name -> panel title; the margins are gaps at fallback steps, the candidates are real counts then.
@@ -75,11 +75,6 @@ def margin_traces(records: Sequence[dict]) -> MarginTraces:
     return traces
 
 
-def read_records(metrics_path: Path) -> List[dict]:
-    with open(metrics_path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Path:
     """Draw the panels into `output` (default RUN_DIR/margins.png, replaced atomically); returns its path."""
     import matplotlib
@@ -87,10 +82,10 @@ def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    traces = margin_traces(read_records(run_dir / "metrics.jsonl"))
+    run = RunDir(run_dir)
+    traces = margin_traces(run.metrics("train"))
     if not traces.steps:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no AdaCL stats (train records with "
+        raise ValueError(f"{run.metrics_path} holds no AdaCL stats (train records with "
                          f"'{STATS_PREFIX}i2t/modulated'): is it an AdaCL run?")
     titles = {**MARGIN_PANELS, **COUNT_PANELS}
     figure, axes = plt.subplots(len(titles) + 1, 1, figsize=(8, 2.2 * (len(titles) + 1)), sharex=True)
@@ -112,7 +107,7 @@ def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Pa
         axis.legend(fontsize=8, loc="best")
     axes[-1].set_xlabel("step")
     figure.tight_layout()
-    path = Path(output) if output else run_dir / PLOT_NAME
+    path = Path(output) if output else run.path / PLOT_NAME
     with atomic_file(path) as handle:
         figure.savefig(handle, format="png", dpi=100)
     plt.close(figure)

@@ -15,11 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
 
-from .checkpoint import CHECKPOINT_FILE_NAME, move_aside
+from .checkpoint import move_aside
 from .logger import drop_records_after
-
-METRICS_NAME = "metrics.jsonl"
-RESULTS_NAME = "results.jsonl"
+from .run_dir import CHECKPOINT_FILE_NAME, METRICS_NAME, RESULTS_NAME
 
 
 def checkpoint_files(checkpoint_dir: Path) -> List[Path]:

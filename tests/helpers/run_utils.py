@@ -1,7 +1,6 @@
 """Helpers for tests that run the trainer as a process and interrupt it: torchrun commands, waiting for a
 logged step, killing a run with its workers, and comparing a resumed run's end with an uninterrupted one."""
 import hashlib
-import json
 import os
 import signal
 import sys
@@ -12,7 +11,7 @@ import torch
 
 from helpers.distributed_utils import free_port
 from training.checkpoint import load_checkpoint
-from training.logger import read_metrics
+from training.run_dir import RunDir
 
 
 def torchrun_command(demo_shards, logs, *extra, name="ddp"):
@@ -44,18 +43,10 @@ def children(pid):
     return found
 
 
-def logged_steps(metrics_path):
-    """The train steps a running run has logged so far (a line still being written is left out)."""
-    if not metrics_path.exists():
-        return []
-    complete = metrics_path.read_text().rpartition("\n")[0]
-    return [record["step"] for record in map(json.loads, complete.splitlines()) if record["kind"] == "train"]
-
-
-def wait_for_step(metrics_path, proc, step, timeout=300):
-    """Wait until the run has logged `step` (or more)."""
+def wait_for_step(run_dir, proc, step, timeout=300):
+    """Wait until the run in `run_dir` has logged `step` (or more)."""
     deadline = time.time() + timeout
-    while not (logged_steps(metrics_path) or [0])[-1] >= step:
+    while not (RunDir(run_dir).steps() or [0])[-1] >= step:
         assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.time() < deadline, f"step {step} not reached in {timeout} s"
         time.sleep(0.05)
@@ -89,7 +80,7 @@ def kill_run(proc, timeout=60):
 
 
 def losses_by_step(run_dir):
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
+    return {r["step"]: r["loss"] for r in RunDir(run_dir).metrics("train")}
 
 
 def assert_same_final_state(run_dir, reference_dir, checkpoint="epoch_2.pt"):

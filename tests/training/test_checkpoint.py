@@ -17,7 +17,7 @@ from training import checkpoint as ckpt
 from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
                                  run_components, save_atomic)
 from training.distributed import DistributedEnv
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 
 
@@ -188,8 +188,8 @@ def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
     assert_same_final_state(tmp_path / "resumed", reference_dir)
     # The interrupted epoch's summary counts the steps before the interruption too.
-    reference_epochs = read_metrics(reference_dir / "metrics.jsonl", "epoch")
-    resumed_epochs = read_metrics(tmp_path / "resumed" / "metrics.jsonl", "epoch")
+    reference_epochs = RunDir(reference_dir).metrics("epoch")
+    resumed_epochs = RunDir(tmp_path / "resumed").metrics("epoch")
     assert resumed_epochs[0]["loss"] == pytest.approx(reference_epochs[0]["loss"], rel=1e-5)
 
 

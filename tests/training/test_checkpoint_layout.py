@@ -14,7 +14,7 @@ from training.checkpoint import (CHECKPOINT_FORMAT, CheckpointConfig, Checkpoint
 from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.export import export
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
@@ -91,8 +91,8 @@ def test_a_run_resumed_from_the_earlier_layout_goes_on_as_the_run_that_wrote_it(
     assert sorted(resumed) == list(range(4, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    for theirs, ours in zip(read_metrics(FIXTURE / "metrics.jsonl", "epoch"),
-                            read_metrics(tmp_path / "resumed" / "metrics.jsonl", "epoch"), strict=True):
+    for theirs, ours in zip(RunDir(FIXTURE).metrics("epoch"),
+                            RunDir(tmp_path / "resumed").metrics("epoch"), strict=True):
         assert (ours["epoch"], ours["num_steps"]) == (theirs["epoch"], theirs["num_steps"])
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
     # The checkpoints it writes are in today's layout.

@@ -2,7 +2,7 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 
 # The scalars open_clip_train.train logs (train_one_epoch's log_data and evaluate's metrics).
@@ -28,7 +28,7 @@ def tensorboard_scalars(demo_shards, module_tmp):
     events = EventAccumulator(str(logs / "tb" / "tensorboard"))
     events.Reload()
     scalars = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return scalars, read_metrics(logs / "tb" / "metrics.jsonl", "train")
+    return scalars, RunDir(logs / "tb").metrics("train")
 
 
 def test_tensorboard_tags_are_openclips(tensorboard_scalars):

@@ -144,12 +144,12 @@ def _torchrun(demo_shards, logs, *extra):
 
 def _first_epoch(demo_shards, logs):
     from training.checkpoint import load_checkpoint
-    from training.logger import read_metrics
+    from training.run_dir import RunDir
 
     result = _torchrun(demo_shards, logs, "--epochs", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     run = logs / "ddp"
-    steps = read_metrics(run / "metrics.jsonl", "train")
+    steps = RunDir(run).metrics("train")
     assert [r["step"] for r in steps] == list(range(1, 9))  # 256 samples / (2 ranks x 16) per epoch
     assert steps[0]["samples_per_second"] == pytest.approx(32 / steps[0]["batch_time"])
     checkpoint = load_checkpoint(run / "checkpoints" / "epoch_1.pt")
@@ -165,12 +165,12 @@ def test_torchrun_two_ranks_train_and_checkpoint(demo_shards, tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
     from training.checkpoint import load_checkpoint
-    from training.logger import read_metrics
+    from training.run_dir import RunDir
 
     run = _first_epoch(demo_shards, tmp_path)
     result = _torchrun(demo_shards, tmp_path, "--epochs", "2", "--resume", "latest")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl", "train")] == list(range(1, 17))
+    assert [r["step"] for r in RunDir(run).metrics("train")] == list(range(1, 17))
     assert load_checkpoint(run / "checkpoints" / "epoch_2.pt")["step"] == 16
 
 

@@ -26,7 +26,7 @@ from training import safe_write
 from training.checkpoint import load_checkpoint, save_atomic
 from training.checkpoint_digest import CheckpointDamaged
 from training.export import model_card
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError
 
@@ -47,12 +47,11 @@ def base_run(demo_shards, module_tmp):
 
 
 def train_steps(run_dir):
-    return [record["step"] for record in read_metrics(run_dir / "metrics.jsonl", "train")]
+    return [record["step"] for record in RunDir(run_dir).metrics("train")]
 
 
 def result_epochs(run_dir):
-    path = run_dir / "checkpoints" / "results.jsonl"
-    return [record["epoch"] for record in read_metrics(path)] if path.exists() else []
+    return [record["epoch"] for record in RunDir(run_dir).results()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +221,7 @@ def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoc
     main(argv(demo_shards, tmp_path, "rolled", "--resume", str(run_dir / "checkpoints" / "step_3.pt")))
     assert result_epochs(run_dir) == [1, 2]
     assert "results.jsonl: removed 2 records after epoch 0" in (run_dir / "out.log").read_text()
-    results = read_metrics(run_dir / "checkpoints" / "results.jsonl")
+    results = RunDir(run_dir).results()
     card = model_card(load_checkpoint(run_dir / "checkpoints" / "epoch_1.pt"), results, "org/run")
     assert "Validation after epoch 1 (the trainer's results.jsonl)" in str(card)
     assert "after epoch 2" not in str(card)
@@ -245,7 +244,7 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
     log = (tmp_path / "stalled" / "out.log").read_text()
     assert ("shard pipe:sleep 617 ended early (unreadable_shard): ShardStalled('`sleep 617` sent no data for 2 s "
             "(--shard-timeout); it was ended and the shard skipped')") in log
-    [epoch] = read_metrics(tmp_path / "stalled" / "metrics.jsonl", "epoch")
+    [epoch] = RunDir(tmp_path / "stalled").metrics("epoch")
     assert epoch["skipped/unreadable_shard"] == 1
     assert processes_running(b"sleep 617") == []
     assert seconds < 120, seconds  # the stall cost the timeout, not the command's 617 s
@@ -320,7 +319,7 @@ def test_a_rank_that_dies_is_reported_in_one_line_by_the_survivor(demo_shards, t
     command[command.index("torch.distributed.run")] = "training.torchrun"
     with open(tmp_path / "run.log", "w") as output:
         proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-        wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, 3)
+        wait_for_step(tmp_path / "ddp", proc, 3)
         os.kill(sorted(children(proc.pid))[1], signal.SIGKILL)
         assert proc.wait(timeout=300) == 128 + signal.SIGKILL
     output = (tmp_path / "run.log").read_text()

@@ -9,7 +9,8 @@ import pytest
 
 from training.checkpoint import load_checkpoint
 from training.main import main
-from training.margins import DIRECTIONS, MARGIN_PANELS, margin_traces, read_records, write_margins_plot
+from training.margins import DIRECTIONS, MARGIN_PANELS, margin_traces, write_margins_plot
+from training.run_dir import RunDir
 
 
 def adacl_run(demo_shards, logs, name, *extra):
@@ -34,7 +35,7 @@ def counted_fallbacks(summary):
 def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_counted(every_step_logged):
     run = Path(every_step_logged.run_dir)
     assert (run / "margins.png").read_bytes().startswith(b"\x89PNG")
-    traces = margin_traces(read_records(run / "metrics.jsonl"))
+    traces = margin_traces(RunDir(run).metrics())
     assert traces.steps == list(range(1, 33))
     counted = counted_fallbacks(every_step_logged)
     assert sum(counted.values()) > 0  # the recipe does fall back (at the first steps, before the anchor fits)
@@ -49,7 +50,7 @@ def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_c
 
 def test_sampled_logging_draws_the_fallback_share_from_the_counters(every_step_logged):
     # What --log-every-n-steps 5 writes: the same run's records at steps 5, 10, 15 and each epoch's last, 16.
-    records = read_records(Path(every_step_logged.run_dir) / "metrics.jsonl")
+    records = RunDir(Path(every_step_logged.run_dir)).metrics()
     sampled = [r for r in records if r["kind"] == "train" and (r["step"] % 5 == 0 or r["step"] % 16 == 0)]
     traces = margin_traces(sampled)
     windows = [step - previous for previous, step in zip([0, *traces.steps], traces.steps)]

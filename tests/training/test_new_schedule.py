@@ -4,7 +4,7 @@ the run logged are the ones it computes."""
 import pytest
 
 from training import schedule
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError, build_parser
 from training.schedule import SchedulerConfig, register_schedule, registered_schedules
@@ -39,7 +39,7 @@ def test_a_schedule_declared_in_one_file_trains_through_the_trainer(registered, 
           "--logs", str(tmp_path), "--name", "halving", "--lr-scheduler", NAME])
     run = tmp_path / "halving"
     assert f"lr_scheduler: {NAME}" in (run / "params.txt").read_text().splitlines()
-    steps = sorted(read_metrics(run / "metrics.jsonl", "train"), key=lambda record: record["step"])
+    steps = sorted(RunDir(run).metrics("train"), key=lambda record: record["step"])
     assert [record["lr"] for record in steps] == pytest.approx([1e-3, 5e-4, 2.5e-4, 1.25e-4])
 
 

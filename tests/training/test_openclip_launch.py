@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.checkpoint import load_checkpoint
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.torchrun import with_separator
 
@@ -18,7 +18,7 @@ def test_torchcompile_trains_on_the_cpu_and_saves_plain_weights(demo_shards, tmp
                     "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "compiled", "--epochs", "1",
                     "--log-every-n-steps", "1", "--torchcompile"])
     assert "Compiling model..." in (tmp_path / "compiled" / "out.log").read_text()
-    losses = [record["loss"] for record in read_metrics(tmp_path / "compiled" / "metrics.jsonl", "train")]
+    losses = [record["loss"] for record in RunDir(tmp_path / "compiled").metrics("train")]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     state_dict = load_checkpoint(summary.checkpoint)["state_dict"]
     assert "logit_scale" in state_dict and not any(key.startswith(("_orig_mod.", "module.")) for key in state_dict)

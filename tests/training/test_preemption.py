@@ -9,13 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers.run_utils import (assert_same_final_state, children, logged_steps, losses_by_step, torchrun_command,
+from helpers.run_utils import (assert_same_final_state, children, losses_by_step, torchrun_command,
                        wait_for_step, wait_until_gone)
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
 from helpers import REPO
@@ -40,7 +39,7 @@ def slurm_job(tmp_path):
 def assert_preempted(run_dir, signal_name, stops=1):
     """One log line per stop (`stops` so far), the last at the last step the run logged, whose step_N.pt
     was saved and whose job was requeued."""
-    stopped_at = logged_steps(run_dir / "metrics.jsonl")[-1]
+    stopped_at = RunDir(run_dir).steps()[-1]
     lines = [line for line in (run_dir / "out.log").read_text().splitlines() if "Preempted by" in line]
     assert len(lines) == stops, lines
     assert f"Preempted by {signal_name} at step {stopped_at} " in lines[-1], lines[-1]
@@ -53,7 +52,7 @@ def assert_resumed_without_loss(run_dir, reference_dir, stopped_at, total_steps,
     """The resumed run started at the saved step and ended with the reference's weights, optimizer and loss state."""
     assert f"Resumed from {run_dir / 'checkpoints' / f'step_{stopped_at}.pt'}" in (run_dir / "out.log").read_text()
     # Each step once in metrics.jsonl, the same losses as the uninterrupted run.
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")] == list(range(1, total_steps + 1))
+    assert [r["step"] for r in RunDir(run_dir).metrics("train")] == list(range(1, total_steps + 1))
     expected, resumed = losses_by_step(reference_dir), losses_by_step(run_dir)
     for step in range(stopped_at + 1, total_steps + 1):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
@@ -89,7 +88,7 @@ def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothin
     with open(tmp_path / "run.log", "w") as output:
         proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv], env=env, stdout=output,
                                 stderr=subprocess.STDOUT)
-        wait_for_step(run_dir / "metrics.jsonl", proc, STEPS_PER_EPOCH + 3)  # mid-epoch 1
+        wait_for_step(run_dir, proc, STEPS_PER_EPOCH + 3)  # mid-epoch 1
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
     stopped_at = assert_preempted(run_dir, sig.name)
@@ -134,7 +133,7 @@ def interrupt_two_ranks(demo_shards, tmp_path, slurm_env, at_step, target, sig, 
     command, env = two_rank_command(demo_shards, tmp_path, *extra)
     with open(tmp_path / "run.log", "w") as output:
         proc = subprocess.Popen(command, env={**env, **slurm_env}, stdout=output, stderr=subprocess.STDOUT)
-        wait_for_step(tmp_path / "ddp" / "metrics.jsonl", proc, at_step)
+        wait_for_step(tmp_path / "ddp", proc, at_step)
         workers = sorted(children(proc.pid))
         os.kill(proc.pid if target == "torchrun" else workers[1], sig)
         returncode = proc.wait(timeout=120)

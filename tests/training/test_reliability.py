@@ -10,10 +10,10 @@ import zlib
 import pytest
 
 from helpers.data_utils import good, png, write_hostile_shards, write_tar
-from helpers.run_utils import (assert_same_final_state, kill_run, logged_steps, losses_by_step, torchrun_command,
+from helpers.run_utils import (assert_same_final_state, kill_run, losses_by_step, torchrun_command,
                        wait_for_step)
 from training.checkpoint import load_checkpoint
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError
 
@@ -27,7 +27,7 @@ def assert_bounded_loss_of_work(run_dir, killed_at, save_every):
     resumed_line = next(line for line in log.splitlines() if "Resumed from" in line)
     resumed_from = int(resumed_line.split("step_")[1].split(".pt")[0])
     assert 0 <= killed_at - resumed_from < save_every, (killed_at, resumed_line)
-    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")]
+    steps = [r["step"] for r in RunDir(run_dir).metrics("train")]
     # The killed run's steps up to the checkpoint, then the resumed run's: each step once, none skipped
     # (the killed run's records after the checkpoint were removed at the resume).
     assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))
@@ -58,10 +58,10 @@ def test_two_rank_adacl_run_crashes_resumes_and_exports(demo_shards, tmp_path):
     with open(tmp_path / "killed.log", "w") as output:
         proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
         try:
-            wait_for_step(run_dir / "metrics.jsonl", proc, 2 * SAVE_EVERY["torchrun"] + 1)
+            wait_for_step(run_dir, proc, 2 * SAVE_EVERY["torchrun"] + 1)
         finally:
             kill_run(proc)
-    killed_at = logged_steps(run_dir / "metrics.jsonl")[-1]
+    killed_at = RunDir(run_dir).steps()[-1]
     assert not (run_dir / "checkpoints" / "epoch_2.pt").exists()
 
     resume_command, env = torchrun_command(demo_shards, tmp_path, "--loss", "adacl", "--adacl-queue-size",
@@ -117,10 +117,10 @@ def test_sigkill_between_checkpoints_loses_less_than_n_steps_and_restores_adacl_
                                 stderr=subprocess.STDOUT)
         try:
             # Step 11: two steps after step_9.pt (--save-every-n-steps 3), in epoch 1.
-            wait_for_step(run_dir / "metrics.jsonl", proc, 3 * SAVE_EVERY["single"] + 2)
+            wait_for_step(run_dir, proc, 3 * SAVE_EVERY["single"] + 2)
         finally:
             kill_run(proc)
-    killed_at = logged_steps(run_dir / "metrics.jsonl")[-1]
+    killed_at = RunDir(run_dir).steps()[-1]
 
     summary = main(argv + ["--resume", "latest"])
     assert (summary.epoch, summary.step) == (2, 2 * STEPS_PER_EPOCH)
@@ -174,7 +174,7 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
                     "--loss", "adacl", "--batch-size", str(batch_size), "--epochs", "2", "--lr", "1e-3",
                     "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "hostile"])
     assert (summary.epoch, summary.step) == (2, 2 * num_samples // batch_size)
-    epochs = read_metrics(tmp_path / "hostile" / "metrics.jsonl", "epoch")
+    epochs = RunDir(tmp_path / "hostile").metrics("epoch")
     log = (tmp_path / "hostile" / "out.log").read_text()
     for epoch, record in enumerate(epochs):
         reported = {name[len("skipped/"):]: count for name, count in record.items() if name.startswith("skipped/")}

@@ -16,7 +16,7 @@ from training.checkpoint import (CheckpointConfig, Checkpointer, ResumeError, Re
                                  check_resume, load_checkpoint, run_components)
 from training.data import DataPosition
 from training.distributed import DistributedEnv
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError
 
@@ -119,8 +119,8 @@ def test_an_epoch_boundary_batch_change_keeps_the_lr_schedule_of_the_samples_tra
     schedule in units of the first launch's global batch), each step now moving it by two units."""
     main(argv(demo_shards, tmp_path, "bigger", "--batch-size", "64", "--resume",
               str(base_run / "checkpoints" / "epoch_1.pt")))
-    reference = {r["step"]: r["lr"] for r in read_metrics(base_run / "metrics.jsonl", "train")}
-    resumed = [r["lr"] for r in read_metrics(tmp_path / "bigger" / "metrics.jsonl", "train")]
+    reference = {r["step"]: r["lr"] for r in RunDir(base_run).metrics("train")}
+    resumed = [r["lr"] for r in RunDir(tmp_path / "bigger").metrics("train")]
     assert len(resumed) == 4  # 256 samples / 64
     # The k-th step of the resumed epoch (k = 0..3) starts at 256 + 64 k samples = schedule position 8 + 2 k,
     # where the reference's step 9 + 2 k started.
@@ -150,7 +150,7 @@ def test_resume_latest_falls_back_past_unreadable_checkpoints_naming_them(demo_s
     for name in ("epoch_2.pt", "step_15.pt"):
         assert f"Ignoring unreadable checkpoint {run_dir / 'checkpoints' / name}" in log
     assert f"Resumed from {run_dir / 'checkpoints' / 'step_12.pt'}" in log
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")] == list(range(1, 17))
+    assert [r["step"] for r in RunDir(run_dir).metrics("train")] == list(range(1, 17))
 
 
 def test_an_unreadable_resume_path_is_one_error_naming_it(demo_shards, tmp_path):
@@ -173,7 +173,7 @@ def test_resume_path_into_its_own_run_rolls_back_and_keeps_the_newer_files(demo_
     # metrics.jsonl: each step once, the replayed ones with the same losses; params.txt: both launches.
     assert sorted(losses_by_step(run_dir)) == list(range(1, 17))
     assert losses_by_step(run_dir) == pytest.approx(losses_by_step(base_run), rel=1e-5, abs=1e-6)
-    assert len(read_metrics(run_dir / "metrics.jsonl", "epoch")) == 2
+    assert len(RunDir(run_dir).metrics("epoch")) == 2
     params_txt = (run_dir / "params.txt").read_text()
     assert params_txt.count("# launch at ") == 2 and "resumed from " in params_txt.split("# launch at ")[2]
 

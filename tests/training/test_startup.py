@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from training.checkpoint import load_checkpoint
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.model import ModelConfig, build_model
 from training.params import ConfigError
@@ -119,7 +119,7 @@ def test_warmup_longer_than_the_run_is_warned_about(demo_shards, tmp_path, capsy
 @pytest.mark.slow
 def test_zero_shot_runs_on_the_folder_built_at_startup(demo_shards, tmp_path, imagenet_like):
     main(train_argv(demo_shards, tmp_path, "zs", "--imagenet-val", str(imagenet_like), "--zeroshot-frequency", "1"))
-    [val] = read_metrics(tmp_path / "zs" / "metrics.jsonl", "val")
+    [val] = RunDir(tmp_path / "zs").metrics("val")
     assert 0.0 <= val["val/imagenet-zeroshot-val-top1"] <= val["val/imagenet-zeroshot-val-top5"] <= 1.0
 
 

@@ -8,7 +8,8 @@ from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
 from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, load_checkpoint, run_components
 from training.distributed import DistributedEnv
-from training.logger import MetricsWriter, read_metrics
+from training.logger import MetricsWriter
+from training.run_dir import RunDir
 from training.main import main
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
@@ -30,17 +31,17 @@ def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
                               "--val-data", str(demo_shards / "val" / "shard-000000.tar"),
                               "--report-to", "tensorboard"))
     run = tmp_path / "smoke"
-    steps = read_metrics(run / "metrics.jsonl", "train")
+    steps = RunDir(run).metrics("train")
     assert [r["step"] for r in steps] == list(range(1, 49)) and summary.step == 48 and summary.epoch == 3
     losses = [r["loss"] for r in steps]
     first, last = sum(losses[:8]) / 8, sum(losses[-8:]) / 8
     assert last < first - 0.4, (first, last)  # ln(32) = 3.47 is chance level
     assert all(0 < r["logit_scale"] <= 100 and r["lr"] > 0 and r["samples_per_second"] > 0 for r in steps)
 
-    epochs = read_metrics(run / "metrics.jsonl", "epoch")
+    epochs = RunDir(run).metrics("epoch")
     assert [r["epoch"] for r in epochs] == [0, 1, 2] and all(r["num_steps"] == 16 for r in epochs)
     assert all(r["skipped/bad_image"] == 0 for r in epochs)
-    val = read_metrics(run / "metrics.jsonl", "val")
+    val = RunDir(run).metrics("val")
     assert len(val) == 3 and val[-1]["val/image_to_text_R@1"] > 1 / 128  # above chance
     assert (run / "checkpoints" / "results.jsonl").is_file()
     assert list((run / "tensorboard").iterdir())
@@ -177,7 +178,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
     assert (result.num_steps, result.num_nonfinite_steps, state.step) == (6, 2, 6)
     assert state.consecutive_nonfinite_steps == 0 and loss_fn.epochs_started == [0]
     assert math.isfinite(result.loss)
-    records = read_metrics(tmp_path / "metrics.jsonl", "train")
+    records = RunDir(tmp_path).metrics("train")
     assert [r["num_nonfinite_steps"] for r in records] == [0, 1, 2, 2, 2, 2]
     assert records[0]["stats/positives"] == 4.0  # the loss's stats are logged as floats
 
@@ -185,7 +186,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
 def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
     result, *_ = _run_epoch(_batches(poisoned=set()), tmp_path)
     assert result.skipped == {"bad_image": 0 + 1 + 2 + 3 + 4 + 5, "empty_caption": 6}
-    [epoch] = read_metrics(tmp_path / "metrics.jsonl", "epoch")
+    [epoch] = RunDir(tmp_path).metrics("epoch")
     assert epoch["skipped/bad_image"] == 15 and epoch["num_steps"] == 6
 
 
@@ -214,8 +215,8 @@ def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
     result, _, _, loss_fn = _run_epoch(poisoned, tmp_path / "poisoned", loss_fn=create_loss("adacl", queue_size=8))
     _, _, _, reference = _run_epoch(clean, tmp_path / "clean", loss_fn=create_loss("adacl", queue_size=8))
     assert result.num_nonfinite_steps == 1 and math.isfinite(result.loss)
-    assert [r["loss"] for r in read_metrics(tmp_path / "poisoned" / "metrics.jsonl", "train")][2:] == [
-        r["loss"] for r in read_metrics(tmp_path / "clean" / "metrics.jsonl", "train")][1:]  # the next steps: finite, as if clean
+    assert [r["loss"] for r in RunDir(tmp_path / "poisoned").metrics("train")][2:] == [
+        r["loss"] for r in RunDir(tmp_path / "clean").metrics("train")][1:]  # the next steps: finite, as if clean
     for key, value in reference.state_dict().items():
         assert torch.equal(loss_fn.state_dict()[key], value), key
     assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()
@@ -223,6 +224,6 @@ def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
 
 def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "locked", "--epochs", "1", "--lock-logit-scale"))
-    steps = read_metrics(tmp_path / "locked" / "metrics.jsonl", "train")
+    steps = RunDir(tmp_path / "locked").metrics("train")
     assert len(steps) == 16 and all(r["logit_scale"] == pytest.approx(1 / 0.07, rel=1e-6) for r in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]  # the towers still learn

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from training.provenance import code_version
+from training.run_dir import RunDir
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .variants import LossVariant
@@ -103,10 +104,10 @@ def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJ
 
 def final_checkpoint(job: RunJob) -> str:
     """The final checkpoint of a finished run: its newest epoch_N.pt."""
-    checkpoints = sorted((job.run_dir / "checkpoints").glob("epoch_*.pt"), key=lambda path: int(path.stem[6:]))
-    if not checkpoints:
-        raise ValueError(f"the run {job.name} left no checkpoint; see {log_file(job)}")
-    return str(checkpoints[-1])
+    try:
+        return str(RunDir(job.run_dir).final_checkpoint())
+    except FileNotFoundError:
+        raise ValueError(f"the run {job.name} left no checkpoint; see {log_file(job)}") from None
 
 
 def run_name(variant: LossVariant, seed: int, prefix: str = "") -> str:
@@ -193,32 +194,28 @@ def base_record(job: RunJob) -> Dict[str, Any]:
 def training_metrics(run_dir: Path) -> Dict[str, float]:
     """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval."""
     metrics: Dict[str, float] = {}
-    metrics_path = run_dir / "metrics.jsonl"
-    if metrics_path.is_file():
-        steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        steps = [record for record in steps if record["kind"] == "train"]
-        if steps:
-            tail = steps[-max(1, math.ceil(len(steps) / 10)):]
-            metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
-            clip_losses = [float(record[f"stats/{direction}/clip_loss"]) for record in tail
-                           for direction in ("i2t", "t2i") if f"stats/{direction}/clip_loss" in record]
-            if clip_losses:  # CLIP's loss on the trained logits, beside the trained loss (docs/adacl.md §5)
-                metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
-            metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
-            metrics["train/steps"] = float(steps[-1]["step"])
-            metrics.update(mechanism_metrics(steps))
-    results_path = run_dir / "checkpoints" / "results.jsonl"
-    if results_path.is_file():
-        lines = [line for line in results_path.read_text().splitlines() if line.strip()]
-        if lines:
-            val = json.loads(lines[-1])
-            for direction, short in (("image_to_text", "i2t"), ("text_to_image", "t2i")):
-                for k in (1, 5):
-                    metrics[f"val/{short}_R@{k}"] = float(val[f"val/{direction}_R@{k}"])
-            metrics["val/clip_loss"] = float(val["val/clip_val_loss"])
-            if "val/clip_val_loss_chance" in val:
-                metrics["val/clip_loss_chance"] = float(val["val/clip_val_loss_chance"])
-            metrics["val/num_samples"] = float(val["val/num_samples"])
+    run = RunDir(run_dir)
+    steps = run.metrics("train")
+    if steps:
+        tail = steps[-max(1, math.ceil(len(steps) / 10)):]
+        metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
+        clip_losses = [float(record[f"stats/{direction}/clip_loss"]) for record in tail
+                       for direction in ("i2t", "t2i") if f"stats/{direction}/clip_loss" in record]
+        if clip_losses:  # CLIP's loss on the trained logits, beside the trained loss (docs/adacl.md §5)
+            metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
+        metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
+        metrics["train/steps"] = float(steps[-1]["step"])
+        metrics.update(mechanism_metrics(steps))
+    results = run.results()
+    if results:
+        val = results[-1]
+        for direction, short in (("image_to_text", "i2t"), ("text_to_image", "t2i")):
+            for k in (1, 5):
+                metrics[f"val/{short}_R@{k}"] = float(val[f"val/{direction}_R@{k}"])
+        metrics["val/clip_loss"] = float(val["val/clip_val_loss"])
+        if "val/clip_val_loss_chance" in val:
+            metrics["val/clip_loss_chance"] = float(val["val/clip_val_loss_chance"])
+        metrics["val/num_samples"] = float(val["val/num_samples"])
     return metrics
 
 

@@ -6,7 +6,7 @@ import math
 import statistics
 
 from open_clip_adacl import get_loss_class
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 
 BATCH = 64
@@ -21,11 +21,11 @@ def _train(demo_shards, logs, name, *loss_flags):
           "--train-group-size", "8", "--lr", "2e-3", "--warmup", "10", "--wd", "0.1", "--workers", "0",
           "--device", "cpu", "--save-frequency", "0", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
           *loss_flags])
-    metrics = logs / name / "metrics.jsonl"
-    train = read_metrics(metrics, "train")
+    run = RunDir(logs / name)
+    train = run.metrics("train")
     assert len(train) == STEPS
     final_loss = sum(r["loss"] for r in train[-10:]) / 10
-    val = read_metrics(metrics, "val")[-1]
+    val = run.metrics("val")[-1]
     return final_loss, val, train
 
 

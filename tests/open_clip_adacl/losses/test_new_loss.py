@@ -11,7 +11,7 @@ from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
 from training.loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
 from training.checkpoint import load_checkpoint
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError, build_parser
 
@@ -59,7 +59,7 @@ def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_
     summary = main(_argv(tmp_path, "--tempered-temper", "2"))
     run = tmp_path / "tempered"
     assert "tempered_temper: 2.0" in (run / "params.txt").read_text()
-    steps = read_metrics(run / "metrics.jsonl", "train")
+    steps = RunDir(run).metrics("train")
     assert summary.step == len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
     # Two micro-batches per step, one state move per optimizer step; the checkpoint holds the state.
     assert load_checkpoint(summary.checkpoint)["loss"]["steps"].item() == 2

@@ -4,7 +4,7 @@ import torch
 
 from open_clip_adacl import create_loss
 from training.data import DataConfig
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.synthetic_scenes.families import measure_siblings
 from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads
@@ -72,7 +72,7 @@ def test_training_feeds_the_datas_family_ids_to_the_loss(demo_shards, tmp_path):
           "--model", "adacl-tiny", "--lr", "1e-3", "--warmup", "1", "--epochs", "1", "--workers", "0",
           "--device", "cpu", "--loss", "oracle", "--oracle-weight", "16", "--logs", str(tmp_path), "--name", "oracle",
           "--log-every-n-steps", "1"])
-    steps = read_metrics(tmp_path / "oracle" / "metrics.jsonl", "train")
+    steps = RunDir(tmp_path / "oracle").metrics("train")
     logged = [record["stats/family_negatives"] for record in steps]
     measured = measure_siblings(DataConfig(train_data=train, train_num_samples=96, batch_size=12, workers=0,
                                            group_size=8))

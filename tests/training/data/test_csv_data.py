@@ -7,7 +7,7 @@ import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
 from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError
 
@@ -78,7 +78,7 @@ def test_a_csv_dataset_trains_through_training_main(csv_dataset, tmp_path):
     with pytest.raises(ConfigError, match="--csv-caption-key"):
         main([*argv, "--csv-caption-key", "title", "--dry-run"])
     summary = main([*argv, "--name", "csv"])
-    epochs = read_metrics(tmp_path / "csv" / "metrics.jsonl", "epoch")
+    epochs = RunDir(tmp_path / "csv").metrics("epoch")
     assert summary.step == 2 * ((NUM_GOOD + 3) // 16)  # OpenCLIP's epoch: every row, whole batches
     # Each epoch reads all rows but the few left over; every bad row met is counted under its reason.
     assert sum(sum(e[f"skipped/{reason}"] for reason in BAD_ROWS) for e in epochs) >= 1

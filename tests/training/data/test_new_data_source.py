@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from training.data import DataSource, register_data_source, registry, resolve_dataset_type
 from training.data.loader import indexed_data
-from training.logger import read_metrics
+from training.run_dir import RunDir
 from training.main import main
 from training.params import build_parser
 
@@ -77,12 +77,12 @@ def test_a_data_source_declared_in_one_file_trains_through_the_trainer(registere
     run = tmp_path / "pairs"
     assert f"dataset_type: {NAME}" in (run / "params.txt").read_text()
     # The epoch's size is the file's: 24 lines, batches of 8, two epochs; each line read once per epoch.
-    assert summary.step == 6 and [r["num_steps"] for r in read_metrics(run / "metrics.jsonl", "epoch")] == [3, 3]
+    assert summary.step == 6 and [r["num_steps"] for r in RunDir(run).metrics("epoch")] == [3, 3]
     assert Counter(SERVED) == {index: 2 for index in range(24)}
     assert sorted(SERVED[:24]) == list(range(24)) and SERVED[:24] != SERVED[24:]  # reshuffled per epoch
     # Validation read the val file: all of its 10 lines (the last batch partial).
-    assert [r["val/num_samples"] for r in read_metrics(run / "metrics.jsonl", "val")] == [10, 10]
-    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(run / "metrics.jsonl", "train"))
+    assert [r["val/num_samples"] for r in RunDir(run).metrics("val")] == [10, 10]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in RunDir(run).metrics("train"))
 
 
 def test_auto_picks_it_by_its_suffix_and_suffixes_stay_unambiguous(registered):

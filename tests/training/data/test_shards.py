@@ -92,7 +92,7 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
 def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
     """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
     shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
-    from training.logger import read_metrics
+    from training.run_dir import RunDir
     from training.main import main
 
     shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
@@ -101,7 +101,7 @@ def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shard
                     "--train-num-samples", "192", "--model", "adacl-tiny", "--batch-size", "32", "--epochs", "1",
                     "--lr", "1e-3", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pipes"])
     assert summary.step == 6
-    [epoch] = read_metrics(tmp_path / "pipes" / "metrics.jsonl", "epoch")
+    [epoch] = RunDir(tmp_path / "pipes").metrics("epoch")
     # The epoch drew 192 of the 256 streamed samples; the failing pipes were visited at least once each.
     assert epoch["skipped/unreadable_shard"] >= 2 and epoch["skipped_shard_visits"] == epoch["skipped/unreadable_shard"]
     assert epoch["skipped_samples"] == 0
