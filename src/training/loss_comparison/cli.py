@@ -78,6 +78,7 @@ from .runner import OwnData, emit_comparison, rebuild_report, run_comparison
 from .variants import LossVariant, parse_loss_variants, parse_seeds
 
 DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne"
+DEFAULT_SEEDS = "0,1,2"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,10 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--full", dest="budget", action="store_const", const="full",
                       help="GPU budget (--device cuda): more data and steps")
     parser.set_defaults(budget="quick")
-    parser.add_argument("--losses", default=DEFAULT_LOSSES,
+    parser.add_argument("--losses", default=None,
                         help=f"loss variants, comma-separated (default: {DEFAULT_LOSSES}; registered: "
-                             f"{', '.join(list_losses())})")
-    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+                             f"{', '.join(list_losses())}); with --report-only: report on these only")
+    parser.add_argument("--seeds", default=None,
+                        help=f"training seeds, comma-separated (default: {DEFAULT_SEEDS}); with --report-only: "
+                             "report on these only")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/loss_comparison"),
                         help="runs, logs, records and report copies")
     parser.add_argument("--results-md", type=Path, default=Path("docs/RESULTS.md"),
@@ -238,16 +241,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
         given = args.preregistration or any(value is not None for value in registration_flags)
         records, missing = rebuild_report(args.output_dir, args.results_md,
                                           resolve(args.preregistration, *registration_flags) if given else None,
-                                          args.pair_across_code)
+                                          args.pair_across_code,
+                                          labels=args.losses and [v.label for v in parse_loss_variants(args.losses)],
+                                          seeds=args.seeds and parse_seeds(args.seeds))
         print(f"wrote {args.results_md} from the records in {args.output_dir}"
               + (f"; no record yet of {len(missing)} run(s): {', '.join(missing)}" if missing else ""))
         return records
     preregistration = resolve(args.preregistration, *registration_flags)
-    variants = parse_loss_variants(args.losses)
+    variants = parse_loss_variants(args.losses or DEFAULT_LOSSES)
     labels = [variant.label for variant in variants]
     if preregistration.reference is not None and preregistration.reference not in labels:
         raise ValueError(f"the reference variant {preregistration.reference!r} is not in --losses ({', '.join(labels)})")
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds or DEFAULT_SEEDS)
     own = own_data(args, variants)
     budget = resolve_budget(args)
     if budget.pretrain_epochs and (own or args.emit_jobs):

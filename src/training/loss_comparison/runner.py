@@ -140,13 +140,15 @@ def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budge
 
 
 def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional[Preregistration] = None,
-                   pair_across_code: bool = False) -> Tuple[List[Dict[str, Any]], List[str]]:
+                   pair_across_code: bool = False, labels: Optional[Sequence[str]] = None,
+                   seeds: Optional[Sequence[int]] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Write the report from `output_dir`'s records and comparison.json, training nothing; returns the
     assessed records and the names of the planned runs without a record (listed in the report).
 
     The verdicts are recomputed (e.g. after changing `CollapseCriteria`); the command, machine and
     wall time are those of the call that ran the comparison (of emitted jobs: the machine the runs
-    reported, their summed run time). `preregistration` replaces the saved one.
+    reported, their summed run time). `preregistration` replaces the saved one; `labels` and `seeds` replace
+    the saved call's (the runs of several calls into one folder, or a part of them).
     """
     saved = saved_comparison(output_dir)
     fields = saved["context"]
@@ -155,7 +157,9 @@ def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional
     if preregistration is None:
         registered = saved.get("preregistration", {})
         preregistration = Preregistration(**{**registered, "metrics": tuple(registered.get("metrics", ()))})
-    variants = [parse_loss_variant(label) for label in saved["labels"]]
+    if seeds is not None:
+        context = replace(context, seeds=list(seeds))
+    variants = [parse_loss_variant(label) for label in (labels or saved["labels"])]
     names = [run_name(variant, seed) for seed in context.seeds for variant in variants]
     missing = [name for name in names if not record_file(output_dir, name).is_file()]
     if len(missing) == len(names):

@@ -77,6 +77,12 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     assert len(records) == 2 and all(record["status"] == "ok" for record in records), [r["error"] for r in records]
     assert "`clip-seed1`: **missing**: no record (not finished, or not started)" in partial.read_text()
     assert "`adacl-seed1`: **missing**" in partial.read_text()
+    # --losses and --seeds pick the runs to report on: the finished seed alone has nothing missing.
+    seed0 = tmp_path / "seed0.md"
+    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--seeds", "0"])
+    assert sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed0"] and "**missing**" not in seed0.read_text()
+    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--losses", "clip"])
+    assert [r["name"] for r in records] == ["clip-seed0"] and "`clip-seed1`: **missing**" in seed0.read_text()
 
     run_tasks([2, 3])
     results_md = tmp_path / "cluster.md"

@@ -30,6 +30,12 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     # --report-only writes the same report from the records, training nothing.
     main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "again.md")])
     assert (tmp_path / "again.md").read_text() == markdown.replace("RESULTS", "again")
+    # --losses and --seeds replace the saved call's: the runs of several calls into one folder, or a part.
+    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "more.md"),
+                    "--losses", "clip,adacl", "--seeds", "0,1"])
+    assert [record["name"] for record in records] == ["clip-seed0"]
+    assert all(f"`{name}`: **missing**" in (tmp_path / "more.md").read_text()
+               for name in ("adacl-seed0", "clip-seed1", "adacl-seed1"))
 
     # The same call again reuses the finished run instead of training it again.
     again = run_comparison([LossVariant("clip")], [0], TINY, output_dir=output_dir, results_md=results_md,
