@@ -28,11 +28,10 @@ fi
 split() { python -c "import json,sys; print('$DATA/' + json.load(open('$DATA/manifest.json'))['splits']['$1']['data'])"; }
 
 echo "== training adacl-tiny with --loss adacl (log: $DEMO/logs/$RUN_NAME/out.log)"
-python -m training.main \
-    --train-data "$(split train)" --val-data "$(split val)" --dataset-type webdataset \
-    --model adacl-tiny --loss adacl --batch-size 128 --epochs 8 --lr 2e-3 --wd 0.1 --warmup 50 \
-    --workers 1 --device cpu --precision fp32 --seed 0 --log-every-n-steps 16 --train-group-size "$FAMILY_SIZE" \
-    --logs "$DEMO/logs" --name "$RUN_NAME" "$@"
+# The recipe `demo` (training/recipes.py): adacl-tiny, --loss adacl, batch 128, 8 epochs, CPU, whole families
+# of FAMILY_SIZE siblings per batch (--train-group-size "$FAMILY_SIZE").
+python -m training.main --recipe demo --train-group-size "$FAMILY_SIZE" \
+    --train-data "$(split train)" --val-data "$(split val)" --logs "$DEMO/logs" --name "$RUN_NAME" "$@"
 
 CHECKPOINT=$(python -m training.run_dir "$DEMO/logs/$RUN_NAME" --final-checkpoint)
 echo "== evaluating $CHECKPOINT (exported to plain OpenCLIP format, stock clip-benchmark CLI)"

@@ -33,6 +33,24 @@ per_rank_batch() {
     echo $(( global / world ))
 }
 
+# recipe_flags RECIPE WORLD_SIZE: RECIPE_FLAGS=(--recipe RECIPE ...) with the overrides the environment
+# asks for (GLOBAL_BATCH, NUM_SAMPLES, WORKERS, DIST_TIMEOUT). The recipe itself (its flags, its global batch)
+# lives in training/recipes.py; a global batch that does not split over the ranks is refused here, before
+# anything is launched.
+recipe_flags() {
+    local name=$1 world=$2 batch
+    RECIPE_FLAGS=(--recipe "$name")
+    if [ -n "${GLOBAL_BATCH:-}" ]; then
+        batch=$(per_rank_batch "$GLOBAL_BATCH" "$world")
+        RECIPE_FLAGS+=(--batch-size "$batch")
+    else
+        "$PYTHON" -m training.recipes "$name" --world-size "$world" --check || exit 2
+    fi
+    if [ -n "${NUM_SAMPLES:-}" ]; then RECIPE_FLAGS+=(--train-num-samples "$NUM_SAMPLES"); fi
+    if [ -n "${WORKERS:-}" ]; then RECIPE_FLAGS+=(--workers "$WORKERS"); fi
+    if [ -n "${DIST_TIMEOUT:-}" ]; then RECIPE_FLAGS+=(--dist-timeout "$DIST_TIMEOUT"); fi
+}
+
 # launch WORLD_SIZE TRAINER_ARGS...: exec "${LAUNCHER[@]}" TRAINER_ARGS (LAUNCHER ends with the
 # trainer module, e.g. (torchrun ... -m training.main --)); with FORWARD_SIGNALS set (e.g. "USR1 TERM"),
 # run it in the background instead and pass those signals on to it (run_forwarding_signals). With

@@ -34,6 +34,7 @@ from .config import FLAGS, RUN_PARTS, RunConfig
 from .distributed import resolved_device_type
 from .flags import ConfigError, HelpGroup, config_from_args
 from .precision import resolve_precision
+from .recipes import RECIPES, RecipeError, recipe_values
 
 # OpenCLIP 3.3.0 flags this fork does not implement, with what to do instead.
 UNSUPPORTED_FLAGS: Dict[str, str] = {
@@ -192,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: parser.add_argument_group(name) for name in HelpGroup.ORDER}
     for declared in FLAGS.values():
         declared.add_to(groups[declared.group])
+    parser.add_argument("--recipe", default=None, choices=sorted(RECIPES),
+                        help="start from a named recipe's flags (training.recipes: e.g. cc3m-rn50, cc12m-vitb32, "
+                             "demo); every flag given beside it overrides the recipe's value")
     groups[HelpGroup.LOSS].add_argument("--siglip", default=False, action="store_true",
                                         help="OpenCLIP's flag for the sigmoid loss: the same as --loss siglip.")
     for loss_flag in loss_flags().values():
@@ -210,7 +214,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # `torchrun ... -m training.main -- FLAGS` and srun scripts may pass it through
         argv = argv[1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    recipe = _recipe_named_in(argv)
+    recipe_defaults = apply_recipe(parser, recipe, batch_size_given=any(
+        arg == "--batch-size" or arg.startswith("--batch-size=") for arg in argv)) if recipe else {}
+    args = parser.parse_args(argv)
+    # params.txt records which of the recipe's values the command line replaced.
+    args.recipe_overrides = sorted(dest for dest, value in recipe_defaults.items() if getattr(args, dest) != value)
     if args.siglip:
         if args.loss not in ("clip", "siglip"):
             raise ConfigError(f"--siglip means --loss siglip, but --loss is {args.loss!r}; pass only one of them")
@@ -220,6 +230,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, name, value)
     args.loss_options = resolve_loss_options(args)
     return args
+
+
+def _recipe_named_in(argv: Sequence[str]) -> Optional[str]:
+    """The value of --recipe in `argv`, read before the full parse (its values become that parse's defaults)."""
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--recipe", default=None)
+    return finder.parse_known_args(argv)[0].recipe
+
+
+def apply_recipe(parser: argparse.ArgumentParser, name: str, batch_size_given: bool) -> Dict[str, Any]:
+    """Make recipe `name`'s values (for the world size the environment announces) the parser's defaults;
+    returns them."""
+    try:
+        values = recipe_values(name, world_size_from_env(), batch_size_given)
+    except RecipeError as error:
+        raise ConfigError(f"--recipe {name}: {error}") from None
+    known = {action.dest for action in parser._actions}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"--recipe {name} sets {unknown}, which are no flags of this trainer (training.recipes)")
+    parser.set_defaults(**values)
+    return values
 
 
 # ---------------------------------------------------------------------------------------------

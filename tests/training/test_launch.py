@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from open_clip_train.data import expand_urls
@@ -56,7 +57,8 @@ def launch_command(stdout):
 
 def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, world_size, logs):
     """The trainer arguments of a recipe: the expected recipe, all shards, valid for `world_size` ranks."""
-    args = parse_args(trainer_argv)
+    with mock.patch.dict(os.environ, {"WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0"}):
+        args = parse_args(trainer_argv)  # a recipe splits its global batch over the ranks each one is told of
     validate_args(args, world_size)
     assert (args.model, args.loss, args.batch_size, args.resume) == (model, "adacl", batch_size, "latest")
     assert args.local_loss and args.gather_with_grad and args.logs == str(logs)

@@ -1,0 +1,53 @@
+"""Recipes in code (`training.recipes`): `--recipe NAME` sets its flags, flags beside it override them,
+its global batch is split over the ranks, and params.txt records the recipe and what was overridden."""
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+
+from training.flags import ConfigError
+from training.params import arg_values, build_parser, parse_args
+from training.recipes import GLOBAL_BATCH, RECIPES, recipe_values
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_sets_flags_of_the_trainer(name):
+    dests = {action.dest for action in build_parser()._actions}
+    values = RECIPES[name]()
+    assert set(values) - {GLOBAL_BATCH} <= dests
+    args = parse_args(["--recipe", name, "--train-data", "x.tar"])
+    for dest, value in recipe_values(name, world_size=1).items():
+        assert getattr(args, dest) == value, dest
+    assert args.recipe == name and args.recipe_overrides == []
+
+
+def test_flags_beside_a_recipe_override_it_and_are_recorded():
+    args = parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar", "--lr", "5e-4", "--device", "cpu"])
+    assert (args.model, args.loss, args.lr, args.device, args.local_loss) == ("RN50", "adacl", 5e-4, "cpu", True)
+    assert args.recipe_overrides == ["device", "lr"]
+    recorded = arg_values(args)  # what params.txt and the checkpoints record
+    assert (recorded["recipe"], recorded["recipe_overrides"]) == ("cc3m-rn50", ["device", "lr"])
+    assert parse_args(["--train-data", "x.tar"]).recipe is None  # no recipe: OpenCLIP's defaults
+
+
+def test_the_global_batch_is_split_over_the_ranks_the_environment_announces():
+    with mock.patch.dict("os.environ", {"WORLD_SIZE": "8", "RANK": "0", "LOCAL_RANK": "0"}):
+        assert parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar"]).batch_size == 128
+    with mock.patch.dict("os.environ", {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}):
+        with pytest.raises(ConfigError, match="global batch 1024 does not split evenly over 3 ranks; give --batch-size"):
+            parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar"])
+        args = parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar", "--batch-size=300"])
+        assert args.batch_size == 300 and args.recipe_overrides == []  # the split was never the recipe's value
+
+
+def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
+    check = subprocess.run([sys.executable, "-m", "training.recipes", "cc12m-vitb32", "--world-size", "3", "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 2 and "the global batch 2048 does not split evenly over 3 ranks" in check.stderr
+    printed = subprocess.run([sys.executable, "-m", "training.recipes", "cc12m-vitb32", "--world-size", "16"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert printed[printed.index("--batch-size") + 1] == "128" and "--grad-checkpointing" in printed
+    unknown = subprocess.run([sys.executable, "-m", "training.recipes", "cc15m", "--check"], capture_output=True,
+                             text=True)
+    assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr
