@@ -16,51 +16,45 @@ if __name__ == "__main__":  # before the imports below (seconds): a preemption s
 
     remember_early_signals()
 
-import json
 import logging
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
-import open_clip
 import torch
-import torchvision
 
-from open_clip_adacl import DistributedSetup, Loss, fused, get_loss_class
+from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from . import params
-from .checkpoint import (CheckpointConfig, Checkpointer, atomic_file, ResumeError, ResumeRequest, TrainState, check_checkpoint_space,
-                         checkpoint_candidates, estimated_checkpoint_bytes, load_checkpoint, plain_args, resume,
-                         roll_back, run_components)
+from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, checkpoint_candidates,
+                         load_checkpoint, plain_args, resume, roll_back, run_components)
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
-from .data import (FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data,
-                   check_data_fields, data_error_reason)
+from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,
                           init_distributed, shutdown, unwrap_model, wrap_ddp)
 from .logger import MetricsWriter, WandbConfig, setup_logging
 from .flags import ConfigError
 from .margins import write_margins_plot
-from .model import ModelBundle, ModelConfig, build_model, check_pretrained, open_clip_model_config, preprocess_config
+from .model import ModelBundle, ModelConfig, build_model, open_clip_model_config, preprocess_config
 from .optimizer import build_optimizer
 from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
 from .resume_changes import warn_run_changes
-from .run_lock import RunInUse, RunLock
-from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RESULTS_NAME
-from .run_records import checkpoint_files, set_aside_earlier_records, trim_to_resume_point
+from .run_folder import (RunPaths, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
+                         hold_run_dir, is_inside, launch_note, record_selection_choices, recorded_args, run_dir_collision,
+                         start_over, write_params)
+from .run_lock import RunLock
+from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME
+from .run_records import trim_to_resume_point
 from .safe_write import RunFiles
 from .schedule import build_scheduler
+from .startup import StartupPlan, check_startup
 from .train import NonFiniteLossError, train_one_epoch
-from .validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
-
-
-# Where a run records AdaCL's choices of selection passes (`record_selection_choices`).
-SELECTION_CHOICES_FILE = "adacl_selection.json"
+from .validation import run_validation, write_results, zero_shot_imagenet
 
 
 @dataclass
@@ -73,26 +67,8 @@ class RunSummary:
     unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.safe_write)
 
 
-@dataclass
-class StartupPlan:
-    """What the checks before any work found: the plan's text, and what to warn about."""
-
-    text: str
-    num_batches: int                # training batches per rank and epoch
-    imagenet: Optional[torchvision.datasets.ImageFolder] = None  # --imagenet-val, without transform yet
-    warnings: List[str] = field(default_factory=list)
-
-
 class FinalCheckpointError(RuntimeError):
     """The run trained to the end but its last checkpoint could not be written."""
-
-
-@dataclass
-class RunPaths:
-    name: str
-    run_dir: Optional[str]          # None with --logs none
-    checkpoint_dir: Optional[str]
-    log_file: Optional[str]         # None on ranks that do not write a log file
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
@@ -298,30 +274,6 @@ def after_resume(cfg: RunConfig, paths: RunPaths, resumed_from: str, state: Trai
     barrier(env)
 
 
-def start_over(paths: RunPaths, env: DistributedEnv) -> None:
-    """A launch from scratch in a folder an earlier launch wrote: its records go aside (rank 0)."""
-    if env.is_master and paths.run_dir is not None:
-        set_aside_earlier_records(Path(paths.run_dir), Path(paths.checkpoint_dir))
-    barrier(env)
-
-
-def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
-    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it."""
-    problem = None
-    if env.is_master and paths.run_dir is not None:
-        try:
-            lock.acquire(paths.run_dir)
-        except RunInUse as error:
-            problem = str(error)
-    problem = broadcast_object(problem, env)
-    if problem:
-        raise ConfigError(problem)
-
-
-def is_inside(path: str, directory: Optional[str]) -> bool:
-    return directory is not None and Path(directory).resolve() in Path(path).resolve().parents
-
-
 # ---------------------------------------------------------------------------------------------
 # Setup
 # ---------------------------------------------------------------------------------------------
@@ -349,141 +301,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
-
-
-def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
-    """<logs>/<name>/ and its files; refuses to overwrite an earlier run unless resuming it."""
-    name = cfg.logging.name if cfg.logging.name is not None else default_run_name(cfg, env)
-    if cfg.logging.logs is None:
-        return RunPaths(name, None, None, None)
-    run_dir = os.path.join(cfg.logging.logs, name)
-    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR_NAME)
-    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else LOG_NAME)
-    writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
-    # Decided together: a rank that raised alone would leave the others waiting at the next collective.
-    if any_rank(writes_log and run_dir_collision(cfg.resume, log_file, checkpoint_dir) is not None, env):
-        raise ConfigError(run_dir_collision(cfg.resume, log_file, checkpoint_dir)
-                          or f"{run_dir} already holds a run (seen by another rank)")
-    problem = None
-    if env.is_master:
-        problem = cannot_create(checkpoint_dir)
-    problem = broadcast_object(problem, env)
-    if problem:
-        raise ConfigError(problem)
-    if writes_log:
-        os.makedirs(run_dir, exist_ok=True)
-    return RunPaths(name, run_dir, checkpoint_dir, log_file if writes_log else None)
-
-
-def cannot_create(directory: str) -> Optional[str]:
-    """Create `directory`; the error line when that fails (None: it exists now)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as error:
-        return (f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
-                "--name, or fix the path")
-    return None
-
-
-def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, env: DistributedEnv) -> None:
-    """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
-    checkpoint of this model, optimizer and loss state."""
-    if paths.checkpoint_dir is None:
-        return
-    problem = None
-    if env.is_master:
-        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
-        try:
-            check_checkpoint_space(paths.checkpoint_dir, needed)
-        except ValueError as error:
-            problem = str(error)
-    problem = broadcast_object(problem, env)
-    if problem:
-        raise ConfigError(problem)
-
-
-def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
-    """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
-    (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
-    target = (os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME) if cfg.logging.name is not None
-              else cfg.logging.logs)
-    logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
-    try:
-        model = open_clip.create_model(cfg.model.name, device="meta", force_quick_gelu=cfg.model.force_quick_gelu,
-                                       force_custom_text=cfg.model.force_custom_text,
-                                       force_image_size=cfg.model.force_image_size,
-                                       force_context_length=cfg.model.force_context_length, **cfg.model.model_kwargs)
-        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
-    except Exception as error:  # noqa: BLE001 - e.g. a hub model not downloaded: check writability only
-        print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
-              f"{target} is writable", file=sys.stderr)
-        needed = 0
-    finally:
-        logging.disable(logging.NOTSET)
-    try:
-        check_checkpoint_space(target, needed)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-def state_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's state_dict tensors (a loss's per-sample banks, queues, ...)."""
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values() if isinstance(t, torch.Tensor))
-
-
-def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
-    """OpenCLIP's name for a run without --name: rank 0's start time and the main settings."""
-    date = broadcast_object(datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), env)
-    return "-".join([date, f"model_{cfg.model.name.replace('/', '-')}", f"lr_{cfg.optimizer.lr}",
-                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}"])
-
-
-def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
-    """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
-    Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision;
-    nor is an earlier launch that left no checkpoint (its records are set aside: `start_over`)."""
-    if resume_arg == RESUME_LATEST or not os.path.exists(log_file) or not checkpoint_files(Path(checkpoint_dir)):
-        return None
-    if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
-        return None
-    return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest, roll it back with "
-            f"--resume {checkpoint_dir}/<checkpoint>, or choose another --name")
-
-
-def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
-    """Every argument as this run used it (params.txt, checkpoints, wandb), with the name it got at start."""
-    return {**cfg.recorded_args, "name": paths.name}
-
-
-def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainState) -> str:
-    """The header of this launch's block in params.txt."""
-    start = (f"resumed from {resumed_from} at epoch {state.position.epoch}, step {state.step}, "
-             f"{state.position.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
-    return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
-
-
-def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str, files: RunFiles) -> None:
-    """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`), one block
-    per launch, each under a `# launch ...` line (appended through `files`, so a resumed run keeps its history)."""
-    if not env.is_master:
-        return
-    lines = [f"{name}: {value}" for name, value in recorded.items()]
-    logging.info("Params:\n  " + "\n  ".join(lines))
-    if paths.run_dir is not None:
-        path = Path(paths.run_dir, PARAMS_NAME)
-        separator = "\n" if path.exists() else ""
-        files.append(path, separator + "\n".join([note, *lines]) + "\n")
-
-
-def record_selection_choices(paths: RunPaths, env: DistributedEnv) -> None:
-    """AdaCL's `auto` choices between its fused and eager selection passes (open_clip_adacl.fused: one per
-    shape, timed on the first batches) into <run>/adacl_selection.json, rewritten as each is made (rank 0's)."""
-    if env.is_master and paths.run_dir is not None:
-        path = Path(paths.run_dir, SELECTION_CHOICES_FILE)
-        def write(decisions) -> None:
-            with atomic_file(path, "w") as f:
-                f.write(json.dumps(decisions, indent=2) + "\n")
-        fused.record_decisions(write)
 
 
 def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:
@@ -552,7 +369,7 @@ def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation, dry run, console entry point
+# Validation and the console entry point
 # ---------------------------------------------------------------------------------------------
 
 
@@ -578,51 +395,6 @@ def validate_epoch(cfg: ValidationConfig, model, bundle: ModelBundle, val_data, 
     metrics.write("val", step=state.step, epoch=completed, values=results)
     if paths.checkpoint_dir is not None:
         write_results(Path(paths.checkpoint_dir) / RESULTS_NAME, completed, results, files)
-
-
-def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
-    """Before any work, on every rank (so that all of them stop together): the shards exist and open, their
-    first samples have the caption and image fields, the training shards fill an epoch at this batch size, --pretrained loads, --imagenet-val is an
-    ImageNet folder; returns the plan, with a warning when warmup never ends."""
-    try:
-        data = build_train_data(replace(cfg.data, world_size=world_size), preprocess=None, tokenizer=None, epoch=0)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        raise ConfigError(f"training data: {error}") from error
-    try:
-        build_val_data(cfg.data, preprocess=None, tokenizer=None)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        raise ConfigError(f"validation data: {error}") from error
-    try:
-        check_data_fields(cfg.data)
-    except ValueError as error:  # a DataError (no readable sample) is the run's to report, as for the loaders
-        raise ConfigError(str(error)) from error
-    accum_freq = cfg.train.accum_freq
-    steps_per_epoch = data.num_batches // accum_freq
-    if steps_per_epoch < 1:
-        raise ConfigError(f"an epoch has {data.num_batches} batches per rank, fewer than --accum-freq "
-                          f"{accum_freq}: lower --accum-freq or --batch-size, or use more samples")
-    try:
-        check_pretrained(cfg.model.name, cfg.model.pretrained, cfg.model.cache_dir)
-    except ValueError as error:
-        raise ConfigError(f"--pretrained {cfg.model.pretrained}: {error}") from error
-    imagenet = None
-    if cfg.validation.imagenet_val and cfg.validation.zeroshot_frequency:
-        try:
-            imagenet = imagenet_folder(cfg.validation.imagenet_val)
-        except ValueError as error:
-            raise ConfigError(f"--imagenet-val: {error}") from error
-    total_steps = steps_per_epoch * cfg.epochs
-    batch_size = cfg.data.batch_size
-    text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {asdict(cfg.loss.options)}; {world_size} rank(s) x "
-            f"batch {batch_size} x accum {accum_freq} = {world_size * batch_size * accum_freq} samples "
-            f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
-            f"{total_steps} steps in {cfg.epochs} epochs")
-    warnings = []
-    if cfg.schedule.warmup >= total_steps > 0:
-        warnings.append(f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
-                        f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
-                        "the steps)")
-    return StartupPlan(text, data.num_batches, imagenet, warnings)
 
 
 def cli() -> None:

@@ -87,16 +87,16 @@ def demo() -> Dict[str, Any]:
                 log_every_n_steps=16, train_group_size=8)
 
 
-def recipe_argv(values: Dict[str, Any], parser: argparse.ArgumentParser) -> List[str]:
-    """`values` as the command-line flags that set them."""
-    flags = {action.dest: action for action in parser._actions if action.option_strings}
+def recipe_argv(values: Dict[str, Any]) -> List[str]:
+    """`values` as the command-line flags that set them (a flag is its destination with dashes; a true
+    boolean is the bare flag)."""
     argv: List[str] = []
     for dest, value in values.items():
-        action = flags[dest]
-        if isinstance(action, argparse._StoreTrueAction):
-            argv += [action.option_strings[0]] if value else []
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
         else:
-            argv += [action.option_strings[0], str(value)]
+            argv += [flag, str(value)]
     return argv
 
 
@@ -104,8 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Print the trainer flags a recipe sets (for launch scripts).")
     parser.add_argument("recipe", help=f"one of {', '.join(sorted(RECIPES))}")
     parser.add_argument("--world-size", type=int, default=1, help="ranks of the run (the global batch is split)")
-    parser.add_argument("--check", action="store_true",
-                        help="only check that the recipe serves this world size (fast: loads no torch)")
+    parser.add_argument("--check", action="store_true", help="only check that the recipe serves this world size")
     args = parser.parse_args(argv)
     try:
         values = recipe_values(args.recipe, args.world_size)
@@ -113,9 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     if not args.check:
-        from .params import build_parser  # the trainer's parser: loads torch and open_clip
-
-        print(shlex.join(recipe_argv(values, build_parser())))
+        print(shlex.join(recipe_argv(values)))
 
 
 if __name__ == "__main__":

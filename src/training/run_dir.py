@@ -23,6 +23,7 @@ METRICS_NAME = "metrics.jsonl"
 RESULTS_NAME = "results.jsonl"      # in the checkpoint folder, beside the checkpoints it evaluates
 PARAMS_NAME = "params.txt"
 LOG_NAME = "out.log"
+SELECTION_CHOICES_NAME = "adacl_selection.json"  # AdaCL's fused/eager choices (open_clip_adacl.fused)
 CHECKPOINT_DIR_NAME = "checkpoints"
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
 CHECKPOINT_FILE_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")

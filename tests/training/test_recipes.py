@@ -48,6 +48,11 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
     printed = subprocess.run([sys.executable, "-m", "training.recipes", "cc12m-vitb32", "--world-size", "16"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert printed[printed.index("--batch-size") + 1] == "128" and "--grad-checkpointing" in printed
+    with mock.patch.dict("os.environ", {"WORLD_SIZE": "16", "RANK": "0", "LOCAL_RANK": "0"}):
+        by_recipe = vars(parse_args(["--recipe", "cc12m-vitb32", "--train-data", "x.tar"]))
+        by_flags = vars(parse_args([*printed, "--train-data", "x.tar"]))  # the printed flags mean the same
+    assert {k: v for k, v in by_recipe.items() if k not in ("recipe", "recipe_overrides")} == {
+        k: v for k, v in by_flags.items() if k not in ("recipe", "recipe_overrides")}
     unknown = subprocess.run([sys.executable, "-m", "training.recipes", "cc15m", "--check"], capture_output=True,
                              text=True)
     assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr
