@@ -37,7 +37,7 @@ import torch
 from open_clip.push_to_hf_hub import generate_readme
 from safetensors.torch import save
 
-from .checkpoint import atomic_file, load_checkpoint
+from .checkpoint_files import atomic_file, load_checkpoint
 from .params import command_line
 from .run_dir import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 

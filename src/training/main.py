@@ -30,8 +30,9 @@ import torch
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from . import params
-from .checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState, checkpoint_candidates,
-                         load_checkpoint, plain_args, resume, roll_back, run_components)
+from .checkpoint import CheckpointConfig, Checkpointer, TrainState, plain_args, run_components
+from .checkpoint_files import checkpoint_candidates, load_checkpoint, roll_back
+from .resume import ResumeError, ResumeRequest, resume
 from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
 from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
 from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,

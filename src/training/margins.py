@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .checkpoint import atomic_file
+from .checkpoint_files import atomic_file
 from .run_dir import RunDir
 
 DIRECTIONS = ("i2t", "t2i")

@@ -2,7 +2,7 @@
 
 A resume that changes the learning-rate schedule, the number of epochs, the precision or gradient
 clipping continues the same data order, so it is not refused (unlike sample-order changes,
-`checkpoint.check_resume`), but the rest of the run then differs from the run the checkpoint began:
+`resume.check_resume`), but the rest of the run then differs from the run the checkpoint began:
 each such change is logged with its old and new value and what it alters.
 """
 from __future__ import annotations

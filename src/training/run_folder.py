@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -17,7 +17,8 @@ import torch
 
 from open_clip_adacl import Loss, fused
 
-from .checkpoint import TrainState, atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
+from .checkpoint import TrainState
+from .checkpoint_files import atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
 from .config import RESUME_LATEST, RunConfig
 from .distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from .flags import ConfigError

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
 
-from .checkpoint import move_aside
+from .checkpoint_files import move_aside
 from .logger import drop_records_after
 from .run_dir import CHECKPOINT_FILE_NAME, METRICS_NAME, RESULTS_NAME
 

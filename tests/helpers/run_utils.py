@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from helpers.distributed_utils import free_port
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.run_dir import RunDir
 
 

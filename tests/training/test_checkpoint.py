@@ -14,8 +14,8 @@ import torch
 from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
 from helpers.run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
-from training.checkpoint import (CheckpointConfig, Checkpointer, TrainState, checkpoint_candidates, load_checkpoint,
-                                 run_components, save_atomic)
+from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.checkpoint_files import checkpoint_candidates, load_checkpoint, save_atomic
 from training.distributed import DistributedEnv
 from training.run_dir import RunDir
 from training.main import main

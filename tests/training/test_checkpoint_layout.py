@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from helpers.run_utils import losses_by_step
-from training.checkpoint import (CHECKPOINT_FORMAT, CheckpointConfig, Checkpointer, EpochSums, TrainState,
-                                 load_checkpoint, resume, run_components)
+from training.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
+from training.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
+from training.resume import resume
 from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.export import export

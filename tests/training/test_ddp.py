@@ -143,7 +143,7 @@ def _torchrun(demo_shards, logs, *extra):
 
 
 def _first_epoch(demo_shards, logs):
-    from training.checkpoint import load_checkpoint
+    from training.checkpoint_files import load_checkpoint
     from training.run_dir import RunDir
 
     result = _torchrun(demo_shards, logs, "--epochs", "1")
@@ -164,7 +164,7 @@ def test_torchrun_two_ranks_train_and_checkpoint(demo_shards, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
-    from training.checkpoint import load_checkpoint
+    from training.checkpoint_files import load_checkpoint
     from training.run_dir import RunDir
 
     run = _first_epoch(demo_shards, tmp_path)

@@ -23,7 +23,7 @@ import training.torchrun
 from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, single_rank_argv,
                                torchrun_command, wait_for_step)
 from training import safe_write
-from training.checkpoint import load_checkpoint, save_atomic
+from training.checkpoint_files import load_checkpoint, save_atomic
 from training.checkpoint_digest import CheckpointDamaged
 from training.export import model_card
 from training.run_dir import RunDir

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from open_clip_adacl import fused
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
 from training.export import main as export_main
 from training.main import main

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -16,7 +15,7 @@ from open_clip_train.data import expand_urls
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from helpers.run_utils import digest
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.params import parse_args, validate_args
 from helpers import REPO, TESTS
 

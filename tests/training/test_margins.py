@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.main import main
 from training.margins import DIRECTIONS, MARGIN_PANELS, margin_traces, write_margins_plot
 from training.run_dir import RunDir

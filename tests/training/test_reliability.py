@@ -12,7 +12,7 @@ import pytest
 from helpers.data_utils import good, png, write_hostile_shards, write_tar
 from helpers.run_utils import (assert_same_final_state, kill_run, losses_by_step, torchrun_command,
                        wait_for_step)
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError

@@ -12,8 +12,9 @@ import torch
 from helpers.run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
 from training import main as entry
-from training.checkpoint import (CheckpointConfig, Checkpointer, ResumeError, ResumeRequest, TrainState,
-                                 check_resume, load_checkpoint, run_components)
+from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.checkpoint_files import load_checkpoint
+from training.resume import ResumeError, ResumeRequest, check_resume, translated_position
 from training.data import DataPosition
 from training.distributed import DistributedEnv
 from training.run_dir import RunDir
@@ -102,7 +103,7 @@ def test_a_world_size_change_is_refused_mid_epoch_and_allowed_at_an_epoch_bounda
     anyway = ResumeRequest(args=request.args, world_size=1, resume_anyway=True)
     assert check_resume(fake_checkpoint(2, 40), "step_40.pt", anyway) == {"world_size": (2, 1)}
     # 40 batches of 2 x 32 samples = 2560 samples into the epoch: batch 80 of 32 samples.
-    assert ckpt.translated_position(fake_checkpoint(2, 40), anyway) == 80
+    assert translated_position(fake_checkpoint(2, 40), anyway) == 80
 
 
 def test_resume_anyway_continues_at_the_same_number_of_samples_into_the_epoch(demo_shards, base_run, tmp_path):
@@ -228,7 +229,7 @@ Usage = namedtuple("Usage", "total used free")
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_the_checkpoint_folder_must_take_one_checkpoint(demo_shards, tmp_path, monkeypatch, dry_run):
     """12 bytes per parameter of adacl-tiny (3.4 M) plus the queue: about 41 MB; 10 MB free is too little."""
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**7, 10**7))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**7, 10**7))
     with pytest.raises(ConfigError, match=r"checkpoints go to .*/space/checkpoints: one checkpoint needs about "
                                           r"0.04 GB, 0.01 GB are free there; free space or choose another --logs"):
         main(argv(demo_shards, tmp_path, "space", *(["--dry-run"] if dry_run else [])))

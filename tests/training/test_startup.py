@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.run_dir import RunDir
 from training.main import main
 from training.model import ModelConfig, build_model

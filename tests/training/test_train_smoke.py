@@ -6,7 +6,8 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
-from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, load_checkpoint, run_components
+from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.checkpoint_files import load_checkpoint
 from training.distributed import DistributedEnv
 from training.logger import MetricsWriter
 from training.run_dir import RunDir

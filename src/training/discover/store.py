@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from ..checkpoint import atomic_file
+from ..checkpoint_files import atomic_file
 from ..data import SKIP_REASONS
 from ..data.samples import stable_hash
 from .batch import BatchResult

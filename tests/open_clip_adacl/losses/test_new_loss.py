@@ -10,7 +10,7 @@ import torch
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
 from training.loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
-from training.checkpoint import load_checkpoint
+from training.checkpoint_files import load_checkpoint
 from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError, build_parser
