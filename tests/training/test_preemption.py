@@ -17,6 +17,7 @@ from helpers.run_utils import (assert_same_final_state, children, losses_by_step
 from training.run_dir import RunDir
 from training.main import main
 from training.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
+from training.recipes import recipe_values
 from helpers import REPO
 
 JOB_ID = "4242"
@@ -216,8 +217,10 @@ STUB_SRUN = textwrap.dedent("""\
 def test_slurm_recipe_passes_the_signal_on_to_srun_and_its_status_back(tmp_path, sig):
     """`#SBATCH --signal=B:USR1@120` signals the job script only: it must reach srun (and the tasks)."""
     script = (REPO / "scripts" / "launch" / "slurm.sbatch").read_text()
-    assert "#SBATCH --signal=B:USR1@120" in script and "--keep-step-checkpoints" in script
-    assert "--slurm-requeue" in script and "--resume latest" in script
+    assert "#SBATCH --signal=B:USR1@120" in script and "--slurm-requeue" in script and "recipe_flags" in script
+    for recipe in ("cc3m-rn50", "cc12m-vitb32"):  # the recipes it starts keep step checkpoints and resume them
+        values = recipe_values(recipe, world_size=32)
+        assert values["keep_step_checkpoints"] and values["save_every_n_steps"] and values["resume"] == "latest"
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "srun").write_text(f"#!{sys.executable}\n{STUB_SRUN}")
