@@ -88,20 +88,26 @@ class AdaCLLoss(ContrastiveLoss):
         # none): the GDA candidate set, the median anchor, the steep positive of slope m1 and boundary 1. eps was
         # not recovered and stays free; so do the readings the method text leaves open (§3.6-3.7: the anchor
         # probability, whether the margins carry gradient, the anchor's value), which `algorithm1` leaves to the
-        # other options and `paper` fixes to our first reading (detached margins, progressive p_u).
+        # other options. `paper` fixes them to the one reading of ours that trained without collapsing in the
+        # controls study (closed-form margins, vanilla p_u, the positive as anchor, eps 1e-4: docs/adacl.md §5.0);
+        # `first-reading` to our first reading (detached margins, progressive p_u, the positive as anchor).
         PRESETS = {
             "algorithm1": ALGORITHM_1,
-            "paper": {**ALGORITHM_1, "anchor_prob": "progressive", "margin_grad": "detached",
-                      "anchor_value": "positive"},
+            "paper": {**ALGORITHM_1, "anchor_prob": "vanilla", "margin_grad": "closed_form", "anchor_value": "positive",
+                      "eps": 1e-4},
+            "first-reading": {**ALGORITHM_1, "anchor_prob": "progressive", "margin_grad": "detached",
+                              "anchor_value": "positive"},
         }
 
         preset: Optional[str] = option(
             None, "'algorithm1': every choice the method text fixes set to our reconstruction of Algorithm 1 "
             "(docs/method.md §3: literal closed forms, GDA candidates, median anchor, the steep positive, boundary "
             "1), the open readings left to --adacl-anchor-prob, --adacl-margin-grad and --adacl-anchor-value; "
-            "'paper': algorithm1 with our first reading of those (progressive p_u, detached margins, the owning "
-            "row's positive as anchor); options given with a preset that contradict it are refused",
-            choices=(None, "algorithm1", "paper"))
+            "'paper': algorithm1 with the one reading of ours that trained without collapsing (closed-form "
+            "margins, vanilla p_u, the positive as anchor, eps 1e-4; docs/adacl.md §5.0); 'first-reading': "
+            "algorithm1 with our first reading (progressive p_u, detached margins, the owning row's positive as "
+            "anchor), which collapses; options given with a preset that contradict it are refused",
+            choices=(None, "algorithm1", "paper", "first-reading"))
         mode: str = option(
             "calibrated", "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
             "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "

@@ -1,6 +1,6 @@
-"""`--adacl-preset paper`: Algorithm 1 as docs/method.md §3 reads it, checked step by step against a plain
-re-computation from the reference functions of `open_clip_adacl.adacl`, and the preset's contract (what it
-sets, what it refuses, what params.txt records)."""
+"""`--adacl-preset first-reading` (and `paper`): Algorithm 1 as docs/method.md §3 reads it, checked step by
+step against a plain re-computation from the reference functions of `open_clip_adacl.adacl`, and the
+presets' contract (what they set, what they refuse, what params.txt records)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ def _algorithm_1_direction(queries, candidates, scale, previous):
 
 
 def test_two_training_steps_equal_algorithm_1_recomputed_from_the_reference_functions():
-    loss_fn = create_loss("adacl", preset="paper", eps=EPS)
+    loss_fn = create_loss("adacl", preset="first-reading", eps=EPS)
     previous = {"i2t": (None, None), "t2i": (None, None)}  # before any step p_u is vanilla
     for step, seed in enumerate((11, 12)):
         x, y = _features(24, 16, seed)
@@ -74,28 +74,28 @@ def test_two_training_steps_equal_algorithm_1_recomputed_from_the_reference_func
 
 
 def test_the_preset_sets_every_choice_of_algorithm_1():
-    options = create_loss("adacl", preset="paper").options
+    options = create_loss("adacl", preset="first-reading").options
     assert (options.mode, options.candidate_region, options.anchor_stat, options.anchor_prob, options.positive_grad,
             options.boundary, options.boundary_kind, options.salient, options.modulate) == (
         "literal", "gda", "median", "progressive", "fixed", 1.0, "fixed", "max", True)
-    assert create_loss("adacl", preset="paper", eps=1e-4).options.eps == 1e-4  # eps was not recovered: free
+    assert create_loss("adacl", preset="first-reading", eps=1e-4).options.eps == 1e-4  # eps was not recovered: free
 
 
 def test_a_value_contradicting_the_preset_is_refused_and_an_agreeing_one_accepted():
-    with pytest.raises(ValueError, match="preset 'paper' sets mode='literal'; drop mode='calibrated'"):
-        create_loss("adacl", preset="paper", mode="calibrated")
-    assert create_loss("adacl", preset="paper", mode="literal").options.mode == "literal"
-    with pytest.raises(ValueError, match="preset 'paper' sets"):
-        AdaCLLoss.Options(preset="paper")  # half applied: the defaults disagree with it
+    with pytest.raises(ValueError, match="preset 'first-reading' sets mode='literal'; drop mode='calibrated'"):
+        create_loss("adacl", preset="first-reading", mode="calibrated")
+    assert create_loss("adacl", preset="first-reading", mode="literal").options.mode == "literal"
+    with pytest.raises(ValueError, match="preset 'first-reading' sets"):
+        AdaCLLoss.Options(preset="first-reading")  # half applied: the defaults disagree with it
 
 
 def test_the_trainer_records_every_resolved_option_and_refuses_conflicts():
-    args = parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "paper"])
+    args = parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "first-reading"])
     assert (args.adacl_preset, args.adacl_mode, args.adacl_candidate_region, args.adacl_anchor_prob,
-            args.adacl_positive_grad) == ("paper", "literal", "gda", "progressive", "fixed")
+            args.adacl_positive_grad) == ("first-reading", "literal", "gda", "progressive", "fixed")
     assert args.loss_options["candidate_region"] == "gda"
     with pytest.raises(ConfigError, match="drop candidate_region='upper' or the preset"):
-        parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "paper",
+        parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "first-reading",
                     "--adacl-candidate-region", "upper"])
 
 
@@ -104,3 +104,16 @@ def test_the_loss_comparison_accepts_the_preset_as_a_variant():
 
     (variant,) = parse_loss_variants("adacl:paper")
     assert variant.flags(data_size=8)[:4] == ["--loss", "adacl", "--adacl-preset", "paper"]
+
+
+def test_paper_is_the_reading_that_trained_and_first_reading_our_first():
+    paper = create_loss("adacl", preset="paper").options
+    assert (paper.anchor_value, paper.anchor_prob, paper.margin_grad, paper.eps, paper.mode,
+            paper.candidate_region) == ("positive", "vanilla", "closed_form", 1e-4, "literal", "gda")
+    first = create_loss("adacl", preset="first-reading").options
+    assert (first.anchor_value, first.anchor_prob, first.margin_grad) == ("positive", "progressive", "detached")
+    differ = ("preset", "anchor_prob", "margin_grad", "eps")
+    assert {k: v for k, v in vars(paper).items() if k not in differ} == {
+        k: v for k, v in vars(first).items() if k not in differ}
+    with pytest.raises(ValueError, match="preset 'paper' sets eps=0.0001"):
+        create_loss("adacl", preset="paper", eps=1e-3)  # the reading that trained is the one at eps 1e-4

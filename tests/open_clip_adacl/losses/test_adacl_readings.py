@@ -136,7 +136,7 @@ def test_detached_margins_push_the_whole_batch_by_mean_one_minus_p_times_t_minus
     """docs/adacl.md §5: with m1, m2 constants, a common shift of every cosine changes the loss by
     mean_i (1 - p_i)(t - m1) per direction (zero for CLIP, whose slope is t)."""
     x, y = _features(32, 16, seed=5)
-    force, stats = _common_mode_force(create_loss("adacl", preset="paper", eps=EPS), x, y)
+    force, stats = _common_mode_force(create_loss("adacl", preset="first-reading", eps=EPS), x, y)
     predicted = 0.0
     for direction, (queries, candidates) in (("i2t", (x, y)), ("t2i", (y, x))):
         assert stats[f"{direction}/modulated"] == 1
@@ -180,15 +180,15 @@ def test_readings_that_do_not_exist_are_refused_in_one_line():
         create_loss("adacl", margin_grad="closed_form")  # the calibrated default
     with pytest.raises(ValueError, match="use anchor_value='positive'"):
         create_loss("adacl", preset="algorithm1", margin_grad="closed_form", anchor_value="gap")
-    paper = create_loss("adacl", preset="paper").options
-    assert (paper.anchor_prob, paper.margin_grad, paper.anchor_value) == ("progressive", "detached", "positive")
-    with pytest.raises(ValueError, match="preset 'paper' sets margin_grad='detached'"):
-        create_loss("adacl", preset="paper", margin_grad="closed_form")
+    first = create_loss("adacl", preset="first-reading").options
+    assert (first.anchor_prob, first.margin_grad, first.anchor_value) == ("progressive", "detached", "positive")
+    with pytest.raises(ValueError, match="preset 'first-reading' sets margin_grad='detached'"):
+        create_loss("adacl", preset="first-reading", margin_grad="closed_form")
 
 
 def test_the_trained_loss_logs_clip_loss_on_the_same_logits():
     x, y = _features(24, 16, seed=8)
-    loss_fn = create_loss("adacl", preset="paper", eps=EPS)
+    loss_fn = create_loss("adacl", preset="first-reading", eps=EPS)
     loss_fn(x, y, torch.tensor(SCALE))
     clip = create_loss("clip")
     expected = float(clip(x, y, torch.tensor(SCALE)))
@@ -198,6 +198,6 @@ def test_the_trained_loss_logs_clip_loss_on_the_same_logits():
 
 def test_the_batch_mean_cross_modal_cosine_is_logged():
     x, y = _features(24, 16, seed=9)
-    loss_fn = create_loss("adacl", preset="paper", eps=EPS)
+    loss_fn = create_loss("adacl", preset="first-reading", eps=EPS)
     loss_fn(x, y, torch.tensor(SCALE))
     assert float(loss_fn.stats["mean_cosine"]) == pytest.approx(float((x.double() @ y.double().T).mean()), rel=1e-6)
