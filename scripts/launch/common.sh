@@ -89,8 +89,9 @@ run_forwarding_signals() {
     while true; do
         FORWARDED=0
         wait "$child" && status=0 || status=$?
-        # wait returns early (status > 128) when a trap ran; the child is still running then
-        [ "$FORWARDED" = 1 ] && kill -0 "$child" 2>/dev/null || break
+        # wait returns early (status > 128) when a trap ran: wait again, for the child's own status (bash
+        # keeps it for a child that has ended meanwhile, so a quick exit is not mistaken for the signal)
+        [ "$FORWARDED" = 1 ] || break
     done
     return "$status"
 }
