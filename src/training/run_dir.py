@@ -87,10 +87,6 @@ class RunDir:
         return self.checkpoint_dir / RESULTS_NAME
 
     @property
-    def params_path(self) -> Path:
-        return self.path / PARAMS_NAME
-
-    @property
     def log_path(self) -> Path:
         return self.path / LOG_NAME
 
