@@ -6,13 +6,13 @@
 
 Shards: by default --num-shards tars of --shard-size samples, each a 256 x 256 JPEG (what
 img2dataset --image_size 256 writes), a caption and a json key, generated once and cached under
---cache-dir. Both pipelines apply the same open_clip training transform (RandomResizedCrop to the
+--shard-cache. Both pipelines apply the same open_clip training transform (RandomResizedCrop to the
 model's image size, normalisation) and tokenizer, and run one training epoch of --num-samples
 samples in a fresh process each (DataLoader workers started, as in training, at the epoch's start).
 
 OpenCLIP's tar pipeline fails with webdataset >= 0.2.96 (docs/ecosystem.md §2), so its side runs with
 webdataset 0.2.86 first on PYTHONPATH, installed on first use with
-`pip install --no-deps --target <cache-dir>/webdataset-0.2.86 webdataset==0.2.86`.
+`pip install --no-deps --target <shard-cache>/webdataset-0.2.86 webdataset==0.2.86`.
 Rounds alternate the two pipelines; reported: the median over --repeats rounds of samples/s over
 the whole epoch (worker start-up and shuffle-buffer fill included, as training sees it) and in the
 steady state (from the first batch on), ours / OpenCLIP's of those, the median of each round's
@@ -94,7 +94,7 @@ def openclip_webdataset(cache_dir: Path) -> Path:
     if result.returncode != 0:
         sys.exit(f"error: could not install webdataset=={OPENCLIP_WEBDATASET} (needed to run OpenCLIP's pipeline, "
                  f"which fails with newer webdataset): {result.stderr.strip()[-500:]}\nInstall it yourself with "
-                 f"`{' '.join(command)}` or pass --cache-dir pointing at a folder that has it.")
+                 f"`{' '.join(command)}` or pass --shard-cache pointing at a folder that has it.")
     return target
 
 
@@ -224,17 +224,19 @@ def report(args: argparse.Namespace, summary: Dict[str, Dict[str, float]]) -> st
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from training.params import add_trainer_flags
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", help="brace pattern of existing shards (default: generated ones)")
     parser.add_argument("--num-shards", type=int, default=8, help="generated shards")
     parser.add_argument("--shard-size", type=int, default=512, help="samples per generated shard")
     parser.add_argument("--num-samples", type=int, default=None,
                         help="samples per epoch (default: all generated samples, rounded to batch x workers)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--model", default="ViT-B-32", help="whose image size and tokenizer to use")
+    add_trainer_flags(parser.add_argument_group("the trainer's flags"), ("batch_size", "workers", "model"),
+                      defaults={"batch_size": 64, "workers": 2, "model": "ViT-B-32"},
+                      notes={"model": "Here: whose image size and tokenizer to use."})
     parser.add_argument("--repeats", type=int, default=3, help="rounds per pipeline (median reported)")
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
+    parser.add_argument("--shard-cache", dest="cache_dir", type=Path, default=DEFAULT_CACHE,
                         help="where generated shards and webdataset 0.2.86 are kept")
     parser.add_argument("--output", help="also write the measurements as JSON to this file")
     parser.add_argument("--run", choices=("ours", "openclip"), help=argparse.SUPPRESS)  # one epoch, in a subprocess

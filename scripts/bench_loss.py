@@ -267,10 +267,12 @@ def load_average() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from training.params import add_trainer_flags
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], help="global batch sizes N")
     parser.add_argument("--dim", type=int, default=512, help="feature width D")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    add_trainer_flags(parser, ("device",), defaults={"device": "cpu"}, notes={"device": "Here: cpu or cuda."})
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--inputs", nargs="+", choices=tuple(INPUTS), default=list(INPUTS),

@@ -6,7 +6,7 @@
 For each case (MODEL:BATCH) every loss gets its own copy of the model, built from the same seed, and
 its own AdamW; one step is `training.train.forward_backward` + `apply_update` (forward, loss,
 backward, AdamW, logit-scale clamp: what `train_one_epoch` runs per step) on one fixed random batch
-already on the device, so data loading is left out. After --warmup steps per loss, --repeats rounds
+already on the device, so data loading is left out. After --warmup-steps steps per loss, --repeats rounds
 interleave the losses so that drift on a shared machine hits all of them alike; each loss's step
 time is the median of its rounds, the ratio is that against the first loss's (clip) in the same
 run, and the paired ratio the median over rounds of the two losses' back-to-back step times.
@@ -26,6 +26,7 @@ import torch
 from open_clip_adacl import create_loss
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
+from training.params import add_trainer_flags
 from training.precision import build_precision, resolve_precision
 from training.train import MicroBatch, apply_update, forward_backward
 
@@ -126,10 +127,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cases", type=parse_case, nargs="+", default=[parse_case(c) for c in DEFAULT_CASES],
                         help="MODEL:BATCH cases (per-process batch)")
     parser.add_argument("--losses", nargs="+", default=["clip", "adacl"], help="the first is the ratios' baseline")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default=None, help="default: fp32 on CPU, amp on CUDA (the trainer's)")
+    add_trainer_flags(parser.add_argument_group("the trainer's flags"), ("device", "precision"),
+                      defaults={"device": "cpu"})
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per loss first")
+    parser.add_argument("--warmup-steps", dest="warmup", type=int, default=2, help="untimed steps per loss first")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
     parser.add_argument("--output", help="also write the rows and settings as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long check: adacl-tiny:8, 1 round")

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -35,6 +33,8 @@ from typing import List, Optional, Sequence, Tuple
 from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.report import kept_tail
+from training.main import run
+from training.params import config_from_values, given_values
 from training.run_dir import RunDir
 
 GROUPED = "--train-group-size 8"
@@ -130,15 +130,14 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     if checkpoint.is_file():
         return checkpoint
     splits = manifest["splits"]
-    argv = [sys.executable, "-m", "training.main", "--train-data", str(data_dir / splits["train"]["data"]),
-            "--val-data", str(data_dir / splits["val"]["data"]), "--dataset-type", "webdataset",
-            "--model", "adacl-tiny", "--loss", "clip", "--batch-size", str(QUICK.batch_size),
-            "--epochs", str(TRANSFER_PRETRAIN_EPOCHS), "--lr", str(QUICK.lr), "--wd", str(QUICK.wd),
-            "--warmup", str(QUICK.warmup), "--workers", "0", "--device", "cpu", "--seed", str(TRANSFER_PRETRAIN_SEED),
-            "--save-frequency", str(TRANSFER_PRETRAIN_EPOCHS), "--logs", str(logs), "--name", name,
-            *GROUPED.split(), *(["--resume", "latest"] if (logs / name).exists() else [])]
+    values = {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
+              "dataset_type": "webdataset", "model": "adacl-tiny", "loss": "clip", "batch_size": QUICK.batch_size,
+              "epochs": TRANSFER_PRETRAIN_EPOCHS, "lr": QUICK.lr, "wd": QUICK.wd, "warmup": QUICK.warmup, "workers": 0,
+              "device": "cpu", "seed": TRANSFER_PRETRAIN_SEED, "save_frequency": TRANSFER_PRETRAIN_EPOCHS,
+              "logs": str(logs), "name": name, **given_values(GROUPED.split()),
+              **({"resume": "latest"} if (logs / name).exists() else {})}
     print(f"== pretraining {name} on {data_dir} ({TRANSFER_PRETRAIN_EPOCHS} epochs)", flush=True)
-    subprocess.run(argv, check=True)
+    run(config_from_values(values))
     return checkpoint
 
 

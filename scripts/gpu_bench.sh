@@ -35,7 +35,7 @@ else
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
         exit 2
     fi
-    STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup 5 --repeats 20)
+    STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup-steps 5 --repeats 20)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 5)
 fi
 mkdir -p "$OUT_DIR"

@@ -16,32 +16,37 @@ import argparse
 import csv
 import json
 import os
-import subprocess
+import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
 
+from training.params import add_trainer_flags
 from training.run_dir import RunDir, step_checkpoint_number
 
 
-def train(args: argparse.Namespace, manifest: dict) -> Path:
+# The trainer's flags this script takes (training.params.add_trainer_flags), with the comparison's values.
+TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
+
+
+def train(args: argparse.Namespace, manifest: dict) -> RunDir:
+    """The run (in this process; continued if an earlier call stopped), a step checkpoint every --every steps."""
+    from training.main import run
+    from training.params import config_from_values, given_values
+
     splits = manifest["splits"]
     steps_per_epoch = splits["train"]["num_samples"] // args.batch_size
     epochs = -(-args.steps // steps_per_epoch)
-    argv = [sys.executable, "-m", "training.main",
-            "--train-data", str(args.data_dir / splits["train"]["data"]),
-            "--val-data", str(args.data_dir / splits["val"]["data"]), "--dataset-type", "webdataset",
-            "--model", args.model, "--loss", args.loss, "--batch-size", str(args.batch_size),
-            "--epochs", str(epochs), "--lr", str(args.lr), "--wd", "0.1", "--warmup", str(args.warmup),
-            "--workers", "0", "--device", "cpu", "--seed", str(args.seed), "--log-every-n-steps", "64",
-            "--train-group-size", "8", "--save-every-n-steps", str(args.every),
-            "--logs", str(args.output), "--name", "run", *args.train_args.split()]
-    run_dir = args.output / "run"
-    if not RunDir(run_dir).epoch_checkpoint(epochs).is_file():
-        log = open(args.output / "train.log", "w")
-        subprocess.run(argv + (["--resume", "latest"] if run_dir.exists() else []), check=True, stdout=log,
-                       stderr=subprocess.STDOUT)
-    return RunDir(run_dir)
+    run_dir = RunDir(args.output / "run")
+    values = {**{dest: getattr(args, dest) for dest in TRAINER_FLAGS},
+              "train_data": str(args.data_dir / splits["train"]["data"]),
+              "val_data": str(args.data_dir / splits["val"]["data"]), "dataset_type": "webdataset",
+              "epochs": epochs, "wd": 0.1, "workers": 0, "device": "cpu", "log_every_n_steps": 64,
+              "train_group_size": 8, "save_every_n_steps": args.every, "logs": str(args.output), "name": "run",
+              **given_values(shlex.split(args.train_args)), **({"resume": "latest"} if run_dir.path.exists() else {})}
+    if not run_dir.epoch_checkpoint(epochs).is_file():
+        run(config_from_values(values))
+    return run_dir
 
 
 def score(run: RunDir, data_dir: Path, output: Path) -> List[Dict[str, float]]:
@@ -128,12 +133,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=1536, help="at least this many steps (whole epochs)")
     parser.add_argument("--every", type=int, default=128, help="checkpoint and score every this many steps")
-    parser.add_argument("--loss", default="clip")
-    parser.add_argument("--model", default="adacl-tiny")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    add_trainer_flags(parser.add_argument_group("the trainer's flags"), list(TRAINER_FLAGS), defaults=TRAINER_FLAGS)
     parser.add_argument("--train-args", default="", help="extra trainer flags, one string")
     parser.add_argument("--results-md", type=Path, default=None,
                         help="Markdown page to write; its plot goes beside it (default: only OUTPUT/curve.png)")

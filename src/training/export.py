@@ -38,7 +38,7 @@ from open_clip.push_to_hf_hub import generate_readme
 from safetensors.torch import save
 
 from .checkpoint_files import atomic_file, load_checkpoint
-from .params import command_line
+from .params import add_trainer_flags, command_line
 from .run_dir import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
@@ -201,8 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--eval-dir", default=None,
                         help="with --hf-dir: a python -m training.evaluation --output-dir folder; its clip-benchmark "
                              "table goes into the model card")
-    parser.add_argument("--model", default=None,
-                        help="model config name, only for checkpoints not written by training.main")
+    add_trainer_flags(parser, ("model",), defaults={"model": None},
+                      notes={"model": "Here: only for checkpoints not written by training.main."})
     args = parser.parse_args(argv)
     if not args.hf_dir and (args.eval_dir or args.license != "other"):
         parser.error("--license and --eval-dir go into the model card: use them with --hf-dir")

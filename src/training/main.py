@@ -49,7 +49,7 @@ from .run_folder import (RunPaths, build_run_paths, check_dry_run_checkpoint_spa
                          hold_run_dir, is_inside, launch_note, record_selection_choices, recorded_args, run_dir_collision,
                          start_over, write_params)
 from .run_lock import RunLock
-from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME
+from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
 from .run_records import trim_to_resume_point
 from .safe_write import RunFiles
 from .schedule import build_scheduler
@@ -67,16 +67,28 @@ class RunSummary:
     checkpoint: Optional[str]       # last checkpoint written
     unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.safe_write)
 
+    @property
+    def record(self) -> RunDir:
+        """The run folder's reader (metrics, results, checkpoints by number, the recorded flags)."""
+        if self.run_dir is None:
+            raise ValueError("this run wrote no folder (--logs none)")
+        return RunDir(self.run_dir)
+
 
 class FinalCheckpointError(RuntimeError):
     """The run trained to the end but its last checkpoint could not be written."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
-    args = params.parse_args(argv)
+    """The command line's run: `run(config)` of the parsed, checked flags (None for --dry-run)."""
+    return run(params.checked_config(params.parse_args(argv)))  # from here on nothing reads args
+
+
+def run(cfg: RunConfig) -> Optional[RunSummary]:
+    """Train (or, with `cfg.dry_run`, only check) the run `cfg` describes, on the ranks the environment
+    announces; build `cfg` with `training.params.config_from_values` (or `checked_config` of parsed flags).
+    Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results)."""
     world_size = params.world_size_from_env()
-    params.validate_args(args, world_size)
-    cfg = params.run_config(args)  # from here on nothing reads args
     plan = check_startup(cfg, world_size)
     if cfg.dry_run:
         loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup

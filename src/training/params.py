@@ -16,12 +16,13 @@ converts the namespace, once, into the frozen `RunConfig` whose parts the rest o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import shlex
 import sys
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from open_clip_train.distributed import is_using_distributed, world_info_from_env
 from open_clip_train.params import get_default_params
@@ -86,6 +87,11 @@ class LossFlag:
 def loss_option_flag(loss_name: str, option: LossOption) -> str:
     """`option.flag` when the loss sets one, else `--<loss>-<option-with-dashes>`."""
     return option.flag or f"--{loss_name}-{option.name.replace('_', '-')}"
+
+
+def loss_option_dest(loss_name: str, option: LossOption) -> str:
+    """The argparse destination of that option's flag (what `args_from_values` takes)."""
+    return loss_flags()[loss_option_flag(loss_name, option)].dest
 
 
 def loss_flags() -> Dict[str, LossFlag]:
@@ -205,6 +211,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
+                      defaults: Optional[Mapping[str, Any]] = None, notes: Optional[Mapping[str, str]] = None) -> None:
+    """Mount the trainer's own flags `dests` (by destination: name, help, type and choices as declared) on a
+    tool's parser or group, so that a tool never declares a trainer flag again; `defaults` replaces the
+    default of some of them for that tool (None: not given, the tool decides), `notes` adds to their help
+    what the flag also means in that tool."""
+    defaults, notes = dict(defaults or {}), dict(notes or {})
+    by_dest = {loss_flag.dest: loss_flag for loss_flag in loss_flags().values()}
+    for dest in dests:
+        if dest in FLAGS:
+            declared = FLAGS[dest]
+            if dest in defaults or dest in notes:
+                declaration = declared.declaration
+                help_text = declared.help_text().split(" (default: ")[0] + (f" {notes[dest]}" if dest in notes else "")
+                default = defaults.get(dest, declaration.default)
+                if "default" in help_text.lower() and default is not None:  # it names the trainer's default
+                    help_text += f" Here: {default}."
+                declared = dataclasses.replace(declared, declaration=dataclasses.replace(
+                    declaration, default=default, help=help_text))
+            declared.add_to(group)
+        elif dest in by_dest:
+            _add_loss_flag(group, by_dest[dest])
+            if defaults.get(dest) is not None:
+                group.set_defaults(**{dest: defaults[dest]})
+        else:
+            raise KeyError(f"{dest!r} is no flag of the trainer")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse the command line (argparse errors exit; our own checks raise ConfigError).
 
@@ -218,7 +252,36 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     recipe = _recipe_named_in(argv)
     recipe_defaults = apply_recipe(parser, recipe, batch_size_given=any(
         arg == "--batch-size" or arg.startswith("--batch-size=") for arg in argv)) if recipe else {}
-    args = parser.parse_args(argv)
+    return _completed(parser.parse_args(argv), recipe_defaults)
+
+
+def args_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) -> argparse.Namespace:
+    """What `parse_args` returns for a command line giving these flag values, keyed by argparse destination
+    (`{"batch_size": 64, "adacl_preset": "paper"}`), on top of `recipe`'s: how Python code states a run."""
+    values = dict(values)
+    recipe = values.pop("recipe", None) or recipe
+    parser = build_parser()
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    unknown = sorted(set(values) - set(actions))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(actions), n=1)
+        raise ConfigError(f"{unknown} are no flags of the trainer" + (f"; the closest is {close[0]!r}" if close else "")
+                          + " (python -m training.main --help lists them, by destination: --batch-size is batch_size)")
+    for dest, value in values.items():
+        choices = actions[dest].choices
+        if choices is not None and value is not None and value not in choices:
+            raise ConfigError(f"{actions[dest].option_strings[0]} {value!r}: choose one of {', '.join(map(str, choices))}")
+    recipe_defaults = apply_recipe(parser, recipe, batch_size_given="batch_size" in values) if recipe else {}
+    args = parser.parse_args([])
+    for dest, value in values.items():
+        setattr(args, dest, value)
+    args.recipe = recipe
+    return _completed(args, recipe_defaults)
+
+
+def _completed(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> argparse.Namespace:
+    """The parsed flags with what they imply filled in: the recipe's overridden values, --siglip, OpenCLIP's
+    model-dependent optimizer defaults and the chosen loss's options."""
     # params.txt records which of the recipe's values the command line replaced.
     args.recipe_overrides = sorted(dest for dest, value in recipe_defaults.items() if getattr(args, dest) != value)
     if args.siglip:
@@ -230,6 +293,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, name, value)
     args.loss_options = resolve_loss_options(args)
     return args
+
+
+def given_values(argv: Sequence[str]) -> Dict[str, Any]:
+    """The flags `argv` gives, parsed, by destination (`["--train-group-size", "8"]` -> {"train_group_size": 8}):
+    a tool's free-form trainer flags read as values."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(list(argv)))
 
 
 def _recipe_named_in(argv: Sequence[str]) -> Optional[str]:
@@ -262,29 +334,47 @@ def apply_recipe(parser: argparse.ArgumentParser, name: str, batch_size_given: b
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Reject combinations that cannot work, each with a message saying what to change: the run's config
     is built (converting values as declared) and checked (`RunConfig.check`)."""
-    run_config(args).check(world_size)
+    checked_config(args, world_size)
 
 
-def command_line(values: Dict[str, Any]) -> str:
+def checked_config(args: argparse.Namespace, world_size: Optional[int] = None) -> RunConfig:
+    """`run_config(args)`, checked for `world_size` ranks (default: what the environment announces)."""
+    cfg = run_config(args)
+    cfg.check(world_size_from_env() if world_size is None else world_size)
+    return cfg
+
+
+def config_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) -> RunConfig:
+    """The checked `RunConfig` of a run given as flag values by destination (`args_from_values`)."""
+    return checked_config(args_from_values(values, recipe))
+
+
+def command_line(values: Mapping[str, Any]) -> str:
     """`python -m training.main` with every flag whose recorded value (`arg_values`) is not the default."""
-    parts = ["python -m training.main"]
+    return " ".join(["python -m training.main", *map(shlex.quote, argv_from_values(values, skip_defaults=True))])
+
+
+def argv_from_values(values: Mapping[str, Any], skip_defaults: bool = False) -> List[str]:
+    """The trainer's command line for flag values keyed by destination (what `args_from_values` reads):
+    for a run that must start in another process or on another machine (torchrun, SLURM)."""
+    argv: List[str] = []
     for action in build_parser()._actions:
         if not action.option_strings or action.dest not in values or action.default is argparse.SUPPRESS:
             continue
         value, flag = values[action.dest], action.option_strings[0]
-        if value is None or value == action.default:
+        if value is None or (skip_defaults and value == action.default):
             continue
         if isinstance(action, argparse.BooleanOptionalAction):
-            parts.append(flag if value else f"--no-{flag[2:]}")
+            argv.append(flag if value else f"--no-{flag[2:]}")
         elif action.nargs == 0:  # store_true
-            parts.append(flag)
+            argv += [flag] if value else []
         elif isinstance(value, dict):
-            parts += [flag, *(shlex.quote(f"{key}={item}") for key, item in value.items())]
+            argv += [flag, *(f"{key}={item}" for key, item in value.items())]
         elif isinstance(value, (list, tuple)):
-            parts += [flag, *(shlex.quote(str(item)) for item in value)]
+            argv += [flag, *map(str, value)]
         else:
-            parts += [flag, shlex.quote(str(value))]
-    return " ".join(parts)
+            argv += [flag, str(value)]
+    return argv
 
 
 def world_size_from_env() -> int:

@@ -200,3 +200,24 @@ def test_the_run_config_is_built_once_and_leaves_the_arguments_alone():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.precision = "amp"
     assert params.run_config(parse_args(_valid("--logs", "none"))).logging.logs is None
+
+
+def test_python_states_a_run_as_flag_values_and_gets_the_command_lines_run():
+    argv = ["--train-data", "x.tar", "--recipe", "demo", "--loss", "adacl", "--adacl-mode", "literal",
+            "--train-group-size", "8", "--no-adacl-modulate"]
+    values = params.given_values(argv)
+    assert values == {"train_data": "x.tar", "recipe": "demo", "loss": "adacl", "adacl_mode": "literal",
+                      "train_group_size": 8, "adacl_modulate": False}
+    assert vars(params.args_from_values(values)) == vars(parse_args(argv))
+    assert params.config_from_values(values) == params.checked_config(parse_args(argv))
+    assert vars(parse_args(params.argv_from_values(values))) == vars(parse_args(argv))
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"batch_sise": 8}, r"\['batch_sise'\] are no flags of the trainer; the closest is 'batch_size'"),
+    ({"train_data": "x.tar", "precision": "fp64"}, r"--precision 'fp64': choose one of"),
+    ({"train_data": "x.tar", "loss": "clip", "adacl_eps": 0.1}, "is an option of --loss adacl"),
+])
+def test_bad_flag_values_are_named(values, message):
+    with pytest.raises(ConfigError, match=message):
+        params.config_from_values(values)

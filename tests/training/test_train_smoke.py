@@ -228,3 +228,15 @@ def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shar
     steps = RunDir(tmp_path / "locked").metrics("train")
     assert len(steps) == 16 and all(r["logit_scale"] == pytest.approx(1 / 0.07, rel=1e-6) for r in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]  # the towers still learn
+
+
+def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_path):
+    from training.main import run
+    from training.params import config_from_values, given_values
+
+    argv = train_argv(demo_shards, tmp_path, "from-python", "--epochs", "1", "--train-num-samples", "64")
+    summary = run(config_from_values(given_values(argv)))
+    record = summary.record
+    assert record.path == tmp_path / "from-python" and len(record.metrics("train")) == summary.step == 2
+    assert str(record.final_checkpoint()) == summary.checkpoint
+    assert "name: from-python" in (record.path / "params.txt").read_text()

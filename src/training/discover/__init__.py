@@ -9,7 +9,7 @@ It streams the data in order with the trainer's readers and checks, encodes each
 and runs the loss's own discovery on it (`open_clip_adacl.discovery.clone_pairs`: salient rows, the
 two Gaussian fits, the candidate region, with the `--adacl-*` options), so what it flags is what a
 training step on that batch would flag. It writes into `--output`: `pairs.jsonl` (streamed; a killed
-run continues with `--resume`), `index.html` (a static page: the top pairs side by side, the fits
+run continues with `--continue`), `index.html` (a static page: the top pairs side by side, the fits
 and the flagged fraction per batch), `summary.json` and a console table (flagged fraction,
 candidates per row, and precision and recall against ground-truth families when the samples carry
 them). docs/discover.md has the details.

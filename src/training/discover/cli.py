@@ -20,7 +20,8 @@ from ..data import DataConfig, DataError, resolve_dataset_type
 from ..data.shards import check_sample_fields
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
-from ..precision import PRECISIONS, build_precision
+from ..params import add_trainer_flags
+from ..precision import build_precision
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import build_discovery_data, shard_urls
@@ -29,6 +30,12 @@ from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
 DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
+# The trainer's flags the discovery takes (training.params.add_trainer_flags), with this tool's defaults.
+MODEL_DEFAULTS = {"model": None, "pretrained": None, "precision": "fp32", "device": "cuda"}
+MODEL_NOTES = {"model": "Here also local-dir:EXPORT (python -m training.export) or hf-hub:ORG/NAME.",
+               "precision": "Here it is the encoding precision."}
+DATA_FLAGS = ("dataset_type", "caption_key", "csv_separator", "csv_img_key", "csv_caption_key", "batch_size", "workers")
+DATA_DEFAULTS = {"batch_size": 256, "workers": 1}
 LOG_INTERVAL_SECONDS = 30  # progress lines when stderr is not a terminal
 
 logger = logging.getLogger(__name__)
@@ -46,34 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--checkpoint", default=None,
                        help="a trainer checkpoint (epoch_N.pt), loaded as the architecture it records")
-    model.add_argument("--model", default=None,
-                       help="local-dir:EXPORT (python -m training.export), hf-hub:ORG/NAME, or an OpenCLIP model name")
-    model.add_argument("--pretrained", default=None,
-                       help="with a model name: an OpenCLIP pretrained tag or a weights file (epoch_N.pt, "
-                            ".safetensors)")
-    model.add_argument("--precision", choices=PRECISIONS, default="fp32", help="encoding precision (amp on a GPU)")
-    model.add_argument("--device", default="cuda", help="falls back to cpu with a warning when unavailable")
-    data = parser.add_argument_group("data (the trainer's flags)")
+    add_trainer_flags(model, ("model", "pretrained", "precision", "device"), defaults=MODEL_DEFAULTS,
+                      notes=MODEL_NOTES)
+    data = parser.add_argument_group("data")
     data.add_argument("--data", required=True,
                       help="webdataset shards ('dir/{00000..00099}.tar', '::' between sources) or a csv/tsv file")
-    data.add_argument("--dataset-type", default="auto", choices=["webdataset", "csv", "auto"])
-    data.add_argument("--caption-key", default="txt", help="caption field of each webdataset sample")
-    data.add_argument("--csv-separator", default="\t")
-    data.add_argument("--csv-img-key", default="filepath")
-    data.add_argument("--csv-caption-key", default="title")
-    data.add_argument("--batch-size", type=int, default=256,
-                      help="per rank, as in training: the discovery runs over global batches of batch size x ranks")
-    data.add_argument("--workers", type=int, default=1, help="data loader workers per rank")
     data.add_argument("--max-batches", type=int, default=None, help="stop after this many global batches")
-    loss = parser.add_argument_group("the loss's discovery (default: the checkpoint's --adacl-* options if it "
-                                     "trained with AdaCL, else AdaCL's defaults)")
-    for spec in AdaCLLoss.Options.specs():
-        if spec.name in DISCOVERY_OPTIONS:
-            loss.add_argument(f"--adacl-{spec.name.replace('_', '-')}", dest=spec.name, type=spec.type, default=None,
-                              choices=spec.choices, help=f"{spec.help} (default {spec.default})")
+    add_trainer_flags(parser.add_argument_group("data: the trainer's flags (--batch-size per rank, as in training: the "
+                                                "discovery runs over global batches of batch size x ranks)"),
+                      DATA_FLAGS, defaults=DATA_DEFAULTS)
+    add_trainer_flags(parser.add_argument_group("the loss's discovery (default: the checkpoint's --adacl-* options if "
+                                                "it trained with AdaCL, else AdaCL's defaults)"),
+                      [f"adacl_{name}" for name in DISCOVERY_OPTIONS])
     output = parser.add_argument_group("output")
     output.add_argument("--output", required=True, type=Path, help="folder for pairs.jsonl, index.html, summary.json")
-    output.add_argument("--resume", action="store_true",
+    output.add_argument("--continue", dest="continue_run", action="store_true",
                         help="continue the run in --output after its last complete batch")
     output.add_argument("--pairs-per-row", type=int, default=3,
                         help="pairs.jsonl keeps each query's N most probable flagged negatives; 0 keeps every one "
@@ -93,6 +87,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if args.checkpoint and args.pretrained:
         raise ValueError("--pretrained loads weights into --model; --checkpoint brings its own: pass one of them")
+    if args.dataset_type == "synthetic":
+        raise ValueError("--dataset-type synthetic is random noise with one caption: nothing to discover; give your "
+                         "webdataset shards or csv file with --data")
     if "," in args.caption_key:
         raise ValueError(f"--caption-key {args.caption_key}: discovery reads one caption field; pass one of them")
     return args
@@ -107,7 +104,8 @@ def discovery_options(args: argparse.Namespace) -> DiscoveryOptions:
         if checkpoint_args.get("loss") == "adacl":
             recorded = {name: checkpoint_args[f"adacl_{name}"] for name in DISCOVERY_OPTIONS
                         if checkpoint_args.get(f"adacl_{name}") is not None}
-    given = {name: getattr(args, name) for name in DISCOVERY_OPTIONS if getattr(args, name) is not None}
+    given = {name: getattr(args, f"adacl_{name}") for name in DISCOVERY_OPTIONS
+             if getattr(args, f"adacl_{name}") is not None}
     options = AdaCLLoss.Options(**{**recorded, **given})
     return DiscoveryOptions(**{name: getattr(options, name) for name in DISCOVERY_OPTIONS},
                             pairs_per_row=args.pairs_per_row)
@@ -183,7 +181,7 @@ def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: Distrib
     store, error = None, None
     if env.is_master:
         try:
-            store = RunStore(args.output, settings, args.resume)
+            store = RunStore(args.output, settings, args.continue_run)
         except (ValueError, OSError) as failure:
             error = str(failure)
     error = broadcast_object(error, env)

@@ -3,7 +3,7 @@
 The dataset's samples, in order (shards in the order given, samples in shard order; csv rows in file
 order), are cut into global batches of `batch_size x world_size` consecutive samples, and rank r
 takes slots [r b, (r + 1) b) of each. So a global batch holds the same samples whatever the number
-of ranks, and a batch is identified by its number alone (`--resume` skips whole batches without
+of ranks, and a batch is identified by its number alone (`--continue` skips whole batches without
 decoding them). A sample that fails the trainer's checks (`training.data.SKIP_REASONS`: missing or
 empty caption, undecodable image, bad json, ...) is skipped and counted, leaving its batch one row
 short; shard-level failures (unreadable or truncated tar, duplicate key) are counted once, by

@@ -76,7 +76,7 @@ class PageSelection:
 
 
 def page_selection_from(output: Path, size: int) -> PageSelection:
-    """The selection as it stood after the pairs already in pairs.jsonl (for --resume)."""
+    """The selection as it stood after the pairs already in pairs.jsonl (for --continue)."""
     page = PageSelection(size)
     for pair in read_jsonl(output / PAIRS_FILE):
         page.offer(pair)

@@ -1,4 +1,4 @@
-"""The output folder while a run streams into it, and how `--resume` finds where it stopped.
+"""The output folder while a run streams into it, and how `--continue` finds where it stopped.
 
     run.json        the settings (written atomically at the start); a resume must match them
     pairs.jsonl     one line per kept flagged pair, appended batch by batch
@@ -8,7 +8,7 @@
 
 Per batch, its pairs are appended and flushed to disk first, then its batches.jsonl line: so the
 last complete batches.jsonl line says exactly which batches are done and where pairs.jsonl ends.
-A run killed at any point leaves at most a partial batch past that; `--resume` cuts both files back
+A run killed at any point leaves at most a partial batch past that; `--continue` cuts both files back
 to the last complete batch and continues with the next one, so no pair is lost or written twice.
 """
 from __future__ import annotations
@@ -52,13 +52,13 @@ class RunStore:
             recorded = json.loads(run_file.read_text())
             changed = sorted(name for name in settings if recorded.get(name) != settings[name])
             if changed:
-                raise ValueError(f"--resume: {output} holds a run with other settings ({', '.join(changed)}: "
+                raise ValueError(f"--continue: {output} holds a run with other settings ({', '.join(changed)}: "
                                  f"{', '.join(f'{recorded.get(name)!r}' for name in changed)}); resume with the same "
                                  f"flags, or write to a new --output")
             self.start_batch = self._cut_to_last_batch()
         else:
             if not resume and (self.pairs_path.exists() or self.batches_path.exists()):
-                raise ValueError(f"{output} already holds a run: pass --resume to continue it, or another --output")
+                raise ValueError(f"{output} already holds a run: pass --continue to continue it, or another --output")
             output.mkdir(parents=True, exist_ok=True)
             write_atomically(run_file, json.dumps(settings, indent=2) + "\n")
             for path in (self.pairs_path, self.batches_path):

@@ -40,6 +40,7 @@ from clip_benchmark.metrics import image_caption_selection, zeroshot_classificat
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
 from training.export import export, markdown_table
+from training.params import add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
 
@@ -241,10 +242,11 @@ def export_checkpoint(checkpoint: Path, export_dir: Path) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.evaluation", description=__doc__.split("\n")[0])
     model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help="local-dir:EXPORT_DIR or an open_clip model name")
+    add_trainer_flags(model, ("model",), defaults={"model": None},
+                      notes={"model": "Here also local-dir:EXPORT_DIR (python -m training.export)."})
     model.add_argument("--checkpoint", type=Path, help="training checkpoint (epoch_N.pt), exported to OUTPUT_DIR/export")
-    parser.add_argument("--pretrained", default="none",
-                        help="with a built-in --model name: a checkpoint path or pretrained tag (default: none)")
+    add_trainer_flags(parser, ("pretrained", "batch_size"), defaults={"pretrained": "none", "batch_size": 64},
+                      notes={"pretrained": "Here: with a built-in --model name."})
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--datasets", help="comma-separated clip-benchmark names, e.g. imagenet1k,wds/scenes_shape")
     data.add_argument("--demo-root", type=Path,
@@ -252,7 +254,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dataset-root-dir", default="root",
                         help="clip-benchmark --dataset_root (a template: {dataset} is the name without wds/)")
     parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=4, help="capped at the shard count of a wds set")
     parser.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--amp", action="store_true", help="mixed precision (GPU); fp32 by default")

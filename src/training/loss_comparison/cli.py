@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from open_clip_adacl import get_loss_class, list_losses
+from training.params import add_trainer_flags
 
 from .data import FULL, QUICK, Budget, ComparisonData
 from .jobs import FAILED, MODEL, OK, Benchmarks, RunJob, finish_job, log_file, run_job, write_json_atomic
@@ -78,6 +79,9 @@ from .runner import OwnData, emit_comparison, rebuild_report, run_comparison
 from .variants import LossVariant, parse_loss_variants, parse_seeds
 
 DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne"
+# The trainer's flags this tool takes (training.params.add_trainer_flags): its own data, and the budget's overrides.
+OWN_DATA_FLAGS = ("train_data", "train_num_samples", "val_data", "dataset_type", "caption_key", "data_size")
+BUDGET_FLAGS = ("epochs", "batch_size", "lr", "workers", "device", "warmup")
 DEFAULT_SEEDS = "0,1,2"
 
 
@@ -122,34 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
     statistics.add_argument("--preregistration", metavar="FILE[#NAME]",
                             help="a committed JSON or Markdown file holding those three (training.loss_comparison.preregistration "
                                  "documents the format); the report cites it")
-    own = parser.add_argument_group("your own data (instead of the demo data)")
-    own.add_argument("--train-data", help="training shards or csv, as the trainer's --train-data")
-    own.add_argument("--train-num-samples", type=int, help="samples per epoch (the trainer's)")
-    own.add_argument("--val-data", help="validation shards: val retrieval and the collapse check")
-    own.add_argument("--dataset-type", choices=("webdataset", "csv", "auto"), help="the trainer's (default: auto)")
-    own.add_argument("--caption-key", help="the trainer's --caption-key")
-    own.add_argument("--data-size", type=int,
-                     help="upper bound of the sample keys, for losses with per-sample state (glofnd, fne); "
-                          "img2dataset shards: number of shards x 10000")
+    own = parser.add_argument_group("your own data (instead of the demo data): the trainer's flags, given to every "
+                                    "run; --val-data is needed (val retrieval and the collapse check), --data-size by "
+                                    "losses with per-sample state (img2dataset shards: number of shards x 10000)")
+    add_trainer_flags(own, OWN_DATA_FLAGS, defaults=dict.fromkeys(OWN_DATA_FLAGS))
     own.add_argument("--benchmark-datasets", default="",
                      help="clip-benchmark datasets every final model is evaluated on, comma-separated "
                           "(e.g. imagenet1k,mscoco_captions,wds/my_set)")
     own.add_argument("--benchmark-root", help="clip-benchmark --dataset_root template, e.g. '/data/{dataset}'")
     own.add_argument("--clone-selection-dir", help="a clone-selection set (training.evaluation.clone_selection's layout)")
-    parser.add_argument("--model", default=MODEL, help=f"the model every run trains (default {MODEL})")
+    add_trainer_flags(parser, ("model",), defaults={"model": MODEL})
     cluster = parser.add_argument_group("cluster jobs")
     cluster.add_argument("--emit-jobs", type=Path, metavar="DIR",
                          help="write each run as a torchrun job script, DIR/array.sh (a SLURM array over them) and "
                               "DIR/jobs.tsv; run nothing (then --report-only)")
     cluster.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes (GPUs) per emitted run")
-    overrides = parser.add_argument_group("budget overrides (recorded in the report's command)")
-    overrides.add_argument("--epochs", type=int)
-    overrides.add_argument("--batch-size", type=int)
-    overrides.add_argument("--lr", type=float)
+    overrides = parser.add_argument_group("budget overrides: the trainer's flags, replacing the budget's values "
+                                          "(recorded in the report's command)")
+    add_trainer_flags(overrides, BUDGET_FLAGS, defaults=dict.fromkeys(BUDGET_FLAGS))
     overrides.add_argument("--num-train", type=int, help="training scenes")
-    overrides.add_argument("--workers", type=int, help="data loader workers per run")
-    overrides.add_argument("--device", type=str)
-    overrides.add_argument("--warmup", type=int, help="warmup steps")
     overrides.add_argument("--train-args", type=shlex.split, default=None,
                            help="extra trainer flags every run gets, one quoted string (e.g. '--train-group-size 8 "
                                 "--caption-key weak')")

@@ -1,7 +1,8 @@
 """Jobs: one (loss variant, seed) each, trained and evaluated in its own process.
 
-A job trains with `training.main.main(argv)` (adacl-tiny unless --model; the same steps, batch, lr
-schedule and workers for every job but for the loss flags and seed), then evaluates its final
+A job trains with `training.main.run(config)` (adacl-tiny unless --model; the same steps, batch, lr
+schedule and workers for every job but for the loss flags and seed; the job holds the trainer's flag
+values by destination, `training.params.config_from_values`), then evaluates its final
 checkpoint (`finish_job`): validation retrieval R@1/R@5 both ways (the trainer's results.jsonl),
 clip-benchmark zero-shot classification and retrieval (`training.evaluation.zero_shot.evaluate_dataset`, the
 in-process path) on the demo's `wds/` sets or the user's own (`Benchmarks`), clone-negative
@@ -57,7 +58,7 @@ class RunJob:
     options: Dict[str, str]
     seed: int
     name: str
-    train_argv: List[str]
+    train_values: Dict[str, Any]  # the trainer's flags by destination (training.params.args_from_values)
     logs_dir: str        # the trainer's --logs; the run lives in <logs_dir>/<name>
     data_root: Optional[str]  # the demo data (its benchmark/ sets and clone_selection/); None: `benchmark_*`
     batch_size: int      # per rank
@@ -72,28 +73,42 @@ class RunJob:
     def run_dir(self) -> Path:
         return Path(self.logs_dir) / self.name
 
+    @property
+    def train_argv(self) -> List[str]:
+        """The trainer's command line for this run (an emitted job's torchrun, the record)."""
+        from training.params import argv_from_values
 
-def train_argv(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
-               logs_dir: Path, pretrained: Optional[str] = None, model: str = MODEL) -> List[str]:
-    """`training.main` arguments: identical for every run but for the loss flags, seed and name.
+        return argv_from_values(self.train_values)
+
+    def train_value(self, dest: str) -> Any:
+        """The value the run trains with for flag destination `dest` (the trainer's default if not set)."""
+        from training.params import args_from_values
+
+        return self.train_values[dest] if dest in self.train_values else getattr(args_from_values({}), dest)
+
+
+def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
+                 logs_dir: Path, pretrained: Optional[str] = None, model: str = MODEL) -> Dict[str, Any]:
+    """`training.main` flag values: identical for every run but for the loss flags, seed and name.
 
     Validation runs after the last epoch only, and only the final checkpoint is saved. With
-    `pretrained`, the run fine-tunes that checkpoint.
+    `pretrained`, the run fine-tunes that checkpoint. `budget.train_args` (free-form trainer flags) last.
     """
-    argv = [
-        "--train-data", data.train_data, "--val-data", data.val_data, "--train-num-samples", str(data.num_train),
-        "--model", model, *variant.flags(data.data_size),
-        "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs), "--lr", str(budget.lr),
-        "--warmup", str(budget.warmup), "--wd", str(budget.wd), "--workers", str(budget.workers),
-        "--device", budget.device, "--seed", str(seed),
-        "--val-frequency", str(budget.epochs), "--save-frequency", "0",
-        "--log-every-n-steps", str(budget.log_every_n_steps), "--logs", str(logs_dir), "--name", name,
-    ]
+    from training.params import given_values
+
+    values: Dict[str, Any] = {
+        "train_data": data.train_data, "val_data": data.val_data, "train_num_samples": data.num_train,
+        "model": model, **variant.values(data.data_size),
+        "batch_size": budget.batch_size, "epochs": budget.epochs, "lr": budget.lr, "warmup": budget.warmup,
+        "wd": budget.wd, "workers": budget.workers, "device": budget.device, "seed": seed,
+        "val_frequency": budget.epochs, "save_frequency": 0, "log_every_n_steps": budget.log_every_n_steps,
+        "logs": str(logs_dir), "name": name,
+    }
     if budget.precision:
-        argv += ["--precision", budget.precision]
+        values["precision"] = budget.precision
     if pretrained:
-        argv += ["--pretrained", pretrained]
-    return argv + list(budget.train_args)
+        values["pretrained"] = pretrained
+    return {**values, **given_values(budget.train_args)}
 
 
 def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJob:
@@ -126,7 +141,7 @@ def make_job(variant: LossVariant, seed: int, budget: Budget, data: ComparisonDa
     name = run_name(variant, seed, name_prefix)
     return RunJob(
         label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
-        train_argv=train_argv(variant, seed, name, budget, data, output_dir / "runs", pretrained, model),
+        train_values=train_values(variant, seed, name, budget, data, output_dir / "runs", pretrained, model),
         logs_dir=str(output_dir / "runs"), data_root=None if benchmarks else data.root,
         batch_size=budget.batch_size, device=budget.device, record_path=str(record_file(output_dir, name)),
         benchmark_datasets=list(benchmarks.datasets) if benchmarks else [],
@@ -145,13 +160,14 @@ def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Bud
 
 def run_job(job: RunJob) -> Dict[str, Any]:
     """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
-    from training.main import main as train_main
+    from training.main import run
+    from training.params import config_from_values
     from training.train import NonFiniteLossError
 
     start = time.time()
     status, error = OK, None
     try:
-        train_main(job.train_argv)
+        run(config_from_values(job.train_values))
     except NonFiniteLossError as raised:
         status, error = NONFINITE, str(raised)
     except Exception as raised:  # the record says why, the log (this process's stderr) shows where
@@ -163,7 +179,7 @@ def run_job(job: RunJob) -> Dict[str, Any]:
 def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Optional[float]) -> Dict[str, Any]:
     """The record of a run whose training ended with `status`: its training metrics and, when ok, the
     evaluation of its final checkpoint (which it runs here)."""
-    from training.params import parse_args
+    from training.params import args_from_values
 
     record = base_record(job)
     record.update(status=status, error=error, train_seconds=train_seconds)
@@ -171,7 +187,7 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
         # The options as the trainer resolved them (defaults included), beside the variant's own.
-        record["loss_options"] = parse_args(job.train_argv).loss_options
+        record["loss_options"] = args_from_values(job.train_values).loss_options
         start = time.time()
         try:
             record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job))
@@ -268,7 +284,7 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
     model, preprocess, tokenizer = load_model(model_name, "none", device)
     datasets, root_template, clone_dir = evaluation_sets(job)
-    workers = int(flag_value(job.train_argv, "--workers", "0"))
+    workers = job.train_value("workers")
     metrics: Dict[str, float] = {}
     for dataset in datasets:
         set_root = dataset_root(root_template, dataset)
@@ -292,17 +308,15 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
         metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
     shards = family_shards(job)
     if shards:
-        caption_key = flag_value(job.train_argv, "--caption-key", "txt")  # what the loss saw in training
+        caption_key = first_of(job.train_value("caption_key"))  # what the loss saw in training
         detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
                                              device=device, caption_key=caption_key)
         metrics.update({f"detect/{name}": value for name, value in detection.items()})
     return metrics
 
 
-def flag_value(argv: Sequence[str], flag: str, default: str) -> str:
-    """The value of `flag` in trainer arguments (the first of a comma list), or `default`."""
-    argv = list(argv)
-    value = argv[argv.index(flag) + 1] if flag in argv else default
+def first_of(value: str) -> str:
+    """The first item of a comma list (a flag such as --caption-key may name several)."""
     return value.split(",")[0].strip()
 
 
@@ -312,7 +326,7 @@ def family_shards(job: RunJob) -> List[str]:
     import braceexpand
     import webdataset as wds
 
-    shards = list(braceexpand.braceexpand(flag_value(job.train_argv, "--train-data", "")))
+    shards = list(braceexpand.braceexpand(first_of(job.train_value("train_data") or "")))
     if not shards or not shards[0].endswith(".tar") or not Path(shards[0]).is_file():  # not webdataset shards
         return []
     first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})

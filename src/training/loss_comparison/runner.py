@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cluster import ARRAY_SCRIPT, JOBS_LIST, emit_jobs
 from .data import Budget, ComparisonData, prepare_data
-from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, flag_value, launch_job, plan_jobs, pretrain_job,
+from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, launch_job, plan_jobs, pretrain_job,
                    record_file, run_name, write_json_atomic)
 from .preregistration import Preregistration
 from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
@@ -53,10 +53,11 @@ def run_line(record: Mapping[str, Any]) -> str:
 def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str, float]]:
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
-    from training.synthetic_scenes.families import measure_siblings
     from training.data import DataConfig
+    from training.params import given_values
+    from training.synthetic_scenes.families import measure_siblings
 
-    group_size = int(flag_value(budget.train_args, "--train-group-size", "1"))
+    group_size = given_values(budget.train_args).get("train_group_size", 1)
     cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
                      workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
     try:

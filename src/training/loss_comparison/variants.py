@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from open_clip_adacl import LossOption, get_loss_class
-from training.params import loss_option_flag
+from training.params import loss_option_dest
 
 
 @dataclass(frozen=True)
@@ -36,24 +36,19 @@ class LossVariant:
         """The label as a file-name part."""
         return re.sub(r"[^A-Za-z0-9.]+", "-", self.label).strip("-")
 
-    def flags(self, data_size: int) -> List[str]:
-        """Trainer flags: `--loss NAME`, one flag per option, and `--data-size` if the loss needs sample indices."""
+    def values(self, data_size: int) -> Dict[str, Any]:
+        """Trainer flag values by destination (`training.params.args_from_values`): the loss, one per option
+        (typed as its flag reads it), and the data size if the loss needs sample indices."""
         cls = get_loss_class(self.loss)
         specs = _specs(self.loss)
-        flags = ["--loss", self.loss]
-        for key, value in self.options:
-            flags += option_flag(self.loss, specs[key], value)
-        if cls.needs_sample_index and "data_size" not in dict(self.options):
-            flags += option_flag(self.loss, specs["data_size"], str(data_size))
-        return flags
-
-
-def option_flag(loss: str, option: LossOption, value: str) -> List[str]:
-    """The trainer's flag(s) for one option value; a bool is `--flag` / `--no-flag` (argparse's form)."""
-    flag = loss_option_flag(loss, option)
-    if option.type is bool:
-        return [flag] if parse_bool(value) else ["--no-" + flag[2:]]
-    return [flag, value]
+        values: Dict[str, Any] = {"loss": self.loss}
+        options = dict(self.options)
+        if cls.needs_sample_index:
+            options.setdefault("data_size", str(data_size))
+        for key, value in options.items():
+            option = specs[key]
+            values[loss_option_dest(self.loss, option)] = parse_bool(value) if option.type is bool else option.type(value)
+        return values
 
 
 def parse_bool(value: str) -> bool:

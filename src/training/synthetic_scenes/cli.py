@@ -1,6 +1,6 @@
 """`python -m training.synthetic_scenes`: write the built-in demo data (procedural scenes with clone captions).
 
-    python -m training.synthetic_scenes --output DIR [--seed 0 --num-train 4096 --family-size 8 ...]
+    python -m training.synthetic_scenes --output DIR [--data-seed 0 --num-train 4096 --family-size 8 ...]
 
 The train split is written in families of --family-size one-edit siblings (train with
 --train-group-size to keep them together in a batch); every sample carries its gold caption
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.synthetic_scenes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="directory to write (created if missing)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-seed", type=int, default=0, help="seed of the scenes (the loss comparison's --data-seed)")
     parser.add_argument("--num-train", type=int, default=4096)
     parser.add_argument("--num-val", type=int, default=512)
     parser.add_argument("--num-test", type=int, default=512, help="test split; also each classification set")
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="train scenes per family of one-edit siblings (1..12; 1: independent scenes); "
                              "keep --shard-size a multiple of it")
     args = parser.parse_args(argv)
-    demo = write_demo_dataset(args.output, seed=args.seed, num_train=args.num_train, num_val=args.num_val,
+    demo = write_demo_dataset(args.output, seed=args.data_seed, num_train=args.num_train, num_val=args.num_val,
                               num_test=args.num_test, shard_size=args.shard_size, image_size=args.image_size,
                               family_size=args.family_size)
     manifest = json.loads((demo.root / "manifest.json").read_text())

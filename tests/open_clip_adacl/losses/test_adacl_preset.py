@@ -103,7 +103,7 @@ def test_the_loss_comparison_accepts_the_preset_as_a_variant():
     from training.loss_comparison.variants import parse_loss_variants
 
     (variant,) = parse_loss_variants("adacl:paper")
-    assert variant.flags(data_size=8)[:4] == ["--loss", "adacl", "--adacl-preset", "paper"]
+    assert variant.values(data_size=8) == {"loss": "adacl", "adacl_preset": "paper"}
 
 
 def test_paper_is_the_reading_that_trained_and_first_reading_our_first():

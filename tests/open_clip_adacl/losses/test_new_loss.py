@@ -67,7 +67,7 @@ def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_
 
 def test_the_loss_comparison_takes_it_as_a_variant(registered):
     variant = parse_loss_variant("tempered:temper=2")
-    assert variant.flags(data_size=64) == ["--loss", NAME, "--tempered-temper", "2"]
+    assert variant.values(data_size=64) == {"loss": NAME, "tempered_temper": 2.0}
     with pytest.raises(ValueError, match="temper must be > 0"):
         parse_loss_variant("tempered:temper=0")
 

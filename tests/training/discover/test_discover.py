@@ -150,7 +150,7 @@ def test_resume_after_sigkill_loses_and_repeats_no_pair(family_data, weights, tm
     with open(output / BATCHES_FILE, "a") as file:
         file.write('{"batch": 99, "rows"')
 
-    summary = run(family_data, output, *flags, "--resume")
+    summary = run(family_data, output, *flags, "--continue")
     assert (output / PAIRS_FILE).read_text() == (expected / PAIRS_FILE).read_text()
     assert [record["batch"] for record in lines(output / BATCHES_FILE)] == list(range(48))
     assert summary["samples"] == 192 and summary["this_run"]["samples"] == 192 - 4 * done

@@ -7,7 +7,7 @@ import pytest
 
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, final_checkpoint,
-                                  train_argv, worker_environment)
+                                  train_values, worker_environment)
 from training.loss_comparison.stats import assess_run
 from training.loss_comparison.variants import parse_loss_variant
 from training import params
@@ -17,11 +17,13 @@ from helpers.comparison_records import fake_data
 def test_generated_flags_are_accepted_by_the_trainer(tmp_path):
     data = fake_data(tmp_path, num_train=512, num_val=64)
     variant = parse_loss_variant("adacl:literal,eps=0.01,modulate=false")
-    args = params.parse_args(train_argv(variant, 3, "run", QUICK, data, tmp_path))
+    values = train_values(variant, 3, "run", QUICK, data, tmp_path)
+    args = params.args_from_values(values)
+    assert vars(params.parse_args(params.argv_from_values(values))) == vars(args)  # the same run as a command line
     assert args.loss == "adacl" and args.seed == 3 and args.batch_size == QUICK.batch_size
     assert (args.loss_options["mode"], args.loss_options["eps"], args.loss_options["modulate"]) == ("literal", 0.01,
                                                                                                      False)
-    glofnd = params.parse_args(train_argv(parse_loss_variant("glofnd"), 0, "run", QUICK, data, tmp_path))
+    glofnd = params.args_from_values(train_values(parse_loss_variant("glofnd"), 0, "run", QUICK, data, tmp_path))
     assert glofnd.loss_options["data_size"] == 512
 
 
@@ -35,8 +37,8 @@ def test_each_run_gets_its_share_of_threads_capped_by_the_callers(monkeypatch):
 
 def test_a_run_whose_process_fails_gets_a_failed_record(tmp_path):
     job = RunJob(label="clip", loss="clip", options={}, seed=0, name="broken",
-                 train_argv=["--train-data", str(tmp_path / "missing-{0..1}.tar"), "--model", "adacl-tiny",
-                             "--device", "cpu", "--workers", "0", "--logs", str(tmp_path / "runs"), "--name", "broken"],
+                 train_values={"train_data": str(tmp_path / "missing-{0..1}.tar"), "model": "adacl-tiny",
+                               "device": "cpu", "workers": 0, "logs": str(tmp_path / "runs"), "name": "broken"},
                  logs_dir=str(tmp_path / "runs"), data_root=str(tmp_path), batch_size=32, device="cpu",
                  record_path=str(tmp_path / "records" / "broken.json"))
     result = assess_run(launch_job(job, jobs=1, timeout=120))
@@ -62,7 +64,7 @@ def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
     budget = replace(QUICK, epochs=2, lr=5e-4, pretrain_epochs=8, pretrain_lr=2e-3,
                      train_args=("--train-group-size", "8"))
     pretrain = pretrain_job(budget, data, tmp_path)
-    args = params.parse_args(pretrain.train_argv)
+    args = params.args_from_values(pretrain.train_values)
     assert (pretrain.loss, args.epochs, args.lr, args.train_group_size) == ("clip", 8, 2e-3, 8)
     with pytest.raises(ValueError, match="left no checkpoint"):
         final_checkpoint(pretrain)
@@ -72,5 +74,5 @@ def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
     checkpoint = final_checkpoint(pretrain)
     assert checkpoint.endswith("epoch_8.pt")
     (job,) = plan_jobs([parse_loss_variant("adacl")], [0], budget, data, tmp_path, checkpoint)
-    args = params.parse_args(job.train_argv)
+    args = params.parse_args(job.train_argv)  # as an emitted job's torchrun reads it
     assert (args.pretrained, args.epochs, args.lr, args.train_group_size) == (checkpoint, 2, 5e-4, 8)

@@ -1,19 +1,21 @@
-"""Loss-variant specs: parsed and checked against each loss's options, mapped to the trainer's flags."""
+"""Loss-variant specs: parsed and checked against each loss's options, mapped to the trainer's flag values."""
 import pytest
 
 from training.loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
-from training.params import parse_args
+from training.params import args_from_values, argv_from_values
 
 
 def test_specs_map_to_the_trainers_flags_and_parse_back():
     variants = parse_loss_variants("clip, adacl:literal, adacl:mode=calibrated,rho=0.05,modulate=false, glofnd")
     assert [v.label for v in variants] == [
         "clip", "adacl:mode=literal", "adacl:mode=calibrated,rho=0.05,modulate=false", "glofnd"]
-    assert variants[1].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "literal"]
-    assert variants[2].flags(data_size=640) == ["--loss", "adacl", "--adacl-mode", "calibrated", "--adacl-rho", "0.05",
-                                                "--no-adacl-modulate"]
+    assert variants[1].values(data_size=640) == {"loss": "adacl", "adacl_mode": "literal"}
+    assert variants[2].values(data_size=640) == {"loss": "adacl", "adacl_mode": "calibrated", "adacl_rho": 0.05,
+                                                 "adacl_modulate": False}
+    assert argv_from_values(variants[2].values(data_size=640)) == [
+        "--loss", "adacl", "--adacl-mode", "calibrated", "--adacl-rho", "0.05", "--no-adacl-modulate"]
     # glofnd needs sample indices (its Options carry --data-size): filled from the data's key range.
-    assert variants[3].flags(data_size=640) == ["--loss", "glofnd", "--data-size", "640"]
+    assert variants[3].values(data_size=640) == {"loss": "glofnd", "data_size": 640}
     assert all(parse_loss_variant(v.label) == v for v in variants)
     assert variants[2].slug == "adacl-mode-calibrated-rho-0.05-modulate-false"
 
@@ -47,10 +49,10 @@ def test_variant_lists_refuse_duplicates_and_stray_options():
 
 def test_the_positive_controls_parse_into_their_options():
     oracle, hnnce = parse_loss_variants("oracle:weight=16, hnnce:beta=0.5,alpha=1")
-    assert oracle.flags(data_size=640) == ["--loss", "oracle", "--oracle-weight", "16"]
-    assert hnnce.flags(data_size=640) == ["--loss", "hnnce", "--hnnce-beta", "0.5", "--hnnce-alpha", "1"]
-    shards = ["--train-data", "shards/{0..1}.tar", "--model", "adacl-tiny"]
-    assert parse_args(shards + oracle.flags(data_size=640)).loss_options == {"weight": 16.0}
-    assert parse_args(shards + hnnce.flags(data_size=640)).loss_options == {"beta": 0.5, "alpha": 1.0}
+    assert oracle.values(data_size=640) == {"loss": "oracle", "oracle_weight": 16.0}
+    assert hnnce.values(data_size=640) == {"loss": "hnnce", "hnnce_beta": 0.5, "hnnce_alpha": 1.0}
+    shards = {"train_data": "shards/{0..1}.tar", "model": "adacl-tiny"}
+    assert args_from_values({**shards, **oracle.values(data_size=640)}).loss_options == {"weight": 16.0}
+    assert args_from_values({**shards, **hnnce.values(data_size=640)}).loss_options == {"beta": 0.5, "alpha": 1.0}
     with pytest.raises(ValueError, match="weight must be >= 0"):
         parse_loss_variant("oracle:weight=-4")

@@ -35,7 +35,7 @@ def test_shards_without_family_ids_are_named(demo_shards):
 def test_sibling_fraction_script_prints_one_line_per_group_size(demo_shards, capsys):
     script = runpy.run_path(str(REPO / "scripts" / "sibling_fraction.py"))
     script["main"](["--train-data", str(demo_shards / "train/shard-{000000..000003}.tar"), "--batch-size", "32",
-                    "--train-group-size", "1,8"])
+                    "--group-sizes", "1,8"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("--train-group-size   1:")
     assert lines[1] == ("--train-group-size   8: 7.00 siblings per row at batch 32 (22.58% of in-batch negatives), "
