@@ -54,7 +54,7 @@ from .run_records import trim_to_resume_point
 from .safe_write import RunFiles
 from .schedule import build_scheduler
 from .startup import StartupPlan, check_startup
-from .train import NonFiniteLossError, train_one_epoch
+from .train import NonFiniteLossError, Trainer, train_one_epoch
 from .validation import run_validation, write_results, zero_shot_imagenet
 
 
@@ -183,14 +183,14 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
         model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
     metrics = build_metrics_writer(cfg, recorded, paths, env, files)
     checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env)
+    trainer = Trainer(model, loss_fn, optimizer, scheduler, precision, state, cfg.train, env, metrics, SKIP_REASONS,
+                      checkpointer, preemption)
 
     final_loss = None
     for epoch in range(position.epoch, cfg.epochs):
         logging.info(f"Start epoch {epoch}")
         data.set_epoch(epoch)
-        result = train_one_epoch(model, loss_fn, data.dataloader, data.num_batches, optimizer, scheduler,
-                                 precision, state, cfg.train, env, skip_reasons=SKIP_REASONS, metrics=metrics,
-                                 checkpointer=checkpointer, preemption=preemption)
+        result = train_one_epoch(trainer, data)
         if result.preempted:
             stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
         final_loss = result.loss

@@ -21,7 +21,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Sequence
 
 import torch
 from open_clip_adacl.losses.base import Loss
@@ -199,33 +199,46 @@ class EpochResult:
     preempted: bool = False     # stopped after a step, inside the epoch, for a preemption signal
 
 
-def train_one_epoch(
-    model: torch.nn.Module,
-    loss_fn: Loss,
-    dataloader,
-    num_batches: int,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Optional[Callable[[int], float]],
-    precision: Precision,
-    state: TrainState,
-    cfg: TrainConfig,
-    env: DistributedEnv,
-    *,
-    skip_reasons: Sequence[str],
-    metrics: MetricsWriter,
-    checkpointer: Optional[Checkpointer] = None,
-    preemption: Optional[PreemptionFlag] = None,
-) -> EpochResult:
+@dataclass
+class Trainer:
+    """One rank's training components, built once by `training.main.run`; `train_one_epoch` drives them."""
+
+    model: torch.nn.Module
+    loss_fn: Loss
+    optimizer: torch.optim.Optimizer
+    scheduler: Optional[Callable[[int], float]]
+    precision: Precision
+    state: TrainState
+    cfg: TrainConfig
+    env: DistributedEnv
+    metrics: MetricsWriter
+    skip_reasons: Sequence[str]                  # the data pipeline's skip counters, in its order
+    checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
+    preemption: Optional[PreemptionFlag] = None
+
+
+class EpochData(Protocol):
+    """One epoch's batches (the trainer's `LoaderInfo`, or any iterable with its length)."""
+
+    dataloader: Iterable
+    num_batches: int
+
+
+def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
     """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
-    `dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch, has
-    already been told to skip the `state.position.batches_in_epoch` batches consumed before the interruption.
-    `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
+    `data.dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch,
+    has already been told to skip the `state.position.batches_in_epoch` batches consumed before the
+    interruption. `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
 
     When `preemption` was signalled on any rank, the epoch ends after the current step (unless it is
     the epoch's last, which ends the epoch anyway) with `preempted` set and no epoch summary.
     """
+    model, loss_fn, optimizer, precision = trainer.model, trainer.loss_fn, trainer.optimizer, trainer.precision
+    state, cfg, env, metrics = trainer.state, trainer.cfg, trainer.env, trainer.metrics
+    scheduler, checkpointer, preemption = trainer.scheduler, trainer.checkpointer, trainer.preemption
+    skip_reasons, dataloader, num_batches = trainer.skip_reasons, data.dataloader, data.num_batches
     model.train()
     position, sums = state.position, state.epoch_sums
     loss_fn.on_epoch_start(position.epoch)

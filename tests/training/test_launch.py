@@ -179,9 +179,9 @@ SLURM_TASK = textwrap.dedent("""
     digests = {}
     train_one_epoch = entry.train_one_epoch
 
-    def train_and_digest(model, loss_fn, *args, **kwargs):
-        result = train_one_epoch(model, loss_fn, *args, **kwargs)
-        digests.update(model=digest(unwrap_model(model).state_dict()), loss=digest(loss_fn.state_dict()))
+    def train_and_digest(trainer, data):
+        result = train_one_epoch(trainer, data)
+        digests.update(model=digest(unwrap_model(trainer.model).state_dict()), loss=digest(trainer.loss_fn.state_dict()))
         return result
 
     entry.train_one_epoch = train_and_digest

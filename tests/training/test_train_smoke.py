@@ -1,5 +1,6 @@
 """The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from training.main import main
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
 from training.precision import build_precision
-from training.train import NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
+from training.train import NonFiniteLossError, TrainConfig, Trainer, console_stats_text, train_one_epoch
 
 
 def train_argv(demo_shards, logs, name, *extra):
@@ -164,11 +165,10 @@ def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, s
         checkpointer = Checkpointer(CheckpointConfig(save_every_n_steps=save_every),
                                     checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
                                     env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
-    result = train_one_epoch(model, loss_fn, batches, len(batches), optimizer, None, build_precision("fp32", torch.device("cpu")),
-                             state, TrainConfig(accum_freq=accum_freq, log_every_n_steps=1,
-                                                max_nonfinite_steps=max_nonfinite),
-                             DistributedEnv(), skip_reasons=("bad_image", "empty_caption"), metrics=metrics,
-                             checkpointer=checkpointer)
+    trainer = Trainer(model, loss_fn, optimizer, None, build_precision("fp32", torch.device("cpu")), state,
+                      TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
+                      DistributedEnv(), metrics, skip_reasons=("bad_image", "empty_caption"), checkpointer=checkpointer)
+    result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
     return result, state, snapshots, loss_fn
 
 
