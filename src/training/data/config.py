@@ -7,6 +7,7 @@ from typing import ClassVar
 from PIL import Image
 
 from ..flags import ConfigError, HelpGroup, flag, from_flag
+from .registry import AUTO, dataset_type_help, get_data_source, registered_dataset_types
 
 SKIP_REASONS = (
     "unreadable_shard",  # the shard file could not be opened or read (counted once per visit)
@@ -35,20 +36,6 @@ def data_error_reason(error: DataError) -> str:
     return text.rsplit(f"{DataError.__name__}: ", 1)[-1].strip()
 
 
-def dataset_type_choices() -> tuple:
-    """--dataset-type's choices, read when the parser is built: every registered data source, and auto."""
-    from .registry import registered_dataset_types  # the registry imports this module
-
-    return registered_dataset_types()
-
-
-def dataset_type_help() -> str:
-    """--dataset-type's help, read when the parser is built, from what each registered source declares."""
-    from .registry import dataset_type_help as registry_help
-
-    return registry_help()
-
-
 @dataclass(frozen=True)
 class DataConfig:
     """Everything the data pipeline needs; the trainer fills it from OpenCLIP-named flags."""
@@ -63,7 +50,7 @@ class DataConfig:
     train_num_samples: int | None = flag(None, "Samples per epoch; needed when the shards have no sizes.json.")
     val_num_samples: int | None = flag(None, "Validation samples.")
     """Validation size for progress; default: sizes.json, else unknown (0)."""
-    dataset_type: str = flag("auto", dataset_type_help, choices=dataset_type_choices)
+    dataset_type: str = flag(AUTO, dataset_type_help, choices=registered_dataset_types)
     """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
     suffix."""
     csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.")
@@ -99,8 +86,6 @@ class DataConfig:
     """Images with more pixels are skipped as huge_image before decoding."""
 
     def _makes_its_own_samples(self) -> bool:
-        from .registry import AUTO, get_data_source  # the registry imports this module
-
         return self.dataset_type != AUTO and not get_data_source(self.dataset_type).reads_data
 
     def check(self) -> None:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Tuple, Type
+from typing import Callable, ClassVar, Dict, Tuple, Type
 
-from .config import DataConfig
-
-if TYPE_CHECKING:
-    from .loader import LoaderInfo
+# The registry is the bottom of training.data: `DataConfig` (training.data.config) and `LoaderInfo`
+# (training.data.loader) import it, so the sources' signatures below name them without importing them.
 
 AUTO = "auto"
 
