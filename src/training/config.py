@@ -15,16 +15,19 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
-from open_clip_adacl import LossOptions, list_losses
+from open_clip_adacl import LossOptions
+from open_clip_adacl.losses.registry import LOSSES, accepted_loss_names
+from open_clip_adacl.registry import Registry
 from open_clip_adacl.losses import SampleStateOptions
 
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
-from .flags import ConfigError, HelpGroup, declared_flags, flag, from_flag
+from .data.registry import SOURCES
+from .flags import SAMPLE_ORDER, ConfigError, HelpGroup, declared_flags, flag, from_flag
 from .model import ModelConfig
 from .optimizer import OptimizerConfig
 from .preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
-from .schedule import SchedulerConfig
+from .schedule import SCHEDULES, SchedulerConfig
 from .train import TrainConfig
 
 RESUME_LATEST = "latest"
@@ -36,7 +39,7 @@ class LossConfig:
     FLAG_GROUP: ClassVar[str] = HelpGroup.LOSS
 
     name: str = flag("clip", "Registered loss to train with (open_clip_adacl.list_losses()).", name="--loss",
-                     choices=list_losses, field_default=MISSING)
+                     choices=accepted_loss_names, field_default=MISSING)
     options: LossOptions  # that loss's validated options: given flags, else the declared defaults
     local_loss: bool = flag(False, "calculate loss w/ local features @ global (instead of realizing full global @ "
                                    "global matrix); needs --gather-with-grad for correct gradients")
@@ -127,7 +130,7 @@ class RunConfig:
     """Every argument as params.txt, checkpoints and wandb record it (precision resolved; a run
     without --name records the name it gets at start)."""
     epochs: int = flag(32, "Number of epochs to train for.", group=HelpGroup.OPTIMISATION)
-    seed: int = flag(0, "Default random seed.", group=HelpGroup.OPTIMISATION)
+    seed: int = flag(0, "Default random seed.", group=HelpGroup.OPTIMISATION, resume=SAMPLE_ORDER)
     torchcompile: bool = flag(False, "torch.compile() the model, requires pytorch 2.0 or later.",
                               group=HelpGroup.MODEL)
     dry_run: bool = flag(False, "Validate the arguments and the training shards, print the plan, and exit.",
@@ -180,3 +183,12 @@ CONFIGS = (DataConfig, ValidationConfig, OptimizerConfig, SchedulerConfig, Train
 FLAGS = declared_flags(CONFIGS)  # raises at import for a flag declared twice or a reference to no flag
 # RunConfig's parts: field name -> config class.
 RUN_PARTS: Dict[str, type] = {name: hint for name, hint in typing.get_type_hints(RunConfig).items() if hint in CONFIGS}
+# The flags that name a registered component, and each one's registry (aliases: old names still accepted).
+COMPONENT_FLAGS: Dict[str, Registry] = {"loss": LOSSES, "dataset_type": SOURCES, "lr_scheduler": SCHEDULES}
+
+
+def with_canonical_names(args: Mapping[str, Any]) -> Dict[str, Any]:
+    """`args` (flag values by destination) with every component named by its registered name, not an old alias:
+    a params.txt or checkpoint written before a rename compares equal to a run of today."""
+    return {**args, **{dest: registry.canonical(args[dest]) for dest, registry in COMPONENT_FLAGS.items()
+                       if isinstance(args.get(dest), str) and args[dest] in registry}}

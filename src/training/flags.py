@@ -16,11 +16,17 @@ import copy
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 _DECLARED = "flag"
 _REFERENCED = "from_flag"
 _SAME_AS_FLAG = object()  # field_default not given: the dataclass default is the flag's
+
+
+# What a flag's value fixes that a resumed run must keep (training.resume checks them):
+SAMPLE_ORDER = "sample_order"   # with the world size, which samples each batch of an epoch holds
+MODEL_SHAPE = "model_shape"     # the shapes of the weights
+RESUME_ROLES = (SAMPLE_ORDER, MODEL_SHAPE)
 
 
 class ConfigError(ValueError):
@@ -52,6 +58,7 @@ class _Declaration:
     metavar: Optional[str]
     group: Optional[str]
     convert: Optional[Callable[[Any], Any]]
+    resume: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -117,13 +124,17 @@ def flag(default: Any, help: Union[str, Callable[[], str]], *, name: Optional[st
          type: Optional[Callable[[str], Any]] = None,
          choices: Union[None, Sequence[Any], Callable[[], Sequence[Any]]] = None, nargs: Optional[str] = None,
          action: Union[None, str, type] = None, metavar: Optional[str] = None, group: Optional[str] = None,
-         convert: Optional[Callable[[Any], Any]] = None, field_default: Any = _SAME_AS_FLAG):
+         convert: Optional[Callable[[Any], Any]] = None, field_default: Any = _SAME_AS_FLAG,
+         resume: Optional[str] = None):
     """A config field that declares a flag: its default, help, and what argparse needs beyond the field's
     annotation (a bool field is a store_true flag; an int, float or str field, optional or not, reads that
     type). `name` defaults to `--<field name with dashes>`; `group` to the class's `FLAG_GROUP`; `convert`
     turns the parsed value into the field's value. `field_default` is the dataclass's default when it
-    differs from the flag's (dataclasses.MISSING: the field is required when the class is built in code)."""
-    declaration = _Declaration(default, help, name, type, choices, nargs, action, metavar, group, convert)
+    differs from the flag's (dataclasses.MISSING: the field is required when the class is built in code).
+    `resume` says what the value fixes that a resumed run must keep (SAMPLE_ORDER or MODEL_SHAPE)."""
+    if resume not in (None, *RESUME_ROLES):
+        raise TypeError(f"resume={resume!r}: choose one of {RESUME_ROLES}")
+    declaration = _Declaration(default, help, name, type, choices, nargs, action, metavar, group, convert, resume)
     value = default if field_default is _SAME_AS_FLAG else field_default
     metadata = {_DECLARED: declaration}
     if isinstance(value, (dict, list)):
@@ -145,6 +156,11 @@ class OneOrSeveral(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values[0] if len(values) == 1 else values)
+
+
+def flags_fixing(flags: Dict[str, Flag], role: str) -> Tuple[str, ...]:
+    """The destinations of the flags declared with `resume=role`, in declaration order."""
+    return tuple(dest for dest, declared in flags.items() if declared.declaration.resume == role)
 
 
 def declared_flags(configs: Sequence[type]) -> Dict[str, Flag]:

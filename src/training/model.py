@@ -20,7 +20,7 @@ from open_clip_train.params import ParseKwargs
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 
-from .flags import ConfigError, HelpGroup, OneOrSeveral, flag
+from .flags import MODEL_SHAPE, ConfigError, HelpGroup, OneOrSeveral, flag
 from .precision import PRECISIONS
 
 
@@ -39,17 +39,20 @@ class ModelConfig:
 
     FLAG_GROUP: ClassVar[str] = HelpGroup.MODEL
 
-    name: str = flag("RN50", "Name of the model (open_clip.list_models()).", name="--model", field_default=MISSING)
+    name: str = flag("RN50", "Name of the model (open_clip.list_models()).", name="--model", field_default=MISSING,
+                     resume=MODEL_SHAPE)
     pretrained: str = flag("", "Pretrained CLIP weights: a tag or a file path (e.g. an epoch_N.pt).")
     # The run's precision is resolved for its device (params.run_config); in code it defaults to fp32.
     precision: str = flag(None, "Floating point precision. Default: amp on CUDA (as OpenCLIP), fp32 on CPU "
                                 "(amp on CPU means fp16 autocast and amp_bf16 bf16 autocast, both slower there).",
                           choices=PRECISIONS, group=HelpGroup.OPTIMISATION, field_default="fp32")
     force_image_size: Optional[Union[int, Tuple[int, int]]] = flag(
-        None, "Override default image size", type=int, action=OneOrSeveral, convert=_image_size)
-    force_context_length: Optional[int] = flag(None, "Override default context length")
-    force_quick_gelu: bool = flag(False, "Force use of QuickGELU activation for non-OpenAI transformer models.")
-    force_custom_text: bool = flag(False, "Force use of CustomTextCLIP model (separate text-tower).")
+        None, "Override default image size", type=int, action=OneOrSeveral, convert=_image_size, resume=MODEL_SHAPE)
+    force_context_length: Optional[int] = flag(None, "Override default context length", resume=MODEL_SHAPE)
+    force_quick_gelu: bool = flag(False, "Force use of QuickGELU activation for non-OpenAI transformer models.",
+                                  resume=MODEL_SHAPE)
+    force_custom_text: bool = flag(False, "Force use of CustomTextCLIP model (separate text-tower).",
+                                   resume=MODEL_SHAPE)
     force_patch_dropout: Optional[float] = flag(None, "Override the patch dropout.")
     pretrained_image: bool = flag(False, "Load imagenet pretrained weights for image tower backbone if available.")
     image_mean: Optional[Tuple[float, ...]] = flag(None, "Override default image mean value of dataset",

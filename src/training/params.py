@@ -31,7 +31,7 @@ import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-t
 from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
-from .config import FLAGS, RUN_PARTS, RunConfig
+from .config import FLAGS, RUN_PARTS, RunConfig, with_canonical_names
 from .distributed import resolved_device_type
 from .flags import ConfigError, HelpGroup, config_from_args
 from .precision import resolve_precision
@@ -284,6 +284,8 @@ def _completed(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> 
     model-dependent optimizer defaults and the chosen loss's options."""
     # params.txt records which of the recipe's values the command line replaced.
     args.recipe_overrides = sorted(dest for dest, value in recipe_defaults.items() if getattr(args, dest) != value)
+    for dest, name in with_canonical_names(vars(args)).items():  # an old name of a loss, source or schedule
+        setattr(args, dest, name)
     if args.siglip:
         if args.loss not in ("clip", "siglip"):
             raise ConfigError(f"--siglip means --loss siglip, but --loss is {args.loss!r}; pass only one of them")

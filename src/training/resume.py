@@ -11,22 +11,21 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from .checkpoint import is_per_rank
+from .config import FLAGS, with_canonical_names
 from .checkpoint_files import first_line, load_checkpoint, saved_world_size
 from .data.position import DataPosition
 from .distributed import DistributedEnv
+from .flags import MODEL_SHAPE, SAMPLE_ORDER, flags_fixing
 
 
 class ResumeError(ValueError):
     """A checkpoint this run cannot continue as asked; the message names the difference and the way out."""
 
 
-# With the world size, these fix which samples each batch of an epoch holds (training.data's order).
-SAMPLE_ORDER_ARGS = ("batch_size", "workers", "accum_freq", "train_data", "train_num_samples", "dataset_type",
-                     "dataset_resampled", "train_data_upsampling_factors", "train_group_size", "caption_key", "seed")
-
-
-# These fix the shapes of the weights.
-MODEL_SHAPE_ARGS = ("model", "force_image_size", "force_context_length", "force_quick_gelu", "force_custom_text")
+# Declared on the flags (`flag(..., resume=...)`): with the world size, what fixes which samples each batch of an
+# epoch holds (training.data's order), and what fixes the shapes of the weights.
+SAMPLE_ORDER_ARGS = flags_fixing(FLAGS, SAMPLE_ORDER)
+MODEL_SHAPE_ARGS = flags_fixing(FLAGS, MODEL_SHAPE)
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
     - at an epoch boundary these changes are accepted (returned, to be logged).
     A checkpoint without recorded arguments (OpenCLIP's) is not checked.
     """
-    old, new = checkpoint.get("args") or {}, request.args
+    old, new = with_canonical_names(checkpoint.get("args") or {}), request.args
     if not old:
         return {}
     model = {name: (old[name], new.get(name)) for name in MODEL_SHAPE_ARGS if name in old and old[name] != new.get(name)}

@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Any, Dict, Mapping, Tuple
 
+from .config import with_canonical_names
+
 # Recorded argument -> what changing it alters from the resume point on.
 RUN_CHANGING_ARGS = {
     "lr": "the learning-rate schedule",
@@ -34,6 +36,6 @@ def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tup
 def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> None:
     """One warning line per RUN_CHANGING_ARGS flag this resume of `checkpoint` changes."""
     step = checkpoint.get("step", "?")
-    for name, (old, new) in run_changes(checkpoint.get("args") or {}, new_args).items():
+    for name, (old, new) in run_changes(with_canonical_names(checkpoint.get("args") or {}), new_args).items():
         logging.warning(f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on this "
                         f"changes {RUN_CHANGING_ARGS[name]} (the run no longer matches the one the checkpoint began)")

@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Dict, Optional, Tuple
+from typing import Callable, ClassVar, Optional, Sequence, Tuple
 
 import torch
 from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
+from open_clip_adacl.registry import Registry
 
 from .flags import ConfigError, HelpGroup, flag, from_flag
 
@@ -28,15 +29,15 @@ class Schedule:
     check: Optional[Callable[["SchedulerConfig"], None]]  # raises ConfigError for settings it cannot use
 
 
-_SCHEDULES: Dict[str, Schedule] = {}
+SCHEDULES: Registry[Schedule] = Registry("LR schedule")
 
 
-def register_schedule(name: str, help: str, *, check: Optional[Callable[["SchedulerConfig"], None]] = None):
-    """Register the decorated builder as `--lr-scheduler name`; `check` validates the config for it."""
+def register_schedule(name: str, help: str, *, check: Optional[Callable[["SchedulerConfig"], None]] = None,
+                      aliases: Sequence[str] = ()):
+    """Register the decorated builder as `--lr-scheduler name` (and its old names `aliases`); `check`
+    validates the config for it."""
     def decorator(build: Callable[..., LrFunction]) -> Callable[..., LrFunction]:
-        if name in _SCHEDULES:
-            raise ValueError(f"LR schedule {name!r} is already registered by {_SCHEDULES[name].build.__module__}")
-        _SCHEDULES[name] = Schedule(name, help, build, check)
+        SCHEDULES.add(name, Schedule(name, help, build, check), aliases)
         return build
 
     return decorator
@@ -44,11 +45,11 @@ def register_schedule(name: str, help: str, *, check: Optional[Callable[["Schedu
 
 def registered_schedules() -> Tuple[str, ...]:
     """The registered schedule names, in registration order."""
-    return tuple(_SCHEDULES)
+    return SCHEDULES.names()
 
 
 def _schedules_help() -> str:
-    return "LR scheduler, one of: " + "; ".join(f"'{s.name}' ({s.help})" for s in _SCHEDULES.values()) + "."
+    return "LR scheduler, one of: " + "; ".join(f"'{s.name}' ({s.help})" for _, s in SCHEDULES.items()) + "."
 
 
 @dataclass(frozen=True)
@@ -67,19 +68,19 @@ class SchedulerConfig:
     def check(self) -> None:
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.name not in _SCHEDULES:
+        if self.name not in SCHEDULES:
             raise ConfigError(f"--lr-scheduler {self.name!r} is unknown; choose one of {', '.join(registered_schedules())}")
-        if _SCHEDULES[self.name].check is not None:
-            _SCHEDULES[self.name].check(self)
+        if SCHEDULES.get(self.name).check is not None:
+            SCHEDULES.get(self.name).check(self)
         if self.epochs_cooldown is not None and not 0 <= self.epochs_cooldown <= self.epochs:
             raise ConfigError(f"--epochs-cooldown must be between 0 and --epochs ({self.epochs}), got {self.epochs_cooldown}")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, steps_per_epoch: float) -> LrFunction:
     """The registered schedule `cfg.name`: a function `step -> lr` that also sets the optimizer's lr."""
-    if cfg.name not in _SCHEDULES:
+    if cfg.name not in SCHEDULES:
         raise ValueError(f"unknown LR scheduler {cfg.name!r}")
-    return _SCHEDULES[cfg.name].build(optimizer, cfg, steps_per_epoch, steps_per_epoch * cfg.epochs)
+    return SCHEDULES.get(cfg.name).build(optimizer, cfg, steps_per_epoch, steps_per_epoch * cfg.epochs)
 
 
 @register_schedule("cosine", "warmup, then cosine decay to 0")

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .checkpoint import Checkpointer, TrainState
 from .data.shards import SHARD_SKIP_REASONS
 from .distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
-from .flags import ConfigError, HelpGroup, flag
+from .flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
 from .logger import MetricsWriter
 from .precision import Precision
 from .preemption import PreemptionFlag
@@ -46,7 +46,7 @@ class NonFiniteLossError(RuntimeError):
 class TrainConfig:
     FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
 
-    accum_freq: int = flag(1, "Update the model every --accum-freq steps.")
+    accum_freq: int = flag(1, "Update the model every --accum-freq steps.", resume=SAMPLE_ORDER)
     grad_clip_norm: Optional[float] = flag(None, "Gradient clip.")
     log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.",
                                   group=HelpGroup.LOGS)

@@ -8,6 +8,7 @@ from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError, build_parser
 from training.schedule import SchedulerConfig, register_schedule, registered_schedules
+from helpers.registries import scratch_entries
 
 NAME = "halving"
 
@@ -26,7 +27,7 @@ def halving(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps
 @pytest.fixture
 def registered(monkeypatch):
     """The schedule registered with the real decorator, in a copy of the registry this test throws away."""
-    monkeypatch.setattr(schedule, "_SCHEDULES", dict(schedule._SCHEDULES))
+    scratch_entries(monkeypatch, schedule.SCHEDULES)
     register_schedule(NAME, "halves the learning rate at every step")(halving)
 
 

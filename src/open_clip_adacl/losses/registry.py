@@ -3,23 +3,16 @@ modules cannot silently shadow each other."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Type
+from typing import Callable, List, Optional, Sequence, Type
 
+from ..registry import Registry
 from .base import Loss
 from .options import DistributedSetup, LossOptions, SampleStateOptions
 
-_LOSSES: Dict[str, Type[Loss]] = {}
 
-
-def register_loss(name: str) -> Callable[[Type[Loss]], Type[Loss]]:
-    def decorator(cls: Type[Loss]) -> Type[Loss]:
-        if name in _LOSSES:
-            raise ValueError(f"loss {name!r} is already registered by {_LOSSES[name].__module__}")
-        _check_declaration(name, cls)
-        _LOSSES[name] = cls
-        return cls
-
-    return decorator
+def register_loss(name: str, aliases: Sequence[str] = ()) -> Callable[[Type[Loss]], Type[Loss]]:
+    """`@register_loss("name")`: `--loss name`; `aliases` are old names that still select it."""
+    return LOSSES.register(name, aliases)
 
 
 def _check_declaration(name: str, cls: type) -> None:
@@ -46,14 +39,21 @@ def _check_declaration(name: str, cls: type) -> None:
             raise TypeError(f"loss {name!r}: PRESETS set undeclared option(s) {sorted(unknown)}")
 
 
+LOSSES: Registry[Type[Loss]] = Registry("loss", check=_check_declaration)
+
+
 def list_losses() -> List[str]:
-    return sorted(_LOSSES)
+    return sorted(LOSSES.names())
+
+
+def accepted_loss_names() -> List[str]:
+    """What --loss accepts: every registered loss, then the old names that still select one."""
+    return [*list_losses(), *LOSSES.aliases()]
 
 
 def get_loss_class(name: str) -> Type[Loss]:
-    if name not in _LOSSES:
-        raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(list_losses())}")
-    return _LOSSES[name]
+    """The loss registered as `name` (or under the old name `name`)."""
+    return LOSSES.get(name)
 
 
 def create_loss(name: str, *, dist: Optional[DistributedSetup] = None, **options) -> Loss:

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from PIL import Image
 
-from ..flags import ConfigError, HelpGroup, flag, from_flag
+from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
 from .registry import AUTO, dataset_type_help, get_data_source, registered_dataset_types
 
 SKIP_REASONS = (
@@ -42,35 +42,40 @@ class DataConfig:
 
     FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
 
-    train_data: str | None = flag(None, "Training shards (braceexpand patterns); several sources joined with `::`.")
+    train_data: str | None = flag(None, "Training shards (braceexpand patterns); several sources joined with `::`.",
+                                  resume=SAMPLE_ORDER)
     train_data_upsampling_factors: str | None = flag(
         None, "With --dataset-resampled and several `::` sources: one weight per source (e.g. 1::2::0.5). By "
-              "default sources are sampled uniformly.")
+              "default sources are sampled uniformly.", resume=SAMPLE_ORDER)
     val_data: str | None = flag(None, "Validation shards.")
-    train_num_samples: int | None = flag(None, "Samples per epoch; needed when the shards have no sizes.json.")
+    train_num_samples: int | None = flag(None, "Samples per epoch; needed when the shards have no sizes.json.",
+                                         resume=SAMPLE_ORDER)
     val_num_samples: int | None = flag(None, "Validation samples.")
     """Validation size for progress; default: sizes.json, else unknown (0)."""
-    dataset_type: str = flag(AUTO, dataset_type_help, choices=registered_dataset_types)
+    dataset_type: str = flag(AUTO, dataset_type_help, choices=registered_dataset_types, resume=SAMPLE_ORDER)
     """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
     suffix."""
-    csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.")
-    csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.")
-    csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.")
-    dataset_resampled: bool = flag(False, "Sample shards with replacement.")
-    caption_key: str = flag("txt", "Caption field of each sample; a comma list samples one field per sample.")
+    csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER)
+    csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.",
+                            resume=SAMPLE_ORDER)
+    csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.",
+                                resume=SAMPLE_ORDER)
+    dataset_resampled: bool = flag(False, "Sample shards with replacement.", resume=SAMPLE_ORDER)
+    caption_key: str = flag("txt", "Caption field of each sample; a comma list samples one field per sample.",
+                            resume=SAMPLE_ORDER)
     val_caption_key: str | None = flag(
         None, "Caption field for validation (default: the first of --caption-key), e.g. train on pseudo captions, "
               "validate on gold ones (docs/data.md).")
     group_size: int = flag(
         1, "Shuffle runs of this many consecutive samples of a shard as units, so data written in families "
            "(one-edit siblings) reaches a batch as whole families (docs/data.md). 1: shuffle single samples, as "
-           "OpenCLIP.", name="--train-group-size")
+           "OpenCLIP.", name="--train-group-size", resume=SAMPLE_ORDER)
     shard_timeout: float = flag(
         300.0, "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
                "(counted as unreadable_shard, its URL logged); 0: wait forever.", metavar="SECONDS")
-    workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1)
+    workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1, resume=SAMPLE_ORDER)
     """DataLoader worker processes per rank; 0 reads in the main process (in code: 1)."""
-    batch_size: int = flag(64, "Batch size per GPU.")
+    batch_size: int = flag(64, "Batch size per GPU.", resume=SAMPLE_ORDER)
     seed: int = from_flag("seed", default=0)
     """Seeds shard order, shuffling, caption choice and augmentation."""
     rank: int = 0

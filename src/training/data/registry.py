@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Callable, ClassVar, Dict, Tuple, Type
+from typing import Callable, ClassVar, Sequence, Tuple, Type
+
+from open_clip_adacl.registry import Registry
 
 # The registry is the bottom of training.data: `DataConfig` (training.data.config) and `LoaderInfo`
 # (training.data.loader) import it, so the sources' signatures below name them without importing them.
 
 AUTO = "auto"
 
-_SOURCES: Dict[str, Type["DataSource"]] = {}
 
 
 class DataSource(abc.ABC):
@@ -48,19 +49,14 @@ class DataSource(abc.ABC):
         reads, else a ValueError naming the flag and the fields present. Nothing to check by default."""
 
 
-def register_data_source(name: str) -> Callable[[Type[DataSource]], Type[DataSource]]:
-    def decorator(cls: Type[DataSource]) -> Type[DataSource]:
-        _check_declaration(name, cls)
-        _SOURCES[name] = cls
-        return cls
-
-    return decorator
+def register_data_source(name: str, aliases: Sequence[str] = ()) -> Callable[[Type[DataSource]], Type[DataSource]]:
+    """`@register_data_source("name")`: `--dataset-type name`; `aliases` are old names that still select it."""
+    return SOURCES.register(name, aliases)
 
 
 def _check_declaration(name: str, cls: type) -> None:
-    if name == AUTO or name in _SOURCES:
-        owner = "--dataset-type's own value" if name == AUTO else f"registered by {_SOURCES[name].__module__}"
-        raise ValueError(f"data source {name!r} is already {owner}")
+    if name == AUTO:
+        raise ValueError(f"data source {name!r} is already --dataset-type's own value")
     if not (isinstance(cls, type) and issubclass(cls, DataSource)):
         raise TypeError(f"data source {name!r}: {cls!r} is not a subclass of training.data.DataSource")
     if inspect.isabstract(cls):
@@ -70,27 +66,31 @@ def _check_declaration(name: str, cls: type) -> None:
     for suffix in cls.suffixes:
         if not suffix.startswith("."):
             raise TypeError(f"data source {name!r}: suffix {suffix!r} must start with '.', e.g. '.tar'")
-        owner = next((other for other, source in _SOURCES.items() if suffix in source.suffixes), None)
+        owner = next((other for other, source in SOURCES.items() if suffix in source.suffixes), None)
         if owner is not None:
             raise ValueError(f"data source {name!r}: --dataset-type auto already picks {owner!r} for data "
                              f"ending in {suffix!r}")
 
 
+SOURCES: Registry[Type[DataSource]] = Registry("data source", check=_check_declaration)
+
+
 def registered_dataset_types() -> Tuple[str, ...]:
-    """The values --dataset-type accepts: every registered source, then "auto"."""
-    return (*sorted(_SOURCES), AUTO)
+    """The values --dataset-type accepts: every registered source, "auto", then the old names that still select
+    a source."""
+    return (*sorted(SOURCES.names()), AUTO, *SOURCES.aliases())
 
 
 def dataset_type_help() -> str:
     """--dataset-type's help, from what each registered source declares."""
-    sources = "; ".join(f"{name}: {_SOURCES[name].description}" for name in sorted(_SOURCES))
+    sources = "; ".join(f"{name}: {SOURCES.get(name).description}" for name in sorted(SOURCES.names()))
     return f"{sources}; auto (the default): by the data's ending, {_auto_suffixes()}."
 
 
 def get_data_source(name: str) -> DataSource:
-    if name not in _SOURCES:
+    if name not in SOURCES:
         raise ValueError(f"dataset_type {name!r} is not supported; choose one of {registered_dataset_types()}")
-    return _SOURCES[name]()
+    return SOURCES.get(name)()
 
 
 def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
@@ -99,20 +99,20 @@ def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
     if dataset_type != AUTO and not get_data_source(dataset_type).reads_data:
         return dataset_type
     if data is None:
-        own_samples = ", ".join(name for name in sorted(_SOURCES) if not _SOURCES[name].reads_data)
+        own_samples = ", ".join(name for name in sorted(SOURCES.names()) if not SOURCES.get(name).reads_data)
         raise ValueError(f"no data given: pass --train-data/--val-data, or a --dataset-type that makes its own "
                          f"samples ({own_samples})")
     if dataset_type != AUTO:
         return dataset_type
-    for name, source in _SOURCES.items():
+    for name, source in SOURCES.items():
         if data.endswith(source.suffixes):
             return name
-    readers = ", ".join(name for name in sorted(_SOURCES) if _SOURCES[name].reads_data)
+    readers = ", ".join(name for name in sorted(SOURCES.names()) if SOURCES.get(name).reads_data)
     raise ValueError(f"cannot infer the dataset type of {data!r}: --dataset-type auto picks {_auto_suffixes()}; "
                      f"pass --dataset-type {readers}")
 
 
 def _auto_suffixes() -> str:
     """"webdataset for .tar, csv for .csv/.tsv"."""
-    return ", ".join(f"{name} for {'/'.join(_SOURCES[name].suffixes)}" for name in sorted(_SOURCES)
-                     if _SOURCES[name].suffixes)
+    return ", ".join(f"{name} for {'/'.join(SOURCES.get(name).suffixes)}" for name in sorted(SOURCES.names())
+                     if SOURCES.get(name).suffixes)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import open_clip_adacl
 from open_clip_adacl import LossOptions, create_loss, list_losses, option
 from open_clip_adacl.losses import ContrastiveLoss, SampleStateOptions, registry
+from helpers.registries import scratch_entries
 
 
 def _features(n=8, d=16, seed=0, dtype=torch.float32):
@@ -153,7 +154,7 @@ class _PlainFieldOptions(LossOptions):
     ({"needs_sample_index": True}, "must derive from SampleStateOptions"),
 ])
 def test_registration_refuses_an_inconsistent_declaration(monkeypatch, attributes, message):
-    monkeypatch.setattr(registry, "_LOSSES", dict(registry._LOSSES))
+    scratch_entries(monkeypatch, registry.LOSSES)
     with pytest.raises(TypeError, match=message):
         open_clip_adacl.register_loss("undeclared")(_undeclared_loss(**attributes))
     with pytest.raises(TypeError, match="not a subclass of open_clip_adacl.losses.Loss"):

@@ -14,6 +14,7 @@ from training.checkpoint_files import load_checkpoint
 from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError, build_parser
+from helpers.registries import scratch_entries
 
 NAME = "tempered"
 
@@ -44,7 +45,7 @@ class TemperedClip(ContrastiveLoss):
 @pytest.fixture
 def registered(monkeypatch):
     """The loss registered with the real decorator, in a copy of the registry this test throws away."""
-    monkeypatch.setattr(registry, "_LOSSES", dict(registry._LOSSES))
+    scratch_entries(monkeypatch, registry.LOSSES)
     register_loss(NAME)(TemperedClip)
 
 

@@ -15,6 +15,7 @@ from training.data.loader import indexed_data
 from training.run_dir import RunDir
 from training.main import main
 from training.params import build_parser
+from helpers.registries import scratch_entries
 
 NAME = "pairs"
 SERVED = []  # sample indices the training loader's dataset handed out, in order (workers=0: this process)
@@ -56,7 +57,7 @@ class Pairs(DataSource):
 @pytest.fixture
 def registered(monkeypatch):
     """The source registered with the real decorator, in a copy of the registry this test throws away."""
-    monkeypatch.setattr(registry, "_SOURCES", dict(registry._SOURCES))
+    scratch_entries(monkeypatch, registry.SOURCES)
     register_data_source(NAME)(Pairs)
     SERVED.clear()
 
