@@ -11,16 +11,18 @@ import torch
 
 from helpers.distributed_utils import free_port
 from training.checkpoint_files import load_checkpoint
+from training.params import argv_from_values
 from training.run_dir import RunDir
 
 
 def torchrun_command(demo_shards, logs, *extra, name="ddp"):
     """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
     `name` under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--batch-size", "16", "--lr", "1e-3", "--warmup", "2", "--workers", "0",
-            "--device", "cpu", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
-            "--save-every-n-steps", "5", "--local-loss", "--gather-with-grad", *extra]
+    values = {"train_data": str(demo_shards / "train" / "shard-{000000..000003}.tar"), "train_num_samples": 256,
+              "model": "adacl-tiny", "batch_size": 16, "lr": 1e-3, "warmup": 2, "workers": 0, "device": "cpu",
+              "logs": str(logs), "name": name, "log_every_n_steps": 1, "save_every_n_steps": 5, "local_loss": True,
+              "gather_with_grad": True}
+    argv = [*argv_from_values(values), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(variable, None)
