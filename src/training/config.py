@@ -4,10 +4,12 @@
 Every config declares its flags on its fields (`training.flags`): DataConfig in `training.data`,
 ModelConfig in `training.model`, OptimizerConfig in `training.optimizer`, SchedulerConfig in
 `training.schedule`, TrainConfig in `training.train`, CheckpointConfig in `training.checkpoint`; the
-ones only `training.main` reads are here. `FLAGS` collects them, refusing a flag declared twice.
+ones only `training.main` reads are here. `run_flags()` collects them with the registered data sources' and
+LR schedules' own `Options`, refusing a flag declared twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import signal
@@ -23,7 +25,7 @@ from open_clip_adacl.losses import SampleStateOptions
 from .checkpoint import CheckpointConfig
 from .data import DataConfig
 from .data.registry import SOURCES
-from .flags import SAMPLE_ORDER, ConfigError, HelpGroup, declared_flags, flag, from_flag
+from .flags import SAMPLE_ORDER, ConfigError, Flag, HelpGroup, declared_flags, flag, from_flag
 from .model import ModelConfig
 from .optimizer import OptimizerConfig
 from .preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
@@ -180,7 +182,27 @@ class RunConfig:
 # The order of the flags within each --help section.
 CONFIGS = (DataConfig, ValidationConfig, OptimizerConfig, SchedulerConfig, TrainConfig, ModelConfig, LoggingConfig,
            CheckpointConfig, DistributedConfig, RunConfig, LossConfig)
-FLAGS = declared_flags(CONFIGS)  # raises at import for a flag declared twice or a reference to no flag
+
+
+def component_options() -> Tuple[type, ...]:
+    """The `Options` of every registered data source and LR schedule that declares flags of its own."""
+    classes = [*(source.Options for _, source in SOURCES.items()),
+               *(schedule.options for _, schedule in SCHEDULES.items())]
+    return tuple(cls for cls in dict.fromkeys(classes) if dataclasses.fields(cls))
+
+
+def source_option_flags() -> Tuple[str, ...]:
+    """The destinations of every registered data source's own flags (e.g. csv's csv_separator)."""
+    return tuple(dest for _, source in SOURCES.items() for dest in declared_flags([source.Options]))
+
+
+def run_flags() -> Dict[str, Flag]:
+    """Every flag of a run: the configs' and the registered components' (read when called, so a component
+    registered after import brings its flags); TypeError for a flag declared twice or a reference to no flag."""
+    return declared_flags((*CONFIGS, *component_options()))
+
+
+run_flags()  # at import: a flag declared twice among the built-ins fails `import training.config`
 # RunConfig's parts: field name -> config class.
 RUN_PARTS: Dict[str, type] = {name: hint for name, hint in typing.get_type_hints(RunConfig).items() if hint in CONFIGS}
 # The flags that name a registered component, and each one's registry (aliases: old names still accepted).

@@ -158,6 +158,24 @@ class OneOrSeveral(argparse.Action):
         setattr(namespace, self.dest, values[0] if len(values) == 1 else values)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a component (a data source, an LR schedule) that declares none of its own."""
+
+
+def check_component_options(kind: str, name: str, options: type) -> None:
+    """A component's `Options` is a frozen dataclass whose every field declares a flag (`flag(...)`) and that
+    says its --help section (`FLAG_GROUP`); the flags are collected with the configs' (`training.config`)."""
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):
+        raise TypeError(f"{kind} {name!r}: its Options must be a @dataclass(frozen=True)")
+    plain = [f.name for f in dataclasses.fields(options) if _DECLARED not in f.metadata]
+    if plain:
+        raise TypeError(f"{kind} {name!r}: declare {', '.join(plain)} with flag(default, help) (a component's options "
+                        f"are flags)")
+    if dataclasses.fields(options) and getattr(options, "FLAG_GROUP", None) not in HelpGroup.ORDER:
+        raise TypeError(f"{kind} {name!r}: its Options needs FLAG_GROUP, one of {HelpGroup.ORDER}")
+
+
 def flags_fixing(flags: Dict[str, Flag], role: str) -> Tuple[str, ...]:
     """The destinations of the flags declared with `resume=role`, in declaration order."""
     return tuple(dest for dest, declared in flags.items() if declared.declaration.resume == role)

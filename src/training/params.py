@@ -5,7 +5,7 @@ OpenCLIP flags we do not support are still recognised, so that using one is a `C
 the flag instead of argparse's generic "unrecognized arguments" or, worse, silence.
 
 The flags are declared once, on the fields of the config dataclasses (`training.flags`, collected in
-`training.config.FLAGS`); this module generates the parser from them, adds one flag per loss option
+`training.config.run_flags()`); this module generates the parser from them, adds one flag per loss option
 (`--<loss>-<option>` or the option's own `flag`, from `open_clip_adacl.get_loss_class(name).Options`),
 the `--siglip` alias and the refused OpenCLIP flags.
 
@@ -31,11 +31,13 @@ import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-t
 from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
-from .config import FLAGS, RUN_PARTS, RunConfig, with_canonical_names
+from .config import RUN_PARTS, RunConfig, run_flags, with_canonical_names
 from .distributed import resolved_device_type
 from .flags import ConfigError, HelpGroup, config_from_args
 from .precision import resolve_precision
+from .data.registry import get_data_source, resolve_dataset_type
 from .recipes import RECIPES, RecipeError, recipe_values
+from .schedule import SCHEDULES
 
 # OpenCLIP 3.3.0 flags this fork does not implement, with what to do instead.
 UNSUPPORTED_FLAGS: Dict[str, str] = {
@@ -190,14 +192,14 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser generated from the configs' declared flags (`config.FLAGS`), the generated loss flags and
+    """The parser generated from the declared flags (`config.run_flags()`), the generated loss flags and
     the refused OpenCLIP flags; help and choices that come from registries are read now."""
     parser = _OneLineErrorParser(
         prog="python -m training.main",
         description="CLIP pretraining with OpenCLIP 3.3.0's command line and pluggable losses (--loss).",
     )
     groups = {name: parser.add_argument_group(name) for name in HelpGroup.ORDER}
-    for declared in FLAGS.values():
+    for declared in run_flags().values():
         declared.add_to(groups[declared.group])
     parser.add_argument("--recipe", default=None, choices=sorted(RECIPES),
                         help="start from a named recipe's flags (training.recipes: e.g. cc3m-rn50, cc12m-vitb32, "
@@ -219,9 +221,10 @@ def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
     what the flag also means in that tool."""
     defaults, notes = dict(defaults or {}), dict(notes or {})
     by_dest = {loss_flag.dest: loss_flag for loss_flag in loss_flags().values()}
+    flags = run_flags()
     for dest in dests:
-        if dest in FLAGS:
-            declared = FLAGS[dest]
+        if dest in flags:
+            declared = flags[dest]
             if dest in defaults or dest in notes:
                 declaration = declared.declaration
                 help_text = declared.help_text().split(" (default: ")[0] + (f" {notes[dest]}" if dest in notes else "")
@@ -270,7 +273,8 @@ def args_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) ->
     for dest, value in values.items():
         choices = actions[dest].choices
         if choices is not None and value is not None and value not in choices:
-            raise ConfigError(f"{actions[dest].option_strings[0]} {value!r}: choose one of {', '.join(map(str, choices))}")
+            raise ConfigError(f"{actions[dest].option_strings[0]} {value!r}: choose one of "
+                              f"{', '.join(map(str, choices))}")
     recipe_defaults = apply_recipe(parser, recipe, batch_size_given="batch_size" in values) if recipe else {}
     args = parser.parse_args([])
     for dest, value in values.items():
@@ -412,11 +416,34 @@ def validated_loss_options(args: argparse.Namespace) -> LossOptions:
 def run_config(args: argparse.Namespace) -> RunConfig:
     """The run's configuration from the declared flags (`RunConfig.check` validates it); `args` is not
     changed. Only what no flag holds is filled in here: the precision resolved for the device the run will
-    use, the model kwargs and validated options of the chosen loss, and the recorded arguments."""
+    use, the model kwargs and validated options of the chosen loss, the options of the data source and LR
+    schedule the run uses, and the recorded arguments."""
+    flags = run_flags()
     precision = resolve_precision(args.precision, resolved_device_type(args.device))
     derived = {"model": {"precision": precision, "model_kwargs": logit_init_for_loss(args.loss)},
-               "loss": {"options": validated_loss_options(args)}}
-    parts = {name: config_from_args(cls, args, FLAGS, **derived.get(name, {})) for name, cls in RUN_PARTS.items()}
+               "loss": {"options": validated_loss_options(args)},
+               "data": {"source_options": component_options(data_source_options(args), args, flags)},
+               "schedule": {"options": component_options(schedule_options(args), args, flags)}}
+    parts = {name: config_from_args(cls, args, flags, **derived.get(name, {})) for name, cls in RUN_PARTS.items()}
     # params.txt records the precision the run uses (as it did when main filled it into args).
-    return config_from_args(RunConfig, args, FLAGS, **parts,
+    return config_from_args(RunConfig, args, flags, **parts,
                             recorded_args=MappingProxyType({**arg_values(args), "precision": precision}))
+
+
+def data_source_options(args: argparse.Namespace) -> Optional[type]:
+    """The `Options` of the source that reads --train-data (else --val-data); None when none can be named
+    yet (no data, or a dataset type `check` refuses with its own message)."""
+    try:
+        return get_data_source(resolve_dataset_type(args.dataset_type, args.train_data or args.val_data)).Options
+    except ValueError:
+        return None
+
+
+def schedule_options(args: argparse.Namespace) -> Optional[type]:
+    """The `Options` of the chosen --lr-scheduler (None for a name `check` refuses)."""
+    return SCHEDULES.get(args.lr_scheduler).options if args.lr_scheduler in SCHEDULES else None
+
+
+def component_options(options: Optional[type], args: argparse.Namespace, flags: Mapping[str, Any]) -> Any:
+    """A component's options built from its flags (None for a component not known yet)."""
+    return None if options is None else config_from_args(options, args, flags)

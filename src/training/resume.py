@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from .checkpoint import is_per_rank
-from .config import FLAGS, with_canonical_names
+from .config import run_flags, with_canonical_names
 from .checkpoint_files import first_line, load_checkpoint, saved_world_size
 from .data.position import DataPosition
 from .distributed import DistributedEnv
@@ -22,10 +22,6 @@ class ResumeError(ValueError):
     """A checkpoint this run cannot continue as asked; the message names the difference and the way out."""
 
 
-# Declared on the flags (`flag(..., resume=...)`): with the world size, what fixes which samples each batch of an
-# epoch holds (training.data's order), and what fixes the shapes of the weights.
-SAMPLE_ORDER_ARGS = flags_fixing(FLAGS, SAMPLE_ORDER)
-MODEL_SHAPE_ARGS = flags_fixing(FLAGS, MODEL_SHAPE)
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,7 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
 
     - another model architecture: refused (the weights cannot load);
     - another --loss: refused unless --reset-loss-state;
-    - mid-epoch (batches_in_epoch > 0), any change of the world size or of SAMPLE_ORDER_ARGS: refused
+    - mid-epoch (batches_in_epoch > 0), any change of the world size or of a flag declared resume=SAMPLE_ORDER: refused
       unless --resume-anyway, since the rest of the epoch would see some samples twice and others never;
     - at an epoch boundary these changes are accepted (returned, to be logged).
     A checkpoint without recorded arguments (OpenCLIP's) is not checked.
@@ -67,7 +63,11 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
     old, new = with_canonical_names(checkpoint.get("args") or {}), request.args
     if not old:
         return {}
-    model = {name: (old[name], new.get(name)) for name in MODEL_SHAPE_ARGS if name in old and old[name] != new.get(name)}
+    # Declared on the flags (`flag(..., resume=...)`): what fixes the shapes of the weights and, with the world
+    # size, which samples each batch of an epoch holds (training.data's order).
+    flags = run_flags()
+    model = {name: (old[name], new.get(name)) for name in flags_fixing(flags, MODEL_SHAPE)
+             if name in old and old[name] != new.get(name)}
     if model:
         raise ResumeError(f"{path} holds weights of another architecture ({_describe(model)}): they cannot load; "
                           f"resume with the checkpoint's values, or start a new run under another --name")
@@ -75,7 +75,7 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
         raise ResumeError(f"{path} was trained with --loss {old.get('loss')}, this run has --loss {new.get('loss')}: "
                           f"the loss's state cannot carry over; add --reset-loss-state to start it afresh (weights "
                           f"and optimizer are restored), or resume with --loss {old.get('loss')}")
-    changes = {name: (old[name], new.get(name)) for name in SAMPLE_ORDER_ARGS
+    changes = {name: (old[name], new.get(name)) for name in flags_fixing(flags, SAMPLE_ORDER)
                if name in old and old[name] != new.get(name)}
     old_world = saved_world_size(checkpoint, default=request.world_size)
     if old_world != request.world_size:

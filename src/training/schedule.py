@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple
 
 import torch
 from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
 from open_clip_adacl.registry import Registry
 
-from .flags import ConfigError, HelpGroup, flag, from_flag
+from .flags import ConfigError, HelpGroup, NoOptions, check_component_options, flag, from_flag
 
 LrFunction = Callable[[int], float]
 
@@ -27,17 +27,19 @@ class Schedule:
     help: str
     build: Callable[..., LrFunction]  # (optimizer, cfg, steps_per_epoch, total_steps) -> step -> lr
     check: Optional[Callable[["SchedulerConfig"], None]]  # raises ConfigError for settings it cannot use
+    options: type = NoOptions  # its own flags (a frozen dataclass of flag(...) fields): cfg.options in build
 
 
 SCHEDULES: Registry[Schedule] = Registry("LR schedule")
 
 
 def register_schedule(name: str, help: str, *, check: Optional[Callable[["SchedulerConfig"], None]] = None,
-                      aliases: Sequence[str] = ()):
+                      options: type = NoOptions, aliases: Sequence[str] = ()):
     """Register the decorated builder as `--lr-scheduler name` (and its old names `aliases`); `check`
-    validates the config for it."""
+    validates the config for it; `options` declares its own flags (their values: `cfg.options`)."""
     def decorator(build: Callable[..., LrFunction]) -> Callable[..., LrFunction]:
-        SCHEDULES.add(name, Schedule(name, help, build, check), aliases)
+        check_component_options("LR schedule", name, options)
+        SCHEDULES.add(name, Schedule(name, help, build, check, options), aliases)
         return build
 
     return decorator
@@ -61,9 +63,13 @@ class SchedulerConfig:
     lr: float = from_flag("lr", default=5e-4)
     warmup: int = flag(10000, "Number of steps to warmup for.")
     epochs: int = from_flag("epochs", default=32)
-    epochs_cooldown: Optional[int] = flag(None, "With --lr-scheduler const-cooldown: cool down over the last N epochs.")
-    lr_cooldown_power: float = flag(1.0, "Power for polynomial cooldown schedule (1.0: linear).")
-    lr_cooldown_end: float = flag(0.0, "End learning rate for cooldown.")
+    options: Any = None  # the chosen schedule's Options (None: its declared defaults)
+
+    @property
+    def schedule_options(self):
+        """The chosen schedule's options: `options`, or its declared defaults."""
+        declared = SCHEDULES.get(self.name).options
+        return self.options if isinstance(self.options, declared) else declared()
 
     def check(self) -> None:
         if self.warmup < 0:
@@ -72,8 +78,6 @@ class SchedulerConfig:
             raise ConfigError(f"--lr-scheduler {self.name!r} is unknown; choose one of {', '.join(registered_schedules())}")
         if SCHEDULES.get(self.name).check is not None:
             SCHEDULES.get(self.name).check(self)
-        if self.epochs_cooldown is not None and not 0 <= self.epochs_cooldown <= self.epochs:
-            raise ConfigError(f"--epochs-cooldown must be between 0 and --epochs ({self.epochs}), got {self.epochs_cooldown}")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, steps_per_epoch: float) -> LrFunction:
@@ -93,13 +97,26 @@ def _const(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps:
     return const_lr(optimizer, cfg.lr, cfg.warmup, total_steps)
 
 
-def _needs_cooldown_epochs(cfg: SchedulerConfig) -> None:
-    if cfg.epochs_cooldown is None:
+@dataclass(frozen=True)
+class CooldownOptions:
+    FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
+
+    epochs_cooldown: Optional[int] = flag(None, "With --lr-scheduler const-cooldown: cool down over the last N epochs.")
+    lr_cooldown_power: float = flag(1.0, "Power for polynomial cooldown schedule (1.0: linear).")
+    lr_cooldown_end: float = flag(0.0, "End learning rate for cooldown.")
+
+
+def _check_cooldown(cfg: SchedulerConfig) -> None:
+    cooldown = cfg.schedule_options.epochs_cooldown
+    if cooldown is None:
         raise ConfigError("--lr-scheduler const-cooldown needs --epochs-cooldown N (the number of cooldown epochs)")
+    if not 0 <= cooldown <= cfg.epochs:
+        raise ConfigError(f"--epochs-cooldown must be between 0 and --epochs ({cfg.epochs}), got {cooldown}")
 
 
 @register_schedule("const-cooldown", "constant, then a polynomial cooldown over the last --epochs-cooldown epochs",
-                   check=_needs_cooldown_epochs)
+                   check=_check_cooldown, options=CooldownOptions)
 def _const_cooldown(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float) -> LrFunction:
-    return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, steps_per_epoch * cfg.epochs_cooldown,
-                             cfg.lr_cooldown_power, cfg.lr_cooldown_end)
+    cooldown = cfg.schedule_options
+    return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, steps_per_epoch * cooldown.epochs_cooldown,
+                             cooldown.lr_cooldown_power, cooldown.lr_cooldown_end)

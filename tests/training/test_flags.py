@@ -5,7 +5,7 @@ from typing import ClassVar, Optional
 
 import pytest
 
-from training.config import CONFIGS, FLAGS
+from training.config import CONFIGS, component_options, run_flags
 from training.data import DataConfig
 from training.flags import HelpGroup, declared_flags, flag, from_flag
 
@@ -48,9 +48,12 @@ def test_a_flag_whose_type_cannot_be_read_from_its_field_is_refused():
 
 
 def test_the_run_declares_every_flag_once_and_references_resolve():
-    assert declared_flags(CONFIGS) == FLAGS  # collected at import, so a violation fails `import training.config`
-    assert FLAGS["batch_size"].owner == "DataConfig" and FLAGS["epochs"].owner == "RunConfig"
-    assert DataConfig().workers == 1 and FLAGS["workers"].default == 4  # the library default vs OpenCLIP's flag
+    flags = run_flags()  # also called at import, so a violation fails `import training.config`
+    assert flags == declared_flags((*CONFIGS, *component_options()))
+    assert flags["batch_size"].owner == "DataConfig" and flags["epochs"].owner == "RunConfig"
+    # a component's own options: csv's flags on the csv source, the cooldown's on its schedule
+    assert flags["csv_separator"].owner == "Options" and flags["epochs_cooldown"].owner == "CooldownOptions"
+    assert DataConfig().workers == 1 and flags["workers"].default == 4  # the library default vs OpenCLIP's flag
 
 
 def test_help_shows_each_flags_default_unless_unset_or_said():
@@ -64,5 +67,5 @@ def test_help_shows_each_flags_default_unless_unset_or_said():
     assert "Validation shards. --train-num-samples" in help_text
     assert "Sample shards with replacement. --caption-key" in help_text
     assert "(default: the first of --caption-key)" in help_text and "--caption-key), e.g." in help_text
-    flags_with_defaults = [f for f in FLAGS.values() if f.default not in (None, False)]
+    flags_with_defaults = [f for f in run_flags().values() if f.default not in (None, False)]
     assert all("default" in f.help_text().lower() for f in flags_with_defaults)

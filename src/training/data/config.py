@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from PIL import Image
 
@@ -55,11 +55,6 @@ class DataConfig:
     dataset_type: str = flag(AUTO, dataset_type_help, choices=registered_dataset_types, resume=SAMPLE_ORDER)
     """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
     suffix."""
-    csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER)
-    csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.",
-                            resume=SAMPLE_ORDER)
-    csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.",
-                                resume=SAMPLE_ORDER)
     dataset_resampled: bool = flag(False, "Sample shards with replacement.", resume=SAMPLE_ORDER)
     caption_key: str = flag("txt", "Caption field of each sample; a comma list samples one field per sample.",
                             resume=SAMPLE_ORDER)
@@ -78,6 +73,9 @@ class DataConfig:
     batch_size: int = flag(64, "Batch size per GPU.", resume=SAMPLE_ORDER)
     seed: int = from_flag("seed", default=0)
     """Seeds shard order, shuffling, caption choice and augmentation."""
+    source_options: Any = None
+    """The data source's own options (its `Options`, e.g. csv's --csv-separator), for the source that reads
+    --train-data; None: its declared defaults (`DataSource.options`)."""
     rank: int = 0
     """This process's rank: training shards are split over ranks without a process group."""
     world_size: int = 1

@@ -9,6 +9,8 @@ from typing import Callable, ClassVar, Sequence, Tuple, Type
 
 from open_clip_adacl.registry import Registry
 
+from ..flags import NoOptions, check_component_options
+
 # The registry is the bottom of training.data: `DataConfig` (training.data.config) and `LoaderInfo`
 # (training.data.loader) import it, so the sources' signatures below name them without importing them.
 
@@ -30,6 +32,13 @@ class DataSource(abc.ABC):
     """Endings of --train-data / --val-data (".tar") for which --dataset-type auto picks this source."""
     reads_data: ClassVar[bool] = True
     """False for a source that makes its own samples and needs no --train-data / --val-data."""
+    Options: ClassVar[type] = NoOptions
+    """The source's own flags (a frozen dataclass of `flag(...)` fields, e.g. csv's --csv-separator); the run's
+    values reach it as `cfg.source_options`."""
+
+    def options(self, cfg: DataConfig):
+        """This source's options in `cfg` (its declared defaults when `cfg` carries another's or none)."""
+        return cfg.source_options if isinstance(cfg.source_options, self.Options) else self.Options()
 
     @abc.abstractmethod
     def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
@@ -59,6 +68,7 @@ def _check_declaration(name: str, cls: type) -> None:
         raise ValueError(f"data source {name!r} is already --dataset-type's own value")
     if not (isinstance(cls, type) and issubclass(cls, DataSource)):
         raise TypeError(f"data source {name!r}: {cls!r} is not a subclass of training.data.DataSource")
+    check_component_options("data source", name, cls.Options)
     if inspect.isabstract(cls):
         raise TypeError(f"data source {name!r}: {cls.__name__} must implement train_data and val_data")
     if not cls.description:

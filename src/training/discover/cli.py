@@ -16,7 +16,9 @@ from tqdm import tqdm
 
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
-from ..data import DataConfig, DataError, resolve_dataset_type
+from ..config import run_flags, source_option_flags
+from ..data import DataConfig, DataError, get_data_source, resolve_dataset_type
+from ..flags import config_from_args
 from ..data.shards import check_sample_fields
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
@@ -34,7 +36,7 @@ DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
 MODEL_DEFAULTS = {"model": None, "pretrained": None, "precision": "fp32", "device": "cuda"}
 MODEL_NOTES = {"model": "Here also local-dir:EXPORT (python -m training.export) or hf-hub:ORG/NAME.",
                "precision": "Here it is the encoding precision."}
-DATA_FLAGS = ("dataset_type", "caption_key", "csv_separator", "csv_img_key", "csv_caption_key", "batch_size", "workers")
+DATA_FLAGS = ("dataset_type", "caption_key", "batch_size", "workers")  # and every data source's own
 DATA_DEFAULTS = {"batch_size": 256, "workers": 1}
 LOG_INTERVAL_SECONDS = 30  # progress lines when stderr is not a terminal
 
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max-batches", type=int, default=None, help="stop after this many global batches")
     add_trainer_flags(parser.add_argument_group("data: the trainer's flags (--batch-size per rank, as in training: the "
                                                 "discovery runs over global batches of batch size x ranks)"),
-                      DATA_FLAGS, defaults=DATA_DEFAULTS)
+                      (*DATA_FLAGS, *source_option_flags()), defaults=DATA_DEFAULTS)
     add_trainer_flags(parser.add_argument_group("the loss's discovery (default: the checkpoint's --adacl-* options if "
                                                 "it trained with AdaCL, else AdaCL's defaults)"),
                       [f"adacl_{name}" for name in DISCOVERY_OPTIONS])
@@ -140,8 +142,8 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     start_batch = broadcast_object(store.start_batch if store else None, env)
     page = report.page_selection_from(args.output, args.page_pairs) if store else None
     cfg = DataConfig(batch_size=args.batch_size, workers=args.workers, rank=env.rank, world_size=env.world_size,
-                     caption_key=args.caption_key, dataset_type=kind, csv_separator=args.csv_separator,
-                     csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key)
+                     caption_key=args.caption_key, dataset_type=kind,
+                     source_options=config_from_args(get_data_source(kind).Options, args, run_flags()))
     data = build_discovery_data(args.data, cfg, loaded.preprocess, loaded.tokenizer, start_batch)
     precision = build_precision(args.precision, env.device)
     encoder = Encoder(loaded.model, env.device, precision.autocast, precision.input_dtype)

@@ -27,7 +27,7 @@ from open_clip_train.data import SharedEpoch, expand_urls
 from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
-from ..data import (DataConfig, CsvStream, ShardStream, SkipCounter, read_csv_rows,
+from ..data import (DataConfig, CsvStream, ShardStream, SkipCounter, get_data_source, read_csv_rows,
                     read_shard, resolve_dataset_type)
 from ..data.samples import Candidate
 from ..data.shards import check_shards, declared_dataset_size
@@ -143,7 +143,8 @@ class CsvBatches(_GlobalBatches, CsvStream):
     """Global batches of OpenCLIP csv data (`--dataset-type csv`), rows checked as the trainer checks them."""
 
     def __init__(self, *, path: str, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, start_batch: int):
-        super().__init__(rows=read_csv_rows(path, cfg, "--data"), cfg=cfg, preprocess=preprocess,
+        rows = read_csv_rows(path, get_data_source("csv").options(cfg), "--data")
+        super().__init__(rows=rows, cfg=cfg, preprocess=preprocess,
                          tokenizer=tokenizer, shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
         self.path = path
         self.start_batch = start_batch

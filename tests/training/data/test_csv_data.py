@@ -7,6 +7,7 @@ import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
 from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from training.data.sources.csv_file import CsvFile
 from training.run_dir import RunDir
 from training.main import main
 from training.params import ConfigError
@@ -37,8 +38,10 @@ def csv_dataset(demo_shards, module_tmp):
 
 
 def csv_config(path, **overrides):
+    options = CsvFile.Options(csv_separator=",", csv_img_key=overrides.pop("csv_img_key", "image"),
+                              csv_caption_key="caption")
     return replace(DataConfig(train_data=str(path), val_data=str(path), dataset_type="csv", batch_size=16, workers=0,
-                              csv_separator=",", csv_img_key="image", csv_caption_key="caption"), **overrides)
+                              source_options=options), **overrides)
 
 
 def test_rows_become_samples_indexed_by_row_number_and_bad_rows_are_counted(csv_dataset):

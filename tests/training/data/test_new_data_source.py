@@ -1,9 +1,11 @@
 """A new data source is one module: this file declares one that reads a small format of its own
 (`.pairs`: one "r,g,b<TAB>caption" line per sample, a solid-colour image), registers it and trains
 and validates on it through `training.main`, with no edit anywhere else. It becomes a value of
-`--dataset-type` (in --help and params.txt), `auto` picks it by its suffix, and the run reads
-exactly its samples."""
+`--dataset-type` (in --help and params.txt), `auto` picks it by its suffix, its own option is a flag
+of the trainer (`--pairs-separator`), and the run reads exactly its samples."""
 from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from training.data import DataSource, register_data_source, registry, resolve_dataset_type
+from training.flags import HelpGroup, flag
 from training.data.loader import indexed_data
 from training.run_dir import RunDir
 from training.main import main
@@ -24,9 +27,9 @@ SERVED = []  # sample indices the training loader's dataset handed out, in order
 class PairsFile(Dataset):
     """The lines of a .pairs file; item i is (preprocessed solid-colour image, caption, i)."""
 
-    def __init__(self, path, preprocess, *, record):
+    def __init__(self, path, preprocess, *, record, separator="\t"):
         with open(path) as f:
-            self.lines = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+            self.lines = [line.rstrip("\n").split(separator) for line in f if line.strip()]
         self.preprocess = preprocess
         self.record = record
 
@@ -45,13 +48,19 @@ class Pairs(DataSource):
     description = "a .pairs file: one 'r,g,b<TAB>caption' line per solid-colour image"
     suffixes = (".pairs",)
 
+    @dataclass(frozen=True)
+    class Options:
+        FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
+
+        pairs_separator: str = flag("\t", "Between a .pairs line's colour and its caption.")
+
     def train_data(self, cfg, preprocess, tokenizer, epoch):
-        return indexed_data(PairsFile(cfg.train_data, preprocess, record=True), cfg, tokenizer, epoch, train=True,
-                            source=NAME)
+        lines = PairsFile(cfg.train_data, preprocess, record=True, separator=self.options(cfg).pairs_separator)
+        return indexed_data(lines, cfg, tokenizer, epoch, train=True, source=NAME)
 
     def val_data(self, cfg, preprocess, tokenizer):
-        return indexed_data(PairsFile(cfg.val_data, preprocess, record=False), cfg, tokenizer, 0, train=False,
-                            source=NAME)
+        lines = PairsFile(cfg.val_data, preprocess, record=False, separator=self.options(cfg).pairs_separator)
+        return indexed_data(lines, cfg, tokenizer, 0, train=False, source=NAME)
 
 
 @pytest.fixture
@@ -62,21 +71,25 @@ def registered(monkeypatch):
     SERVED.clear()
 
 
-def write_pairs(path, count):
+def write_pairs(path, count, separator="\t"):
     colours = [(255 * (i % 2), 255 * (i // 2 % 2), 255 * (i // 4 % 2)) for i in range(count)]
-    path.write_text("".join(f"{r},{g},{b}\tsolid colour number {i}\n" for i, (r, g, b) in enumerate(colours)))
+    lines = (f"{r},{g},{b}{separator}solid colour number {i}\n" for i, (r, g, b) in enumerate(colours))
+    path.write_text("".join(lines))
     return path
 
 
 def test_a_data_source_declared_in_one_file_trains_through_the_trainer(registered, tmp_path):
     help_text = " ".join(build_parser().format_help().split())
     assert "{csv,pairs,synthetic,webdataset,auto}" in help_text and Pairs.description in help_text
-    train, val = write_pairs(tmp_path / "train.pairs", 24), write_pairs(tmp_path / "val.pairs", 10)
+    assert "--pairs-separator PAIRS_SEPARATOR Between a .pairs line's colour and its caption." in help_text
+    train, val = write_pairs(tmp_path / "train.pairs", 24, "|"), write_pairs(tmp_path / "val.pairs", 10, "|")
     summary = main(["--dataset-type", NAME, "--train-data", str(train), "--val-data", str(val), "--model",
                     "adacl-tiny", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--warmup", "1",
-                    "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pairs"])
+                    "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pairs",
+                    "--pairs-separator", "|"])
     run = tmp_path / "pairs"
     assert f"dataset_type: {NAME}" in (run / "params.txt").read_text()
+    assert "pairs_separator: |" in (run / "params.txt").read_text()
     # The epoch's size is the file's: 24 lines, batches of 8, two epochs; each line read once per epoch.
     assert summary.step == 6 and [r["num_steps"] for r in RunDir(run).metrics("epoch")] == [3, 3]
     assert Counter(SERVED) == {index: 2 for index in range(24)}

@@ -14,10 +14,11 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ClassVar, Iterable, Iterator
 
 from open_clip_train.data import SharedEpoch
 
+from ...flags import SAMPLE_ORDER, HelpGroup, flag
 from ..config import DataConfig, DataError
 from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
 from ..registry import DataSource, register_data_source
@@ -30,8 +31,18 @@ class CsvFile(DataSource):
     description = "a csv/tsv file of image paths and captions (--csv-img-key, --csv-caption-key)"
     suffixes = (".csv", ".tsv")
 
+    @dataclass(frozen=True)
+    class Options:
+        FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
+
+        csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER)
+        csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.",
+                                resume=SAMPLE_ORDER)
+        csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.",
+                                    resume=SAMPLE_ORDER)
+
     def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
-        rows = read_csv_rows(cfg.train_data, cfg, "train_data (--train-data)")
+        rows = read_csv_rows(cfg.train_data, self.options(cfg), "train_data (--train-data)")
         num_readers = max(1, cfg.workers)
         num_batches = batches_per_epoch(cfg.train_num_samples or len(rows), cfg.batch_size * cfg.world_size,
                                         num_readers)
@@ -42,7 +53,7 @@ class CsvFile(DataSource):
         return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
-        rows = read_csv_rows(cfg.val_data, cfg, "val_data (--val-data)")
+        rows = read_csv_rows(cfg.val_data, self.options(cfg), "val_data (--val-data)")
         stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
                            shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
         num_samples = cfg.val_num_samples or len(rows)
@@ -57,28 +68,28 @@ class CsvRow:
     caption: str | None
 
 
-def read_csv_rows(path: str | None, cfg: DataConfig, flag: str) -> tuple[CsvRow, ...]:
+def read_csv_rows(path: str | None, options: CsvFile.Options, data_flag: str) -> tuple[CsvRow, ...]:
     """The rows of OpenCLIP's csv data (a header naming --csv-img-key and --csv-caption-key columns).
 
     Row k (0-based, after the header) is sample k: its sample_index. A row with too few fields keeps
     its place and is skipped when read (missing_image / missing_caption), like a bad tar sample.
     """
     if path is None or not os.path.isfile(path):
-        raise FileNotFoundError(f"{flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
+        raise FileNotFoundError(f"{data_flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter=cfg.csv_separator)
+        reader = csv.reader(f, delimiter=options.csv_separator)
         header = next(reader, [])
-        missing = [f"{column!r} ({option})" for column, option in ((cfg.csv_img_key, "--csv-img-key"),
-                                                                   (cfg.csv_caption_key, "--csv-caption-key"))
+        missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
+                                                                   (options.csv_caption_key, "--csv-caption-key"))
                    if column not in header]
         if missing:
-            raise ValueError(f"{flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
-                             f"with --csv-separator {cfg.csv_separator!r}; pass the flags naming its columns")
-        image_column, caption_column = header.index(cfg.csv_img_key), header.index(cfg.csv_caption_key)
+            raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                             f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
+        image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
         rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
                             row[caption_column] if len(row) > caption_column else None) for row in reader)
     if not rows:
-        raise ValueError(f"{flag}: {path} has a header but no rows")
+        raise ValueError(f"{data_flag}: {path} has a header but no rows")
     return rows
 
 
