@@ -10,7 +10,9 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
 Every regime trains the tiny model on the demo scenes (`training.synthetic_scenes`, written in families of 8
 one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
 negatives) for the budget at which `clip` learns the colour, shape and size clones
-(docs/results/learnability.md). One `python -m training.loss_comparison` call per regime, into
+(docs/results/learnability.md): the regime's recipe (`training.recipes`: clone-scratch, clone-pseudo,
+clone-transfer), which `python -m training.main --recipe NAME` also trains with. One
+`python -m training.loss_comparison --recipe clone-<regime>` call per regime, into
 runs/clone_study/<regime>, writes the regime's report (docs/results/<regime>.md, plot, per-run CSV);
 this script then assembles docs/RESULTS.md from them, keeping RESULTS.md's hand-written sections
 below the comparison's marker. Regimes (docs/adacl.md §5):
@@ -34,21 +36,19 @@ from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.report import kept_tail
 from training.main import run
-from training.params import config_from_values, given_values
+from training.params import config_from_values
+from training.recipes import recipe_values
 from training.run_dir import RunDir
 
-GROUPED = "--train-group-size 8"
-EPOCHS = 24                    # x 64 steps of batch 64: the budget of docs/results/learnability.md
 PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
 # The controls of every regime (docs/preregistration.md): CLIP, AdaCL's default, the paper's Algorithm 1,
 # A0 (no discovery: every negative a clone candidate), and the calibrated margins with the paper's steep positive.
 CONTROLS = "clip,adacl,adacl:paper,adacl:candidate_region=all,adacl:positive_grad=fixed"
-TRANSFER_PRETRAIN_EPOCHS = 24
 TRANSFER_PRETRAIN_SEED = 1000
+PRETRAIN_RECIPE = "clone-scratch"  # the transfer regime's pretraining: `clip` as the scratch regime trains it
 # The pretraining scenes' data seed: not the fine-tuning scenes' (0), so no base scene's geometry (positions,
 # sizes) is seen in pretraining and again, recoloured, in fine-tuning (tests/test_bench_scripts.py checks it).
 TRANSFER_PRETRAIN_DATA_SEED = 1
-TRANSFER_FINETUNE = ("--epochs", "8", "--lr", "1e-3", "--warmup", "10")
 # `--controls`: the positive controls (the oracle, HN-NCE) against `clip` in a regime, before AdaCL, on the
 # endpoint registered for them there (docs/preregistration.md#controls_<regime>). The scratch regime's are the
 # controls study's (docs/results/controls.md).
@@ -59,20 +59,18 @@ POSITIVE_CONTROLS = "clip,oracle:weight=16,hnnce"
 class Regime:
     title: str
     losses: str
-    train_args: str
+    recipe: str                            # every run's trainer flags (training.recipes: clone-<regime>)
     combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
-    pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these
-    budget: Tuple[str, ...] = ("--epochs", str(EPOCHS))
+    pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these (clone-scratch)
     controls: Optional[str] = None  # the variants of `--controls`, positive controls first
 
 
 REGIMES = {
-    "scratch": Regime("Scratch: clone-dense batches, gold captions", f"{CONTROLS},glofnd,fne", GROUPED),
+    "scratch": Regime("Scratch: clone-dense batches, gold captions", f"{CONTROLS},glofnd,fne", "clone-scratch"),
     "pseudo": Regime("Pseudo captions: training on a generic captioner's captions, evaluation on gold captions",
-                     CONTROLS, f"{GROUPED} --caption-key txt_pseudo --val-caption-key txt",
-                     controls=f"{POSITIVE_CONTROLS},adacl"),
+                     CONTROLS, "clone-pseudo", controls=f"{POSITIVE_CONTROLS},adacl"),
     "transfer": Regime("Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones", CONTROLS,
-                       GROUPED, combinations="odd", pretrain_combinations="even", budget=TRANSFER_FINETUNE,
+                       "clone-transfer", combinations="odd", pretrain_combinations="even",
                        controls=f"{POSITIVE_CONTROLS},adacl,adacl:paper"),
 }
 # Where the regime reports stand: the controls and the amended judgments come first (docs/preregistration.md).
@@ -126,18 +124,17 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     write_scenes(data_dir, regime.pretrain_combinations, TRANSFER_PRETRAIN_DATA_SEED)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
-    checkpoint = RunDir(logs / name).epoch_checkpoint(TRANSFER_PRETRAIN_EPOCHS)
+    epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
+    checkpoint = RunDir(logs / name).epoch_checkpoint(epochs)
     if checkpoint.is_file():
         return checkpoint
     splits = manifest["splits"]
     values = {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
-              "dataset_type": "webdataset", "model": "adacl-tiny", "loss": "clip", "batch_size": QUICK.batch_size,
-              "epochs": TRANSFER_PRETRAIN_EPOCHS, "lr": QUICK.lr, "wd": QUICK.wd, "warmup": QUICK.warmup, "workers": 0,
-              "device": "cpu", "seed": TRANSFER_PRETRAIN_SEED, "save_frequency": TRANSFER_PRETRAIN_EPOCHS,
-              "logs": str(logs), "name": name, **given_values(GROUPED.split()),
+              "dataset_type": "webdataset", "loss": "clip", "seed": TRANSFER_PRETRAIN_SEED, "save_frequency": epochs,
+              "log_every_n_steps": 64, "logs": str(logs), "name": name,
               **({"resume": "latest"} if (logs / name).exists() else {})}
-    print(f"== pretraining {name} on {data_dir} ({TRANSFER_PRETRAIN_EPOCHS} epochs)", flush=True)
-    run(config_from_values(values))
+    print(f"== pretraining {name} on {data_dir} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
+    run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
 
 
@@ -158,16 +155,13 @@ def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -
 def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str],
                 losses: Optional[str] = None, controls: bool = False) -> List[str]:
     regime, study = REGIMES[name], study_name(name, controls)
-    train_args = regime.train_args
     data_dir = scenes_dir(output_root, regime.combinations)
     if regime.combinations != "all":  # the comparison writes the default scenes itself
         write_scenes(data_dir, regime.combinations)
-    if regime.pretrain_combinations:
-        train_args += f" --pretrained {pretrain(regime, output_root)}"
-    return ["--quick", "--losses", regime_losses(regime, losses, controls), "--seeds", seeds,
+    pretrained = ["--train-args", f"--pretrained {pretrain(regime, output_root)}"] if regime.pretrain_combinations else []
+    return ["--quick", "--recipe", regime.recipe, "--losses", regime_losses(regime, losses, controls), "--seeds", seeds,
             "--output-dir", str(output_root / study), "--data-dir", str(data_dir),
-            "--results-md", str(results_dir / f"{study}.md"), *regime.budget, "--train-args", train_args,
-            *endpoint_argv(study), *extra]
+            "--results-md", str(results_dir / f"{study}.md"), *pretrained, *endpoint_argv(study), *extra]
 
 
 def sections(markdown: str) -> dict:
@@ -184,8 +178,7 @@ def setup_lines(markdown: str) -> List[str]:
 
 def regime_caption_keys(regime: Regime) -> Tuple[str, ...]:
     """The caption fields whose likeness the regime's section prints: gold, and what it trains on if not gold."""
-    argv = regime.train_args.split()
-    trained = argv[argv.index("--caption-key") + 1] if "--caption-key" in argv else "txt"
+    trained = recipe_values(regime.recipe, world_size=1).get("caption_key", "txt")
     return tuple(dict.fromkeys(("txt", trained)))
 
 
@@ -244,7 +237,9 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
                   "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
         if regime.pretrain_combinations:
-            lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {TRANSFER_PRETRAIN_EPOCHS} epochs on "
+            epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
+            lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {epochs} epochs (recipe "
+                         f"{PRETRAIN_RECIPE}) on "
                          f"4096 scenes (data seed {TRANSFER_PRETRAIN_DATA_SEED}) whose objects use only the "
                          f"`{regime.pretrain_combinations}` half of the "
                          f"colour x shape combinations; fine-tuning and evaluation scenes use only the "

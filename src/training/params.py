@@ -39,6 +39,8 @@ from .data.registry import get_data_source, resolve_dataset_type
 from .recipes import RECIPES, RecipeError, recipe_values
 from .schedule import SCHEDULES
 
+RECIPE_HELP = ("start from a named recipe's flags (training.recipes: e.g. cc3m-rn50, cc12m-vitb32, demo); every "
+               "flag given beside it overrides the recipe's value")
 # OpenCLIP 3.3.0 flags this fork does not implement, with what to do instead.
 UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--horovod": "launch with torchrun or srun (DDP) instead",
@@ -201,9 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: parser.add_argument_group(name) for name in HelpGroup.ORDER}
     for declared in run_flags().values():
         declared.add_to(groups[declared.group])
-    parser.add_argument("--recipe", default=None, choices=sorted(RECIPES),
-                        help="start from a named recipe's flags (training.recipes: e.g. cc3m-rn50, cc12m-vitb32, "
-                             "demo); every flag given beside it overrides the recipe's value")
+    add_trainer_flags(parser, ("recipe",))
     groups[HelpGroup.LOSS].add_argument("--siglip", default=False, action="store_true",
                                         help="OpenCLIP's flag for the sigmoid loss: the same as --loss siglip.")
     for loss_flag in loss_flags().values():
@@ -238,6 +238,9 @@ def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
             _add_loss_flag(group, by_dest[dest])
             if defaults.get(dest) is not None:
                 group.set_defaults(**{dest: defaults[dest]})
+        elif dest == "recipe":
+            group.add_argument("--recipe", default=defaults.get(dest), choices=sorted(RECIPES), help=RECIPE_HELP +
+                               (f". {notes[dest]}" if dest in notes else ""))
         else:
             raise KeyError(f"{dest!r} is no flag of the trainer")
 

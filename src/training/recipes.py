@@ -87,6 +87,42 @@ def demo() -> Dict[str, Any]:
                 log_every_n_steps=16, train_group_size=8)
 
 
+# The loss comparison's budgets: its runs' trainer flags (training.loss_comparison.data.QUICK and FULL add the
+# data sizes and how many runs go at a time).
+@recipe("comparison-quick")
+def comparison_quick() -> Dict[str, Any]:
+    """The loss comparison's CPU budget: adacl-tiny, 3 epochs of the 4096 demo scenes at batch 64 (192 steps)."""
+    return dict(model="adacl-tiny", batch_size=64, epochs=3, lr=2e-3, warmup=20, wd=0.1, workers=0, device="cpu",
+                log_every_n_steps=1)
+
+
+@recipe("comparison-full")
+def comparison_full() -> Dict[str, Any]:
+    """The loss comparison's GPU budget: 4x the batch and about 12x the steps of the quick one."""
+    return dict(model="adacl-tiny", batch_size=256, epochs=20, lr=1e-3, warmup=200, wd=0.1, workers=4,
+                device="cuda", log_every_n_steps=10)
+
+
+# The clone study's regimes (scripts/clone_study.py, docs/adacl.md §5): the quick budget at the steps where
+# `clip` learns the clones (docs/results/learnability.md), on batches of whole families of one-edit siblings.
+@recipe("clone-scratch")
+def clone_scratch() -> Dict[str, Any]:
+    """Pretraining from scratch on clone-dense batches with gold captions (1536 steps)."""
+    return {**comparison_quick(), "epochs": 24, "train_group_size": 8}
+
+
+@recipe("clone-pseudo")
+def clone_pseudo() -> Dict[str, Any]:
+    """The scratch regime on a generic captioner's pseudo captions, validated on gold ones."""
+    return {**clone_scratch(), "caption_key": "txt_pseudo", "val_caption_key": "txt"}
+
+
+@recipe("clone-transfer")
+def clone_transfer() -> Dict[str, Any]:
+    """Fine-tuning a pretrained `clip` (--pretrained) on clone-dense batches: 8 epochs at a lower lr."""
+    return {**clone_scratch(), "epochs": 8, "lr": 1e-3, "warmup": 10}
+
+
 def recipe_argv(values: Dict[str, Any]) -> List[str]:
     """`values` as the command-line flags that set them (a flag is its destination with dashes; a true
     boolean is the bare flag)."""

@@ -56,3 +56,17 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
     unknown = subprocess.run([sys.executable, "-m", "training.recipes", "cc15m", "--check"], capture_output=True,
                              text=True)
     assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr
+
+
+def test_the_comparisons_budgets_and_the_studys_regimes_are_recipes():
+    from training.loss_comparison.data import FULL, QUICK
+
+    assert (QUICK.batch_size, QUICK.epochs, QUICK.lr, QUICK.device) == (64, 3, 2e-3, "cpu")  # comparison-quick's
+    assert (FULL.batch_size, FULL.device) == (256, "cuda")
+    scratch = QUICK.with_recipe("clone-scratch")
+    assert (scratch.epochs, scratch.train_args, scratch.num_train) == (24, ("--train-group-size", "8"), 4096)
+    pseudo = parse_args(["--train-data", "x.tar", "--recipe", "clone-pseudo"])  # one regime's run, by hand
+    assert (pseudo.epochs, pseudo.train_group_size, pseudo.caption_key, pseudo.val_caption_key) == (24, 8, "txt_pseudo",
+                                                                                                     "txt")
+    transfer = parse_args(["--train-data", "x.tar", "--recipe", "clone-transfer"])
+    assert (transfer.epochs, transfer.lr, transfer.warmup) == (8, 1e-3, 10)

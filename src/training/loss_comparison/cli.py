@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes (GPUs) per emitted run")
     overrides = parser.add_argument_group("budget overrides: the trainer's flags, replacing the budget's values "
                                           "(recorded in the report's command)")
+    add_trainer_flags(overrides, ("recipe",), notes={"recipe": "Here: every run's flags, on the budget's data (e.g. "
+                                                               "clone-scratch: the clone study's scratch regime)."})
     add_trainer_flags(overrides, BUDGET_FLAGS, defaults=dict.fromkeys(BUDGET_FLAGS))
     overrides.add_argument("--num-train", type=int, help="training scenes")
     overrides.add_argument("--train-args", type=shlex.split, default=None,
@@ -163,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_budget(args: argparse.Namespace) -> Budget:
     budget = QUICK if args.budget == "quick" else FULL
+    if args.recipe:
+        budget = budget.with_recipe(args.recipe)
     overrides = {name: getattr(args, name) for name in ("epochs", "batch_size", "lr", "num_train", "workers", "device",
                                                     "jobs", "warmup", "pretrain_epochs", "pretrain_lr")
                  if getattr(args, name) is not None}

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,41 @@ class Budget:
     def steps(self) -> int:
         return self.epochs * (self.num_train // self.batch_size)
 
+    @classmethod
+    def from_recipe(cls, name: str, **sizes: Any) -> "Budget":
+        """A budget of these data sizes and jobs (`sizes`) that trains with recipe `name`'s flags."""
+        own, others = recipe_parts(name)
+        return cls(**sizes, **own, train_args=tuple(others))
+
+    def with_recipe(self, name: str) -> "Budget":
+        """This budget with recipe `name`'s flags: those the budget holds replace its values, the others (e.g.
+        --train-group-size) go before its `train_args`."""
+        own, others = recipe_parts(name)
+        return replace(self, **own, train_args=(*others, *self.train_args))
+
+
+# The Budget fields a recipe sets (trainer flags of the same name).
+RECIPE_FIELDS = ("batch_size", "epochs", "lr", "warmup", "wd", "workers", "device", "log_every_n_steps", "precision")
+
+
+def recipe_parts(name: str) -> Tuple[Dict[str, Any], List[str]]:
+    """Recipe `name`'s flags (training.recipes) as (the Budget fields it sets, the other flags as argv); its
+    --model is left to the comparison's own."""
+    from training.params import argv_from_values
+    from training.recipes import recipe_values
+
+    values = recipe_values(name, world_size=1)
+    values.pop("model", None)
+    own = {key: values.pop(key) for key in list(values) if key in RECIPE_FIELDS}
+    return own, argv_from_values(values)
+
 
 # Quick: 192 steps. Measured on the 2-core CPU, shared with other work (load 3-5): 6 variants x 3 seeds
 # at 2 jobs took 17.1 min, 85-146 s per run (docs/RESULTS.md); one step of adacl-tiny at batch 64 on one
 # thread is ~0.22 s. Workers 0: with one core per run, a loader process only competes with the step.
-QUICK = Budget(num_train=4096, num_val=512, num_test=512, shard_size=512, batch_size=64, epochs=3, lr=2e-3,
-               warmup=20, wd=0.1, workers=0, device="cpu", jobs=2, log_every_n_steps=1)
+QUICK = Budget.from_recipe("comparison-quick", num_train=4096, num_val=512, num_test=512, shard_size=512, jobs=2)
 # Full: a GPU; 8x the data, 4x the batch and about 12x the steps of quick (not tuned on a GPU yet).
-FULL = Budget(num_train=32768, num_val=2048, num_test=1024, shard_size=2048, batch_size=256, epochs=20, lr=1e-3,
-              warmup=200, wd=0.1, workers=4, device="cuda", jobs=4, log_every_n_steps=10)
+FULL = Budget.from_recipe("comparison-full", num_train=32768, num_val=2048, num_test=1024, shard_size=2048, jobs=4)
 
 
 PRETRAIN_SEED = 1000  # the pretraining run's seed, apart from the runs' seeds
