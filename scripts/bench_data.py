@@ -224,7 +224,7 @@ def report(args: argparse.Namespace, summary: Dict[str, Dict[str, float]]) -> st
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from training.params import add_trainer_flags
+    from training.tool_flags import add_trainer_flags
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", help="brace pattern of existing shards (default: generated ones)")

@@ -26,7 +26,7 @@ import torch
 from open_clip_adacl import create_loss
 from training.model import ModelConfig, build_model
 from training.optimizer import OptimizerConfig, build_optimizer
-from training.params import add_trainer_flags
+from training.tool_flags import add_trainer_flags
 from training.precision import build_precision, resolve_precision
 from training.train import MicroBatch, apply_update, forward_backward
 

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from training.params import add_trainer_flags
+from training.tool_flags import add_trainer_flags
 from training.run_dir import RunDir, step_checkpoint_number
 
 
-# The trainer's flags this script takes (training.params.add_trainer_flags), with the comparison's values.
+# The trainer's flags this script takes (training.tool_flags.add_trainer_flags), with the comparison's values.
 TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
 
 

@@ -7,7 +7,7 @@ real loader delivers them, for each --train-group-size in --group-sizes. See doc
 import argparse
 
 from training.data import DataConfig
-from training.params import add_trainer_flags
+from training.tool_flags import add_trainer_flags
 from training.synthetic_scenes.families import measure_siblings
 
 

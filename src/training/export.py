@@ -38,7 +38,8 @@ from open_clip.push_to_hf_hub import generate_readme
 from safetensors.torch import save
 
 from .checkpoint_files import atomic_file, load_checkpoint
-from .params import add_trainer_flags, command_line
+from .params import command_line
+from .tool_flags import add_trainer_flags
 from .run_dir import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"

@@ -16,7 +16,6 @@ converts the namespace, once, into the frozen `RunConfig` whose parts the rest o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import shlex
 import sys
@@ -117,7 +116,13 @@ def loss_flags() -> Dict[str, LossFlag]:
     return flags
 
 
-def _add_loss_flag(group: argparse._ArgumentGroup, loss_flag: LossFlag) -> None:
+def add_recipe_flag(group: argparse._ActionsContainer, default: Optional[str] = None, note: str = "") -> None:
+    """--recipe NAME (training.recipes); `note` adds what it means in a tool that takes it."""
+    group.add_argument("--recipe", default=default, choices=sorted(RECIPES),
+                       help=RECIPE_HELP + (f". {note}" if note else ""))
+
+
+def add_loss_flag(group: argparse._ArgumentGroup, loss_flag: LossFlag) -> None:
     option = loss_flag.option
     defaults = {name: option_of(name, loss_flag.flag).default for name in loss_flag.losses}
     default_text = (str(option.default) if len(set(map(repr, defaults.values()))) == 1
@@ -203,46 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: parser.add_argument_group(name) for name in HelpGroup.ORDER}
     for declared in run_flags().values():
         declared.add_to(groups[declared.group])
-    add_trainer_flags(parser, ("recipe",))
+    add_recipe_flag(parser)
     groups[HelpGroup.LOSS].add_argument("--siglip", default=False, action="store_true",
                                         help="OpenCLIP's flag for the sigmoid loss: the same as --loss siglip.")
     for loss_flag in loss_flags().values():
-        _add_loss_flag(groups[HelpGroup.LOSS], loss_flag)
+        add_loss_flag(groups[HelpGroup.LOSS], loss_flag)
     for flag in UNSUPPORTED_FLAGS:
         parser.add_argument(flag, action=_UnsupportedFlag)
     return parser
-
-
-def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
-                      defaults: Optional[Mapping[str, Any]] = None, notes: Optional[Mapping[str, str]] = None) -> None:
-    """Mount the trainer's own flags `dests` (by destination: name, help, type and choices as declared) on a
-    tool's parser or group, so that a tool never declares a trainer flag again; `defaults` replaces the
-    default of some of them for that tool (None: not given, the tool decides), `notes` adds to their help
-    what the flag also means in that tool."""
-    defaults, notes = dict(defaults or {}), dict(notes or {})
-    by_dest = {loss_flag.dest: loss_flag for loss_flag in loss_flags().values()}
-    flags = run_flags()
-    for dest in dests:
-        if dest in flags:
-            declared = flags[dest]
-            if dest in defaults or dest in notes:
-                declaration = declared.declaration
-                help_text = declared.help_text().split(" (default: ")[0] + (f" {notes[dest]}" if dest in notes else "")
-                default = defaults.get(dest, declaration.default)
-                if "default" in help_text.lower() and default is not None:  # it names the trainer's default
-                    help_text += f" Here: {default}."
-                declared = dataclasses.replace(declared, declaration=dataclasses.replace(
-                    declaration, default=default, help=help_text))
-            declared.add_to(group)
-        elif dest in by_dest:
-            _add_loss_flag(group, by_dest[dest])
-            if defaults.get(dest) is not None:
-                group.set_defaults(**{dest: defaults[dest]})
-        elif dest == "recipe":
-            group.add_argument("--recipe", default=defaults.get(dest), choices=sorted(RECIPES), help=RECIPE_HELP +
-                               (f". {notes[dest]}" if dest in notes else ""))
-        else:
-            raise KeyError(f"{dest!r} is no flag of the trainer")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

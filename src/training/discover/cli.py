@@ -22,7 +22,7 @@ from ..flags import config_from_args
 from ..data.shards import check_sample_fields
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
-from ..params import add_trainer_flags
+from ..tool_flags import add_trainer_flags
 from ..precision import build_precision
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
@@ -32,7 +32,7 @@ from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
 DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
-# The trainer's flags the discovery takes (training.params.add_trainer_flags), with this tool's defaults.
+# The trainer's flags the discovery takes (training.tool_flags.add_trainer_flags), with this tool's defaults.
 MODEL_DEFAULTS = {"model": None, "pretrained": None, "precision": "fp32", "device": "cuda"}
 MODEL_NOTES = {"model": "Here also local-dir:EXPORT (python -m training.export) or hf-hub:ORG/NAME.",
                "precision": "Here it is the encoding precision."}

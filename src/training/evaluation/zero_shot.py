@@ -40,7 +40,7 @@ from clip_benchmark.metrics import image_caption_selection, zeroshot_classificat
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
 from training.export import export, markdown_table
-from training.params import add_trainer_flags
+from training.tool_flags import add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
 
