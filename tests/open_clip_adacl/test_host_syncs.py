@@ -118,6 +118,7 @@ OPTIONS = {"median": {}, "mean_gda_queue": {"anchor_stat": "mean", "candidate_re
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
 def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypatch):
     monkeypatch.setattr(selection, "reading_back_is_free", selection.reading_back_is_free)  # restored after
+    monkeypatch.setenv(fused.ENV_VARIABLE, fused_mode)  # restored after too: later tests of this process run `auto`
     counts, compiled, failed = _counted_steps(0, 1, (24, 80), options, fused_mode)
     assert counts == {24: EXPECTED[1], 80: EXPECTED[1]}
     assert not failed
