@@ -4,7 +4,7 @@ other; an alias is an old name that still resolves to its component, so that par
 checkpoints written under it keep loading after a rename."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Iterator, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -55,17 +55,8 @@ class Registry(Generic[T]):
         """The old names that still resolve, in registration order."""
         return tuple(self._aliases)
 
-    def copy(self) -> "Registry[T]":
-        """An independent registry holding the same entries (a test registers into it, then drops it)."""
-        twin: Registry[T] = Registry(self.kind, self._check)
-        twin._items, twin._aliases = dict(self._items), dict(self._aliases)
-        return twin
-
     def __contains__(self, name: object) -> bool:
         return name in self._items or name in self._aliases
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
 
     def items(self):
         return self._items.items()

@@ -264,8 +264,7 @@ def _completed(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> 
     model-dependent optimizer defaults and the chosen loss's options."""
     # params.txt records which of the recipe's values the command line replaced.
     args.recipe_overrides = sorted(dest for dest, value in recipe_defaults.items() if getattr(args, dest) != value)
-    for dest, name in with_canonical_names(vars(args)).items():  # an old name of a loss, source or schedule
-        setattr(args, dest, name)
+    vars(args).update(with_canonical_names(vars(args)))  # an old name of a loss, source or schedule
     if args.siglip:
         if args.loss not in ("clip", "siglip"):
             raise ConfigError(f"--siglip means --loss siglip, but --loss is {args.loss!r}; pass only one of them")
@@ -398,8 +397,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     precision = resolve_precision(args.precision, resolved_device_type(args.device))
     derived = {"model": {"precision": precision, "model_kwargs": logit_init_for_loss(args.loss)},
                "loss": {"options": validated_loss_options(args)},
-               "data": {"source_options": component_options(data_source_options(args), args, flags)},
-               "schedule": {"options": component_options(schedule_options(args), args, flags)}}
+               "data": {"source_options": options_from_flags(data_source_options(args), args, flags)},
+               "schedule": {"options": options_from_flags(schedule_options(args), args, flags)}}
     parts = {name: config_from_args(cls, args, flags, **derived.get(name, {})) for name, cls in RUN_PARTS.items()}
     # params.txt records the precision the run uses (as it did when main filled it into args).
     return config_from_args(RunConfig, args, flags, **parts,
@@ -420,6 +419,6 @@ def schedule_options(args: argparse.Namespace) -> Optional[type]:
     return SCHEDULES.get(args.lr_scheduler).options if args.lr_scheduler in SCHEDULES else None
 
 
-def component_options(options: Optional[type], args: argparse.Namespace, flags: Mapping[str, Any]) -> Any:
+def options_from_flags(options: Optional[type], args: argparse.Namespace, flags: Mapping[str, Any]) -> Any:
     """A component's options built from its flags (None for a component not known yet)."""
     return None if options is None else config_from_args(options, args, flags)

@@ -93,7 +93,7 @@ def registered_dataset_types() -> Tuple[str, ...]:
 
 def dataset_type_help() -> str:
     """--dataset-type's help, from what each registered source declares."""
-    sources = "; ".join(f"{name}: {SOURCES.get(name).description}" for name in sorted(SOURCES.names()))
+    sources = "; ".join(f"{name}: {source.description}" for name, source in sorted(SOURCES.items()))
     return f"{sources}; auto (the default): by the data's ending, {_auto_suffixes()}."
 
 
@@ -109,7 +109,7 @@ def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
     if dataset_type != AUTO and not get_data_source(dataset_type).reads_data:
         return dataset_type
     if data is None:
-        own_samples = ", ".join(name for name in sorted(SOURCES.names()) if not SOURCES.get(name).reads_data)
+        own_samples = ", ".join(name for name, source in sorted(SOURCES.items()) if not source.reads_data)
         raise ValueError(f"no data given: pass --train-data/--val-data, or a --dataset-type that makes its own "
                          f"samples ({own_samples})")
     if dataset_type != AUTO:
@@ -117,12 +117,12 @@ def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
     for name, source in SOURCES.items():
         if data.endswith(source.suffixes):
             return name
-    readers = ", ".join(name for name in sorted(SOURCES.names()) if SOURCES.get(name).reads_data)
+    readers = ", ".join(name for name, source in sorted(SOURCES.items()) if source.reads_data)
     raise ValueError(f"cannot infer the dataset type of {data!r}: --dataset-type auto picks {_auto_suffixes()}; "
                      f"pass --dataset-type {readers}")
 
 
 def _auto_suffixes() -> str:
     """"webdataset for .tar, csv for .csv/.tsv"."""
-    return ", ".join(f"{name} for {'/'.join(SOURCES.get(name).suffixes)}" for name in sorted(SOURCES.names())
-                     if SOURCES.get(name).suffixes)
+    return ", ".join(f"{name} for {'/'.join(source.suffixes)}" for name, source in sorted(SOURCES.items())
+                     if source.suffixes)
