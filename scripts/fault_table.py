@@ -24,11 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running,  # noqa: E402
                                running)
+from training.params import argv_from_values  # noqa: E402
 from training.run_dir import RESULTS_NAME, RunDir, read_records, step_checkpoint_number  # noqa: E402
 from training.synthetic_scenes.writers import write_demo_dataset  # noqa: E402
 
@@ -62,23 +63,27 @@ class Bench:
         self.rows: List[tuple] = []
         self.val = str(self.data / "val" / "shard-000000.tar")
 
-    def argv(self, name: str, ranks: int = 1, *extra: str) -> List[str]:
-        return ["--train-data", str(self.data / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-                "--model", "adacl-tiny", "--loss", "adacl", "--adacl-queue-size", "48",
-                "--batch-size", str(32 // ranks), "--epochs", "2", "--lr", "2e-3", "--warmup", "3", "--workers", "0",
-                "--device", "cpu", "--logs", str(self.work / "logs"), "--name", name, "--log-every-n-steps", "1",
-                "--save-every-n-steps", str(SAVE_EVERY), "--slurm-requeue",
-                *(["--local-loss", "--gather-with-grad"] if ranks > 1 else []), *extra]
+    def values(self, name: str, ranks: int = 1, **overrides: Any) -> Dict[str, Any]:
+        """The trainer's flag values (by destination) of run `name` on `ranks` ranks; None drops a flag."""
+        values = dict(train_data=str(self.data / "train" / "shard-{000000..000003}.tar"), train_num_samples=256,
+                      model="adacl-tiny", loss="adacl", adacl_queue_size=48, batch_size=32 // ranks, epochs=2, lr=2e-3,
+                      warmup=3, workers=0, device="cpu", logs=str(self.work / "logs"), name=name,
+                      log_every_n_steps=1, save_every_n_steps=SAVE_EVERY, slurm_requeue=True,
+                      local_loss=ranks > 1, gather_with_grad=ranks > 1)
+        return {**values, **overrides}
 
-    def command(self, ranks: int, argv: List[str]) -> List[str]:
+    def command(self, ranks: int, values: Dict[str, Any]) -> List[str]:
+        """The run's command line: it runs in a process of its own, to be signalled, killed and timed."""
+        argv = argv_from_values(values)
         if ranks == 1:
             return [sys.executable, "-m", "training.main", *argv]
         return [sys.executable, "-m", "training.torchrun", "--nproc_per_node", str(ranks), "--master_port",
                 str(free_port()), "-m", "training.main", *argv]
 
-    def run(self, ranks: int, argv: List[str], *, env: Optional[dict] = None, preexec: Optional[Callable] = None):
+    def run(self, ranks: int, values: Dict[str, Any], *, env: Optional[dict] = None,
+            preexec: Optional[Callable] = None):
         start = time.time()
-        result = subprocess.run(self.command(ranks, argv), env=env or self.env, capture_output=True, text=True,
+        result = subprocess.run(self.command(ranks, values), env=env or self.env, capture_output=True, text=True,
                                 timeout=900, preexec_fn=preexec)
         return result, time.time() - start
 
@@ -90,7 +95,7 @@ class Bench:
 
     def start_and_signal(self, name: str, ranks: int, target: str, sig: signal.Signals):
         """Start a run, send `sig` to `target` (trainer / torchrun / rank1 / all: srun's way) at SIGNAL_AT."""
-        proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks)), env=self.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(self.command(ranks, self.values(name, ranks)), env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         while not (self.steps(name) or [0])[-1] >= SIGNAL_AT:
             assert proc.poll() is None, proc.communicate()[0][-2000:]
@@ -125,7 +130,7 @@ class Bench:
         line = next((line.split(" | ")[-1] for line in log.splitlines() if "Preempted by" in line), "no line")
         saved = [step_checkpoint_number(path) for path in RunDir(self.run_dir(name)).step_checkpoints()]
         requeues = self.scontrol_record.read_text().count("requeue 4242") if self.scontrol_record.exists() else 0
-        resumed, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        resumed, _ = self.run(ranks, self.values(name, ranks, resume="latest"))
         steps = self.steps(name)
         traceback = "Traceback" in output
         self.add(label,
@@ -139,7 +144,7 @@ class Bench:
         name = "kill-1"
         rc, _, _, _ = self.start_and_signal(name, 1, "trainer", signal.SIGKILL)
         last = self.steps(name)[-1]
-        resumed, _ = self.run(1, self.argv(name, 1, "--resume", "latest"))
+        resumed, _ = self.run(1, self.values(name, 1, resume="latest"))
         line = next(line for line in (self.run_dir(name) / "out.log").read_text().splitlines() if "Resumed from" in line)
         start = int(line.split("step_")[1].split(".pt")[0])
         self.add("SIGKILL, 1 rank (node dies)", f"rc {rc}; resume rc {resumed.returncode} from step_{start}.pt",
@@ -149,7 +154,7 @@ class Bench:
         """base-<ranks>: the uninterrupted run the resume rows start from (run once)."""
         name = f"base-{ranks}"
         if not (RunDir(self.run_dir(name)).epoch_checkpoint(2)).exists():
-            result, _ = self.run(ranks, self.argv(name, ranks))
+            result, _ = self.run(ranks, self.values(name, ranks))
             assert result.returncode == 0, result.stderr[-2000:]
         return self.run_dir(name)
 
@@ -157,28 +162,25 @@ class Bench:
         source = "base-1"
         self.base_run(1)
         checkpoint = RunDir(self.run_dir(source)).step_checkpoint(5)
-        for label, extra in [
-            ("resume mid-epoch with --batch-size 32 -> 16", ["--batch-size", "16"]),
-            ("resume mid-epoch with --workers 0 -> 1", ["--workers", "1"]),
-            ("resume mid-epoch with another --train-num-samples", ["--train-num-samples", "384"]),
-            ("resume with --loss clip (was adacl)", ["--loss", "clip"]),
-            ("resume with --adacl-queue-size 40 (was 48)", ["--adacl-queue-size", "40"]),
-            ("resume with another architecture (--force-context-length 16)", ["--force-context-length", "16"]),
+        for label, changed in [
+            ("resume mid-epoch with --batch-size 32 -> 16", dict(batch_size=16)),
+            ("resume mid-epoch with --workers 0 -> 1", dict(workers=1)),
+            ("resume mid-epoch with another --train-num-samples", dict(train_num_samples=384)),
+            ("resume with --loss clip (was adacl)", dict(loss="clip", adacl_queue_size=None)),
+            ("resume with --adacl-queue-size 40 (was 48)", dict(adacl_queue_size=40)),
+            ("resume with another architecture (--force-context-length 16)", dict(force_context_length=16)),
         ]:
-            argv = self.argv(f"changed-{len(self.rows)}", 1, *extra, "--resume", str(checkpoint))
-            if extra[0] == "--loss":
-                argv = [a for a in argv if a not in ("--adacl-queue-size", "48")]
-            result, _ = self.run(1, argv)
+            result, _ = self.run(1, self.values(f"changed-{len(self.rows)}", 1, **changed, resume=str(checkpoint)))
             self.add(label, f"rc {result.returncode}: `{last_line(result.stderr)[:160]}...`", "nothing (refused before "
                      "any step)")
         # 2 ranks -> 1 mid-epoch, and 1 -> 2 at the epoch boundary.
         self.base_run(2)
-        result, _ = self.run(1, self.argv("changed-world", 1, "--batch-size", "16", "--resume",
-                                          str(RunDir(self.run_dir("base-2")).step_checkpoint(5))))
+        result, _ = self.run(1, self.values("changed-world", 1, batch_size=16,
+                                            resume=str(RunDir(self.run_dir("base-2")).step_checkpoint(5))))
         self.add("resume a 2-rank mid-epoch checkpoint on 1 rank", f"rc {result.returncode}: "
                  f"`{last_line(result.stderr)[:160]}...`", "nothing (refused)")
-        result, _ = self.run(2, self.argv("boundary-world", 2, "--resume",
-                                          str(RunDir(self.run_dir(source)).epoch_checkpoint(1))))
+        result, _ = self.run(2, self.values("boundary-world", 2,
+                                            resume=str(RunDir(self.run_dir(source)).epoch_checkpoint(1))))
         reference = {r["step"]: r["lr"] for r in RunDir(self.run_dir(source)).metrics("train")}
         lrs = [r["lr"] for r in RunDir(self.run_dir("boundary-world")).metrics("train")]
         same = all(abs(lr - reference[9 + k]) <= 1e-12 * max(1.0, lr) for k, lr in enumerate(lrs))
@@ -192,7 +194,7 @@ class Bench:
             shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
             newest = RunDir(self.run_dir(name)).epoch_checkpoint(2)  # cut short, as by a full disk or a dying copy
             newest.write_bytes(newest.read_bytes()[:4096])
-            result, _ = self.run(1, self.argv(name, 1, "--resume", "latest" if case == "latest" else str(newest)))
+            result, _ = self.run(1, self.values(name, 1, resume="latest" if case == "latest" else str(newest)))
             log = (self.run_dir(name) / "out.log").read_text()
             fallback = next((line.split(" | ")[-1] for line in log.splitlines() if "Ignoring unreadable" in line), "")
             resumed = next((line.split(" | ")[-1] for line in log.splitlines() if "Resumed from" in line), "")
@@ -208,21 +210,20 @@ class Bench:
         def small_files():  # a full disk as far as checkpoints go: files over 20 MB fail with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (20_000_000, 20_000_000))
 
-        result, _ = self.run(1, self.argv("full-1", 1, "--epochs", "1"), preexec=small_files)
+        result, _ = self.run(1, self.values("full-1", 1, epochs=1), preexec=small_files)
         log = (self.run_dir("full-1") / "out.log").read_text()
         self.add("disk full for checkpoints (every save fails: file-size limit)",
                  f"rc {result.returncode}; {log.count('retrying once')} retries, "
                  f"{log.count('CHECKPOINT SAVE FAILED: could not write')} logged failures; `{last_line(log)[30:150]}...`",
                  "the run's model (reported, non-zero status)")
         (self.work / "logs-file").write_text("a file where the logs folder should be")
-        for extra in (["--dry-run"], []):
-            argv = [a if a != str(self.work / "logs") else str(self.work / "logs-file") for a in self.argv("x", 1)]
-            result, _ = self.run(1, argv + extra)
+        for extra in (dict(dry_run=True), {}):
+            result, _ = self.run(1, self.values("x", 1, logs=str(self.work / "logs-file"), **extra))
             self.add(f"--logs is a file{' (--dry-run)' if extra else ''}",
                      f"rc {result.returncode}: `{last_line(result.stderr)[:140]}...`", "nothing (refused at start)")
         name = "rollback-1"
         shutil.copytree(self.run_dir("base-1"), self.run_dir(name))
-        result, _ = self.run(1, self.argv(name, 1, "--resume", str(RunDir(self.run_dir(name)).step_checkpoint(5))))
+        result, _ = self.run(1, self.values(name, 1, resume=str(RunDir(self.run_dir(name)).step_checkpoint(5))))
         log = (self.run_dir(name) / "out.log").read_text()
         moved = next((line.split(" | ")[-1] for line in log.splitlines() if "Rolled back" in line), "")
         self.add("--resume step_5.pt into the same --name (roll back)",
@@ -233,9 +234,9 @@ class Bench:
 
     def pipes(self) -> None:
         shards = [f"pipe:cat {self.data}/train/shard-{index:06d}.tar" for index in range(3)]
-        argv = self.argv("pipes-1", 1, "--train-data", "::".join([*shards, "pipe:false"]), "--dataset-type",
-                         "webdataset", "--epochs", "1")
-        result, _ = self.run(1, argv)
+        values = self.values("pipes-1", 1, train_data="::".join([*shards, "pipe:false"]), dataset_type="webdataset",
+                             epochs=1)
+        result, _ = self.run(1, values)
         line = next((line.split(" | ")[-1] for line in (self.run_dir("pipes-1") / "out.log").read_text().splitlines()
                      if "Epoch 0 done" in line), "")
         self.add("a failing `pipe:` shard (pipe:false among 3 good ones)", f"rc {result.returncode}; "
@@ -244,7 +245,7 @@ class Bench:
     def absent_ranks(self) -> None:
         env = {**self.env, "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                "SLURM_NODELIST": "localhost", "MASTER_PORT": str(free_port())}
-        result, seconds = self.run(1, self.argv("alone", 1, "--dist-timeout", "10"), env=env)
+        result, seconds = self.run(1, self.values("alone", 1, dist_timeout=10), env=env)
         self.add("SLURM_NTASKS=2 SLURM_PROCID=0 without srun, --dist-timeout 10",
                  f"rc {result.returncode} after {seconds:.0f} s (startup included): `{last_line(result.stderr)[:120]}...`",
                  "nothing")
@@ -266,7 +267,7 @@ class Bench:
             (run_dir / "metrics.jsonl").symlink_to(disk / "metrics.jsonl")
             (run_dir / "checkpoints" / "results.jsonl").symlink_to(disk / "results.jsonl")
             fill(disk / "filler")
-            proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks, "--val-data", self.val)), env=self.env,
+            proc = subprocess.Popen(self.command(ranks, self.values(name, ranks, val_data=self.val)), env=self.env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             wait_for_text(run_dir / "out.log", "Eval Epoch: 1", proc)
             time.sleep(1)
@@ -288,7 +289,7 @@ class Bench:
         with tmpfs(self.work / f"tmpfs-{name}", "60m") as disk:
             self.run_dir(name).mkdir(parents=True)
             (self.run_dir(name) / "checkpoints").symlink_to(disk)
-            result, _ = self.run(1, self.argv(name, 1, "--epochs", "1"))
+            result, _ = self.run(1, self.values(name, 1, epochs=1))
             saved = sorted(p.name for p in disk.glob("*.pt"))
         log = self.log(name)
         self.add("disk full for checkpoints (a 60 MB tmpfs: step_5.pt fits, epoch_1.pt does not)",
@@ -300,7 +301,7 @@ class Bench:
         name = f"flipped-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
         flip_bits(RunDir(self.run_dir(name)).epoch_checkpoint(2))
-        result, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        result, _ = self.run(ranks, self.values(name, ranks, resume="latest"))
         log = self.log(name)
         self.add(f"64 flipped bits inside the newest checkpoint (`epoch_2.pt`), `--resume latest`, {ranks} rank(s)",
                  f"rc {result.returncode}; `{message(log, 'Skipping unreadable')[:150]}...`; "
@@ -309,17 +310,17 @@ class Bench:
 
     def second_launch(self, ranks: int) -> None:
         name = f"twice-{ranks}"
-        first = subprocess.Popen(self.command(ranks, self.argv(name, ranks, "--epochs", "20")), env=self.env,
+        first = subprocess.Popen(self.command(ranks, self.values(name, ranks, epochs=20)), env=self.env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             while not self.steps(name):
                 assert first.poll() is None
                 time.sleep(0.05)
-            second, seconds = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+            second, seconds = self.run(ranks, self.values(name, ranks, resume="latest"))
             still = first.poll() is None
         finally:
             kill_run(first)
-        third, _ = self.run(ranks, self.argv(name, ranks, "--resume", "latest"))
+        third, _ = self.run(ranks, self.values(name, ranks, resume="latest"))
         taken = message(self.log(name), "Taking over")
         self.add(f"a second `--resume latest` launch while the run trains, {ranks} rank(s)",
                  f"rc {second.returncode} after {seconds:.0f} s: `{last_line(second.stderr)[:150]}...`; the first "
@@ -331,7 +332,7 @@ class Bench:
         shutil.copytree(self.base_run(1), self.run_dir(name))
         for path in (self.run_dir(name) / "checkpoints").glob("*.pt"):
             path.write_bytes(path.read_bytes()[:4096])
-        result, _ = self.run(1, self.argv(name, 1, "--resume", "latest"))
+        result, _ = self.run(1, self.values(name, 1, resume="latest"))
         moved = message(self.log(name), "Starting over")
         self.add("every checkpoint unreadable, `--resume latest` (starts over)",
                  f"rc {result.returncode}; `{moved[:150]}...`; metrics steps "
@@ -341,8 +342,8 @@ class Bench:
     def stalled_pipe(self, ranks: int) -> None:
         name = f"stalled-{ranks}"
         shards = [f"pipe:cat {self.data}/train/shard-{index:06d}.tar" for index in range(3)] + ["pipe:sleep 600"]
-        result, seconds = self.run(ranks, self.argv(name, ranks, "--train-data", "::".join(shards), "--dataset-type",
-                                                    "webdataset", "--epochs", "1", "--shard-timeout", "5"))
+        result, seconds = self.run(ranks, self.values(name, ranks, train_data="::".join(shards),
+                                                      dataset_type="webdataset", epochs=1, shard_timeout=5))
         line = message(self.log(name), "Epoch 0 done")
         self.add(f"a stalled `pipe:` shard (`pipe:sleep 600` among 3 good ones), `--shard-timeout 5`, {ranks} rank(s)",
                  f"rc {result.returncode} after {seconds:.0f} s (startup included); "
@@ -353,8 +354,8 @@ class Bench:
 
     def changed_schedule(self) -> None:
         name = "changed-schedule-1"
-        result, _ = self.run(1, self.argv(name, 1, "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1",
-                                          "--resume", str(RunDir(self.base_run(1)).step_checkpoint(5))))
+        result, _ = self.run(1, self.values(name, 1, lr=1e-2, epochs=3, grad_clip_norm=1,
+                                            resume=str(RunDir(self.base_run(1)).step_checkpoint(5))))
         warnings = [line.split(" | ")[-1] for line in self.log(name).splitlines() if "| WARNING | Resuming " in line]
         self.add("resume mid-epoch with `--lr 2e-3 -> 1e-2 --epochs 2 -> 3 --grad-clip-norm None -> 1`",
                  f"rc {result.returncode}; {len(warnings)} warning lines, one per flag, e.g. "
@@ -362,7 +363,7 @@ class Bench:
 
     def signal_at_startup(self, ranks: int) -> None:
         name = f"early-{ranks}"
-        proc = subprocess.Popen(self.command(ranks, self.argv(name, ranks)), env=self.env, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(self.command(ranks, self.values(name, ranks)), env=self.env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         targets = [proc.pid] if ranks == 1 else []
         while ranks > 1 and len(targets) < ranks:
@@ -382,7 +383,7 @@ class Bench:
 
     def rank_dies(self) -> None:
         name = "dies-2"
-        proc = subprocess.Popen(self.command(2, self.argv(name, 2, "--dist-timeout", "30")), env=self.env,
+        proc = subprocess.Popen(self.command(2, self.values(name, 2, dist_timeout=30)), env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while (self.steps(name) or [0])[-1] < 3:
             assert proc.poll() is None
@@ -395,7 +396,7 @@ class Bench:
                  f"{'Traceback' in output}", "the steps since the last step_N.pt (`--resume latest`)")
 
     def torchrun_config_error(self) -> None:
-        result, _ = self.run(2, self.argv("bad-2", 2, "--resume", str(self.work / "missing.pt")))
+        result, _ = self.run(2, self.values("bad-2", 2, resume=str(self.work / "missing.pt")))
         lines = [line for line in result.stderr.splitlines() if line.startswith(("error:", "torchrun:"))]
         self.add("a configuration error under `python -m training.torchrun`, 2 ranks",
                  f"rc {result.returncode}; `{lines[0][:80]}` (each rank), then `{lines[-1][:110]}...`; traceback: "

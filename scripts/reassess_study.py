@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from training.loss_comparison.preregistration import from_file
-from training.loss_comparison.report import paired_section, primary_table
+from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -129,12 +129,12 @@ def decisions() -> List[Dict[str, object]]:
     return [dict(decision) for decision in _decisions.values()]
 
 
-def record_decisions(recorder: Callable[[List[Dict[str, object]]], None]) -> None:
+def record_decisions(recorder: Optional[Callable[[List[Dict[str, object]]], None]]) -> None:
     """Call `recorder(decisions())` after each new choice of `auto` (and now, if this process made some),
-    in place of the previous recorder (the trainer writes them into its run folder); a recorder that fails
-    is logged, not raised."""
-    _recorder[:] = [recorder]
-    if _decisions:
+    in place of the previous recorder (the trainer writes them into its run folder; None: record no more,
+    as when its run ends); a recorder that fails is logged, not raised."""
+    _recorder[:] = [] if recorder is None else [recorder]
+    if _decisions and recorder is not None:
         _record()
 
 

@@ -40,7 +40,7 @@ from safetensors.torch import save
 from .checkpoint_files import atomic_file, load_checkpoint
 from .params import command_line
 from .tool_flags import add_trainer_flags
-from .run_dir import RESULTS_NAME  # the trainer's validation results, next to the checkpoints
+from .run_dir import RESULTS_NAME, read_records  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -78,8 +78,7 @@ def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: 
     tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
     if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
         tokenizer.save_pretrained(str(hf_dir))
-    results_file = Path(checkpoint_path).parent / RESULTS_NAME
-    results = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.is_file() else []
+    results = read_records(Path(checkpoint_path).parent / RESULTS_NAME)
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
     _write_text(hf_dir / README_NAME, generate_readme(card, repo_id.split("/")[-1]))
     return hf_dir

@@ -47,7 +47,7 @@ from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_
 from .resume_changes import warn_run_changes
 from .run_folder import (RunPaths, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
                          hold_run_dir, is_inside, launch_note, record_selection_choices, recorded_args, run_dir_collision,
-                         start_over, write_params)
+                         start_over, stop_recording_selection_choices, write_params)
 from .run_lock import RunLock
 from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
 from .run_records import trim_to_resume_point
@@ -118,6 +118,7 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
         with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
             return train(cfg, env, plan, loss_fn, preemption, lock)
     finally:
+        stop_recording_selection_choices()
         shutdown(env)
 
 

@@ -193,3 +193,8 @@ def record_selection_choices(paths: RunPaths, env: DistributedEnv) -> None:
             with atomic_file(path, "w") as f:
                 f.write(json.dumps(decisions, indent=2) + "\n")
         fused.record_decisions(write)
+
+
+def stop_recording_selection_choices() -> None:
+    """The run has ended: the choices of whatever runs next in this process are not its to record."""
+    fused.record_decisions(None)

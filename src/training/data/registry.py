@@ -10,12 +10,12 @@ from typing import Callable, ClassVar, Sequence, Tuple, Type
 from open_clip_adacl.registry import Registry
 
 from ..flags import NoOptions, check_component_options
+from .ordered import OrderedPass
 
 # The registry is the bottom of training.data: `DataConfig` (training.data.config) and `LoaderInfo`
 # (training.data.loader) import it, so the sources' signatures below name them without importing them.
 
 AUTO = "auto"
-
 
 
 class DataSource(abc.ABC):
@@ -52,6 +52,13 @@ class DataSource(abc.ABC):
     @abc.abstractmethod
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         """One unshuffled pass over `cfg.val_data`."""
+
+    def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
+        """One pass over `data` in its own order, checked as training checks it (training.data.ordered), for
+        tools that read a dataset (discovery); `data_flag` names the flag that gave `data` in errors. A source
+        that cannot give one says so."""
+        raise ValueError(f"{type(self).__name__} has no ordered pass (training.data.ordered), so only training "
+                        "reads it; give data of another --dataset-type")
 
     def check_fields(self, cfg: DataConfig) -> None:
         """Before any work: the first samples of `cfg.train_data` (and `cfg.val_data`) carry the fields the run

@@ -13,7 +13,7 @@ from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from .config import DataError
 from .pipes import open_shard
-from .samples import NO_FAMILY, SkipCounter, describe_counts, stable_hash
+from .samples import NO_FAMILY, Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
@@ -88,6 +88,27 @@ def _warn_once(url: str, message: str) -> None:
     if url not in _warned_shards:
         _warned_shards.add(url)
         logger.warning(message)
+
+
+def check_shard_sample(sample: dict, *, caption_keys: tuple[str, ...], family_field: str | None, seed: int,
+                       epoch: int, shard_run: tuple[int, int]) -> tuple[str | None, Candidate | None]:
+    """Training's checks of one tar sample that need no image decoding: (None, the candidate) or (the
+    skip reason, None). With several caption keys, the one read is drawn by (seed, epoch, sample)."""
+    image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
+    if image_key is None:
+        return "missing_image", None
+    try:
+        sample_index = sample_index_of(sample)
+        family = NO_FAMILY if family_field is None else family_of(sample, family_field)
+    except ValueError:
+        return "bad_json", None
+    field = caption_keys[0]
+    if len(caption_keys) > 1:
+        field = caption_keys[stable_hash(seed, epoch, sample_index, "caption") % len(caption_keys)]
+    reason, text = decode_caption(sample.get(field))
+    if reason is not None:
+        return reason, None
+    return None, Candidate(sample_index, text, sample[image_key], shard_run, family)
 
 
 def sample_index_of(sample: dict) -> int:

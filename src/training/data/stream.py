@@ -18,9 +18,8 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from webdataset.filters import _shuffle
 
 from .config import DataConfig, DataError
-from .samples import (NO_FAMILY, Candidate, SkipCounter, decode_caption, decode_image, describe_counts, seeded,
-                      stable_hash)
-from .shards import IMAGE_EXTENSIONS, family_of, read_shard, sample_index_of
+from .samples import Candidate, SkipCounter, decode_image, describe_counts, seeded, stable_hash
+from .shards import check_shard_sample, read_shard
 
 _SHUFFLE_INITIAL = 1000  # OpenCLIP's _SAMPLE_SHUFFLE_INITIAL
 
@@ -155,24 +154,11 @@ class ShardStream(IterableDataset):
     def _check(self, sample: dict, epoch: int, counter: SkipCounter, caption_keys: tuple[str, ...], *,
                shard_run: tuple[int, int]) -> Candidate | None:
         """Cheap per-sample checks; returns None (and counts the reason) for a sample to skip."""
-        image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
-        if image_key is None:
-            counter.add("missing_image")
-            return None
-        try:
-            sample_index = sample_index_of(sample)
-            family = NO_FAMILY if self.cfg.family_field is None else family_of(sample, self.cfg.family_field)
-        except ValueError:
-            counter.add("bad_json")
-            return None
-        field = caption_keys[0]
-        if len(caption_keys) > 1:
-            field = caption_keys[stable_hash(self.cfg.seed, epoch, sample_index, "caption") % len(caption_keys)]
-        reason, text = decode_caption(sample.get(field))
+        reason, candidate = check_shard_sample(sample, caption_keys=caption_keys, family_field=self.cfg.family_field,
+                                               seed=self.cfg.seed, epoch=epoch, shard_run=shard_run)
         if reason is not None:
             counter.add(reason)
-            return None
-        return Candidate(sample_index, text, sample[image_key], shard_run, family)
+        return candidate
 
     def _decoded(self, candidates: Iterator[Candidate], counter: SkipCounter, *,
                  bad_image_limit: int | None) -> Iterator[tuple[Image.Image, Candidate]]:

@@ -18,15 +18,15 @@ from open_clip_adacl.losses.adacl import AdaCLLoss
 
 from ..config import run_flags, source_option_flags
 from ..data import DataConfig, DataError, get_data_source, resolve_dataset_type
+from ..data.registry import AUTO
 from ..flags import config_from_args
-from ..data.shards import check_sample_fields
 from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..logger import setup_logging
 from ..tool_flags import add_trainer_flags
 from ..precision import build_precision
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
-from .data import build_discovery_data, shard_urls
+from .data import discovery_loader
 from .model import load_discovery_model, quiet_logging
 from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_name
 
@@ -36,8 +36,10 @@ DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
 MODEL_DEFAULTS = {"model": None, "pretrained": None, "precision": "fp32", "device": "cuda"}
 MODEL_NOTES = {"model": "Here also local-dir:EXPORT (python -m training.export) or hf-hub:ORG/NAME.",
                "precision": "Here it is the encoding precision."}
-DATA_FLAGS = ("dataset_type", "caption_key", "batch_size", "workers")  # and every data source's own
+DATA_FLAGS = ("dataset_type", "caption_key", "batch_size", "workers", "train_num_samples")  # and every source's own
 DATA_DEFAULTS = {"batch_size": 256, "workers": 1}
+DATA_NOTES = {"train_num_samples": "Here: how many samples a source that makes its own (synthetic) makes, or the "
+                                   "shards' size for the progress bar when they have no sizes.json."}
 LOG_INTERVAL_SECONDS = 30  # progress lines when stderr is not a terminal
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_trainer_flags(model, ("model", "pretrained", "precision", "device"), defaults=MODEL_DEFAULTS,
                       notes=MODEL_NOTES)
     data = parser.add_argument_group("data")
-    data.add_argument("--data", required=True,
-                      help="webdataset shards ('dir/{00000..00099}.tar', '::' between sources) or a csv/tsv file")
+    data.add_argument("--data", default=None,
+                      help="webdataset shards ('dir/{00000..00099}.tar', '::' between sources), a csv/tsv file, or "
+                           "the data of any --dataset-type that reads data")
     data.add_argument("--max-batches", type=int, default=None, help="stop after this many global batches")
     add_trainer_flags(parser.add_argument_group("data: the trainer's flags (--batch-size per rank, as in training: the "
                                                 "discovery runs over global batches of batch size x ranks)"),
-                      (*DATA_FLAGS, *source_option_flags()), defaults=DATA_DEFAULTS)
+                      (*DATA_FLAGS, *source_option_flags()), defaults=DATA_DEFAULTS, notes=DATA_NOTES)
     add_trainer_flags(parser.add_argument_group("the loss's discovery (default: the checkpoint's --adacl-* options if "
                                                 "it trained with AdaCL, else AdaCL's defaults)"),
                       [f"adacl_{name}" for name in DISCOVERY_OPTIONS])
@@ -89,9 +92,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if args.checkpoint and args.pretrained:
         raise ValueError("--pretrained loads weights into --model; --checkpoint brings its own: pass one of them")
-    if args.dataset_type == "synthetic":
-        raise ValueError("--dataset-type synthetic is random noise with one caption: nothing to discover; give your "
-                         "webdataset shards or csv file with --data")
+    if args.data is None and (args.dataset_type == AUTO or get_data_source(args.dataset_type).reads_data):
+        raise ValueError("--data is required: webdataset shards, a csv/tsv file, or the data of --dataset-type")
     if "," in args.caption_key:
         raise ValueError(f"--caption-key {args.caption_key}: discovery reads one caption field; pass one of them")
     return args
@@ -128,30 +130,27 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     if importlib.util.find_spec("matplotlib") is None:  # checked now, not after the whole run
         raise ValueError("the report's plots need matplotlib: pip install 'open_clip_adacl[eval]' (or matplotlib)")
     kind = resolve_dataset_type(args.dataset_type, args.data)
-    if kind not in ("webdataset", "csv"):
-        raise ValueError(f"--dataset-type {kind}: discovery reads real samples: webdataset shards or a csv file")
-    if kind == "webdataset":
-        check_sample_fields(shard_urls(args.data), [args.caption_key], key_flag="--caption-key", data_flag="--data")
+    cfg = DataConfig(batch_size=args.batch_size, workers=args.workers, rank=env.rank, world_size=env.world_size,
+                     caption_key=args.caption_key, dataset_type=kind, train_num_samples=args.train_num_samples,
+                     source_options=config_from_args(get_data_source(kind).Options, args, run_flags()))
+    ordered = get_data_source(kind).ordered_pass(cfg, args.data, "--data")  # its data checked before any work
     with quiet_logging(logging.WARNING):
         loaded = load_discovery_model(args.model, args.pretrained, args.checkpoint, env.device)
     options = discovery_options(args)
     settings = {"model": loaded.description, "data": args.data, "dataset_type": kind,
-                "caption_key": args.caption_key if kind == "webdataset" else args.csv_caption_key,
-                "global_batch_size": args.batch_size * env.world_size, **asdict(options)}
+                "caption_key": ordered.caption_field, "global_batch_size": args.batch_size * env.world_size,
+                **asdict(options)}
     store = _open_store(args, settings, env)
     start_batch = broadcast_object(store.start_batch if store else None, env)
     page = report.page_selection_from(args.output, args.page_pairs) if store else None
-    cfg = DataConfig(batch_size=args.batch_size, workers=args.workers, rank=env.rank, world_size=env.world_size,
-                     caption_key=args.caption_key, dataset_type=kind,
-                     source_options=config_from_args(get_data_source(kind).Options, args, run_flags()))
-    data = build_discovery_data(args.data, cfg, loaded.preprocess, loaded.tokenizer, start_batch)
+    loader = discovery_loader(ordered, cfg, loaded.preprocess, loaded.tokenizer, start_batch)
     precision = build_precision(args.precision, env.device)
     encoder = Encoder(loaded.model, env.device, precision.autocast, precision.input_dtype)
     if store and start_batch:
         logger.info(f"resuming {args.output} at batch {start_batch}")
 
-    progress = _Progress(env, data.num_samples, start_batch * settings["global_batch_size"])
-    for local in data.loader:
+    progress = _Progress(env, ordered.num_samples, start_batch * settings["global_batch_size"])
+    for local in loader:
         if args.max_batches is not None and local.index >= args.max_batches:
             break
         result = discover_batch(local, encoder, env, options)

@@ -1,14 +1,15 @@
-"""The data as discovery reads it: the trainer's readers and checks, one pass in order, in global batches.
+"""The data as discovery reads it: the data source's ordered pass (training.data.ordered), checked as training
+checks it, in global batches.
 
-The dataset's samples, in order (shards in the order given, samples in shard order; csv rows in file
-order), are cut into global batches of `batch_size x world_size` consecutive samples, and rank r
-takes slots [r b, (r + 1) b) of each. So a global batch holds the same samples whatever the number
-of ranks, and a batch is identified by its number alone (`--continue` skips whole batches without
-decoding them). A sample that fails the trainer's checks (`training.data.SKIP_REASONS`: missing or
-empty caption, undecodable image, bad json, ...) is skipped and counted, leaving its batch one row
-short; shard-level failures (unreadable or truncated tar, duplicate key) are counted once, by
-rank 0. Every reader of every rank reads all shards, and decodes only its own slices: reading tar
-bytes is cheap next to decoding and encoding.
+The dataset's samples, in the source's order (shards in the order given, samples in shard order; csv
+rows in file order), are cut into global batches of `batch_size x world_size` consecutive samples, and
+rank r takes slots [r b, (r + 1) b) of each. So a global batch holds the same samples whatever the
+number of ranks, and a batch is identified by its number alone (`--continue` skips whole batches without
+decoding them). A sample that fails the trainer's checks (`training.data.SKIP_REASONS`: missing or empty
+caption, undecodable image, bad json, ...) is skipped and counted, leaving its batch one row short;
+failures of a whole file (unreadable or truncated tar, duplicate key) are counted once, by rank 0.
+Every reader of every rank reads the whole pass, and decodes only its own slices: reading and checking
+samples is cheap next to decoding and encoding them.
 
 Each DataLoader worker handles every `workers`-th batch from the starting one, so the loader yields
 the batches in order; a rank whose slice of a batch is empty still yields it (the ranks run the
@@ -17,20 +18,17 @@ batch's collectives together).
 from __future__ import annotations
 
 import io
-import itertools
 import json
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from open_clip_train.data import SharedEpoch, expand_urls
 from PIL import Image
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..data import (DataConfig, CsvStream, ShardStream, SkipCounter, get_data_source, read_csv_rows,
-                    read_shard, resolve_dataset_type)
-from ..data.samples import Candidate
-from ..data.shards import check_shards, declared_dataset_size
+from ..data import DataConfig, SkipCounter
+from ..data.ordered import OrderedPass, PassItem, PassSample
+from ..data.samples import decode_image
 
 
 @dataclass(frozen=True)
@@ -58,36 +56,31 @@ class LocalBatch:
     raw_samples: int           # samples of the slice before the checks
 
 
-@dataclass(frozen=True)
-class _Checked:
-    candidate: Candidate
-    info: SampleInfo
+class GlobalBatches(IterableDataset):
+    """This rank's slices of global batches `start_batch`, `start_batch` + 1, ... of an ordered pass."""
 
-
-class _GlobalBatches:
-    """The in-order global batching shared by the tar and csv readers, mixed into their streams, which
-    provide `_raw_samples(events)` (every sample of the dataset in order, before any check; shard-level
-    skips counted in `events`) and `_checked(raw, counter)` (the trainer's checks of one sample)."""
-
-    start_batch: int
-    cfg: DataConfig
+    def __init__(self, ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
+                 start_batch: int):
+        super().__init__()
+        self.ordered, self.cfg, self.preprocess, self.tokenizer = ordered, cfg, preprocess, tokenizer
+        self.start_batch = start_batch
 
     def __iter__(self) -> Iterator[LocalBatch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         events = SkipCounter()
-        for index, raw in self._slices(self._raw_samples(events)):
-            shard_events = events.take()
+        for index, items in self._slices(self.ordered.items(events)):
+            file_events = events.take()
             if (index - self.start_batch) % num_workers == worker:
-                yield self._batch(index, raw, shard_events if self.cfg.rank == 0 else torch.zeros_like(shard_events))
+                yield self._batch(index, items, file_events if self.cfg.rank == 0 else torch.zeros_like(file_events))
 
-    def _slices(self, raw_samples: Iterator[object]) -> Iterator[Tuple[int, list]]:
-        """(batch number, this rank's raw samples of it) for every global batch from `start_batch` on."""
+    def _slices(self, items: Iterator[PassItem]) -> Iterator[Tuple[int, List[PassItem]]]:
+        """(batch number, this rank's items of it) for every global batch from `start_batch` on."""
         batch_size = self.cfg.batch_size
         global_size = batch_size * self.cfg.world_size
         first_slot = self.cfg.rank * batch_size
         current, mine, total = self.start_batch, [], 0
-        for position, raw in enumerate(raw_samples):
+        for position, item in enumerate(items):
             total = position + 1
             index, slot = divmod(position, global_size)
             if index < current:
@@ -96,67 +89,32 @@ class _GlobalBatches:
                 yield current, mine
                 current, mine = current + 1, []
             if first_slot <= slot < first_slot + batch_size:
-                mine.append(raw)
+                mine.append(item)
         if current * global_size < total:
             yield current, mine
 
-    def _batch(self, index: int, raw: Sequence[object], shard_events: torch.Tensor) -> LocalBatch:
+    def _batch(self, index: int, items: Sequence[PassItem], file_events: torch.Tensor) -> LocalBatch:
         counter = SkipCounter()
-        checked = [item for item in (self._checked(sample, counter) for sample in raw) if item is not None]
-        info_of = {id(item.candidate): item.info for item in checked}
         images, texts, samples, image_bytes = [], [], [], []
-        for image, candidate in self._decoded((item.candidate for item in checked), counter, bad_image_limit=None):
-            try:
-                images.append(self.preprocess(image))
-            except Exception:  # a hostile image the transform cannot handle is a skip, not a crash (as in training)
-                counter.add("bad_image")
+        for item in items:
+            if not isinstance(item, PassSample):
+                counter.add(item)
                 continue
-            texts.append(candidate.text)
-            samples.append(info_of[id(candidate)])
-            image_bytes.append(candidate.image_bytes)
+            image, reason = decode_image(item.image_bytes, self.cfg.max_image_pixels)
+            if reason is None:
+                try:
+                    images.append(self.preprocess(image))
+                except Exception:  # a hostile image the transform cannot handle is a skip, not a crash (as in training)
+                    reason = "bad_image"
+            if reason is not None:
+                counter.add(reason)
+                continue
+            texts.append(item.text)
+            samples.append(SampleInfo(item.key, item.source, item.text, *_ground_truth(item.meta)))
+            image_bytes.append(item.image_bytes)
         image_tensor = torch.stack(images) if images else torch.empty(0)
         return LocalBatch(index, image_tensor, self.tokenizer(texts) if texts else torch.empty(0, dtype=torch.long),
-                          samples, image_bytes, counter.take() + shard_events, len(raw))
-
-
-class ShardBatches(_GlobalBatches, ShardStream):
-    """Global batches of webdataset shards (img2dataset layout), read with the trainer's `read_shard`."""
-
-    def __init__(self, *, urls: Sequence[str], cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
-                 start_batch: int):
-        super().__init__(urls=tuple(urls), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                         shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None, shuffle_size=0)
-        self.start_batch = start_batch
-
-    def _raw_samples(self, events: SkipCounter) -> Iterator[dict]:
-        return itertools.chain.from_iterable(read_shard(url, events) for url in self.urls)
-
-    def _checked(self, raw: dict, counter: SkipCounter) -> Optional[_Checked]:
-        candidate = self._check(raw, 0, counter, self.caption_keys, shard_run=(0, 0))
-        if candidate is None:
-            return None
-        return _Checked(candidate, SampleInfo(raw["__key__"], raw["__url__"], candidate.text,
-                                              *_ground_truth(raw.get("json"))))
-
-
-class CsvBatches(_GlobalBatches, CsvStream):
-    """Global batches of OpenCLIP csv data (`--dataset-type csv`), rows checked as the trainer checks them."""
-
-    def __init__(self, *, path: str, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, start_batch: int):
-        rows = read_csv_rows(path, get_data_source("csv").options(cfg), "--data")
-        super().__init__(rows=rows, cfg=cfg, preprocess=preprocess,
-                         tokenizer=tokenizer, shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
-        self.path = path
-        self.start_batch = start_batch
-
-    def _raw_samples(self, events: SkipCounter) -> Iterator[int]:
-        return iter(range(len(self.rows)))
-
-    def _checked(self, raw: int, counter: SkipCounter) -> Optional[_Checked]:
-        candidate = next(self._row_candidates((raw,), counter), None)
-        if candidate is None:
-            return None
-        return _Checked(candidate, SampleInfo(self.rows[raw].image_path, self.path, candidate.text))
+                          samples, image_bytes, counter.take() + file_events, len(items))
 
 
 def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str], Optional[Tuple[str, ...]]]:
@@ -177,33 +135,12 @@ def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[
 # Building the loader, and the checks before any work
 
 
-@dataclass
-class DiscoveryData:
-    loader: DataLoader
-    num_samples: Optional[int]  # the dataset's size when known (sizes.json, or the csv's rows)
-
-
-def build_discovery_data(data: str, cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
-                         start_batch: int) -> DiscoveryData:
-    """The loader of this rank's slices of global batches `start_batch`, `start_batch` + 1, ... of `data`
-    (shards or a csv file, `cfg.dataset_type` as the trainer resolves it)."""
-    if resolve_dataset_type(cfg.dataset_type, data) == "csv":
-        stream = CsvBatches(path=data, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer, start_batch=start_batch)
-        num_samples = len(stream.rows)
-    else:
-        urls = shard_urls(data)
-        stream = ShardBatches(urls=urls, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer, start_batch=start_batch)
-        num_samples = declared_dataset_size(urls)
+def discovery_loader(ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
+                     start_batch: int) -> DataLoader:
+    """The loader of this rank's slices of global batches `start_batch`, `start_batch` + 1, ... of the pass."""
     # batch_size=None: the stream yields whole batches; fresh workers see the stream as built here.
-    loader = DataLoader(stream, batch_size=None, num_workers=cfg.workers, persistent_workers=False)
-    return DiscoveryData(loader, num_samples)
-
-
-def shard_urls(data: str) -> List[str]:
-    """The shards of `--data` (braces, `::` sources), checked as the trainer checks them."""
-    urls, _ = expand_urls(data)
-    check_shards(urls, "--data")
-    return urls
+    return DataLoader(GlobalBatches(ordered, cfg, preprocess, tokenizer, start_batch), batch_size=None,
+                      num_workers=cfg.workers, persistent_workers=False)
 
 
 def thumbnail_png(image_bytes: bytes, size: int) -> bytes:

@@ -14,6 +14,7 @@ An emitted job (`cluster`) trains under torchrun instead and then runs `--finish
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -80,11 +81,11 @@ class RunJob:
 
         return argv_from_values(self.train_values)
 
-    def train_value(self, dest: str) -> Any:
-        """The value the run trains with for flag destination `dest` (the trainer's default if not set)."""
+    def train_args(self) -> argparse.Namespace:
+        """Every flag the run trains with (the trainer's defaults where `train_values` sets none)."""
         from training.params import args_from_values
 
-        return self.train_values[dest] if dest in self.train_values else getattr(args_from_values({}), dest)
+        return args_from_values(self.train_values)
 
 
 def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
@@ -179,15 +180,13 @@ def run_job(job: RunJob) -> Dict[str, Any]:
 def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Optional[float]) -> Dict[str, Any]:
     """The record of a run whose training ended with `status`: its training metrics and, when ok, the
     evaluation of its final checkpoint (which it runs here)."""
-    from training.params import args_from_values
-
     record = base_record(job)
     record.update(status=status, error=error, train_seconds=train_seconds)
     record["metrics"].update(training_metrics(job.run_dir))
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
         # The options as the trainer resolved them (defaults included), beside the variant's own.
-        record["loss_options"] = args_from_values(job.train_values).loss_options
+        record["loss_options"] = job.train_args().loss_options
         start = time.time()
         try:
             record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job))
@@ -284,14 +283,14 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
     model, preprocess, tokenizer = load_model(model_name, "none", device)
     datasets, root_template, clone_dir = evaluation_sets(job)
-    workers = job.train_value("workers")
+    trained = job.train_args()
     metrics: Dict[str, float] = {}
     for dataset in datasets:
         set_root = dataset_root(root_template, dataset)
         task = infer_task(dataset, set_root)
         result = evaluate_dataset(model, preprocess, tokenizer, dataset, set_root, task, device=device,
                                   batch_size=job.batch_size, recall_k=(1, 5),
-                                  num_workers=worker_count(dataset, set_root, workers))
+                                  num_workers=worker_count(dataset, set_root, trained.workers))
         write_result(result_path(job.run_dir / "eval", dataset, task), dataset, model_name, "none", task, result)
         short = dataset.split("/")[-1]
         if task == CLASSIFICATION:
@@ -306,9 +305,9 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
         clone = evaluate_clone_selection(model, preprocess, tokenizer, clone_dir, device=device,
                                          batch_size=job.batch_size, margins=True)
         metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
-    shards = family_shards(job)
+    shards = family_shards(trained.train_data)
     if shards:
-        caption_key = first_of(job.train_value("caption_key"))  # what the loss saw in training
+        caption_key = first_of(trained.caption_key)  # what the loss saw in training
         detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
                                              device=device, caption_key=caption_key)
         metrics.update({f"detect/{name}": value for name, value in detection.items()})
@@ -320,13 +319,13 @@ def first_of(value: str) -> str:
     return value.split(",")[0].strip()
 
 
-def family_shards(job: RunJob) -> List[str]:
-    """The run's training shards when they are written in families (their samples' json has a
+def family_shards(train_data: Optional[str]) -> List[str]:
+    """A run's training shards (`train_data`) when they are written in families (their samples' json has a
     `family`), for `clone_detection`; [] otherwise."""
     import braceexpand
     import webdataset as wds
 
-    shards = list(braceexpand.braceexpand(first_of(job.train_value("train_data") or "")))
+    shards = list(braceexpand.braceexpand(first_of(train_data or "")))
     if not shards or not shards[0].endswith(".tar") or not Path(shards[0]).is_file():  # not webdataset shards
         return []
     first = next(iter(wds.WebDataset(shards[:1], shardshuffle=False).decode()), {})

@@ -13,7 +13,7 @@ reference, on seeds where both runs are ok:
   effect* (the 90% interval entirely inside [-margin, +margin]: both one-sided tests of TOST reject at
   5%), else *inconclusive*; helps and hurts are checked first, so a difference that is significant but
   inside the margin is reported as helps or hurts;
-- every metric of the registered secondary family (`report.SECONDARY_FAMILY`: per edit type clone
+- every metric of the registered secondary family (`findings.SECONDARY_FAMILY`: per edit type clone
   accuracy, cosine margin and its 10th percentile; val R@1) x variant is one secondary test
   (two-sided paired t), Holm-Bonferroni corrected over that whole family at a family-wise alpha of
   0.05 (`holm`); a rejected difference smaller than TIE is not marked (float noise);

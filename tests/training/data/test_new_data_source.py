@@ -2,7 +2,9 @@
 (`.pairs`: one "r,g,b<TAB>caption" line per sample, a solid-colour image), registers it and trains
 and validates on it through `training.main`, with no edit anywhere else. It becomes a value of
 `--dataset-type` (in --help and params.txt), `auto` picks it by its suffix, its own option is a flag
-of the trainer (`--pairs-separator`), and the run reads exactly its samples."""
+of the trainer (`--pairs-separator`), and the run reads exactly its samples. Its ordered pass (one more
+method) lets `python -m training.discover` read it too."""
+import io
 from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
@@ -13,7 +15,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from training.data import DataSource, register_data_source, registry, resolve_dataset_type
-from training.flags import HelpGroup, flag
+from training.data.ordered import OrderedPass, PassSample
+from training.discover import main as discover
+from training.flags import HelpGroup, NoOptions, flag
 from training.data.loader import indexed_data
 from training.run_dir import RunDir
 from training.main import main
@@ -24,12 +28,20 @@ NAME = "pairs"
 SERVED = []  # sample indices the training loader's dataset handed out, in order (workers=0: this process)
 
 
+def read_lines(path, separator):
+    with open(path) as f:
+        return [line.rstrip("\n").split(separator) for line in f if line.strip()]
+
+
+def solid_image(rgb):
+    return Image.new("RGB", (32, 32), tuple(int(channel) for channel in rgb.split(",")))
+
+
 class PairsFile(Dataset):
     """The lines of a .pairs file; item i is (preprocessed solid-colour image, caption, i)."""
 
     def __init__(self, path, preprocess, *, record, separator="\t"):
-        with open(path) as f:
-            self.lines = [line.rstrip("\n").split(separator) for line in f if line.strip()]
+        self.lines = read_lines(path, separator)
         self.preprocess = preprocess
         self.record = record
 
@@ -40,8 +52,23 @@ class PairsFile(Dataset):
         rgb, caption = self.lines[index]
         if self.record:
             SERVED.append(index)
-        image = Image.new("RGB", (32, 32), tuple(int(channel) for channel in rgb.split(",")))
-        return self.preprocess(image), caption, index
+        return self.preprocess(solid_image(rgb)), caption, index
+
+
+@dataclass(frozen=True)
+class PairsPass(OrderedPass):
+    """The lines in file order, each image PNG-encoded."""
+
+    path: str
+    lines: tuple
+    num_samples: int
+    caption_field: str = "the caption after the colour"
+
+    def items(self, events):
+        for number, (rgb, caption) in enumerate(self.lines):
+            png = io.BytesIO()
+            solid_image(rgb).save(png, format="PNG")
+            yield PassSample(f"line {number + 1}", self.path, caption, png.getvalue())
 
 
 class Pairs(DataSource):
@@ -61,6 +88,10 @@ class Pairs(DataSource):
     def val_data(self, cfg, preprocess, tokenizer):
         lines = PairsFile(cfg.val_data, preprocess, record=False, separator=self.options(cfg).pairs_separator)
         return indexed_data(lines, cfg, tokenizer, 0, train=False, source=NAME)
+
+    def ordered_pass(self, cfg, data, data_flag):
+        lines = tuple(map(tuple, read_lines(data, self.options(cfg).pairs_separator)))
+        return PairsPass(data, lines, num_samples=len(lines))
 
 
 @pytest.fixture
@@ -110,3 +141,21 @@ def test_auto_picks_it_by_its_suffix_and_suffixes_stay_unambiguous(registered):
         register_data_source("more-shards")(Shards)
     with pytest.raises(ValueError, match="'pairs' is already registered"):
         register_data_source(NAME)(Pairs)
+
+
+def test_discovery_reads_it_through_its_ordered_pass(registered, tmp_path):
+    data = write_pairs(tmp_path / "data.pairs", 20, "|")
+    summary = discover(["--model", "adacl-tiny", "--data", str(data), "--pairs-separator", "|", "--batch-size", "8",
+                        "--output", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"])
+    assert summary["samples"] == 20 and summary["batches"] == 3 and summary["skipped"] == {}
+    assert summary["settings"]["dataset_type"] == NAME
+
+    class TrainOnly(Pairs):  # a source without an ordered pass is refused by name, before any work
+        suffixes = ()
+        Options = NoOptions
+        ordered_pass = DataSource.ordered_pass
+
+    register_data_source("train-only")(TrainOnly)
+    with pytest.raises(ValueError, match="TrainOnly has no ordered pass"):
+        discover(["--model", "adacl-tiny", "--data", str(data), "--dataset-type", "train-only",
+                  "--output", str(tmp_path / "refused"), "--device", "cpu"])

@@ -226,6 +226,15 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
     assert "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']" in result.stderr
 
 
+def test_every_registered_source_is_read_by_its_ordered_pass(tmp_path):
+    """synthetic, which makes its own samples: --train-num-samples of them, no --data."""
+    summary = main(["--model", "adacl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "24",
+                    "--batch-size", "16", "--output", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"])
+    assert summary["samples"] == 24 and summary["batches"] == 2 and summary["settings"]["data"] is None
+    with pytest.raises(ValueError, match="--data is required"):
+        main(["--model", "adacl-tiny", "--output", str(tmp_path / "none"), "--device", "cpu"])
+
+
 def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
     rows = ["path\tcaption"]
     for index in range(20):

@@ -2,7 +2,7 @@
 import re
 from pathlib import Path
 
-from training.loss_comparison.report import SECONDARY_FAMILY, secondary_keys
+from training.loss_comparison.findings import SECONDARY_FAMILY, secondary_keys
 from training.loss_comparison.stats import summarize
 from helpers.comparison_records import record
 

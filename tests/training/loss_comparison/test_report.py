@@ -3,7 +3,8 @@ import csv
 
 import pytest
 
-from training.loss_comparison.report import KEEP_MARKER, chance_level, compare, paired_points, plot_keys, write_report
+from training.loss_comparison.findings import compare
+from training.loss_comparison.report import KEEP_MARKER, chance_level, paired_points, plot_keys, write_report
 from training.loss_comparison.stats import assess_run, summarize
 from helpers.comparison_records import assessed_records, record, report_context
 

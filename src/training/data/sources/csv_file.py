@@ -21,6 +21,7 @@ from open_clip_train.data import SharedEpoch
 from ...flags import SAMPLE_ORDER, HelpGroup, flag
 from ..config import DataConfig, DataError
 from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
+from ..ordered import OrderedPass, PassItem, PassSample
 from ..registry import DataSource, register_data_source
 from ..samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
 from ..stream import ShardStream
@@ -58,6 +59,11 @@ class CsvFile(DataSource):
                            shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
         num_samples = cfg.val_num_samples or len(rows)
         return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
+
+    def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
+        options = self.options(cfg)
+        rows = read_csv_rows(data, options, data_flag)
+        return CsvPass(rows, data, num_samples=len(rows), caption_field=options.csv_caption_key)
 
 
 @dataclass(frozen=True)
@@ -126,16 +132,39 @@ class CsvStream(ShardStream):
 
     def _row_candidates(self, indices: Iterable[int], counter: SkipCounter) -> Iterator[Candidate]:
         for index in indices:
-            row = self.rows[index]
-            reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"))
-            if not row.image_path:
-                reason = "missing_image"
+            reason, candidate = check_row(self.rows[index], index)
             if reason is not None:
                 counter.add(reason)
-                continue
-            try:
-                image_bytes = Path(row.image_path).read_bytes()
-            except OSError:  # missing, unreadable or a directory
-                counter.add("missing_image")
-                continue
-            yield Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled
+            else:
+                yield candidate
+
+
+def check_row(row: CsvRow, index: int) -> tuple[str | None, Candidate | None]:
+    """Training's checks of csv row `index` (its caption, then its image file read as bytes): (None, the
+    candidate) or (the skip reason, None)."""
+    reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"))
+    if not row.image_path:
+        reason = "missing_image"
+    if reason is not None:
+        return reason, None
+    try:
+        image_bytes = Path(row.image_path).read_bytes()
+    except OSError:  # missing, unreadable or a directory
+        return "missing_image", None
+    return None, Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled
+
+
+@dataclass(frozen=True)
+class CsvPass(OrderedPass):
+    """The rows in file order."""
+
+    rows: tuple[CsvRow, ...]
+    path: str
+    num_samples: int
+    caption_field: str
+
+    def items(self, events: SkipCounter) -> Iterator[PassItem]:
+        for index, row in enumerate(self.rows):
+            reason, candidate = check_row(row, index)
+            yield reason if candidate is None else PassSample(row.image_path, self.path, candidate.text,
+                                                              candidate.image_bytes)

@@ -2,7 +2,9 @@
 images seeded by index, OpenCLIP's dummy caption, batches of a seeded per-epoch permutation."""
 from __future__ import annotations
 
-from typing import Callable
+import io
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -11,10 +13,12 @@ from torch.utils.data import Dataset
 
 from ..config import DataConfig
 from ..loader import LoaderInfo, indexed_data
+from ..ordered import OrderedPass, PassItem, PassSample
 from ..registry import DataSource, register_data_source
-from ..samples import seeded, stable_hash
+from ..samples import SkipCounter, seeded, stable_hash
 
 _SYNTHETIC_CAPTION = "Dummy caption"  # what OpenCLIP's SyntheticDataset uses
+_PASS_IMAGE_SIZE = (224, 224)  # an ordered pass has no transform to size its images for: OpenCLIP's default
 
 
 @register_data_source("synthetic")
@@ -29,6 +33,9 @@ class Synthetic(DataSource):
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         dataset = SyntheticDataset(preprocess, _num_samples(cfg.val_num_samples or cfg.train_num_samples), cfg.seed)
         return indexed_data(dataset, cfg, tokenizer, 0, train=False, source="synthetic")
+
+    def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
+        return SyntheticPass(_num_samples(cfg.train_num_samples), cfg.seed)
 
 
 def _num_samples(num_samples: int | None) -> int:
@@ -50,10 +57,29 @@ class SyntheticDataset(Dataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str, int]:
-        pixels = np.random.default_rng([self.seed, index]).integers(0, 256, (*self.image_size, 3), dtype=np.uint8)
         with seeded(stable_hash(self.seed, index, "augment")):
-            image = self.preprocess(Image.fromarray(pixels))
+            image = self.preprocess(noise_image(self.seed, index, self.image_size))
         return image, _SYNTHETIC_CAPTION, index
+
+
+def noise_image(seed: int, index: int, size: tuple[int, int]) -> Image.Image:
+    """Sample `index`'s random-noise image, (height, width) = `size`."""
+    return Image.fromarray(np.random.default_rng([seed, index]).integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+@dataclass(frozen=True)
+class SyntheticPass(OrderedPass):
+    """The samples in index order, their images PNG-encoded."""
+
+    num_samples: int
+    seed: int
+    caption_field: str = "(one dummy caption)"
+
+    def items(self, events: SkipCounter) -> Iterator[PassItem]:
+        for index in range(self.num_samples):
+            png = io.BytesIO()
+            noise_image(self.seed, index, _PASS_IMAGE_SIZE).save(png, format="PNG")
+            yield PassSample(str(index), "synthetic", _SYNTHETIC_CAPTION, png.getvalue())
 
 
 def _transform_size(preprocess: Callable) -> tuple[int, int]:

@@ -3,14 +3,17 @@ tar URLs, several sources joined by `::`, read by `ShardStream`."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from open_clip_train.data import SharedEpoch, expand_urls
 
 from ..config import DataConfig
 from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
 from ..registry import DataSource, register_data_source
-from ..shards import check_sample_fields, check_shards, declared_dataset_size
+from ..ordered import OrderedPass, PassItem, PassSample
+from ..samples import SkipCounter
+from ..shards import check_sample_fields, check_shard_sample, check_shards, declared_dataset_size, read_shard
 from ..stream import ShardStream
 
 _SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE
@@ -61,6 +64,13 @@ class WebdatasetShards(DataSource):
         )
         return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
 
+    def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
+        urls, _ = expand_urls(data)
+        check_shards(urls, data_flag)
+        caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
+        check_sample_fields(urls, caption_keys, key_flag="--caption-key", data_flag=data_flag)
+        return ShardPass(tuple(urls), caption_keys, cfg.seed, cfg.shard_timeout,
+                         num_samples=declared_dataset_size(urls) or cfg.train_num_samples, caption_field=cfg.caption_key)
 
     def check_fields(self, cfg: DataConfig) -> None:
         caption_keys = [key.strip() for key in cfg.caption_key.split(",")]
@@ -70,6 +80,26 @@ class WebdatasetShards(DataSource):
             check_sample_fields(expand_urls(cfg.val_data)[0], [(cfg.val_caption_key or caption_keys[0]).strip()],
                                 key_flag="--val-caption-key" if cfg.val_caption_key else "--caption-key",
                                 data_flag="--val-data")
+
+
+@dataclass(frozen=True)
+class ShardPass(OrderedPass):
+    """The shards in the order given, each sample in shard order (its epoch-0 caption when several keys)."""
+
+    urls: tuple[str, ...]
+    caption_keys: tuple[str, ...]
+    seed: int
+    shard_timeout: float
+    num_samples: int | None
+    caption_field: str
+
+    def items(self, events: SkipCounter) -> Iterator[PassItem]:
+        for url in self.urls:
+            for sample in read_shard(url, events, self.shard_timeout):
+                reason, candidate = check_shard_sample(sample, caption_keys=self.caption_keys, family_field=None,
+                                                       seed=self.seed, epoch=0, shard_run=(0, 0))
+                yield reason if candidate is None else PassSample(sample["__key__"], url, candidate.text,
+                                                                  candidate.image_bytes, sample.get("json"))
 
 
 def _train_urls(cfg: DataConfig) -> tuple[list[str], list[float] | None]:

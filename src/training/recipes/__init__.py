@@ -9,14 +9,11 @@ A recipe returns trainer flag values (argparse destinations), and may give the g
 when it does not split evenly unless --batch-size is given. The values become the parser's defaults, so any
 flag given beside `--recipe` overrides its value; params.txt records the recipe's name and which of its
 values were overridden. Data paths, logs and names belong to the launch, not to the recipe.
-A new recipe is one decorated function below.
+A new recipe is one decorated function below; `python -m training.recipes` (__main__.py) prints one.
 """
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict
 
 Recipe = Callable[[], Dict[str, Any]]
 RECIPES: Dict[str, Recipe] = {}
@@ -121,35 +118,3 @@ def clone_pseudo() -> Dict[str, Any]:
 def clone_transfer() -> Dict[str, Any]:
     """Fine-tuning a pretrained `clip` (--pretrained) on clone-dense batches: 8 epochs at a lower lr."""
     return {**clone_scratch(), "epochs": 8, "lr": 1e-3, "warmup": 10}
-
-
-def recipe_argv(values: Dict[str, Any]) -> List[str]:
-    """`values` as the command-line flags that set them (a flag is its destination with dashes; a true
-    boolean is the bare flag)."""
-    argv: List[str] = []
-    for dest, value in values.items():
-        flag = "--" + dest.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else []
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description="Print the trainer flags a recipe sets (for launch scripts).")
-    parser.add_argument("recipe", help=f"one of {', '.join(sorted(RECIPES))}")
-    parser.add_argument("--world-size", type=int, default=1, help="ranks of the run (the global batch is split)")
-    parser.add_argument("--check", action="store_true", help="only check that the recipe serves this world size")
-    args = parser.parse_args(argv)
-    try:
-        values = recipe_values(args.recipe, args.world_size)
-    except RecipeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    if not args.check:
-        print(shlex.join(recipe_argv(values)))
-
-
-if __name__ == "__main__":
-    main()
