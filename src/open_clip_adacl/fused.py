@@ -37,7 +37,8 @@ AUTO_MIN_ELEMENTS = 1 << 22
 # `decide` times each path this many times, alternating, after one untimed call each (which compiles).
 DECISION_ROUNDS = 3
 DEVICE_TYPES = ("cpu", "cuda")
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# The logits' dtypes, and int32 for the passes over the selection's keys.
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32)
 # The histogram indices are in range by construction (bit shifts and clamps), so inductor's per-element
 # bounds check, which keeps it from vectorising the pass, is left out.
 _INDUCTOR_OPTIONS = {"assert_indirect_indexing": False}
@@ -45,7 +46,7 @@ _INDUCTOR_OPTIONS = {"assert_indirect_indexing": False}
 _log = logging.getLogger(__name__)
 _compiled: Dict[Callable, Callable] = {}
 _ready: Set[Tuple[str, str, torch.dtype]] = set()
-_failed: Set[Tuple[str, str, torch.dtype]] = set()
+_failed: Set[str] = set()  # device types where a pass failed to compile: every pass runs eagerly there
 # `auto`'s choices, per (passes, device type, dtype, rows, columns); and who is told of a new one.
 _decisions: Dict[Tuple[str, str, torch.dtype, int, int], Dict[str, object]] = {}
 _recorder: List[Callable[[List[Dict[str, object]]], None]] = []
@@ -148,9 +149,10 @@ def _record() -> None:
 
 def run(function: Callable, *args: torch.Tensor):
     """`function(*args)` compiled (once per device type and dtype of `args[0]`); raises `Unavailable`
-    when it cannot be compiled, after logging why once."""
+    when it cannot be compiled, after logging why once: the first failure on a device type (most often
+    a missing compiler, which every pass would meet) turns all the passes there eager."""
     key = _key(function, args)
-    if key in _failed:
+    if key[1] in _failed:
         raise Unavailable(key)
     compiled = _compiled.get(function)
     if compiled is None:
@@ -162,11 +164,11 @@ def run(function: Callable, *args: torch.Tensor):
     except torch.OutOfMemoryError:
         raise
     except Exception as error:  # whatever the compiler raises, the eager passes give the same result
-        _failed.add(key)
+        _failed.add(key[1])
         reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
         _log.warning("AdaCL: cannot compile the fused selection pass %s for %s %s (%s: %s); using the eager "
-                     "passes (set %s=off to skip the attempt)", key[0], key[1], key[2], type(error).__name__,
-                     reason[:200], ENV_VARIABLE)
+                     "passes on %s from now on (set %s=off to skip the attempt)", key[0], key[1], key[2],
+                     type(error).__name__, reason[:200], key[1], ENV_VARIABLE)
         raise Unavailable(key) from error
     if key not in _ready:
         _ready.add(key)

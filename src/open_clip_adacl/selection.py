@@ -425,6 +425,16 @@ def _high_histogram_pass(keys: torch.Tensor) -> torch.Tensor:
     return _scatter_histogram(_high_bins(keys), _RADIX)
 
 
+def _low_histogram_pass(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """`_low_histogram` of the keys."""
+    return _scatter_histogram(_low_bins(keys, high), _LOW_BINS)
+
+
+def _row_min_xor_pass(keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`_row_min_xor` of the keys."""
+    return (keys ^ mask).amin(dim=1)
+
+
 def _high_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                               bounds: torch.Tensor) -> torch.Tensor:
     """`_high_histogram` of the keys, computed on the fly from the logits."""
@@ -434,13 +444,13 @@ def _high_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, posi
 def _low_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                              bounds: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """`_low_histogram` of the keys, computed on the fly from the logits."""
-    return _scatter_histogram(_low_bins(_fused_keys(logits, positive, positive_col, bounds), high), _LOW_BINS)
+    return _low_histogram_pass(_fused_keys(logits, positive, positive_col, bounds), high)
 
 
 def _row_min_xor_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                            bounds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`_row_min_xor` of the keys, computed on the fly from the logits."""
-    return (_fused_keys(logits, positive, positive_col, bounds) ^ mask).amin(dim=1)
+    return _row_min_xor_pass(_fused_keys(logits, positive, positive_col, bounds), mask)
 
 
 def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
@@ -609,15 +619,41 @@ def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Ten
     first-pass histogram from `candidate_keys`.
 
     On a GPU: `radix_select`'s second pass and `first_row_with_key`, two more passes over the keys
-    with nothing read back. On the CPU, where reading back is free, one pass instead collects the
-    keys of the median's high bin (a small fraction), and the second histogram and the owner search
-    run on those alone; the result is the same.
+    with nothing read back. On the CPU, where reading back is free, either the same two passes
+    compiled (`_compiled_key_in_bin`), or one chunked pass that collects the keys of the median's
+    high bin, after which the second histogram and the owner search run on those alone
+    (`_eager_key_in_bin`), whichever `fused.wanted` picks; the result is the same.
     """
     k = ((count - 1) // 2).clamp(min=0)
     if not reading_back_is_free(keys.device):
         key = radix_select(keys, k, rows, high_counts)
         return key, first_row_with_key(keys, key, row_index, rows)
     high, rank_in_bin = _high_bin(high_counts, k, rows)
+    # `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing differently
+    # still run the same collectives.
+    alone = RowGroup(split_across_ranks=False)
+    if fused.wanted(keys, "median", lambda: _compiled_key_in_bin(keys, high, rank_in_bin, row_index, alone),
+                    lambda: _eager_key_in_bin(keys, high, rank_in_bin, row_index, alone)):
+        try:
+            return _compiled_key_in_bin(keys, high, rank_in_bin, row_index, rows)
+        except fused.Unavailable:
+            pass
+    return _eager_key_in_bin(keys, high, rank_in_bin, row_index, rows)
+
+
+def _compiled_key_in_bin(keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor,
+                         rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`lower_median`'s (key, row) from its high bin by two compiled passes over all the keys (the bin's low
+    histogram, the owner search); raises `fused.Unavailable` before any collective."""
+    low_counts = fused.run(_low_histogram_pass, keys, high)
+    fused.prepare(_row_min_xor_pass, keys, keys.new_zeros(()))
+    key = _key_in_bin(low_counts, high, rank_in_bin, rows)
+    return key, _first_row_holding(fused.run(_row_min_xor_pass, keys, key ^ _INT32_MIN), row_index, rows)
+
+
+def _eager_key_in_bin(keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor,
+                      rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same from the keys of the high bin, collected by one chunked pass (a small fraction of the keys)."""
     bin_keys, bin_rows = _keys_with_high_bits(keys, int(high), row_index)
     key = _key_in_bin(_low_histogram(bin_keys, high), high, rank_in_bin, rows)
     return key, rows.min(_min_or(torch.where(bin_keys == key, bin_rows, _NO_ROW), _NO_ROW))
