@@ -53,6 +53,12 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
         by_flags = vars(parse_args([*printed, "--train-data", "x.tar"]))  # the printed flags mean the same
     assert {k: v for k, v in by_recipe.items() if k not in ("recipe", "recipe_overrides")} == {
         k: v for k, v in by_flags.items() if k not in ("recipe", "recipe_overrides")}
+    # The check runs before every launch: it reads the recipes without importing torch (the trainer's parser).
+    check_imports = ("import runpy, sys; sys.argv = ['recipes', 'demo', '--check']; "
+                     "runpy.run_module('training.recipes', run_name='__main__'); print(sorted({'torch', "
+                     "'open_clip'} & set(sys.modules)))")
+    imported = subprocess.run([sys.executable, "-c", check_imports], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
     unknown = subprocess.run([sys.executable, "-m", "training.recipes", "cc15m", "--check"], capture_output=True,
                              text=True)
     assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr

@@ -7,7 +7,6 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from ..params import argv_from_values
 from . import RECIPES, RecipeError, recipe_values
 
 
@@ -24,6 +23,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     if not args.check:
+        # Imported here: the launch scripts run --check before every launch, and the trainer's parser
+        # would cost them the import of torch and open_clip (seconds).
+        from ..params import argv_from_values
+
         print(shlex.join(argv_from_values(values)))
 
 
