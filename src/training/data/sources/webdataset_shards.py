@@ -70,7 +70,8 @@ class WebdatasetShards(DataSource):
         caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
         check_sample_fields(urls, caption_keys, key_flag="--caption-key", data_flag=data_flag)
         return ShardPass(tuple(urls), caption_keys, cfg.seed, cfg.shard_timeout,
-                         num_samples=declared_dataset_size(urls) or cfg.train_num_samples, caption_field=cfg.caption_key)
+                         num_samples=declared_dataset_size(urls) or cfg.train_num_samples,
+                         caption_field=cfg.caption_key)
 
     def check_fields(self, cfg: DataConfig) -> None:
         caption_keys = [key.strip() for key in cfg.caption_key.split(",")]
