@@ -10,7 +10,7 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
 Every regime trains the tiny model on the demo scenes (`training.synthetic_scenes`, written in families of 8
 one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
 negatives) for the budget at which `clip` learns the colour, shape and size clones
-(docs/results/learnability.md): the regime's recipe (`training.recipes`: clone-scratch, clone-pseudo,
+(docs/results/learnability.md): the regime's recipe (`training.recipe_book`: clone-scratch, clone-pseudo,
 clone-transfer), which `python -m training.main --recipe NAME` also trains with. One
 `python -m training.loss_comparison --recipe clone-<regime>` call per regime, into
 runs/clone_study/<regime>, writes the regime's report (docs/results/<regime>.md, plot, per-run CSV);
@@ -37,7 +37,7 @@ from training.loss_comparison.data import QUICK
 from training.loss_comparison.report import kept_tail
 from training.main import run
 from training.params import config_from_values
-from training.recipes import recipe_values
+from training.recipe_book import recipe_values
 from training.run_dir import RunDir
 
 PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
@@ -59,7 +59,7 @@ POSITIVE_CONTROLS = "clip,oracle:weight=16,hnnce"
 class Regime:
     title: str
     losses: str
-    recipe: str                            # every run's trainer flags (training.recipes: clone-<regime>)
+    recipe: str                            # every run's trainer flags (training.recipe_book: clone-<regime>)
     combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
     pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these (clone-scratch)
     controls: Optional[str] = None  # the variants of `--controls`, positive controls first

@@ -28,7 +28,7 @@ fi
 split() { python -c "import json,sys; print('$DATA/' + json.load(open('$DATA/manifest.json'))['splits']['$1']['data'])"; }
 
 echo "== training adacl-tiny with --loss adacl (log: $DEMO/logs/$RUN_NAME/out.log)"
-# The recipe `demo` (training/recipes/): adacl-tiny, --loss adacl, batch 128, 8 epochs, CPU, whole families
+# The recipe `demo` (training/recipe_book.py): adacl-tiny, --loss adacl, batch 128, 8 epochs, CPU, whole families
 # of FAMILY_SIZE siblings per batch (--train-group-size "$FAMILY_SIZE").
 python -m training.main --recipe demo --train-group-size "$FAMILY_SIZE" \
     --train-data "$(split train)" --val-data "$(split val)" --logs "$DEMO/logs" --name "$RUN_NAME" "$@"

@@ -35,7 +35,7 @@ per_rank_batch() {
 
 # recipe_flags RECIPE WORLD_SIZE: RECIPE_FLAGS=(--recipe RECIPE ...) with the overrides the environment
 # asks for (GLOBAL_BATCH, NUM_SAMPLES, WORKERS, DIST_TIMEOUT). The recipe itself (its flags, its global batch)
-# lives in training/recipes/; a global batch that does not split over the ranks is refused here, before
+# lives in training/recipe_book.py; a global batch that does not split over the ranks is refused here, before
 # anything is launched.
 recipe_flags() {
     local name=$1 world=$2 batch

@@ -35,10 +35,10 @@ from .distributed import resolved_device_type
 from .flags import ConfigError, HelpGroup, config_from_args
 from .precision import resolve_precision
 from .data.registry import get_data_source, resolve_dataset_type
-from .recipes import RECIPES, RecipeError, recipe_values
+from .recipe_book import RECIPES, RecipeError, recipe_values
 from .schedule import SCHEDULES
 
-RECIPE_HELP = ("start from a named recipe's flags (training.recipes: e.g. cc3m-rn50, cc12m-vitb32, demo); every "
+RECIPE_HELP = ("start from a named recipe's flags (training.recipe_book: e.g. cc3m-rn50, cc12m-vitb32, demo); every "
                "flag given beside it overrides the recipe's value")
 # OpenCLIP 3.3.0 flags this fork does not implement, with what to do instead.
 UNSUPPORTED_FLAGS: Dict[str, str] = {
@@ -117,7 +117,7 @@ def loss_flags() -> Dict[str, LossFlag]:
 
 
 def add_recipe_flag(group: argparse._ActionsContainer, default: Optional[str] = None, note: str = "") -> None:
-    """--recipe NAME (training.recipes); `note` adds what it means in a tool that takes it."""
+    """--recipe NAME (training.recipe_book); `note` adds what it means in a tool that takes it."""
     group.add_argument("--recipe", default=default, choices=sorted(RECIPES),
                        help=RECIPE_HELP + (f". {note}" if note else ""))
 
@@ -302,7 +302,7 @@ def apply_recipe(parser: argparse.ArgumentParser, name: str, batch_size_given: b
     known = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"--recipe {name} sets {unknown}, which are no flags of this trainer (training.recipes)")
+        raise ConfigError(f"--recipe {name} sets {unknown}, which are no flags of this trainer (training.recipe_book)")
     parser.set_defaults(**values)
     return values
 

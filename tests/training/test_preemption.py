@@ -17,7 +17,7 @@ from helpers.run_utils import (assert_same_final_state, children, losses_by_step
 from training.run_dir import RunDir
 from training.main import main
 from training.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
-from training.recipes import recipe_values
+from training.recipe_book import recipe_values
 from helpers import REPO
 
 JOB_ID = "4242"

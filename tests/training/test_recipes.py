@@ -1,4 +1,4 @@
-"""Recipes in code (`training.recipes`): `--recipe NAME` sets its flags, flags beside it override them,
+"""Recipes in code (`training.recipe_book`): `--recipe NAME` sets its flags, flags beside it override them,
 its global batch is split over the ranks, and params.txt records the recipe and what was overridden."""
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from training.flags import ConfigError
 from training.params import arg_values, build_parser, parse_args
-from training.recipes import GLOBAL_BATCH, RECIPES, recipe_values
+from training.recipe_book import GLOBAL_BATCH, RECIPES, recipe_values
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

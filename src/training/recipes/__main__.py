@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from . import RECIPES, RecipeError, recipe_values
+from ..recipe_book import RECIPES, RecipeError, recipe_values
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
