@@ -130,10 +130,11 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     if importlib.util.find_spec("matplotlib") is None:  # checked now, not after the whole run
         raise ValueError("the report's plots need matplotlib: pip install 'open_clip_adacl[eval]' (or matplotlib)")
     kind = resolve_dataset_type(args.dataset_type, args.data)
+    source = get_data_source(kind)
     cfg = DataConfig(batch_size=args.batch_size, workers=args.workers, rank=env.rank, world_size=env.world_size,
                      caption_key=args.caption_key, dataset_type=kind, train_num_samples=args.train_num_samples,
-                     source_options=config_from_args(get_data_source(kind).Options, args, run_flags()))
-    ordered = get_data_source(kind).ordered_pass(cfg, args.data, "--data")  # its data checked before any work
+                     source_options=config_from_args(source.Options, args, run_flags()))
+    ordered = source.ordered_pass(cfg, args.data, "--data")  # its data checked before any work
     with quiet_logging(logging.WARNING):
         loaded = load_discovery_model(args.model, args.pretrained, args.checkpoint, env.device)
     options = discovery_options(args)

@@ -186,10 +186,11 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
         # The options as the trainer resolved them (defaults included), beside the variant's own.
-        record["loss_options"] = job.train_args().loss_options
+        trained = job.train_args()
+        record["loss_options"] = trained.loss_options
         start = time.time()
         try:
-            record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job))
+            record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job, trained))
         except Exception as raised:
             traceback.print_exc()
             record.update(status=FAILED, error=f"evaluation: {type(raised).__name__}: {raised}")
@@ -269,8 +270,9 @@ def evaluation_sets(job: RunJob) -> Tuple[List[str], str, Optional[Path]]:
     return demo_datasets(root), str(root / "benchmark" / "{dataset}"), root / "clone_selection"
 
 
-def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
-    """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the job's sets."""
+def evaluate_run(checkpoint: Path, job: RunJob, trained: argparse.Namespace) -> Dict[str, float]:
+    """Export the final checkpoint, then clip-benchmark (in process) and clone selection on the job's sets;
+    `trained`: the flags the run trained with (`job.train_args()`)."""
     import torch
 
     from training.evaluation.clone_detection import evaluate_clone_detection
@@ -283,7 +285,6 @@ def evaluate_run(checkpoint: Path, job: RunJob) -> Dict[str, float]:
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
     model, preprocess, tokenizer = load_model(model_name, "none", device)
     datasets, root_template, clone_dir = evaluation_sets(job)
-    trained = job.train_args()
     metrics: Dict[str, float] = {}
     for dataset in datasets:
         set_root = dataset_root(root_template, dataset)
