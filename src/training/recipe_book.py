@@ -118,3 +118,30 @@ def clone_pseudo() -> Dict[str, Any]:
 def clone_transfer() -> Dict[str, Any]:
     """Fine-tuning a pretrained `clip` (--pretrained) on clone-dense batches: 8 epochs at a lower lr."""
     return {**clone_scratch(), "epochs": 8, "lr": 1e-3, "warmup": 10}
+
+
+# The glyph benchmark (scripts/glyph_benchmark.py, docs/glyphs.md): real font glyphs in families of eight
+# one-attribute siblings (python -m training.glyphs), whole families in each batch of 64, 96 steps an epoch.
+@recipe("glyphs-scratch-weak")
+def glyphs_scratch_weak() -> Dict[str, Any]:
+    """From scratch on the weak captioner's captions (validated on gold ones), 4 epochs (384 steps)."""
+    return {**comparison_quick(), "epochs": 4, "train_group_size": 8, "caption_key": "txt_weak",
+            "val_caption_key": "txt"}
+
+
+@recipe("glyphs-pretrain")
+def glyphs_pretrain() -> Dict[str, Any]:
+    """The fine-tuning regimes' common checkpoint: `clip` 16 epochs (1536 steps) on the weak captions."""
+    return {**glyphs_scratch_weak(), "loss": "clip", "epochs": 16}
+
+
+@recipe("glyphs-finetune-weak")
+def glyphs_finetune_weak() -> Dict[str, Any]:
+    """Fine-tuning the common checkpoint (--pretrained) on the weak captions: 4 epochs at lr 5e-4."""
+    return {**glyphs_scratch_weak(), "lr": 5e-4, "warmup": 10}
+
+
+@recipe("glyphs-finetune-gold")
+def glyphs_finetune_gold() -> Dict[str, Any]:
+    """Fine-tuning the common checkpoint (--pretrained) on the gold captions: 4 epochs at lr 5e-4."""
+    return {**glyphs_finetune_weak(), "caption_key": "txt"}

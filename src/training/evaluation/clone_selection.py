@@ -20,8 +20,14 @@ every clone caption are encoded once for all edit types, and an exact tie counts
 (clip-benchmark's argmax picks the first caption, the true one, on a tie; a tie only happens when
 the tokenizer truncates the edit away, and then the model cannot tell the captions apart).
 
+Family selection: a sample's json may also list its whole family of siblings (`"family": [caption, ...]`,
+the glyph benchmark's, `training.glyphs`); `family_acc` is then the fraction of images whose true caption
+beats every sibling's (picking the true member among its family; chance is 1 / (siblings + 1)), and the
+`family_*margin` metrics use the closest sibling. The family is kept out of the pooled `overall` metrics.
+
 Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
-`{"caption": str, "clones": {edit_type: str or null}}` (written by `training.synthetic_scenes.writers`).
+`{"caption": str, "clones": {edit_type: str or null}, "family": [str, ...] (optional)}` (written by
+`training.synthetic_scenes.writers` and `training.glyphs.writers`).
 """
 from __future__ import annotations
 
@@ -34,17 +40,22 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-CloneSample = tuple[Image.Image, str, dict[str, str]]
+# (image, true caption, {edit type: clone caption, FAMILY: [every sibling's caption]})
+CloneSample = tuple[Image.Image, str, dict[str, "str | list[str]"]]
+FAMILY = "family"  # the group of every sibling: its similarity is the closest sibling's
 
 
 def read_clone_selection(data_dir: str | Path) -> Iterator[CloneSample]:
-    """Yield (image, true caption, {edit type: clone caption}) from the shards in `data_dir`, in order."""
+    """Yield (image, true caption, {edit type: clone caption, and FAMILY: the family's captions when the sample
+    lists them}) from the shards in `data_dir`, in order."""
     shards = sorted(str(path) for path in Path(data_dir).glob("*.tar"))
     if not shards:
         raise FileNotFoundError(f"no .tar shards in {data_dir}")
     dataset = wds.WebDataset(shards, shardshuffle=False).decode("pil").to_tuple("png", "json")
     for image, meta in dataset:
         clones = {edit: text for edit, text in meta["clones"].items() if text}
+        if meta.get(FAMILY):
+            clones[FAMILY] = list(meta[FAMILY])
         yield image, meta["caption"], clones
 
 
@@ -55,15 +66,17 @@ def clone_selection_accuracy(
 
     true_similarity: (N,) cos(image i, true caption i).
     clone_similarity: edit type -> (N,) cos(image i, clone i of that type), NaN where image i has none.
-    Returns `<edit>_acc` per edit type and `overall_acc` over all (image, clone) pairs.
+    Returns `<edit>_acc` per edit type and `overall_acc` over all (image, clone) pairs (FAMILY, the closest
+    of a family, is reported but not pooled).
     """
     metrics, num_correct, num_pairs = {}, 0, 0
     for edit, similarity in sorted(clone_similarity.items()):
         present = ~similarity.isnan()
         correct = true_similarity[present] > similarity[present]
         metrics[f"{edit}_acc"] = correct.float().mean().item()
-        num_correct += int(correct.sum())
-        num_pairs += int(present.sum())
+        if edit != FAMILY:
+            num_correct += int(correct.sum())
+            num_pairs += int(present.sum())
     metrics["overall_acc"] = num_correct / num_pairs
     return metrics
 
@@ -84,7 +97,7 @@ def clone_selection_margins(
     for edit, similarity in sorted(clone_similarity.items()):
         present = ~similarity.isnan()
         margins[edit] = true_similarity[present].double() - similarity[present].double()
-    margins["overall"] = torch.cat(list(margins.values()))
+    margins["overall"] = torch.cat([margin for edit, margin in margins.items() if edit != FAMILY])
     metrics = {}
     for name, margin in margins.items():
         metrics[f"{name}_cos_margin"] = margin.mean().item()
@@ -130,8 +143,10 @@ def clone_similarities(
             true_tokens = tokenizer([caption for _, caption, _ in batch]).to(device)
             true_features = encode_normalized(model.encode_text, true_tokens)
             true_similarity.append((image_features * true_features).sum(-1).cpu())
-            # (row in batch, edit, clone caption) for every clone of every image, encoded in one call
-            clones = [(row, edit, text) for row, (_, _, edits) in enumerate(batch) for edit, text in edits.items()]
+            # (row in batch, edit, clone caption) for every clone of every image, encoded in one call; a FAMILY
+            # group contributes each of its captions, and the closest one counts
+            clones = [(row, edit, text) for row, (_, _, edits) in enumerate(batch) for edit, texts in edits.items()
+                      for text in ([texts] if isinstance(texts, str) else texts)]
             if clones:
                 rows = torch.tensor([row for row, _, _ in clones], device=device)
                 clone_tokens = tokenizer([text for _, _, text in clones]).to(device)
@@ -146,7 +161,8 @@ def clone_similarities(
                       "model's context length); they count as failures")
     clone_similarity: dict[str, torch.Tensor] = {}
     for index, edit, value in clone_pairs:
-        clone_similarity.setdefault(edit, torch.full((num_images,), float("nan")))[index] = value
+        column = clone_similarity.setdefault(edit, torch.full((num_images,), float("nan")))
+        column[index] = value if column[index].isnan() else max(float(column[index]), value)
     return torch.cat(true_similarity), clone_similarity
 
 

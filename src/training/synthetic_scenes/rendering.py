@@ -1,7 +1,6 @@
 """Rendering a scene to pixels (deterministic: the noise has its own seed in the scene)."""
 from __future__ import annotations
 
-import io
 from typing import Iterable
 
 import numpy as np
@@ -54,9 +53,3 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x: float, y: float, r: fl
         draw.rectangle([x - arm, y - r, x + arm, y + r], fill=rgb)
     else:
         raise ValueError(f"unknown shape {shape!r}")
-
-
-def encode_png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()

@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-import webdataset as wds
+
+from training.data.shard_writer import encode_png, json_bytes, write_shards
 
 from .captions import (CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases,
                        pseudo_caption)
 from .edits import EDIT_TYPES, edit_caption, family_edit, sample_family
-from .rendering import encode_png, render
+from .rendering import render
 from .scenes import (COLORS, RELATIONS, SHAPES, Description, ObjectSpec, Scene, SceneConfig, description_allowed,
                      place_objects)
 
@@ -104,7 +105,7 @@ def write_demo_dataset(
         family_config = config if split == "train" else replace(config, family_size=1)
         split_scenes[split] = list(_split_scenes(seed, split, count, family_config))
         records = _caption_records(split_scenes[split], first_key[split])
-        patterns[split] = _write_shards(root / split, records, shard_size, "shard-{:06d}.tar", with_sizes=True)
+        patterns[split] = write_shards(root / split, records, shard_size, "shard-{:06d}.tar", with_sizes=True)
 
     test_scenes = [scene for _, _, scene in split_scenes["test"]]
     benchmark = {
@@ -115,7 +116,7 @@ def write_demo_dataset(
         "scenes_retrieval": _write_retrieval_set(root / "benchmark" / "scenes_retrieval", test_scenes, shard_size),
     }
     clone_records = _clone_records(test_scenes, seed, first_key["test"])
-    _write_shards(root / "clone_selection", clone_records, shard_size, "shard-{:06d}.tar")
+    write_shards(root / "clone_selection", clone_records, shard_size, "shard-{:06d}.tar")
 
     manifest = {
         "seed": seed,
@@ -174,7 +175,7 @@ def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key:
             "scene": _scene_json(scene),
         }
         yield {"__key__": meta["key"], "png": encode_png(render(scene)), "txt": text.encode(),
-               "txt_alt": alternative.encode(), PSEUDO_CAPTION_KEY: pseudo.encode(), "json": _json_bytes(meta)}
+               "txt_alt": alternative.encode(), PSEUDO_CAPTION_KEY: pseudo.encode(), "json": json_bytes(meta)}
 
 
 def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:
@@ -184,7 +185,7 @@ def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[d
         rng = np.random.default_rng([seed, 100, offset])
         clones = {edit_type: edit_caption(scene, edit_type, rng) for edit_type in EDIT_TYPES}
         meta = {"key": key, "caption": caption(scene.description), "clones": clones, "scene": _scene_json(scene)}
-        yield {"__key__": key, "png": encode_png(render(scene)), "json": _json_bytes(meta)}
+        yield {"__key__": key, "png": encode_png(render(scene)), "json": json_bytes(meta)}
 
 
 def _dominant_object_scene(rng: np.random.Generator, config: SceneConfig, attribute: str, value: str) -> Scene:
@@ -221,7 +222,7 @@ def _write_classification_set(benchmark_dir: Path, name: str, attribute: str, se
             yield {"__key__": f"{index:06d}", "png": encode_png(render(scene)), "cls": str(label).encode()}
 
     root = benchmark_dir / name
-    _write_shards(root / "test", records(), shard_size, "{}.tar", with_nshards=True)
+    write_shards(root / "test", records(), shard_size, "{}.tar", with_nshards=True)
     (root / "classnames.txt").write_text("\n".join(classes) + "\n")
     (root / "zeroshot_classification_templates.txt").write_text("\n".join(templates) + "\n")
     return root
@@ -234,42 +235,9 @@ def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Pa
          "txt": "\n".join([caption(scene.description), *paraphrases(scene.description)]).encode()}
         for index, scene in enumerate(scenes)
     )
-    _write_shards(root / "test", records, shard_size, "{}.tar", with_nshards=True)
+    write_shards(root / "test", records, shard_size, "{}.tar", with_nshards=True)
     (root / "dataset_type.txt").write_text("retrieval\n")
     return root
-
-
-def _write_shards(directory: Path, records: Iterable[dict], shard_size: int, name_format: str, *,
-                  with_sizes: bool = False, with_nshards: bool = False) -> str:
-    """Write records into tars of `shard_size` samples; return the brace pattern relative to the root.
-
-    Tar members get a fixed integer mtime, owner and mode, so the same records give byte-identical
-    tars with plain ustar headers (a float mtime would add a pax header to every member).
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    sizes: dict[str, int] = {}
-    records = iter(records)
-    while chunk := list(itertools.islice(records, shard_size)):
-        name = name_format.format(len(sizes))
-        with wds.TarWriter(str(directory / name), encoder=False, mtime=0, user="demo", group="demo") as sink:
-            for record in chunk:
-                sink.write(record)
-        sizes[name] = len(chunk)
-    if with_sizes:
-        (directory / "sizes.json").write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n")
-    if with_nshards:
-        (directory / "nshards.txt").write_text(f"{len(sizes)}\n")
-    return f"{directory.name}/{_brace_pattern(name_format, len(sizes))}"
-
-
-def _brace_pattern(name_format: str, count: int) -> str:
-    """'shard-{:06d}.tar', 3 -> 'shard-{000000..000002}.tar' (a plain name for one shard)."""
-    if count == 1:
-        return name_format.format(0)
-    prefix, rest = name_format.split("{", 1)
-    spec, suffix = rest.split("}", 1)
-    number = "{" + spec + "}"
-    return f"{prefix}{{{number.format(0)}..{number.format(count - 1)}}}{suffix}"
 
 
 def _scene_json(scene: Scene) -> dict:
@@ -278,7 +246,3 @@ def _scene_json(scene: Scene) -> dict:
         "objects": [{**asdict(placed.spec), "x": round(placed.x, 3), "y": round(placed.y, 3),
                      "radius": round(placed.radius, 3)} for placed in scene.objects],
     }
-
-
-def _json_bytes(obj: dict) -> bytes:
-    return json.dumps(obj, sort_keys=True).encode()

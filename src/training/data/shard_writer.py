@@ -1,0 +1,60 @@
+"""Writing webdataset shards the way the loader reads them: byte-identical tars for identical records.
+
+The generated data sets (`training.synthetic_scenes`, `training.glyphs`) write their splits, clip-benchmark
+sets and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
+`nshards.txt` are written beside the tars on request.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import json
+from pathlib import Path
+from typing import Iterable
+
+import webdataset as wds
+from PIL import Image
+
+
+def write_shards(directory: Path, records: Iterable[dict], shard_size: int, name_format: str, *,
+                 with_sizes: bool = False, with_nshards: bool = False) -> str:
+    """Write records into tars of `shard_size` samples; return the brace pattern relative to the parent folder.
+
+    Tar members get a fixed integer mtime, owner and mode, so the same records give byte-identical
+    tars with plain ustar headers (a float mtime would add a pax header to every member).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    sizes: dict[str, int] = {}
+    records = iter(records)
+    while chunk := list(itertools.islice(records, shard_size)):
+        name = name_format.format(len(sizes))
+        with wds.TarWriter(str(directory / name), encoder=False, mtime=0, user="demo", group="demo") as sink:
+            for record in chunk:
+                sink.write(record)
+        sizes[name] = len(chunk)
+    if with_sizes:
+        (directory / "sizes.json").write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n")
+    if with_nshards:
+        (directory / "nshards.txt").write_text(f"{len(sizes)}\n")
+    return f"{directory.name}/{brace_pattern(name_format, len(sizes))}"
+
+
+def brace_pattern(name_format: str, count: int) -> str:
+    """'shard-{:06d}.tar', 3 -> 'shard-{000000..000002}.tar' (a plain name for one shard)."""
+    if count == 1:
+        return name_format.format(0)
+    prefix, rest = name_format.split("{", 1)
+    spec, suffix = rest.split("}", 1)
+    number = "{" + spec + "}"
+    return f"{prefix}{{{number.format(0)}..{number.format(count - 1)}}}{suffix}"
+
+
+def encode_png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def json_bytes(obj: dict) -> bytes:
+    """A json member with sorted keys (byte-identical for equal objects)."""
+    return json.dumps(obj, sort_keys=True).encode()
