@@ -52,6 +52,7 @@ setup(
             "adacl-export=training.export:cli",
             "adacl-evaluate=training.evaluation.zero_shot:cli",
             "adacl-scenes=training.synthetic_scenes.cli:main",
+            "adacl-glyphs=training.glyphs.cli:main",
             "adacl-compare=training.loss_comparison.cli:cli",
             "adacl-torchrun=training.torchrun:cli",
             "adacl-discover=training.discover.cli:cli",

@@ -1,7 +1,7 @@
 """The packages under src/ depend on each other one way, and each command-line package runs as `python -m`.
 
 open_clip_adacl (the library) <- the trainer (`training`, but its tools) <- training.evaluation,
-training.synthetic_scenes, training.discover <- training.loss_comparison.
+training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison.
 """
 import ast
 import os
@@ -13,13 +13,15 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TRAINER = "training"
-TOOLS = ("training.evaluation", "training.synthetic_scenes", "training.discover", "training.loss_comparison")
+TOOLS = ("training.evaluation", "training.synthetic_scenes", "training.glyphs", "training.discover",
+         "training.loss_comparison")
 # What each part may import of the others (lazy imports inside functions count too).
 ALLOWED = {
     "open_clip_adacl": set(),
     TRAINER: {"open_clip_adacl"},
     "training.evaluation": {"open_clip_adacl", TRAINER},
     "training.synthetic_scenes": {"open_clip_adacl", TRAINER},
+    "training.glyphs": {"open_clip_adacl", TRAINER},
     "training.discover": {"open_clip_adacl", TRAINER},
     "training.loss_comparison": {"open_clip_adacl", TRAINER, "training.evaluation", "training.synthetic_scenes"},
 }
@@ -70,7 +72,7 @@ def test_dependencies_point_one_way(part):
 
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
-@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.evaluation"])
+@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env,

@@ -774,6 +774,24 @@ def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 @torch.no_grad()
+@torch.no_grad()
+def batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
+                    salient: str, std_floor) -> torch.Tensor:
+    """docs/method.md §3.1-3.2 over the global batch: (mu_c, sigma_c, mu_n, sigma_n), float64 (4,), the Gaussians
+    of the least and the most salient row's negatives, exactly as `select_anchor` fits them (its first step)."""
+    if salient not in adacl.SALIENT_KINDS:
+        raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
+    with one_cpu_thread(logits.device):
+        return _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
+
+
+def _batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup,
+                     salient: str, std_floor) -> torch.Tensor:
+    negative_term = summary.negative_max if salient == "max" else summary.negative_mean
+    salient_row, clone_row = global_reference_rows(summary.positive - negative_term, positive_col, rows)
+    return reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
+
+
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
                   workspace: Optional[KeyWorkspace] = None, region: str = "gda") -> AnchorSelection:
@@ -795,9 +813,7 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         raise ValueError(f"candidate_region must be one of {adacl.CANDIDATE_REGIONS}, got {region!r}")
     with one_cpu_thread(logits.device):
         row_index = positive_col
-        negative_term = summary.negative_max if salient == "max" else summary.negative_mean
-        salient_row, clone_row = global_reference_rows(summary.positive - negative_term, row_index, rows)
-        reference = reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
+        reference = _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
         floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
         flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
         if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative

@@ -1,0 +1,82 @@
+"""adaclw (ours): negatives weighted by 1 + (weight - 1) p(clone | score), AdaCL's GDA posterior."""
+import math
+
+import pytest
+import torch
+
+from open_clip_adacl import adacl, create_loss
+from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl.losses.adaclw import posterior_log_weights
+from open_clip_adacl.selection import batch_reference, select_anchor, summarize_rows
+from helpers.loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, make_batches, value_and_grads
+
+
+def _dense_adaclw(weight, prior_ratio=1.0):
+    """The loss written out densely: the fits from the reference rows (found by hand), posterior, weights."""
+    def loss(x, y, scale, sample_index):
+        total = 0
+        for logits in (scale * x @ y.T, scale * y @ x.T):
+            n = logits.shape[0]
+            eye = torch.eye(n, dtype=torch.bool)
+            scores = logits.detach()
+            salient = scores.diagonal() - scores.masked_fill(eye, -math.inf).amax(dim=1)
+            fits = []
+            for row in (int(salient.argmin()), int(salient.argmax())):  # class clone, class not clone
+                negatives = scores[row][~eye[row]]
+                fits += [negatives.mean(), negatives.std(unbiased=False)]
+            posterior = adacl.gda_posterior(scores, *fits, prior_ratio=prior_ratio)
+            multiplicity = torch.where(eye, 1.0, 1 + (weight - 1) * posterior).to(logits.dtype)
+            total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
+        return total / 2
+    return loss
+
+
+def test_matches_the_dense_formula_and_logs_its_activity():
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    x, y = x.double(), y.double()
+    loss_fn = create_loss("adaclw", weight=16.0)
+    ours = value_and_grads(loss_fn, x, y, index)
+    for a, b in zip(ours, value_and_grads(_dense_adaclw(16.0), x, y, index)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    stats = {name: float(value) for name, value in loss_fn.stats.items()}
+    for direction in ("i2t", "t2i"):
+        assert 0 < stats[f"{direction}/clone_share"] < 1
+        assert 0 < stats[f"{direction}/posterior_mean"] < 1
+        assert stats[f"{direction}/weighted_mass"] > 1  # the weights made the negatives heavier
+        assert stats[f"{direction}/flat_fit"] == 0
+
+
+def test_weight_one_is_exactly_clip():
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=2)[0]
+    ours = value_and_grads(create_loss("adaclw", weight=1.0), x, y, index)
+    for a, b in zip(ours, value_and_grads(create_loss("clip"), x, y, index)):
+        assert torch.equal(a, b)
+
+
+def test_a_posterior_equal_to_the_families_gives_the_oracles_weights():
+    posterior = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    positive = torch.eye(3, dtype=torch.bool)
+    log_weight = posterior_log_weights(posterior, positive, 16.0)
+    torch.testing.assert_close(log_weight, torch.where(posterior > 0, math.log(16.0), 0.0).double())
+
+
+def test_batch_reference_is_the_selections_own_fits():
+    x, y, _ = make_batches(1, 12, 8, data_size=12, seed=4)[0]
+    logits = LOGIT_SCALE * x @ y.T
+    labels = torch.arange(12)
+    summary = summarize_rows(logits, labels)
+    selection = select_anchor(logits, summary, labels, RowGroup(split_across_ranks=False), salient="max", anchor_stat="median",
+                              prior_ratio=1.0, std_floor=1e-3)
+    reference = batch_reference(logits, summary, labels, RowGroup(split_across_ranks=False), salient="max", std_floor=1e-3)
+    assert torch.equal(reference, selection.reference)
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="weight must be >= 1"):
+        create_loss("adaclw", weight=0.5)
+    with pytest.raises(ValueError, match="prior_ratio must be > 0"):
+        create_loss("adaclw", prior_ratio=0.0)
+
+
+def test_two_ranks_match_single_process():
+    assert_ranks_match_single_process("adaclw", {"weight": 16.0}, make_batches(2, 8, 8, data_size=16, seed=3))
