@@ -4,6 +4,7 @@ grid on the positive controls, then every loss on the frozen setting, on paired 
     python scripts/glyph_benchmark.py --calibrate                       # the grid: clip, oracle, hnnce, seeds 0-2
     python scripts/glyph_benchmark.py --cells finetune-weak --seeds 10,11,...,19 --losses clip,oracle:weight=16,...
     python scripts/glyph_benchmark.py --report-only --cells finetune-weak
+    python scripts/glyph_benchmark.py --summary --cells finetune-weak   # docs/results/glyphs.md from both
 
 Each cell is a recipe of `training.recipe_book` (glyphs-<cell>) on the data `python -m training.glyphs` writes
 (data seed 0, written once into <output-dir>/data); the fine-tuning cells start every run from one common
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from training.glyphs import write_glyph_dataset
 from training.glyphs.writers import RETRIEVAL_SET
@@ -33,6 +35,14 @@ PRETRAIN_SEED = 1000
 PRETRAIN_RECIPE = "glyphs-pretrain"
 CELLS = ("scratch-weak", "finetune-weak", "finetune-gold")  # the calibration grid (recipes glyphs-<cell>)
 CONTROLS = "clip,oracle:weight=16,hnnce"
+ENDPOINT = "clone/family"
+ORACLE = "oracle:weight=16"
+# Secondary columns of the summary: pairwise sibling accuracy, retrieval, the closest sibling's cosine margin.
+SECONDARY = ("clone/overall", "clone/mark", "ret/glyph_retrieval/image_R@1", "clone/family_cos_margin")
+# Per-step stats averaged over a run, per loss: how active each mechanism was (docs/losses.md, docs/adacl.md).
+MECHANISM_STATS = {"adaclw": ("clone_share", "posterior_mean", "weighted_mass", "flat_fit"),
+                   "oracle": ("family_prob",), "hnnce": ("weight_max", "negative_mass_ratio"),
+                   "adacl": ("modulated", "anchor_clamped", "scale_bounded", "offset_bounded")}
 
 
 def study_name(cell: str, calibrate: bool) -> str:
@@ -89,6 +99,113 @@ def cell_argv(cell: str, study: str, losses: str, seeds: str, output_root: Path,
             "--preregistration", f"{PREREGISTRATION}#{study}", *pretrained, *extra]
 
 
+def study_records(output_root: Path, study: str) -> List[Dict[str, Any]]:
+    """The assessed records of a study's finished runs (verdict ok, collapsed, ...)."""
+    from training.loss_comparison.stats import assess_run
+
+    folder = output_root / study / "records"
+    return [assess_run(json.loads(path.read_text())) for path in sorted(folder.glob("*.json"))
+            if not path.name.endswith(".job.json")] if folder.is_dir() else []
+
+
+def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
+    return list(dict.fromkeys(record["label"] for record in records))
+
+
+def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
+    from training.loss_comparison.stats import paired_difference
+
+    difference = paired_difference(records, label, "clip", key)
+    if difference is None:
+        return "n/a"
+    return f"{difference.mean:+.3f} {difference.interval_text(0.95)} ({difference.n})"
+
+
+def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
+    values = [r["metrics"][key] for r in records if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]]
+    if not values:
+        return "n/a"
+    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.3f}{spread}"
+
+
+def mechanism_text(output_root: Path, study: str, records: Sequence[Mapping[str, Any]], label: str) -> str:
+    """The mean over a variant's ok runs (and both directions, every logged step) of its loss's activity stats."""
+    from training.run_dir import RunDir
+
+    runs = [r for r in records if r["label"] == label and r["verdict"] == "ok"]
+    names = MECHANISM_STATS.get(runs[0]["loss"], ()) if runs else ()
+    parts = []
+    for name in names:
+        values = [float(step[f"stats/{direction}/{name}"]) for r in runs
+                  for step in RunDir(output_root / study / "runs" / r["name"]).metrics("train")
+                  for direction in ("i2t", "t2i") if f"stats/{direction}/{name}" in step]
+        if values:
+            parts.append(f"{name} {statistics.fmean(values):.3g}")
+    return ", ".join(parts) or "-"
+
+
+def verdict_text(records: Sequence[Mapping[str, Any]], label: str, margin: float = 0.02) -> str:
+    from training.loss_comparison.stats import paired_difference, primary_verdict
+
+    return primary_verdict(paired_difference(records, label, "clip", ENDPOINT), margin)[0]
+
+
+def oracle_share(records: Sequence[Mapping[str, Any]], label: str) -> str:
+    """(variant - clip) / (oracle - clip) on the paired means of the endpoint: the share of the oracle's gain."""
+    from training.loss_comparison.stats import paired_difference
+
+    oracle, mine = paired_difference(records, ORACLE, "clip", ENDPOINT), paired_difference(records, label, "clip", ENDPOINT)
+    if oracle is None or mine is None or oracle.mean <= 0:
+        return "n/a"
+    return f"{mine.mean / oracle.mean:.0%}"
+
+
+def summary_lines(output_root: Path, cells: Sequence[str]) -> List[str]:
+    """docs/results/glyphs.md: the calibration grid, then each frozen cell's variants, from the records."""
+    lines = ["# Results: the glyph benchmark", "",
+             "Generated by `python scripts/glyph_benchmark.py --summary` from the runs' records; the design, "
+             "endpoints and freezing rule were committed first in [preregistration_glyphs.md](../preregistration_glyphs.md); "
+             "the data and endpoints are described in [glyphs.md](../glyphs.md). Differences are paired by seed (same "
+             "initialisation and data order) against `clip`, with their 95% paired-t interval and the number of "
+             "pairs; the endpoint is held-out family accuracy (`clone/family`, chance about 0.125).", "",
+             "## Calibration grid: the positive controls", "",
+             "| cell | `clip` family acc. | oracle - clip | HN-NCE - clip | `clip` pairwise acc. | oracle - clip, pairwise | "
+             "HN-NCE - clip, pairwise | report |", "|---|---|---|---|---|---|---|---|"]
+    for cell in CELLS:
+        study = study_name(cell, True)
+        records = study_records(output_root, study)
+        if not records:
+            lines.append(f"| `{cell}` | not run | | | | | | |")
+            continue
+        lines.append(f"| `{cell}` | {mean_text(records, 'clip', ENDPOINT)} | {difference_text(records, ORACLE, ENDPOINT)} | "
+                     f"{difference_text(records, 'hnnce', ENDPOINT)} | {mean_text(records, 'clip', 'clone/overall')} | "
+                     f"{difference_text(records, ORACLE, 'clone/overall')} | "
+                     f"{difference_text(records, 'hnnce', 'clone/overall')} | [{study}.md]({study}.md) |")
+    for cell in cells:
+        study = study_name(cell, False)
+        records = study_records(output_root, study)
+        if not records:
+            continue
+        lines += ["", f"## The frozen benchmark: `{cell}`", "",
+                  f"Full report with every secondary test (Holm-corrected): [{study}.md]({study}.md).", "",
+                  "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict | share of the oracle's gain | "
+                  + " | ".join(f"{key} - clip" for key in SECONDARY) + " | mechanism (mean per step) |",
+                  "|---" * (6 + len(SECONDARY) + 1) + "|"]
+        for label in labels_of(records):
+            runs = [r for r in records if r["label"] == label]
+            ok = sum(r["verdict"] == "ok" for r in runs)
+            reference = label == "clip"
+            lines.append(
+                f"| `{label}` | {ok}/{len(runs)} | {mean_text(records, label, ENDPOINT)} | "
+                f"{'(reference)' if reference else difference_text(records, label, ENDPOINT)} | "
+                f"{'' if reference else verdict_text(records, label)} | "
+                f"{'' if reference else oracle_share(records, label)} | "
+                + " | ".join('' if reference else difference_text(records, label, key) for key in SECONDARY)
+                + f" | {mechanism_text(output_root, study, records, label)} |")
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calibrate", action="store_true",
@@ -101,6 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's, 2)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the reports from the finished runs")
+    parser.add_argument("--summary", action="store_true",
+                        help="write <results-dir>/glyphs.md: the calibration grid and the frozen --cells' variants")
     args = parser.parse_args(argv)
     cells = [cell.strip() for cell in (args.cells or ",".join(CELLS)).split(",") if cell.strip()]
     unknown = sorted(set(cells) - set(CELLS))
@@ -108,6 +227,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"unknown cell(s) {unknown}; choose from {', '.join(CELLS)}")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
+    if args.summary:
+        (args.results_dir / "glyphs.md").write_text("\n".join(summary_lines(args.output_dir, cells)) + "\n")
+        print(f"wrote {args.results_dir / 'glyphs.md'}")
+        return
     for cell in cells:
         study = study_name(cell, args.calibrate)
         if args.report_only:

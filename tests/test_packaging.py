@@ -32,7 +32,7 @@ def test_the_wheel_installs_only_open_clip_adacl_and_training(tmp_path):
     # The model configs travel with the library, and the tools with the trainer.
     assert "open_clip_adacl/model_configs/adacl-tiny.json" in names
     assert "training/discover/page.html" in names  # the discovery page's template
-    for tool in ("evaluation", "synthetic_scenes", "loss_comparison", "discover"):
+    for tool in ("evaluation", "synthetic_scenes", "glyphs", "loss_comparison", "discover"):
         assert f"training/{tool}/__main__.py" in names
 
 

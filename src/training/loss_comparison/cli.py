@@ -174,7 +174,8 @@ def resolve_budget(args: argparse.Namespace) -> Budget:
     if args.train_data:
         overrides["num_train"] = args.train_num_samples
     if args.train_args is not None or data_flags:
-        overrides["train_args"] = tuple(
+        # After the budget's own (a --recipe's other flags, e.g. --train-group-size), so a later flag overrides.
+        overrides["train_args"] = budget.train_args + tuple(
             part for flag in data_flags for part in ("--" + flag.replace("_", "-"), getattr(args, flag))
         ) + tuple(args.train_args or ())
     budget = replace(budget, **overrides)

@@ -229,7 +229,10 @@ CHANCE_BY_PREFIX = {"clone/": 0.5, "sel/": 0.5}
 
 
 def chance_level(key: str) -> Optional[float]:
-    """The metric's chance level when it is known from its name (None: it depends on the set's size)."""
+    """The metric's chance level when it is known from its name (None: it depends on the set's size, as
+    `clone/family` does on each family's size)."""
+    if key.startswith("clone/family"):
+        return None
     return next((level for prefix, level in CHANCE_BY_PREFIX.items() if key.startswith(prefix)), None)
 
 
