@@ -35,6 +35,8 @@ PRETRAIN_SEED = 1000
 PRETRAIN_RECIPE = "glyphs-pretrain"
 CELLS = ("scratch-weak", "finetune-weak", "finetune-gold")  # the calibration grid (recipes glyphs-<cell>)
 CONTROLS = "clip,oracle:weight=16,hnnce"
+# The frozen benchmark's variants, in the registered order (docs/preregistration_glyphs.md).
+VARIANTS = f"{CONTROLS},adacl,adacl:preset=paper,adacl:positive_grad=fixed,adaclw"
 ENDPOINT = "clone/family"
 ORACLE = "oracle:weight=16"
 # Secondary columns of the summary: pairwise sibling accuracy, retrieval, the closest sibling's cosine margin.
@@ -108,8 +110,12 @@ def study_records(output_root: Path, study: str) -> List[Dict[str, Any]]:
             if not path.name.endswith(".job.json")] if folder.is_dir() else []
 
 
-def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
-    return list(dict.fromkeys(record["label"] for record in records))
+def labels_of(output_root: Path, study: str, records: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The variants in the order the comparison was asked for (comparison.json, else the registered order), then
+    any others."""
+    saved = output_root / study / "comparison.json"
+    planned = json.loads(saved.read_text())["labels"] if saved.is_file() else VARIANTS.split(",")
+    return list(dict.fromkeys([*planned, *(record["label"] for record in records)]))
 
 
 def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
@@ -192,7 +198,7 @@ def summary_lines(output_root: Path, cells: Sequence[str]) -> List[str]:
                   "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict | share of the oracle's gain | "
                   + " | ".join(f"{key} - clip" for key in SECONDARY) + " | mechanism (mean per step) |",
                   "|---" * (6 + len(SECONDARY) + 1) + "|"]
-        for label in labels_of(records):
+        for label in labels_of(output_root, study, records):
             runs = [r for r in records if r["label"] == label]
             ok = sum(r["verdict"] == "ok" for r in runs)
             reference = label == "clip"
@@ -212,7 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help=f"the calibration grid: the positive controls ({CONTROLS}) in every cell")
     parser.add_argument("--cells", default=None, help=f"comma-separated, of {', '.join(CELLS)} (default: all with "
                                                       "--calibrate)")
-    parser.add_argument("--losses", default=CONTROLS)
+    parser.add_argument("--losses", default=None,
+                        help=f"variants (default: with --calibrate the controls {CONTROLS}; else {VARIANTS})")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
@@ -239,7 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                             "--preregistration", f"{PREREGISTRATION}#{study}"])
             continue
         print(f"== {study}", flush=True)
-        compare_losses(cell_argv(cell, study, args.losses, args.seeds, args.output_dir, args.results_dir, extra))
+        losses = args.losses or (CONTROLS if args.calibrate else VARIANTS)
+        compare_losses(cell_argv(cell, study, losses, args.seeds, args.output_dir, args.results_dir, extra))
 
 
 if __name__ == "__main__":

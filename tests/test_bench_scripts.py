@@ -148,3 +148,48 @@ def test_clone_study_controls_are_their_own_study_with_their_own_registration(tm
     # The scratch regime's controls are the controls study, which the script does not run.
     with pytest.raises(SystemExit):
         study.main(["--controls", "--regimes", "scratch", "--output-dir", str(tmp_path / "runs")])
+
+
+def _glyph_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glyph_benchmark", REPO / "scripts" / "glyph_benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_glyph_cell_has_its_recipe_and_registration():
+    from training.loss_comparison.preregistration import resolve
+    from training.recipe_book import recipe_values
+
+    bench = _glyph_benchmark()
+    for cell in bench.CELLS:
+        values = recipe_values(f"glyphs-{cell}", world_size=1)
+        assert values["train_group_size"] == 8 and values["epochs"] == 4
+        assert values["caption_key"] == ("txt" if cell.endswith("gold") else "txt_weak")
+        for calibrate in (True, False):
+            registration = resolve(f"{REPO / bench.PREREGISTRATION}#{bench.study_name(cell, calibrate)}",
+                                   None, None, None)
+            assert registration.metrics == (bench.ENDPOINT,) and registration.margin == 0.02
+    assert recipe_values(bench.PRETRAIN_RECIPE, world_size=1)["loss"] == "clip"
+
+
+def test_the_glyph_summary_gives_verdicts_and_the_share_of_the_oracles_gain(tmp_path):
+    bench = _glyph_benchmark()
+    family = {"clip": (0.20, 0.22, 0.21), bench.ORACLE: (0.24, 0.26, 0.25), "adaclw": (0.22, 0.24, 0.23)}
+    records = tmp_path / bench.study_name("finetune-gold", False) / "records"
+    records.mkdir(parents=True)
+    for label, values in family.items():
+        for seed, value in enumerate(values):
+            metrics = {bench.ENDPOINT: value + 0.001 * seed * (label != "clip"), "clone/overall": 0.8,
+                       "val/clip_loss": 1.0, "val/i2t_R@1": 0.2, "val/t2i_R@1": 0.2}
+            (records / f"{label}-{seed}.json").write_text(json.dumps({
+                "label": label, "loss": label.split(":")[0], "seed": seed, "name": f"{label}-{seed}", "status": "ok",
+                "error": None, "metrics": metrics, "val_num_samples": 705, "batch_size": 64}))
+    text = "\n".join(bench.summary_lines(tmp_path, ["finetune-gold"]))
+    oracle_row = next(line for line in text.splitlines() if line.startswith(f"| `{bench.ORACLE}`"))
+    assert "| helps | 100% |" in oracle_row and "+0.041" in oracle_row
+    adaclw_row = next(line for line in text.splitlines() if line.startswith("| `adaclw`"))
+    assert "| helps | 51% |" in adaclw_row  # +0.021 of the oracle's +0.041
+    assert "| `scratch-weak` | not run |" in text
