@@ -110,12 +110,11 @@ def study_records(output_root: Path, study: str) -> List[Dict[str, Any]]:
             if not path.name.endswith(".job.json")] if folder.is_dir() else []
 
 
-def labels_of(output_root: Path, study: str, records: Sequence[Mapping[str, Any]]) -> List[str]:
-    """The variants in the order the comparison was asked for (comparison.json, else the registered order), then
-    any others."""
-    saved = output_root / study / "comparison.json"
-    planned = json.loads(saved.read_text())["labels"] if saved.is_file() else VARIANTS.split(",")
-    return list(dict.fromkeys([*planned, *(record["label"] for record in records)]))
+def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The variants in the registered order, then any others (exploratory looks), in the order of their records."""
+    found = list(dict.fromkeys(record["label"] for record in records))
+    return [label for label in VARIANTS.split(",") if label in found] + [
+        label for label in found if label not in VARIANTS.split(",")]
 
 
 def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
@@ -198,12 +197,13 @@ def summary_lines(output_root: Path, cells: Sequence[str]) -> List[str]:
                   "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict | share of the oracle's gain | "
                   + " | ".join(f"{key} - clip" for key in SECONDARY) + " | mechanism (mean per step) |",
                   "|---" * (6 + len(SECONDARY) + 1) + "|"]
-        for label in labels_of(output_root, study, records):
+        for label in labels_of(records):
             runs = [r for r in records if r["label"] == label]
             ok = sum(r["verdict"] == "ok" for r in runs)
             reference = label == "clip"
+            registered = "" if label in VARIANTS.split(",") else " (exploratory)"
             lines.append(
-                f"| `{label}` | {ok}/{len(runs)} | {mean_text(records, label, ENDPOINT)} | "
+                f"| `{label}`{registered} | {ok}/{len(runs)} | {mean_text(records, label, ENDPOINT)} | "
                 f"{'(reference)' if reference else difference_text(records, label, ENDPOINT)} | "
                 f"{'' if reference else verdict_text(records, label)} | "
                 f"{'' if reference else oracle_share(records, label)} | "
@@ -243,7 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.report_only:
             compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
                             "--results-md", str(args.results_dir / f"{study}.md"),
-                            "--preregistration", f"{PREREGISTRATION}#{study}"])
+                            "--preregistration", f"{PREREGISTRATION}#{study}",
+                            *(["--losses", args.losses] if args.losses else [])])
             continue
         print(f"== {study}", flush=True)
         losses = args.losses or (CONTROLS if args.calibrate else VARIANTS)
