@@ -248,5 +248,5 @@ def test_invalid_settings_are_rejected_before_any_work(demo_shards, tmp_path, ex
 
 
 def test_an_unknown_loss_is_named_with_the_choices():
-    with pytest.raises(ConfigError, match=r"argument --loss: invalid choice: 'adcl' \(choose from 'adacl', 'clip'"):
+    with pytest.raises(ConfigError, match=r"argument --loss: invalid choice: 'adcl' \(choose from 'adacl', 'adaclw', 'clip'"):
         main(["--train-data", "x.tar", "--loss", "adcl"])
