@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from training.glyphs import write_glyph_dataset
 from training.glyphs.writers import RETRIEVAL_SET
 from training.loss_comparison.cli import main as compare_losses
+from training.loss_comparison.stats import assess_run, paired_difference, primary_verdict
 from training.main import run
 from training.params import config_from_values
 from training.recipe_book import recipe_values
@@ -103,8 +104,6 @@ def cell_argv(cell: str, study: str, losses: str, seeds: str, output_root: Path,
 
 def study_records(output_root: Path, study: str) -> List[Dict[str, Any]]:
     """The assessed records of a study's finished runs (verdict ok, collapsed, ...)."""
-    from training.loss_comparison.stats import assess_run
-
     folder = output_root / study / "records"
     return [assess_run(json.loads(path.read_text())) for path in sorted(folder.glob("*.json"))
             if not path.name.endswith(".job.json")] if folder.is_dir() else []
@@ -118,8 +117,6 @@ def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
 
 
 def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
-    from training.loss_comparison.stats import paired_difference
-
     difference = paired_difference(records, label, "clip", key)
     if difference is None:
         return "n/a"
@@ -136,8 +133,6 @@ def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str
 
 def mechanism_text(output_root: Path, study: str, records: Sequence[Mapping[str, Any]], label: str) -> str:
     """The mean over a variant's ok runs (and both directions, every logged step) of its loss's activity stats."""
-    from training.run_dir import RunDir
-
     runs = [r for r in records if r["label"] == label and r["verdict"] == "ok"]
     names = MECHANISM_STATS.get(runs[0]["loss"], ()) if runs else ()
     parts = []
@@ -151,15 +146,11 @@ def mechanism_text(output_root: Path, study: str, records: Sequence[Mapping[str,
 
 
 def verdict_text(records: Sequence[Mapping[str, Any]], label: str, margin: float = 0.02) -> str:
-    from training.loss_comparison.stats import paired_difference, primary_verdict
-
     return primary_verdict(paired_difference(records, label, "clip", ENDPOINT), margin)[0]
 
 
 def oracle_share(records: Sequence[Mapping[str, Any]], label: str) -> str:
     """(variant - clip) / (oracle - clip) on the paired means of the endpoint: the share of the oracle's gain."""
-    from training.loss_comparison.stats import paired_difference
-
     oracle, mine = paired_difference(records, ORACLE, "clip", ENDPOINT), paired_difference(records, label, "clip", ENDPOINT)
     if oracle is None or mine is None or oracle.mean <= 0:
         return "n/a"

@@ -1,6 +1,6 @@
 """`python -m training.glyphs`: write the glyph benchmark (real font glyphs in families of one-attribute siblings).
 
-    python -m training.glyphs --output data/glyphs [--data-seed 0 --num-train 4096 --image-size 32 ...]
+    python -m training.glyphs --output data/glyphs [--data-seed 0 --num-train 6144 --image-size 32 ...]
 
 The train split is written in families of --family-size siblings (train with --train-group-size to keep them
 together in a batch); every training sample carries its gold caption (txt) and the generic captioner's
@@ -9,6 +9,7 @@ together in a batch); every training sample carries its gold caption (txt) and t
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .writers import write_glyph_dataset
 
@@ -28,8 +29,6 @@ def main(argv: list[str] | None = None) -> None:
                              "typeface)")
     args = parser.parse_args(argv)
     try:
-        from pathlib import Path
-
         if Path(args.output).exists() and any(Path(args.output).iterdir()):
             raise ValueError(f"{args.output} is not empty: pass a new or empty folder")
         data = write_glyph_dataset(args.output, seed=args.data_seed, num_train=args.num_train,

@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import shutil
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -153,7 +152,8 @@ def write_glyph_dataset(output_dir: str | Path, *, seed: int = 0, num_train: int
                         root / "clone_selection")
 
 
-def caption_duplicates(train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str]) -> Dict[str, float]:
+def caption_duplicates(train: Sequence[Tuple[int, Optional[str], Glyph]],
+                       weak: Sequence[str]) -> Dict[str, Dict[str, float]]:
     """Per caption field, the share of training samples whose caption another *different* glyph also has
     (in the split, and within the sample's family): what the weak captioner makes identical."""
     result = {}
@@ -180,25 +180,24 @@ def _train_samples(seed: int, bases: Sequence[Glyph], siblings: SiblingIndex, co
     return itertools.islice(samples, count)
 
 
-def _face_json(glyph: Glyph) -> dict:
-    return {"typeface": glyph.face.typeface, "weight": glyph.face.weight, "slant": glyph.face.slant}
+def _glyph_sample(key: str, glyph: Glyph, image_size: int, members: dict, **meta) -> dict:
+    """One sample: the glyph's png, the given members, and its json (key, gold caption, code point, face, `meta`)."""
+    face = {"typeface": glyph.face.typeface, "weight": glyph.face.weight, "slant": glyph.face.slant}
+    info = {"key": key, "caption": glyph.caption, "codepoint": glyph.letter.codepoint, "face": face, **meta}
+    return {"__key__": key, "png": encode_png(render_glyph(glyph, image_size)), **members, "json": json_bytes(info)}
 
 
 def _train_records(train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str],
                    image_size: int) -> Iterator[dict]:
     for key, ((family, kind, glyph), weak_text) in enumerate(zip(train, weak)):
-        meta = {"key": f"{key:09d}", "caption": glyph.caption, "caption_weak": weak_text, "family": family,
-                "family_edit": kind, "codepoint": glyph.letter.codepoint, "face": _face_json(glyph)}
-        yield {"__key__": meta["key"], "png": encode_png(render_glyph(glyph, image_size)),
-               "txt": glyph.caption.encode(), "txt_weak": weak_text.encode(), "json": json_bytes(meta)}
+        yield _glyph_sample(f"{key:09d}", glyph, image_size,
+                            {"txt": glyph.caption.encode(), "txt_weak": weak_text.encode()},
+                            caption_weak=weak_text, family=family, family_edit=kind)
 
 
 def _plain_records(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> Iterator[dict]:
     for offset, glyph in enumerate(glyphs):
-        meta = {"key": f"{first_key + offset:09d}", "caption": glyph.caption, "codepoint": glyph.letter.codepoint,
-                "face": _face_json(glyph)}
-        yield {"__key__": meta["key"], "png": encode_png(render_glyph(glyph, image_size)),
-               "txt": glyph.caption.encode(), "json": json_bytes(meta)}
+        yield _glyph_sample(f"{first_key + offset:09d}", glyph, image_size, {"txt": glyph.caption.encode()})
 
 
 def _clone_records(test: Sequence[Glyph], siblings: SiblingIndex, seed: int, first_key: int, image_size: int,
@@ -211,10 +210,8 @@ def _clone_records(test: Sequence[Glyph], siblings: SiblingIndex, seed: int, fir
         clones = {}
         for kind, sibling in family:
             clones.setdefault(kind, sibling.caption)
-        meta = {"key": f"{first_key + offset:09d}", "caption": glyph.caption, "clones": clones,
-                "family": [sibling.caption for _, sibling in family], "codepoint": glyph.letter.codepoint,
-                "face": _face_json(glyph)}
-        yield {"__key__": meta["key"], "png": encode_png(render_glyph(glyph, image_size)), "json": json_bytes(meta)}
+        yield _glyph_sample(f"{first_key + offset:09d}", glyph, image_size, {}, clones=clones,
+                            family=[sibling.caption for _, sibling in family])
 
 
 ORIGIN = """# Origin and licence of the glyph benchmark's images

@@ -9,7 +9,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 from .jobs import BASELINE, OK
 from .preregistration import Preregistration
 from .stats import (FAMILY_ALPHA, PAIRED_PREFIXES, TIE, MetricStats, PairedDifference, SecondaryTest,
-                    VariantSummary, metric_order, paired_codes, paired_difference, pairs_needed, primary_verdict,
+                    VariantSummary, chance_level, metric_order, paired_codes, paired_difference, pairs_needed, primary_verdict,
                     secondary_tests, section_keys, tracking_baseline)
 
 TRACKING = 0.01  # a variant within this of the baseline on every metric, seed for seed, is reported so
@@ -96,8 +96,8 @@ def baseline_difficulty(baseline: VariantSummary, threshold: float = 0.9, chance
     below = sorted(edit for edit, mean in edits.items() if mean < threshold)
     text = (f"`{baseline.label}` is below {threshold} on {len(below)} of {len(edits)} clone edit types"
             + (f" ({', '.join(below)})" if below else ""))
-    # Family accuracy (a whole family against the true caption) has no chance level of 0.5.
-    at_chance = sorted(edit for edit, mean in edits.items() if edit != "family" and abs(mean - 0.5) < chance_margin)
+    at_chance = sorted(edit for edit, mean in edits.items()
+                       if chance_level(f"clone/{edit}") is not None and abs(mean - 0.5) < chance_margin)
     if at_chance:
         text += f", and within {chance_margin} of chance (0.5) on {', '.join(at_chance)}"
     return text + "."

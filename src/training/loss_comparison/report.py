@@ -28,8 +28,8 @@ from .findings import (check_endpoint, findings, flagged_runs, markdown_table, p
                        reference_label)
 from .jobs import BASELINE, MODEL
 from .preregistration import Preregistration
-from .stats import (CollapseCriteria, VariantSummary, check_same_code, metric_keys, paired_difference, section_keys,
-                    summarize, with_endpoint)
+from .stats import (CollapseCriteria, VariantSummary, chance_level, check_same_code, metric_keys, paired_difference,
+                    section_keys, summarize, with_endpoint)
 
 # Pooled over every run of a variant: the headline of the report and the bars of the plot.
 HEADLINE_METRICS = ("val/i2t_R@1", "val/t2i_R@1", "clone/overall", "train/final_loss")
@@ -222,18 +222,6 @@ def plot_keys(summaries: Sequence[VariantSummary]) -> List[str]:
     """The [0, 1] metrics (accuracies, recalls); logit margins and losses have their own tables."""
     return [key for key in section_keys(summaries, PLOT_PREFIXES)
             if key not in PLOT_EXCLUDED and "_margin" not in key]
-
-
-# Chance level of the plotted metrics where the metric alone says it: a choice between two captions.
-CHANCE_BY_PREFIX = {"clone/": 0.5, "sel/": 0.5}
-
-
-def chance_level(key: str) -> Optional[float]:
-    """The metric's chance level when it is known from its name (None: it depends on the set's size, as
-    `clone/family` does on each family's size)."""
-    if key.startswith("clone/family"):
-        return None
-    return next((level for prefix, level in CHANCE_BY_PREFIX.items() if key.startswith(prefix)), None)
 
 
 @dataclass

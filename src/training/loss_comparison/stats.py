@@ -53,6 +53,16 @@ class CollapseCriteria:
     recall_factor: float = 2.0
 
 
+# Chance level of a metric where its name alone says it (first matching prefix): a choice between two captions;
+# None where it depends on the set, as recall on its size and family accuracy on each family's size.
+CHANCE_BY_PREFIX = {"clone/family": None, "clone/": 0.5, "sel/": 0.5}
+
+
+def chance_level(key: str) -> Optional[float]:
+    """The metric's chance level when it is known from its name (None: it depends on the set)."""
+    return next((level for prefix, level in CHANCE_BY_PREFIX.items() if key.startswith(prefix)), None)
+
+
 def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseCriteria()) -> Dict[str, Any]:
     """The record with `verdict` (ok, collapsed, nonfinite, failed) and `reasons` (why it is not ok)."""
     metrics = record["metrics"]

@@ -47,6 +47,7 @@ def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their
     keys = plot_keys(summarize(records))
     assert {key: chance_level(key) for key in keys} == {  # recall's chance depends on the set's size
         "clone/color": 0.5, "clone/overall": 0.5, "val/i2t_R@1": None, "val/t2i_R@1": None}
+    assert chance_level("clone/family") is None  # picking among a whole family: chance depends on its size
     points = {(p.label, p.key): p for p in paired_points(records, ["A", "B", "C", "D"], "A", keys)}
     # B - A on the seeds where both are ok (A's seed 2 collapsed): 0.70 - 0.60 and 0.72 - 0.64
     b = points["B", "clone/overall"]
@@ -79,3 +80,13 @@ def test_the_findings_name_hard_edit_types_ties_and_variants_that_change_nothing
     assert "All 4 runs finished with finite losses and above-chance recall" in markdown
     tie = summarize([assess_run(record("X", 0)), assess_run(record("Y", 0))])
     assert compare(tie, "clone/overall") == "`X` and `Y` tie for best on clone/overall (0.600 (1 run))."
+
+
+def test_family_accuracy_near_a_half_is_not_called_chance():
+    """Family accuracy's chance is 1 / (family size), not 0.5: the difficulty line names only two-caption metrics."""
+    from training.loss_comparison.findings import baseline_difficulty
+    from training.loss_comparison.stats import MetricStats, VariantSummary
+
+    baseline = VariantSummary("clip", {"ok": 2}, {"clone/family": MetricStats(0.51, 0.01, 2),
+                                                  "clone/mark": MetricStats(0.52, 0.01, 2)})
+    assert baseline_difficulty(baseline).endswith("within 0.05 of chance (0.5) on mark.")
