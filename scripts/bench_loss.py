@@ -22,6 +22,14 @@ above the allocation before the step. Everything is reported relative to ClipLos
 same run, and `auto / best` compares auto with the faster of fused and eager. The report names the
 machine (CPU model and family from /proc/cpuinfo, cores, GPU), auto's choices, and the load average
 before and after the run, which on a shared machine says how far to trust the times.
+
+With `--processes K`, each path runs alone in K fresh processes (paths alternating, ClipLoss
+measured in each), as a user's run would meet it: one process, one path, `auto` deciding once.
+Two processes running the same code differ by up to about 10% on a 2-core machine (their memory
+is laid out anew; every N x N buffer is fresh pages), more than the paths differ, so a single
+process per path cannot rank them. Each row then gives the median over the K processes of their
+ratios to ClipLoss (each process's own ClipLoss) with the lowest and highest, and `auto / best`
+compares the medians.
 """
 from __future__ import annotations
 
@@ -174,17 +182,26 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """One row per input kind, N, loss and path; `auto / best`: auto's time over the faster of fused and
     eager in that mode (wall clock, and CPU time)."""
     memory = any("peak_bytes" in row for row in rows)
-    lines = ["| inputs | N | loss | path | time (ms) | time ratio | CPU time (ms) | CPU time ratio | auto / best | "
+    spread = any("processes" in row for row in rows)
+    lines = ["| inputs | N | loss | path | time (ms) | time ratio | " + ("ratio range | " if spread else "") +
+             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") + "auto / best | "
              "auto / best, CPU time |" + (" peak memory (MiB) | memory ratio |" if memory else ""),
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if memory else "")]
+             "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + "---:|---:|" + ("---:|" if spread else "") +
+             "---:|---:|" + ("---:|---:|" if memory else "")]
     for row in rows:
         line = (f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
-                f"{row['time_ratio']:.3f} | {row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | "
+                f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
+                f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
+                (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "") +
                 f"{_optional(row.get('auto_over_best'))} | {_optional(row.get('auto_over_best_cpu'))} |")
         if memory:
             line += f" {row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _range(bounds: Optional[Tuple[float, float]]) -> str:
+    return "-" if bounds is None or bounds[0] == bounds[1] == 1.0 else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
 
 
 def _optional(value: Optional[float]) -> str:
@@ -197,6 +214,47 @@ def auto_over_best(seconds: Dict[str, float], mode: str) -> Optional[float]:
     if None in times.values():
         return None
     return times["auto"] / min(times["fused"], times["eager"])
+
+
+def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[dict]]:
+    """`benchmark` with each path in `args.processes` fresh processes of its own (see the module's docstring):
+    rows with the median over the processes and their range; and the decisions of every `auto` process."""
+    runs: Dict[str, List[dict]] = {path: [] for path in args.paths}
+    choices: List[dict] = []
+    base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--dim", str(args.dim),
+            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads),
+            "--inputs", *args.inputs]
+    for index in range(args.processes):
+        shift = index % len(args.paths)
+        for path in list(args.paths[shift:]) + list(args.paths[:shift]):
+            output = Path(args.scratch) / f"{path}-{index}.json"
+            subprocess.run(base + ["--paths", path, "--json", str(output)], check=True, capture_output=True)
+            payload = json.loads(output.read_text())
+            runs[path].append(payload)
+            choices += payload["auto_choices"]
+            print(f"process {index + 1}/{args.processes}, path {path}: done", file=sys.stderr, flush=True)
+    rows = []
+    for path in args.paths:
+        for position, row in enumerate(runs[path][0]["rows"]):
+            if row["loss"] == "clip" and path != args.paths[0]:
+                continue  # one ClipLoss row: the first path's processes
+            samples = [payload["rows"][position] for payload in runs[path]]
+            merged = dict(row, processes=len(samples))
+            for field in ("seconds", "time_ratio", "cpu_seconds", "cpu_ratio"):
+                values = [sample[field] for sample in samples]
+                merged[field] = statistics.median(values)
+                merged[field + "_range"] = (min(values), max(values))
+            rows.append(merged)
+    order = {case: index for index, case in enumerate(cases(args.paths))}
+    rows.sort(key=lambda row: (row["inputs"], row["N"], order["/".join(filter(None, (row["loss"], row["path"].strip("-"))))]))
+    for row in rows:
+        if row["path"] == "auto":
+            medians = {(r["loss"], r["path"]): r for r in rows if r["inputs"] == row["inputs"] and r["N"] == row["N"]}
+            other = [medians.get((row["loss"], path)) for path in ("fused", "eager")]
+            if None not in other:
+                row["auto_over_best"] = row["time_ratio"] / min(r["time_ratio"] for r in other)
+                row["auto_over_best_cpu"] = row["cpu_ratio"] / min(r["cpu_ratio"] for r in other)
+    return rows, choices
 
 
 def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int, inputs_kinds: Sequence[str],
@@ -238,12 +296,14 @@ def combined_table(step_json: str, loss_json: str) -> str:
     return "\n".join(lines) + f"\n\n{step['settings']}\n\n{loss['settings']}"
 
 
-def auto_choices() -> str:
-    """What `auto` chose in this process, one line per shape (its timings of the selection passes)."""
+def auto_choices(decisions: Optional[List[dict]] = None) -> str:
+    """What `auto` chose (in this process unless `decisions` are given), one line per shape and process (its
+    timings of the selection passes)."""
     from open_clip_adacl import fused
 
     return "\n".join(f"- {d['passes']} passes, {d['rows']} x {d['cols']} {d['dtype']} on {d['device']}: {d['choice']} "
-                     f"(fused {_optional(d['fused_ms'])} ms, eager {d['eager_ms']:.1f} ms)" for d in fused.decisions())
+                     f"(fused {_optional(d['fused_ms'])} ms, eager {d['eager_ms']:.1f} ms)"
+                     for d in (fused.decisions() if decisions is None else decisions))
 
 
 def describe_machine(device: str, threads: int) -> str:
@@ -280,14 +340,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=list(PATHS),
                         help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)")
     parser.add_argument("--memory", action="store_true", help="also measure peak memory (a fresh process per case)")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="run each path alone in this many fresh processes and report the median and range of "
+                             "their ratios (see the docstring; 0: every path in this one process)")
     parser.add_argument("--output", help="also write the report to this file")
     parser.add_argument("--json", help="also write the settings, rows and auto's choices as JSON to this file")
     parser.add_argument("--combine", nargs=2, metavar=("STEP_JSON", "LOSS_JSON"),
                         help="print one table of a bench_step.py --output and a bench_loss.py --json, nothing else")
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.repeats < 1 or min(args.sizes) < 3 or args.dim < 1 or args.threads < 1:
-        parser.error("--repeats, --dim and --threads must be at least 1 and every --sizes value at least 3")
+    if args.repeats < 1 or min(args.sizes) < 3 or args.dim < 1 or args.threads < 1 or args.processes < 0:
+        parser.error("--repeats, --dim and --threads must be at least 1, --processes at least 0 and every --sizes "
+                     "value at least 3")
+    if args.processes and args.memory:
+        parser.error("--memory runs its own fresh process per case; measure it without --processes")
     return args
 
 
@@ -302,13 +368,23 @@ def main(argv=None) -> None:
         print(json.dumps({"peak_bytes": peak}))
         return
     load_before = load_average()
-    rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads, args.inputs, args.paths,
-                     args.memory)
+    if args.processes:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            args.scratch = scratch
+            rows, decisions = benchmark_in_processes(args)
+        how = (f"each path alone in {args.processes} fresh processes (median of {args.repeats} rounds in each; "
+               f"the row: the median over the processes and their range); ratios against ClipLoss in the same process")
+    else:
+        rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads, args.inputs, args.paths,
+                         args.memory)
+        decisions, how = None, f"median of {args.repeats} rounds; ratios against ClipLoss in the same run"
     report = (f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, "
               f"{describe_machine(args.device, args.threads)}; load average {load_before} before, {load_average()} "
-              f"after; median of {args.repeats} rounds; ratios against ClipLoss in the same run.\n\n"
+              f"after; {how}.\n\n"
               f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
-              f"{auto_choices() or '- none (auto not run, or no AdaCL step)'}\n")
+              f"{auto_choices(decisions) or '- none (auto not run, or no AdaCL step)'}\n")
     print(report)
     from training.discover.store import write_atomically
 
@@ -317,7 +393,8 @@ def main(argv=None) -> None:
     if args.json:
         from open_clip_adacl import fused
 
-        payload = {"settings": report.split("\n\n")[0], "rows": rows, "auto_choices": fused.decisions()}
+        payload = {"settings": report.split("\n\n")[0], "rows": rows,
+                   "auto_choices": fused.decisions() if decisions is None else decisions}
         write_atomically(Path(args.json), json.dumps(payload, indent=1) + "\n")
 
 

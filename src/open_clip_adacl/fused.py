@@ -10,7 +10,9 @@ different paths still agree.
 `OPEN_CLIP_ADACL_FUSED` selects the passes: `on` for every size, `off` never, and `auto` (default)
 whichever is faster here: the first time the selection meets a shape (rows x columns, device type,
 dtype), it times both on that call's own inputs and keeps the faster for the process (`decide`),
-logging one line with both times; below `AUTO_MIN_ELEMENTS` entries it times the eager passes
+logging one line with both times. The compiled passes must win by `FUSED_MARGIN`: a pass timed
+alone that is a few percent faster is a tie within the noise of a step, and a tie goes to the
+eager reference, which needs no compiler; below `AUTO_MIN_ELEMENTS` entries it times the eager passes
 alone and compiles nothing, since a compile (seconds) would cost more than the passes could save.
 Whether the fused passes are faster depends on the CPU (measured: docs/adacl.md §6.3), so it is
 measured rather than assumed. Each pass is compiled once per process, device type and dtype, with
@@ -34,8 +36,14 @@ MODES = ("auto", "on", "off")
 # that a one-time compile can be repaid within a run (docs/adacl.md §6.1); smaller runs (tests, demos)
 # never wait for a compiler.
 AUTO_MIN_ELEMENTS = 1 << 22
-# `decide` times each path this many times, alternating, after one untimed call each (which compiles).
-DECISION_ROUNDS = 3
+# `decide` times each path this many times, alternating, after `DECISION_WARMUPS` untimed calls each (the
+# first compiles; the second runs the compiled code once before it is timed, as the eager code has run before).
+DECISION_WARMUPS = 2
+DECISION_ROUNDS = 5
+# The compiled passes are kept only when their best time is below this fraction of the eager passes' best:
+# their timings on an AMD EPYC (family 25, model 17), 44.6 against 46.0 ms, picked a path no faster in the
+# step (docs/adacl.md §6.3).
+FUSED_MARGIN = 0.9
 DEVICE_TYPES = ("cpu", "cuda")
 # The logits' dtypes, and int32 for the passes over the selection's keys.
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32)
@@ -88,14 +96,16 @@ def wanted(logits: torch.Tensor, passes: str, compiled: Callable[[], object], ea
 
 def decide(key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Callable[[], object]],
            eager: Callable[[], object]) -> Dict[str, object]:
-    """`auto`'s choice for `key`: the faster of the two ways, each timed `DECISION_ROUNDS` times
-    (alternating, the fastest time kept: the least disturbed by other jobs) after one untimed call;
-    eager without timing `compiled` when it is None (too small to compile) or cannot compile. Logs it."""
+    """`auto`'s choice for `key`: each way timed `DECISION_ROUNDS` times (alternating, the fastest time
+    kept: the least disturbed by other jobs) after `DECISION_WARMUPS` untimed calls; the fused passes when
+    their time is below `FUSED_MARGIN` times the eager passes', else the eager ones; eager without timing
+    `compiled` when it is None (too small to compile) or cannot compile. Logs it."""
     passes, device_type, dtype, rows, cols = key
     paths = {"eager": eager} if compiled is None else {"fused": compiled, "eager": eager}
     try:
-        for path in paths.values():  # the untimed call compiles
-            path()
+        for _ in range(DECISION_WARMUPS):  # the first untimed call compiles
+            for path in paths.values():
+                path()
     except Unavailable:
         del paths["fused"]
     times: Dict[str, List[float]] = {name: [] for name in paths}
@@ -103,13 +113,14 @@ def decide(key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Calla
         for name, path in paths.items():
             times[name].append(_timed(path, device_type))
     best = {name: min(values) * 1e3 for name, values in times.items()}
-    choice = min(best, key=best.get)
+    choice = "fused" if "fused" in best and best["fused"] < FUSED_MARGIN * best["eager"] else "eager"
     fused_text = (f"fused {best['fused']:.1f} ms" if "fused" in best else "fused not compiled (" + (
         f"below {math.isqrt(AUTO_MIN_ELEMENTS)} squared entries, where compiling costs more than the passes can save"
         if compiled is None else "cannot be compiled here") + ")")
     _log.info("AdaCL: %s selection passes for %d x %d %s on %s: %s, eager %.1f ms; using the %s passes "
-              "(%s=auto; on or off forces one)", passes, rows, cols, str(dtype).replace("torch.", ""), device_type,
-              fused_text, best["eager"], choice, ENV_VARIABLE)
+              "(%s=auto, which keeps the fused passes only when they take under %.0f%% of the eager ones' time; "
+              "on or off forces one)", passes, rows, cols, str(dtype).replace("torch.", ""), device_type,
+              fused_text, best["eager"], choice, ENV_VARIABLE, FUSED_MARGIN * 100)
     return {"passes": passes, "device": device_type, "dtype": str(dtype).replace("torch.", ""), "rows": rows,
             "cols": cols, "fused_ms": best.get("fused"), "eager_ms": best["eager"], "choice": choice}
 

@@ -160,16 +160,31 @@ def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fr
         assert _wanted(large, "a", path("fused", 0.0), path("eager", 0.01))  # decided: not timed again
         assert not _wanted(large, "b", path("fused", 0.01), path("eager", 0.0))  # other passes: their own choice
         assert not _wanted(torch.empty(64, 64), "a", path("fused", 0.0), path("eager", 0.01))
-    assert calls == {"fused": 2 * (1 + fused.DECISION_ROUNDS), "eager": 3 * (1 + fused.DECISION_ROUNDS)}
+    per_decision = fused.DECISION_WARMUPS + fused.DECISION_ROUNDS
+    assert calls == {"fused": 2 * per_decision, "eager": 3 * per_decision}
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 3 and lines[0].startswith("AdaCL: a selection passes for 2048 x 2048 float32 on cpu: fused ")
-    assert re.search(r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto", lines[0])
+    assert re.search(r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto, "
+                     r"which keeps the fused passes only when they take under 90% of the eager ones' time", lines[0])
     assert "using the eager passes" in lines[1] and "fused not compiled (below 2048 squared entries" in lines[2]
     choices = recorded[-1]
     assert [(c["passes"], c["rows"], c["choice"]) for c in choices] == [("a", 2048, "fused"), ("b", 2048, "eager"),
                                                                         ("a", 64, "eager")]
     assert choices[0]["fused_ms"] < choices[0]["eager_ms"] and choices[2]["fused_ms"] is None
     assert len(recorded) == 3 and json.loads(json.dumps(choices)) == choices
+
+
+def test_auto_keeps_the_eager_passes_unless_the_fused_ones_win_by_the_margin(fresh_decisions, monkeypatch):
+    # Made-up timings (fused, eager alternating), so that the rule decides rather than this machine's noise.
+    timings = []
+    monkeypatch.setattr(fused, "_timed", lambda path, device_type: timings.pop(0))
+    timings[:] = [0.095, 0.1] * fused.DECISION_ROUNDS  # fused at 95% of eager: a tie, kept eager
+    assert not _wanted(torch.empty(2048, 2048), "a")
+    timings[:] = [0.085, 0.1] * fused.DECISION_ROUNDS  # at 85%: fused
+    assert _wanted(torch.empty(2048, 2048), "b")
+    assert [(d["fused_ms"], d["eager_ms"], d["choice"]) for d in fused.decisions()] == [
+        (pytest.approx(95.0), pytest.approx(100.0), "eager"), (pytest.approx(85.0), pytest.approx(100.0), "fused")]
+    assert not timings
 
 
 def test_auto_keeps_the_eager_passes_where_nothing_compiles(fresh_decisions):
