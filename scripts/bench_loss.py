@@ -307,19 +307,12 @@ def auto_choices(decisions: Optional[List[dict]] = None) -> str:
 
 
 def describe_machine(device: str, threads: int) -> str:
-    """CPU model (with family and model numbers, which tell apart CPUs that /proc/cpuinfo names alike),
-    cores, torch threads, and the GPU when measuring on one."""
+    """CPU model (with family and model numbers), cores, torch threads, the GPU when measuring on one, and the
+    code version measured."""
     from training.loss_comparison.report import machine_info
 
     info = machine_info(device)
-    fields = {}
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                name, _, value = line.partition(":")
-                fields.setdefault(name.strip(), value.strip())
-    family = f" (family {fields['cpu family']}, model {fields['model']})" if "cpu family" in fields else ""
-    return f"CPU {info['cpu']}{family}, {info['cores']} cores, {threads} torch thread(s){info.get('gpu', '')}"
+    return f"CPU {info['cpu']}, {info['cores']} cores, {threads} torch thread(s){info.get('gpu', '')}; code {info['code']}"
 
 
 def load_average() -> str:

@@ -10,12 +10,14 @@ already on the device, so data loading is left out. After --warmup-steps steps p
 interleave the losses so that drift on a shared machine hits all of them alike; each loss's step
 time is the median of its rounds, the ratio is that against the first loss's (clip) in the same
 run, and the paired ratio the median over rounds of the two losses' back-to-back step times.
+Each round also times every loss alone (forward and backward on the model's features of the
+batch, detached): the loss's share is its median over the step's, what a faster or slower loss
+can change in the step.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -84,42 +86,67 @@ def step_seconds(trainee: Trainee, batch: MicroBatch, precision, device: torch.d
     return time.perf_counter() - start
 
 
+def loss_seconds(trainee: Trainee, features: tuple, device: torch.device) -> float:
+    """One forward and backward of the loss alone on fixed features (leaves, so nothing else runs)."""
+    image, text, logit_scale = (tensor.detach().requires_grad_() for tensor in features)
+    trainee.loss.eval()  # a timing, not a training step: it stages no update of the loss's state
+    synchronize(device)
+    start = time.perf_counter()
+    trainee.loss(image, text, logit_scale).backward()
+    synchronize(device)
+    trainee.loss.train()
+    return time.perf_counter() - start
+
+
 def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, device: torch.device, precision: str,
                warmup: int, repeats: int) -> List[dict]:
-    """One row per loss: median step seconds, samples/s and the ratio to the first loss."""
+    """One row per loss: median step seconds, samples/s, the ratio to the first loss and the loss's share."""
     trainees = {loss: build_trainee(model_name, loss, precision, device) for loss in losses}
     first = next(iter(trainees.values())).model
     step_precision = build_precision(precision, device)
     batch = random_batch(first, batch_size, device, step_precision.input_dtype)
+    with torch.no_grad(), step_precision.autocast():
+        image, text, logit_scale = first(batch.images, batch.texts)[:3]
+    features = (image.float(), text.float(), logit_scale.float())
     for trainee in trainees.values():
         for _ in range(warmup):
             step_seconds(trainee, batch, step_precision, device)
+            loss_seconds(trainee, features, device)
     seconds: Dict[str, List[float]] = {loss: [] for loss in losses}
+    alone: Dict[str, List[float]] = {loss: [] for loss in losses}
     for _ in range(repeats):
         for loss, trainee in trainees.items():
             seconds[loss].append(step_seconds(trainee, batch, step_precision, device))
+            alone[loss].append(loss_seconds(trainee, features, device))
     medians = {loss: statistics.median(values) for loss, values in seconds.items()}
     baseline = losses[0]
     return [{"model": model_name, "batch_size": batch_size, "loss": loss, "seconds": medians[loss],
              "samples_per_second": batch_size / medians[loss], "ratio": medians[loss] / medians[baseline],
              # Within a round the losses ran back to back: the median of those ratios discounts drift.
              "paired_ratio": statistics.median(ours / theirs for ours, theirs in zip(seconds[loss], seconds[baseline])),
+             "loss_seconds": statistics.median(alone[loss]),
+             "loss_share": statistics.median(alone[loss]) / medians[loss],
              "rounds": seconds[loss]} for loss in losses]
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio | loss alone (ms) | "
+             "loss's share of the step |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
-                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {row['paired_ratio']:.3f} |")
+                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {row['paired_ratio']:.3f} | "
+                     f"{row['loss_seconds'] * 1e3:.1f} | {row['loss_share']:.1%} |")
     return "\n".join(lines)
 
 
 def describe_device(device: torch.device, threads: int) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {threads} thread(s)"
+    """The GPU, or the CPU with its family and model numbers, threads and load; and the code version measured."""
+    from training.loss_comparison.report import machine_info
+
+    info = machine_info(device.type)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"CPU {info['cpu']}, {info['cores']} cores, {threads} thread(s), load average {info['load']}")
+    return f"{where}; code {info['code']}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

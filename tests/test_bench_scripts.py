@@ -193,3 +193,52 @@ def test_the_glyph_summary_gives_verdicts_and_the_share_of_the_oracles_gain(tmp_
     adaclw_row = next(line for line in text.splitlines() if line.startswith("| `adaclw`"))
     assert "| helps | 51% |" in adaclw_row  # +0.021 of the oracle's +0.041
     assert "| `scratch-weak` | not run |" in text
+
+
+def _script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_step_reports_the_ratio_and_the_loss_share_of_the_step(tmp_path, capsys):
+    rows = _script("bench_step").main(["--smoke", "--threads", "1", "--output", str(tmp_path / "step.json")])
+    assert [row["loss"] for row in rows] == ["clip", "adacl"] and rows[0]["ratio"] == 1.0
+    assert all(0 < row["loss_seconds"] < row["seconds"] and row["loss_share"] == row["loss_seconds"] / row["seconds"]
+               for row in rows)
+    printed = capsys.readouterr().out
+    assert "loss's share of the step |" in printed and "; code " in printed and "(family " in printed
+
+
+def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monkeypatch, tmp_path):
+    bench = _script("bench_loss")
+    ratios = iter([1.2, 1.0, 1.4, 1.1, 1.3, 1.2])  # processes in the order auto, eager; eager, auto; auto, eager
+
+    def fake_run(command, **kwargs):
+        path, output = command[command.index("--paths") + 1], Path(command[command.index("--json") + 1])
+        ratio = next(ratios)
+        rows = [{"inputs": "trained-50", "N": 64, "loss": "clip", "path": "-", "seconds": 1.0, "time_ratio": 1.0,
+                 "cpu_seconds": 2.0, "cpu_ratio": 1.0}]
+        rows += [{"inputs": "trained-50", "N": 64, "loss": f"adacl-{mode}", "path": path, "seconds": ratio,
+                  "time_ratio": ratio, "cpu_seconds": 2 * ratio, "cpu_ratio": ratio} for mode in bench.MODES]
+        decisions = [{"passes": "keys", "rows": 64, "cols": 64, "dtype": "float32", "device": "cpu", "choice": "eager",
+                      "fused_ms": None, "eager_ms": 1.0}] if path == "auto" else []
+        output.write_text(json.dumps({"rows": rows, "auto_choices": decisions}))
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    args = bench.parse_args(["--sizes", "64", "--inputs", "trained-50", "--paths", "auto", "eager", "--processes", "3"])
+    args.scratch = str(tmp_path)
+    rows, decisions = bench.benchmark_in_processes(args)
+    assert [(row["loss"], row["path"]) for row in rows] == [("clip", "-"), ("adacl-literal", "auto"),
+                                                            ("adacl-literal", "eager"), ("adacl-calibrated", "auto"),
+                                                            ("adacl-calibrated", "eager")]
+    auto, eager = rows[1], rows[2]  # auto ran 1.2, 1.1, 1.3; eager 1.0, 1.4, 1.2
+    assert auto["time_ratio"] == 1.2 and auto["time_ratio_range"] == (1.1, 1.3) and auto["processes"] == 3
+    assert eager["time_ratio"] == 1.2 and eager["time_ratio_range"] == (1.0, 1.4)
+    assert "auto_over_best" not in auto  # no fused path measured
+    assert len(decisions) == 3
+    table = bench.markdown_table(rows)
+    assert "| ratio range |" in table and "| 1.200 | 1.100-1.300 |" in table

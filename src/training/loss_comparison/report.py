@@ -348,15 +348,20 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
 
 
 def machine_info(device: str) -> Dict[str, str]:
-    """CPU, cores, load, library versions, code version (and the GPU when running on one)."""
+    """CPU (with its family and model numbers, which tell apart CPUs that /proc/cpuinfo names alike), cores,
+    load, library versions, code version (and the GPU when running on one)."""
     import torch
 
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("model name")]
-        cpu = models[0] if models else cpu
+        fields: Dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+        cpu = fields.get("model name", cpu)
+        if "cpu family" in fields and "model" in fields:
+            cpu += f" (family {fields['cpu family']}, model {fields['model']})"
     info = {
         "cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(), "torch": torch.__version__,
         "open_clip": package_version("open_clip_torch"), "clip_benchmark": package_version("clip-benchmark"),
