@@ -106,8 +106,8 @@ def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, devic
     step_precision = build_precision(precision, device)
     batch = random_batch(first, batch_size, device, step_precision.input_dtype)
     with torch.no_grad(), step_precision.autocast():
-        image, text, logit_scale = first(batch.images, batch.texts)[:3]
-    features = (image.float(), text.float(), logit_scale.float())
+        output = first(batch.images, batch.texts)
+    features = tuple(output[name].float() for name in ("image_features", "text_features", "logit_scale"))
     for trainee in trainees.values():
         for _ in range(warmup):
             step_seconds(trainee, batch, step_precision, device)
