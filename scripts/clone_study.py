@@ -133,6 +133,7 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
     checkpoint = RunDir(logs / name).epoch_checkpoint(epochs)
     if checkpoint.is_file():
+        check_pretrained_data_seed(checkpoint, TRANSFER_PRETRAIN_DATA_SEED)
         return checkpoint
     splits = manifest["splits"]
     values = {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
@@ -142,6 +143,17 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     print(f"== pretraining {name} on {data_dir} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
     run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
+
+
+def check_pretrained_data_seed(checkpoint: Path, data_seed: int) -> None:
+    """Refuse to reuse a pretraining checkpoint whose run trained on scenes of another data seed (or whose data
+    seed its run folder does not record): fine-tuning from it would repeat the pretraining geometry."""
+    from training.provenance import checkpoint_identity
+
+    recorded = checkpoint_identity(str(checkpoint))["data_seed"]
+    if recorded != str(data_seed):
+        raise SystemExit(f"error: {checkpoint} was pretrained on scenes of data seed {recorded or 'unknown'}, not "
+                         f"{data_seed}; remove its run folder {checkpoint.parent.parent} to pretrain again")
 
 
 def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -> str:

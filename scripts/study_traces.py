@@ -37,6 +37,12 @@ def trace_row(run: str, record: Dict[str, float]) -> Dict[str, object]:
     return row
 
 
+def trace_name(run_dir: Path, runs_dirs: List[Path]) -> str:
+    """The run's name, prefixed with its comparison's folder when several comparisons are traced: two
+    comparisons name their runs alike (`clip-seed0`), and each trace must name one run."""
+    return run_dir.name if len(runs_dirs) == 1 else f"{run_dir.parent.parent.name}/{run_dir.name}"
+
+
 def rounded(value: object) -> object:
     return f"{value:.5g}" if isinstance(value, float) else ("" if value is None else value)
 
@@ -76,13 +82,13 @@ def main(argv=None) -> None:
 
     all_rows, lines = [], []
     for run_dir in sorted((path for runs_dir in args.runs_dir for path in runs_dir.iterdir()), key=lambda p: p.name):
-        rows = [trace_row(run_dir.name, record) for record in RunDir(run_dir).metrics("train")]
+        rows = [trace_row(trace_name(run_dir, args.runs_dir), record) for record in RunDir(run_dir).metrics("train")]
         if not rows:
             continue
         all_rows += rows
         record_path = run_dir.parent.parent / "records" / f"{run_dir.name}.json"
         verdict = assess_run(json.loads(record_path.read_text()))["verdict"] if record_path.is_file() else None
-        line = mechanism_line(run_dir.name, rows, verdict)
+        line = mechanism_line(trace_name(run_dir, args.runs_dir), rows, verdict)
         if line:
             lines.append(line)
     write_traces(all_rows, args.traces)

@@ -17,7 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 METRICS_NAME = "metrics.jsonl"
 RESULTS_NAME = "results.jsonl"      # in the checkpoint folder, beside the checkpoints it evaluates
@@ -117,6 +117,24 @@ class RunDir:
     def step_checkpoints(self) -> List[Path]:
         """The step_N.pt files, by N."""
         return numbered_checkpoints(self.checkpoint_dir, STEP_CHECKPOINT_NAME)
+
+    @property
+    def params_path(self) -> Path:
+        return self.path / PARAMS_NAME
+
+    def recorded_flags(self) -> Dict[str, str]:
+        """The arguments of the run's last launch as params.txt records them (`name: value`, values as text);
+        empty before the first launch wrote it."""
+        if not self.params_path.is_file():
+            return {}
+        flags: Dict[str, str] = {}
+        for line in self.params_path.read_text().splitlines():
+            if line.startswith("# launch"):
+                flags = {}
+            elif ": " in line:
+                name, _, value = line.partition(": ")
+                flags[name] = value
+        return flags
 
     def final_checkpoint(self) -> Path:
         """The newest epoch_N.pt; a clear error if the run wrote none."""

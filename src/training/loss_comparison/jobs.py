@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from training.provenance import code_version
+from training.provenance import checkpoint_identity, code_version, dirty_files
 from training.run_dir import RunDir
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
@@ -202,9 +202,18 @@ def base_record(job: RunJob) -> Dict[str, Any]:
     return {
         "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
         "status": OK, "error": None, "batch_size": job.batch_size, "world_size": job.world_size,
-        "train_argv": job.train_argv, "code": code_version(), "train_seconds": None, "eval_seconds": None, "wall_seconds": None,
-        "val_num_samples": None, "metrics": {},
+        "train_argv": job.train_argv, "code": code_version(), "code_dirty": dirty_files(),
+        "pretrained": pretrained_identity(job.train_argv),
+        "train_seconds": None, "eval_seconds": None, "wall_seconds": None, "val_num_samples": None, "metrics": {},
     }
+
+
+def pretrained_identity(train_argv: List[str]) -> Optional[Dict[str, Optional[str]]]:
+    """`provenance.checkpoint_identity` of the run's last --pretrained, None when it trains from scratch."""
+    values = [argument.split("=", 1)[1] if argument.startswith("--pretrained=") else train_argv[index + 1]
+              for index, argument in enumerate(train_argv)
+              if argument.startswith("--pretrained=") or (argument == "--pretrained" and index + 1 < len(train_argv))]
+    return checkpoint_identity(values[-1]) if values else None
 
 
 def training_metrics(run_dir: Path) -> Dict[str, float]:

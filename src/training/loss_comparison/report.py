@@ -19,7 +19,7 @@ import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from training.provenance import code_version
 
@@ -27,7 +27,7 @@ from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .findings import (check_endpoint, findings, flagged_runs, markdown_table, paired_section, primary_section,
                        reference_label)
 from .jobs import BASELINE, MODEL
-from .preregistration import Preregistration
+from .preregistration import DEFAULT_MARGIN, Preregistration
 from .stats import (CollapseCriteria, VariantSummary, chance_level, check_same_code, metric_keys, paired_difference,
                     section_keys, summarize, with_endpoint)
 
@@ -137,8 +137,9 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
     if num_reused:
         timing += (f"; {num_reused} of the runs were reused from an earlier call (their times are from it), "
                    f"so this call's wall time is not the comparison's")
+    summed = f" ({sum(run_seconds) / 60:.1f} min of run time in all)" if run_seconds else ""
     when = (f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
-            + timing)
+            + summed + timing)
     if context.emitted:
         # Cluster jobs run when the scheduler starts them: only each run's own time is known.
         when = (f"- jobs written {context.started}; {len(records)} runs with a record, "
@@ -247,11 +248,22 @@ def paired_points(records: Sequence[Mapping[str, Any]], labels: Sequence[str], r
     return points
 
 
+def paired_axis_limits(points: Sequence[PairedPoint], margin: float) -> Tuple[float, float]:
+    """The difference panel's y range: every point and interval, and at least three equivalence margins either
+    side, so that a difference well inside the margin (-0.002 for 0.02) looks as small as it is instead of
+    filling the axis."""
+    ends = [end for point in points for end in (point.interval or (point.mean, point.mean))]
+    low, high = min(ends, default=0.0), max(ends, default=0.0)
+    pad = 0.1 * (high - low)
+    return min(low - pad, -3 * margin), max(high + pad, 3 * margin)
+
+
 def write_plot(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]], reference: Optional[str],
-               path: Path) -> bool:
+               path: Path, margin: float = DEFAULT_MARGIN) -> bool:
     """Two panels: grouped bars (one group per main metric, one bar per variant, std error bars) with the chance
     level where known; below, each variant's paired difference to `reference` with its 95% interval, the
-    numbers the verdicts rest on. False if nothing to plot."""
+    numbers the verdicts rest on, over the band of +-`margin` (the equivalence margin: no effect inside it).
+    False if nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,6 +300,10 @@ def write_plot(summaries: Sequence[VariantSummary], records: Sequence[Mapping[st
     axes.grid(axis="y", alpha=0.3)
     figure.legend(*axes.get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside upper center", frameon=False)
     paired_axes.axhline(0.0, color="black", linewidth=1)
+    paired_axes.axhspan(-margin, margin, color="tab:green", alpha=0.15, linewidth=0,
+                        label=f"equivalence margin ±{margin:g} (no effect inside)")
+    paired_axes.set_ylim(*paired_axis_limits(points, margin))
+    paired_axes.legend(fontsize=8, loc="upper right", frameon=False)
     for point in points:
         position = keys.index(point.key) + offsets[point.label]
         low, high = point.interval if point.interval is not None else (point.mean, point.mean)
@@ -335,7 +351,7 @@ def write_report(records: Sequence[Mapping[str, Any]], context: ReportContext, r
     output_dir.mkdir(parents=True, exist_ok=True)
     plot_path = results_md.with_suffix(".png")
     csv_path = results_md.with_name(results_md.stem + "_runs.csv")
-    has_plot = write_plot(summaries, records, reference, plot_path)
+    has_plot = write_plot(summaries, records, reference, plot_path, preregistration.margin)
     write_runs_csv(records, csv_path)
     markdown = render_markdown(summaries, records, context, plot_path.name if has_plot else None, csv_path.name,
                                preregistration, missing)

@@ -4,7 +4,8 @@ import csv
 import pytest
 
 from training.loss_comparison.findings import compare
-from training.loss_comparison.report import KEEP_MARKER, chance_level, paired_points, plot_keys, write_report
+from training.loss_comparison.report import (KEEP_MARKER, PairedPoint, chance_level, paired_axis_limits, paired_points,
+                                             plot_keys, write_report)
 from training.loss_comparison.stats import assess_run, summarize
 from helpers.comparison_records import assessed_records, record, report_context
 
@@ -25,7 +26,7 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     markdown = write_report(records, report_context(tmp_path), results_md, tmp_path / "out")
     assert results_md.read_text() == markdown
     assert "python -m training.loss_comparison --quick --seeds 0,1,2" in markdown and "Test CPU, 2 cores" in markdown
-    assert "**10.0 min** for 10 runs; one run (its process: start, train, evaluate) took 15 s" in markdown
+    assert "**10.0 min** for 10 runs (2.5 min of run time in all); one run (its process: start, train, evaluate) took 15 s" in markdown
     assert "**192 steps** at batch 64" in markdown
     assert "| `A` | 2/3 ok (1 collapsed) | 0.320 ± 0.028 |" in markdown
     assert "| `C` | 0/2 ok (2 collapsed) | - |" in markdown
@@ -40,6 +41,14 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     assert len(rows) == len(records) and rows[2]["verdict"] == "collapsed" and rows[2]["clone/overall"] == "0.99"
     for name in ("results.md", "runs.csv", "results.png", "summary.csv"):
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_the_difference_panel_spans_three_equivalence_margins_so_a_small_difference_looks_small():
+    tiny = [PairedPoint("B", "clone/overall", -0.002, (-0.004, 0.0), 5)]
+    assert paired_axis_limits(tiny, 0.02) == (pytest.approx(-0.06), pytest.approx(0.06))
+    large = [PairedPoint("B", "clone/overall", -0.099, (-0.163, -0.035), 5), PairedPoint("C", "clone/overall", 0.01, None, 1)]
+    low, high = paired_axis_limits(large, 0.02)
+    assert low == pytest.approx(-0.163 - 0.0173) and high == pytest.approx(0.06)
 
 
 def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their_intervals():

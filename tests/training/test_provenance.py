@@ -1,0 +1,100 @@
+"""What a run records of the code it ran and of the checkpoint it starts from, on real git repositories and
+real run folders."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import provenance
+from training.loss_comparison.jobs import pretrained_identity
+from training.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                   capture_output=True)
+
+
+def test_dirty_files_names_each_changed_path_with_the_hash_of_its_content(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "kept.py").write_text("a = 1\n")
+    (tmp_path / "gone.py").write_text("b = 2\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "first")
+    provenance.dirty_files.cache_clear()
+    assert provenance.dirty_files(tmp_path) == {}
+    (tmp_path / "kept.py").write_text("a = 3\n")
+    (tmp_path / "gone.py").unlink()
+    (tmp_path / "new.py").write_text("c = 4\n")
+    provenance.dirty_files.cache_clear()
+    dirty = provenance.dirty_files(tmp_path)
+    assert dirty == {"gone.py": "deleted", "kept.py": provenance.file_digest(tmp_path / "kept.py"),
+                     "new.py": provenance.file_digest(tmp_path / "new.py")}
+    assert len(dirty["kept.py"]) == 12 and dirty["kept.py"] != dirty["new.py"]
+    provenance.code_version.cache_clear()
+    assert "+ diff" in provenance.code_version(tmp_path)
+    provenance.dirty_files.cache_clear()
+    provenance.code_version.cache_clear()
+
+
+def _pretraining_run(root: Path, seed) -> Path:
+    """A run folder whose last launch trained on scenes with a manifest of `seed`; its checkpoint."""
+    data = root / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"seed": seed}))
+    run = root / "pretrain" / "clip"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "params.txt").write_text(f"# launch at 2026-01-01 00:00:00, 1 rank(s), from scratch\ntrain_data: "
+                                    f"{root / 'old'}/x.tar\nseed: 1\n# launch at 2026-01-01 01:00:00, 1 rank(s), resumed\n"
+                                    f"train_data: {data}/train/shard-{{000000..000003}}.tar\nseed: 1\n")
+    checkpoint = run / "checkpoints" / "epoch_2.pt"
+    checkpoint.write_bytes(b"weights")
+    return checkpoint
+
+
+def test_a_fine_tuning_run_records_the_checkpoint_it_starts_from_and_its_data_seed(tmp_path):
+    checkpoint = _pretraining_run(tmp_path, 1)
+    assert RunDir(checkpoint.parent.parent).recorded_flags()["train_data"].startswith(str(tmp_path / "data"))
+    identity = pretrained_identity(["--lr", "1e-4", "--pretrained", str(checkpoint), "--epochs", "2"])
+    assert identity == {"path": str(checkpoint), "sha256": provenance.file_digest(checkpoint), "data_seed": "1"}
+    assert pretrained_identity([f"--pretrained={checkpoint}"]) == identity
+    assert pretrained_identity(["--lr", "1e-4"]) is None
+    assert pretrained_identity(["--pretrained", "openai"]) == {"path": "openai", "sha256": None, "data_seed": None}
+
+
+def test_clone_study_refuses_a_pretraining_checkpoint_of_another_data_seed(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import clone_study
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    checkpoint = _pretraining_run(tmp_path, 0)
+    with pytest.raises(SystemExit, match=r"pretrained on scenes of data seed 0, not 1; remove its run folder"):
+        clone_study.check_pretrained_data_seed(checkpoint, 1)
+    clone_study.check_pretrained_data_seed(checkpoint, 0)
+
+
+def test_study_traces_name_every_run_uniquely_across_comparisons(tmp_path, monkeypatch):
+    import csv
+    import gzip
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import study_traces
+
+    runs_dirs = []
+    for study in ("controls", "bank"):
+        run = tmp_path / study / "runs" / "clip-seed0"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": step, "loss": 4.0 - step,
+                                                               "stats/mean_cosine": 0.1}) + "\n" for step in (1, 2)))
+        runs_dirs.append(tmp_path / study / "runs")
+    traces = tmp_path / "traces.csv.gz"
+    study_traces.main(["--runs-dir", *map(str, runs_dirs), "--traces", str(traces),
+                       "--mechanism", str(tmp_path / "mechanism.md")])
+    with gzip.open(traces, "rt") as handle:
+        names = [row["run"] for row in csv.DictReader(handle)]
+    assert names == ["controls/clip-seed0"] * 2 + ["bank/clip-seed0"] * 2
