@@ -21,12 +21,23 @@ def test_a_val_clip_loss_at_its_chance_value_is_collapsed_whatever_the_training_
     # The collapsed paper runs: training loss 0.001-0.04, val CLIP loss ~ ln 64, recall above 2x chance.
     verdict = assess_run(record("adacl:paper", loss=0.02, val_loss=math.log(64) * 0.96, i2t=0.004, t2i=0.004))
     assert verdict["verdict"] == "collapsed" and "val CLIP loss" in verdict["reasons"][0]
-    assert assess_run(record(val_loss=math.log(64) * 0.9))["verdict"] == "ok"  # below 95% of chance: learning
+    at_chance = {"i2t": 0.004, "t2i": 0.004}  # 2 x chance of 512 val pairs: no retrieval above chance
+    assert assess_run(record(val_loss=math.log(64) * 0.9, **at_chance))["verdict"] == "ok"  # below 95%: learning
     strict = CollapseCriteria(loss_band=0.15)
-    assert assess_run(record(val_loss=math.log(64) * 0.9), strict)["verdict"] == "collapsed"
+    assert assess_run(record(val_loss=math.log(64) * 0.9, **at_chance), strict)["verdict"] == "collapsed"
     # Far above chance with recall above chance: a confidently wrong model (pseudo captions), not a collapse.
     assert assess_run(record(val_loss=math.log(64) * 3, i2t=0.01, t2i=0.01))["verdict"] == "ok"
-    assert assess_run(record(val_loss=math.log(64) * 1.04))["verdict"] == "collapsed"
+    assert assess_run(record(val_loss=math.log(64) * 1.04, **at_chance))["verdict"] == "collapsed"
+
+
+def test_a_loss_near_chance_with_retrieval_above_chance_is_no_collapse():
+    # The pseudo-caption run that the loss band alone called collapsed: val CLIP loss 4.131, R@1 4 x chance.
+    near = record("adacl:positive_grad=fixed", val_loss=4.131, i2t=0.0078125, t2i=0.0078125)
+    assert assess_run(near)["verdict"] == "ok"
+    at_three = record(val_loss=4.131, i2t=3 / 512, t2i=3 / 512)
+    assert assess_run(at_three)["verdict"] == "ok"
+    below = assess_run(record(val_loss=4.131, i2t=2.5 / 512, t2i=2.5 / 512))
+    assert below["verdict"] == "collapsed" and "below 3 x chance" in below["reasons"][0]
 
 
 def test_the_chance_value_is_the_one_the_trainer_recorded_else_ln_of_the_val_batch():
@@ -34,7 +45,8 @@ def test_the_chance_value_is_the_one_the_trainer_recorded_else_ln_of_the_val_bat
     assert val_chance_loss(record(batch=1024)) == pytest.approx(math.log(512))  # the val set is one batch
     recorded = record(**{"val/clip_loss_chance": 3.5})
     assert val_chance_loss(recorded) == 3.5
-    assert assess_run({**recorded, "metrics": {**recorded["metrics"], "val/clip_loss": 3.4}})["verdict"] == "collapsed"
+    low_recall = {"val/clip_loss": 3.4, "val/i2t_R@1": 0.004, "val/t2i_R@1": 0.004}
+    assert assess_run({**recorded, "metrics": {**recorded["metrics"], **low_recall}})["verdict"] == "collapsed"
 
 
 def test_pairs_of_different_code_are_refused_in_one_line():
