@@ -93,14 +93,23 @@ KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-
 
 
 def endpoint_argv(study: str) -> List[str]:
-    """The study's pre-registered endpoint, margin and reference (a json block of PREREGISTRATION)."""
-    return ["--preregistration", f"{PREREGISTRATION}#{study}"]
+    """The study's pre-registered endpoint, margin and reference (a json block of its registration)."""
+    source = MARGIN_PREREGISTRATION if study in MARGIN_ENDPOINTS else PREREGISTRATION
+    return ["--preregistration", f"{source}#{study}"]
 
 
-def study_name(regime: str, controls: bool) -> str:
-    """A regime's study: its own (`transfer`) or its positive controls' (`controls_transfer`), each with its own
-    runs folder, report and registration."""
-    return f"controls_{regime}" if controls else regime
+def study_name(regime: str, controls: bool, margins: bool = False) -> str:
+    """A regime's study: its own (`transfer`), its positive controls' (`controls_transfer`) or the registered
+    margin study on the controls' variants (`margins_transfer`), each with its own runs folder, report and
+    registration."""
+    return f"margins_{regime}" if margins else f"controls_{regime}" if controls else regime
+
+
+# `--margins`: the fine-tuning study whose co-primary endpoints are the shape cosine margin (its registration,
+# docs/preregistration_margins.md#margins_transfer) and shape accuracy (#margins_transfer_shape, reported from
+# the same runs); the transfer controls' variants on seeds of their own.
+MARGIN_ENDPOINTS = ("margins_transfer", "margins_transfer_shape")
+MARGIN_PREREGISTRATION = "docs/preregistration_margins.md"
 
 
 def scenes_dir(output_root: Path, combinations: str) -> Path:
@@ -171,8 +180,9 @@ def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -
 
 
 def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str],
-                losses: Optional[str] = None, controls: bool = False) -> List[str]:
-    regime, study = REGIMES[name], study_name(name, controls)
+                losses: Optional[str] = None, controls: bool = False, margins: bool = False) -> List[str]:
+    regime, study = REGIMES[name], study_name(name, controls, margins)
+    controls = controls or margins  # the margin study runs the controls' variants
     data_dir = scenes_dir(output_root, regime.combinations)
     if regime.combinations != "all":  # the comparison writes the default scenes itself
         write_scenes(data_dir, regime.combinations)
@@ -292,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--controls", action="store_true",
                         help="run (or report) each regime's positive controls instead of its study: "
                              "<output-dir>/controls_<regime>, <results-dir>/controls_<regime>.md")
+    parser.add_argument("--margins", action="store_true",
+                        help="run (or report) the registered fine-tuning margin study (docs/preregistration_margins.md) "
+                             "instead: --regimes transfer, the transfer controls' variants, <output-dir>/margins_transfer, "
+                             "<results-dir>/margins_transfer.md and margins_transfer_shape.md")
     args = parser.parse_args(argv)
     regimes = [name.strip() for name in args.regimes.split(",") if name.strip()]
     unknown = sorted(set(regimes) - set(REGIMES))
@@ -301,17 +315,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("the scratch regime's positive controls are the controls study (docs/results/controls.md, "
                      "docs/preregistration.md#controls); give --regimes " +
                      ",".join(name for name, regime in REGIMES.items() if regime.controls))
+    if args.margins and (regimes != ["transfer"] or args.controls):
+        parser.error("--margins is the transfer regime's study: give --regimes transfer, without --controls")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
     for name in regimes:
-        study = study_name(name, args.controls)
-        if args.report_only:
-            compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
-                            "--results-md", str(args.results_dir / f"{study}.md"), *endpoint_argv(study)])
-        else:
+        study = study_name(name, args.controls, args.margins)
+        if not args.report_only:
             print(f"== {study}: {REGIMES[name].title}", flush=True)
             compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses,
-                                       args.controls))
+                                       args.controls, args.margins))
+        for report in (MARGIN_ENDPOINTS if args.margins else (study,)):
+            if args.report_only or report != study:  # a run writes its own study's report
+                compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
+                                "--results-md", str(args.results_dir / f"{report}.md"), *endpoint_argv(report)])
+    if args.margins:
+        print(f"wrote {', '.join(str(args.results_dir / report) + '.md' for report in MARGIN_ENDPOINTS)}")
+        return
     if args.controls:  # RESULTS.md is assembled from the regimes' own studies
         print(f"wrote {', '.join(str(args.results_dir / study_name(name, True)) + '.md' for name in regimes)}")
         return

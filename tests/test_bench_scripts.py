@@ -242,3 +242,18 @@ def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monke
     assert len(decisions) == 3
     table = bench.markdown_table(rows)
     assert "| ratio range |" in table and "| 1.200 | 1.100-1.300 |" in table
+
+
+def test_the_margin_study_reads_its_own_registration_and_runs_only_in_transfer(capsys):
+    from training.loss_comparison.preregistration import from_file
+
+    study = _clone_study()
+    assert study.study_name("transfer", False, margins=True) == "margins_transfer"
+    for name in study.MARGIN_ENDPOINTS:
+        argv = study.endpoint_argv(name)
+        assert argv == ["--preregistration", f"docs/preregistration_margins.md#{name}"]
+        assert from_file(str(REPO / argv[1])).reference == "clip"
+    assert study.endpoint_argv("controls_transfer") == ["--preregistration", "docs/preregistration.md#controls_transfer"]
+    with pytest.raises(SystemExit):
+        study.main(["--margins", "--regimes", "scratch"])
+    assert "--margins is the transfer regime's study" in capsys.readouterr().err
