@@ -12,7 +12,10 @@ import json
 import subprocess
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    from .run_dir import RunDir
 
 UNKNOWN = "unknown (not a git checkout)"
 
