@@ -8,8 +8,11 @@ INSTALL_REQUIRES = [
     "torchvision>=0.18",
     # open_clip 4.x rewrote training around "tasks"; we import open_clip_train's 3.x pieces.
     "open_clip_torch>=3.3,<4",
-    # 0.2.86 is the newest open_clip_torch[training] accepts; our pipeline also runs on 1.0.x.
-    "webdataset>=0.2.86",
+    # Exactly 0.2.86: the oldest our pipeline is tested with, and the newest open_clip_torch[training] accepts
+    # (<=0.2.86). Left open, pip picks 1.0.x, whose end-of-shard markers make stock open_clip_train's tar
+    # pipeline die with KeyError: 'fname' (so does 0.2.96); the README promises both trainers run from one
+    # environment (tests/test_packaging.py checks the range).
+    "webdataset==0.2.86",
     "braceexpand",
     "numpy",
     "pandas",  # open_clip_train.data imports it at load time

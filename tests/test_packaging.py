@@ -1,14 +1,19 @@
 """What `pip install .` puts into site-packages: only the project's own top-level names, so that
 installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`; and
-`pip install -r requirements.txt` keeps the torch that stack has."""
+`pip install -r requirements.txt` keeps the torch that stack has and a webdataset stock open_clip_train runs with."""
+import ast
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Sequence
+from typing import List, Sequence
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,10 +50,12 @@ def installed_metadata(site: Path, name: str, version: str, requires=()) -> None
     (info / "RECORD").write_text("")
 
 
-def resolve_offline(requirements: Sequence[str], shadowing_site: Path, source: Path) -> subprocess.CompletedProcess:
+def resolve_offline(requirements: Sequence[str], shadowing_site: Path, source: Path,
+                    find_links: str = "") -> subprocess.CompletedProcess:
     """pip's resolver, dry run and offline, for `pip install REQUIREMENTS` from `source` into this environment
-    with `shadowing_site`'s distributions installed ahead of its own (as another stack's torch would be)."""
-    env = {**os.environ, "PYTHONPATH": str(shadowing_site), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
+    with `shadowing_site`'s distributions installed ahead of its own (as another stack's torch would be); the
+    only index is the folder `find_links` (none by default)."""
+    env = {**os.environ, "PYTHONPATH": str(shadowing_site), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": find_links,
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
                            "--report", str(source / "report.json"), *requirements],
@@ -77,3 +84,66 @@ def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
     pins = (source / "constraints.txt").read_text().splitlines()
     (source / "other.txt").write_text("\n".join(line for line in pins if not line.startswith("torch")) + "\n")
     assert resolve_offline(["-r", "requirements.txt", "-c", "other.txt"], other_stack, source).returncode == 0
+
+
+def install_requires() -> List[Requirement]:
+    """setup.py's INSTALL_REQUIRES, read without running setup()."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and getattr(node.targets[0], "id", None) == "INSTALL_REQUIRES"]
+    return [Requirement(text) for text in ast.literal_eval(value)]
+
+
+def requirement_of(requirements: Sequence[Requirement], name: str) -> Requirement:
+    [requirement] = [requirement for requirement in requirements if requirement.name == name]
+    return requirement
+
+
+# webdataset releases around the ones that matter: 0.2.86 (the newest open_clip_torch[training] accepts), 0.2.96
+# and 1.0.x (stock open_clip_train's tar pipeline dies there with KeyError: 'fname').
+WEBDATASET_RELEASES = ("0.2.5", "0.2.79", "0.2.86", "0.2.88", "0.2.90", "0.2.96", "0.2.100", "1.0.0", "1.0.2")
+
+
+def test_the_webdataset_range_is_one_stock_open_clip_train_runs_with():
+    ours = requirement_of(install_requires(), "webdataset")
+    training_extra = [Requirement(text) for text in importlib.metadata.requires("open_clip_torch")
+                      if "training" in text.split(";", 1)[-1]]
+    theirs = requirement_of(training_extra, "webdataset")
+    allowed = [version for version in WEBDATASET_RELEASES if ours.specifier.contains(version)]
+    assert allowed == ["0.2.86"]
+    assert all(theirs.specifier.contains(version) for version in allowed), (str(ours), str(theirs))
+    assert ours.specifier.contains(importlib.metadata.version("webdataset"))
+    # The README states the range setup.py holds.
+    readme = (ROOT / "README.md").read_text()
+    assert f"`{ours}`" in readme and "`webdataset>=0.2.86`" not in readme
+
+
+def metadata_wheel(folder: Path, name: str, version: str) -> Path:
+    """A wheel holding only `name` `version`'s metadata: what pip's resolver reads from an index."""
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_requirements_txt_replaces_a_webdataset_1_by_the_one_open_clip_train_runs_with(tmp_path):
+    # The environment holds webdataset 1.0.2 (what pip picks for an open range); the index offers 0.2.86 and 1.0.2.
+    other_stack = tmp_path / "site"
+    installed_metadata(other_stack, "webdataset", "1.0.2")
+    index = tmp_path / "index"
+    index.mkdir()
+    for version in ("0.2.86", "1.0.2"):
+        metadata_wheel(index, "webdataset", version)
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("setup.py", "requirements.txt"):
+        shutil.copy(ROOT / name, source / name)
+
+    result = resolve_offline(["-r", "requirements.txt"], other_stack, source, find_links=str(index))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((source / "report.json").read_text())
+    installed = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
+    assert installed == {"open_clip_adacl": "0.1.0", "webdataset": "0.2.86"}

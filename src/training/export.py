@@ -21,11 +21,12 @@ default tokenizer is fully described by the config's text_cfg, which is why open
 component (`.../{00000..00099}.tar`), URLs and `pipe:` commands kept; `--eval-dir` adds the
 clip-benchmark table that `python -m training.evaluation --output-dir` wrote there (results.csv).
 
-Files are written atomically with the umask's mode, as checkpoints are.
+Files are written atomically with the umask's mode, as checkpoints are, into an empty (or new) folder: one
+that holds something is refused unless `--overwrite`, so an export never sits beside another model's files.
+A --checkpoint that is a folder, missing or not a weights file is one line saying so.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -37,10 +38,11 @@ import torch
 from open_clip.push_to_hf_hub import generate_readme
 from safetensors.torch import save
 
-from .checkpoint_files import atomic_file, load_checkpoint
+from .checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
+from .checkpoint_digest import CheckpointDamaged
 from .params import command_line
-from .tool_flags import add_trainer_flags
-from .run_dir import RESULTS_NAME, read_records  # the trainer's validation results, next to the checkpoints
+from .tool_flags import OneLineErrorParser, add_trainer_flags
+from .run_dir import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records  # the trainer's validation results, next to the checkpoints
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -63,17 +65,21 @@ def _configs(checkpoint: Dict[str, Any], model_name: Optional[str]) -> Dict[str,
     return {"model_cfg": model_cfg, "preprocess_cfg": dict(open_clip.get_model_preprocess_cfg(model))}
 
 
-def export(checkpoint_path: str | Path, output_dir: str | Path, *, model_name: Optional[str] = None) -> Path:
-    """Write DIR/open_clip_config.json and DIR/open_clip_model.safetensors; returns DIR."""
-    return _export_loaded(load_checkpoint(checkpoint_path), output_dir, model_name)
+def export(checkpoint_path: str | Path, output_dir: str | Path, *, model_name: Optional[str] = None,
+           overwrite: bool = False) -> Path:
+    """Write DIR/open_clip_config.json and DIR/open_clip_model.safetensors; returns DIR. DIR must be empty
+    (or new) unless `overwrite`."""
+    check_output_folder(Path(output_dir), overwrite)
+    return _export_loaded(read_checkpoint(checkpoint_path), output_dir, model_name)
 
 
 def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: str,
                    model_name: Optional[str] = None, license: str = "other",
-                   eval_dir: Optional[str | Path] = None) -> Path:
+                   eval_dir: Optional[str | Path] = None, overwrite: bool = False) -> Path:
     """`export` plus the model card (README.md) and tokenizer files of a hub model repository; returns DIR."""
+    check_output_folder(Path(hf_dir), overwrite)  # before reading anything
     evaluation = read_eval_table(Path(eval_dir)) if eval_dir is not None else []  # before writing anything
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = read_checkpoint(checkpoint_path)
     hf_dir = _export_loaded(checkpoint, hf_dir, model_name)
     tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
     if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
@@ -82,6 +88,36 @@ def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: 
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
     _write_text(hf_dir / README_NAME, generate_readme(card, repo_id.split("/")[-1]))
     return hf_dir
+
+
+def check_output_folder(folder: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds something (unless `overwrite`): the export's files would sit beside another
+    model's, and a loader of the folder could not tell them apart."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file: pass a folder to export into")
+    if not overwrite and folder.is_dir() and any(folder.iterdir()):
+        raise ValueError(f"{folder}: folder not empty: pass an empty one or --overwrite")
+
+
+def read_checkpoint(path: str | Path) -> Dict[str, Any]:
+    """`load_checkpoint` of --checkpoint, each way it can be wrong said in one line with its fix. A file torch
+    cannot read as weights is named as such: torch's own message advises weights_only=False, which would run
+    whatever code the file holds."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = checkpoint_candidates(path) or checkpoint_candidates(path / CHECKPOINT_DIR_NAME)
+        newest = f" (the newest there: {candidates[0]})" if candidates else ""
+        raise ValueError(f"--checkpoint {path} is a folder: pass a .pt inside it{newest}")
+    if not path.exists():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file; pass a checkpoint training.main wrote "
+                                "(<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)")
+    try:
+        return load_checkpoint(path)
+    except CheckpointDamaged:
+        raise
+    except Exception as error:  # noqa: BLE001 - any unreadable file: a truncated zip, a pickle of objects, text
+        raise ValueError(f"--checkpoint {path} is not a weights file torch can read ({type(error).__name__}: "
+                         "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote") from None
 
 
 def read_eval_table(eval_dir: Path) -> List[Dict[str, str]]:
@@ -96,18 +132,14 @@ def read_eval_table(eval_dir: Path) -> List[Dict[str, str]]:
 
 def public_value(value: Any) -> Any:
     """`value` with every local path (of a "::"-joined list too) cut to `.../<last component>`; URLs, `pipe:`
-    commands, hub names and plain values are kept."""
+    commands, hub names and plain values are kept. Any other text with a "/" is a path: a relative one
+    (`--logs demo/logs`) names the trainer's machine as much as an absolute one, and the card is read elsewhere."""
     if isinstance(value, (list, tuple)):
         return type(value)(public_value(item) for item in value)
     if not isinstance(value, str) or "/" not in value:
         return value
-    return "::".join(part if "://" in part or part.startswith(("pipe:", "hf-hub:")) or not _looks_local(part)
+    return "::".join(part if "://" in part or part.startswith(("pipe:", "hf-hub:")) or "/" not in part
                      else f".../{Path(part).name}" for part in value.split("::"))
-
-
-def _looks_local(text: str) -> bool:
-    """A path on this machine: absolute, home- or dot-relative, or one that exists."""
-    return text.startswith(("/", "~", "./", "../")) or Path(text).exists()
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -187,7 +219,7 @@ def verify_export(output_dir: Path, state_dict: Dict[str, torch.Tensor]) -> None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m training.export", description=__doc__.split("\n")[0])
+    parser = OneLineErrorParser(prog="python -m training.export", description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help="training checkpoint (epoch_N.pt, step_N.pt)")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--output", help="folder to write (loadable as local-dir:FOLDER)")
@@ -201,6 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--eval-dir", default=None,
                         help="with --hf-dir: a python -m training.evaluation --output-dir folder; its clip-benchmark "
                              "table goes into the model card")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a folder that is not empty, replacing the export's files there (others stay)")
     add_trainer_flags(parser, ("model",), defaults={"model": None},
                       notes={"model": "Here: only for checkpoints not written by training.main."})
     args = parser.parse_args(argv)
@@ -208,11 +242,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
         parser.error("--license and --eval-dir go into the model card: use them with --hf-dir")
     if args.hf_dir:
         output = export_for_hub(args.checkpoint, args.hf_dir, repo_id=args.repo_id, model_name=args.model,
-                                license=args.license, eval_dir=args.eval_dir)
+                                license=args.license, eval_dir=args.eval_dir, overwrite=args.overwrite)
         print(f"exported {args.checkpoint} to {output} for the hub (upload: hf upload "
               f"{args.repo_id} {output}; load locally with open_clip: 'local-dir:{output}')")
         return output
-    output = export(args.checkpoint, args.output, model_name=args.model)
+    output = export(args.checkpoint, args.output, model_name=args.model, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} to {output} (load with open_clip: 'local-dir:{output}')")
     return output
 
@@ -220,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
 def cli() -> None:
     try:
         main(sys.argv[1:])
-    except (ValueError, RuntimeError, FileNotFoundError) as error:
+    except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

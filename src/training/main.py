@@ -53,7 +53,7 @@ from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
 from .run_records import trim_to_resume_point
 from .safe_write import RunFiles
 from .schedule import build_scheduler
-from .startup import StartupPlan, check_startup
+from .startup import StartupPlan, check_startup, resume_note
 from .train import NonFiniteLossError, Trainer, train_one_epoch
 from .validation import run_validation, write_results, zero_shot_imagenet
 
@@ -103,7 +103,8 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
             check_dry_run_checkpoint_space(cfg, loss_fn)
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        print(f"dry run OK: {plan.text}")
+        note = resume_note(cfg)
+        print(f"dry run OK: {plan.text}" + (f"\n{note}" if note else ""))
         return None
     try:
         env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,

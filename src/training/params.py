@@ -195,7 +195,18 @@ class _OneLineErrorParser(argparse.ArgumentParser):
                 close = difflib.get_close_matches(unknown[0], known, n=1)
                 hint = f"; the closest supported flag is {close[0]}" if close else ""
                 raise ConfigError(f"unknown flag {unknown[0]}{hint} (python -m training.main --help lists them all)")
+            raise ConfigError(f"{message}{stray_path_hint(message[len(prefix):].split())} (python -m training.main "
+                              "--help lists the flags)")
         raise ConfigError(f"{message} (python -m training.main --help lists the flags)")
+
+
+def stray_path_hint(unrecognized: Sequence[str]) -> str:
+    """A hint for paths left over after a flag's value: the shell split an unquoted list (a glob, or two paths
+    after --train-data), and each flag takes one string."""
+    if not any("/" in arg or arg.endswith((".tar", ".csv", ".tsv")) for arg in unrecognized):
+        return ""
+    return ("; a second path after a flag that takes one? Quote the list, with braces for a range "
+            "('dir/{00000..00099}.tar') or '::' between sources, instead of a glob or spaces")
 
 
 def build_parser() -> argparse.ArgumentParser:

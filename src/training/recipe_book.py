@@ -1,6 +1,6 @@
 """Named recipes: the flags of a known run as a Python function, selected with `--recipe NAME`.
 
-    python -m training.main --recipe cc3m-rn50 --train-data '/data/cc3m/{00000..00331}.tar'
+    python -m training.main --recipe cc3m-rn50 --train-data '/data/cc3m/{00000..00331}.tar' --name cc3m-rn50
     python -m training.recipes cc3m-rn50 --world-size 8     # the flags it sets for 8 ranks, as argv
     python -m training.recipes cc3m-rn50 --world-size 3 --check   # exit 2: 1024 does not split over 3
 

@@ -16,6 +16,14 @@ from .config import run_flags
 from .params import add_loss_flag, add_recipe_flag, loss_flags
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A tool's parser whose mistakes are one `error:` line and exit status 2, as the trainer's: argparse's
+    usage screen before the error hides the line that says what to change."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n")
+
+
 def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
                       defaults: Optional[Mapping[str, Any]] = None, notes: Optional[Mapping[str, str]] = None) -> None:
     """Mount the trainer's own flags `dests` (by destination: name, help, type and choices as declared) on a

@@ -14,7 +14,7 @@ from training import params
 from training.checkpoint import Checkpointer, TrainState, run_components
 from training.data import DataPosition
 from training.distributed import DistributedEnv
-from training.export import CONFIG_NAME, WEIGHTS_NAME, export
+from training.export import CONFIG_NAME, WEIGHTS_NAME, cli as export_cli, export, model_card, public_value
 from training.model import build_model, open_clip_model_config, preprocess_config
 from training.optimizer import build_optimizer
 
@@ -105,3 +105,64 @@ def test_export_cli_reports_a_checkpoint_without_config(tmp_path):
     result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "bare.pt"),
                              "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "pass --model NAME" in result.stderr
+
+
+def export_cli_error(argv, monkeypatch, capsys) -> str:
+    """What `python -m training.export ARGV` prints when it refuses: exit status 2, one line on stderr, nothing
+    on stdout."""
+    monkeypatch.setattr(sys, "argv", ["python -m training.export", *map(str, argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        export_cli()
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith("error: ")
+    return captured.err.strip()
+
+
+class NotWeights:
+    """An object torch.save pickles as code to run, which a weights-only load refuses."""
+
+
+def test_export_mistakes_are_one_line_each_and_write_nothing(tmp_path, monkeypatch, capsys):
+    checkpoint, _, _ = _write_checkpoint(tmp_path, [])
+    out = tmp_path / "out"
+    folder_error = export_cli_error(["--checkpoint", tmp_path, "--output", out], monkeypatch, capsys)
+    assert folder_error == f"error: --checkpoint {tmp_path} is a folder: pass a .pt inside it (the newest there: {checkpoint})"
+    missing_error = export_cli_error(["--checkpoint", tmp_path / "epoch_9.pt", "--output", out], monkeypatch, capsys)
+    assert missing_error == (f"error: --checkpoint {tmp_path / 'epoch_9.pt'}: no such file; pass a checkpoint "
+                             "training.main wrote (<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)")
+    (tmp_path / "notes.pt").write_text("not a checkpoint\n")
+    torch.save({"model": NotWeights()}, tmp_path / "pickled.pt")
+    for name, kind in (("notes.pt", "UnpicklingError"), ("pickled.pt", "UnpicklingError")):
+        error = export_cli_error(["--checkpoint", tmp_path / name, "--output", out], monkeypatch, capsys)
+        assert error == (f"error: --checkpoint {tmp_path / name} is not a weights file torch can read ({kind}: "
+                         "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote")
+        assert "weights_only" not in error
+    usage_error = export_cli_error(["--checkpoint", checkpoint], monkeypatch, capsys)  # no usage screen before it
+    assert usage_error == "error: one of the arguments --output --hf-dir is required"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("target", ["--output", "--hf-dir"])
+def test_export_refuses_a_folder_that_is_not_empty_unless_overwrite(tmp_path, monkeypatch, capsys, target):
+    checkpoint, _, _ = _write_checkpoint(tmp_path, [])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "other_model.safetensors").write_bytes(b"someone else's")
+    error = export_cli_error(["--checkpoint", checkpoint, target, out], monkeypatch, capsys)
+    assert error == f"error: {out}: folder not empty: pass an empty one or --overwrite"
+    assert [path.name for path in out.iterdir()] == ["other_model.safetensors"]
+    monkeypatch.setattr(sys, "argv", ["python -m training.export", "--checkpoint", str(checkpoint), target, str(out),
+                                      "--overwrite"])
+    export_cli()
+    assert {CONFIG_NAME, WEIGHTS_NAME, "other_model.safetensors"} <= {path.name for path in out.iterdir()}
+
+
+def test_model_card_cuts_relative_paths_too(tmp_path):
+    values = {"logs": "demo/logs", "train_data": "data/train/{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
+              "val_data": "https://host/val.tar", "pretrained": "hf-hub:org/model", "model": "adacl-tiny"}
+    assert {name: public_value(value) for name, value in values.items()} == {
+        "logs": ".../logs", "train_data": ".../{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
+        "val_data": "https://host/val.tar", "pretrained": "hf-hub:org/model", "model": "adacl-tiny"}
+    card = model_card({"args": {"logs": "demo/logs", "model": "adacl-tiny"}, "epoch": 1, "step": 2}, [], "org/m")
+    assert "--logs .../logs" in card["details"]["Training command"] and "demo/logs" not in str(card)

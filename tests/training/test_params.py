@@ -79,6 +79,20 @@ def test_an_unknown_flag_is_one_line_naming_the_closest_flag(flag, closest):
     assert str(error.value) == expected + " (python -m training.main --help lists them all)"
 
 
+@pytest.mark.parametrize("argv", [["--train-data", "/data/a/0.tar", "/data/a/1.tar"],  # a glob the shell expanded
+                                  ["--train-data", "a.tar", "b.tar", "--batch-size", "8"]])
+def test_an_unquoted_second_path_gets_a_hint_to_quote_the_list(argv):
+    with pytest.raises(ConfigError) as error:
+        parse_args(argv)
+    message = str(error.value)
+    assert message.startswith(f"unrecognized arguments: {argv[2]}; a second path after a flag that takes one? "
+                              "Quote the list, with braces for a range ('dir/{00000..00099}.tar') or '::' between "
+                              "sources") and "\n" not in message
+    with pytest.raises(ConfigError) as error:  # a stray word that is no path gets no such hint
+        parse_args(["--train-data", "a.tar", "oops"])
+    assert str(error.value) == "unrecognized arguments: oops (python -m training.main --help lists the flags)"
+
+
 def test_a_leading_double_dash_is_ignored():
     assert parse_args(["--", *_valid("--batch-size", "8")]).batch_size == 8
 

@@ -104,7 +104,43 @@ def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp
     assert message == (f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest, roll it back "
                        f"with --resume {tmp_path / 'taken' / 'checkpoints'}/<checkpoint>, or choose another --name")
     assert main([*train_argv(demo_shards, tmp_path, "taken", "--resume", "latest"), "--dry-run"]) is None
-    assert "dry run OK" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "dry run OK" in out and f"--resume latest: the run continues from {summary.checkpoint}" in out
+
+
+def test_dry_run_of_resume_latest_without_a_run_says_it_starts_from_scratch(demo_shards, tmp_path, capsys):
+    assert main([*train_argv(demo_shards, tmp_path, "new", "--resume", "latest"), "--dry-run"]) is None
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == (f"--resume latest: no checkpoint in {tmp_path / 'new' / 'checkpoints'} "
+                                             "yet, so the run starts from scratch")
+    assert "warning" not in captured.err
+
+
+def without_name(argv):
+    index = argv.index("--name")
+    return argv[:index] + argv[index + 2:]
+
+
+def test_resume_latest_without_a_name_is_warned_about(demo_shards, tmp_path, capsys):
+    argv = without_name(train_argv(demo_shards, tmp_path, "unused", "--resume", "latest"))
+    assert main([*argv, "--dry-run"]) is None
+    captured = capsys.readouterr()
+    assert captured.err == ("warning: --resume latest without --name: each launch gets a new name (its start time), "
+                            "so a relaunch starts from scratch in a new folder; add --name NAME to continue this run "
+                            "when it is launched again\n")
+    assert captured.out.splitlines()[-1] == "--resume latest: no --name, so a new run: it starts from scratch"
+    # A run logs it too.
+    summary = main(argv)
+    assert "WARNING | --resume latest without --name" in (summary.record.path / "out.log").read_text()
+
+
+def test_amp_on_the_cpu_is_warned_about(demo_shards, tmp_path, capsys):
+    assert main([*train_argv(demo_shards, tmp_path, "amp", "--precision", "amp"), "--dry-run"]) is None
+    assert capsys.readouterr().err == (
+        "warning: --precision amp on the CPU: autocast trains slower there than fp32 (3x for adacl-tiny on 2 "
+        "cores); drop --precision (fp32 is the CPU's default) unless you are testing it\n")
+    assert main([*train_argv(demo_shards, tmp_path, "fp32"), "--dry-run"]) is None
+    assert capsys.readouterr().err == ""
 
 
 def test_warmup_longer_than_the_run_is_warned_about(demo_shards, tmp_path, capsys):

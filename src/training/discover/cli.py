@@ -24,6 +24,7 @@ from ..distributed import DistributedEnv, barrier, broadcast_object, init_distri
 from ..logger import setup_logging
 from ..tool_flags import add_trainer_flags
 from ..precision import build_precision
+from ..progress import eta_text
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import discovery_loader
@@ -150,7 +151,8 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     if store and start_batch:
         logger.info(f"resuming {args.output} at batch {start_batch}")
 
-    progress = _Progress(env, ordered.num_samples, start_batch * settings["global_batch_size"])
+    progress = _Progress(env, planned_samples(ordered.num_samples, args.max_batches, settings["global_batch_size"]),
+                         start_batch * settings["global_batch_size"])
     for local in loader:
         if args.max_batches is not None and local.index >= args.max_batches:
             break
@@ -212,11 +214,22 @@ def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection,
     return summary
 
 
+def planned_samples(num_samples: Optional[int], max_batches: Optional[int], global_batch_size: int) -> Optional[int]:
+    """The samples this pass reads: the data's, or fewer when --max-batches stops it first (the progress
+    bar's total, so that it ends at 100% and its estimate is of this pass)."""
+    if max_batches is None:
+        return num_samples
+    stop = max_batches * global_batch_size
+    return stop if num_samples is None else min(num_samples, stop)
+
+
 class _Progress:
-    """Samples per second on rank 0: a tqdm bar on a terminal, a log line every 30 s otherwise."""
+    """Samples per second and the time left on rank 0: a tqdm bar on a terminal, a log line every 30 s
+    otherwise."""
 
     def __init__(self, env: DistributedEnv, total: Optional[int], done: int):
         self.enabled = env.is_master
+        self.total, self.done, self.read = total, done, 0  # samples of the pass, read before and in this launch
         self.samples, self.start, self.last_log = 0, time.time(), time.time()
         self.start_cpu = _cpu_seconds()
         self.bar = tqdm(total=total, initial=done, unit="sample", unit_scale=True, desc="discover", smoothing=0.1,
@@ -224,12 +237,22 @@ class _Progress:
 
     def update(self, result) -> None:
         self.samples += result.rows
+        self.read += result.raw_samples
         self.bar.update(result.raw_samples)
         now = time.time()
         if self.bar.disable and now - self.last_log >= LOG_INTERVAL_SECONDS:
             self.last_log = now
-            rate = self.samples / (now - self.start)
-            logger.info(f"batch {result.index}: {self.samples} samples, {rate:.1f} samples/s")
+            logger.info(self.line(result.index, now))
+
+    def line(self, index: int, now: float) -> str:
+        """The log line after batch `index`: samples so far, their rate and, when the pass's size is known,
+        the time left at the rate of the samples read in this launch (skipped ones included, as the bar)."""
+        rate = self.samples / max(now - self.start, 1e-9)
+        text = f"batch {index}: {self.samples} samples, {rate:.1f} samples/s"
+        if self.total is None:
+            return text
+        return (f"{text}, {self.done + self.read}/{self.total} read, "
+                f"{eta_text(now - self.start, self.read, self.total - self.done)}")
 
     def close(self) -> Dict[str, float]:
         """This run's samples, seconds and samples per second, also per CPU-second of this process and

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import math
 import subprocess
@@ -35,12 +36,13 @@ from typing import Callable, Sequence
 
 import open_clip
 import torch
-from clip_benchmark.datasets.builder import build_dataset, get_dataset_collate_fn, get_dataset_default_task
+from clip_benchmark.datasets.builder import (build_dataset, dataset_collection, get_dataset_collate_fn,
+                                             get_dataset_default_task)
 from clip_benchmark.metrics import image_caption_selection, zeroshot_classification, zeroshot_retrieval
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
-from training.export import export, markdown_table
-from training.tool_flags import add_trainer_flags
+from training.export import CONFIG_NAME, export, markdown_table
+from training.tool_flags import OneLineErrorParser, add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
 
@@ -52,6 +54,17 @@ WDS_PREFIX = "wds/"
 LOCAL_DIR = "local-dir:"
 SPLIT = "test"
 TABLE_FIELDS = ("dataset", "task", "metric", "value")
+# clip-benchmark 1.6.2's dataset names (its builder's branches; its collections add the vtab/ ones), most used
+# first, so that the closest name to a mistyped one is the common one (imagenet -> imagenet1k, not imagenetv2).
+BENCHMARK_DATASETS = (
+    "imagenet1k", "cifar10", "cifar100", "mscoco_captions", "flickr30k", "flickr8k", "imagenetv2", "imagenet_sketch",
+    "imagenet-a", "imagenet-r", "objectnet", "babel_imagenet", "caltech101", "cars", "country211", "cub",
+    "dtd", "eurosat", "fer2013", "fgvc_aircraft", "flowers", "food101", "gtsrb", "inaturalist", "mnist", "pcam", "pets",
+    "renderedsst2", "resisc45", "stl10", "sun397", "svhn", "voc2007", "voc2007_multilabel", "winoground",
+    "multilingual_mscoco_captions", "flickr30k-200", "crossmodal3600", "xtd10", "xtd200", "dummy",
+)
+# Families of names clip-benchmark builds from a prefix: a local webdataset set, tfds and vtab tasks, SugarCrepe.
+DATASET_PREFIXES = (WDS_PREFIX, "tfds/", "vtab/", "sugar_crepe", "clevr_", "dsprites_", "kitti_", "smallnorb_")
 
 
 def benchmark_name(dataset: str) -> str:
@@ -76,6 +89,53 @@ def infer_task(dataset: str, root: Path) -> str:
         dataset_type = type_file.read_text().strip().lower() if type_file.is_file() else "classification"
         return RETRIEVAL if dataset_type == "retrieval" else CLASSIFICATION
     return get_dataset_default_task(dataset)
+
+
+def known_datasets() -> list[str]:
+    """The names clip-benchmark's `--dataset` takes, BENCHMARK_DATASETS first, then its collections' names and
+    members (`vtab+`, `retrieval`, ...)."""
+    collected = [name for members in dataset_collection.values() for name in members]
+    return list(dict.fromkeys([*BENCHMARK_DATASETS, *dataset_collection, *collected]))
+
+
+def closest_dataset(name: str, known: Sequence[str]) -> str | None:
+    """The known name a mistyped `name` most likely means: the first that extends it (imagenet -> imagenet1k),
+    else difflib's closest."""
+    extending = [candidate for candidate in known if candidate.startswith(name)]
+    close = extending or difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
+
+
+def check_dataset_names(datasets: Sequence[str]) -> None:
+    """Every name is one clip-benchmark knows, before any folder is looked at: an unknown name would be
+    reported as a dataset without data, hiding the typo."""
+    known = known_datasets()
+    for name in datasets:
+        if name in known or name.startswith(DATASET_PREFIXES):
+            continue
+        close = closest_dataset(name, known)
+        hint = f", did you mean {close}?" if close else ""
+        raise ValueError(f"--datasets {name}: unknown dataset{hint} (clip-benchmark's names; wds/NAME for a local "
+                         "webdataset set)")
+
+
+def check_export(folder: Path) -> None:
+    """The export loads in open_clip the way clip-benchmark will load it: a truncated weights file, or weights of
+    another architecture than its config, is one line naming the folder instead of the stock CLI's traceback."""
+    try:
+        open_clip.create_model(f"{LOCAL_DIR}{folder}")
+    except Exception as error:  # noqa: BLE001 - safetensors' and torch's errors, each its own type
+        raise ValueError(f"--model {LOCAL_DIR}{folder}: the export does not load ({load_problem(error)}); export it "
+                         "again with python -m training.export") from None
+
+
+def load_problem(error: Exception) -> str:
+    """The line of a load failure that says what is wrong: load_state_dict's first size mismatch or missing key
+    (after its header line), else the first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    detail = next((line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+                  lines[0] if lines else type(error).__name__)
+    return f"{type(error).__name__}: {detail[:300]}"
 
 
 def check_dataset_roots(roots: dict[str, Path]) -> None:
@@ -235,12 +295,12 @@ def load_model(model: str, pretrained: str, device: str):
 
 def export_checkpoint(checkpoint: Path, export_dir: Path) -> str:
     """Export a training checkpoint with `training.export`; return its `local-dir:` model name."""
-    export(checkpoint, export_dir)
+    export(checkpoint, export_dir, overwrite=True)  # this tool's own folder, written again on each run
     return f"{LOCAL_DIR}{export_dir}"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.evaluation", description=__doc__.split("\n")[0])
+    parser = OneLineErrorParser(prog="python -m training.evaluation", description=__doc__.split("\n")[0])
     model = parser.add_mutually_exclusive_group(required=True)
     add_trainer_flags(model, ("model",), defaults={"model": None},
                       notes={"model": "Here also local-dir:EXPORT_DIR (python -m training.export)."})
@@ -265,8 +325,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      "pass --checkpoint CKPT (exported for it first), an export as --model local-dir:DIR, "
                      "or --in-process")
     if args.model and args.model.startswith(LOCAL_DIR) and \
-            not (Path(args.model.removeprefix(LOCAL_DIR)) / "open_clip_config.json").is_file():
-        parser.error(f"--model {args.model}: no open_clip_config.json there (write one with python -m training.export)")
+            not (Path(args.model.removeprefix(LOCAL_DIR)) / CONFIG_NAME).is_file():
+        parser.error(f"--model {args.model}: no {CONFIG_NAME} there (write one with python -m training.export)")
     return args
 
 
@@ -283,8 +343,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Evaluate, write OUTPUT_DIR/results.csv and results.md, print the table; return its rows."""
     args = parse_args(argv)
     datasets, root_template, clone_dir = select_datasets(args)
+    check_dataset_names(datasets)
     roots = {dataset: dataset_root(root_template, dataset) for dataset in datasets}
     check_dataset_roots(roots)
+    if args.model and args.model.startswith(LOCAL_DIR):
+        check_export(Path(args.model.removeprefix(LOCAL_DIR)))
     model_name = args.model or export_checkpoint(args.checkpoint, args.output_dir / "export")
     workers = {dataset: worker_count(dataset, roots[dataset], args.num_workers) for dataset in datasets}
     tasks: dict[str, list[str]] = {}
@@ -327,7 +390,7 @@ def cli() -> None:
         print(f"error: clip_benchmark eval failed with exit status {error.returncode} (its output is above)",
               file=sys.stderr)
         sys.exit(2)
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
+    except (OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -18,6 +18,7 @@ from .preregistration import Preregistration
 from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
 from .stats import assess_run
 from .variants import LossVariant, parse_loss_variant
+from ..progress import eta_text
 
 COMPARISON_FILE = "comparison.json"  # in --output-dir: the variants and report context, for --report-only
 LEGACY_COMPARISON_FILE = "benchmark.json"  # the same, in output dirs written as `python -m training.benchmark`
@@ -25,16 +26,28 @@ LEGACY_COMPARISON_FILE = "benchmark.json"  # the same, in output dirs written as
 
 def run_all(jobs: Sequence[RunJob], *, parallel: int, timeout: Optional[float], reuse: bool = True,
             echo=print) -> List[Dict[str, Any]]:
-    """Launch every job, `parallel` at a time; returns the records in job order."""
+    """Launch every job, `parallel` at a time, echoing each finished run with the runs done / total and the
+    time left; returns the records in job order."""
     records: Dict[int, Dict[str, Any]] = {}
+    start, trained = time.time(), 0
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = {pool.submit(launch_job, job, jobs=parallel, timeout=timeout, reuse=reuse): index
                    for index, job in enumerate(jobs)}
         for done, future in enumerate(as_completed(futures), start=1):
             index = futures[future]
             records[index] = assess_run(future.result())
-            echo(f"[{done}/{len(jobs)}] {run_line(records[index])}")
+            trained += not records[index].get("reused")
+            eta = comparison_eta(time.time() - start, trained, len(jobs) - done)
+            echo(f"[{done}/{len(jobs)}] {run_line(records[index])} ({eta})")
     return [records[index] for index in range(len(jobs))]
+
+
+def comparison_eta(elapsed: float, trained: int, remaining: int) -> str:
+    """The time left for `remaining` runs at the pace of the `trained` ones so far (reused runs cost nothing,
+    so they do not count; the rest are assumed to train)."""
+    if remaining == 0:
+        return "done"
+    return eta_text(elapsed, trained, trained + remaining)
 
 
 def run_line(record: Mapping[str, Any]) -> str:

@@ -19,6 +19,8 @@ from helpers.distributed_utils import run_on_ranks
 from training.synthetic_scenes.writers import write_demo_dataset
 from training.data import DataError
 from training.discover import main
+from training.discover.cli import _Progress, planned_samples
+from training.distributed import DistributedEnv
 from training.discover.store import BATCHES_FILE, PAIRS_FILE
 from training.main import main as train_main
 from helpers import REPO
@@ -252,3 +254,16 @@ def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
                          for pair in pairs)
     for source in page_sources(tmp_path / "out").images:
         assert (tmp_path / "out" / source).is_file(), source
+
+
+def test_the_progress_bar_and_its_estimate_end_where_max_batches_stops():
+    assert planned_samples(4096, None, 64) == 4096
+    assert planned_samples(4096, 10, 64) == 640 and planned_samples(300, 10, 64) == 300
+    assert planned_samples(None, 10, 64) == 640 and planned_samples(None, None, 64) is None
+    progress = _Progress(DistributedEnv(), planned_samples(4096, 4, 64), done=64)  # resumed after batch 0
+    assert progress.bar.total == 256
+    batch = type("Batch", (), {"index": 1, "rows": 60, "raw_samples": 64})()
+    progress.update(batch)
+    line = progress.line(batch.index, now=progress.start + 10)
+    assert line == "batch 1: 60 samples, 6.0 samples/s, 128/256 read, ETA 20 s"
+    progress.close()

@@ -4,9 +4,14 @@ import csv
 import json
 import sys
 
+import open_clip
 import pytest
+from safetensors.torch import save_file
 
-from training.evaluation.zero_shot import cli, format_markdown, infer_task, main, table_rows, worker_count
+import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
+
+from training.evaluation.zero_shot import (cli, closest_dataset, format_markdown, infer_task, known_datasets, main,
+                                           table_rows, worker_count)
 from training.main import main as train_main
 
 NUM_TEST = 128  # the demo fixture's test scenes (conftest.DEMO_SIZES)
@@ -124,3 +129,56 @@ def test_table_rows_skip_nan_and_format(tmp_path):
     rows = table_rows([result])
     assert rows == [{"dataset": "wds/x", "task": "zeroshot_classification", "metric": "acc1", "value": 0.25}]
     assert format_markdown(rows).splitlines()[-1] == "| wds/x | zeroshot_classification | acc1 | 0.2500 |"
+
+
+def evaluation_cli_error(argv, monkeypatch, capsys) -> str:
+    """What `python -m training.evaluation ARGV` prints when it refuses: exit status 2, one line, nothing else."""
+    monkeypatch.setattr(sys, "argv", ["adacl-evaluate", *map(str, argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli()
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+    return captured.err.strip()
+
+
+def test_an_unknown_dataset_name_is_one_line_with_the_closest_known_one(tmp_path, monkeypatch, capsys):
+    error = evaluation_cli_error(["--model", "ViT-B-32", "--datasets", "imagenet1k,imagenet", "--output-dir",
+                                  tmp_path / "eval"], monkeypatch, capsys)
+    assert error == ("error: --datasets imagenet: unknown dataset, did you mean imagenet1k? (clip-benchmark's "
+                     "names; wds/NAME for a local webdataset set)")
+    assert closest_dataset("mscoco", known_datasets()) == "mscoco_captions"
+    assert closest_dataset("cifar-10", known_datasets()) == "cifar10"
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_missing_export_is_one_line_without_the_usage_screen(tmp_path, monkeypatch, capsys):
+    error = evaluation_cli_error(["--model", f"local-dir:{tmp_path / 'export'}", "--datasets", "imagenet1k",
+                                  "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
+    assert error == (f"error: --model local-dir:{tmp_path / 'export'}: no open_clip_config.json there (write one "
+                     "with python -m training.export)")
+
+
+def write_export(folder, embed_dim=None):
+    """An adacl-tiny export (random weights) as training.export writes it; `embed_dim` in its config only."""
+    folder.mkdir()
+    model = open_clip.create_model("adacl-tiny")
+    model_cfg = open_clip.get_model_config("adacl-tiny")
+    config = {"model_cfg": {**model_cfg, "embed_dim": embed_dim or model_cfg["embed_dim"]}, "preprocess_cfg": {}}
+    (folder / "open_clip_config.json").write_text(json.dumps(config))
+    save_file(model.state_dict(), str(folder / "open_clip_model.safetensors"))
+    return folder
+
+
+def test_a_truncated_or_mismatched_export_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "x" / "test").mkdir(parents=True)
+    (tmp_path / "x" / "test" / "nshards.txt").write_text("1\n")  # a wds set's folder, so the data check passes
+    truncated = write_export(tmp_path / "truncated")
+    weights = truncated / "open_clip_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    mismatched = write_export(tmp_path / "mismatched", embed_dim=2 * open_clip.get_model_config("adacl-tiny")["embed_dim"])
+    for export_dir, problem in ((truncated, "SafetensorError: "), (mismatched, "RuntimeError: size mismatch for ")):
+        error = evaluation_cli_error(["--model", f"local-dir:{export_dir}", "--datasets", "wds/x", "--dataset-root-dir",
+                                      tmp_path / "{dataset}", "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
+        assert error.startswith(f"error: --model local-dir:{export_dir}: the export does not load ({problem}")
+        assert error.endswith("); export it again with python -m training.export")
+    assert not (tmp_path / "eval").exists()

@@ -1,9 +1,11 @@
 """A whole comparison, end to end on the demo fixture; then the report again from its records alone."""
 import json
 import math
+import time
 
+from training.loss_comparison import runner
 from training.loss_comparison.cli import main
-from training.loss_comparison.runner import run_comparison, saved_comparison
+from training.loss_comparison.runner import comparison_eta, run_all, run_comparison, saved_comparison
 from training.loss_comparison.variants import LossVariant
 from helpers.comparison_records import TINY
 
@@ -51,3 +53,21 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     assert saved_comparison(output_dir)["context"]["command"] == "python -m training.loss_comparison --quick --seeds 0"
     main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "legacy.md")])
     assert "python -m training.loss_comparison --quick --seeds 0\n" in (tmp_path / "legacy.md").read_text()
+
+
+def test_each_finished_run_prints_runs_done_of_total_and_the_time_left(monkeypatch):
+    """Four runs, one at a time: the first reused (free, so no estimate yet), the others 0.2 s each (an estimate
+    under a second)."""
+    def launch(job, **_):
+        if job != "reused":
+            time.sleep(0.2)
+        return {"label": job, "seed": 0, "verdict": "ok", "metrics": {}, "reused": job == "reused", "wall_seconds": 0.2}
+
+    monkeypatch.setattr(runner, "launch_job", launch)
+    monkeypatch.setattr(runner, "assess_run", lambda record: record)
+    lines = []
+    run_all(["reused", "a", "b", "c"], parallel=1, timeout=None, echo=lines.append)
+    assert lines == ["[1/4] reused seed 0: ok, reused (ETA unknown)", "[2/4] a seed 0: ok, 0 s (ETA 0 s)",
+                     "[3/4] b seed 0: ok, 0 s (ETA 0 s)", "[4/4] c seed 0: ok, 0 s (done)"]
+    assert comparison_eta(elapsed=3600, trained=4, remaining=8) == "ETA 2 h 00 min"
+    assert comparison_eta(elapsed=10, trained=0, remaining=3) == "ETA unknown"
