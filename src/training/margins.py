@@ -7,11 +7,13 @@ extra: without it, one log line and no plot); by hand, for any run folder:
 
 Panels, both directions each: m1 / logit_scale, m2, the anchor similarity, p_u and the number of
 clone candidates at the logged steps, and the share of steps that fell back to vanilla CL per
-window between logged steps. A step that falls back is logged with its margins at their vanilla
+window of a fixed number of steps. A step that falls back is logged with its margins at their vanilla
 values (m2 = 0, anchor = 0, m1 / scale = 1), which a line through them would draw as collapses:
 its margins are gaps (NaN) instead, told apart by its logged `modulated` stat (0). Logged steps are
 a sample (one in --log-every-n-steps), so the fallback share comes from the cumulative `fallbacks`
-counter instead: (fallbacks at this record - at the previous one) / (steps between them).
+counter instead: (fallbacks at the window's end - at its start) / (steps in it). The windows are at
+least the usual gap between logged steps long: the extra record at each epoch's end would otherwise
+make a window of one step, whose share is 0 or 1.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .checkpoint_files import atomic_file
 from .run_dir import RunDir
@@ -34,7 +36,7 @@ MARGIN_PANELS = {
     "p_u": "anchor probability p_u",
 }
 COUNT_PANELS = {"candidates": "clone candidates |S~|"}
-FALLBACK_TITLE = "share of steps that fell back to vanilla CL, per window between logged steps"
+FALLBACK_TITLE = "share of steps that fell back to vanilla CL, per window of at least {size} step(s)"
 PLOT_NAME = "margins.png"
 STATS_PREFIX = "stats/"
 
@@ -47,6 +49,7 @@ class MarginTraces:
     steps: List[int] = field(default_factory=list)
     values: Dict[str, List[float]] = field(default_factory=dict)          # "i2t/m2" -> one per step
     fallback_share: Dict[str, List[float]] = field(default_factory=dict)  # "i2t" -> one per step
+    fallback_counts: Dict[str, List[int]] = field(default_factory=dict)   # "i2t" -> the counter at each step
     fallbacks: Dict[str, int] = field(default_factory=dict)               # "i2t" -> the counter at the last step
 
 
@@ -70,9 +73,36 @@ def margin_traces(records: Sequence[dict]) -> MarginTraces:
             count = int(stat["fallbacks"])
             window = max(step - previous_step, 1)
             traces.fallback_share.setdefault(direction, []).append((count - previous_count[direction]) / window)
+            traces.fallback_counts.setdefault(direction, []).append(count)
             previous_count[direction] = traces.fallbacks[direction] = count
         previous_step = step
     return traces
+
+
+def window_size(steps: Sequence[int]) -> int:
+    """The usual gap between logged steps (--log-every-n-steps): the most common one, the larger on a tie."""
+    gaps = [step - previous for previous, step in zip([0, *steps], steps)]
+    return max(set(gaps), key=lambda gap: (gaps.count(gap), gap)) if gaps else 1
+
+
+def fallback_windows(steps: Sequence[int], counts: Sequence[int], size: int) -> Tuple[List[int], List[float]]:
+    """Windows of at least `size` steps over the logged `steps` (edges from 0) and the share of their steps that
+    fell back, from the cumulative `counts`: a window shorter than `size` (an epoch's last record, the run's
+    end) joins its neighbour."""
+    edges, ends = [0], []
+    for index, step in enumerate(steps):
+        if step - edges[-1] >= size:
+            edges.append(step)
+            ends.append(index)
+    if steps and (not ends or ends[-1] != len(steps) - 1):  # a short tail joins the last window
+        if ends:
+            edges.pop()
+            ends.pop()
+        edges.append(steps[-1])
+        ends.append(len(steps) - 1)
+    totals = [0, *(counts[index] for index in ends)]
+    shares = [(totals[i + 1] - totals[i]) / (edges[i + 1] - edges[i]) for i in range(len(ends))]
+    return edges, shares
 
 
 def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Path:
@@ -96,12 +126,13 @@ def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Pa
                       markersize=2)
         gaps = "; gaps: logged steps that fell back" if name in MARGIN_PANELS else ""
         axis.set_title(title + gaps, fontsize=9)
-    fallback_axis = axes[-1]
+    fallback_axis, size = axes[-1], window_size(traces.steps)
     for direction in DIRECTIONS:
-        fallback_axis.step(traces.steps, traces.fallback_share[direction], where="pre", linewidth=1,
-                           label=f"{direction} ({traces.fallbacks[direction]} fallbacks in {traces.steps[-1]} steps)")
+        edges, shares = fallback_windows(traces.steps, traces.fallback_counts[direction], size)
+        fallback_axis.stairs(shares, edges, linewidth=1,
+                             label=f"{direction} ({traces.fallbacks[direction]} fallbacks in {traces.steps[-1]} steps)")
     fallback_axis.set_ylim(-0.05, 1.05)
-    fallback_axis.set_title(FALLBACK_TITLE, fontsize=9)
+    fallback_axis.set_title(FALLBACK_TITLE.format(size=size), fontsize=9)
     for axis in axes:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8, loc="best")

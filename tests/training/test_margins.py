@@ -9,7 +9,8 @@ import pytest
 
 from training.checkpoint_files import load_checkpoint
 from training.main import main
-from training.margins import DIRECTIONS, MARGIN_PANELS, margin_traces, write_margins_plot
+from training.margins import (DIRECTIONS, MARGIN_PANELS, fallback_windows, margin_traces, window_size,
+                              write_margins_plot)
 from training.run_dir import RunDir
 
 
@@ -60,6 +61,20 @@ def test_sampled_logging_draws_the_fallback_share_from_the_counters(every_step_l
         assert sum(share * window for share, window in zip(shares, windows)) == pytest.approx(counted[direction])
         gaps = sum(map(math.isnan, traces.values[f"{direction}/m2"]))
         assert gaps <= counted[direction]  # only the logged steps' own fallbacks are gaps
+
+
+def test_the_fallback_share_is_drawn_over_windows_of_the_usual_logging_gap():
+    # --log-every-n-steps 5 in epochs of 16 steps: records at 5, 10, 15, 16 (an epoch's end), 20, ..., 32.
+    steps = [5, 10, 15, 16, 20, 25, 30, 32]
+    counts = [5, 5, 5, 6, 6, 6, 6, 7]  # the first 5 steps fell back, then step 16 and step 32 only
+    assert window_size(steps) == 5
+    edges, shares = fallback_windows(steps, counts, 5)
+    # The one-step window at 16 joins the next, the two-step tail the last: no share of 0 or 1 from one step.
+    assert edges == [0, 5, 10, 15, 20, 25, 32]
+    assert shares == [1.0, 0.0, 0.0, pytest.approx(0.2), 0.0, pytest.approx(1 / 7)]
+    assert sum(share * (end - start) for share, start, end in zip(shares, edges, edges[1:])) == counts[-1]
+    assert fallback_windows(list(range(1, 5)), [1, 1, 2, 2], window_size(list(range(1, 5)))) == \
+        ([0, 1, 2, 3, 4], [1.0, 0.0, 1.0, 0.0])  # every step logged: windows of one step, as logged
 
 
 def test_the_console_line_keeps_adacls_stats_short(every_step_logged):
