@@ -34,7 +34,7 @@ EXTRAS_REQUIRE = {
         "scipy",  # loss_comparison's paired-t intervals
     ],
     "wandb": ["wandb"],
-    "test": ["pytest", "pytest-timeout", "pytest-xdist", "packaging"],
+    "test": ["pytest", "pytest-timeout", "pytest-xdist", "packaging", "ruff"],  # ruff: the linter .ci/run runs
 }
 
 setup(

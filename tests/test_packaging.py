@@ -5,7 +5,6 @@ import ast
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys

@@ -63,5 +63,5 @@ def verify_digest(checkpoint: Mapping[str, Any], path: os.PathLike) -> None:
                          "loaded without verifying its contents")
         return
     if content_digest(checkpoint) != checkpoint[DIGEST_KEY]:
-        raise CheckpointDamaged(f"its contents do not match the digest written with it (the file was damaged on disk "
-                                f"or in a copy: bytes changed after it was saved)")
+        raise CheckpointDamaged("its contents do not match the digest written with it (the file was damaged on disk "
+                                "or in a copy: bytes changed after it was saved)")

@@ -165,7 +165,7 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
         else:
             checkpoint = torch.load(pretrained, map_location="cpu", weights_only=True, mmap=True)
             state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
-    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
+    except Exception as error:  # any unreadable file gets the same advice
         raise ValueError(f"cannot be read as a checkpoint ({type(error).__name__}: {error}); pass an epoch_N.pt, "
                          f"an exported open_clip_model.safetensors or an open_clip state dict") from error
     if not isinstance(state_dict, dict) or not state_dict:
@@ -192,7 +192,7 @@ def _fetch_pretrained_tag(model_name: str, tag: str, tag_cfg: Dict[str, Any], ca
         return found[0]
     try:
         return open_clip.download_pretrained(tag_cfg, cache_dir=cache_dir)
-    except Exception as error:  # noqa: BLE001 - network, cache and checksum failures alike
+    except Exception as error:  # network, cache and checksum failures alike
         raise ValueError(f"the weights of {model_name} {tag} are not in the download cache and could not be "
                          f"downloaded ({type(error).__name__}: {str(error)[:200]}); download them once where the "
                          f"network is reachable (same --cache-dir), or pass a checkpoint file") from error

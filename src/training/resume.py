@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
-import torch
 
 from .checkpoint import is_per_rank
 from .config import run_flags, with_canonical_names

@@ -8,7 +8,7 @@ ones are in `sources/`); `DataPosition` is the checkpointed position in the data
 describes the batches, the sample ids, the seeding behind exact mid-epoch resume, and what is skipped
 and counted instead of stopping the run.
 """
-from . import sources  # registers the built-in data sources
+from . import sources  # noqa: F401 - registers the built-in data sources
 from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason
 from .loader import LoaderInfo, build_train_data, build_val_data, check_data_fields
 from .position import DataPosition

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Callable, ClassVar, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence, Tuple, Type
 
 from open_clip_adacl.registry import Registry
 
 from ..flags import NoOptions, check_component_options
 from .ordered import OrderedPass
+
+if TYPE_CHECKING:  # the config and loader modules import this registry
+    from .config import DataConfig
+    from .loader import LoaderInfo
 
 # The registry is the bottom of training.data: `DataConfig` (training.data.config) and `LoaderInfo`
 # (training.data.loader) import it, so the sources' signatures below name them without importing them.

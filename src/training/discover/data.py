@@ -104,7 +104,7 @@ class GlobalBatches(IterableDataset):
             if reason is None:
                 try:
                     images.append(self.preprocess(image))
-                except Exception:  # a hostile image the transform cannot handle is a skip, not a crash (as in training)
+                except Exception:  # noqa: BLE001 - a hostile image the transform cannot handle is a skip, not a crash
                     reason = "bad_image"
             if reason is not None:
                 counter.add(reason)

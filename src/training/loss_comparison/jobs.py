@@ -171,7 +171,7 @@ def run_job(job: RunJob) -> Dict[str, Any]:
         run(config_from_values(job.train_values))
     except NonFiniteLossError as raised:
         status, error = NONFINITE, str(raised)
-    except Exception as raised:  # the record says why, the log (this process's stderr) shows where
+    except Exception as raised:  # noqa: BLE001 - the record says why, the log (this process's stderr) shows where
         traceback.print_exc()
         status, error = FAILED, f"training: {type(raised).__name__}: {raised}"
     return finish_job(job, status, error, train_seconds=time.time() - start)
@@ -191,7 +191,7 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
         start = time.time()
         try:
             record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job, trained))
-        except Exception as raised:
+        except Exception as raised:  # noqa: BLE001 - as training's: the record says why, the log where
             traceback.print_exc()
             record.update(status=FAILED, error=f"evaluation: {type(raised).__name__}: {raised}")
         record["eval_seconds"] = time.time() - start

@@ -2,7 +2,6 @@
 batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/open_clip_adacl/test_selection.py.)"""
 import importlib.util
 import io
-from pathlib import Path
 
 import open_clip
 import pytest

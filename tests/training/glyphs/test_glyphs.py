@@ -1,7 +1,6 @@
 """The glyph benchmark's data: real DejaVu glyphs named by Unicode, families of one-attribute siblings, held-out
 glyphs never trained on, weak captions, and the family accuracy its evaluation reports."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

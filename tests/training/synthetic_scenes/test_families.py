@@ -1,6 +1,5 @@
 """In-batch siblings measured on the real batch stream of the demo's families."""
 import runpy
-from pathlib import Path
 
 import pytest
 import torch
