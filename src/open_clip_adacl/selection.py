@@ -777,7 +777,6 @@ def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 @torch.no_grad()
-@torch.no_grad()
 def batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                     salient: str, std_floor) -> torch.Tensor:
     """docs/method.md §3.1-3.2 over the global batch: (mu_c, sigma_c, mu_n, sigma_n), float64 (4,), the Gaussians
