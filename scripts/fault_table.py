@@ -1,18 +1,22 @@
 """Measure what the trainer does under the faults a cluster delivers: tiny runs on 1 and 2 gloo ranks
-(CPU), each fault injected for real (signals, truncated and bit-flipped files, a file-size limit, a full
-tmpfs, failing and stalling pipes, absent ranks, a second launch), printing the "fault -> what happens
+(CPU), each fault injected for real (signals, truncated, bit-flipped and empty files, a file-size limit, a
+full tmpfs, /dev/full, failing and stalling pipes, device files as images, absent ranks, a second launch, two
+launches racing for a stale lock, a diverging loss, a read-only run folder), printing the "fault -> what happens
 -> what is lost" table of docs/cluster.md. The process helpers are the tests' (tests/helpers/run_utils.py).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python scripts/fault_table.py [--work DIR]
 
 Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
 of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
-The full-disk rows mount small tmpfs folders (root only; skipped otherwise).
+The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount (root only; skipped
+otherwise).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import io
 import os
 import re
 import resource
@@ -21,21 +25,23 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running,  # noqa: E402
-                               running)
-from training.params import argv_from_values  # noqa: E402
-from training.run_dir import RESULTS_NAME, RunDir, read_records, step_checkpoint_number  # noqa: E402
-from training.synthetic_scenes.writers import write_demo_dataset  # noqa: E402
+from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running,
+                               race_for_a_stale_lock, running)
+from training.params import argv_from_values
+from training.run_dir import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
+from training.synthetic_scenes.writers import write_demo_dataset
 
 STEPS = 16        # 2 epochs of 8 steps
 SAVE_EVERY = 5
 SIGNAL_AT = 11    # mid-epoch 1
+NAN_LR = 1e3      # a learning rate that makes the loss non-finite from step 3 on (--warmup 1)
 PREEMPTED = 75
 
 
@@ -402,12 +408,175 @@ class Bench:
                  f"rc {result.returncode}; `{lines[0][:80]}` (each rank), then `{lines[-1][:110]}...`; traceback: "
                  f"{'Traceback' in result.stderr}", "nothing")
 
+    # -----------------------------------------------------------------------------------------
+    # A stalled first shard, dashboards on a full disk, hostile csv paths, the stale-lock race, a NaN streak,
+    # surprising run folders
+
+    def good_shards(self) -> List[str]:
+        return [str(self.data / "train" / f"shard-{index:06d}.tar") for index in range(4)]
+
+    def first_shard_values(self, name: str, ranks: int, first: str, **overrides: Any) -> Dict[str, Any]:
+        """Run `name` (1 epoch) on `first` listed before the 4 good shards."""
+        return self.values(name, ranks, train_data="::".join([first, *self.good_shards()]), dataset_type="webdataset",
+                           epochs=1, **overrides)
+
+    def stalled_first_shard(self, ranks: int) -> None:
+        name = f"stalled-first-{ranks}"
+        result, seconds = self.run(ranks, self.first_shard_values(name, ranks, "pipe:sleep 600", shard_timeout=5))
+        self.add(f"a stalled `pipe:` shard listed first (`pipe:sleep 600` then 4 good ones), `--shard-timeout 5`, "
+                 f"{ranks} rank(s)",
+                 f"rc {result.returncode} after {seconds:.0f} s (startup included); the start-up check: "
+                 f"`{message(result.stderr, 'ShardStalled')[:110]}...`; steps logged {len(self.steps(name))}; "
+                 f"`sleep 600` processes left: {len(processes_running(b'sleep 600'))}", "that shard's samples")
+
+    def signal_during_a_stalled_read(self, ranks: int) -> None:
+        name = f"stalled-term-{ranks}"
+        proc = subprocess.Popen(self.command(ranks, self.first_shard_values(name, ranks, "pipe:sleep 601")),
+                                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while len(processes_running(b"sleep 601")) < ranks:  # every rank's start-up check waits on it
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        time.sleep(1)
+        signalled = time.time()
+        for pid in [proc.pid] if ranks == 1 else children(proc.pid):
+            os.kill(pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=600)
+        seconds = time.time() - signalled
+        ended, stopped = message(stderr, "ShardInterrupted")[:100], message(self.log(name), "Preempted by")[:60]
+        who = "to both ranks " if ranks > 1 else ""
+        self.add(f"SIGTERM {who}while the start-up check waits on a stalled `pipe:` shard (default `--shard-timeout` "
+                 f"300), {ranks} rank(s)", f"rc {proc.returncode} after {seconds:.1f} s; `{ended}...`; `{stopped}...`; "
+                 f"traceback: {'Traceback' in stderr}", "nothing (step_1.pt saved)")
+
+    def dashboards_on_a_full_disk(self, ranks: int) -> None:
+        """TensorBoard's folder on a full 1 MB tmpfs, out.log a link to /dev/full (every write: ENOSPC)."""
+        name = f"dashboards-full-{ranks}"
+        run_dir = self.run_dir(name)
+        with tmpfs(self.work / f"tmpfs-{name}", "1m") as disk:
+            run_dir.mkdir(parents=True)
+            (disk / "tensorboard").mkdir()
+            (run_dir / "tensorboard").symlink_to(disk / "tensorboard")
+            (run_dir / "out.log").symlink_to("/dev/full")
+            fill(disk / "filler")
+            result, _ = self.run(ranks, self.values(name, ranks, report_to="tensorboard"))
+        output = result.stderr
+        self.add(f"`--report-to tensorboard` on a full disk (1 MB tmpfs) and `out.log` on `/dev/full`, {ranks} rank(s)",
+                 f"rc {result.returncode}; one line each: `{message(output, 'tensorboard (disk full')[:120]}...`, "
+                 f"`{message(output, 'out.log (disk full')[:100]}...`; `Logging error` blocks: "
+                 f"{output.count('--- Logging error ---')}; last line `...{last_line(output)[-60:]}`; traceback: "
+                 f"{'Traceback' in output}; epoch_2.pt written: {RunDir(run_dir).epoch_checkpoint(2).exists()}",
+                 "the TensorBoard events and log lines after the disk filled (listed as NOT WRITTEN)")
+
+    def csv_device_paths(self) -> None:
+        """A csv whose image paths include /dev/zero and a FIFO, and a caption of 10 MB."""
+        name = "csv-devices-1"
+        folder = self.work / "csv-devices"
+        folder.mkdir(exist_ok=True)
+        rows = []
+        with tarfile.open(self.data / "train" / "shard-000000.tar") as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".png"):
+                    path = folder / Path(member.name).name
+                    path.write_bytes(tar.extractfile(member).read())
+                    rows.append([str(path), f"a scene {len(rows)}"])
+        fifo = folder / "fifo.png"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        rows += [["/dev/zero", "zeros"], [str(fifo), "a fifo"], [rows[0][0], "x" * 10_000_000]]
+        with open(folder / "train.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["filepath", "title"], *rows])
+        result, seconds = self.run(1, self.values(name, 1, train_data=str(folder / "train.csv"), dataset_type="csv",
+                                                  csv_separator=",", train_num_samples=None, epochs=1))
+        epoch = (RunDir(self.run_dir(name)).metrics("epoch") or [{}])[0]
+        counts = {reason: epoch.get(f"skipped/{reason}") for reason in ("not_a_file", "oversized_caption")}
+        self.add("csv image paths `/dev/zero` and a FIFO, and a 10 MB caption, among 128 good rows",
+                 f"rc {result.returncode} after {seconds:.0f} s; skipped unread, counted {counts}; traceback: "
+                 f"{'Traceback' in result.stderr}", "those 3 rows")
+
+    def lock_race(self) -> None:
+        folder = self.work / "lock-race"
+        folder.mkdir(exist_ok=True)
+        start = time.time()
+        outcomes = race_for_a_stale_lock(folder, 200, env=self.env)
+        self.add("two launches taking a dead owner's `run.lock` at the same moment (200 trials of two processes)",
+                 f"{outcomes.count('held+held')} trials with two holders, {outcomes.count('held+refused')} with one "
+                 f"holder and one refusal ({time.time() - start:.0f} s)", "nothing (the loser stops in one line)")
+
+    def nan_streak(self, ranks: int) -> None:
+        name = f"nan-{ranks}"
+        result, _ = self.run(ranks, self.values(name, ranks, lr=NAN_LR, warmup=1, max_nonfinite_steps=10,
+                                                save_every_n_steps=2))
+        log = self.log(name)
+        saved = sorted(path.name for path in (self.run_dir(name) / "checkpoints").glob("*.pt"))
+        warnings = [line.split(" | ")[-1].split(":")[0] for line in log.splitlines() if "non-finite loss (" in line]
+        warnings = warnings or ["-"]
+        self.add(f"a diverged loss from step 3 on, across the end of epoch 0 (`--lr {NAN_LR:g} --warmup 1 "
+                 f"--max-nonfinite-steps 10 --save-every-n-steps 2`), {ranks} rank(s)",
+                 f"rc {result.returncode}; warnings `{warnings[0]}`..`{warnings[-1]}` (metrics.jsonl steps up to "
+                 f"{self.steps(name)[-1]}); `{message(log, 'Not writing')[:90]}...`; "
+                 f"`...{message(log, 'consecutive steps had')[-130:]}`; checkpoints {saved}",
+                 "the diverged steps (nothing written of them)")
+
+    def read_only_resume(self, ranks: int) -> None:
+        name = f"read-only-{ranks}"
+        shutil.copytree(self.base_run(ranks), self.run_dir(name))
+        with read_only(self.run_dir(name)):
+            result, _ = self.run(ranks, self.values(name, ranks, resume="latest"))
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        self.add(f"`--resume latest` into a read-only run folder (a read-only bind mount), {ranks} rank(s)",
+                 f"rc {result.returncode}: `{(lines or [''])[0][:150]}...`; traceback: {'Traceback' in result.stderr}",
+                 "nothing (refused before any step)")
+
+    def surprising_names(self) -> None:
+        for label, name in (("`--name ../outside` (outside `--logs`), `--dry-run`", "../outside"),
+                            ("`--name \"\"`", "")):
+            result, _ = self.run(1, self.values(name, 1, dry_run=True))
+            line = next((line for line in result.stderr.splitlines() if line.startswith(("warning:", "error:"))), "")
+            self.add(label, f"rc {result.returncode}: `{line[:150]}...`", "nothing")
+
+    def empty_checkpoint(self) -> None:
+        name = "empty-1"
+        shutil.copytree(self.base_run(1), self.run_dir(name))
+        RunDir(self.run_dir(name)).epoch_checkpoint(2).write_bytes(b"")
+        result, _ = self.run(1, self.values(name, 1, resume="latest"))
+        log = self.log(name)
+        self.add("a zero-byte newest checkpoint (`epoch_2.pt`), `--resume latest`",
+                 f"rc {result.returncode}; `{message(log, 'unreadable checkpoint')[:150]}...`; "
+                 f"`{message(log, 'Resumed from').split(':')[0][:90]}`", f"{STEPS - 15} step redone (from step_15.pt)")
+
+    def text_only_first_shard(self) -> None:
+        name = "text-first-1"
+        text_only = self.work / "text-only.tar"
+        with tarfile.open(text_only, "w") as tar:
+            for key in range(128):
+                data = f"caption {key}".encode()
+                info = tarfile.TarInfo(f"{key:09d}.txt")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        result, _ = self.run(1, self.first_shard_values(name, 1, str(text_only)))
+        line = message(self.log(name), "Epoch 0 done")
+        self.add("a first shard of captions only (no images) before 4 good shards",
+                 f"rc {result.returncode}; trained {len(self.steps(name))} steps; "
+                 f"`{line[line.find('skipped samples'):line.rindex(',')]}`", "that shard's samples")
+
+
 @contextlib.contextmanager
 def tmpfs(folder: Path, size: str) -> Iterator[Path]:
     """A tmpfs of `size` (e.g. "1m") mounted at `folder` while the block runs: a disk that fills up for real."""
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
     try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """`folder` read-only while the block runs (a read-only bind mount over itself: root writes nothing either)."""
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
@@ -470,13 +639,24 @@ def main() -> None:
         "start_over": bench.start_over,
         "changed_schedule": bench.changed_schedule,
         "torchrun_config_error": bench.torchrun_config_error,
+        "stalled_first_shard": lambda: [bench.stalled_first_shard(ranks) for ranks in (1, 2)],
+        "signal_during_a_stalled_read": lambda: [bench.signal_during_a_stalled_read(ranks) for ranks in (1, 2)],
+        "dashboards_on_a_full_disk": lambda: [bench.dashboards_on_a_full_disk(ranks) for ranks in (1, 2)],
+        "csv_device_paths": bench.csv_device_paths,
+        "lock_race": bench.lock_race,
+        "nan_streak": lambda: [bench.nan_streak(ranks) for ranks in (1, 2)],
+        "read_only_resume": lambda: [bench.read_only_resume(ranks) for ranks in (1, 2)],
+        "surprising_names": bench.surprising_names,
+        "empty_checkpoint": bench.empty_checkpoint,
+        "text_only_first_shard": bench.text_only_first_shard,
         "rank_dies": bench.rank_dies,
     }
-    needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk"}  # they mount a tmpfs
+    needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk", "dashboards_on_a_full_disk",
+                  "read_only_resume"}  # they mount a tmpfs or a read-only folder
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
     for name in args.cases or cases:
         if name in needs_root and os.geteuid() != 0:
-            print(f"skipped {name}: mounting a tmpfs needs root", file=sys.stderr)
+            print(f"skipped {name}: mounting a folder needs root", file=sys.stderr)
             continue
         cases[name]()
 

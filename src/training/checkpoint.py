@@ -141,9 +141,13 @@ class TrainState:
         return self.samples_seen / self.samples_per_schedule_step
 
     def start_epoch(self, num_skip_reasons: int) -> None:
-        """Reset the epoch's running sums unless resuming inside this epoch."""
-        if self.position.batches_in_epoch == 0 or self.epoch_sums.skip_counts is None:
+        """Reset the epoch's running sums unless resuming inside this epoch (counts saved before later skip reasons
+        were added get zeros for them: reasons are only ever appended)."""
+        counts = self.epoch_sums.skip_counts
+        if self.position.batches_in_epoch == 0 or counts is None:
             self.epoch_sums.reset(num_skip_reasons)
+        elif len(counts) < num_skip_reasons:
+            self.epoch_sums.skip_counts = torch.cat([counts, counts.new_zeros(num_skip_reasons - len(counts))])
 
     def finish_epoch(self) -> None:
         self.position.next_epoch()
@@ -227,9 +231,10 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, *, checkpoint_dir: str, components: Mapping[str, Any],
                  env: DistributedEnv, name: str, args: Dict[str, Any], model_cfg: Dict[str, Any],
-                 preprocess_cfg: Dict[str, Any]):
+                 preprocess_cfg: Dict[str, Any], resumed_from: Optional[str] = None):
         """`components`: the objects to save by checkpoint key (`run_components`); its "train", the
-        TrainState, also names the files (epoch and step)."""
+        TrainState, also names the files (epoch and step). `resumed_from`: the checkpoint the run started from,
+        the one to fall back on until this launch writes one."""
         self.cfg = cfg
         self.checkpoint_dir = Path(checkpoint_dir)
         self.components = dict(components)
@@ -242,6 +247,7 @@ class Checkpointer:
             "preprocess_cfg": plain_args(preprocess_cfg),
         }
         self.last_saved: Optional[Path] = None
+        self.resumed_from = Path(resumed_from) if resumed_from else None
         if env.is_master:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
 
@@ -259,10 +265,26 @@ class Checkpointer:
             **self.metadata,
         }
 
+    @property
+    def last_good(self) -> Optional[Path]:
+        """The newest checkpoint of this run written at a finite step: this launch's last, else the one it resumed."""
+        return self.last_saved or self.resumed_from
+
+    def last_good_text(self) -> str:
+        return str(self.last_good) if self.last_good else "none: this run has written no checkpoint yet"
+
     def save(self, filenames: List[str]) -> List[Path]:
         """Write the checkpoint under each of `filenames` (rank 0); a failed write is retried once, then
-        logged, not raised: the returned files are those written (all of them on other ranks)."""
+        logged, not raised: the returned files are those written (all of them on other ranks). While steps
+        have a non-finite loss (skipped) nothing is written: those weights led into it, and `--resume latest`
+        would return to them (every rank knows the streak: the trainer agrees on it in the step's all-reduce)."""
         state = self.state
+        streak = state.consecutive_nonfinite_steps
+        if streak:
+            if self.env.is_master:
+                logging.warning(f"Not writing {', '.join(filenames)}: the loss of the last {streak} step(s) was "
+                                f"non-finite; the last checkpoint written at a finite step is {self.last_good_text()}")
+            return []
         payload = self.payload()
         if not self.env.is_master:  # rank 0's files, as far as this rank knows
             written = [self.checkpoint_dir / filename for filename in filenames]
@@ -288,8 +310,13 @@ class Checkpointer:
                     logging.warning(f"Could not write {path} ({cause_of(error)}); retrying once")
                     continue
                 logging.error(f"CHECKPOINT SAVE FAILED: could not write {path} ({cause_of(error)}). Training "
-                              f"continues; the previous checkpoint ({self.last_saved}) is intact.")
+                              f"continues; {self.previous_checkpoint_text()}.")
         return False
+
+    def previous_checkpoint_text(self) -> str:
+        if self.last_good is None:
+            return "there is no earlier checkpoint of this run to fall back on"
+        return f"the previous checkpoint ({self.last_good}) is intact"
 
     def _step_filenames(self) -> List[str]:
         every, step = self.cfg.save_every_n_steps, self.state.step

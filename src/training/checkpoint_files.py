@@ -65,10 +65,22 @@ def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:
         os.close(dir_fd)
 
 
+class CheckpointEmpty(ValueError):
+    """A checkpoint file of 0 bytes (torch's own error for it speaks of mmap)."""
+
+
+def check_not_empty(path: os.PathLike) -> None:
+    """CheckpointEmpty for a file of 0 bytes, in plain words."""
+    if os.path.getsize(path) == 0:
+        raise CheckpointEmpty("it is empty (0 bytes): a save or a copy that stopped before writing anything")
+
+
 def load_checkpoint(path: os.PathLike) -> Dict[str, Any]:
     """Read a checkpoint on the CPU (weights_only: no arbitrary code runs on load), in today's layout: one
     of the earlier layout (no "format" key) is converted; a bare state dict is returned as it is. Its
-    content digest is checked first (`CheckpointDamaged` when it does not match; training.checkpoint_digest)."""
+    content digest is checked first (`CheckpointDamaged` when it does not match; training.checkpoint_digest);
+    an empty file is `CheckpointEmpty`."""
+    check_not_empty(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     verify_digest(checkpoint, path)
     if "state_dict" in checkpoint and "format" not in checkpoint:
@@ -108,7 +120,9 @@ def saved_world_size(checkpoint: Mapping[str, Any], default: int) -> int:
 
 def checkpoint_step(path: Path) -> int:
     """The training step a checkpoint file was written at. Opens the file (lazily, through mmap: the
-    zip index and the pickled structure, not the tensors), so a truncated file raises here."""
+    zip index and the pickled structure, not the tensors), so a truncated file raises here (an empty one:
+    CheckpointEmpty)."""
+    check_not_empty(path)
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step", 0))
 
 

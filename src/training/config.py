@@ -89,6 +89,9 @@ class LoggingConfig:
     debug: bool = flag(False, "If true, more information is logged.")
 
     def check(self) -> None:
+        if self.name is not None and os.path.normpath(self.name.strip() or ".") == ".":
+            raise ConfigError(f"--name {self.name!r} names the --logs folder itself, where every run would mix its "
+                              "files; pass a name, or leave --name out for one made of the start time and settings")
         if "wandb" in self.report_to and importlib.util.find_spec("wandb") is None:
             raise ConfigError("--report-to wandb needs the wandb package: pip install 'open_clip_adacl[wandb]' "
                               "(or pip install wandb)")

@@ -28,11 +28,12 @@ import logging
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .run_dir import METRICS_NAME
-from .safe_write import RunFiles
+from .safe_write import RunFiles, cause_of
 
 _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
 _HANDLER_TAG = "_open_clip_adacl_handler"
@@ -50,13 +51,75 @@ def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: i
     formatter = logging.Formatter(fmt, datefmt="%Y-%m-%d,%H:%M:%S")
     handlers = [logging.StreamHandler()]
     if log_file:
-        handlers.append(logging.FileHandler(log_file))
+        handlers.append(RunLogFile(log_file))
     for handler in handlers:
         handler.setFormatter(formatter)
         setattr(handler, _HANDLER_TAG, True)
         root.addHandler(handler)
     # Other ranks log warnings only, unless asked to log everything.
     root.setLevel(level if rank == 0 or log_all_ranks else max(level, logging.WARNING))
+
+
+class RunLogFile(logging.FileHandler):
+    """out.log under the rule of the run's other records (training.safe_write): a write that fails (a full disk,
+    a revoked permission) is one line on the console naming the file and the cause, not logging's
+    `--- Logging error ---` block per line; training goes on, each later line is tried again (the file is
+    reopened), and the lines lost are counted for the run's last line (`unwritten_log_lines`)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, delay=True)  # opened by the first line: a folder that takes no file fails there
+        self.lost = 0
+        self.cause: Optional[str] = None       # why writes fail now (None: they succeed)
+        self.lost_cause: Optional[str] = None  # why the last lost line was lost
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            self.stream.write(self.format(record) + self.terminator)
+            self.stream.flush()
+        except OSError as error:
+            self._lose(record, error)
+            return
+        except Exception:  # noqa: BLE001 - a record that does not format: logging's own report
+            self.handleError(record)
+            return
+        if self.cause is not None:
+            self.cause = None
+            self._tell_others(record, logging.WARNING, f"{self.baseFilename} is written again ({self.lost} log line(s) "
+                                                       "missing from it)")
+
+    def _lose(self, record: logging.LogRecord, error: OSError) -> None:
+        """Count the line, drop the stream (a failed flush keeps its bytes: the next line would fail on them) and
+        say so once per cause on the other handlers (the console)."""
+        self.lost += 1
+        stream, self.stream = self.stream, None
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+        cause = self.lost_cause = cause_of(error)
+        if cause != self.cause:
+            self.cause = cause
+            self._tell_others(record, logging.ERROR, f"Could not write {self.baseFilename} ({cause}); training goes "
+                                                     "on, its lines shown here only until it can be written again")
+
+    def _tell_others(self, record: logging.LogRecord, level: int, message: str) -> None:
+        """Log `message` on the root logger's other handlers (the console): this one is the subject."""
+        note = logging.LogRecord(record.name, level, __file__, 0, message, None, None)
+        for handler in logging.getLogger().handlers:
+            if handler is not self and level >= handler.level:
+                handler.handle(note)
+
+    def unwritten(self) -> Optional[str]:
+        return f"{self.baseFilename}: {self.lost} log line(s) ({self.lost_cause})" if self.lost else None
+
+
+def unwritten_log_lines() -> List[str]:
+    """The log files (`RunLogFile`) that lost lines: "<file>: N log line(s) (cause)"."""
+    return [text for handler in logging.getLogger().handlers if isinstance(handler, RunLogFile)
+            for text in [handler.unwritten()] if text]
 
 
 # metrics.jsonl names whose OpenCLIP tag differs.
@@ -101,9 +164,29 @@ class WandbConfig:
     config: Dict[str, Any] = field(default_factory=dict)
 
 
+def quiet_tensorboard_thread_errors() -> None:
+    """TensorBoard's writer thread keeps a failed write's error for the next `add_scalar`, then re-raises it, which
+    prints a traceback; `MetricsWriter` reports that error in one line, so the thread's own report is left out
+    (other threads' errors go to the hook as before). Installed once per process."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = type(args.thread)
+        if not (thread.__module__.startswith("tensorboard.") and thread.__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
 class MetricsWriter:
     """Appends metric records to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only).
-    metrics.jsonl goes through `files` (a failed write is logged, held back and retried: training.safe_write)."""
+    metrics.jsonl goes through `files` (a failed write is logged, held back and retried: training.safe_write).
+    A dashboard that fails (its files on a full or unwritable disk: TensorBoard's writer thread, wandb's local
+    files) is dropped with one line naming its folder and the cause; training goes on, and `files` lists what it
+    did not get for the run's last line."""
 
     def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, wandb: Optional[WandbConfig] = None,
                  enabled: bool = True, files: Optional[RunFiles] = None):
@@ -112,16 +195,25 @@ class MetricsWriter:
         self.path = os.path.join(run_dir, METRICS_NAME) if self.enabled else None
         self.tb_writer = None
         self.wandb_run = None
+        self.tb_dir = os.path.join(run_dir, "tensorboard") if run_dir is not None else None
+        self.wandb_dir = os.path.join(run_dir, "wandb") if run_dir is not None else None
         if self.enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.tb_writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+                quiet_tensorboard_thread_errors()
+                self.tb_writer = SummaryWriter(self.tb_dir)
+            except Exception as error:  # noqa: BLE001 - e.g. PermissionError creating the folder
+                self.files.give_up(self.tb_dir, "every TensorBoard event", error)
         if self.enabled and wandb is not None:
             import wandb as wandb_module  # optional: pip install 'open_clip_adacl[wandb]'
 
-            self.wandb_run = wandb_module.init(project=wandb.project, name=wandb.name, id=wandb.name,
-                                               notes=wandb.notes, resume="allow" if wandb.resume else None,
-                                               config=wandb.config, dir=run_dir)
+            try:
+                self.wandb_run = wandb_module.init(project=wandb.project, name=wandb.name, id=wandb.name,
+                                                   notes=wandb.notes, resume="allow" if wandb.resume else None,
+                                                   config=wandb.config, dir=run_dir)
+            except Exception as error:  # noqa: BLE001 - wandb raises its own types for an unwritable dir
+                self.files.give_up(self.wandb_dir, "the wandb run", error)
 
     def write(self, kind: str, *, step: int, epoch: int, values: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -131,20 +223,50 @@ class MetricsWriter:
         scalars = {dashboard_tag(kind, name): value for name, value in record.items()
                    if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))}
         if self.tb_writer is not None:
-            for tag, value in scalars.items():
-                self.tb_writer.add_scalar(tag, value, dashboard_step(kind, step, epoch))
+            try:
+                for tag, value in scalars.items():
+                    self.tb_writer.add_scalar(tag, value, dashboard_step(kind, step, epoch))
+            except Exception as error:  # noqa: BLE001 - the writer thread's OSError, re-raised here
+                self._drop_tensorboard(f"the TensorBoard events from step {step} on", error)
         if self.wandb_run is not None:
-            self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
+            try:
+                self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
+            except Exception as error:  # noqa: BLE001 - wandb raises its own types for a failed write
+                self._drop_wandb(f"the wandb records from step {step} on", error)
+
+    def _drop_tensorboard(self, what: str, error: BaseException) -> None:
+        writer, self.tb_writer = self.tb_writer, None
+        self._give_up(self.tb_dir, what, error, writer.close)
+
+    def _drop_wandb(self, what: str, error: BaseException) -> None:
+        run, self.wandb_run = self.wandb_run, None
+        self._give_up(self.wandb_dir, what, error, run.finish)
+
+    def _give_up(self, folder: str, what: str, error: BaseException, close) -> None:
+        """One line naming `folder` and the cause (listed again at the end); `close` is tried once, its own failure
+        left out: the first one is the one reported."""
+        self.files.give_up(folder, what, error)
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - it failed already; its failure is reported
+            pass
 
     def close(self) -> List[str]:
-        """Close the dashboards and retry what `files` held back; what could still not be written."""
+        """Close the dashboards and retry what `files` held back; what could still not be written (the log
+        files' lost lines included)."""
         if self.tb_writer is not None:
-            self.tb_writer.close()
+            try:
+                self.tb_writer.close()
+            except Exception as error:  # noqa: BLE001 - the last events' flush
+                self.files.give_up(self.tb_dir, "the last TensorBoard events", error)
             self.tb_writer = None
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            try:
+                self.wandb_run.finish()
+            except Exception as error:  # noqa: BLE001 - its last records, on a full or unwritable disk
+                self.files.give_up(self.wandb_dir, "the end of the wandb run", error)
             self.wandb_run = None
-        return self.files.close()
+        return self.files.close(also=unwritten_log_lines())
 
 
 def drop_records_after(path: str, step: int, key: str = "step") -> int:

@@ -47,7 +47,7 @@ from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_
 from .resume_changes import warn_run_changes
 from .run_folder import (RunPaths, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
                          hold_run_dir, is_inside, launch_note, record_selection_choices, recorded_args, run_dir_collision,
-                         start_over, stop_recording_selection_choices, write_params)
+                         run_folder_warnings, start_over, stop_recording_selection_choices, write_params)
 from .run_lock import RunLock
 from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
 from .run_records import trim_to_resume_point
@@ -69,7 +69,8 @@ class RunSummary:
 
     @property
     def record(self) -> RunDir:
-        """The run folder's reader (metrics, results, checkpoints by number, the recorded flags)."""
+        """The run folder's reader (metrics, results, checkpoints by number, the recorded flags:
+        `RunDir.recorded_flags`)."""
         if self.run_dir is None:
             raise ValueError("this run wrote no folder (--logs none)")
         return RunDir(self.run_dir)
@@ -90,6 +91,7 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
     Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results)."""
     world_size = params.world_size_from_env()
     plan = check_startup(cfg, world_size)
+    plan.warnings += run_folder_warnings(cfg)
     if cfg.dry_run:
         loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
@@ -184,31 +186,16 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     if cfg.torchcompile:
         model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
     metrics = build_metrics_writer(cfg, recorded, paths, env, files)
-    checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env)
+    checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env,
+                                      resumed_from)
     trainer = Trainer(model, loss_fn, optimizer, scheduler, precision, state, cfg.train, env, metrics, SKIP_REASONS,
                       checkpointer, preemption)
 
-    final_loss = None
-    for epoch in range(position.epoch, cfg.epochs):
-        logging.info(f"Start epoch {epoch}")
-        data.set_epoch(epoch)
-        result = train_one_epoch(trainer, data)
-        if result.preempted:
-            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
-        final_loss = result.loss
-        state.finish_epoch()
-        validate_epoch(cfg.validation, unwrap_model(model), bundle, val_data, imagenet, precision, state, metrics,
-                       paths, env, files)
-        if env.is_master and cfg.loss.name == "adacl" and metrics.enabled:
-            write_margins_plot(paths.run_dir)
-        saved = checkpointer.save_epoch() if checkpointer is not None else True
-        if not saved and position.epoch == cfg.epochs:
-            raise FinalCheckpointError(f"the run trained all {cfg.epochs} epochs, but its final checkpoint could not "
-                                       f"be written (CHECKPOINT SAVE FAILED above): the trained model is not on disk; "
-                                       f"free space or fix {paths.checkpoint_dir}, then rerun with --resume latest")
-        # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
-        if any_rank(preemption.requested, env) and position.epoch < cfg.epochs:
-            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
+    try:
+        final_loss = train_epochs(cfg, trainer, data, val_data, imagenet, bundle, paths, files)
+    except (NonFiniteLossError, FinalCheckpointError):
+        metrics.close()  # what was held back gets its last try, and its NOT WRITTEN line
+        raise
 
     unwritten = metrics.close()
     last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
@@ -218,6 +205,48 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
                  f"last checkpoint {summary.checkpoint}{not_written}")
     return summary
+
+
+def train_epochs(cfg: RunConfig, trainer: Trainer, data, val_data, imagenet, bundle: ModelBundle, paths: RunPaths,
+                 files: RunFiles) -> Optional[float]:
+    """The epochs left to train, each validated and saved; the mean loss of the last (None: none was left).
+    Stops early (Preempted) at a preemption signal, and with FinalCheckpointError when the last checkpoint
+    could not be written (or may not be: the run ended inside a non-finite streak)."""
+    state, checkpointer, preemption, env = trainer.state, trainer.checkpointer, trainer.preemption, trainer.env
+    metrics, position = trainer.metrics, state.position
+    final_loss = None
+    for epoch in range(position.epoch, cfg.epochs):
+        logging.info(f"Start epoch {epoch}")
+        data.set_epoch(epoch)
+        result = train_one_epoch(trainer, data)
+        if result.preempted:
+            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
+        final_loss = result.loss
+        state.finish_epoch()
+        validate_epoch(cfg.validation, unwrap_model(trainer.model), bundle, val_data, imagenet, trainer.precision,
+                       state, metrics, paths, env, files)
+        if env.is_master and cfg.loss.name == "adacl" and metrics.enabled:
+            write_margins_plot(paths.run_dir)
+        saved = checkpointer.save_epoch() if checkpointer is not None else True
+        if not saved and position.epoch == cfg.epochs:
+            raise FinalCheckpointError(final_checkpoint_missing(cfg.epochs, state, checkpointer, paths))
+        # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
+        if any_rank(preemption.requested, env) and position.epoch < cfg.epochs:
+            stop_for_preemption(state, checkpointer, preemption, cfg.slurm_requeue, metrics, env)
+    return final_loss
+
+
+def final_checkpoint_missing(epochs: int, state: TrainState, checkpointer: Checkpointer, paths: RunPaths) -> str:
+    """Why the run that trained every epoch has no final checkpoint, and what to do."""
+    streak = state.consecutive_nonfinite_steps
+    if streak:
+        return (f"the run trained all {epochs} epochs, but its last {streak} step(s) had a non-finite loss (skipped), "
+                f"so no final checkpoint was written: those weights led into the divergence; the last checkpoint "
+                f"written at a finite step is {checkpointer.last_good_text()}: resume from it after lowering --lr "
+                "(or raising --warmup, or with --grad-clip-norm)")
+    return (f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
+            f"FAILED above): the trained model is not on disk; free space or fix {paths.checkpoint_dir}, then rerun "
+            "with --resume latest")
 
 
 def stop_for_preemption(state: TrainState, checkpointer: Optional[Checkpointer], preemption: PreemptionFlag,
@@ -233,7 +262,13 @@ def stop_for_preemption(state: TrainState, checkpointer: Optional[Checkpointer],
                    f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})")
         logging.info(message)
         raise Preempted(message)
-    reason = "the save failed (CHECKPOINT SAVE FAILED above)" if checkpointer is not None else "--logs none"
+    if checkpointer is None:
+        reason = "--logs none"
+    elif state.consecutive_nonfinite_steps:
+        reason = (f"the loss of the last {state.consecutive_nonfinite_steps} step(s) was non-finite; the last "
+                  f"checkpoint written at a finite step is {checkpointer.last_good_text()}")
+    else:
+        reason = "the save failed (CHECKPOINT SAVE FAILED above)"
     message = (f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
                "status 1 (--resume latest continues from the previous checkpoint)")
     logging.error(message)
@@ -375,12 +410,13 @@ def build_metrics_writer(cfg: RunConfig, recorded: Dict[str, Any], paths: RunPat
 
 
 def build_checkpointer(cfg: CheckpointConfig, model_cfg: ModelConfig, recorded: Dict[str, Any], paths: RunPaths,
-                       components: Dict[str, Any], bundle: ModelBundle, env: DistributedEnv) -> Optional[Checkpointer]:
+                       components: Dict[str, Any], bundle: ModelBundle, env: DistributedEnv,
+                       resumed_from: Optional[str] = None) -> Optional[Checkpointer]:
     if paths.checkpoint_dir is None:
         return None
     return Checkpointer(cfg, checkpoint_dir=paths.checkpoint_dir, components=components, env=env, name=paths.name,
                         args=recorded, model_cfg=open_clip_model_config(model_cfg),
-                        preprocess_cfg=preprocess_config(bundle.model))
+                        preprocess_cfg=preprocess_config(bundle.model), resumed_from=resumed_from)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): stopped early, to be conti
 DEFAULT_PREEMPT_SIGNALS = "TERM,USR1"
 _REQUEUE_TIMEOUT_S = 60
 _early_signals: list = []  # preemption signals received before the run's handler took over
+_watching_flags: list = []  # the PreemptionFlags handling signals now (`PreemptionFlag.watching`)
 
 
 def parse_preempt_signals(text: str) -> Tuple[signal.Signals, ...]:
@@ -50,6 +51,13 @@ def remember_early_signals() -> None:
         signal.signal(sig, lambda signum, frame: _early_signals.append(signal.Signals(signum)))
 
 
+def preemption_requested() -> bool:
+    """Whether this process has received a preemption signal: during startup (`remember_early_signals`) or
+    while a run watches for one. A read that blocks (a stalled `pipe:` shard, training.data.pipes) gives up
+    when it is set, so the run reaches its stop path (a checkpoint, status 75) instead of waiting for data."""
+    return bool(_early_signals) or any(flag.requested for flag in _watching_flags)
+
+
 class PreemptionFlag:
     """Set by the first of the watched signals; the trainer reads `requested` at step boundaries."""
 
@@ -74,6 +82,7 @@ class PreemptionFlag:
             yield self
             return
         previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        _watching_flags.append(self)
         for sig in _early_signals[:1]:
             if sig in signals:
                 self._handle(sig, None)
@@ -83,6 +92,7 @@ class PreemptionFlag:
         try:
             yield self
         finally:
+            _watching_flags.remove(self)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

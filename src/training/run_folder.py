@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import open_clip
 import torch
@@ -23,9 +23,9 @@ from .config import RESUME_LATEST, RunConfig
 from .distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from .flags import ConfigError
 from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, SELECTION_CHOICES_NAME
-from .run_lock import RunInUse, RunLock
+from .run_lock import LOCK_NAME, RunInUse, RunLock
 from .run_records import checkpoint_files, set_aside_earlier_records
-from .safe_write import RunFiles
+from .safe_write import RunFiles, cause_of
 
 
 @dataclass
@@ -44,13 +44,17 @@ def start_over(paths: RunPaths, env: DistributedEnv) -> None:
 
 
 def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
-    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it."""
+    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it or the
+    folder takes no lock file (read-only, a full disk)."""
     problem = None
     if env.is_master and paths.run_dir is not None:
         try:
             lock.acquire(paths.run_dir)
         except RunInUse as error:
             problem = str(error)
+        except OSError as error:
+            problem = (f"cannot write the run's lock {os.path.join(paths.run_dir, LOCK_NAME)} ({cause_of(error)}): "
+                       "a run writes into its folder; make it writable, or choose another --logs or --name")
     problem = broadcast_object(problem, env)
     if problem:
         raise ConfigError(problem)
@@ -82,6 +86,20 @@ def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
     if writes_log:
         os.makedirs(run_dir, exist_ok=True)
     return RunPaths(name, run_dir, checkpoint_dir, log_file if writes_log else None)
+
+
+def run_folder_warnings(cfg: RunConfig) -> List[str]:
+    """What is legal but surprising about where the run writes: a --name that leads out of --logs (`../x`, an
+    absolute path) puts the run's files where a look into --logs will not find them (judged by the names, not by
+    where links lead)."""
+    name, logs = cfg.logging.name, cfg.logging.logs
+    if name is None or logs is None:
+        return []
+    run_dir = os.path.normpath(os.path.join(logs, name))
+    if os.path.relpath(run_dir, os.path.normpath(logs)).split(os.sep)[0] != os.pardir:
+        return []
+    return [f"--name {name} puts the run outside --logs {logs}: it writes to {os.path.abspath(run_dir)}; pass a name "
+            "inside --logs (without '..' or a leading '/') unless that is where the run belongs"]
 
 
 def cannot_create(directory: str) -> Optional[str]:

@@ -1,24 +1,31 @@
 """One owner per run folder: `<logs>/<name>/run.lock` names the process training the run.
 
-Rank 0 creates the file when the run starts (atomically: written aside, then hard-linked into place,
-which fails when it exists) and removes it when the run ends, however it ends. A second launch of the
-same run finds it and stops with one line naming the owner. A lock whose owner is gone (its PID no
-longer runs on this host, or it is this very PID: a container restarted with the same PIDs) is taken
-over with a warning; one held on another host cannot be checked from here, and the line says how to
-remove it when that run is known to be over.
+Rank 0 opens (or creates) the file when the run starts and holds an OS lock on it (`fcntl.flock`) for as
+long as the run lasts; the kernel drops that lock when the process ends, however it ends. Only the
+holder of the OS lock reads the file's owner and writes itself into it, so two launches racing for the
+same folder (a stale lock included) cannot both own it. A second launch of a live run finds the lock
+held and stops with one line naming the owner. A file left by an owner that is gone (its PID no longer
+runs on this host, or it is this very PID: a container restarted with the same PIDs) is taken over with
+a warning; one written on another host cannot be checked from here (its file system may not share OS
+locks between hosts), and the line says how to remove it when that run is known to be over. The holder
+removes the file when the run ends.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
 import socket
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 LOCK_NAME = "run.lock"
+_LOCK_MODE = 0o644
+# flock errors meaning "this file system has no OS locks": the owner check of the file's contents still applies.
+_NO_OS_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class RunInUse(RuntimeError):
@@ -41,12 +48,38 @@ def _owner_alive(owner: Dict[str, Any]) -> Optional[bool]:
     return True
 
 
-def _read_owner(path: Path) -> Dict[str, Any]:
+def _parse_owner(text: str) -> Dict[str, Any]:
     try:
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
+        owner = json.loads(text)
+    except ValueError:
         return {}
     return owner if isinstance(owner, dict) else {}
+
+
+def _read_owner(fd: int) -> Dict[str, Any]:
+    """The owner recorded in the open lock file ({} when empty or unreadable)."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return _parse_owner(os.read(fd, 65536).decode("utf-8", "replace"))
+    except OSError:
+        return {}
+
+
+def _describe(owner: Dict[str, Any]) -> str:
+    return f"PID {owner.get('pid', '?')} on {owner.get('host', '?')} (since {owner.get('since', '?')})"
+
+
+def _in_use(path: Path, owner: Dict[str, Any]) -> RunInUse:
+    return RunInUse(f"{path.parent} is in use by {_describe(owner)}: this run is already training there; wait for "
+                    "that launch to end, or stop it, before launching the run again")
+
+
+def _is_same_file(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path` (a releasing owner may have removed it after it was opened)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class RunLock:
@@ -54,44 +87,72 @@ class RunLock:
 
     def __init__(self) -> None:
         self.path: Optional[Path] = None
+        self.fd: Optional[int] = None
 
     def acquire(self, run_dir: os.PathLike) -> None:
-        """Hold `run_dir`; RunInUse when a live process holds it."""
+        """Hold `run_dir`; RunInUse when a live process holds it. An OSError (a read-only folder) is the caller's
+        to report."""
         path = Path(run_dir) / LOCK_NAME
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now().isoformat(timespec="seconds")}
-        fd, aside = tempfile.mkstemp(prefix=f".{LOCK_NAME}.", dir=run_dir)
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, _LOCK_MODE)
+            try:
+                self._lock(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            if _is_same_file(fd, path):
+                break
+            os.close(fd)  # the file was replaced while we waited: lock the one at the path now
         try:
-            for _ in range(2):  # a stale lock is taken over once
-                try:
-                    os.link(aside, path)
-                    self.path = path
-                    return
-                except FileExistsError:
-                    self._take_over_if_stale(path)
-            raise RunInUse(f"{run_dir} is locked again by another launch of this run; launch it once")
-        finally:
-            os.unlink(aside)
+            self._take_over_if_stale(path, _read_owner(fd))
+            self._write_owner(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.path, self.fd = path, fd
 
     @staticmethod
-    def _take_over_if_stale(path: Path) -> None:
-        owner = _read_owner(path)
+    def _lock(fd: int, path: Path) -> None:
+        """Take the OS lock on `fd` without waiting; RunInUse naming the owner when another process holds it."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(path, _read_owner(fd)) from None
+        except OSError as error:
+            if error.errno not in _NO_OS_LOCKS:
+                raise
+            logging.warning(f"{path.parent}'s file system has no OS file locks ({error.strerror}): two launches "
+                            "started at the same moment could both take this run; launch it once")
+
+    @staticmethod
+    def _take_over_if_stale(path: Path, owner: Dict[str, Any]) -> None:
+        """With the OS lock held: refuse a recorded owner that is alive or cannot be checked; warn when taking
+        over one that is gone (an empty file is one whose writer died before writing)."""
+        if not owner:
+            return
         alive = _owner_alive(owner)
-        who = f"PID {owner.get('pid', '?')} on {owner.get('host', '?')} (since {owner.get('since', '?')})"
         if alive:
-            raise RunInUse(f"{path.parent} is in use by {who}: this run is already training there; wait for that "
-                           "launch to end, or stop it, before launching the run again")
+            raise _in_use(path, owner)
         if alive is None:
-            raise RunInUse(f"{path.parent} is in use by {who}, another host, where this process cannot check it; if "
-                           f"that run is over, remove {path} and launch again")
-        logging.warning(f"Taking over {path}: its owner, {who}, no longer runs")
-        path.unlink(missing_ok=True)
+            raise RunInUse(f"{path.parent} is in use by {_describe(owner)}, another host, where this process cannot "
+                           f"check it; if that run is over, remove {path} and launch again")
+        logging.warning(f"Taking over {path}: its owner, {_describe(owner)}, no longer runs")
+
+    @staticmethod
+    def _write_owner(fd: int) -> None:
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now().isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
 
     def release(self) -> None:
+        """Remove the file, then drop the OS lock (in that order: a launch waiting on this file finds it gone
+        and locks a new one)."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             self.path = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self) -> "RunLock":
         return self

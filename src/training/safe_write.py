@@ -5,7 +5,9 @@ full disk or a revoked permission never stops training.
 before the write (no half record stays), the text is kept in memory, and one line is logged naming the
 file and the cause (`disk full`, `permission denied`, ...); the next append to that file retries
 everything kept, in order, and logs once when the file is written again. `close` retries every file a
-last time and logs what could not be written; `unwritten` lists it for the run's last line.
+last time and logs what could not be written; `unwritten` lists it for the run's last line. Writers that
+keep their own files (TensorBoard's events, wandb's folder) report a failure through `give_up`: the same
+one line, and the same listing at the end.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 _CAUSES = {
     errno.ENOSPC: "disk full",
@@ -43,6 +45,7 @@ class RunFiles:
     def __init__(self) -> None:
         self.pending: Dict[Path, List[str]] = {}   # per file: the texts not written yet, in order
         self.causes: Dict[Path, str] = {}          # per failing file: the cause last logged
+        self.given_up: Dict[Path, str] = {}        # per file another writer stopped writing: what it lost, and why
 
     def append(self, path: os.PathLike, text: str) -> bool:
         """Append `text` (after any text held back for `path`); whether everything for `path` is written now."""
@@ -86,19 +89,28 @@ class RunFiles:
         except OSError:
             pass  # the records are still held back; a half line is skipped by the readers
 
-    def close(self) -> List[str]:
-        """Retry every file; log and return what could still not be written ("<file>: N record(s) (cause)")."""
+    def give_up(self, path: os.PathLike, what: str, error: BaseException) -> None:
+        """Another writer of the run folder failed on `path` and stops writing it: one line naming it and the cause
+        (training goes on); `unwritten` lists `what` it did not write."""
+        path, cause = Path(path), cause_of(error)
+        logging.error(f"Could not write {path} ({cause}); training goes on without it, {what} not written")
+        self.given_up.setdefault(path, f"{what} ({cause})")
+
+    def close(self, also: Sequence[str] = ()) -> List[str]:
+        """Retry every file; log and return what could still not be written ("<file>: N record(s) (cause)"), and
+        `also`, what the log files lost (training.logger)."""
         for path in list(self.pending):
             self._flush(path)
-        lost = self.unwritten
+        lost = [*self.unwritten, *also]
         for line in lost:
             logging.error(f"NOT WRITTEN: {line}")
         return lost
 
     @property
     def unwritten(self) -> List[str]:
-        return [f"{path}: {len(texts)} record(s) ({self.causes.get(path, 'not retried')})"
-                for path, texts in self.pending.items()]
+        return ([f"{path}: {len(texts)} record(s) ({self.causes.get(path, 'not retried')})"
+                 for path, texts in self.pending.items()]
+                + [f"{path}: {what}" for path, what in self.given_up.items()])
 
 
 class ErrorRecordingFile:

@@ -165,24 +165,29 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, preci
 def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, precision: str, limit: int,
                         loss: torch.Tensor, last_checkpoint: Optional[str]) -> None:
     """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row, naming
-    `last_checkpoint`, the last one written (none is written during the streak)."""
+    `last_checkpoint`, the last one written at a finite step (none is written during the streak). Called before
+    `state.step` counts this step: its number is the next one, as metrics.jsonl numbers it."""
     optimizer.zero_grad(set_to_none=True)
     state.num_nonfinite_steps += 1
     state.consecutive_nonfinite_steps += 1
-    logging.warning(f"Step {state.step}: non-finite loss ({loss.item()}); step skipped "
+    step = state.step + 1
+    logging.warning(f"Step {step}: non-finite loss ({loss.item()}); step skipped "
                     f"({state.consecutive_nonfinite_steps} in a row)")
     if state.consecutive_nonfinite_steps >= limit:
-        message = nonfinite_message(state, optimizer.param_groups[0]["lr"], precision, limit, last_checkpoint)
+        message = nonfinite_message(state, step, optimizer.param_groups[0]["lr"], precision, limit, last_checkpoint)
         logging.error(message)
         raise NonFiniteLossError(message)
 
 
-def nonfinite_message(state: TrainState, lr: float, precision: str, limit: int, last_checkpoint: Optional[str]) -> str:
-    resume = (f"resume from the last checkpoint written before the streak, {last_checkpoint}, with --resume "
+def nonfinite_message(state: TrainState, step: int, lr: float, precision: str, limit: int,
+                      last_checkpoint: Optional[str]) -> str:
+    """The stop line of a diverged run: `limit` non-finite steps in a row, the last numbered `step` (as in
+    metrics.jsonl), and the checkpoint to resume, the last one written at a finite step."""
+    resume = (f"resume from the last checkpoint written at a finite step, {last_checkpoint}, with --resume "
               f"{last_checkpoint} after changing them" if last_checkpoint else
-              "no checkpoint was written before the streak: start again after changing them")
+              "no checkpoint was written at a finite step: start again after changing them")
     return (
-        f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {state.step} "
+        f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {step} "
         f"(epoch {state.position.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
         f"too high for this batch size and warmup (lower --lr or raise --warmup; --grad-clip-norm helps), "
         f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32); {resume}."
@@ -277,9 +282,9 @@ def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
         # rides on the all-reduce the non-finite check needs anyway.
         nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], env)
         if nonfinite:
-            last_saved = checkpointer.last_saved if checkpointer is not None else None
+            last_good = checkpointer.last_good if checkpointer is not None else None
             skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
-                                str(last_saved) if last_saved else None)
+                                str(last_good) if last_good else None)
         else:
             apply_update(model, optimizer, precision, cfg.grad_clip_norm)
             loss_fn.commit()

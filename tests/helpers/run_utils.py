@@ -1,8 +1,12 @@
 """Helpers for tests that run the trainer as a process and interrupt it: torchrun commands, waiting for a
-logged step, killing a run with its workers, and comparing a resumed run's end with an uninterrupted one."""
+logged step, killing a run with its workers, comparing a resumed run's end with an uninterrupted one, and two
+launches racing for a stale run lock."""
 import hashlib
+import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,3 +148,51 @@ def catches(pid, sig):
     status = Path(f"/proc/{pid}/status").read_text()
     mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
     return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+# Takes the run lock of argv[1] once the file argv[2] exists (so that two of them start at the same moment),
+# prints whether it holds it, and holds it until its stdin closes.
+_LOCK_CONTENDER = """
+import os, sys
+from training.run_lock import RunInUse, RunLock
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    pass
+lock = RunLock()
+try:
+    lock.acquire(sys.argv[1])
+    print("held", flush=True)
+except RunInUse:
+    print("refused", flush=True)
+sys.stdin.read()
+"""
+
+
+def dead_pid():
+    """The PID of a process that has ended (a stale lock's owner)."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(proc.stdout)
+
+
+def race_for_a_stale_lock(run_dir, trials, env=None):
+    """Per trial: a dead owner's run.lock in `run_dir`, two processes taking it at the same moment, each holding
+    what it got until both have answered. Returns the outcomes, e.g. ["held+refused", ...] ("held+held": two
+    owners at once)."""
+    outcomes = []
+    go = Path(run_dir) / "go"
+    for _ in range(trials):
+        go.unlink(missing_ok=True)
+        (Path(run_dir) / "run.lock").write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(),
+                                                            "since": "2026-01-01T00:00:00"}))
+        contenders = [subprocess.Popen([sys.executable, "-c", _LOCK_CONTENDER, str(run_dir), str(go)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       text=True, env=env)
+                      for _ in range(2)]
+        for proc in contenders:
+            assert proc.stdout.readline() == "ready\n"
+        go.touch()
+        outcomes.append("+".join(sorted(proc.stdout.readline().strip() for proc in contenders)))
+        for proc in contenders:
+            proc.communicate(timeout=60)
+    return outcomes

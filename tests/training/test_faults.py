@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 import training.torchrun
 
-from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, single_rank_argv,
-                               torchrun_command, wait_for_step)
+from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock,
+                               single_rank_argv, torchrun_command, wait_for_step)
 from training import safe_write
 from training.checkpoint_files import load_checkpoint, save_atomic
 from training.checkpoint_digest import CheckpointDamaged
@@ -327,3 +327,125 @@ def test_a_rank_that_dies_is_reported_in_one_line_by_the_survivor(demo_shards, t
     assert "| ERROR | rank 0: a collective with the other ranks failed (" in output
     assert "another rank died or did not answer within --dist-timeout" in output
     assert output.strip().splitlines()[-1] == "torchrun: rank 1 was killed by SIGKILL; the other workers were stopped"
+
+
+# ---------------------------------------------------------------------------------------------
+# A stalled first shard at start-up, dashboards and out.log on a full disk, the stale-lock race,
+# surprising run folders
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_stalled_pipe_shard_listed_first_is_skipped_by_the_startup_check(demo_shards, tmp_path, caplog):
+    """The start-up field check reads under --shard-timeout as training does: the stalled first shard is ended,
+    counted and the next one read; the run trains on the shard that streams."""
+    shards = f"pipe:sleep 619::{demo_shards / 'train' / 'shard-000000.tar'}"
+    start = time.time()
+    with caplog.at_level(logging.WARNING):  # the check runs before out.log exists
+        summary = main(argv(demo_shards, tmp_path, "first", "--train-data", shards, "--dataset-type", "webdataset",
+                            "--train-num-samples", "128", "--epochs", "1", "--shard-timeout", "3"))
+    assert summary.step == STEPS_PER_EPOCH
+    assert time.time() - start < 120  # the stall cost the timeout, not the command's 619 s
+    assert ("shard pipe:sleep 619 ended early (unreadable_shard): ShardStalled('`sleep 619` sent no data for 3 s "
+            "(--shard-timeout); it was ended and the shard skipped')") in caplog.text
+    assert processes_running(b"sleep 619") == []
+
+
+@pytest.mark.slow  # 15 s: the trainer's imports, in a process of its own
+def test_sigterm_during_a_stalled_startup_read_stops_the_run_with_status_75(demo_shards, tmp_path):
+    """SIGTERM while the start-up check waits on a stalled `pipe:` shard (default --shard-timeout, 300 s): the
+    read is ended within seconds, the run takes its first step, saves it and exits with 75."""
+    shards = f"pipe:sleep 623::{demo_shards / 'train' / 'shard-000000.tar'}"
+    proc = subprocess.Popen([sys.executable, "-m", "training.main",
+                             *argv(demo_shards, tmp_path, "term", "--train-data", shards, "--dataset-type",
+                                   "webdataset", "--train-num-samples", "128", "--epochs", "1")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while not processes_running(b"sleep 623"):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    time.sleep(1)  # the check now waits in its read
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.time()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr[-3000:]
+    assert time.time() - signalled < 60
+    assert ("ShardInterrupted('`sleep 623` was ended while the run waited for its data, for a preemption signal"
+            in stderr)  # the check runs before out.log exists
+    assert "Preempted by SIGTERM at step 1 " in (tmp_path / "term" / "out.log").read_text()
+    assert "Traceback" not in stderr
+    assert processes_running(b"sleep 623") == []
+
+
+def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(demo_shards, tmp_path, monkeypatch, caplog,
+                                                                     capsys):
+    """TensorBoard's writer thread meets a full disk at its 20th record and out.log is /dev/full (every write:
+    ENOSPC): one line each naming the file and the cause, training goes on to its final checkpoint, and the
+    run's last lines list what was not written."""
+    from tensorboard.summary.writer import record_writer
+
+    real_write, records = record_writer.RecordWriter.write, []
+
+    def fills_up(self, data):
+        records.append(data)
+        if len(records) >= 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", fills_up)
+    run_dir = tmp_path / "full"
+    run_dir.mkdir()
+    (run_dir / "out.log").symlink_to("/dev/full")
+    with caplog.at_level(logging.INFO):
+        summary = main(argv(demo_shards, tmp_path, "full", "--report-to", "tensorboard"))
+    assert summary.step == 2 * STEPS_PER_EPOCH and (run_dir / "checkpoints" / "epoch_2.pt").exists()
+    tensorboard = run_dir / "tensorboard"
+    assert caplog.text.count(f"Could not write {tensorboard} (disk full ([Errno 28] No space left on device)); "
+                             "training goes on without it, the TensorBoard events from step ") == 1
+    assert caplog.text.count(f"Could not write {run_dir / 'out.log'} (disk full") == 1
+    assert "--- Logging error ---" not in caplog.text
+    [tensorboard_line, log_line] = summary.unwritten
+    assert tensorboard_line.startswith(f"{tensorboard}: the TensorBoard events from step ")
+    assert log_line.startswith(f"{run_dir / 'out.log'}: ") and " log line(s) (disk full" in log_line
+    assert "2 record file(s) NOT fully written" in caplog.records[-1].getMessage()
+    assert "Traceback" not in capsys.readouterr().err  # nor the writer thread's own report
+
+
+def test_two_launches_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
+    """Twenty trials of two processes taking a dead owner's run.lock at the same moment: one holds it each time."""
+    outcomes = race_for_a_stale_lock(tmp_path, trials=20, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert outcomes == ["held+refused"] * 20
+
+
+def test_a_run_folder_that_takes_no_lock_file_is_one_error_line(demo_shards, base_run, tmp_path):
+    """--resume latest into a folder where run.lock cannot be written (here: a folder in its place; a read-only
+    folder fails the same way, scripts/fault_table.py mounts one): one line, before any step."""
+    run_dir = tmp_path / "locked"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / "run.lock").mkdir()
+    with pytest.raises(ConfigError, match=rf"^cannot write the run's lock {run_dir / 'run.lock'} \(IsADirectoryError: "
+                                          r".*\): a run writes into its folder; make it writable, or choose another "
+                                          r"--logs or --name$"):
+        main(argv(demo_shards, tmp_path, "locked", "--resume", "latest"))
+
+
+def test_a_name_outside_logs_is_warned_about_and_an_empty_name_refused(demo_shards, tmp_path, capsys):
+    logs = tmp_path / "logs"
+    assert main(argv(demo_shards, logs, "../outside", "--dry-run")) is None
+    assert (f"warning: --name ../outside puts the run outside --logs {logs}: it writes to {tmp_path / 'outside'}; "
+            "pass a name inside --logs") in capsys.readouterr().err
+    for name in ("", " ", "."):
+        with pytest.raises(ConfigError, match=rf"^--name '{name}' names the --logs folder itself"):
+            main(argv(demo_shards, logs, name, "--dry-run"))
+
+
+def test_an_empty_checkpoint_is_named_in_plain_words(demo_shards, base_run, tmp_path, caplog):
+    run_dir = tmp_path / "empty"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / "checkpoints" / "epoch_2.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"cannot read the checkpoint \(CheckpointEmpty: it is empty \(0 bytes\): a "
+                                          r"save or a copy that stopped before writing anything\)"):
+        main(argv(demo_shards, tmp_path, "empty", "--resume", str(run_dir / "checkpoints" / "epoch_2.pt")))
+    with caplog.at_level(logging.WARNING):
+        assert main(argv(demo_shards, tmp_path, "empty", "--resume", "latest")).step == 2 * STEPS_PER_EPOCH
+    assert (f"Ignoring unreadable checkpoint {run_dir / 'checkpoints' / 'epoch_2.pt'}: CheckpointEmpty: it is empty (0 "
+            "bytes)") in caplog.text

@@ -83,9 +83,9 @@ def test_a_bad_imagenet_folder_stops_a_run_before_training(demo_shards, tmp_path
 
 def test_dry_run_names_a_caption_key_the_samples_lack_and_the_fields_they_have(demo_shards, tmp_path):
     message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--caption-key", "txt,nope"))
-    assert message == ("--caption-key nope: none of the first 64 samples of --train-data has a field 'nope'; their "
-                       "fields are ['json', 'png', 'txt', 'txt_alt', 'txt_pseudo']: pass --caption-key with one of "
-                       "['txt', 'txt_alt', 'txt_pseudo']")
+    assert message == ("--caption-key nope: none of the first 64 samples of --train-data has a field 'nope' (in any of "
+                       "its first 4 readable shards); their fields are ['json', 'png', 'txt', 'txt_alt', 'txt_pseudo']: "
+                       "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']")
     message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--val-data",
                                        str(demo_shards / "val" / "shard-000000.tar"), "--val-caption-key", "caption"))
     assert message.startswith("--val-caption-key caption: none of the first 64 samples of --val-data has a field")

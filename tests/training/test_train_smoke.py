@@ -1,4 +1,5 @@
 """The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
+import logging
 import math
 from types import SimpleNamespace
 
@@ -151,6 +152,13 @@ def _batches(poisoned, num=6, batch=4):
 
 def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
     """One epoch over `batches`; with `save_every`, step_N.pt every `save_every` steps in tmp_path/checkpoints."""
+    trainer, snapshots = _trainer(tmp_path, max_nonfinite, accum_freq, loss_fn, save_every)
+    result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
+    return result, trainer.state, snapshots, trainer.loss_fn
+
+
+def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
+    """A Trainer of adacl-tiny with PoisonableClip (or `loss_fn`), and the list of steps its optimizer took."""
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
@@ -168,8 +176,7 @@ def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, s
     trainer = Trainer(model, loss_fn, optimizer, None, build_precision("fp32", torch.device("cpu")), state,
                       TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
                       DistributedEnv(), metrics, skip_reasons=("bad_image", "empty_caption"), checkpointer=checkpointer)
-    result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
-    return result, state, snapshots, loss_fn
+    return trainer, snapshots
 
 
 def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
@@ -192,12 +199,31 @@ def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
 
 
 def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes_and_the_last_good_checkpoint(tmp_path):
-    """No step checkpoint is written during the streak (steps 3 and 4): the stop names step_2.pt."""
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps.*learning rate.*precision.*; resume from the "
-                                                 r"last checkpoint written before the streak, .*/step_2.pt, with "
-                                                 r"--resume "):
+    """No step checkpoint is written during the streak (steps 3 to 5, as metrics.jsonl numbers them): the stop
+    names step_2.pt."""
+    stop = (r"3 consecutive steps.*the last at step 5 .*learning rate.*precision.*; resume from the last checkpoint "
+            r"written at a finite step, .*/step_2.pt, with --resume ")
+    with pytest.raises(NonFiniteLossError, match=stop):
         _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3, save_every=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_1.pt", "step_2.pt"]
+
+
+def test_a_streak_at_the_end_of_an_epoch_writes_no_checkpoint_and_names_the_last_finite_one(tmp_path, caplog):
+    """Steps 5 and 6 of 6 non-finite (metrics.jsonl's numbers, also in the warnings): the epoch's own checkpoints
+    (epoch_1.pt, step_6.pt) are not written while the loss is non-finite; the warning names step_4.pt."""
+    trainer, _ = _trainer(tmp_path, max_nonfinite=3, save_every=2)
+    batches = _batches(poisoned={4, 5})
+    with caplog.at_level(logging.WARNING):
+        train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
+        trainer.state.finish_epoch()
+        assert trainer.checkpointer.save_epoch() is False
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2.pt", "step_4.pt"]
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert [w.split(":")[0] for w in warnings if "non-finite loss (" in w] == ["Step 5", "Step 6"]
+    assert warnings[-1] == ("Not writing step_6.pt, epoch_1.pt: the loss of the last 2 step(s) was non-finite; the "
+                            f"last checkpoint written at a finite step is {checkpoints / 'step_4.pt'}")
+    assert [r["step"] for r in RunDir(tmp_path).metrics("train")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):

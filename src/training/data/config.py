@@ -20,6 +20,9 @@ SKIP_REASONS = (
     "non_utf8_caption",  # the caption bytes are not UTF-8
     "empty_caption",  # the caption is empty or whitespace
     "bad_json",  # the json member does not parse (its key could not be trusted)
+    "not_a_file",  # a csv image path names a device, FIFO or socket, not a regular file (never read)
+    "oversized_image",  # an image of more bytes than DataConfig.max_image_bytes (never decoded)
+    "oversized_caption",  # a caption of more bytes than DataConfig.max_caption_bytes (never tokenized)
 )
 
 
@@ -68,6 +71,12 @@ class DataConfig:
     shard_timeout: float = flag(
         300.0, "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
                "(counted as unreadable_shard, its URL logged); 0: wait forever.", metavar="SECONDS")
+    max_image_bytes: int = flag(
+        64 * 2**20, "Images of more bytes are skipped as oversized_image before decoding; a csv image path is read "
+                    "only up to this many bytes, and only when it names a regular file (else not_a_file).",
+        metavar="BYTES")
+    max_caption_bytes: int = flag(
+        65536, "Captions of more bytes (UTF-8) are skipped as oversized_caption before tokenizing.", metavar="BYTES")
     workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1, resume=SAMPLE_ORDER)
     """DataLoader worker processes per rank; 0 reads in the main process (in code: 1)."""
     batch_size: int = flag(64, "Batch size per GPU.", resume=SAMPLE_ORDER)
@@ -99,6 +108,9 @@ class DataConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.shard_timeout < 0:
             raise ConfigError(f"--shard-timeout must be >= 0 seconds (0: no timeout), got {self.shard_timeout}")
+        for name, value in ("--max-image-bytes", self.max_image_bytes), ("--max-caption-bytes", self.max_caption_bytes):
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1 byte, got {value}")
         if self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.train_num_samples is not None and self.train_num_samples < 1:

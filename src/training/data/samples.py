@@ -45,10 +45,13 @@ class Candidate:
     family: int = NO_FAMILY  # read only when DataConfig.family_field is set
 
 
-def decode_caption(data: bytes | None) -> tuple[str | None, str]:
-    """(skip reason or None, stripped caption)."""
+def decode_caption(data: bytes | None, *, max_bytes: int) -> tuple[str | None, str]:
+    """(skip reason or None, stripped caption); a caption of more than `max_bytes` bytes is skipped before it is
+    decoded (tokenizing megabytes of text costs seconds per sample)."""
     if data is None:
         return "missing_caption", ""
+    if len(data) > max_bytes:
+        return "oversized_caption", ""
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -67,7 +70,7 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str 
             return image.convert("RGB"), None
     except Image.DecompressionBombError:
         return None, "huge_image"
-    except Exception:  # PIL raises many types (OSError, SyntaxError, ValueError, ...) on bad bytes
+    except Exception:  # noqa: BLE001 - PIL raises many types (OSError, SyntaxError, ValueError, ...) on bad bytes
         return None, "bad_image"
 
 

@@ -18,8 +18,10 @@ from .samples import NO_FAMILY, Candidate, SkipCounter, decode_caption, describe
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
 SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
-# Samples read before any work to check that the caption and image fields exist.
+# Samples read per shard before any work to check that the caption and image fields exist, and the readable
+# shards probed so before the data is refused.
 FIELD_PROBE_SAMPLES = 64
+FIELD_PROBE_SHARDS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator
     """
     try:
         stream = open_shard(url, timeout_s)
-    except Exception as error:  # missing, permission, directory, failing pipe: never fatal mid-run
+    except Exception as error:  # noqa: BLE001 - missing, permission, directory, failing pipe: never fatal mid-run
         counter.add("unreadable_shard")
         _warn_once(url, f"skipping unreadable shard {url}: {error!r}")
         return
@@ -67,12 +69,12 @@ def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator
                 yield from emit(current)
                 current = {"__key__": prefix, "__url__": url}
             current[suffix] = member["data"]
-    except Exception as error:  # tarfile raises ReadError / EOFError / OSError on corrupt streams
+    except Exception as error:  # noqa: BLE001 - tarfile raises ReadError / EOFError / OSError on corrupt streams
         errors.append(error)
     finally:
         try:
             stream.close()
-        except Exception as error:  # webdataset's Pipe raises on a non-zero exit: the cause of any earlier error
+        except Exception as error:  # noqa: BLE001 - webdataset's Pipe raises on a non-zero exit: the first cause
             errors.insert(0, error)
     yield from emit(current)
     if errors:
@@ -91,12 +93,15 @@ def _warn_once(url: str, message: str) -> None:
 
 
 def check_shard_sample(sample: dict, *, caption_keys: tuple[str, ...], family_field: str | None, seed: int,
-                       epoch: int, shard_run: tuple[int, int]) -> tuple[str | None, Candidate | None]:
+                       epoch: int, shard_run: tuple[int, int], max_image_bytes: int,
+                       max_caption_bytes: int) -> tuple[str | None, Candidate | None]:
     """Training's checks of one tar sample that need no image decoding: (None, the candidate) or (the
     skip reason, None). With several caption keys, the one read is drawn by (seed, epoch, sample)."""
     image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
     if image_key is None:
         return "missing_image", None
+    if len(sample[image_key]) > max_image_bytes:
+        return "oversized_image", None
     try:
         sample_index = sample_index_of(sample)
         family = NO_FAMILY if family_field is None else family_of(sample, family_field)
@@ -105,7 +110,7 @@ def check_shard_sample(sample: dict, *, caption_keys: tuple[str, ...], family_fi
     field = caption_keys[0]
     if len(caption_keys) > 1:
         field = caption_keys[stable_hash(seed, epoch, sample_index, "caption") % len(caption_keys)]
-    reason, text = decode_caption(sample.get(field))
+    reason, text = decode_caption(sample.get(field), max_bytes=max_caption_bytes)
     if reason is not None:
         return reason, None
     return None, Candidate(sample_index, text, sample[image_key], shard_run, family)
@@ -165,32 +170,51 @@ def _opens_as_tar(path: str) -> bool:
     try:
         with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r|*") as tar:
             return tar.next() is not None
-    except Exception:  # any failure means "not readable as a shard"
+    except Exception:  # noqa: BLE001 - any failure means "not readable as a shard"
         return False
 
 
-def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key_flag: str, data_flag: str) -> None:
-    """A ValueError naming the fields the data has when none of its first samples has one of `caption_keys`
-    (read with `key_flag`) or none has an image; a DataError when no sample is readable at all."""
+def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key_flag: str, data_flag: str,
+                        timeout_s: float = 0) -> None:
+    """A ValueError naming the fields the data has when none of the first FIELD_PROBE_SHARDS readable shards has
+    samples with one of `caption_keys` (read with `key_flag`) and an image; a DataError when no sample is
+    readable at all.
+
+    Each shard is read as training reads it (`read_shard`, under the stall timeout `timeout_s`): an unreadable
+    or stalled shard is skipped and counted, and the next one probed, so neither a dead `pipe:` command listed
+    first nor a first shard without images (a text-only part of the set) stops a run whose other shards are fine.
+    """
     counter = SkipCounter()
-    samples = itertools.islice(itertools.chain.from_iterable(read_shard(url, counter) for url in urls),
-                               FIELD_PROBE_SAMPLES)
     fields: set[str] = set()
-    for sample in samples:
-        fields.update(name for name in sample if not name.startswith("__"))
-        if fields.issuperset(caption_keys) and fields.intersection(IMAGE_EXTENSIONS):
+    probed = 0
+    for url in urls:
+        shard_fields = fields_of(itertools.islice(read_shard(url, counter, timeout_s), FIELD_PROBE_SAMPLES))
+        if shard_fields.issuperset(caption_keys) and shard_fields.intersection(IMAGE_EXTENSIONS):
             return
+        fields |= shard_fields
+        probed += bool(shard_fields)
+        if probed == FIELD_PROBE_SHARDS:
+            break
     if not fields:
         raise DataError(f"{data_flag} holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
                         "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
-    probed = f"none of the first {FIELD_PROBE_SAMPLES} samples of {data_flag}"
+    where = f"none of the first {FIELD_PROBE_SAMPLES} samples of {data_flag}"
+    shards = f" (in any of its first {probed} readable shards)" if probed > 1 else ""
     if not fields.intersection(IMAGE_EXTENSIONS):
-        raise ValueError(f"{probed} has an image field ({', '.join(IMAGE_EXTENSIONS)}); their fields are "
+        raise ValueError(f"{where} has an image field ({', '.join(IMAGE_EXTENSIONS)}){shards}; their fields are "
                          f"{sorted(fields)}: write the images as <key>.jpg|png|webp (img2dataset's layout)")
-    missing = next(key for key in caption_keys if key not in fields)
+    missing = next((key for key in caption_keys if key not in fields), None)
+    if missing is None:
+        raise ValueError(f"{where} has both an image and {', '.join(caption_keys)} in one shard{shards}; their fields "
+                         f"are {sorted(fields)}: write each sample's image and captions into the same shard")
     text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
-    raise ValueError(f"{key_flag} {missing}: {probed} has a field {missing!r}; their fields are {sorted(fields)}: "
-                     f"pass {key_flag} with one of {text_fields or sorted(fields)}")
+    raise ValueError(f"{key_flag} {missing}: {where} has a field {missing!r}{shards}; their fields are "
+                     f"{sorted(fields)}: pass {key_flag} with one of {text_fields or sorted(fields)}")
+
+
+def fields_of(samples: Iterable[dict]) -> set[str]:
+    """The member names (extensions) the samples have, webdataset's own keys (`__key__`, `__url__`) left out."""
+    return {name for sample in samples for name in sample if not name.startswith("__")}
 
 
 def declared_dataset_size(urls: Sequence[str]) -> int | None:

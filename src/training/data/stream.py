@@ -155,7 +155,9 @@ class ShardStream(IterableDataset):
                shard_run: tuple[int, int]) -> Candidate | None:
         """Cheap per-sample checks; returns None (and counts the reason) for a sample to skip."""
         reason, candidate = check_shard_sample(sample, caption_keys=caption_keys, family_field=self.cfg.family_field,
-                                               seed=self.cfg.seed, epoch=epoch, shard_run=shard_run)
+                                               seed=self.cfg.seed, epoch=epoch, shard_run=shard_run,
+                                               max_image_bytes=self.cfg.max_image_bytes,
+                                               max_caption_bytes=self.cfg.max_caption_bytes)
         if reason is not None:
             counter.add(reason)
         return candidate
@@ -192,7 +194,7 @@ class ShardStream(IterableDataset):
                 break
             try:
                 tensors.append(self.preprocess(image))
-            except Exception:  # a hostile image the transform cannot handle is a skip, not a crash
+            except Exception:  # noqa: BLE001 - a hostile image the transform cannot handle is a skip, not a crash
                 counter.add("bad_image")
                 continue
             texts.append(candidate.text)

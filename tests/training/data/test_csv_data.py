@@ -1,5 +1,6 @@
 """OpenCLIP's csv datasets (--dataset-type csv): rows of image path and caption, bad rows skipped and counted."""
 import csv
+import os
 from dataclasses import replace
 
 import pytest
@@ -86,3 +87,28 @@ def test_a_csv_dataset_trains_through_training_main(csv_dataset, tmp_path):
     # Each epoch reads all rows but the few left over; every bad row met is counted under its reason.
     assert sum(sum(e[f"skipped/{reason}"] for reason in BAD_ROWS) for e in epochs) >= 1
     assert all(e[f"skipped/{reason}"] <= 1 for e in epochs for reason in BAD_ROWS)
+
+
+def test_devices_fifos_and_oversized_files_are_skipped_with_their_own_reasons(csv_dataset, tmp_path):
+    """/dev/zero would be read until memory runs out and a FIFO without a writer waited on forever: neither is
+    read (not_a_file); an image file over --max-image-bytes and a caption over --max-caption-bytes are skipped
+    (oversized_image, oversized_caption), also one past csv's own field limit (131072 characters)."""
+    good_rows = list(csv.reader(open(csv_dataset)))[1:9]
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    max_image = max(os.path.getsize(path) for path, _ in good_rows)
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\0" * (max_image + 1))
+    rows = [*good_rows, ["/dev/zero", "zeros"], [str(fifo), "a fifo"], [str(big), "too big"],
+            [good_rows[0][0], "a caption longer than csv's own field limit " * 5000]]
+    path = tmp_path / "hostile.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([["image", "caption"], *rows])
+    cfg = csv_config(path, max_image_bytes=max_image, max_caption_bytes=1000)
+    batches = list(build_val_data(cfg, to_tensor, lambda texts: texts).dataloader)
+    assert [index for batch in batches for index in batch[2].tolist()] == list(range(8))
+    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    assert {reason: count for reason, count in totals.items() if count} == {
+        "not_a_file": 2, "oversized_image": 1, "oversized_caption": 1}
+    with pytest.raises(ConfigError, match="^--max-caption-bytes must be >= 1 byte, got 0$"):
+        main(["--train-data", str(path), "--max-caption-bytes", "0", "--dry-run"])

@@ -1,5 +1,6 @@
 """Webdataset tar shards: every kind of damage skipped and counted, unreadable and missing shards named,
 sample ids from keys."""
+import time
 from dataclasses import replace
 
 import pytest
@@ -7,6 +8,8 @@ from torchvision.transforms.functional import to_tensor
 
 from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from helpers.data_utils import byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar
+from helpers.run_utils import processes_running
+from training.data.shards import check_sample_fields
 
 
 def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
@@ -107,3 +110,33 @@ def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shard
     assert epoch["skipped_samples"] == 0
     line = next(line for line in (tmp_path / "pipes" / "out.log").read_text().splitlines() if "Epoch 0 done" in line)
     assert f"skipped shard visits: unreadable_shard {epoch['skipped/unreadable_shard']}, skipped samples: none" in line
+
+
+def test_the_startup_check_skips_a_stalled_pipe_shard_and_probes_past_a_first_shard_without_images(tmp_path):
+    """check_sample_fields reads each shard as training does (under the stall timeout); a dead `pipe:` command
+    listed first and a first shard of text only are skipped for the shards after them."""
+    write_tar(tmp_path / "good.tar", [good(key) for key in range(8)])
+    write_tar(tmp_path / "text.tar", [{"__key__": f"{key:09d}", "txt": b"no image"} for key in range(80)])
+    start = time.time()
+    check_sample_fields(["pipe:sleep 617", str(tmp_path / "text.tar"), str(tmp_path / "good.tar")], ["txt"],
+                        key_flag="--caption-key", data_flag="--train-data", timeout_s=1)
+    assert time.time() - start < 30 and processes_running(b"sleep 617") == []
+    with pytest.raises(ValueError, match=r"^none of the first 64 samples of --train-data has an image field "
+                                         r"\(jpg, jpeg, png, webp\) \(in any of its first 2 readable shards\); their "
+                                         r"fields are \['txt'\]"):
+        check_sample_fields([str(tmp_path / "text.tar")] * 2, ["txt"], key_flag="--caption-key",
+                            data_flag="--train-data", timeout_s=1)
+
+
+def test_oversized_images_and_captions_in_shards_are_skipped_unread(tmp_path):
+    samples = [good(key) for key in range(6)]
+    samples[1]["png"] += b"\0" * 2000  # a valid PNG with trailing bytes: over the cap, never decoded
+    samples[2]["txt"] = b"a long caption " * 100
+    write_tar(tmp_path / "caps.tar", samples)
+    cfg = DataConfig(val_data=str(tmp_path / "caps.tar"), batch_size=4, workers=0, max_image_bytes=1500,
+                     max_caption_bytes=1000)
+    batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
+    assert indices(batches) == [0, 3, 4, 5]
+    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    assert {reason: count for reason, count in totals.items() if count} == {"oversized_image": 1,
+                                                                            "oversized_caption": 1}

@@ -4,7 +4,10 @@ caption columns.
 
 Rows go through the same checks, decoding and batching as tar samples (`CsvStream`): sample_index
 is the row number (0-based, after the header); a row whose image file is missing or whose caption
-is empty or absent is skipped and counted under the same reasons as a tar sample. An epoch is every
+is empty or absent is skipped and counted under the same reasons as a tar sample. An image path is read
+only when it names a regular file (a device such as /dev/zero would read until memory runs out, a
+FIFO would wait for a writer forever: `not_a_file`), and only up to --max-image-bytes
+(`oversized_image`); a caption over --max-caption-bytes is `oversized_caption`. An epoch is every
 row (OpenCLIP's len(dataset)), in a seeded per-epoch permutation split over ranks and readers.
 """
 from __future__ import annotations
@@ -12,8 +15,8 @@ from __future__ import annotations
 import csv
 import os
 import random
+import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Iterator
 
 from open_clip_train.data import SharedEpoch
@@ -25,6 +28,8 @@ from ..ordered import OrderedPass, PassItem, PassSample
 from ..registry import DataSource, register_data_source
 from ..samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
 from ..stream import ShardStream
+
+_FIELD_SIZE_LIMIT = 2**31 - 1  # the largest csv accepts
 
 
 @register_data_source("csv")
@@ -63,7 +68,8 @@ class CsvFile(DataSource):
     def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
         options = self.options(cfg)
         rows = read_csv_rows(data, options, data_flag)
-        return CsvPass(rows, data, num_samples=len(rows), caption_field=options.csv_caption_key)
+        return CsvPass(rows, data, num_samples=len(rows), caption_field=options.csv_caption_key,
+                       max_image_bytes=cfg.max_image_bytes, max_caption_bytes=cfg.max_caption_bytes)
 
 
 @dataclass(frozen=True)
@@ -78,22 +84,28 @@ def read_csv_rows(path: str | None, options: CsvFile.Options, data_flag: str) ->
     """The rows of OpenCLIP's csv data (a header naming --csv-img-key and --csv-caption-key columns).
 
     Row k (0-based, after the header) is sample k: its sample_index. A row with too few fields keeps
-    its place and is skipped when read (missing_image / missing_caption), like a bad tar sample.
+    its place and is skipped when read (missing_image / missing_caption), like a bad tar sample. A field
+    of any length is read (csv's own limit, 131072 characters, would stop at one long caption); a caption
+    over --max-caption-bytes is skipped when read (oversized_caption).
     """
     if path is None or not os.path.isfile(path):
         raise FileNotFoundError(f"{data_flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter=options.csv_separator)
-        header = next(reader, [])
-        missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
-                                                                   (options.csv_caption_key, "--csv-caption-key"))
-                   if column not in header]
-        if missing:
-            raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
-                             f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
-        image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
-        rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
-                            row[caption_column] if len(row) > caption_column else None) for row in reader)
+    previous_limit = csv.field_size_limit(_FIELD_SIZE_LIMIT)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, delimiter=options.csv_separator)
+            header = next(reader, [])
+            missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
+                                                                       (options.csv_caption_key, "--csv-caption-key"))
+                       if column not in header]
+            if missing:
+                raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                                 f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
+            image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
+            rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
+                                row[caption_column] if len(row) > caption_column else None) for row in reader)
+    finally:
+        csv.field_size_limit(previous_limit)
     if not rows:
         raise ValueError(f"{data_flag}: {path} has a header but no rows")
     return rows
@@ -132,26 +144,55 @@ class CsvStream(ShardStream):
 
     def _row_candidates(self, indices: Iterable[int], counter: SkipCounter) -> Iterator[Candidate]:
         for index in indices:
-            reason, candidate = check_row(self.rows[index], index)
+            reason, candidate = check_row(self.rows[index], index, max_image_bytes=self.cfg.max_image_bytes,
+                                          max_caption_bytes=self.cfg.max_caption_bytes)
             if reason is not None:
                 counter.add(reason)
             else:
                 yield candidate
 
 
-def check_row(row: CsvRow, index: int) -> tuple[str | None, Candidate | None]:
+def check_row(row: CsvRow, index: int, *, max_image_bytes: int,
+              max_caption_bytes: int) -> tuple[str | None, Candidate | None]:
     """Training's checks of csv row `index` (its caption, then its image file read as bytes): (None, the
     candidate) or (the skip reason, None)."""
-    reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"))
+    reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"),
+                                  max_bytes=max_caption_bytes)
     if not row.image_path:
         reason = "missing_image"
     if reason is not None:
         return reason, None
-    try:
-        image_bytes = Path(row.image_path).read_bytes()
-    except OSError:  # missing, unreadable or a directory
-        return "missing_image", None
+    reason, image_bytes = read_image_file(row.image_path, max_image_bytes)
+    if reason is not None:
+        return reason, None
     return None, Candidate(index, text, image_bytes, shard_run=(0, index))  # rows are permuted, never buffer-shuffled
+
+
+def read_image_file(path: str, max_bytes: int) -> tuple[str | None, bytes]:
+    """(None, the bytes of the regular file at `path`) or (the skip reason, b""): missing_image for a path that is
+    missing, unreadable or a directory, not_a_file for a device, FIFO or socket (never opened, as opening some
+    devices acts; the file opened is checked again, without waiting for a FIFO's writer, should the path have
+    changed meanwhile), oversized_image for a file of more than `max_bytes` bytes (at most one byte more is
+    read, so a file that grows while it is read is caught too)."""
+    try:
+        reason = _file_kind_reason(os.stat(path).st_mode)
+        if reason is not None:
+            return reason, b""
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb") as file:
+            reason = _file_kind_reason(os.fstat(file.fileno()).st_mode)
+            data = b"" if reason is not None else file.read(max_bytes + 1)
+    except OSError:
+        return "missing_image", b""
+    if reason is not None:
+        return reason, b""
+    return ("oversized_image", b"") if len(data) > max_bytes else (None, data)
+
+
+def _file_kind_reason(mode: int) -> str | None:
+    """None for a regular file; the skip reason for anything else."""
+    if stat.S_ISREG(mode):
+        return None
+    return "missing_image" if stat.S_ISDIR(mode) else "not_a_file"
 
 
 @dataclass(frozen=True)
@@ -162,9 +203,12 @@ class CsvPass(OrderedPass):
     path: str
     num_samples: int
     caption_field: str
+    max_image_bytes: int
+    max_caption_bytes: int
 
     def items(self, events: SkipCounter) -> Iterator[PassItem]:
         for index, row in enumerate(self.rows):
-            reason, candidate = check_row(row, index)
+            reason, candidate = check_row(row, index, max_image_bytes=self.max_image_bytes,
+                                          max_caption_bytes=self.max_caption_bytes)
             yield reason if candidate is None else PassSample(row.image_path, self.path, candidate.text,
                                                               candidate.image_bytes)

@@ -68,19 +68,21 @@ class WebdatasetShards(DataSource):
         urls, _ = expand_urls(data)
         check_shards(urls, data_flag)
         caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
-        check_sample_fields(urls, caption_keys, key_flag="--caption-key", data_flag=data_flag)
+        check_sample_fields(urls, caption_keys, key_flag="--caption-key", data_flag=data_flag,
+                            timeout_s=cfg.shard_timeout)
         return ShardPass(tuple(urls), caption_keys, cfg.seed, cfg.shard_timeout,
                          num_samples=declared_dataset_size(urls) or cfg.train_num_samples,
-                         caption_field=cfg.caption_key)
+                         caption_field=cfg.caption_key, max_image_bytes=cfg.max_image_bytes,
+                         max_caption_bytes=cfg.max_caption_bytes)
 
     def check_fields(self, cfg: DataConfig) -> None:
         caption_keys = [key.strip() for key in cfg.caption_key.split(",")]
         check_sample_fields(expand_urls(cfg.train_data)[0], caption_keys, key_flag="--caption-key",
-                            data_flag="--train-data")
+                            data_flag="--train-data", timeout_s=cfg.shard_timeout)
         if cfg.val_data is not None:
             check_sample_fields(expand_urls(cfg.val_data)[0], [(cfg.val_caption_key or caption_keys[0]).strip()],
                                 key_flag="--val-caption-key" if cfg.val_caption_key else "--caption-key",
-                                data_flag="--val-data")
+                                data_flag="--val-data", timeout_s=cfg.shard_timeout)
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,16 @@ class ShardPass(OrderedPass):
     shard_timeout: float
     num_samples: int | None
     caption_field: str
+    max_image_bytes: int
+    max_caption_bytes: int
 
     def items(self, events: SkipCounter) -> Iterator[PassItem]:
         for url in self.urls:
             for sample in read_shard(url, events, self.shard_timeout):
                 reason, candidate = check_shard_sample(sample, caption_keys=self.caption_keys, family_field=None,
-                                                       seed=self.seed, epoch=0, shard_run=(0, 0))
+                                                       seed=self.seed, epoch=0, shard_run=(0, 0),
+                                                       max_image_bytes=self.max_image_bytes,
+                                                       max_caption_bytes=self.max_caption_bytes)
                 yield reason if candidate is None else PassSample(sample["__key__"], url, candidate.text,
                                                                   candidate.image_bytes, sample.get("json"))
 
