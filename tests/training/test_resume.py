@@ -12,6 +12,7 @@ import torch
 from helpers.run_utils import assert_same_final_state, losses_by_step
 from training import checkpoint as ckpt
 from training import main as entry
+from training import safe_write
 from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
 from training.checkpoint_files import load_checkpoint
 from training.resume import ResumeError, ResumeRequest, check_resume, translated_position
@@ -206,14 +207,22 @@ def test_a_failed_save_is_retried_once(tmp_path, monkeypatch, caplog):
 
 
 def test_a_run_whose_final_save_fails_exits_non_zero(demo_shards, tmp_path, monkeypatch, capsys):
-    real_save = ckpt.save_atomic
+    """The final save fails (status 1) while metrics.jsonl cannot be written either: its held-back records get their
+    last try and a NOT WRITTEN line before the run stops."""
+    real_save, real_open = ckpt.save_atomic, open
 
     def epoch_saves_fail(payload, path):
         if path.name.startswith("epoch_"):
             raise OSError(28, "No space left on device")
         real_save(payload, path)
 
+    def metrics_refused(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
     monkeypatch.setattr(ckpt, "save_atomic", epoch_saves_fail)
+    monkeypatch.setattr(safe_write, "open", metrics_refused, raising=False)
     monkeypatch.setattr(sys, "argv", ["training.main", *argv(demo_shards, tmp_path, "full", "--epochs", "1")])
     with pytest.raises(SystemExit) as stop:
         entry.cli()
@@ -221,6 +230,7 @@ def test_a_run_whose_final_save_fails_exits_non_zero(demo_shards, tmp_path, monk
     log = (tmp_path / "full" / "out.log").read_text()
     assert log.count("CHECKPOINT SAVE FAILED: could not write") == 1 and log.count("retrying once") == 1
     assert "the run trained all 1 epochs, but its final checkpoint could not be written" in log
+    assert f"NOT WRITTEN: {tmp_path / 'full' / 'metrics.jsonl'}: " in log
 
 
 Usage = namedtuple("Usage", "total used free")
