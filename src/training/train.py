@@ -329,8 +329,11 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
               steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
               env: DistributedEnv, console_stats: Optional[Sequence[str]] = None) -> None:
     """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
-    console line only the loss's `console_stats`, matched by the name after the direction, or all)."""
+    console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
+    that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
+    dashboard draws a gap there rather than a made-up 0 or 1."""
     lr = optimizer.param_groups[0]["lr"]
+    stats = {name: value.item() for name, value in out.stats.items() if not math.isnan(value.item())}
     values: Dict[str, Any] = {
         "loss": out.loss.item(),
         "lr": lr,
@@ -340,15 +343,15 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
         "batch_time": batch_time,
         "data_time": data_time,
         "num_nonfinite_steps": state.num_nonfinite_steps,
-        **{f"stats/{name}": value.item() for name, value in out.stats.items()},
+        **{f"stats/{name}": value for name, value in stats.items()},
     }
     percent = 100.0 * step_in_epoch / steps_per_epoch
-    stats = console_stats_text({name: value.item() for name, value in out.stats.items()}, console_stats)
+    stats_text = console_stats_text(stats, console_stats)
     logging.info(
         f"Train Epoch: {state.position.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
         f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
-        f"Loss: {values['loss']:#.5g}" + (f" | {stats}" if stats else "")
+        f"Loss: {values['loss']:#.5g}" + (f" | {stats_text}" if stats_text else "")
     )
     metrics.write("train", step=state.step, epoch=state.position.epoch, values=values)
 

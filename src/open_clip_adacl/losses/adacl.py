@@ -18,6 +18,7 @@ path while still computing and logging the margins.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -455,12 +456,17 @@ class AdaCLLoss(ContrastiveLoss):
                 self.previous_margins[index] = margins
                 self.previous_valid[index] |= modulated
             self.stage_update(write_counters_and_margins)
-        stats = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, "modulated": modulated, **diagnostics,
-                 "fallbacks": fallback_counts.sum()}
-        stats.update({f"fallback_{reason}": fallback_counts[i] for i, reason in enumerate(FALLBACK_REASONS)})
-        # One stacked op instead of one per stat: a diagnostic of a degenerate batch may be non-finite.
-        values = torch.stack([value.double() for value in stats.values()]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in zip(stats, values.unbind())})
+        # The margins and everything computed from the anchor have no value at a fallback step (its inputs were
+        # replaced, and vanilla's (t, 0) is not a margin the method chose): NaN, which the trainer leaves out of
+        # metrics.jsonl and the dashboards. One stacked op instead of one per stat.
+        anchored = {"m1": m1, "m2": m2, "m1_over_scale": m1 / scale, **diagnostics}
+        candidates = anchored.pop("candidates")
+        values = torch.stack([value.double() for value in anchored.values()])
+        values = torch.where(modulated & values.isfinite(), values, torch.full_like(values, math.nan))
+        stats = {**dict(zip(anchored, values.unbind())), "modulated": modulated.double(),
+                 "candidates": candidates, "fallbacks": fallback_counts.sum().double()}
+        stats.update({f"fallback_{reason}": fallback_counts[i].double() for i, reason in enumerate(FALLBACK_REASONS)})
+        self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in stats.items()})
 
     # --- extra negatives: feature queue or memory bank ---------------------------------------------
 

@@ -251,8 +251,10 @@ MECHANISM_SPREADS = ("m1_over_scale", "m2", "anchor", "anchor_gap")
 
 
 def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
-    """`adacl/<stat>` fractions of logged steps and `adacl/<stat>_mean|_std` over logged steps, for a run
-    whose loss logged AdaCL's stats; {} otherwise."""
+    """`adacl/<stat>` fractions and `adacl/<stat>_mean|_std` over the logged steps that hold the stat, for a run
+    whose loss logged AdaCL's stats; {} otherwise. `modulated` is in every record; the bounds and the margins
+    only in a modulated step's, so theirs are over modulated steps (records written before that held the
+    fallback's 0 and 1 too)."""
     metrics: Dict[str, float] = {}
     for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
         values = [float(record[f"stats/{direction}/{name}"]) for record in steps for direction in ("i2t", "t2i")

@@ -91,7 +91,9 @@ def test_without_clone_candidates_the_loss_is_vanilla_and_the_fallback_is_counte
     reason = FALLBACK_REASONS.index("no_candidates")
     assert loss_fn.fallback_counts[:, reason].tolist() == [1, 1]
     assert loss_fn.stats["i2t/modulated"] == 0 and loss_fn.stats["i2t/fallback_no_candidates"] == 1
-    assert loss_fn.stats["i2t/m1"].item() == pytest.approx(SCALE) and loss_fn.stats["i2t/m2"] == 0
+    # vanilla's (t, 0) was applied, but no margin was chosen: the stats have no value (NaN), not 1 and 0
+    assert loss_fn.stats["i2t/m1_over_scale"].isnan() and loss_fn.stats["i2t/m2"].isnan()
+    assert loss_fn.stats["i2t/candidates"] == 0
 
 
 def _degenerate_batches():
@@ -117,7 +119,11 @@ def test_degenerate_batches_stay_finite(name, mode, anchor_stat):
     for _ in range(2):  # the second step also exercises the progressive / moving-average state
         value, gx, gy, gs = _training_step(loss_fn, x, y, scale=scale)
         assert torch.isfinite(value) and torch.isfinite(gx).all() and torch.isfinite(gy).all() and torch.isfinite(gs)
-        assert all(torch.isfinite(v) for v in loss_fn.stats.values())
+        for name, v in loss_fn.stats.items():  # NaN only for what has no value at a fallback step
+            direction, _, stat = name.rpartition("/")
+            fell_back = direction and loss_fn.stats[f"{direction}/modulated"] == 0
+            assert torch.isfinite(v) or (fell_back and stat not in ("modulated", "candidates", "fallbacks")
+                                         and not stat.startswith("fallback_")), name
     if name in ("all_equal", "one", "two"):
         assert loss_fn.modulated_steps.sum() == 0 and loss_fn.fallback_counts.sum() == 4
 
@@ -126,6 +132,7 @@ def test_calibrated_margins_stay_in_their_bounds():
     """m1 in [t, max_scale_ratio t], m2 >= 0: the positive logit m1 (s - m2) is then at or below
     vanilla's t s below the anchor and above it beyond (docs/adacl.md)."""
     ratio = create_loss("adacl").options.max_scale_ratio
+    checked = 0
     for seed in range(6):
         for scale in (5.0, SCALE, 60.0, 100.0):
             x, y = _features(seed=seed, noise=0.3 + 0.3 * seed)
@@ -133,9 +140,13 @@ def test_calibrated_margins_stay_in_their_bounds():
             for _ in range(2):
                 _training_step(loss_fn, x, y, scale=scale)
                 for direction in ("i2t", "t2i"):
+                    if loss_fn.stats[f"{direction}/modulated"] == 0:
+                        continue  # no margins chosen (NaN): the bounds hold vacuously
                     assert loss_fn.stats[f"{direction}/m1"] >= scale * (1 - 1e-6)
                     assert loss_fn.stats[f"{direction}/m1_over_scale"] <= ratio + 1e-9
                     assert loss_fn.stats[f"{direction}/m2"] >= 0
+                    checked += 1
+    assert checked >= 24  # most of the 48 directions are modulated
 
 
 def test_state_moves_only_on_training_steps():
