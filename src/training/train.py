@@ -220,6 +220,8 @@ class Trainer:
     skip_reasons: Sequence[str]                  # the data pipeline's skip counters, in its order
     checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
     preemption: Optional[PreemptionFlag] = None
+    # After each step: the loss's own records into the run folder (`run_folder.LossRecords.update`).
+    keep_loss_records: Optional[Callable[[], None]] = None
 
 
 class EpochData(Protocol):
@@ -294,6 +296,8 @@ def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
         state.step += 1
         state.samples_seen += global_samples
         step_in_epoch += 1
+        if trainer.keep_loss_records is not None:
+            trainer.keep_loss_records()
 
         batch_time = time.time() - end
         end = time.time()
@@ -333,7 +337,8 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
     dashboard draws a gap there rather than a made-up 0 or 1."""
     lr = optimizer.param_groups[0]["lr"]
-    stats = {name: value.item() for name, value in out.stats.items() if not math.isnan(value.item())}
+    all_stats = {name: value.item() for name, value in out.stats.items()}
+    stats = {name: value for name, value in all_stats.items() if not math.isnan(value)}
     values: Dict[str, Any] = {
         "loss": out.loss.item(),
         "lr": lr,
@@ -346,7 +351,7 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
         **{f"stats/{name}": value for name, value in stats.items()},
     }
     percent = 100.0 * step_in_epoch / steps_per_epoch
-    stats_text = console_stats_text(stats, console_stats)
+    stats_text = console_stats_text(all_stats, console_stats)
     logging.info(
         f"Train Epoch: {state.position.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
@@ -358,7 +363,8 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
 
 def console_stats_text(stats: Dict[str, float], names: Optional[Sequence[str]]) -> str:
     """The console's short form of the loss's stats `names` (all when None), with the directions said once when
-    every stat has the same ones: "i2t/t2i m2: 0.0312/0.0287 anchor: 0.41/0.39"; else "i2t/m2: 0.0312 ..."."""
+    every stat has the same ones: "i2t/t2i m2: 0.0312/0.0287 anchor: 0.41/0.39"; else "i2t/m2: 0.0312 ...".
+    A stat with no value at this step (NaN) shows as "-"."""
     grouped: Dict[str, Dict[str, float]] = {}
     for key, value in stats.items():
         direction, _, name = key.rpartition("/")
@@ -366,11 +372,15 @@ def console_stats_text(stats: Dict[str, float], names: Optional[Sequence[str]]) 
             grouped.setdefault(name, {})[direction] = value
     directions = {tuple(by_direction) for by_direction in grouped.values()}
     if len(directions) != 1 or "" in next(iter(directions), ("",)):
-        return " ".join(f"{key}: {value:.3g}" for key, value in stats.items()
+        return " ".join(f"{key}: {_short(value)}" for key, value in stats.items()
                         if names is None or key.rpartition("/")[2] in names)
     [shared] = directions
-    return " ".join(["/".join(shared)] + [f"{name}: " + "/".join(f"{value:.3g}" for value in by_direction.values())
+    return " ".join(["/".join(shared)] + [f"{name}: " + "/".join(_short(value) for value in by_direction.values())
                                           for name, by_direction in grouped.items()])
+
+
+def _short(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}"
 
 
 def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, env: DistributedEnv) -> None:

@@ -48,18 +48,6 @@ def test_loss_stats_and_epoch_summaries_have_their_own_prefixes(tensorboard_scal
     assert {tag.split("/")[0] for tag in tags} == {"train", "val", "loss_stats", "epoch"}
 
 
-def test_a_fallback_step_has_no_margin_in_tensorboard_or_metrics(tensorboard_scalars):
-    """At a fallback step vanilla's (t, 0) is applied but no margin was chosen: no point, rather than 1 and 0."""
-    scalars, train_records = tensorboard_scalars
-    for direction in ("i2t", "t2i"):
-        modulated = [r["step"] for r in train_records if r[f"stats/{direction}/modulated"] == 1]
-        fell_back = [r for r in train_records if r[f"stats/{direction}/modulated"] == 0]
-        assert [step for step, _ in scalars[f"loss_stats/{direction}/m2"]] == modulated
-        assert not any(f"stats/{direction}/m2" in r or f"stats/{direction}/anchor" in r for r in fell_back)
-        assert all(f"stats/{direction}/candidates" in r for r in train_records)  # a count is a value at every step
-    assert any(r["stats/i2t/modulated"] == 0 for r in train_records)  # this run does fall back (its first steps)
-
-
 def test_wandb_runs_offline_with_the_same_keys(demo_shards, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
     monkeypatch.setenv("WANDB_MODE", "offline")

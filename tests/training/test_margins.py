@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from training.checkpoint_files import load_checkpoint
 from training.main import main
@@ -24,7 +25,8 @@ def adacl_run(demo_shards, logs, name, *extra):
 
 @pytest.fixture(scope="module")
 def every_step_logged(demo_shards, module_tmp):
-    return adacl_run(demo_shards, module_tmp("margins"), "every-step", "--log-every-n-steps", "1")
+    return adacl_run(demo_shards, module_tmp("margins"), "every-step", "--log-every-n-steps", "1",
+                     "--report-to", "tensorboard")
 
 
 def counted_fallbacks(summary):
@@ -47,6 +49,23 @@ def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_c
         assert sum(traces.fallback_share[direction]) == counted[direction]  # windows of one step
         # the candidate counts are real numbers at every step, fallbacks included
         assert not any(map(math.isnan, traces.values[f"{direction}/candidates"]))
+
+
+def test_a_fallback_step_has_no_margin_in_metrics_or_tensorboard(every_step_logged):
+    """At a fallback step vanilla's (t, 0) is applied but no margin was chosen: no point, rather than 1 and 0."""
+    run = Path(every_step_logged.run_dir)
+    records = RunDir(run).metrics("train")
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    counted = counted_fallbacks(every_step_logged)
+    for direction in DIRECTIONS:
+        modulated = [r["step"] for r in records if r[f"stats/{direction}/modulated"] == 1]
+        fell_back = [r for r in records if r[f"stats/{direction}/modulated"] == 0]
+        assert len(fell_back) == counted[direction] > 0
+        assert not any(f"stats/{direction}/{name}" in r for r in fell_back for name in MARGIN_PANELS)
+        assert all(f"stats/{direction}/candidates" in r for r in records)  # a count is a value at every step
+        for name in ("m2", "m1_over_scale"):
+            assert [event.step for event in events.Scalars(f"loss_stats/{direction}/{name}")] == modulated
 
 
 def test_sampled_logging_draws_the_fallback_share_from_the_counters(every_step_logged):
@@ -80,6 +99,7 @@ def test_the_fallback_share_is_drawn_over_windows_of_the_usual_logging_gap():
 def test_the_console_line_keeps_adacls_stats_short(every_step_logged):
     lines = [line for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines() if "Train Epoch" in line]
     assert all("| i2t/t2i m2: " in line and " fallbacks: " in line and len(line) < 300 for line in lines)
+    assert any("m2: -/" in line or "/-" in line for line in lines)  # a fallback step's margin: no value
 
 
 def test_without_matplotlib_the_plot_is_one_log_line(every_step_logged, tmp_path, monkeypatch, caplog):
