@@ -60,9 +60,8 @@ _log = logging.getLogger(__name__)
 _compiled: Dict[Callable, Callable] = {}
 _ready: Set[Tuple[str, str, torch.dtype]] = set()
 _failed: Set[str] = set()  # device types where a pass failed to compile: every pass runs eagerly there
-# `auto`'s choices, per (passes, device type, dtype, rows, columns); and who is told of a new one.
+# `auto`'s choices, per (passes, device type, dtype, rows, columns).
 _decisions: Dict[Tuple[str, str, torch.dtype, int, int], Dict[str, object]] = {}
-_recorder: List[Callable[[List[Dict[str, object]]], None]] = []
 
 
 def _key(function: Callable, args: Tuple[torch.Tensor, ...]) -> Tuple[str, str, torch.dtype]:
@@ -95,7 +94,6 @@ def wanted(logits: torch.Tensor, passes: str, compiled: Callable[[], object], ea
     key = (passes, logits.device.type, logits.dtype, *logits.shape)
     if key not in _decisions:
         _decisions[key] = decide(key, compiled if logits.numel() >= AUTO_MIN_ELEMENTS else None, eager)
-        _record()
     return _decisions[key]["choice"] == "fused"
 
 
@@ -142,25 +140,8 @@ def _timed(path: Callable[[], object], device_type: str) -> float:
 
 
 def decisions() -> List[Dict[str, object]]:
-    """`auto`'s choices so far in this process, in the order made (JSON-ready)."""
+    """`auto`'s choices so far in this process, in the order made (JSON-ready; the AdaCL loss's `records`)."""
     return [dict(decision) for decision in _decisions.values()]
-
-
-def record_decisions(recorder: Optional[Callable[[List[Dict[str, object]]], None]]) -> None:
-    """Call `recorder(decisions())` after each new choice of `auto` (and now, if this process made some),
-    in place of the previous recorder (the trainer writes them into its run folder; None: record no more,
-    as when its run ends); a recorder that fails is logged, not raised."""
-    _recorder[:] = [] if recorder is None else [recorder]
-    if _decisions and recorder is not None:
-        _record()
-
-
-def _record() -> None:
-    for recorder in _recorder:
-        try:
-            recorder(decisions())
-        except OSError as error:  # a record the run cannot write is no reason to stop training
-            _log.warning("AdaCL: cannot record the selection passes' choices (%s)", error)
 
 
 def run(function: Callable, *args: torch.Tensor):

@@ -22,7 +22,7 @@ import random
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,9 +45,9 @@ from .optimizer import build_optimizer
 from .precision import build_precision
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
 from .resume_changes import warn_run_changes
-from .run_folder import (RunPaths, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
-                         hold_run_dir, is_inside, launch_note, record_selection_choices, recorded_args, run_dir_collision,
-                         run_folder_warnings, start_over, stop_recording_selection_choices, write_params)
+from .run_folder import (LossRecords, RunPaths, build_run_paths, check_dry_run_checkpoint_space,
+                         check_run_checkpoint_space, hold_run_dir, is_inside, launch_note, recorded_args,
+                         run_dir_collision, run_folder_warnings, start_over, write_params)
 from .run_lock import RunLock
 from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
 from .run_records import trim_to_resume_point
@@ -56,6 +56,9 @@ from .schedule import build_scheduler
 from .startup import StartupPlan, check_startup, resume_note
 from .train import NonFiniteLossError, Trainer, train_one_epoch
 from .validation import run_validation, write_results, zero_shot_imagenet
+
+# The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
+PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
 
 
 @dataclass
@@ -121,7 +124,6 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
         with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
             return train(cfg, env, plan, loss_fn, preemption, lock)
     finally:
-        stop_recording_selection_choices()
         shutdown(env)
 
 
@@ -170,7 +172,6 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
     files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
     write_params(recorded, paths, env, launch_note(env, resumed_from, state), files)
-    record_selection_choices(paths, env)
 
     data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
                       families=loss_fn.needs_family)
@@ -189,7 +190,7 @@ def train(cfg: RunConfig, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss,
     checkpointer = build_checkpointer(cfg.checkpoints, cfg.model, recorded, paths, components, bundle, env,
                                       resumed_from)
     trainer = Trainer(model, loss_fn, optimizer, scheduler, precision, state, cfg.train, env, metrics, SKIP_REASONS,
-                      checkpointer, preemption)
+                      checkpointer, preemption, LossRecords(loss_fn, paths, env).update)
 
     try:
         final_loss = train_epochs(cfg, trainer, data, val_data, imagenet, bundle, paths, files)
@@ -225,8 +226,9 @@ def train_epochs(cfg: RunConfig, trainer: Trainer, data, val_data, imagenet, bun
         state.finish_epoch()
         validate_epoch(cfg.validation, unwrap_model(trainer.model), bundle, val_data, imagenet, trainer.precision,
                        state, metrics, paths, env, files)
-        if env.is_master and cfg.loss.name == "adacl" and metrics.enabled:
-            write_margins_plot(paths.run_dir)
+        if metrics.enabled:  # rank 0, with a run folder
+            for plot in trainer.loss_fn.plots:
+                PLOTS[plot](paths.run_dir)
         saved = checkpointer.save_epoch() if checkpointer is not None else True
         if not saved and position.epoch == cfg.epochs:
             raise FinalCheckpointError(final_checkpoint_missing(cfg.epochs, state, checkpointer, paths))
@@ -373,6 +375,10 @@ def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
         loss_fn = get_loss_class(cfg.name)(cfg.options, dist)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"--loss {cfg.name}: {error}") from error
+    unknown = [plot for plot in loss_fn.plots if plot not in PLOTS]
+    if unknown:
+        raise ConfigError(f"--loss {cfg.name} asks for the plot(s) {', '.join(unknown)}, which the trainer does not "
+                          f"draw (it draws: {', '.join(PLOTS)}); add a writer to training.main.PLOTS")
     return loss_fn.to(env.device)
 
 

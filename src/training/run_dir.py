@@ -23,7 +23,6 @@ METRICS_NAME = "metrics.jsonl"
 RESULTS_NAME = "results.jsonl"      # in the checkpoint folder, beside the checkpoints it evaluates
 PARAMS_NAME = "params.txt"
 LOG_NAME = "out.log"
-SELECTION_CHOICES_NAME = "adacl_selection.json"  # AdaCL's fused/eager choices (open_clip_adacl.fused)
 CHECKPOINT_DIR_NAME = "checkpoints"
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
 CHECKPOINT_FILE_NAME = re.compile(r"^(epoch_(\d+|latest)|step_(\d+))\.pt$")
@@ -121,6 +120,10 @@ class RunDir:
     @property
     def params_path(self) -> Path:
         return self.path / PARAMS_NAME
+
+    def loss_record_path(self, name: str) -> Path:
+        """Where the loss's record `name` is kept (`Loss.records`: AdaCL's adacl_selection.json)."""
+        return self.path / f"{name}.json"
 
     def recorded_flags(self) -> Dict[str, str]:
         """The arguments of the run's last launch as params.txt records them (`name: value`, values as text);

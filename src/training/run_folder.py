@@ -1,6 +1,6 @@
 """A run's folder, `<logs>/<name>/`, as a launch sets it up: its paths and name, refusing to start a new run
 over an earlier one, the lock that keeps two launches of one run apart, room for a checkpoint, setting an
-earlier launch's records aside, and params.txt (its names: `training.run_dir`)."""
+earlier launch's records aside, params.txt and the loss's own records (its names: `training.run_dir`)."""
 from __future__ import annotations
 
 import json
@@ -15,14 +15,14 @@ from typing import Any, Dict, List, Optional
 import open_clip
 import torch
 
-from open_clip_adacl import Loss, fused
+from open_clip_adacl import Loss
 
 from .checkpoint import TrainState
 from .checkpoint_files import atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
 from .config import RESUME_LATEST, RunConfig
 from .distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from .flags import ConfigError
-from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, SELECTION_CHOICES_NAME
+from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
 from .run_lock import LOCK_NAME, RunInUse, RunLock
 from .run_records import checkpoint_files, set_aside_earlier_records
 from .safe_write import RunFiles, cause_of
@@ -202,17 +202,29 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
         files.append(path, separator + "\n".join([note, *lines]) + "\n")
 
 
-def record_selection_choices(paths: RunPaths, env: DistributedEnv) -> None:
-    """AdaCL's `auto` choices between its fused and eager selection passes (open_clip_adacl.fused: one per
-    shape, timed on the first batches) into <run>/adacl_selection.json, rewritten as each is made (rank 0's)."""
-    if env.is_master and paths.run_dir is not None:
-        path = Path(paths.run_dir, SELECTION_CHOICES_NAME)
-        def write(decisions) -> None:
-            with atomic_file(path, "w") as f:
-                f.write(json.dumps(decisions, indent=2) + "\n")
-        fused.record_decisions(write)
+class LossRecords:
+    """The loss's `records()` in the run folder (rank 0's), each as <name>.json, rewritten whenever it changed
+    (AdaCL's choices of selection passes, as it makes them). The trainer asks after every step of this run and
+    never after it ends, so what the loss records later (the next run's in the same process) is not written
+    here. A write that fails is logged and tried again at the record's next change: a record is no reason to
+    stop training."""
 
+    def __init__(self, loss_fn: Loss, paths: RunPaths, env: DistributedEnv) -> None:
+        self.loss_fn = loss_fn
+        self.run = RunDir(paths.run_dir) if env.is_master and paths.run_dir is not None else None
+        self.written: Dict[str, Any] = {}  # per record, what was last written (or tried)
 
-def stop_recording_selection_choices() -> None:
-    """The run has ended: the choices of whatever runs next in this process are not its to record."""
-    fused.record_decisions(None)
+    def update(self) -> None:
+        if self.run is None:
+            return
+        for name, value in self.loss_fn.records().items():
+            if self.written.get(name) == value:
+                continue
+            self.written[name] = value
+            path = self.run.loss_record_path(name)
+            try:
+                with atomic_file(path, "w") as f:
+                    f.write(json.dumps(value, indent=2) + "\n")
+            except OSError as error:
+                logging.warning(f"Could not write {path} ({cause_of(error)}); training goes on, the record is "
+                                "written again when it changes")

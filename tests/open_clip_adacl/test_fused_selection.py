@@ -118,9 +118,8 @@ def _wanted(logits, passes="test", compiled=lambda: None, eager=lambda: None):
 
 @pytest.fixture
 def fresh_decisions(monkeypatch):
-    """`auto` as in a fresh process: no choice made, no recorder."""
+    """`auto` as in a fresh process: no choice made."""
     monkeypatch.setattr(fused, "_decisions", {})
-    monkeypatch.setattr(fused, "_recorder", [])
     monkeypatch.delenv(fused.ENV_VARIABLE, raising=False)
 
 
@@ -152,8 +151,6 @@ def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fr
             time.sleep(seconds)
         return run
 
-    recorded = []
-    fused.record_decisions(recorded.append)
     large = torch.empty(2048, 2048)
     with caplog.at_level("INFO", logger=fused.__name__):
         assert _wanted(large, "a", path("fused", 0.0), path("eager", 0.01))
@@ -167,11 +164,11 @@ def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fr
     assert re.search(r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto, "
                      r"which keeps the fused passes only when they take under 90% of the eager ones' time", lines[0])
     assert "using the eager passes" in lines[1] and "fused not compiled (below 2048 squared entries" in lines[2]
-    choices = recorded[-1]
+    choices = fused.decisions()
     assert [(c["passes"], c["rows"], c["choice"]) for c in choices] == [("a", 2048, "fused"), ("b", 2048, "eager"),
                                                                         ("a", 64, "eager")]
     assert choices[0]["fused_ms"] < choices[0]["eager_ms"] and choices[2]["fused_ms"] is None
-    assert len(recorded) == 3 and json.loads(json.dumps(choices)) == choices
+    assert json.loads(json.dumps(choices)) == choices
 
 
 def test_auto_keeps_the_eager_passes_unless_the_fused_ones_win_by_the_margin(fresh_decisions, monkeypatch):
@@ -193,16 +190,6 @@ def test_auto_keeps_the_eager_passes_where_nothing_compiles(fresh_decisions):
 
     assert not _wanted(torch.empty(2048, 2048), compiled=cannot)
     assert fused.decisions()[0]["fused_ms"] is None and fused.decisions()[0]["choice"] == "eager"
-
-
-def test_a_recorder_that_cannot_write_is_logged_not_raised(fresh_decisions, tmp_path, caplog):
-    def unwritable(decisions):
-        raise OSError("disk full")
-
-    fused.record_decisions(unwritable)
-    with caplog.at_level("WARNING", logger=fused.__name__):
-        assert not _wanted(torch.empty(8, 8))
-    assert "cannot record the selection passes' choices (disk full)" in caplog.text
 
 
 def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):

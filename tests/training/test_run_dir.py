@@ -4,7 +4,15 @@ import sys
 
 import pytest
 
+from open_clip_adacl import get_loss_class
+from training.config import LossConfig
+from training.distributed import DistributedEnv
+from training.flags import ConfigError
+from training.main import build_loss
 from training.run_dir import RunDir
+from training.run_folder import LossRecords, RunPaths
+
+ClipLoss = get_loss_class("clip")
 
 
 def _run_folder(tmp_path, epochs=(1, 2, 10), steps=(5, 40)):
@@ -46,3 +54,50 @@ def test_records_by_kind_leave_out_a_line_still_being_written(tmp_path):
     run.metrics_path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "tra')
     assert run.metrics("train") == [lines[0], lines[2]] and run.steps() == [1, 2]
     assert run.metrics() == lines
+
+
+class RecordingLoss:
+    """A loss's `records()` as the trainer sees it: whatever the test sets."""
+
+    def __init__(self):
+        self.now = {}
+
+    def records(self):
+        return self.now
+
+
+def test_the_loss_records_are_written_when_they_change_on_rank_0_only(tmp_path):
+    loss = RecordingLoss()
+    records = LossRecords(loss, RunPaths("run", str(tmp_path), None, None), DistributedEnv())
+    path = RunDir(tmp_path).loss_record_path("choices")
+    records.update()
+    assert not path.exists()  # nothing recorded yet: no file
+    loss.now = {"choices": [{"rows": 32, "choice": "eager"}]}
+    records.update()
+    assert json.loads(path.read_text()) == [{"rows": 32, "choice": "eager"}]
+    path.write_text("left alone")
+    records.update()  # unchanged: not rewritten
+    assert path.read_text() == "left alone"
+    loss.now = {"choices": [{"rows": 32, "choice": "eager"}, {"rows": 16, "choice": "eager"}]}
+    records.update()
+    assert len(json.loads(path.read_text())) == 2
+    other_rank = LossRecords(loss, RunPaths("run", str(tmp_path / "rank1"), None, None), DistributedEnv(rank=1))
+    other_rank.update()
+    assert not (tmp_path / "rank1").exists()
+
+
+def test_a_loss_record_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
+    loss = RecordingLoss()
+    loss.now = {"choices": [1]}
+    records = LossRecords(loss, RunPaths("run", str(tmp_path / "gone"), None, None), DistributedEnv())
+    with caplog.at_level("WARNING"):
+        records.update()
+        records.update()  # the same record: not tried again, nor logged again
+    assert caplog.text.count("Could not write") == 1 and "training goes on" in caplog.text
+
+
+def test_a_loss_that_asks_for_a_plot_the_trainer_does_not_draw_is_refused(monkeypatch):
+    monkeypatch.setattr(ClipLoss, "plots", ("histogram",))
+    with pytest.raises(ConfigError, match=r"--loss clip asks for the plot\(s\) histogram, which the trainer does not "
+                                          r"draw \(it draws: margins\)"):
+        build_loss(LossConfig(name="clip", options=ClipLoss.Options()), DistributedEnv())

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .. import adacl
+from .. import adacl, fused
 from ..selection import KeyWorkspace, RowSummary, row_value_from_owner, select_anchor, summarize_rows
 from ..state import last_occurrence
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
@@ -206,6 +206,7 @@ class AdaCLLoss(ContrastiveLoss):
 
     keeps_state = True
     console_stats = ("m2", "anchor", "candidates", "fallbacks")  # fallbacks: cumulative
+    plots = ("margins",)
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
@@ -252,6 +253,12 @@ class AdaCLLoss(ContrastiveLoss):
         for buffer in self.buffers():
             buffer.zero_()
         self._queue_ptr = self._queue_filled = self._bank_writes = self._bank_entries = 0
+
+    def records(self) -> Dict[str, Any]:
+        """`adacl_selection`: the choices between the fused and the eager selection passes that `auto` made in
+        this process so far (`fused.decisions`: one per shape, timed on its first batch); none before the first."""
+        choices = fused.decisions()
+        return {"adacl_selection": choices} if choices else {}
 
     @property
     def _bank_rows(self) -> int:

@@ -10,7 +10,7 @@ FNE's weights, the oracle's family weights) override `adjust_logits` only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -51,6 +51,9 @@ class Loss(nn.Module):
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: ClassVar[Optional[Tuple[str, ...]]] = None
+    # Plots of this loss's stats that the trainer redraws in the run folder at each epoch end, by the names
+    # the trainer knows them by ("margins": AdaCL's margins over training); none by default.
+    plots: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__()
@@ -79,6 +82,12 @@ class Loss(nn.Module):
 
     def reset_state(self) -> None:
         """Forget the state kept across steps (the trainer calls it to restart that state on resume)."""
+
+    def records(self) -> Dict[str, Any]:
+        """JSON-ready records of how this loss ran that are not per-step stats (choices it made once, say), by
+        name: the trainer keeps each as <name>.json in the run folder, rewritten when it changes (it asks after
+        every step). None by default."""
+        return {}
 
     @staticmethod
     def wrap_output(loss: torch.Tensor, output_dict: bool):
