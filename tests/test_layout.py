@@ -98,3 +98,16 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
             if match.group(1) in trainer_flags:
                 repeated.append(f"{path.relative_to(SRC.parent)}: {match.group(1)}")
     assert repeated == []
+
+
+def test_training_run_is_the_trainers_run_and_import_training_stays_light():
+    """`from training import run` is `training.main.run`; `import training` alone (which every `python -m
+    training.<module>` does first) does not import the trainer's entry point, torch or open_clip."""
+    from training import run
+    from training.main import run as main_run
+
+    assert run is main_run
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    loaded = subprocess.run([sys.executable, "-c", "import sys, training; print(sorted({'training.main', 'torch', "
+                             "'open_clip'} & set(sys.modules)))"], capture_output=True, text=True, env=env, timeout=60)
+    assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]

@@ -72,8 +72,9 @@ class RunSummary:
 
     @property
     def record(self) -> RunDir:
-        """The run folder's reader (metrics, results, checkpoints by number, the recorded flags:
-        `RunDir.recorded_flags`)."""
+        """The run folder's reader: metrics (`RunDir.metrics`), validation results (`results`), checkpoints by
+        number (`epoch_checkpoint`, `step_checkpoint`) and the flags of the last launch as params.txt recorded
+        them (`recorded_flags`, values as text)."""
         if self.run_dir is None:
             raise ValueError("this run wrote no folder (--logs none)")
         return RunDir(self.run_dir)
