@@ -17,7 +17,8 @@ import torch
 
 from . import adacl
 from .distributed import RowGroup
-from .selection import AnchorSelection, row_chunks, select_anchor, summarize_rows
+from .row_passes import row_chunks
+from .selection import AnchorSelection, select_anchor, summarize_rows
 
 
 @dataclass

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from open_clip_adacl import DistributedSetup, create_loss, fused, selection
 from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl.radix_select import radix_select
 from helpers.distributed_utils import run_on_ranks
 
 SCALE = 14.3
@@ -76,7 +77,7 @@ def _rank_fn(rank, world_size, batches, radix_values, radix_mask):
     part = slice(rank * rows, (rank + 1) * rows)
     keys = selection.masked_keys(radix_values[part], radix_mask[part])
     count = int(radix_mask.sum())
-    results["radix"] = [selection.radix_select(keys, torch.tensor(k), RowGroup(split_across_ranks=True))
+    results["radix"] = [radix_select(keys, torch.tensor(k), RowGroup(split_across_ranks=True))
                         for k in (0, (count - 1) // 2, count - 1)]
     return results
 

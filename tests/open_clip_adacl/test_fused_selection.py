@@ -14,26 +14,26 @@ import torch
 
 from helpers import TESTS
 from helpers.selection_cases import random_logits, select_anchor
-from open_clip_adacl import adacl, fused, selection
+from open_clip_adacl import adacl, fused, row_passes, selection
 
 FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
 # The compiled median on the device path: three passes over the logits, no key matrix.
 DEVICE_MEDIAN_PASSES = ("_high_histogram_of_logits", "_low_histogram_of_logits", "_row_min_xor_of_logits")
 # On the CPU: the keys and their histogram, then the median's second radix pass and owner search over the keys.
-CPU_PASSES = ("_keys_pass", "_high_histogram_pass", "_low_histogram_pass", "_row_min_xor_pass")
+CPU_PASSES = ("_keys_pass", "high_histogram_pass", "low_histogram_pass", "row_min_xor_pass")
 
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Eager passes over several chunks, the last one partial (as in test_selection.py)."""
-    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * 48)
+    monkeypatch.setitem(row_passes.CHUNK_ELEMENTS, "cpu", 5 * 48)
 
 
 @pytest.fixture(params=["cpu", "device"])
 def path(request, monkeypatch):
     """Both code paths on the CPU, as in test_selection.py: `device` never reads a value back."""
     if request.param == "device":
-        monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+        monkeypatch.setattr(row_passes, "reading_back_is_free", lambda device: False)
     return request.param
 
 
@@ -225,4 +225,6 @@ def test_the_compile_time_is_logged_once_per_pass(monkeypatch, caplog):
             select_anchor(random_logits(), torch.arange(48))
     lines = [record.getMessage() for record in caplog.records if record.name == fused.__name__]
     assert len(lines) == len(CPU_PASSES), lines
-    assert all(line.startswith("AdaCL: compiled the fused selection pass _") and line.endswith(" s") for line in lines)
+    passes = [re.fullmatch(r"AdaCL: compiled the fused selection pass (\w+) for cpu torch\.\w+ in [\d.]+ s", line)
+              for line in lines]
+    assert all(passes) and sorted(match.group(1) for match in passes) == sorted(CPU_PASSES), lines

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.distributed_utils import run_on_ranks
-from open_clip_adacl import DistributedSetup, create_loss, fused, selection
+from open_clip_adacl import DistributedSetup, create_loss, fused, row_passes
 
 # Methods that read values back, or whose output shape depends on them.
 READING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero",
@@ -95,7 +95,7 @@ def _counted_steps(rank, world_size, sizes, options, fused_mode):
     import os
 
     os.environ[fused.ENV_VARIABLE] = fused_mode
-    selection.reading_back_is_free = lambda device: False  # the GPU code path
+    row_passes.reading_back_is_free = lambda device: False  # the GPU code path
     counts = {}
     for num in sizes:
         image, text = _features(num)
@@ -117,7 +117,7 @@ OPTIONS = {"median": {}, "mean_gda_queue": {"anchor_stat": "mean", "candidate_re
 @pytest.mark.parametrize("fused_mode", ["off", "on"])
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
 def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypatch):
-    monkeypatch.setattr(selection, "reading_back_is_free", selection.reading_back_is_free)  # restored after
+    monkeypatch.setattr(row_passes, "reading_back_is_free", row_passes.reading_back_is_free)  # restored after
     monkeypatch.setenv(fused.ENV_VARIABLE, fused_mode)  # restored after too: later tests of this process run `auto`
     counts, compiled, failed = _counted_steps(0, 1, (24, 80), options, fused_mode)
     assert counts == {24: EXPECTED[1], 80: EXPECTED[1]}
@@ -153,7 +153,7 @@ def test_the_counter_sees_reads_and_leaves_torch_as_it_was(monkeypatch):
 def test_a_full_memory_bank_reads_nothing_back_in_the_loss_call(monkeypatch):
     """docs/adacl.md §7: while the bank holds fewer than bank_size + N entries a step reads how many qualify (one
     int in the loss call, one in commit); from then on the loss call reads nothing and commit its one bool."""
-    monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)  # the GPU code path
+    monkeypatch.setattr(row_passes, "reading_back_is_free", lambda device: False)  # the GPU code path
     monkeypatch.setenv(fused.ENV_VARIABLE, "off")
     loss_fn = create_loss("adacl", bank_size=16, data_size=64)
     reads = []

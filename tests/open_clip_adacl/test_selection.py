@@ -7,20 +7,22 @@ import torch.nn.functional as F
 
 from helpers.distributed_utils import run_on_ranks
 from helpers.selection_cases import LOCAL, SCALE, random_logits, select_anchor
-from open_clip_adacl import DistributedSetup, adacl, create_loss, fused, selection
+from helpers import adacl_reference as reference
+from open_clip_adacl import DistributedSetup, adacl, create_loss, fused, row_passes, selection
 from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl.radix_select import first_row_with_key, radix_select
 
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
     """docs/method.md §3.1-3.5 with adacl.py's dense functions."""
-    scores = adacl.salient_scores(logits.double(), positive_col, salient)
-    most, least = adacl.reference_rows(scores)
+    scores = reference.salient_scores(logits.double(), positive_col, salient)
+    most, least = reference.reference_rows(scores)
     negatives = adacl.negative_mask(*logits.shape, positive_col)
     mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
     mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
     mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
-    gap, row, _ = adacl.anchor_statistic(adacl.positive_gaps(logits, positive_col), mask, anchor_stat)
+    gap, row, _ = reference.anchor_statistic(reference.positive_gaps(logits, positive_col), mask, anchor_stat)
     return gap, row, mask.sum()
 
 
@@ -31,7 +33,7 @@ def _candidates(keys):
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of 5 rows of 48 columns: every pass runs over several chunks, the last one partial."""
-    monkeypatch.setitem(selection.CHUNK_ELEMENTS, "cpu", 5 * 48)
+    monkeypatch.setitem(row_passes.CHUNK_ELEMENTS, "cpu", 5 * 48)
 
 
 @pytest.fixture(params=["cpu", "device"])
@@ -39,7 +41,7 @@ def path(request, monkeypatch):
     """Both code paths on the CPU: `cpu` reads values back to skip work (what the CPU runs); `device`
     runs the same ops whatever the values, as on a GPU."""
     if request.param == "device":
-        monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+        monkeypatch.setattr(row_passes, "reading_back_is_free", lambda device: False)
     return request.param
 
 
@@ -85,7 +87,7 @@ def test_radix_select_equals_sort(values, mask):
     keys = selection.masked_keys(values, mask)
     ordered = torch.sort(values[mask]).values
     for k in sorted({0, (len(ordered) - 1) // 2, len(ordered) - 1, len(ordered) // 3}):
-        key = selection.radix_select(keys, torch.tensor(k), LOCAL)
+        key = radix_select(keys, torch.tensor(k), LOCAL)
         assert key.view(torch.float32).item() == ordered[k].item()
         assert torch.kthvalue(values[mask], k + 1).values.item() == key.view(torch.float32).item()
 
@@ -128,7 +130,7 @@ def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lowe
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in coefficients)
     lower = None if lower is None else torch.tensor(lower, dtype=torch.float64)
     on_cpu = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
-    monkeypatch.setattr(selection, "reading_back_is_free", lambda device: False)
+    monkeypatch.setattr(row_passes, "reading_back_is_free", lambda device: False)
     as_on_device = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
     for cpu_result, device_result in zip(on_cpu, as_on_device):
         assert torch.equal(cpu_result, device_result)
@@ -163,11 +165,11 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 0.0, 1.0))  # all negatives
     keys, count, high_counts = selection.candidate_keys(logits, positive, positive_col, coefficients)
-    gaps = adacl.positive_gaps(logits, positive_col)
+    gaps = reference.positive_gaps(logits, positive_col)
     for anchor_stat, k in (("min", torch.tensor(0)), ("median", (count - 1) // 2)):
-        key = selection.radix_select(keys, k, LOCAL, high_counts)
-        row = selection.first_row_with_key(keys, key, positive_col, LOCAL)
-        dense_gap, dense_row, _ = adacl.anchor_statistic(gaps, adacl.negative_mask(3, 3, positive_col), anchor_stat)
+        key = radix_select(keys, k, LOCAL, high_counts)
+        row = first_row_with_key(keys, key, positive_col, LOCAL)
+        dense_gap, dense_row, _ = reference.anchor_statistic(gaps, adacl.negative_mask(3, 3, positive_col), anchor_stat)
         assert (row.item(), key.view(torch.float32).item()) == (dense_row.item(), dense_gap.item()), anchor_stat
     assert not torch.signbit(selection.candidate_gaps(keys, 1.0)[1, 0])  # stored as +0.0
 

@@ -1,5 +1,6 @@
 """`--adacl-preset first-reading` (and `paper`): Algorithm 1 as docs/method.md §3 reads it, checked step by
-step against a plain re-computation from the reference functions of `open_clip_adacl.adacl`, and the
+step against a plain re-computation from `open_clip_adacl.adacl` and the method's dense definitions
+(helpers/adacl_reference.py), and the
 presets' contract (what they set, what they refuse, what params.txt records)."""
 import pytest
 import torch

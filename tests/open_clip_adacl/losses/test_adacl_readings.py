@@ -1,6 +1,6 @@
 """The readings of Algorithm 1 the method text leaves open (docs/method.md §3.5-3.7): margins detached or
 differentiable through the closed forms, and the anchor's value. Checked against a dense re-computation from
-the reference functions of `open_clip_adacl.adacl`, and the mechanism behind the detached reading's collapse
+`open_clip_adacl.adacl` and the method's dense definitions (helpers/adacl_reference.py), and the mechanism behind the detached reading's collapse
 (docs/adacl.md §5) measured on the loss itself."""
 import pytest
 import torch
