@@ -11,11 +11,13 @@ two Gaussian fits, the candidate region, with the `--adacl-*` options), so what 
 training step on that batch would flag. It writes into `--output`: `pairs.jsonl` (streamed; a killed
 run continues with `--continue`), `index.html` (a static page: the top pairs side by side, the fits
 and the flagged fraction per batch), `summary.json` and a console table (flagged fraction,
-candidates per row, and precision and recall against ground-truth families when the samples carry
-them). docs/discover.md has the details.
+candidates per row, and the precision and recall against ground-truth families, a proxy, when the
+samples carry them; with their facts, the kept pairs per label: one family or two, and how many facts
+apart). docs/discover.md has the details.
 
 Modules: `data` (in-order global batches), `model` (loading), `batch` (one batch through the
-discovery), `store` (the output folder and resume), `report` (summary, plots, page), `cli`.
+discovery), `facts` (how many facts two captions differ in, and the words that say it), `store` (the
+output folder and resume), `report` (summary, plots, page), `cli`.
 """
 from .cli import main
 

@@ -27,6 +27,7 @@ from open_clip_adacl.losses.adacl import MIN_ROWS
 
 from ..distributed import DistributedEnv, all_gather_object, all_reduce_sum
 from .data import LocalBatch, SampleInfo, thumbnail_png
+from .facts import facts_apart
 
 DIRECTIONS = ("i2t", "t2i")
 HISTOGRAM_BINS = 100  # over cosine similarity [-1, 1]
@@ -236,7 +237,8 @@ def _kept(row: torch.Tensor, posterior: torch.Tensor, gap: torch.Tensor, per_row
 
 def _pair_lines(kept: Dict[str, list], direction: str, samples: List[SampleInfo], batch_index: int) -> List[dict]:
     """pairs.jsonl lines; values rounded to 6 decimals (float32 features carry no more); the family
-    fields, and `same_facts`, only for samples that have them."""
+    fields, and `same_facts` and `facts_apart` (the page's labels: `facts.facts_apart`, None when the facts
+    are not of the demo's form), only for samples that have them."""
     lines = []
     for position, (row, col) in enumerate(zip(kept["row"], kept["col"])):
         query, negative = samples[row], samples[col]
@@ -249,5 +251,6 @@ def _pair_lines(kept: Dict[str, list], direction: str, samples: List[SampleInfo]
                         negative_family_edit=negative.family_edit, same_family=query.family == negative.family)
         if query.facts is not None and negative.facts is not None:
             line["same_facts"] = query.facts == negative.facts
+            line["facts_apart"] = facts_apart(query.facts, negative.facts)
         lines.append(line)
     return lines

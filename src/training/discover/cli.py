@@ -201,7 +201,7 @@ def _report(output: Path, settings: Dict[str, Any], page: report.PageSelection,
     if not summary["samples"]:
         skipped = ", ".join(f"{reason}={count}" for reason, count in summary["skipped"].items()) or "none"
         raise DataError(f"--data yielded no usable sample (skipped: {skipped}); check the shards and --caption-key")
-    report.add_kept_precision(summary, output)
+    report.add_kept_metrics(summary, output)
     summary = {"settings": settings, **summary, "this_run": timing}
     pairs = page.pairs()
     remove_thumbnails_except(output, report.page_thumbnails(pairs))

@@ -5,26 +5,31 @@ resumed run reports over all of its batches, those before the interruption inclu
 
 - Flagged fraction: flagged pairs / negatives (every off-diagonal entry of each batch's matrix).
 - Candidates per row: flagged pairs / rows (queries), per direction.
-- With ground-truth families (every sample's json has "family", as the demo data's): precision
-  (flagged pairs that are siblings / flagged pairs), recall (flagged siblings / sibling pairs),
-  and the sibling fraction (siblings / negatives): the precision of flagging every negative, the
-  base rate a discovery must beat. `kept_precision` is the precision of the pairs written to
-  pairs.jsonl (each row's most probable candidates).
+- With ground-truth families (every sample's json has "family", as the demo data's): the family
+  precision (flagged pairs of one family / flagged pairs), the family recall (flagged sibling pairs /
+  sibling pairs), and the sibling fraction (siblings / negatives): the family precision of flagging
+  every negative, the base rate a discovery must beat. `kept_family_precision` is the family
+  precision of the pairs written to pairs.jsonl (each row's most probable candidates). The family
+  precision is a proxy of the precision: it counts every pair of one family as a clone (also two
+  siblings two facts apart) and every pair of two families as a false positive (also paraphrases
+  and pairs one fact apart), hence its name.
 - With facts too (the json's "facts": what the caption says, each fact stated one way): the flagged
   pairs of two families whose captions state the same facts ("A below B" against "B above A") are
-  paraphrases, true clones that the family precision counts as false positives: `paraphrases`
-  counts them and `precision_with_paraphrases` counts them as clones (also for the kept pairs).
+  paraphrases: `paraphrases` counts them and `family_precision_with_paraphrases` counts them as
+  clones (also for the kept pairs). Each kept pair carries a label (`pair_label`: its families and
+  how many facts its captions differ in, `facts.facts_apart`); `kept_labels` counts the kept pairs
+  per label and `kept_within_one_fact` is the share of kept pairs at most one fact apart.
 """
 from __future__ import annotations
 
 import collections
-import difflib
 import heapq
 import html
 import itertools
 import json
 import math
 import string
+import textwrap
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -34,6 +39,7 @@ from open_clip_adacl import adacl
 
 from ..data import SKIP_REASONS
 from .batch import DIRECTIONS, HISTOGRAM_BINS
+from .facts import differing_positions
 from .store import PAIRS_FILE, read_jsonl, thumbnail_name, write_atomically
 
 SUMMARY_FILE = "summary.json"
@@ -121,14 +127,14 @@ def _metrics(totals: Dict[str, float]) -> Dict[str, float]:
         "flat_reference_batches": totals["flat_reference_batches"],
     }
     if "siblings" in totals:  # ground-truth families
-        metrics.update(precision=_ratio(totals["flagged_siblings"], totals["flagged"]),
-                       recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
+        metrics.update(family_precision=_ratio(totals["flagged_siblings"], totals["flagged"]),
+                       family_recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
                        sibling_fraction=_ratio(totals["siblings"], totals["negatives"]),
-                       kept_precision=None, kept_siblings=totals["kept_siblings"])
+                       kept_family_precision=None, kept_siblings=totals["kept_siblings"])
     if "flagged_paraphrases" in totals:  # facts known: other-family pairs that say the same thing are clones too
         metrics.update(paraphrases=totals["flagged_paraphrases"],
-                       precision_with_paraphrases=_ratio(totals["flagged_siblings"] + totals["flagged_paraphrases"],
-                                                         totals["flagged"]),
+                       family_precision_with_paraphrases=_ratio(
+                           totals["flagged_siblings"] + totals["flagged_paraphrases"], totals["flagged"]),
                        kept_paraphrases=totals["kept_paraphrases"])
     return metrics
 
@@ -137,34 +143,70 @@ def _ratio(numerator: float, denominator: float) -> Optional[float]:
     return numerator / denominator if denominator else None
 
 
-def add_kept_precision(summary: Dict[str, object], output: Path) -> None:
-    """The precision of the pairs in pairs.jsonl, per direction (they are counted as they are written)."""
-    kept: Dict[str, int] = {}
+def add_kept_metrics(summary: Dict[str, object], output: Path) -> None:
+    """What the pairs in pairs.jsonl are, per direction: their number, their family precision (the family
+    counts are taken as the pairs are written), and, when they carry families, their count per label
+    (`kept_labels`, the names in `label_names`) and the share at most one fact apart (of those whose facts
+    could be counted)."""
+    kept: Dict[str, int] = collections.Counter()
+    labels: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    apart: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # "known", "within"
     for pair in read_jsonl(output / PAIRS_FILE):
-        kept[pair["direction"]] = kept.get(pair["direction"], 0) + 1
-    kept[POOLED] = sum(kept.values())
+        for name in (pair["direction"], POOLED):
+            kept[name] += 1
+            labels[name][pair_label(pair)] += 1
+            if pair.get("facts_apart") is not None:
+                apart[name]["known"] += 1
+                apart[name]["within"] += pair["facts_apart"] <= 1
     for name, metrics in summary["directions"].items():
-        metrics["kept_pairs"] = kept.get(name, 0)
+        metrics["kept_pairs"] = kept[name]
         if "kept_paraphrases" in metrics:
-            metrics["kept_precision_with_paraphrases"] = _ratio(metrics["kept_siblings"] + metrics.pop("kept_paraphrases"),
-                                                                metrics["kept_pairs"])
+            metrics["kept_family_precision_with_paraphrases"] = _ratio(
+                metrics["kept_siblings"] + metrics.pop("kept_paraphrases"), metrics["kept_pairs"])
         if "kept_siblings" in metrics:
-            metrics["kept_precision"] = _ratio(metrics.pop("kept_siblings"), metrics["kept_pairs"])
+            metrics["kept_family_precision"] = _ratio(metrics.pop("kept_siblings"), metrics["kept_pairs"])
+        if set(labels[name]) - {"none"}:
+            metrics["kept_labels"] = {label: labels[name][label] for label in TRUTHS if labels[name][label]}
+        if apart[name]["known"]:
+            metrics["kept_within_one_fact"] = _ratio(apart[name]["within"], apart[name]["known"])
+    used = {label for metrics in summary["directions"].values() for label in metrics.get("kept_labels", {})}
+    if used:
+        summary["label_names"] = {label: text for label, text in TRUTHS.items() if label in used}
+
+
+# The console table's columns: (title, summary key); the family precision's columns carry FAMILY_NOTE's mark.
+FAMILY_COLUMNS = [("family precision*", "family_precision"), ("family recall", "family_recall"),
+                  ("sibling rate", "sibling_fraction"), ("kept family precision*", "kept_family_precision")]
+FACTS_COLUMNS = [("+ paraphrases*", "family_precision_with_paraphrases"),
+                 ("kept + paraphrases*", "kept_family_precision_with_paraphrases"),
+                 ("kept <=1 fact apart", "kept_within_one_fact")]
+FAMILY_NOTE = ("* precision against the data's families, a proxy: a pair of one family counts as a clone (also "
+               "siblings 2 facts apart), a pair of two families as a false positive (also paraphrases and pairs "
+               "1 fact apart); + paraphrases: other families' pairs with the same facts count as clones too")
+FACTS_NOTE = "kept <=1 fact apart: the kept pairs whose captions differ in at most 1 fact (paraphrases: 0)"
 
 
 def console_table(summary: Dict[str, object]) -> str:
-    """The per-direction metrics as a fixed-width table."""
-    with_families = "precision" in summary["directions"].get(POOLED, {})
+    """The per-direction metrics as a fixed-width table, what the family precision measures, and the kept
+    pairs per label (pooled)."""
+    pooled = summary["directions"].get(POOLED, {})
     columns = [("direction", None), ("flagged", "flagged_fraction"), ("per row", "candidates_per_row")]
-    if with_families:
-        columns += [("precision", "precision"), ("recall", "recall"), ("sibling rate", "sibling_fraction"),
-                    ("kept precision", "kept_precision")]
-    if "precision_with_paraphrases" in summary["directions"].get(POOLED, {}):
-        columns += [("+ paraphrases", "precision_with_paraphrases"), ("kept + paraphr.", "kept_precision_with_paraphrases")]
-    lines = ["  ".join(f"{title:>14}" for title, _ in columns)]
+    if "family_precision" in pooled:
+        columns += FAMILY_COLUMNS
+    if "family_precision_with_paraphrases" in pooled:
+        columns += [column for column in FACTS_COLUMNS if column[1] in pooled]
+    widths = [max(9, len(title)) for title, _ in columns]
+    lines = ["  ".join(f"{title:>{width}}" for (title, _), width in zip(columns, widths))]
     for name, metrics in summary["directions"].items():
-        cells = [f"{name:>14}"] + [f"{_format(metrics.get(key)):>14}" for _, key in columns[1:]]
-        lines.append("  ".join(cells))
+        cells = [name] + [_format(metrics.get(key)) for _, key in columns[1:]]
+        lines.append("  ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths)))
+    if "family_precision" in pooled:
+        lines += ["", *textwrap.wrap(FAMILY_NOTE, 110)]
+    if "kept_within_one_fact" in pooled:
+        lines += textwrap.wrap(FACTS_NOTE, 110)
+    if pooled.get("kept_labels"):
+        shares = [f"{count / pooled['kept_pairs']:.1%} {TRUTHS[label]}" for label, count in pooled["kept_labels"].items()]
+        lines += textwrap.wrap(f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), 110)
     return "\n".join(lines)
 
 
@@ -220,7 +262,7 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
         axis.plot(batches, [d["flagged"] / d["negatives"] for d in values], ".-", label=f"{name}: flagged fraction")
         if values and values[0].get("siblings") is not None:
             axis.plot(batches, [d["flagged_siblings"] / d["flagged"] if d["flagged"] else math.nan for d in values],
-                      "x:", label=f"{name}: precision against families")
+                      "x:", label=f"{name}: family precision (a proxy)")
     if records and records[0]["directions"] and records[0]["directions"][0].get("siblings") is not None:
         rate = sum(d["siblings"] for r in records for d in r["directions"]) / \
             sum(d["negatives"] for r in records for d in r["directions"])
@@ -243,7 +285,7 @@ def _plot_fits(axis, direction: dict, edges, settings: Dict[str, object]) -> Non
     if "siblings" in histograms:
         siblings = torch.tensor(histograms["siblings"], dtype=torch.float64)
         axis.stairs((siblings / density).numpy(), edges, fill=True, color="#e69f00", alpha=0.8,
-                    label="siblings (true clones)")
+                    label="siblings (same family)")
     flagged = torch.tensor(histograms["flagged"], dtype=torch.float64)
     axis.stairs((flagged / density).numpy(), edges, color="#0072b2", linewidth=1.5, label="flagged")
     mu_c, sigma_c, mu_n, sigma_n = direction["fits"]
@@ -286,12 +328,12 @@ def write_page(output: Path, summary: Dict[str, object], settings: Dict[str, obj
     description = (f"{settings['model']} on {settings['data']}, global batch {settings['global_batch_size']}, "
                    f"--adacl-salient {settings['salient']} --adacl-candidate-region {settings['candidate_region']}")
     skipped = ", ".join(f"{reason} {count}" for reason, count in summary["skipped"].items()) or "none"
-    truths = {_truth(pair) for pair in pairs}
+    truths = {pair_label(pair) for pair in pairs}
     page = string.Template(_PAGE).substitute(
         description=html.escape(description), samples=summary["samples"], batches=summary["batches"],
         skipped=html.escape(skipped), table=html.escape(table), plots=plot_tags, rows=rows, shown=len(pairs),
         kept=summary["directions"].get(POOLED, {}).get("kept_pairs", 0), per_query=PER_QUERY, per_batch=PER_BATCH,
-        truth_options=_options([(name, label) for name, label in TRUTHS.items() if name in truths]),
+        truth_options=_options(truth_options(truths)),
         edit_options=_options([(edit, f"{edit} edit") for edit in sorted({e for p in pairs for e in _edits(p)})]),
         batch_options=_options([(str(batch), f"batch {batch}") for batch in sorted({p["batch"] for p in pairs})]),
         truth_counts=html.escape(_truth_counts(pairs)))
@@ -303,17 +345,49 @@ def page_thumbnails(pairs: Iterable[dict]) -> set:
             for side in ("query", "negative")}
 
 
-# What a pair is against the data's ground truth, when the data has one (the demo's families and facts).
-TRUTHS = {"sibling": "sibling (same family)", "paraphrase": "paraphrase (other family, same facts)",
-          "other": "other family", "none": "no family known"}
+# A pair's label: what the data's ground truth says of its two samples, when the data has one (the demo's
+# "family" and "facts"): one family or two, and how many facts the captions differ in (`facts.facts_apart`,
+# the pair's `facts_apart`). The page's legend defines them in the same words.
+TRUTHS = {"sibling-0": "sibling, same facts", "sibling-1": "sibling, 1 fact apart",
+          "sibling-2": "sibling, 2 facts apart", "sibling-3": "sibling, 3 or more facts apart",
+          "sibling": "sibling (facts apart not known)",
+          "paraphrase": "paraphrase (other family, same facts)", "other-1": "other family, 1 fact apart",
+          "other-2": "other family, 2 or more facts apart", "other": "other family (facts apart not known)",
+          "none": "no family known"}
+# The page's filter also offers each side as a whole: every pair of one family, every pair of two.
+TRUTH_GROUPS = {"sibling": "sibling, any", "other": "other family, any (paraphrases too)"}
 
 
-def _truth(pair: dict) -> str:
+def pair_label(pair: dict) -> str:
+    """The pair's TRUTHS label from its pairs.jsonl fields; a pair written without `facts_apart` (facts of
+    another form) gets the facts-unknown label of its side unless its `same_facts` says 0 apart."""
     if "same_family" not in pair:
         return "none"
-    if pair["same_family"]:
-        return "sibling"
-    return "paraphrase" if pair.get("same_facts") else "other"
+    side = "sibling" if pair["same_family"] else "other"
+    apart = pair.get("facts_apart")
+    if apart is None:
+        if not pair.get("same_facts"):
+            return side
+        apart = 0
+    if side == "sibling":
+        return f"sibling-{min(apart, 3)}"
+    return "paraphrase" if apart == 0 else f"other-{min(apart, 2)}"
+
+
+def _label_tokens(label: str) -> str:
+    """The row's data-truth: its label and its side ("sibling sibling-2", "other paraphrase"), so that the
+    filter finds a row by either; a facts-unknown label is its side's name already."""
+    side = "other" if label == "paraphrase" else label.split("-")[0]
+    return f"{side} {label}" if side in TRUTH_GROUPS and side != label else label
+
+
+def truth_options(labels: Iterable[str]) -> List[Tuple[str, str]]:
+    """The ground-truth filter's (value, text) options for the labels on the page: each side present as a
+    whole, then each label (a facts-unknown one is its side's group already)."""
+    labels = set(labels)
+    groups = {token for label in labels for token in _label_tokens(label).split() if token in TRUTH_GROUPS}
+    return ([(group, text) for group, text in TRUTH_GROUPS.items() if group in groups]
+            + [(label, text) for label, text in TRUTHS.items() if label in labels and label not in TRUTH_GROUPS])
 
 
 def _edits(pair: dict) -> List[str]:
@@ -324,8 +398,8 @@ def _edits(pair: dict) -> List[str]:
 
 
 def _truth_counts(pairs: Sequence[dict]) -> str:
-    counts = {name: sum(_truth(pair) == name for pair in pairs) for name in TRUTHS}
-    return ", ".join(f"{count} {TRUTHS[name]}" for name, count in counts.items() if count)
+    counts = collections.Counter(pair_label(pair) for pair in pairs)
+    return "; ".join(f"{counts[name]} {text}" for name, text in TRUTHS.items() if counts[name])
 
 
 def _options(values: Sequence[Tuple[str, str]]) -> str:
@@ -333,16 +407,11 @@ def _options(values: Sequence[Tuple[str, str]]) -> str:
 
 
 def differing_words(caption: str, other: str) -> str:
-    """`caption` as HTML with the words that tell it from `other` marked: those it has more often than `other`
-    ("below" against "above", "red" against "orange"); when both have the same words in another order ("A
-    above B" against "B above A"), those the word-level alignment with `other` leaves unmatched."""
-    words, other_words = caption.split(), other.split()
-    mine, theirs = collections.Counter(words), collections.Counter(other_words)
-    marked = {index for index, word in enumerate(words) if mine[word] > theirs[word]}
-    if not marked:
-        matcher = difflib.SequenceMatcher(a=words, b=other_words, autojunk=False)
-        marked = {index for tag, start, end, _, _ in matcher.get_opcodes() if tag != "equal"
-                  for index in range(start, end)}
+    """`caption` as HTML with the words that say what `other` does not marked (`facts.differing_positions`:
+    "red" against "orange", "above" in "A above B" against "B above A", nothing in "A below B" against "B
+    above A")."""
+    words = caption.split()
+    marked = differing_positions(words, other.split())
     runs = itertools.groupby(enumerate(words), key=lambda item: item[0] in marked)  # one <mark> per run of words
     return " ".join(f"<mark>{text}</mark>" if is_marked else text
                     for is_marked, run in runs for text in [" ".join(html.escape(word) for _, word in run)])
@@ -359,13 +428,13 @@ def _pair_row(rank: int, pair: dict) -> str:
         cells.append(f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}" title="click to '
                      f'enlarge"><div class="caption">{caption}</div>'
                      f'<div class="key">{key}{_family_text(pair, side)}</div></td>')
-    truth = _truth(pair)
+    truth = pair_label(pair)
     badge = "" if truth == "none" else f'<span class="truth {truth}">{TRUTHS[truth]}</span>'
     what = "image &rarr; caption" if pair["direction"] == "i2t" else "caption &rarr; image"
     searchable = " ".join(pair[f"{side}_{field}"] for side in ("query", "negative") for field in ("key", "caption"))
     query = f'{pair["batch"]}/{pair["direction"]}/{pair["query_index"]}'
     return (f'<tr class="pair" data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}" '
-            f'data-direction="{pair["direction"]}" data-truth="{truth}" data-edits="{" ".join(_edits(pair))}" '
+            f'data-direction="{pair["direction"]}" data-truth="{_label_tokens(truth)}" data-edits="{" ".join(_edits(pair))}" '
             f'data-batch="{pair["batch"]}" data-query="{query}" data-text="{html.escape(searchable.lower())}">'
             f'<td class="rank">{rank}</td>'
             f'<td class="numbers"><b>posterior {pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'

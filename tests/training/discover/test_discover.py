@@ -94,10 +94,11 @@ def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
     assert both["sibling_fraction"] == pytest.approx(7 / 31)
     assert both["negatives"] == 2 * 192 * 31
     assert 0 < both["flagged"] <= both["negatives"]
-    assert 0 <= both["precision"] <= 1 and 0 <= both["recall"] <= 1
+    assert 0 <= both["family_precision"] <= 1 and 0 <= both["family_recall"] <= 1
     assert both["candidates_per_row"] == pytest.approx(both["flagged"] / (2 * 192))
     table = capsys.readouterr().out
-    assert "precision" in table and "sibling rate" in table and f"{both['precision']:.3f}" in table
+    assert "family precision*" in table and "sibling rate" in table and f"{both['family_precision']:.3f}" in table
+    assert "precision against the data's families, a proxy" in table
 
     pairs = lines(output / PAIRS_FILE)
     assert len(pairs) == both["kept_pairs"] > 0
@@ -108,13 +109,20 @@ def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
         assert pair["same_family"] == (pair["query_family"] == pair["negative_family"])
         assert pair["query_key"] != pair["negative_key"]
     assert max(per_row.values()) <= 2
-    assert both["kept_precision"] == pytest.approx(sum(p["same_family"] for p in pairs) / len(pairs))
+    assert both["kept_family_precision"] == pytest.approx(sum(p["same_family"] for p in pairs) / len(pairs))
     # other-family pairs whose captions state the same facts are counted apart, as clones
     paraphrases = [p for p in pairs if not p["same_family"] and p["same_facts"]]
-    assert both["kept_precision_with_paraphrases"] == pytest.approx(
+    assert both["kept_family_precision_with_paraphrases"] == pytest.approx(
         (sum(p["same_family"] for p in pairs) + len(paraphrases)) / len(pairs))
-    assert both["precision_with_paraphrases"] == pytest.approx(
-        both["precision"] + both["paraphrases"] / both["flagged"])
+    assert both["family_precision_with_paraphrases"] == pytest.approx(
+        both["family_precision"] + both["paraphrases"] / both["flagged"])
+    # every kept pair's facts are counted (the demo's two-object scenes), 0 apart exactly when they are the same
+    assert all(p["facts_apart"] == 0 if p["same_facts"] else p["facts_apart"] >= 1 for p in pairs)
+    assert sum(both["kept_labels"].values()) == len(pairs)
+    assert both["kept_labels"].get("paraphrase", 0) == len(paraphrases)
+    assert both["kept_labels"].get("sibling-1", 0) + both["kept_labels"].get("sibling-2", 0) == \
+        sum(p["same_family"] for p in pairs)  # siblings of two-object scenes are 1 or 2 facts apart
+    assert both["kept_within_one_fact"] == pytest.approx(sum(p["facts_apart"] <= 1 for p in pairs) / len(pairs))
 
     page = page_sources(output)
     assert 0 < page.pair_rows <= 20
@@ -248,7 +256,7 @@ def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
     summary = run(str(tmp_path / "data.csv"), tmp_path / "out", "--pretrained", weights, "--batch-size", "7",
                   "--csv-img-key", "path", "--csv-caption-key", "caption")
     assert summary["samples"] == 20 and summary["skipped"] == {"missing_image": 1} and summary["batches"] == 3
-    assert "precision" not in summary["directions"]["both"]  # no ground-truth families
+    assert "family_precision" not in summary["directions"]["both"]  # no ground-truth families
     pairs = lines(tmp_path / "out" / PAIRS_FILE)
     assert pairs and all(Path(pair["query_key"]).is_file() and pair["query_source"].endswith("data.csv")
                          for pair in pairs)
