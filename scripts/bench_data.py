@@ -1,4 +1,4 @@
-"""Samples/s of our webdataset pipeline (`training.data.build_train_data`) against OpenCLIP's
+"""Samples/s of our webdataset pipeline (`training.trainer.data.build_train_data`) against OpenCLIP's
 (`open_clip_train.data.get_wds_dataset`) on the same shards, workers, batch size and transforms.
 
     python scripts/bench_data.py                          # generated img2dataset-like shards, cached
@@ -142,7 +142,7 @@ def measure_epoch(build_loader: Callable[[], Iterable], batch_size: int) -> Dict
 
 
 def run_ours(args: argparse.Namespace) -> Dict[str, float]:
-    from training.data import DataConfig, build_train_data
+    from training.trainer.data import DataConfig, build_train_data
 
     preprocess, tokenizer = transforms(args.model)
     cfg = DataConfig(train_data=args.shards, train_num_samples=args.num_samples, dataset_type="webdataset",
@@ -211,7 +211,7 @@ def report(args: argparse.Namespace, summary: Dict[str, Dict[str, float]]) -> st
              "", "| pipeline | batches | samples/s (epoch) | samples/s (after 1st batch) | 1st batch (s) | "
                  "samples per CPU-second |",
              "|---|---:|---:|---:|---:|---:|"]
-    for pipeline, name in (("ours", "training.data.build_train_data"),
+    for pipeline, name in (("ours", "training.trainer.data.build_train_data"),
                            ("openclip", f"open_clip_train get_wds_dataset (webdataset {OPENCLIP_WEBDATASET})")):
         row = summary[pipeline]
         lines.append(f"| {name} | {row['batches']} | {row['samples_per_second']:.1f} | "
@@ -224,7 +224,7 @@ def report(args: argparse.Namespace, summary: Dict[str, Dict[str, float]]) -> st
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from training.tool_flags import add_trainer_flags
+    from training.trainer.launch.tool_flags import add_trainer_flags
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", help="brace pattern of existing shards (default: generated ones)")

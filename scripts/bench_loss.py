@@ -320,7 +320,7 @@ def load_average() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from training.tool_flags import add_trainer_flags
+    from training.trainer.launch.tool_flags import add_trainer_flags
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], help="global batch sizes N")

@@ -4,7 +4,7 @@
     python scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --output step.json
 
 For each case (MODEL:BATCH) every loss gets its own copy of the model, built from the same seed, and
-its own AdamW; one step is `training.train.forward_backward` + `apply_update` (forward, loss,
+its own AdamW; one step is `training.trainer.engine.loop.forward_backward` + `apply_update` (forward, loss,
 backward, AdamW, logit-scale clamp: what `train_one_epoch` runs per step) on one fixed random batch
 already on the device, so data loading is left out. After --warmup-steps steps per loss, --repeats rounds
 interleave the losses so that drift on a shared machine hits all of them alike; each loss's step
@@ -26,11 +26,11 @@ from typing import Dict, List, Sequence
 import torch
 
 from open_clip_adacl import create_loss
-from training.model import ModelConfig, build_model
-from training.optimizer import OptimizerConfig, build_optimizer
-from training.tool_flags import add_trainer_flags
-from training.precision import build_precision, resolve_precision
-from training.train import MicroBatch, apply_update, forward_backward
+from training.trainer.engine.model import ModelConfig, build_model
+from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
+from training.trainer.launch.tool_flags import add_trainer_flags
+from training.trainer.engine.precision import build_precision, resolve_precision
+from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
 
 DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")
 OPTIMIZER = OptimizerConfig(lr=1e-4, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6)

@@ -10,7 +10,7 @@ paired seeds, with the endpoints pre-registered in docs/preregistration.md.
 Every regime trains the tiny model on the demo scenes (`training.synthetic_scenes`, written in families of 8
 one-edit siblings, with `--train-group-size 8` so that each batch holds whole families: the clone
 negatives) for the budget at which `clip` learns the colour, shape and size clones
-(docs/results/learnability.md): the regime's recipe (`training.recipe_book`: clone-scratch, clone-pseudo,
+(docs/results/learnability.md): the regime's recipe (`training.trainer.launch.recipes`: clone-scratch, clone-pseudo,
 clone-transfer), which `python -m training.main --recipe NAME` also trains with. One
 `python -m training.loss_comparison --recipe clone-<regime>` call per regime, into
 runs/clone_study/<regime>, writes the regime's report (docs/results/<regime>.md, plot, per-run CSV);
@@ -36,9 +36,9 @@ from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.report import kept_tail
 from training.main import run
-from training.params import config_from_values
-from training.recipe_book import recipe_values
-from training.run_dir import RunDir
+from training.trainer.launch.params import config_from_values
+from training.trainer.launch.recipes import recipe_values
+from training.trainer.run_folder.layout import RunDir
 
 PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
 # The controls of every regime (docs/preregistration.md): CLIP, AdaCL's default, the paper's Algorithm 1,
@@ -59,7 +59,7 @@ POSITIVE_CONTROLS = "clip,oracle:weight=16,hnnce"
 class Regime:
     title: str
     losses: str
-    recipe: str                            # every run's trainer flags (training.recipe_book: clone-<regime>)
+    recipe: str                            # every run's trainer flags (training.trainer.launch.recipes: clone-<regime>)
     combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
     pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these (clone-scratch)
     controls: Optional[str] = None  # the variants of `--controls`, positive controls first
@@ -157,7 +157,7 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
 def check_pretrained_data_seed(checkpoint: Path, data_seed: int) -> None:
     """Refuse to reuse a pretraining checkpoint whose run trained on scenes of another data seed (or whose data
     seed its run folder does not record): fine-tuning from it would repeat the pretraining geometry."""
-    from training.provenance import checkpoint_identity
+    from training.trainer.run_folder.provenance import checkpoint_identity
 
     recorded = checkpoint_identity(str(checkpoint))["data_seed"]
     if recorded != str(data_seed):

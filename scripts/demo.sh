@@ -28,12 +28,12 @@ fi
 split() { python -c "import json,sys; print('$DATA/' + json.load(open('$DATA/manifest.json'))['splits']['$1']['data'])"; }
 
 echo "== training adacl-tiny with --loss adacl (log: $DEMO/logs/$RUN_NAME/out.log)"
-# The recipe `demo` (training/recipe_book.py): adacl-tiny, --loss adacl, batch 128, 8 epochs, CPU, whole families
+# The recipe `demo` (training/trainer/launch/recipes/): adacl-tiny, --loss adacl, batch 128, 8 epochs, CPU, whole families
 # of FAMILY_SIZE siblings per batch (--train-group-size "$FAMILY_SIZE").
 python -m training.main --recipe demo --train-group-size "$FAMILY_SIZE" \
     --train-data "$(split train)" --val-data "$(split val)" --logs "$DEMO/logs" --name "$RUN_NAME" "$@"
 
-CHECKPOINT=$(python -m training.run_dir "$DEMO/logs/$RUN_NAME" --final-checkpoint)
+CHECKPOINT=$(python -m training.trainer.run_folder.layout "$DEMO/logs/$RUN_NAME" --final-checkpoint)
 echo "== evaluating $CHECKPOINT (exported to plain OpenCLIP format, stock clip-benchmark CLI)"
 python -m training.evaluation --checkpoint "$CHECKPOINT" --demo-root "$DATA" --output-dir "$DEMO/eval/$RUN_NAME"
 if [ -f "$DEMO/logs/$RUN_NAME/margins.png" ]; then  # AdaCL runs: the trainer redraws it at each epoch end

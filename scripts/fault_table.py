@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running,
-                               race_for_a_stale_lock, running)
-from training.params import argv_from_values
-from training.run_dir import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
+from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
+from training.trainer.launch.params import argv_from_values
+from training.trainer.run_folder.layout import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
 from training.synthetic_scenes.writers import write_demo_dataset
 
 STEPS = 16        # 2 epochs of 8 steps

@@ -6,7 +6,7 @@ grid on the positive controls, then every loss on the frozen setting, on paired 
     python scripts/glyph_benchmark.py --report-only --cells finetune-weak
     python scripts/glyph_benchmark.py --summary --cells finetune-weak   # docs/results/glyphs.md from both
 
-Each cell is a recipe of `training.recipe_book` (glyphs-<cell>) on the data `python -m training.glyphs` writes
+Each cell is a recipe of `training.trainer.launch.recipes` (glyphs-<cell>) on the data `python -m training.glyphs` writes
 (data seed 0, written once into <output-dir>/data); the fine-tuning cells start every run from one common
 checkpoint, `clip` trained with recipe glyphs-pretrain (seed 1000, written once into <output-dir>/pretrain).
 One `python -m training.loss_comparison` call per cell, into <output-dir>/<study>, writes
@@ -26,9 +26,9 @@ from training.glyphs.writers import RETRIEVAL_SET
 from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.stats import assess_run, paired_difference, primary_verdict
 from training.main import run
-from training.params import config_from_values
-from training.recipe_book import recipe_values
-from training.run_dir import RunDir
+from training.trainer.launch.params import config_from_values
+from training.trainer.launch.recipes import recipe_values
+from training.trainer.run_folder.layout import RunDir
 
 PREREGISTRATION = "docs/preregistration_glyphs.md"
 DATA_SEED = 0

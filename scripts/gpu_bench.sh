@@ -23,7 +23,7 @@ if [ "$#" -gt 1 ] || [[ "${1:-}" == -* ]]; then
 fi
 OUT_DIR="${1:-docs/gpu_bench}"
 PYTHON="${PYTHON:-python}"
-if ! "$PYTHON" -c "import training.train, open_clip_adacl" 2>/dev/null; then
+if ! "$PYTHON" -c "import training.trainer.engine.loop, open_clip_adacl" 2>/dev/null; then
     echo "error: $PYTHON cannot import the project; install it first (source scripts/setup_env.sh)" >&2
     exit 2
 fi

@@ -21,18 +21,18 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from training.tool_flags import add_trainer_flags
-from training.run_dir import RunDir, step_checkpoint_number
+from training.trainer.launch.tool_flags import add_trainer_flags
+from training.trainer.run_folder.layout import RunDir, step_checkpoint_number
 
 
-# The trainer's flags this script takes (training.tool_flags.add_trainer_flags), with the comparison's values.
+# The trainer's flags this script takes (training.trainer.launch.tool_flags.add_trainer_flags), with the comparison's values.
 TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
 
 
 def train(args: argparse.Namespace, manifest: dict) -> RunDir:
     """The run (in this process; continued if an earlier call stopped), a step checkpoint every --every steps."""
     from training.main import run
-    from training.params import config_from_values, given_values
+    from training.trainer.launch.params import config_from_values, given_values
 
     splits = manifest["splits"]
     steps_per_epoch = splits["train"]["num_samples"] // args.batch_size

@@ -6,8 +6,8 @@ real loader delivers them, for each --train-group-size in --group-sizes. See doc
 """
 import argparse
 
-from training.data import DataConfig
-from training.tool_flags import add_trainer_flags
+from training.trainer.data import DataConfig
+from training.trainer.launch.tool_flags import add_trainer_flags
 from training.synthetic_scenes.families import measure_siblings
 
 

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 
 DIRECTIONS = ("i2t", "t2i")
 PER_DIRECTION = ("clip_loss", "anchor", "m1_over_scale", "p_u", "modulated")

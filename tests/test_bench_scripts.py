@@ -161,7 +161,7 @@ def _glyph_benchmark():
 
 def test_every_glyph_cell_has_its_recipe_and_registration():
     from training.loss_comparison.preregistration import resolve
-    from training.recipe_book import recipe_values
+    from training.trainer.launch.recipes import recipe_values
 
     bench = _glyph_benchmark()
     for cell in bench.CELLS:

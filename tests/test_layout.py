@@ -1,6 +1,9 @@
-"""The packages under src/ depend on each other one way, and each command-line package runs as `python -m`.
+"""The packages under src/ depend on each other one way, each layer of the trainer imports only the layers
+below it, and each command-line package runs as `python -m`.
 
-open_clip_adacl (the library) <- the trainer (`training`, but its tools) <- training.evaluation,
+open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress)
+<- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
+<- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
 training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison.
 """
 import ast
@@ -12,27 +15,40 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TRAINER = "training"
-TOOLS = ("training.evaluation", "training.synthetic_scenes", "training.glyphs", "training.discover",
-         "training.loss_comparison")
-# What each part may import of the others (lazy imports inside functions count too).
+LIBRARY = "open_clip_adacl"
+FOUNDATIONS = "training.trainer"  # its modules flags, distributed, preemption, progress (and the package's face)
+DATA, RUN_FOLDER = "training.trainer.data", "training.trainer.run_folder"
+ENGINE, LAUNCH = "training.trainer.engine", "training.trainer.launch"
+ENTRY = "training"  # training.main and the package's face (`from training import run`)
+TRAINER = (FOUNDATIONS, DATA, RUN_FOLDER, ENGINE, LAUNCH)
+# What each part may import of the others (lazy imports inside functions count too). The trainer's layers from the
+# bottom up: each may import the ones below it, never one above (data and the run folder stand side by side).
 ALLOWED = {
-    "open_clip_adacl": set(),
-    TRAINER: {"open_clip_adacl"},
-    "training.evaluation": {"open_clip_adacl", TRAINER},
-    "training.synthetic_scenes": {"open_clip_adacl", TRAINER},
-    "training.glyphs": {"open_clip_adacl", TRAINER},
-    "training.discover": {"open_clip_adacl", TRAINER},
-    "training.loss_comparison": {"open_clip_adacl", TRAINER, "training.evaluation", "training.synthetic_scenes"},
+    LIBRARY: set(),
+    FOUNDATIONS: {LIBRARY},
+    DATA: {LIBRARY, FOUNDATIONS},
+    RUN_FOLDER: {LIBRARY, FOUNDATIONS},
+    ENGINE: {LIBRARY, FOUNDATIONS, DATA, RUN_FOLDER},
+    LAUNCH: {LIBRARY, FOUNDATIONS, DATA, RUN_FOLDER, ENGINE},
+    ENTRY: {LIBRARY, *TRAINER},
+    "training.export": {LIBRARY, *TRAINER},
+    "training.torchrun": {LIBRARY, *TRAINER},
+    "training.evaluation": {LIBRARY, *TRAINER, "training.export"},
+    "training.synthetic_scenes": {LIBRARY, *TRAINER},
+    "training.glyphs": {LIBRARY, *TRAINER},
+    "training.discover": {LIBRARY, *TRAINER, "training.export"},
+    "training.loss_comparison": {LIBRARY, *TRAINER, ENTRY, "training.evaluation", "training.synthetic_scenes"},
 }
+# src/training lists the entry point, the trainer's layers (one package) and the tools, each a command.
+TOP_LEVEL = {"__init__.py", "main.py", "trainer", "export.py", "torchrun.py", "evaluation", "synthetic_scenes",
+             "glyphs", "discover", "loss_comparison"}
 
 
 def part_of(module: str) -> str:
-    """The part of the house a dotted module name belongs to ("training.data.loader" -> "training")."""
-    for tool in TOOLS:
-        if module == tool or module.startswith(tool + "."):
-            return tool
-    return module.split(".")[0]
+    """The part of the house a dotted module name belongs to ("training.trainer.data.loader" -> DATA), the
+    longest part name that it is or that it starts with."""
+    parts = [part for part in ALLOWED if module == part or module.startswith(part + ".")]
+    return max(parts, key=len) if parts else module.split(".")[0]
 
 
 def module_name(path: Path) -> str:
@@ -61,6 +77,29 @@ def test_only_two_top_level_packages_under_src():
     assert {path.parent.name for path in SRC.glob("*/__init__.py")} == {"open_clip_adacl", "training"}
 
 
+def test_the_trainer_folder_lists_its_entry_point_its_layers_and_its_tools():
+    """At most ten entries in src/training, each a command, the package's face or the package of the trainer's
+    layers; a new module goes into the layer it belongs to (docs/architecture.md)."""
+    listed = {path.name for path in (SRC / "training").iterdir() if path.name != "__pycache__"}
+    assert listed == TOP_LEVEL and len(listed) <= 10
+
+
+def test_the_layers_are_a_ladder():
+    """No two parts may import each other, even through a third: the allowed imports form no circle."""
+    reached = {part: set(allowed) for part, allowed in ALLOWED.items()}
+    for _ in ALLOWED:
+        reached = {part: below | {deeper for b in below for deeper in reached[b]} for part, below in reached.items()}
+    assert [part for part in ALLOWED if part in reached[part]] == []
+    assert [part for part in ALLOWED if part_of(part) != part] == []
+
+
+def test_every_module_is_in_a_part():
+    """Every module under src/ belongs to a part that the rules above name (a new top-level module or layer
+    package of the trainer needs its place in ALLOWED first)."""
+    unplaced = [str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if part_of(module_name(path)) not in ALLOWED]
+    assert unplaced == []
+
+
 @pytest.mark.parametrize("part", sorted(ALLOWED))
 def test_dependencies_point_one_way(part):
     forbidden = set(ALLOWED) - ALLOWED[part] - {part}
@@ -82,17 +121,19 @@ def test_each_command_line_package_runs_as_a_module(package):
 
 
 def test_no_tool_declares_a_flag_of_the_trainer_again():
-    """A tool takes the trainer's flags with `training.tool_flags.add_trainer_flags` (their names, help, types and
-    choices as the trainer declares them) and never types one in an `add_argument` of its own."""
+    """A tool takes the trainer's flags with `training.trainer.launch.tool_flags.add_trainer_flags` (their names,
+    help, types and choices as the trainer declares them) and never types one in an `add_argument` of its own."""
     import re
 
-    from training.params import build_parser
+    from training.trainer.launch.params import build_parser
 
     trainer_flags = {option for action in build_parser()._actions for option in action.option_strings}
     trainer_flags -= {"-h", "--help"}
     repeated = []
     for path in [*SRC.rglob("*.py"), *(SRC.parent / "scripts").rglob("*.py")]:
-        if path.parent.name == "training" and path.name in ("params.py", "flags.py", "tool_flags.py"):
+        if path.relative_to(SRC.parent).as_posix() in ("src/training/trainer/launch/params.py",
+                                                       "src/training/trainer/flags.py",
+                                                       "src/training/trainer/launch/tool_flags.py"):
             continue  # the trainer's own declarations, and how a tool mounts them
         for match in re.finditer(r'add_argument\(\s*f?["\'](--[A-Za-z0-9-]+)["\']', path.read_text()):
             if match.group(1) in trainer_flags:

@@ -5,12 +5,12 @@ import pytest
 from open_clip_adacl.losses.clip import ClipLoss
 from open_clip_adacl.losses.registry import LOSSES, register_loss
 from open_clip_adacl.registry import Registry
-from training.data.registry import SOURCES
-from training.params import parse_args
-from training.resume import ResumeRequest, check_resume
-from training.resume_changes import run_changes
-from training.schedule import SCHEDULES
-from training.config import with_canonical_names
+from training.trainer.data.registry import SOURCES
+from training.trainer.launch.params import parse_args
+from training.trainer.launch.resume import ResumeRequest, check_resume
+from training.trainer.launch.resume_changes import run_changes
+from training.trainer.engine.schedule import SCHEDULES
+from training.trainer.launch.config import with_canonical_names
 from helpers.registries import scratch_entries
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CC12M, ViT-B/32: the recipe cc12m-vitb32 (training/recipe_book.py: global batch 2048, FastCLIP's CC12M setting,
+# CC12M, ViT-B/32: the recipe cc12m-vitb32 (training/trainer/launch/recipes/: global batch 2048, FastCLIP's CC12M setting,
 # docs/peers.md §5, with --loss adacl), launched by torchrun on one node or several.
 #   DATA_DIR=/data/cc12m/train NUM_SAMPLES=10000000 GPUS=8 NNODES=2 MASTER_ADDR=node0 \
 #       bash scripts/launch/cc12m_vitb32_torchrun.sh [--dry-run] [flags]     (on every node)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CC3M, RN50: the recipe cc3m-rn50 (training/recipe_book.py: OpenCLIP's CC3M recipe, lr 1e-3, wd 0.1, warmup
+# CC3M, RN50: the recipe cc3m-rn50 (training/trainer/launch/recipes/: OpenCLIP's CC3M recipe, lr 1e-3, wd 0.1, warmup
 # 10k, 30 epochs, global batch 1024, with --loss adacl), launched by torchrun on one node or several.
 #   DATA_DIR=/data/cc3m/train NUM_SAMPLES=2800000 GPUS=8 bash scripts/launch/cc3m_rn50_torchrun.sh [--dry-run] [flags]
 # Several nodes: the same command on every node with NNODES=N MASTER_ADDR=<one node's hostname>.

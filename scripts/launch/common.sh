@@ -35,7 +35,7 @@ per_rank_batch() {
 
 # recipe_flags RECIPE WORLD_SIZE: RECIPE_FLAGS=(--recipe RECIPE ...) with the overrides the environment
 # asks for (GLOBAL_BATCH, NUM_SAMPLES, WORKERS, DIST_TIMEOUT). The recipe itself (its flags, its global batch)
-# lives in training/recipe_book.py; a global batch that does not split over the ranks is refused here, before
+# lives in training/trainer/launch/recipes/; a global batch that does not split over the ranks is refused here, before
 # anything is launched.
 recipe_flags() {
     local name=$1 world=$2 batch
@@ -44,7 +44,7 @@ recipe_flags() {
         batch=$(per_rank_batch "$GLOBAL_BATCH" "$world")
         RECIPE_FLAGS+=(--batch-size "$batch")
     else
-        "$PYTHON" -m training.recipes "$name" --world-size "$world" --check || exit 2
+        "$PYTHON" -m training.trainer.launch.recipes "$name" --world-size "$world" --check || exit 2
     fi
     if [ -n "${NUM_SAMPLES:-}" ]; then RECIPE_FLAGS+=(--train-num-samples "$NUM_SAMPLES"); fi
     if [ -n "${WORKERS:-}" ]; then RECIPE_FLAGS+=(--workers "$WORKERS"); fi

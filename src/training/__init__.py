@@ -1,10 +1,12 @@
-"""The trainer: `python -m training.main` (training), `training.export`; data, checkpoints, logging, validation.
+"""The trainer: `python -m training.main` (training) on the layers of `training.trainer` (data, the run folder, the
+engine, the launch), and the tools beside it.
 
-From Python, `training.run(config)` trains the run a `RunConfig` describes (`training.params.config_from_values`
-builds one from flag values) and returns a summary whose `.record` reads the run folder:
+From Python, `training.run(config)` trains the run a `RunConfig` describes
+(`training.trainer.launch.params.config_from_values` builds one from flag values) and returns a summary whose
+`.record` reads the run folder:
 
     from training import run
-    from training.params import config_from_values
+    from training.trainer.launch.params import config_from_values
 
     summary = run(config_from_values({"train_data": "...", "model": "adacl-tiny", "loss": "adacl"}))
 
@@ -20,8 +22,9 @@ __all__ = ["run"]
 
 def __getattr__(name: str) -> Any:
     """`training.run`, imported at its first use: `import training` precedes every `python -m training.<module>`,
-    and importing `training.main` costs seconds (torch, open_clip) that a light tool (`training.run_dir`) or
-    `python -m training.main` before its preemption handler is installed must not pay."""
+    and importing `training.main` costs seconds (torch, open_clip) that a light tool
+    (`training.trainer.run_folder.layout`) or `python -m training.main` before its preemption handler is installed
+    must not pay."""
     if name == "run":
         from .main import run
 

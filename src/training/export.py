@@ -38,11 +38,12 @@ import torch
 from open_clip.push_to_hf_hub import generate_readme
 from safetensors.torch import save
 
-from .checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
-from .checkpoint_digest import CheckpointDamaged
-from .params import command_line
-from .tool_flags import OneLineErrorParser, add_trainer_flags
-from .run_dir import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records  # the trainer's validation results, next to the checkpoints
+from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
+from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
+from .trainer.launch.params import command_line
+from .trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
+# the trainer's validation results, next to the checkpoints:
+from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"

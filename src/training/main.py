@@ -12,7 +12,7 @@ docs/cluster.md).
 from __future__ import annotations
 
 if __name__ == "__main__":  # before the imports below (seconds): a preemption signal meanwhile is not fatal
-    from training.preemption import remember_early_signals
+    from training.trainer.preemption import remember_early_signals
 
     remember_early_signals()
 
@@ -29,33 +29,34 @@ import torch
 
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
-from . import params
-from .checkpoint import CheckpointConfig, Checkpointer, TrainState, plain_args, run_components
-from .checkpoint_files import checkpoint_candidates, load_checkpoint, roll_back
-from .resume import ResumeError, ResumeRequest, resume
-from .config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
-from .data import FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data, data_error_reason
-from .distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object, failed_collective,
-                          init_distributed, shutdown, unwrap_model, wrap_ddp)
-from .logger import MetricsWriter, WandbConfig, setup_logging
-from .flags import ConfigError
-from .margins import write_margins_plot
-from .model import ModelBundle, ModelConfig, build_model, open_clip_model_config, preprocess_config
-from .optimizer import build_optimizer
-from .precision import build_precision
-from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
-from .resume_changes import warn_run_changes
-from .run_folder import (LossRecords, RunPaths, build_run_paths, check_dry_run_checkpoint_space,
-                         check_run_checkpoint_space, hold_run_dir, is_inside, launch_note, recorded_args,
-                         run_dir_collision, run_folder_warnings, start_over, write_params)
-from .run_lock import RunLock
-from .run_dir import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
-from .run_records import trim_to_resume_point
-from .safe_write import RunFiles
-from .schedule import build_scheduler
-from .startup import StartupPlan, check_startup, resume_note
-from .train import NonFiniteLossError, Trainer, train_one_epoch
-from .validation import run_validation, write_results, zero_shot_imagenet
+from .trainer.launch import params
+from .trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, plain_args, run_components
+from .trainer.run_folder.checkpoint_files import checkpoint_candidates, load_checkpoint, roll_back
+from .trainer.launch.resume import ResumeError, ResumeRequest, resume
+from .trainer.launch.config import RESUME_LATEST, LossConfig, RunConfig, ValidationConfig
+from .trainer.data import (FAMILY_FIELD, SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data,
+                           data_error_reason)
+from .trainer.distributed import (DistributedEnv, DistributedStartError, any_rank, barrier, broadcast_object,
+                                  failed_collective, init_distributed, shutdown, unwrap_model, wrap_ddp)
+from .trainer.run_folder.logger import MetricsWriter, WandbConfig, setup_logging
+from .trainer.flags import ConfigError
+from .trainer.run_folder.margins import write_margins_plot
+from .trainer.engine.model import ModelBundle, ModelConfig, build_model, open_clip_model_config, preprocess_config
+from .trainer.engine.optimizer import build_optimizer
+from .trainer.engine.precision import build_precision
+from .trainer.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
+from .trainer.launch.resume_changes import warn_run_changes
+from .trainer.launch.folder import (LossRecords, RunPaths, build_run_paths, check_dry_run_checkpoint_space,
+                                    check_run_checkpoint_space, hold_run_dir, is_inside, launch_note, recorded_args,
+                                    run_dir_collision, run_folder_warnings, start_over, write_params)
+from .trainer.run_folder.lock import RunLock
+from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
+from .trainer.run_folder.records import trim_to_resume_point
+from .trainer.run_folder.safe_write import RunFiles
+from .trainer.engine.schedule import build_scheduler
+from .trainer.launch.startup import StartupPlan, check_startup, resume_note
+from .trainer.engine.loop import NonFiniteLossError, Trainer, train_one_epoch
+from .trainer.engine.validation import run_validation, write_results, zero_shot_imagenet
 
 # The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
 PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
@@ -68,7 +69,7 @@ class RunSummary:
     step: int                       # training steps taken
     final_loss: Optional[float]     # mean loss of the last epoch trained by this call
     checkpoint: Optional[str]       # last checkpoint written
-    unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.safe_write)
+    unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.trainer.run_folder.safe_write)
 
     @property
     def record(self) -> RunDir:
@@ -91,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
 
 def run(cfg: RunConfig) -> Optional[RunSummary]:
     """Train (or, with `cfg.dry_run`, only check) the run `cfg` describes, on the ranks the environment
-    announces; build `cfg` with `training.params.config_from_values` (or `checked_config` of parsed flags).
+    announces; build `cfg` with `training.trainer.launch.params.config_from_values` (or `checked_config` of parsed flags).
     Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results)."""
     world_size = params.world_size_from_env()
     plan = check_startup(cfg, world_size)

@@ -7,7 +7,7 @@ prefixes one of them is taken, or refused, by torchrun: `--logs` fails with "amb
 could match --logs-specs, --logs_specs". Plain torchrun needs `--` after the trainer module; this
 launcher inserts it when it is missing and is torchrun otherwise (same options, same environment),
 except for its endings: workers that all stopped for a preemption (exit status 75, a step checkpoint
-saved; `training.preemption`) end it with status 75 and one line instead of torchrun's failure report;
+saved; `training.trainer.preemption`) end it with status 75 and one line instead of torchrun's failure report;
 a worker that failed ends it with that worker's status (2: a configuration error, whose `error:` line
 the worker printed above; 1: stopped by the data, a diverged loss or a failed final checkpoint; 128 +
 the signal that killed it) and one line naming it, instead of torchrun's traceback; and a signal that
@@ -52,7 +52,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from .preemption import PREEMPTED_EXIT_CODE
+    from .trainer.preemption import PREEMPTED_EXIT_CODE
 
     try:
         run(parse_args(with_separator(sys.argv[1:] if argv is None else argv)))

@@ -9,7 +9,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from training.data import DataConfig
+from training.trainer.data import DataConfig
 
 TRAIN = "train/shard-{000000..000003}.tar"
 TEXT_BYTES = 128

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from helpers.distributed_utils import free_port
-from training.checkpoint_files import load_checkpoint
-from training.params import argv_from_values
-from training.run_dir import RunDir
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.launch.params import argv_from_values
+from training.trainer.run_folder.layout import RunDir
 
 
 def torchrun_command(demo_shards, logs, *extra, name="ddp"):
@@ -154,7 +154,7 @@ def catches(pid, sig):
 # prints whether it holds it, and holds it until its stdin closes.
 _LOCK_CONTENDER = """
 import os, sys
-from training.run_lock import RunInUse, RunLock
+from training.trainer.run_folder.lock import RunInUse, RunLock
 print("ready", flush=True)
 while not os.path.exists(sys.argv[2]):
     pass

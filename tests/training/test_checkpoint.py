@@ -13,11 +13,11 @@ import torch
 
 from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
 from helpers.run_utils import assert_same_final_state, losses_by_step
-from training import checkpoint as ckpt
-from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.checkpoint_files import checkpoint_candidates, load_checkpoint, save_atomic
-from training.distributed import DistributedEnv
-from training.run_dir import RunDir
+from training.trainer.engine import checkpoint as ckpt
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.trainer.run_folder.checkpoint_files import checkpoint_candidates, load_checkpoint, save_atomic
+from training.trainer.distributed import DistributedEnv
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 
 
@@ -49,7 +49,7 @@ def test_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path, m
 
 SLOW_SAVE = textwrap.dedent("""
     import sys, time, torch
-    from training.checkpoint import save_atomic
+    from training.trainer.engine.checkpoint import save_atomic
 
     class SlowToPickle:
         # torch.save pickles this after writing part of the file; the test kills us meanwhile.

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from helpers.run_utils import losses_by_step
-from training.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
-from training.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
-from training.resume import resume
-from training.data import DataPosition
-from training.distributed import DistributedEnv
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
+from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
+from training.trainer.launch.resume import resume
+from training.trainer.data import DataPosition
+from training.trainer.distributed import DistributedEnv
 from training.export import export
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"

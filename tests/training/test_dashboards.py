@@ -2,7 +2,7 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 
 # The scalars open_clip_train.train logs (train_one_epoch's log_data and evaluate's metrics).

@@ -10,10 +10,10 @@ import torch
 from helpers.distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss
 from helpers.run_utils import torchrun_command
-from training.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
-from training.model import ModelConfig, build_model
-from training.precision import build_precision
-from training.train import MicroBatch, forward_backward
+from training.trainer.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
+from training.trainer.engine.model import ModelConfig, build_model
+from training.trainer.engine.precision import build_precision
+from training.trainer.engine.loop import MicroBatch, forward_backward
 
 BATCH = 8
 
@@ -110,7 +110,7 @@ def test_first_slurm_host(nodelist, host):
 
 SLURM_RANK = textwrap.dedent("""
     import torch, torch.distributed as dist
-    from training.distributed import init_distributed
+    from training.trainer.distributed import init_distributed
     env = init_distributed("cpu")
     total = torch.tensor([float(env.rank)])
     dist.all_reduce(total)
@@ -143,8 +143,8 @@ def _torchrun(demo_shards, logs, *extra):
 
 
 def _first_epoch(demo_shards, logs):
-    from training.checkpoint_files import load_checkpoint
-    from training.run_dir import RunDir
+    from training.trainer.run_folder.checkpoint_files import load_checkpoint
+    from training.trainer.run_folder.layout import RunDir
 
     result = _torchrun(demo_shards, logs, "--epochs", "1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -164,8 +164,8 @@ def test_torchrun_two_ranks_train_and_checkpoint(demo_shards, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
-    from training.checkpoint_files import load_checkpoint
-    from training.run_dir import RunDir
+    from training.trainer.run_folder.checkpoint_files import load_checkpoint
+    from training.trainer.run_folder.layout import RunDir
 
     run = _first_epoch(demo_shards, tmp_path)
     result = _torchrun(demo_shards, tmp_path, "--epochs", "2", "--resume", "latest")

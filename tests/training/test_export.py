@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from open_clip_adacl import create_loss
-from training import params
-from training.checkpoint import Checkpointer, TrainState, run_components
-from training.data import DataPosition
-from training.distributed import DistributedEnv
+from training.trainer.launch import params
+from training.trainer.engine.checkpoint import Checkpointer, TrainState, run_components
+from training.trainer.data import DataPosition
+from training.trainer.distributed import DistributedEnv
 from training.export import CONFIG_NAME, WEIGHTS_NAME, cli as export_cli, export, model_card, public_value
-from training.model import build_model, open_clip_model_config, preprocess_config
-from training.optimizer import build_optimizer
+from training.trainer.engine.model import build_model, open_clip_model_config, preprocess_config
+from training.trainer.engine.optimizer import build_optimizer
 
 STOCK_OPEN_CLIP = textwrap.dedent("""
     import sys, torch, open_clip

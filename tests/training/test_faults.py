@@ -22,13 +22,13 @@ import training.torchrun
 
 from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock,
                                single_rank_argv, torchrun_command, wait_for_step)
-from training import safe_write
-from training.checkpoint_files import load_checkpoint, save_atomic
-from training.checkpoint_digest import CheckpointDamaged
+from training.trainer.run_folder import safe_write
+from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
+from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from training.export import model_card
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.params import ConfigError
+from training.trainer.launch.params import ConfigError
 
 STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
@@ -165,8 +165,8 @@ def test_a_checkpoint_without_a_digest_loads_with_one_line(caplog):
 # ---------------------------------------------------------------------------------------------
 
 
-HOLD_THE_RUN = ("import sys, time; from training.run_lock import RunLock; RunLock().acquire(sys.argv[1]); "
-                "print(flush=True); time.sleep(600)")
+HOLD_THE_RUN = ("import sys, time; from training.trainer.run_folder.lock import RunLock; "
+                "RunLock().acquire(sys.argv[1]); print(flush=True); time.sleep(600)")
 
 
 def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, base_run, tmp_path):

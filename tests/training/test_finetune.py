@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 
 from open_clip_adacl import fused
-from training.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
 from training.export import main as export_main
 from training.main import main
 from training.evaluation.zero_shot import write_table
-from training.params import command_line
+from training.trainer.launch.params import command_line
 
 
 def run_argv(demo_shards, logs, name, *extra):

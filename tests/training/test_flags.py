@@ -5,9 +5,9 @@ from typing import ClassVar, Optional
 
 import pytest
 
-from training.config import CONFIGS, component_options, run_flags
-from training.data import DataConfig
-from training.flags import HelpGroup, declared_flags, flag, from_flag
+from training.trainer.launch.config import CONFIGS, component_options, run_flags
+from training.trainer.data import DataConfig
+from training.trainer.flags import HelpGroup, declared_flags, flag, from_flag
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def test_a_flag_whose_type_cannot_be_read_from_its_field_is_refused():
 
 
 def test_the_run_declares_every_flag_once_and_references_resolve():
-    flags = run_flags()  # also called at import, so a violation fails `import training.config`
+    flags = run_flags()  # also called at import, so a violation fails `import training.trainer.launch.config`
     assert flags == declared_flags((*CONFIGS, *component_options()))
     assert flags["batch_size"].owner == "DataConfig" and flags["epochs"].owner == "RunConfig"
     # a component's own options: csv's flags on the csv source, the cooldown's on its schedule
@@ -57,7 +57,7 @@ def test_the_run_declares_every_flag_once_and_references_resolve():
 
 
 def test_help_shows_each_flags_default_unless_unset_or_said():
-    from training.params import build_parser
+    from training.trainer.launch.params import build_parser
 
     help_text = " ".join(build_parser().format_help().split())  # argparse wraps lines
     assert "Batch size per GPU. (default: 64)" in help_text

@@ -15,8 +15,8 @@ from open_clip_train.data import expand_urls
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from helpers.run_utils import digest
-from training.checkpoint_files import load_checkpoint
-from training.params import parse_args, validate_args
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.launch.params import parse_args, validate_args
 from helpers import REPO, TESTS
 
 LAUNCH = REPO / "scripts" / "launch"
@@ -128,7 +128,7 @@ def test_slurm_recipe_runs_srun_with_the_first_host_as_master(img2dataset_dir, t
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     master_addr, master_port, *srun_argv = record.read_text().splitlines()
-    # MASTER_PORT is left to training.distributed, which derives it from SLURM_JOB_ID.
+    # MASTER_PORT is left to training.trainer.distributed, which derives it from SLURM_JOB_ID.
     assert (master_addr, master_port) == ("MASTER_ADDR=gpu003", "MASTER_PORT=")
     assert srun_argv[:5] == ["--cpu-bind=none", "--kill-on-bad-exit=1", sys.executable, "-u", "-m"]
     trainer_argv = srun_argv[6:]
@@ -174,7 +174,7 @@ SLURM_TASK = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import training.main as entry
     from helpers.run_utils import digest
-    from training.distributed import unwrap_model
+    from training.trainer.distributed import unwrap_model
 
     digests = {}
     train_one_epoch = entry.train_one_epoch

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.main import main
-from training.margins import (DIRECTIONS, MARGIN_PANELS, fallback_windows, margin_traces, window_size,
-                              write_margins_plot)
-from training.run_dir import RunDir
+from training.trainer.run_folder.margins import (DIRECTIONS, MARGIN_PANELS, fallback_windows, margin_traces,
+                                                 window_size, write_margins_plot)
+from training.trainer.run_folder.layout import RunDir
 
 
 def adacl_run(demo_shards, logs, name, *extra):

@@ -6,12 +6,12 @@ from typing import ClassVar
 
 import pytest
 
-from training import schedule
-from training.run_dir import RunDir
+from training.trainer.engine import schedule
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.flags import HelpGroup, flag
-from training.params import ConfigError, build_parser
-from training.schedule import SchedulerConfig, register_schedule, registered_schedules
+from training.trainer.flags import HelpGroup, flag
+from training.trainer.launch.params import ConfigError, build_parser
+from training.trainer.engine.schedule import SchedulerConfig, register_schedule, registered_schedules
 from helpers.registries import scratch_entries
 
 NAME = "halving"

@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from training.checkpoint_files import load_checkpoint
-from training.run_dir import RunDir
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.torchrun import with_separator
 

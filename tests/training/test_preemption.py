@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from helpers.run_utils import (assert_same_final_state, children, losses_by_step, torchrun_command,
-                       wait_for_step, wait_until_gone)
-from training.run_dir import RunDir
+from helpers.run_utils import (assert_same_final_state, children, losses_by_step, torchrun_command, wait_for_step,
+                               wait_until_gone)
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
-from training.recipe_book import recipe_values
+from training.trainer.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
+from training.trainer.launch.recipes import recipe_values
 from helpers import REPO
 
 JOB_ID = "4242"

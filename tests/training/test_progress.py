@@ -1,7 +1,7 @@
 """The time left that long tools print: the rate so far over what remains, in words of the estimate's size."""
 import pytest
 
-from training.progress import duration_text, eta_text, remaining_seconds
+from training.trainer.progress import duration_text, eta_text, remaining_seconds
 
 
 def test_the_time_left_is_the_rate_so_far_over_what_remains():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from training import provenance
+from training.trainer.run_folder import provenance
 from training.loss_comparison.jobs import pretrained_identity
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Recipes in code (`training.recipe_book`): `--recipe NAME` sets its flags, flags beside it override them,
+"""Recipes in code (`training.trainer.launch.recipes`): `--recipe NAME` sets its flags, flags beside it override them,
 its global batch is split over the ranks, and params.txt records the recipe and what was overridden."""
 import subprocess
 import sys
@@ -6,9 +6,9 @@ from unittest import mock
 
 import pytest
 
-from training.flags import ConfigError
-from training.params import arg_values, build_parser, parse_args
-from training.recipe_book import GLOBAL_BATCH, RECIPES, recipe_values
+from training.trainer.flags import ConfigError
+from training.trainer.launch.params import arg_values, build_parser, parse_args
+from training.trainer.launch.recipes import GLOBAL_BATCH, RECIPES, recipe_values
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -42,11 +42,11 @@ def test_the_global_batch_is_split_over_the_ranks_the_environment_announces():
 
 
 def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
-    check = subprocess.run([sys.executable, "-m", "training.recipes", "cc12m-vitb32", "--world-size", "3", "--check"],
-                           capture_output=True, text=True)
+    recipes = [sys.executable, "-m", "training.trainer.launch.recipes"]
+    check = subprocess.run([*recipes, "cc12m-vitb32", "--world-size", "3", "--check"], capture_output=True, text=True)
     assert check.returncode == 2 and "the global batch 2048 does not split evenly over 3 ranks" in check.stderr
-    printed = subprocess.run([sys.executable, "-m", "training.recipes", "cc12m-vitb32", "--world-size", "16"],
-                             capture_output=True, text=True, check=True).stdout.split()
+    printed = subprocess.run([*recipes, "cc12m-vitb32", "--world-size", "16"], capture_output=True, text=True,
+                             check=True).stdout.split()
     assert printed[printed.index("--batch-size") + 1] == "128" and "--grad-checkpointing" in printed
     with mock.patch.dict("os.environ", {"WORLD_SIZE": "16", "RANK": "0", "LOCAL_RANK": "0"}):
         by_recipe = vars(parse_args(["--recipe", "cc12m-vitb32", "--train-data", "x.tar"]))
@@ -55,12 +55,11 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
         k: v for k, v in by_flags.items() if k not in ("recipe", "recipe_overrides")}
     # The check runs before every launch: it reads the recipes without importing torch (the trainer's parser).
     check_imports = ("import runpy, sys; sys.argv = ['recipes', 'demo', '--check']; "
-                     "runpy.run_module('training.recipes', run_name='__main__'); print(sorted({'torch', "
+                     "runpy.run_module('training.trainer.launch.recipes', run_name='__main__'); print(sorted({'torch', "
                      "'open_clip'} & set(sys.modules)))")
     imported = subprocess.run([sys.executable, "-c", check_imports], capture_output=True, text=True, check=True)
     assert imported.stdout.strip() == "[]"
-    unknown = subprocess.run([sys.executable, "-m", "training.recipes", "cc15m", "--check"], capture_output=True,
-                             text=True)
+    unknown = subprocess.run([*recipes, "cc15m", "--check"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr
 
 

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from helpers.run_utils import assert_same_final_state, losses_by_step
-from training import checkpoint as ckpt
+from training.trainer.engine import checkpoint as ckpt
 from training import main as entry
-from training import safe_write
-from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.checkpoint_files import load_checkpoint
-from training.resume import ResumeError, ResumeRequest, check_resume, translated_position
-from training.data import DataPosition
-from training.distributed import DistributedEnv
-from training.run_dir import RunDir
+from training.trainer.run_folder import safe_write
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.launch.resume import ResumeError, ResumeRequest, check_resume, translated_position
+from training.trainer.data import DataPosition
+from training.trainer.distributed import DistributedEnv
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.params import ConfigError
+from training.trainer.launch.params import ConfigError
 
 STEPS_PER_EPOCH = 8
 

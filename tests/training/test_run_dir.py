@@ -5,12 +5,12 @@ import sys
 import pytest
 
 from open_clip_adacl import get_loss_class
-from training.config import LossConfig
-from training.distributed import DistributedEnv
-from training.flags import ConfigError
+from training.trainer.launch.config import LossConfig
+from training.trainer.distributed import DistributedEnv
+from training.trainer.flags import ConfigError
 from training.main import build_loss
-from training.run_dir import RunDir
-from training.run_folder import LossRecords, RunPaths
+from training.trainer.run_folder.layout import RunDir
+from training.trainer.launch.folder import LossRecords, RunPaths
 
 ClipLoss = get_loss_class("clip")
 
@@ -34,15 +34,15 @@ def test_a_run_without_epoch_checkpoints_names_its_folder_and_log(tmp_path):
     run = _run_folder(tmp_path, epochs=())
     with pytest.raises(FileNotFoundError, match=r"left no epoch_N\.pt checkpoint .*out\.log"):
         run.final_checkpoint()
-    result = subprocess.run([sys.executable, "-m", "training.run_dir", str(run.path), "--final-checkpoint"],
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path),
+                             "--final-checkpoint"], capture_output=True, text=True)
     assert result.returncode == 1 and "left no epoch_N.pt checkpoint" in result.stderr and not result.stdout
 
 
 def test_the_shell_form_prints_the_final_checkpoint(tmp_path):
     run = _run_folder(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "training.run_dir", str(run.path), "--final-checkpoint"],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path),
+                             "--final-checkpoint"], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == str(run.checkpoint_dir / "epoch_10.pt")
 
 

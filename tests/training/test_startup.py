@@ -5,11 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from training.checkpoint_files import load_checkpoint
-from training.run_dir import RunDir
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.model import ModelConfig, build_model
-from training.params import ConfigError
+from training.trainer.engine.model import ModelConfig, build_model
+from training.trainer.launch.params import ConfigError
 
 
 def train_argv(demo_shards, logs, name, *extra):

@@ -24,8 +24,8 @@ import torch
 
 from helpers.distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import create_loss, get_loss_class, list_losses
-from training import params
-from training.checkpoint_files import load_checkpoint
+from training.trainer.launch import params
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.main import main
 
 MICRO_BATCH = 4

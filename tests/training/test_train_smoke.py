@@ -8,16 +8,16 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
-from training.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.checkpoint_files import load_checkpoint
-from training.distributed import DistributedEnv
-from training.logger import MetricsWriter
-from training.run_dir import RunDir
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.distributed import DistributedEnv
+from training.trainer.run_folder.logger import MetricsWriter
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.model import ModelConfig, build_model
-from training.optimizer import OptimizerConfig, build_optimizer
-from training.precision import build_precision
-from training.train import NonFiniteLossError, TrainConfig, Trainer, console_stats_text, train_one_epoch
+from training.trainer.engine.model import ModelConfig, build_model
+from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
+from training.trainer.engine.precision import build_precision
+from training.trainer.engine.loop import NonFiniteLossError, TrainConfig, Trainer, console_stats_text, train_one_epoch
 
 
 def train_argv(demo_shards, logs, name, *extra):
@@ -68,14 +68,14 @@ def test_the_console_line_says_the_directions_once_and_only_the_losss_console_st
 
 def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
-    from training.params import ConfigError
+    from training.trainer.launch.params import ConfigError
 
     with pytest.raises(ConfigError, match="already holds a run; continue it with --resume latest"):
         main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
 
 
 def test_missing_shards_are_a_clear_error_before_training(tmp_path):
-    from training.params import ConfigError
+    from training.trainer.launch.params import ConfigError
 
     with pytest.raises(ConfigError, match="do not exist"):
         main(["--train-data", str(tmp_path / "nowhere-{000..003}.tar"), "--model", "adacl-tiny",
@@ -84,7 +84,7 @@ def test_missing_shards_are_a_clear_error_before_training(tmp_path):
 
 
 def test_a_rejected_loss_option_stops_before_any_file_is_written(demo_shards, tmp_path):
-    from training.params import ConfigError
+    from training.trainer.launch.params import ConfigError
 
     with pytest.raises(ConfigError, match="--loss glofnd: .*data_size"):
         main(train_argv(demo_shards, tmp_path, "no-data-size", "--loss", "glofnd"))
@@ -258,7 +258,7 @@ def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shar
 
 def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_path):
     from training.main import run
-    from training.params import config_from_values, given_values
+    from training.trainer.launch.params import config_from_values, given_values
 
     argv = train_argv(demo_shards, tmp_path, "from-python", "--epochs", "1", "--train-num-samples", "64")
     summary = run(config_from_values(given_values(argv)))

@@ -10,7 +10,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
+from training.trainer.engine.validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
 
 
 class FeatureClip(torch.nn.Module):

@@ -25,7 +25,7 @@ from open_clip_adacl.discovery import clone_pairs
 from open_clip_adacl.distributed import RowGroup, gather_no_grad
 from open_clip_adacl.losses.adacl import MIN_ROWS
 
-from ..distributed import DistributedEnv, all_gather_object, all_reduce_sum
+from ..trainer.distributed import DistributedEnv, all_gather_object, all_reduce_sum
 from .data import LocalBatch, SampleInfo, thumbnail_png
 from .facts import facts_apart
 

@@ -16,15 +16,15 @@ from tqdm import tqdm
 
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
-from ..config import run_flags, source_option_flags
-from ..data import DataConfig, DataError, get_data_source, resolve_dataset_type
-from ..data.registry import AUTO
-from ..flags import config_from_args
-from ..distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
-from ..logger import setup_logging
-from ..tool_flags import add_trainer_flags
-from ..precision import build_precision
-from ..progress import eta_text
+from ..trainer.launch.config import run_flags, source_option_flags
+from ..trainer.data import DataConfig, DataError, get_data_source, resolve_dataset_type
+from ..trainer.data.registry import AUTO
+from ..trainer.flags import config_from_args
+from ..trainer.distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
+from ..trainer.run_folder.logger import setup_logging
+from ..trainer.launch.tool_flags import add_trainer_flags
+from ..trainer.engine.precision import build_precision
+from ..trainer.progress import eta_text
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import discovery_loader
@@ -33,7 +33,7 @@ from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
 DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
-# The trainer's flags the discovery takes (training.tool_flags.add_trainer_flags), with this tool's defaults.
+# The trainer's flags the discovery takes (training.trainer.launch.tool_flags.add_trainer_flags), with this tool's defaults.
 MODEL_DEFAULTS = {"model": None, "pretrained": None, "precision": "fp32", "device": "cuda"}
 MODEL_NOTES = {"model": "Here also local-dir:EXPORT (python -m training.export) or hf-hub:ORG/NAME.",
                "precision": "Here it is the encoding precision."}

@@ -1,11 +1,11 @@
-"""The data as discovery reads it: the data source's ordered pass (training.data.ordered), checked as training
+"""The data as discovery reads it: the data source's ordered pass (training.trainer.data.ordered), checked as training
 checks it, in global batches.
 
 The dataset's samples, in the source's order (shards in the order given, samples in shard order; csv
 rows in file order), are cut into global batches of `batch_size x world_size` consecutive samples, and
 rank r takes slots [r b, (r + 1) b) of each. So a global batch holds the same samples whatever the
 number of ranks, and a batch is identified by its number alone (`--continue` skips whole batches without
-decoding them). A sample that fails the trainer's checks (`training.data.SKIP_REASONS`: missing or empty
+decoding them). A sample that fails the trainer's checks (`training.trainer.data.SKIP_REASONS`: missing or empty
 caption, undecodable image, bad json, ...) is skipped and counted, leaving its batch one row short;
 failures of a whole file (unreadable or truncated tar, duplicate key) are counted once, by rank 0.
 Every reader of every rank reads the whole pass, and decodes only its own slices: reading and checking
@@ -26,9 +26,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..data import DataConfig, SkipCounter
-from ..data.ordered import OrderedPass, PassItem, PassSample
-from ..data.samples import decode_image
+from ..trainer.data import DataConfig, SkipCounter
+from ..trainer.data.ordered import OrderedPass, PassItem, PassSample
+from ..trainer.data.samples import decode_image
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from open_clip.factory import load_state_dict
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 
 from ..export import CONFIG_NAME, WEIGHTS_NAME, export
-from ..model import check_pretrained
+from ..trainer.engine.model import check_pretrained
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"

@@ -37,7 +37,7 @@ import torch
 
 from open_clip_adacl import adacl
 
-from ..data import SKIP_REASONS
+from ..trainer.data import SKIP_REASONS
 from .batch import DIRECTIONS, HISTOGRAM_BINS
 from .facts import differing_positions
 from .store import PAIRS_FILE, read_jsonl, thumbnail_name, write_atomically

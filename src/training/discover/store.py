@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from ..checkpoint_files import atomic_file
-from ..data import SKIP_REASONS
-from ..data.samples import stable_hash
+from ..trainer.run_folder.checkpoint_files import atomic_file
+from ..trainer.data import SKIP_REASONS
+from ..trainer.data.samples import stable_hash
 from .batch import BatchResult
 
 RUN_FILE = "run.json"

@@ -1,4 +1,4 @@
-"""Evaluation of trained models after training (in-training validation is `training.validation`).
+"""Evaluation of trained models after training (in-training validation is `training.trainer.engine.validation`).
 
 - `zero_shot`: zero-shot classification and retrieval with the stock clip-benchmark CLI, plus
   clone selection on the demo data, in one table; `python -m training.evaluation` (`adacl-evaluate`);

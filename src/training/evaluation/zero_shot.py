@@ -42,7 +42,7 @@ from clip_benchmark.metrics import image_caption_selection, zeroshot_classificat
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
 from training.export import CONFIG_NAME, export, markdown_table
-from training.tool_flags import OneLineErrorParser, add_trainer_flags
+from training.trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
 

@@ -34,7 +34,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from training.data.shard_writer import encode_png, json_bytes, write_shards
+from training.trainer.data.shard_writer import encode_png, json_bytes, write_shards
 
 from .catalogue import ATTRIBUTE_KINDS, FACES, Glyph, SiblingIndex, all_glyphs, font_dir
 from .rendering import render_glyph

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from open_clip_adacl import get_loss_class, list_losses
-from training.tool_flags import add_trainer_flags
+from training.trainer.launch.tool_flags import add_trainer_flags
 
 from .data import FULL, QUICK, Budget, ComparisonData
 from .jobs import FAILED, MODEL, OK, Benchmarks, RunJob, finish_job, log_file, run_job, write_json_atomic
@@ -79,7 +79,7 @@ from .runner import OwnData, emit_comparison, rebuild_report, run_comparison
 from .variants import LossVariant, parse_loss_variants, parse_seeds
 
 DEFAULT_LOSSES = "clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne"
-# The trainer's flags this tool takes (training.tool_flags.add_trainer_flags): its own data, and the budget's overrides.
+# The trainer's flags this tool takes (training.trainer.launch.tool_flags.add_trainer_flags): its own data, and the budget's overrides.
 OWN_DATA_FLAGS = ("train_data", "train_num_samples", "val_data", "dataset_type", "caption_key", "data_size")
 BUDGET_FLAGS = ("epochs", "batch_size", "lr", "workers", "device", "warmup")
 DEFAULT_SEEDS = "0,1,2"

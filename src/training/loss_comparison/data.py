@@ -59,10 +59,10 @@ RECIPE_FIELDS = ("batch_size", "epochs", "lr", "warmup", "wd", "workers", "devic
 
 
 def recipe_parts(name: str) -> Tuple[Dict[str, Any], List[str]]:
-    """Recipe `name`'s flags (training.recipe_book) as (the Budget fields it sets, the other flags as argv); its
+    """Recipe `name`'s flags (training.trainer.launch.recipes) as (the Budget fields it sets, the other flags as argv); its
     --model is left to the comparison's own."""
-    from training.params import argv_from_values
-    from training.recipe_book import recipe_values
+    from training.trainer.launch.params import argv_from_values
+    from training.trainer.launch.recipes import recipe_values
 
     values = recipe_values(name, world_size=1)
     values.pop("model", None)

@@ -2,7 +2,7 @@
 
 A job trains with `training.main.run(config)` (adacl-tiny unless --model; the same steps, batch, lr
 schedule and workers for every job but for the loss flags and seed; the job holds the trainer's flag
-values by destination, `training.params.config_from_values`), then evaluates its final
+values by destination, `training.trainer.launch.params.config_from_values`), then evaluates its final
 checkpoint (`finish_job`): validation retrieval R@1/R@5 both ways (the trainer's results.jsonl),
 clip-benchmark zero-shot classification and retrieval (`training.evaluation.zero_shot.evaluate_dataset`, the
 in-process path) on the demo's `wds/` sets or the user's own (`Benchmarks`), clone-negative
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from training.provenance import checkpoint_identity, code_version, dirty_files
-from training.run_dir import RunDir
+from training.trainer.run_folder.provenance import checkpoint_identity, code_version, dirty_files
+from training.trainer.run_folder.layout import RunDir
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .variants import LossVariant
@@ -59,7 +59,7 @@ class RunJob:
     options: Dict[str, str]
     seed: int
     name: str
-    train_values: Dict[str, Any]  # the trainer's flags by destination (training.params.args_from_values)
+    train_values: Dict[str, Any]  # the trainer's flags by destination (training.trainer.launch.params.args_from_values)
     logs_dir: str        # the trainer's --logs; the run lives in <logs_dir>/<name>
     data_root: Optional[str]  # the demo data (its benchmark/ sets and clone_selection/); None: `benchmark_*`
     batch_size: int      # per rank
@@ -77,13 +77,13 @@ class RunJob:
     @property
     def train_argv(self) -> List[str]:
         """The trainer's command line for this run (an emitted job's torchrun, the record)."""
-        from training.params import argv_from_values
+        from training.trainer.launch.params import argv_from_values
 
         return argv_from_values(self.train_values)
 
     def train_args(self) -> argparse.Namespace:
         """Every flag the run trains with (the trainer's defaults where `train_values` sets none)."""
-        from training.params import args_from_values
+        from training.trainer.launch.params import args_from_values
 
         return args_from_values(self.train_values)
 
@@ -95,7 +95,7 @@ def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, dat
     Validation runs after the last epoch only, and only the final checkpoint is saved. With
     `pretrained`, the run fine-tunes that checkpoint. `budget.train_args` (free-form trainer flags) last.
     """
-    from training.params import given_values
+    from training.trainer.launch.params import given_values
 
     values: Dict[str, Any] = {
         "train_data": data.train_data, "val_data": data.val_data, "train_num_samples": data.num_train,
@@ -162,8 +162,8 @@ def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Bud
 def run_job(job: RunJob) -> Dict[str, Any]:
     """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
     from training.main import run
-    from training.params import config_from_values
-    from training.train import NonFiniteLossError
+    from training.trainer.launch.params import config_from_values
+    from training.trainer.engine.loop import NonFiniteLossError
 
     start = time.time()
     status, error = OK, None
@@ -288,9 +288,9 @@ def evaluate_run(checkpoint: Path, job: RunJob, trained: argparse.Namespace) -> 
 
     from training.evaluation.clone_detection import evaluate_clone_detection
     from training.evaluation.clone_selection import evaluate_clone_selection
-    from training.evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root, evaluate_dataset,
-                                      export_checkpoint, infer_task, load_model, result_path, worker_count,
-                                      write_result)
+    from training.evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root,
+                                               evaluate_dataset, export_checkpoint, infer_task, load_model, result_path,
+                                               worker_count, write_result)
 
     device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from training.provenance import code_version
+from training.trainer.run_folder.provenance import code_version
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .findings import (check_endpoint, findings, flagged_runs, markdown_table, paired_section, primary_section,

@@ -12,13 +12,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cluster import ARRAY_SCRIPT, JOBS_LIST, emit_jobs
 from .data import Budget, ComparisonData, prepare_data
-from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, launch_job, plan_jobs, pretrain_job,
-                   record_file, run_name, write_json_atomic)
+from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, launch_job, plan_jobs, pretrain_job, record_file,
+                   run_name, write_json_atomic)
 from .preregistration import Preregistration
 from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
 from .stats import assess_run
 from .variants import LossVariant, parse_loss_variant
-from ..progress import eta_text
+from ..trainer.progress import eta_text
 
 COMPARISON_FILE = "comparison.json"  # in --output-dir: the variants and report context, for --report-only
 LEGACY_COMPARISON_FILE = "benchmark.json"  # the same, in output dirs written as `python -m training.benchmark`
@@ -66,8 +66,8 @@ def run_line(record: Mapping[str, Any]) -> str:
 def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str, float]]:
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
-    from training.data import DataConfig
-    from training.params import given_values
+    from training.trainer.data import DataConfig
+    from training.trainer.launch.params import given_values
     from training.synthetic_scenes.families import measure_siblings
 
     group_size = given_values(budget.train_args).get("train_group_size", 1)

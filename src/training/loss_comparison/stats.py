@@ -266,7 +266,7 @@ def paired_difference(records: Sequence[Mapping[str, Any]], label: str, referenc
 
 def paired_codes(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
     """(seed, code of `label`'s run, code of `reference`'s run) of every pair where both runs are ok: what each
-    pair ran (`training.provenance.code_version`; `unknown` for records written before runs kept it)."""
+    pair ran (`training.trainer.run_folder.provenance.code_version`; `unknown` for records written before runs kept it)."""
     def by_seed(name: str) -> Dict[int, str]:
         return {r["seed"]: r.get("code") or "unknown" for r in records if r["label"] == name and r["verdict"] == OK}
 

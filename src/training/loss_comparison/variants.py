@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from open_clip_adacl import LossOption, get_loss_class
-from training.params import loss_option_dest
+from training.trainer.launch.params import loss_option_dest
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class LossVariant:
         return re.sub(r"[^A-Za-z0-9.]+", "-", self.label).strip("-")
 
     def values(self, data_size: int) -> Dict[str, Any]:
-        """Trainer flag values by destination (`training.params.args_from_values`): the loss, one per option
+        """Trainer flag values by destination (`training.trainer.launch.params.args_from_values`): the loss, one per option
         (typed as its flag reads it), and the data size if the loss needs sample indices."""
         cls = get_loss_class(self.loss)
         specs = _specs(self.loss)

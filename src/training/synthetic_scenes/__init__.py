@@ -8,7 +8,7 @@
 - `writers`: `write_demo_dataset` (training shards in families, clip-benchmark `wds/` sets, the
   clone-selection set; the layout is in its docstring);
 - `families`: how many of a training batch's negatives are siblings, measured on the trainer's
-  real batch stream (`training.data`);
+  real batch stream (`training.trainer.data`);
 - `cli`: `python -m training.synthetic_scenes --output DIR` writes the demo data.
 
 The names below are the public API. Depends on the trainer (`families` reads its loader) and

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 import torch
 from open_clip_train.data import expand_urls
 
-from training.data import DataConfig, SkipCounter, build_train_data, read_shard, sample_index_of
+from training.trainer.data import DataConfig, SkipCounter, build_train_data, read_shard, sample_index_of
 
 
 @dataclass(frozen=True)

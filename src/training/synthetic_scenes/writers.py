@@ -44,10 +44,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from training.data.shard_writer import encode_png, json_bytes, write_shards
+from training.trainer.data.shard_writer import encode_png, json_bytes, write_shards
 
-from .captions import (CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases,
-                       pseudo_caption)
+from .captions import CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases, pseudo_caption
 from .edits import EDIT_TYPES, edit_caption, family_edit, sample_family
 from .rendering import render
 from .scenes import (COLORS, RELATIONS, SHAPES, Description, ObjectSpec, Scene, SceneConfig, description_allowed,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from open_clip_adacl import adacl, create_loss
 from open_clip_adacl.losses.adacl import AdaCLLoss
-from training.params import ConfigError, parse_args
+from training.trainer.launch.params import ConfigError, parse_args
 from helpers.selection_cases import algorithm_1_anchor_row
 
 SCALE = 14.3

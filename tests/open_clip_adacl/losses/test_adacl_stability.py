@@ -6,7 +6,7 @@ import math
 import statistics
 
 from open_clip_adacl import get_loss_class
-from training.run_dir import RunDir
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 
 BATCH = 64

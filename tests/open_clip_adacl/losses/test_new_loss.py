@@ -10,10 +10,10 @@ import torch
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
 from training.loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
-from training.checkpoint_files import load_checkpoint
-from training.run_dir import RunDir
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.params import ConfigError, build_parser
+from training.trainer.launch.params import ConfigError, build_parser
 from helpers.registries import scratch_entries
 
 NAME = "tempered"

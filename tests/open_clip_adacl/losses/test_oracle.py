@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from open_clip_adacl import create_loss
-from training.data import DataConfig
-from training.run_dir import RunDir
+from training.trainer.data import DataConfig
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.synthetic_scenes.families import measure_siblings
 from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads

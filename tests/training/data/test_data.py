@@ -11,7 +11,7 @@ import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from helpers.data_utils import assert_same_batches, byte_tokenizer, config, decode_texts, indices
 
 

@@ -14,14 +14,14 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from training.data import DataSource, register_data_source, registry, resolve_dataset_type
-from training.data.ordered import OrderedPass, PassSample
+from training.trainer.data import DataSource, register_data_source, registry, resolve_dataset_type
+from training.trainer.data.ordered import OrderedPass, PassSample
 from training.discover import main as discover
-from training.flags import HelpGroup, NoOptions, flag
-from training.data.loader import indexed_data
-from training.run_dir import RunDir
+from training.trainer.flags import HelpGroup, NoOptions, flag
+from training.trainer.data.loader import indexed_data
+from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.params import build_parser
+from training.trainer.launch.params import build_parser
 from helpers.registries import scratch_entries
 
 NAME = "pairs"

@@ -9,7 +9,7 @@ from open_clip_train.params import parse_args as openclip_parse_args
 from packaging.version import Version
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.data import DataConfig, build_train_data, build_val_data
+from training.trainer.data import DataConfig, build_train_data, build_val_data
 
 
 def test_installed_webdataset_is_one_open_clip_train_accepts():

@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 from torchvision.transforms.functional import to_tensor
 
-from training.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from helpers.data_utils import byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar
 from helpers.run_utils import processes_running
-from training.data.shards import check_sample_fields
+from training.trainer.data.shards import check_sample_fields
 
 
 def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
@@ -95,7 +95,7 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
 def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
     """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
     shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
-    from training.run_dir import RunDir
+    from training.trainer.run_folder.layout import RunDir
     from training.main import main
 
     shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]

@@ -17,10 +17,10 @@ import torch
 from helpers.data_utils import good, png, write_tar
 from helpers.distributed_utils import run_on_ranks
 from training.synthetic_scenes.writers import write_demo_dataset
-from training.data import DataError
+from training.trainer.data import DataError
 from training.discover import main
 from training.discover.cli import _Progress, planned_samples
-from training.distributed import DistributedEnv
+from training.trainer.distributed import DistributedEnv
 from training.discover.store import BATCHES_FILE, PAIRS_FILE
 from training.main import main as train_main
 from helpers import REPO

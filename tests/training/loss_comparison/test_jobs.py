@@ -6,11 +6,11 @@ from dataclasses import replace
 import pytest
 
 from training.loss_comparison.data import QUICK
-from training.loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job, final_checkpoint,
-                                  train_values, worker_environment)
+from training.loss_comparison.jobs import (RunJob, launch_job, mechanism_metrics, plan_jobs, pretrain_job,
+                                           final_checkpoint, train_values, worker_environment)
 from training.loss_comparison.stats import assess_run
 from training.loss_comparison.variants import parse_loss_variant
-from training import params
+from training.trainer.launch import params
 from helpers.comparison_records import fake_data
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from training.loss_comparison.variants import parse_loss_variant, parse_loss_variants, parse_seeds
-from training.params import args_from_values, argv_from_values
+from training.trainer.launch.params import args_from_values, argv_from_values
 
 
 def test_specs_map_to_the_trainers_flags_and_parse_back():

@@ -4,7 +4,7 @@ import runpy
 import pytest
 import torch
 
-from training.data import DataConfig
+from training.trainer.data import DataConfig
 from training.synthetic_scenes.families import count_siblings, measure_siblings, read_families
 from helpers import REPO
 

@@ -1,0 +1,26 @@
+"""The training and validation data: webdataset shards, OpenCLIP's csv files, synthetic data, or any
+registered data source, read into OpenCLIP-style batches `(images, texts, sample_index, skip_counts)`, plus
+each sample's family id when `DataConfig.family_field` asks for it.
+
+`build_train_data` / `build_val_data` build the loaders; `DataConfig` is what they take. A data
+source is one module: a `DataSource` registered with `@register_data_source("name")` (the built-in
+ones are in `sources/`); `DataPosition` is the checkpointed position in the data. docs/data.md
+describes the batches, the sample ids, the seeding behind exact mid-epoch resume, and what is skipped
+and counted instead of stopping the run.
+"""
+from . import sources  # noqa: F401 - registers the built-in data sources
+from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason
+from .loader import LoaderInfo, build_train_data, build_val_data, check_data_fields
+from .position import DataPosition
+from .registry import (DataSource, dataset_type_help, get_data_source, register_data_source, registered_dataset_types,
+                       resolve_dataset_type)
+from .samples import FAMILY_FIELD, NO_FAMILY, SkipCounter
+from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
+from .sources.csv_file import CsvRow, CsvStream, read_csv_rows
+from .stream import ShardStream
+
+__all__ = ["FAMILY_FIELD", "IMAGE_EXTENSIONS", "NO_FAMILY", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig",
+           "DataError", "DataPosition", "DataSource", "LoaderInfo", "ShardStream", "SkipCounter", "build_train_data",
+           "build_val_data", "check_data_fields", "data_error_reason", "dataset_type_help", "get_data_source",
+           "read_csv_rows", "read_shard",
+           "register_data_source", "registered_dataset_types", "resolve_dataset_type", "sample_index_of"]

@@ -1,0 +1,408 @@
+"""The training loop: one epoch of steps, each a forward/backward over the global batch and an update.
+
+Semantics follow `open_clip_train.train.train_one_epoch` (gradient accumulation, gradient clipping,
+logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differences:
+- the loss's `stats` are logged, never summed into the loss;
+- the loss's state (queues, running statistics, per-sample banks) moves once per optimizer step:
+  the trainer calls `loss_fn.commit()` after each update, however many micro-batches it had;
+- a step whose loss is NaN/inf on any rank is skipped (no update, loss state unchanged) and
+  counted; after `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
+- samples the data pipeline skipped (corrupt image, empty caption, ...) are counted per reason,
+  summed over ranks at the end of the epoch and reported in its summary;
+- mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume;
+- the LR schedule is placed by the global samples trained (`TrainState.schedule_position`);
+- a preemption signal (`training.trainer.preemption`) is agreed on by all ranks inside the step's all-reduce,
+  and the epoch stops after that step (`EpochResult.preempted`), for the caller to save and exit.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Sequence
+
+import torch
+from open_clip_adacl.losses.base import Loss
+from torch.nn.parallel import DistributedDataParallel
+
+from .checkpoint import Checkpointer, TrainState
+from ..data.shards import SHARD_SKIP_REASONS
+from ..distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
+from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
+from ..run_folder.logger import MetricsWriter
+from .precision import Precision
+from ..preemption import PreemptionFlag
+
+MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps had a NaN/inf loss: the run diverged."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
+
+    accum_freq: int = flag(1, "Update the model every --accum-freq steps.", resume=SAMPLE_ORDER)
+    grad_clip_norm: Optional[float] = flag(None, "Gradient clip.")
+    log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.",
+                                  group=HelpGroup.LOGS)
+    max_nonfinite_steps: int = flag(10, "Skip steps whose loss is NaN/inf; stop after this many in a row.")
+    skip_scheduler: bool = flag(False, "Use this flag to skip the learning rate decay.")
+
+    def check(self) -> None:
+        if self.accum_freq < 1:
+            raise ConfigError(f"--accum-freq must be >= 1, got {self.accum_freq}")
+        if self.log_every_n_steps < 1:
+            raise ConfigError(f"--log-every-n-steps must be >= 1, got {self.log_every_n_steps}")
+        if self.max_nonfinite_steps < 1:
+            raise ConfigError(f"--max-nonfinite-steps must be >= 1, got {self.max_nonfinite_steps}")
+        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+            raise ConfigError(f"--grad-clip-norm must be > 0, got {self.grad_clip_norm}")
+
+
+@dataclass
+class MicroBatch:
+    images: torch.Tensor
+    texts: torch.Tensor
+    sample_index: torch.Tensor
+    family: Optional[torch.Tensor] = None  # each sample's family id, when the data carries them (a loss needs_family)
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor                # detached loss of the global batch
+    stats: Dict[str, torch.Tensor]    # the loss's diagnostics (detached)
+    logit_scale: torch.Tensor         # detached, exponentiated
+    finite: bool                      # this rank's loss was finite
+
+
+def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
+    images, texts, sample_index = batch[0], batch[1], batch[2]
+    family = batch[4] if len(batch) > 4 else None  # after skip_counts, when the data was asked for families
+    return MicroBatch(
+        images=images.to(device=device, dtype=input_dtype, non_blocking=True),
+        texts=texts.to(device=device, non_blocking=True),
+        sample_index=sample_index.to(device=device, non_blocking=True),
+        family=None if family is None else family.to(device=device, non_blocking=True),
+    )
+
+
+def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor],
+             sample_index: torch.Tensor, family: Optional[torch.Tensor]) -> torch.Tensor:
+    inputs = {"family": family} if loss_fn.needs_family else {}
+    return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
+                   sample_index=sample_index, **inputs)
+
+
+def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[MicroBatch],
+                     precision: Precision) -> StepOutput:
+    """Accumulate into `.grad` the gradient of the loss over the batch formed by `micro_batches`.
+
+    With one micro-batch this is a plain forward/backward. With several (--accum-freq), OpenCLIP's
+    scheme: features of every micro-batch are first computed without gradients; then each
+    micro-batch is re-encoded with gradients and the loss is taken over all features, its own
+    swapped in, so the summed gradients equal those of one large batch while only one micro-batch's
+    activations are alive at a time. (As in OpenCLIP, the loss runs once per micro-batch; each run
+    stages the same state update, which the caller commits once.)
+    """
+    if len(micro_batches) == 1:
+        batch = micro_batches[0]
+        with precision.autocast():
+            model_out = model(batch.images, batch.texts)
+            loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out,
+                            batch.sample_index, batch.family)
+        _backward(loss, precision.scaler)
+        finite = bool(torch.isfinite(loss))
+    else:
+        with torch.no_grad(), precision.autocast():
+            cached = [model(batch.images, batch.texts) for batch in micro_batches]
+        sample_index = torch.cat([batch.sample_index for batch in micro_batches])
+        family = None if micro_batches[0].family is None else torch.cat([batch.family for batch in micro_batches])
+        finite = True
+        for j, batch in enumerate(micro_batches):
+            # Gradients are all-reduced once, on the last micro-batch.
+            is_last = j == len(micro_batches) - 1
+            sync = nullcontext() if is_last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+            with sync:
+                with precision.autocast():
+                    model_out = model(batch.images, batch.texts)
+                    image_features = torch.cat([c["image_features"] for c in cached[:j]] + [model_out["image_features"]]
+                                               + [c["image_features"] for c in cached[j + 1:]])
+                    text_features = torch.cat([c["text_features"] for c in cached[:j]] + [model_out["text_features"]]
+                                              + [c["text_features"] for c in cached[j + 1:]])
+                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family)
+                _backward(loss, precision.scaler)
+            finite = finite and bool(torch.isfinite(loss))
+    stats = {name: value.detach() for name, value in loss_fn.stats.items()}
+    return StepOutput(loss=loss.detach(), stats=stats, logit_scale=model_out["logit_scale"].detach(), finite=finite)
+
+
+def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+                 grad_clip_norm: Optional[float]) -> None:
+    """Clip, step the optimizer (through the scaler for fp16 amp) and clamp logit_scale."""
+    scaler = precision.scaler
+    if grad_clip_norm is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm, norm_type=2.0)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        unwrap_model(model).logit_scale.clamp_(0, MAX_LOGIT_SCALE)
+
+
+def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, precision: str, limit: int,
+                        loss: torch.Tensor, last_checkpoint: Optional[str]) -> None:
+    """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row, naming
+    `last_checkpoint`, the last one written at a finite step (none is written during the streak). Called before
+    `state.step` counts this step: its number is the next one, as metrics.jsonl numbers it."""
+    optimizer.zero_grad(set_to_none=True)
+    state.num_nonfinite_steps += 1
+    state.consecutive_nonfinite_steps += 1
+    step = state.step + 1
+    logging.warning(f"Step {step}: non-finite loss ({loss.item()}); step skipped "
+                    f"({state.consecutive_nonfinite_steps} in a row)")
+    if state.consecutive_nonfinite_steps >= limit:
+        message = nonfinite_message(state, step, optimizer.param_groups[0]["lr"], precision, limit, last_checkpoint)
+        logging.error(message)
+        raise NonFiniteLossError(message)
+
+
+def nonfinite_message(state: TrainState, step: int, lr: float, precision: str, limit: int,
+                      last_checkpoint: Optional[str]) -> str:
+    """The stop line of a diverged run: `limit` non-finite steps in a row, the last numbered `step` (as in
+    metrics.jsonl), and the checkpoint to resume, the last one written at a finite step."""
+    resume = (f"resume from the last checkpoint written at a finite step, {last_checkpoint}, with --resume "
+              f"{last_checkpoint} after changing them" if last_checkpoint else
+              "no checkpoint was written at a finite step: start again after changing them")
+    return (
+        f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {step} "
+        f"(epoch {state.position.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
+        f"too high for this batch size and warmup (lower --lr or raise --warmup; --grad-clip-norm helps), "
+        f"or reduced precision overflowing (fp16/amp: use --precision amp_bf16 or fp32); {resume}."
+    )
+
+
+@dataclass
+class EpochResult:
+    loss: float                 # mean loss over the epoch's finite steps (rank 0's)
+    num_steps: int
+    num_nonfinite_steps: int
+    skipped: Dict[str, int]     # shards and samples the data pipeline skipped, per reason, summed over ranks
+    seconds: float
+    preempted: bool = False     # stopped after a step, inside the epoch, for a preemption signal
+
+
+@dataclass
+class Trainer:
+    """One rank's training components, built once by `training.main.run`; `train_one_epoch` drives them."""
+
+    model: torch.nn.Module
+    loss_fn: Loss
+    optimizer: torch.optim.Optimizer
+    scheduler: Optional[Callable[[int], float]]
+    precision: Precision
+    state: TrainState
+    cfg: TrainConfig
+    env: DistributedEnv
+    metrics: MetricsWriter
+    skip_reasons: Sequence[str]                  # the data pipeline's skip counters, in its order
+    checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
+    preemption: Optional[PreemptionFlag] = None
+    # After each step: the loss's own records into the run folder (`launch.folder.LossRecords.update`).
+    keep_loss_records: Optional[Callable[[], None]] = None
+
+
+class EpochData(Protocol):
+    """One epoch's batches (the trainer's `LoaderInfo`, or any iterable with its length)."""
+
+    dataloader: Iterable
+    num_batches: int
+
+
+def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
+    """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
+
+    `data.dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch,
+    has already been told to skip the `state.position.batches_in_epoch` batches consumed before the
+    interruption. `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
+    restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
+
+    When `preemption` was signalled on any rank, the epoch ends after the current step (unless it is
+    the epoch's last, which ends the epoch anyway) with `preempted` set and no epoch summary.
+    """
+    model, loss_fn, optimizer, precision = trainer.model, trainer.loss_fn, trainer.optimizer, trainer.precision
+    state, cfg, env, metrics = trainer.state, trainer.cfg, trainer.env, trainer.metrics
+    scheduler, checkpointer, preemption = trainer.scheduler, trainer.checkpointer, trainer.preemption
+    skip_reasons, dataloader, num_batches = trainer.skip_reasons, data.dataloader, data.num_batches
+    model.train()
+    position, sums = state.position, state.epoch_sums
+    loss_fn.on_epoch_start(position.epoch)
+    state.start_epoch(len(skip_reasons))
+    steps_per_epoch = num_batches // cfg.accum_freq
+    step_in_epoch = position.batches_in_epoch // cfg.accum_freq
+    num_nonfinite_at_start = state.num_nonfinite_steps
+    epoch_start = end = time.time()
+
+    batches = iter(dataloader)
+    # Restored here, after the loader's iterator drew its seed, so the next batch and step see
+    # exactly the random numbers they saw before the interruption.
+    state.rng.restore_pending()
+
+    micro_batches: List[MicroBatch] = []
+    for batch in batches:
+        if step_in_epoch >= steps_per_epoch:
+            break
+        sums.skip_counts += batch[3].cpu()
+        micro_batches.append(to_device(batch, env.device, precision.input_dtype))
+        position.batches_in_epoch += 1
+        if len(micro_batches) < cfg.accum_freq:
+            continue
+        data_time = time.time() - end
+        global_samples = sum(len(b.images) for b in micro_batches) * env.world_size
+        if not state.samples_per_schedule_step:
+            state.samples_per_schedule_step = global_samples
+
+        if scheduler is not None and not cfg.skip_scheduler:
+            scheduler(state.schedule_position)
+        optimizer.zero_grad(set_to_none=True)
+        out = forward_backward(model, loss_fn, micro_batches, precision)
+        micro_batches = []
+
+        # Every rank takes the same decisions, or DDP replicas would drift apart; the preemption flag
+        # rides on the all-reduce the non-finite check needs anyway.
+        nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], env)
+        if nonfinite:
+            last_good = checkpointer.last_good if checkpointer is not None else None
+            skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
+                                str(last_good) if last_good else None)
+        else:
+            apply_update(model, optimizer, precision, cfg.grad_clip_norm)
+            loss_fn.commit()
+            state.consecutive_nonfinite_steps = 0
+            sums.loss_sum += out.loss.item()
+            sums.num_loss_steps += 1
+        state.step += 1
+        state.samples_seen += global_samples
+        step_in_epoch += 1
+        if trainer.keep_loss_records is not None:
+            trainer.keep_loss_records()
+
+        batch_time = time.time() - end
+        end = time.time()
+        if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
+            _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
+                      global_samples, batch_time, data_time, env,
+                      console_stats=loss_fn.console_stats)
+        # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
+        # of the next epoch rather than as the end of this one; so is a preemption at that step.
+        if step_in_epoch == steps_per_epoch:
+            continue
+        if preempted:
+            return EpochResult(loss=sums.mean_loss, num_steps=step_in_epoch,
+                               num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
+                               seconds=time.time() - epoch_start, preempted=True)
+        # Not during a non-finite streak: those weights led into it, and --resume latest would resume them.
+        if checkpointer is not None and state.consecutive_nonfinite_steps == 0:
+            checkpointer.maybe_save_step()
+
+    skipped = all_reduce_sum(sums.skip_counts.to(env.device), env).cpu().tolist()
+    result = EpochResult(
+        loss=sums.mean_loss,
+        num_steps=step_in_epoch,
+        num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
+        skipped=dict(zip(skip_reasons, skipped)),
+        seconds=time.time() - epoch_start,
+    )
+    _log_epoch(metrics, state, result, env)
+    return result
+
+
+def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
+              steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
+              env: DistributedEnv, console_stats: Optional[Sequence[str]] = None) -> None:
+    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
+    console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
+    that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
+    dashboard draws a gap there rather than a made-up 0 or 1."""
+    lr = optimizer.param_groups[0]["lr"]
+    all_stats = {name: value.item() for name, value in out.stats.items()}
+    stats = {name: value for name, value in all_stats.items() if not math.isnan(value)}
+    values: Dict[str, Any] = {
+        "loss": out.loss.item(),
+        "lr": lr,
+        "logit_scale": out.logit_scale.item(),
+        "samples_per_second": global_samples / batch_time,
+        "samples_per_second_per_gpu": global_samples / batch_time / env.world_size,
+        "batch_time": batch_time,
+        "data_time": data_time,
+        "num_nonfinite_steps": state.num_nonfinite_steps,
+        **{f"stats/{name}": value for name, value in stats.items()},
+    }
+    percent = 100.0 * step_in_epoch / steps_per_epoch
+    stats_text = console_stats_text(all_stats, console_stats)
+    logging.info(
+        f"Train Epoch: {state.position.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
+        f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
+        f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
+        f"Loss: {values['loss']:#.5g}" + (f" | {stats_text}" if stats_text else "")
+    )
+    metrics.write("train", step=state.step, epoch=state.position.epoch, values=values)
+
+
+def console_stats_text(stats: Dict[str, float], names: Optional[Sequence[str]]) -> str:
+    """The console's short form of the loss's stats `names` (all when None), with the directions said once when
+    every stat has the same ones: "i2t/t2i m2: 0.0312/0.0287 anchor: 0.41/0.39"; else "i2t/m2: 0.0312 ...".
+    A stat with no value at this step (NaN) shows as "-"."""
+    grouped: Dict[str, Dict[str, float]] = {}
+    for key, value in stats.items():
+        direction, _, name = key.rpartition("/")
+        if names is None or name in names:
+            grouped.setdefault(name, {})[direction] = value
+    directions = {tuple(by_direction) for by_direction in grouped.values()}
+    if len(directions) != 1 or "" in next(iter(directions), ("",)):
+        return " ".join(f"{key}: {_short(value)}" for key, value in stats.items()
+                        if names is None or key.rpartition("/")[2] in names)
+    [shared] = directions
+    return " ".join(["/".join(shared)] + [f"{name}: " + "/".join(_short(value) for value in by_direction.values())
+                                          for name, by_direction in grouped.items()])
+
+
+def _short(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}"
+
+
+def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, env: DistributedEnv) -> None:
+    if not env.is_master:
+        return
+    shards = {reason: count for reason, count in result.skipped.items() if reason in SHARD_SKIP_REASONS}
+    samples = {reason: count for reason, count in result.skipped.items() if reason not in SHARD_SKIP_REASONS}
+
+    def listed(counts: Dict[str, int]) -> str:
+        return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
+
+    logging.info(
+        f"Epoch {state.position.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
+        f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {listed(shards)}, "
+        f"skipped samples: {listed(samples)}, {result.seconds:.1f} s"
+    )
+    metrics.write("epoch", step=state.step, epoch=state.position.epoch, values={
+        "loss": result.loss,
+        "num_steps": result.num_steps,
+        "num_nonfinite_steps": result.num_nonfinite_steps,
+        "seconds": result.seconds,
+        "skipped_shard_visits": sum(shards.values()),
+        "skipped_samples": sum(samples.values()),
+        **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
+    })

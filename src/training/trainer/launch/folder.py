@@ -1,0 +1,230 @@
+"""A run's folder, `<logs>/<name>/`, as a launch sets it up: its paths and name, refusing to start a new run
+over an earlier one, the lock that keeps two launches of one run apart, room for a checkpoint, setting an
+earlier launch's records aside, params.txt and the loss's own records (its names: `training.trainer.run_folder.layout`)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import open_clip
+import torch
+
+from open_clip_adacl import Loss
+
+from ..engine.checkpoint import TrainState
+from ..run_folder.checkpoint_files import atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
+from .config import RESUME_LATEST, RunConfig
+from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
+from ..flags import ConfigError
+from ..run_folder.layout import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
+from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
+from ..run_folder.records import checkpoint_files, set_aside_earlier_records
+from ..run_folder.safe_write import RunFiles, cause_of
+
+
+@dataclass
+class RunPaths:
+    name: str
+    run_dir: Optional[str]          # None with --logs none
+    checkpoint_dir: Optional[str]
+    log_file: Optional[str]         # None on ranks that do not write a log file
+
+
+def start_over(paths: RunPaths, env: DistributedEnv) -> None:
+    """A launch from scratch in a folder an earlier launch wrote: its records go aside (rank 0)."""
+    if env.is_master and paths.run_dir is not None:
+        set_aside_earlier_records(Path(paths.run_dir), Path(paths.checkpoint_dir))
+    barrier(env)
+
+
+def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
+    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it or the
+    folder takes no lock file (read-only, a full disk)."""
+    problem = None
+    if env.is_master and paths.run_dir is not None:
+        try:
+            lock.acquire(paths.run_dir)
+        except RunInUse as error:
+            problem = str(error)
+        except OSError as error:
+            problem = (f"cannot write the run's lock {os.path.join(paths.run_dir, LOCK_NAME)} ({cause_of(error)}): "
+                       "a run writes into its folder; make it writable, or choose another --logs or --name")
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
+
+
+def is_inside(path: str, directory: Optional[str]) -> bool:
+    return directory is not None and Path(directory).resolve() in Path(path).resolve().parents
+
+
+def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
+    """<logs>/<name>/ and its files; refuses to overwrite an earlier run unless resuming it."""
+    name = cfg.logging.name if cfg.logging.name is not None else default_run_name(cfg, env)
+    if cfg.logging.logs is None:
+        return RunPaths(name, None, None, None)
+    run_dir = os.path.join(cfg.logging.logs, name)
+    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR_NAME)
+    log_file = os.path.join(run_dir, f"out-{env.rank}.log" if cfg.logging.log_local else LOG_NAME)
+    writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
+    # Decided together: a rank that raised alone would leave the others waiting at the next collective.
+    if any_rank(writes_log and run_dir_collision(cfg.resume, log_file, checkpoint_dir) is not None, env):
+        raise ConfigError(run_dir_collision(cfg.resume, log_file, checkpoint_dir)
+                          or f"{run_dir} already holds a run (seen by another rank)")
+    problem = None
+    if env.is_master:
+        problem = cannot_create(checkpoint_dir)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
+    if writes_log:
+        os.makedirs(run_dir, exist_ok=True)
+    return RunPaths(name, run_dir, checkpoint_dir, log_file if writes_log else None)
+
+
+def run_folder_warnings(cfg: RunConfig) -> List[str]:
+    """What is legal but surprising about where the run writes: a --name that leads out of --logs (`../x`, an
+    absolute path) puts the run's files where a look into --logs will not find them (judged by the names, not by
+    where links lead)."""
+    name, logs = cfg.logging.name, cfg.logging.logs
+    if name is None or logs is None:
+        return []
+    run_dir = os.path.normpath(os.path.join(logs, name))
+    if os.path.relpath(run_dir, os.path.normpath(logs)).split(os.sep)[0] != os.pardir:
+        return []
+    return [f"--name {name} puts the run outside --logs {logs}: it writes to {os.path.abspath(run_dir)}; pass a name "
+            "inside --logs (without '..' or a leading '/') unless that is where the run belongs"]
+
+
+def cannot_create(directory: str) -> Optional[str]:
+    """Create `directory`; the error line when that fails (None: it exists now)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        return (f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
+                "--name, or fix the path")
+    return None
+
+
+def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, env: DistributedEnv) -> None:
+    """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
+    checkpoint of this model, optimizer and loss state."""
+    if paths.checkpoint_dir is None:
+        return
+    problem = None
+    if env.is_master:
+        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+        try:
+            check_checkpoint_space(paths.checkpoint_dir, needed)
+        except ValueError as error:
+            problem = str(error)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
+
+
+def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
+    """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
+    (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
+    target = (os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME) if cfg.logging.name is not None
+              else cfg.logging.logs)
+    logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
+    try:
+        model = open_clip.create_model(cfg.model.name, device="meta", force_quick_gelu=cfg.model.force_quick_gelu,
+                                       force_custom_text=cfg.model.force_custom_text,
+                                       force_image_size=cfg.model.force_image_size,
+                                       force_context_length=cfg.model.force_context_length, **cfg.model.model_kwargs)
+        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+    except Exception as error:  # noqa: BLE001 - e.g. a hub model not downloaded: check writability only
+        print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
+              f"{target} is writable", file=sys.stderr)
+        needed = 0
+    finally:
+        logging.disable(logging.NOTSET)
+    try:
+        check_checkpoint_space(target, needed)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def state_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's state_dict tensors (a loss's per-sample banks, queues, ...)."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values() if isinstance(t, torch.Tensor))
+
+
+def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
+    """OpenCLIP's name for a run without --name: rank 0's start time and the main settings."""
+    date = broadcast_object(datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), env)
+    return "-".join([date, f"model_{cfg.model.name.replace('/', '-')}", f"lr_{cfg.optimizer.lr}",
+                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}"])
+
+
+def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
+    """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
+    Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision;
+    nor is an earlier launch that left no checkpoint (its records are set aside: `start_over`)."""
+    if resume_arg == RESUME_LATEST or not os.path.exists(log_file) or not checkpoint_files(Path(checkpoint_dir)):
+        return None
+    if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
+        return None
+    return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest, roll it back with "
+            f"--resume {checkpoint_dir}/<checkpoint>, or choose another --name")
+
+
+def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
+    """Every argument as this run used it (params.txt, checkpoints, wandb), with the name it got at start."""
+    return {**cfg.recorded_args, "name": paths.name}
+
+
+def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainState) -> str:
+    """The header of this launch's block in params.txt."""
+    start = (f"resumed from {resumed_from} at epoch {state.position.epoch}, step {state.step}, "
+             f"{state.position.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
+    return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
+
+
+def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str, files: RunFiles) -> None:
+    """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`), one block
+    per launch, each under a `# launch ...` line (appended through `files`, so a resumed run keeps its history)."""
+    if not env.is_master:
+        return
+    lines = [f"{name}: {value}" for name, value in recorded.items()]
+    logging.info("Params:\n  " + "\n  ".join(lines))
+    if paths.run_dir is not None:
+        path = Path(paths.run_dir, PARAMS_NAME)
+        separator = "\n" if path.exists() else ""
+        files.append(path, separator + "\n".join([note, *lines]) + "\n")
+
+
+class LossRecords:
+    """The loss's `records()` in the run folder (rank 0's), each as <name>.json, rewritten whenever it changed
+    (AdaCL's choices of selection passes, as it makes them). The trainer asks after every step of this run and
+    never after it ends, so what the loss records later (the next run's in the same process) is not written
+    here. A write that fails is logged and tried again at the record's next change: a record is no reason to
+    stop training."""
+
+    def __init__(self, loss_fn: Loss, paths: RunPaths, env: DistributedEnv) -> None:
+        self.loss_fn = loss_fn
+        self.run = RunDir(paths.run_dir) if env.is_master and paths.run_dir is not None else None
+        self.written: Dict[str, Any] = {}  # per record, what was last written (or tried)
+
+    def update(self) -> None:
+        if self.run is None:
+            return
+        for name, value in self.loss_fn.records().items():
+            if self.written.get(name) == value:
+                continue
+            self.written[name] = value
+            path = self.run.loss_record_path(name)
+            try:
+                with atomic_file(path, "w") as f:
+                    f.write(json.dumps(value, indent=2) + "\n")
+            except OSError as error:
+                logging.warning(f"Could not write {path} ({cause_of(error)}); training goes on, the record is "
+                                "written again when it changes")

@@ -1,0 +1,188 @@
+"""Resuming a run from a checkpoint: first what this run may continue (`check_resume`: a mid-epoch position
+only means something for the same data order; weights and loss state only load into the same model and
+loss), then every component loaded, each misfit named with the flag that would fit it."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+
+from ..engine.checkpoint import is_per_rank
+from .config import run_flags, with_canonical_names
+from ..run_folder.checkpoint_files import first_line, load_checkpoint, saved_world_size
+from ..data.position import DataPosition
+from ..distributed import DistributedEnv
+from ..flags import MODEL_SHAPE, SAMPLE_ORDER, flags_fixing
+
+
+class ResumeError(ValueError):
+    """A checkpoint this run cannot continue as asked; the message names the difference and the way out."""
+
+
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """What the resuming run is: its recorded arguments, world size, and what it agreed to give up."""
+
+    args: Mapping[str, Any]
+    world_size: int
+    reset_loss_state: bool = False
+    resume_anyway: bool = False      # continue a mid-epoch checkpoint although the data order changed
+
+
+def _flag(name: str) -> str:
+    return "the world size" if name == "world_size" else "--" + name.replace("_", "-")
+
+
+def _describe(changes: Mapping[str, tuple]) -> str:
+    return ", ".join(f"{_flag(name)} {old} -> {new}" for name, (old, new) in changes.items())
+
+
+def _describe_options(changes: Mapping[str, tuple]) -> str:
+    return ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changes.items())
+
+
+def _global_batch(args: Mapping[str, Any], world_size: int) -> int:
+    return int(args["batch_size"]) * world_size
+
+
+def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: ResumeRequest) -> Dict[str, tuple]:
+    """Refuse (ResumeError) what this run cannot honour; return the sample-order changes it accepts.
+
+    - another model architecture: refused (the weights cannot load);
+    - another --loss: refused unless --reset-loss-state;
+    - mid-epoch (batches_in_epoch > 0), any change of the world size or of a flag declared resume=SAMPLE_ORDER: refused
+      unless --resume-anyway, since the rest of the epoch would see some samples twice and others never;
+    - at an epoch boundary these changes are accepted (returned, to be logged).
+    A checkpoint without recorded arguments (OpenCLIP's) is not checked.
+    """
+    old, new = with_canonical_names(checkpoint.get("args") or {}), request.args
+    if not old:
+        return {}
+    # Declared on the flags (`flag(..., resume=...)`): what fixes the shapes of the weights and, with the world
+    # size, which samples each batch of an epoch holds (training.trainer.data's order).
+    flags = run_flags()
+    model = {name: (old[name], new.get(name)) for name in flags_fixing(flags, MODEL_SHAPE)
+             if name in old and old[name] != new.get(name)}
+    if model:
+        raise ResumeError(f"{path} holds weights of another architecture ({_describe(model)}): they cannot load; "
+                          f"resume with the checkpoint's values, or start a new run under another --name")
+    if old.get("loss") != new.get("loss") and not request.reset_loss_state:
+        raise ResumeError(f"{path} was trained with --loss {old.get('loss')}, this run has --loss {new.get('loss')}: "
+                          f"the loss's state cannot carry over; add --reset-loss-state to start it afresh (weights "
+                          f"and optimizer are restored), or resume with --loss {old.get('loss')}")
+    changes = {name: (old[name], new.get(name)) for name in flags_fixing(flags, SAMPLE_ORDER)
+               if name in old and old[name] != new.get(name)}
+    old_world = saved_world_size(checkpoint, default=request.world_size)
+    if old_world != request.world_size:
+        changes = {"world_size": (old_world, request.world_size), **changes}
+    data = checkpoint.get("data") or {}
+    batches = data.get("batches_in_epoch", 0)
+    if changes and batches and not request.resume_anyway:
+        raise ResumeError(
+            f"{path} is {batches} batches into epoch {data['epoch']} and this run changes {_describe(changes)}: the "
+            f"rest of the epoch would see some samples twice and others never; resume with the checkpoint's "
+            f"settings, or from a checkpoint at an epoch boundary (epoch_N.pt), or pass --resume-anyway to continue "
+            f"at the same number of samples into the epoch in the new order (exact data order is given up for "
+            f"the rest of this epoch)")
+    return changes
+
+
+def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -> int:
+    """--resume-anyway: the batch of this run's epoch that follows as many global samples as the
+    checkpoint's run had consumed of it (rounded down to whole optimizer steps)."""
+    old = checkpoint["args"]
+    old_world = saved_world_size(checkpoint, default=request.world_size)
+    position = DataPosition()
+    position.load_state_dict(checkpoint["data"])
+    return position.in_batches_of(_global_batch(old, old_world), _global_batch(request.args, request.world_size),
+                                  int(request.args.get("accum_freq", 1)))
+
+
+def _changed_loss_options(checkpoint: Mapping[str, Any], request: ResumeRequest) -> Dict[str, tuple]:
+    old = (checkpoint.get("args") or {}).get("loss_options") or {}
+    new = request.args.get("loss_options") or {}
+    return {name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)}
+
+
+def resume(path: os.PathLike, components: Mapping[str, Any], *, env: DistributedEnv,
+           request: Optional[ResumeRequest] = None, checkpoint: Optional[Mapping[str, Any]] = None) -> None:
+    """Load every component of `components` (`run_components`) from `path` (or its already loaded
+    `checkpoint`, in today's layout). With `request`, first `check_resume` (ResumeError on what it refuses).
+
+    A per-rank component loads this rank's state; saved by another world size, it starts afresh (with a
+    warning), unless it can merge the ranks' states for rank 0 (`merge_rank_states`). With
+    `request.reset_loss_state` the loss restarts its own state (`loss.reset_state()`) instead. With
+    --resume-anyway's new data order the position is translated into this run's batches and the RNG
+    streams are not restored. A component the checkpoint lacks (an OpenCLIP checkpoint) starts afresh.
+    """
+    checkpoint = load_checkpoint(path) if checkpoint is None else checkpoint
+    request = request or ResumeRequest(args=checkpoint.get("args") or {}, world_size=env.world_size)
+    changes = check_resume(checkpoint, path, request)
+    translated = bool(changes and checkpoint["data"]["batches_in_epoch"])  # accepted with --resume-anyway
+    not_loaded = {"rng"} if translated else set()
+    if request.reset_loss_state:
+        components["loss"].reset_state()
+        logging.info("The loss's state starts afresh (--reset-loss-state)")
+        not_loaded.add("loss")
+    missing = [key for key in components if key not in checkpoint and key not in not_loaded]
+    if missing:
+        logging.warning(f"{path} holds no state for {', '.join(missing)} (an OpenCLIP checkpoint?); "
+                        "they start afresh")
+    for key, component in components.items():
+        if key in not_loaded or key in missing:
+            continue
+        try:
+            if is_per_rank(component):
+                _load_rank_state(key, component, checkpoint[key], path, env)
+            else:
+                component.load_state_dict(checkpoint[key])
+        except (RuntimeError, ValueError) as error:  # torch's size mismatch, or the component's own check
+            raise ResumeError(f"{path}: {_mismatch(key, error, checkpoint, request)}") from None
+    position, state = components["data"], components["train"]
+    changed_options = _changed_loss_options(checkpoint, request)
+    if changed_options and not request.reset_loss_state:
+        logging.warning(f"Resuming with other loss options ({_describe_options(changed_options)}); the loss's "
+                        "state was restored")
+    if translated:
+        position.batches_in_epoch = translated_position(checkpoint, request)
+        logging.warning(f"--resume-anyway: {path} was {checkpoint['data']['batches_in_epoch']} batches into epoch "
+                        f"{position.epoch}; with {_describe(changes)} this run continues at batch "
+                        f"{position.batches_in_epoch}, in its own sample order (some samples of this epoch are seen "
+                        "twice or not at all)")
+    elif changes:
+        logging.info(f"Resuming at an epoch boundary with {_describe(changes)}: the next epoch follows this run's "
+                     "data order, and the LR schedule continues from the samples trained so far")
+    logging.info(f"Resumed from {path}: epoch {position.epoch}, step {state.step}, "
+                 f"{position.batches_in_epoch} batches into the epoch")
+
+
+def _load_rank_state(key: str, component, states: List[Mapping[str, Any]], path: os.PathLike,
+                     env: DistributedEnv) -> None:
+    if len(states) == env.world_size:
+        component.load_state_dict(states[env.rank])
+    elif hasattr(component, "merge_rank_states"):
+        if env.is_master:
+            component.load_state_dict(component.merge_rank_states(states))
+    else:
+        logging.warning(f"{path} holds {key} states of {len(states)} ranks, this run has {env.world_size}; "
+                        f"{key} starts afresh on every rank")
+
+
+def _mismatch(key: str, error: BaseException, checkpoint: Mapping[str, Any], request: ResumeRequest) -> str:
+    """What a component's state that does not load means, and the way out."""
+    if key == "state_dict":
+        return (f"its weights do not fit this model ({first_line(error)}); resume with the checkpoint's --model "
+                "and --force-* settings")
+    if key == "optimizer":
+        return (f"its optimizer state does not fit this run's trainable parameters ({first_line(error)}); resume "
+                "with the checkpoint's --lock-* settings")
+    if key == "loss":
+        changed = _changed_loss_options(checkpoint, request)
+        what = f"the loss options changed ({_describe_options(changed)})" if changed else first_line(error)
+        return (f"its loss state does not fit this run's loss: {what}; add --reset-loss-state to start the loss's "
+                "state afresh (weights and optimizer are restored), or resume with the checkpoint's options")
+    return f"its {key} state does not fit this run ({first_line(error)})"

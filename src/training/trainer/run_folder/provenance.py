@@ -1,0 +1,94 @@
+"""The exact code a run ran: the git commit of the source tree, a hash of any uncommitted change and the
+changed paths with their own hashes; and the identity of a checkpoint a run starts from.
+
+The loss comparison records them in each run's record, so results can be paired only between runs of
+the same code (docs/cluster.md, "Running the loss comparison"), and "no code differs" between two runs
+with uncommitted changes can be checked path by path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    from .layout import RunDir
+
+UNKNOWN = "unknown (not a git checkout)"
+
+
+def _git(source: Path, *args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=source, capture_output=True, check=True).stdout
+
+
+@lru_cache(maxsize=None)
+def code_version(source: Path = Path(__file__).resolve().parent) -> str:
+    """`git <commit>` of the tree holding `source`, with `+ diff <sha256[:12]>` of the uncommitted changes
+    (tracked diffs and untracked files' names and contents) when there are any; `unknown ...` outside git.
+    Cached: a process runs one code."""
+    try:
+        commit = _git(source, "rev-parse", "--short=10", "HEAD").decode().strip()
+        root = Path(_git(source, "rev-parse", "--show-toplevel").decode().strip())
+        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary"))
+        untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z").split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        return UNKNOWN
+    names = [name for name in untracked if name]
+    for name in sorted(names):
+        digest.update(name + b"\0" + (root / name.decode()).read_bytes())
+    clean = digest.digest() == hashlib.sha256(b"").digest() and not names
+    return f"git {commit}" + ("" if clean else f" + diff {digest.hexdigest()[:12]}")
+
+
+@lru_cache(maxsize=None)
+def dirty_files(source: Path = Path(__file__).resolve().parent) -> Dict[str, str]:
+    """Each path (relative to the repository root) that differs from the commit, tracked or untracked, with
+    the sha256[:12] of its content as it is now ("deleted" when gone); empty when clean or outside git."""
+    try:
+        root = Path(_git(source, "rev-parse", "--show-toplevel").decode().strip())
+        changed = _git(root, "diff", "HEAD", "--name-only", "-z").split(b"\0")
+        untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z").split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    names = sorted({name.decode() for name in changed + untracked if name})
+    return {name: file_digest(root / name) if (root / name).is_file() else "deleted" for name in names}
+
+
+def file_digest(path: Path) -> str:
+    """sha256[:12] of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def checkpoint_identity(checkpoint: str) -> Dict[str, Optional[str]]:
+    """What a fine-tuning run starts from: the checkpoint's path and digest, and the data seed of the data
+    its run trained on (the `seed` of the manifest.json beside its recorded --train-data, None when the
+    checkpoint has no run folder or its data no manifest). A name that is not a file (a pretrained tag)
+    is recorded as it is."""
+    from .layout import RunDir
+
+    path = Path(checkpoint)
+    if not path.is_file():
+        return {"path": checkpoint, "sha256": None, "data_seed": None}
+    return {"path": str(path), "sha256": file_digest(path), "data_seed": trained_data_seed(RunDir(path.parent.parent))}
+
+
+def trained_data_seed(run: "RunDir") -> Optional[str]:
+    """The data seed of the data a run trained on, from the manifest.json of the data folder holding its
+    recorded --train-data (up to two folders above the shards); None when unknown."""
+    train_data = run.recorded_flags().get("train_data")
+    if not train_data or train_data == "None":
+        return None
+    folder = Path(train_data.split("::")[0]).parent
+    for candidate in (folder, folder.parent, folder.parent.parent):
+        manifest = candidate / "manifest.json"
+        if manifest.is_file():
+            seed = json.loads(manifest.read_text()).get("seed")
+            return None if seed is None else str(seed)
+    return None
