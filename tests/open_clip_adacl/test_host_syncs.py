@@ -126,7 +126,8 @@ def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypa
         assert {"_high_histogram_of_logits", "_low_histogram_of_logits", "_row_min_xor_of_logits"} <= compiled
 
 
-@pytest.mark.parametrize("fused_mode", ["off", "on"])
+# "on" compiles the fused passes on each rank (about 30 s on 2 cores): in the slow tests, as in test_selection.
+@pytest.mark.parametrize("fused_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
 def test_two_ranks_read_back_once_whatever_n(fused_mode):
     for counts, compiled, failed in run_on_ranks(_counted_steps, 2, (24, 80), {}, fused_mode):
         assert counts == {24: EXPECTED[2], 80: EXPECTED[2]}

@@ -68,8 +68,10 @@ def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, worl
 
 @pytest.mark.parametrize("script, variables, model, batch_size, rendezvous", [
     ("cc3m_rn50_torchrun.sh", {"GPUS": "2"}, "RN50", 512, {"standalone": True}),
-    ("cc12m_vitb32_torchrun.sh", {"GPUS": "1", "NNODES": "2", "MASTER_ADDR": "node0"}, "ViT-B-32", 1024,
-     {"rdzv_backend": "c10d", "rdzv_endpoint": "node0:29500", "rdzv_id": "cc12m-vitb32"}),
+    # The two-node rendezvous (about 20 s on 2 cores, as the first): in the slow tests.
+    pytest.param("cc12m_vitb32_torchrun.sh", {"GPUS": "1", "NNODES": "2", "MASTER_ADDR": "node0"}, "ViT-B-32", 1024,
+                 {"rdzv_backend": "c10d", "rdzv_endpoint": "node0:29500", "rdzv_id": "cc12m-vitb32"},
+                 marks=pytest.mark.slow),
 ])
 def test_torchrun_recipe_dry_run_checks_arguments_and_shards(img2dataset_dir, tmp_path, script, variables, model,
                                                              batch_size, rendezvous):

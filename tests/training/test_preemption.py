@@ -80,7 +80,8 @@ def single_reference(demo_shards, module_tmp):
     return logs / "reference"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+# SIGUSR1 takes the same path as SIGTERM (about 17 s each on 2 cores): in the slow tests.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)])
 def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothing(demo_shards, single_reference,
                                                                                   slurm_job, tmp_path, sig):
     env, scontrol_record = slurm_job
@@ -143,6 +144,7 @@ def interrupt_two_ranks(demo_shards, tmp_path, slurm_env, at_step, target, sig, 
     return returncode
 
 
+@pytest.mark.slow  # about 75 s on 2 cores: four 2-rank torchrun launches, the reference included
 def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(demo_shards, two_rank_reference,
                                                                               slurm_job, tmp_path):
     env, scontrol_record = slurm_job

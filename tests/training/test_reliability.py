@@ -47,6 +47,7 @@ STOCK_OPEN_CLIP_LOAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # about 65 s on 2 cores: two 2-rank torchrun launches and an export
 def test_two_rank_adacl_run_crashes_resumes_and_exports(demo_shards, tmp_path):
     """CI's multi-rank run: torchrun, 2 CPU ranks, --loss adacl with its feature queue; the node dies
     mid-epoch 2 (SIGKILL), `--resume latest` finishes the run, and the export loads in stock open_clip."""
@@ -101,6 +102,7 @@ def adacl_argv(demo_shards, logs, name, *extra):
             "--save-every-n-steps", str(SAVE_EVERY["single"]), *extra]
 
 
+@pytest.mark.slow  # about 25 s on 2 cores: an uninterrupted run, a killed process and its resume
 def test_sigkill_between_checkpoints_loses_less_than_n_steps_and_restores_adacl_state(demo_shards, tmp_path):
     """Killed between two step checkpoints, `--resume latest` redoes fewer than
     --save-every-n-steps steps and ends exactly where an uninterrupted run ends: same losses, weights,

@@ -74,13 +74,22 @@ def _train_every_loss(rank, world_size, demo_shards, logs, ports=None):
 
 @pytest.fixture(scope="module")
 def trained(demo_shards, module_tmp):
-    """The runs of every RUNS entry and accum_freq: {world_size: results of `_train_every_loss`}."""
-    torch.set_num_threads(1)
-    single = _train_every_loss(0, 1, demo_shards, module_tmp("single"))
-    ports = [free_port() for _ in range(len(RUNS) * len(ACCUM_FREQS))]
-    ranks = run_on_ranks(_train_every_loss, 2, demo_shards, module_tmp("ranks"), ports,
-                         init_group=False)
-    return {1: single, 2: ranks[0]}
+    """The runs of every RUNS entry and accum_freq, each world size trained when a test first asks for it:
+    `trained(world_size)` -> the results of `_train_every_loss` (the 2-rank runs only in the slow tests)."""
+    results = {}
+
+    def on(world_size):
+        if world_size not in results:
+            torch.set_num_threads(1)
+            if world_size == 1:
+                results[1] = _train_every_loss(0, 1, demo_shards, module_tmp("single"))
+            else:
+                ports = [free_port() for _ in range(len(RUNS) * len(ACCUM_FREQS))]
+                results[world_size] = run_on_ranks(_train_every_loss, world_size, demo_shards, module_tmp("ranks"),
+                                                   ports, init_group=False)[0]
+        return results[world_size]
+
+    return on
 
 
 def _relative_difference(state: Dict[str, torch.Tensor], reference: Dict[str, torch.Tensor]) -> float:
@@ -88,11 +97,12 @@ def _relative_difference(state: Dict[str, torch.Tensor], reference: Dict[str, to
     return (difference.norm() / torch.cat([v.flatten() for v in reference.values()]).norm()).item()
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+# On 2 gloo ranks every run again: about 45 s on 2 cores, so in the slow tests (scripts/test.sh --slow-only).
+@pytest.mark.parametrize("world_size", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("run", list(RUNS))
 def test_accumulated_micro_batches_train_like_one_large_batch(trained, run, world_size):
     (weights, loss_state), (reference_weights, reference_state) = (
-        trained[world_size][run, accum_freq] for accum_freq in ACCUM_FREQS)
+        trained(world_size)[run, accum_freq] for accum_freq in ACCUM_FREQS)
     loss = RUNS[run][0]
     assert weights.keys() == reference_weights.keys()
     assert _relative_difference(weights, reference_weights) < MAX_WEIGHT_DIFFERENCE

@@ -5,6 +5,8 @@ by the loss comparison, over seeds, in docs/RESULTS.md.)"""
 import math
 import statistics
 
+import pytest
+
 from open_clip_adacl import get_loss_class
 from training.trainer.run_folder.layout import RunDir
 from training.main import main
@@ -29,6 +31,7 @@ def _train(demo_shards, logs, name, *loss_flags):
     return final_loss, val, train
 
 
+@pytest.mark.slow  # 96 steps with validation: about 30 s on 2 cores
 def test_default_adacl_adapts_on_clone_dense_batches_without_collapsing(demo_shards, tmp_path):
     final_loss, val, train = _train(demo_shards, tmp_path, "adacl-default", "--loss", "adacl")
     assert final_loss < 0.8 * math.log(BATCH), final_loss

@@ -123,6 +123,7 @@ def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
     assert not (tmp_path / "jobs").exists()
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: each array task a process that imports the trainer
 def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record(demo_shards, tmp_path):
     """The scripts' plumbing without training: PYTHON is a stub that logs each call, fails the torchrun
     step with status 3 and runs the real --finish-job, which records the run as failed."""

@@ -3,6 +3,8 @@ import json
 import math
 import time
 
+import pytest
+
 from training.loss_comparison import runner
 from training.loss_comparison.cli import main
 from training.loss_comparison.runner import comparison_eta, run_all, run_comparison, saved_comparison
@@ -10,6 +12,7 @@ from training.loss_comparison.variants import LossVariant
 from helpers.comparison_records import TINY
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: trains, exports and evaluates a run
 def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     """1 loss x 1 seed x 16 steps on the fixture's data: a record with every metric, and the report."""
     results_md, output_dir = tmp_path / "RESULTS.md", tmp_path / "comparison"
