@@ -8,7 +8,7 @@ from open_clip_adacl.registry import Registry
 from training.trainer.data.registry import SOURCES
 from training.trainer.launch.params import parse_args
 from training.trainer.launch.resume import ResumeRequest, check_resume
-from training.trainer.launch.resume_changes import run_changes
+from training.trainer.launch.resume import run_changes
 from training.trainer.engine.schedule import SCHEDULES
 from training.trainer.launch.config import with_canonical_names
 from helpers.registries import scratch_entries

@@ -175,18 +175,19 @@ SLURM_TASK = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import training.main as entry
+    import training.trainer.launch.trainer as run_owner
     from helpers.run_utils import digest
     from training.trainer.distributed import unwrap_model
 
     digests = {}
-    train_one_epoch = entry.train_one_epoch
+    train_one_epoch = run_owner.train_one_epoch
 
     def train_and_digest(trainer, data):
         result = train_one_epoch(trainer, data)
         digests.update(model=digest(unwrap_model(trainer.model).state_dict()), loss=digest(trainer.loss_fn.state_dict()))
         return result
 
-    entry.train_one_epoch = train_and_digest
+    run_owner.train_one_epoch = train_and_digest
     summary = entry.main(sys.argv[2:])
     print("RESULT " + json.dumps({"step": summary.step, "epoch": summary.epoch, **digests}))
 """)

@@ -8,7 +8,7 @@ from open_clip_adacl import get_loss_class
 from training.trainer.launch.config import LossConfig
 from training.trainer.distributed import DistributedEnv
 from training.trainer.flags import ConfigError
-from training.main import build_loss
+from training.trainer.launch.trainer import build_loss
 from training.trainer.run_folder.layout import RunDir
 from training.trainer.launch.folder import LossRecords, RunPaths
 

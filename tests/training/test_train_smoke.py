@@ -17,7 +17,7 @@ from training.main import main
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
 from training.trainer.engine.precision import build_precision
-from training.trainer.engine.loop import NonFiniteLossError, TrainConfig, Trainer, console_stats_text, train_one_epoch
+from training.trainer.engine.loop import EpochLoop, NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
 
 
 def train_argv(demo_shards, logs, name, *extra):
@@ -158,7 +158,7 @@ def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, s
 
 
 def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
-    """A Trainer of adacl-tiny with PoisonableClip (or `loss_fn`), and the list of steps its optimizer took."""
+    """An EpochLoop of adacl-tiny with PoisonableClip (or `loss_fn`), and the list of steps its optimizer took."""
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-3, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
@@ -173,7 +173,7 @@ def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0
         checkpointer = Checkpointer(CheckpointConfig(save_every_n_steps=save_every),
                                     checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
                                     env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
-    trainer = Trainer(model, loss_fn, optimizer, None, build_precision("fp32", torch.device("cpu")), state,
+    trainer = EpochLoop(model, loss_fn, optimizer, None, build_precision("fp32", torch.device("cpu")), state,
                       TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
                       DistributedEnv(), metrics, skip_reasons=("bad_image", "empty_caption"), checkpointer=checkpointer)
     return trainer, snapshots

@@ -21,7 +21,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from open_clip_adacl.losses.base import Loss
@@ -205,8 +205,9 @@ class EpochResult:
 
 
 @dataclass
-class Trainer:
-    """One rank's training components, built once by `training.main.run`; `train_one_epoch` drives them."""
+class EpochLoop:
+    """What one epoch of steps drives: one rank's components, built once by the run's `Trainer`
+    (`training.trainer.launch.trainer`), which calls `train_one_epoch` for each epoch."""
 
     model: torch.nn.Module
     loss_fn: Loss
@@ -231,7 +232,7 @@ class EpochData(Protocol):
     num_batches: int
 
 
-def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
+def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
     `data.dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch,
@@ -242,11 +243,10 @@ def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
     When `preemption` was signalled on any rank, the epoch ends after the current step (unless it is
     the epoch's last, which ends the epoch anyway) with `preempted` set and no epoch summary.
     """
-    model, loss_fn, optimizer, precision = trainer.model, trainer.loss_fn, trainer.optimizer, trainer.precision
-    state, cfg, env, metrics = trainer.state, trainer.cfg, trainer.env, trainer.metrics
-    scheduler, checkpointer, preemption = trainer.scheduler, trainer.checkpointer, trainer.preemption
-    skip_reasons, dataloader, num_batches = trainer.skip_reasons, data.dataloader, data.num_batches
-    model.train()
+    loss_fn, optimizer, precision = loop.loss_fn, loop.optimizer, loop.precision
+    state, cfg, env, metrics, checkpointer = loop.state, loop.cfg, loop.env, loop.metrics, loop.checkpointer
+    skip_reasons, dataloader, num_batches = loop.skip_reasons, data.dataloader, data.num_batches
+    loop.model.train()
     position, sums = state.position, state.epoch_sums
     loss_fn.on_epoch_start(position.epoch)
     state.start_epoch(len(skip_reasons))
@@ -273,31 +273,10 @@ def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
         global_samples = sum(len(b.images) for b in micro_batches) * env.world_size
         if not state.samples_per_schedule_step:
             state.samples_per_schedule_step = global_samples
-
-        if scheduler is not None and not cfg.skip_scheduler:
-            scheduler(state.schedule_position)
-        optimizer.zero_grad(set_to_none=True)
-        out = forward_backward(model, loss_fn, micro_batches, precision)
-        micro_batches = []
-
-        # Every rank takes the same decisions, or DDP replicas would drift apart; the preemption flag
-        # rides on the all-reduce the non-finite check needs anyway.
-        nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], env)
-        if nonfinite:
-            last_good = checkpointer.last_good if checkpointer is not None else None
-            skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
-                                str(last_good) if last_good else None)
-        else:
-            apply_update(model, optimizer, precision, cfg.grad_clip_norm)
-            loss_fn.commit()
-            state.consecutive_nonfinite_steps = 0
-            sums.loss_sum += out.loss.item()
-            sums.num_loss_steps += 1
-        state.step += 1
-        state.samples_seen += global_samples
+        out, preempted = optimizer_step(loop, micro_batches, global_samples)
         step_in_epoch += 1
-        if trainer.keep_loss_records is not None:
-            trainer.keep_loss_records()
+        if loop.keep_loss_records is not None:
+            loop.keep_loss_records()
 
         batch_time = time.time() - end
         end = time.time()
@@ -328,6 +307,35 @@ def train_one_epoch(trainer: Trainer, data: EpochData) -> EpochResult:
     _log_epoch(metrics, state, result, env)
     return result
 
+
+def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], global_samples: int) -> Tuple[StepOutput, bool]:
+    """One step over `micro_batches`, the global batch of `global_samples`: the LR placed, the forward/backward
+    (after which `micro_batches` is emptied, its tensors freed before the update), then on every rank the same
+    decision, an update or (a non-finite loss on any rank) a skipped step, and the step counted. Also returns
+    whether a preemption was requested on any rank."""
+    state, cfg, optimizer, precision, preemption = loop.state, loop.cfg, loop.optimizer, loop.precision, loop.preemption
+    if loop.scheduler is not None and not cfg.skip_scheduler:
+        loop.scheduler(state.schedule_position)
+    optimizer.zero_grad(set_to_none=True)
+    out = forward_backward(loop.model, loop.loss_fn, micro_batches, precision)
+    micro_batches.clear()
+
+    # Every rank takes the same decisions, or DDP replicas would drift apart; the preemption flag
+    # rides on the all-reduce the non-finite check needs anyway.
+    nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], loop.env)
+    if nonfinite:
+        last_good = loop.checkpointer.last_good if loop.checkpointer is not None else None
+        skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
+                            str(last_good) if last_good else None)
+    else:
+        apply_update(loop.model, optimizer, precision, cfg.grad_clip_norm)
+        loop.loss_fn.commit()
+        state.consecutive_nonfinite_steps = 0
+        state.epoch_sums.loss_sum += out.loss.item()
+        state.epoch_sums.num_loss_steps += 1
+    state.step += 1
+    state.samples_seen += global_samples
+    return out, preempted
 
 def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
               steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,

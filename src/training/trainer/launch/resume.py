@@ -1,20 +1,25 @@
-"""Resuming a run from a checkpoint: first what this run may continue (`check_resume`: a mid-epoch position
-only means something for the same data order; weights and loss state only load into the same model and
-loss), then every component loaded, each misfit named with the flag that would fit it."""
+"""Resuming a run from a checkpoint, the one place a launch decides where it starts (`resume_or_start_over`):
+which checkpoint (`--resume latest` or PATH, an unreadable one skipped or refused), first what this run may
+continue (`check_resume`: a mid-epoch position only means something for the same data order; weights and loss
+state only load into the same model and loss), then every component loaded, each misfit named with the flag
+that would fit it, and the run folder brought back to that point (or set aside for a start from scratch)."""
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-
-from ..engine.checkpoint import is_per_rank
-from .config import run_flags, with_canonical_names
-from ..run_folder.checkpoint_files import first_line, load_checkpoint, saved_world_size
+from ..engine.checkpoint import TrainState, is_per_rank, plain_args
+from .config import RESUME_LATEST, RunConfig, run_flags, with_canonical_names
+from .folder import RunPaths, is_inside, start_over
+from ..run_folder.checkpoint_files import (checkpoint_candidates, first_line, load_checkpoint, roll_back,
+                                           saved_world_size)
+from ..run_folder.records import trim_to_resume_point
 from ..data.position import DataPosition
-from ..distributed import DistributedEnv
-from ..flags import MODEL_SHAPE, SAMPLE_ORDER, flags_fixing
+from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
+from ..flags import MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
 
 
 class ResumeError(ValueError):
@@ -186,3 +191,116 @@ def _mismatch(key: str, error: BaseException, checkpoint: Mapping[str, Any], req
         return (f"its loss state does not fit this run's loss: {what}; add --reset-loss-state to start the loss's "
                 "state afresh (weights and optimizer are restored), or resume with the checkpoint's options")
     return f"its {key} state does not fit this run ({first_line(error)})"
+
+
+# Changes a resume accepts that still alter the run: the learning-rate schedule, the number of epochs, the precision
+# or gradient clipping continue the same data order, so they are not refused (unlike sample-order changes,
+# `check_resume`), but the rest of the run then differs from the run the checkpoint began: each is logged with its
+# old and new value and what it alters, one warning line per flag.
+# RUN_CHANGING_ARGS: recorded argument -> what changing it alters from the resume point on.
+RUN_CHANGING_ARGS = {
+    "lr": "the learning-rate schedule",
+    "warmup": "the learning-rate schedule",
+    "lr_scheduler": "the learning-rate schedule",
+    "epochs_cooldown": "the learning-rate schedule",
+    "lr_cooldown_power": "the learning-rate schedule",
+    "lr_cooldown_end": "the learning-rate schedule",
+    "epochs": "the run's length and its learning-rate schedule",
+    "precision": "the numerics of every later step",
+    "grad_clip_norm": "gradient clipping",
+}
+
+
+def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+    """The RUN_CHANGING_ARGS whose recorded value differs (a checkpoint that recorded none: none)."""
+    return {name: (old[name], new.get(name)) for name in RUN_CHANGING_ARGS
+            if name in old and old[name] != new.get(name)}
+
+
+def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> None:
+    """One warning line per RUN_CHANGING_ARGS flag this resume of `checkpoint` changes."""
+    step = checkpoint.get("step", "?")
+    for name, (old, new) in run_changes(with_canonical_names(checkpoint.get("args") or {}), new_args).items():
+        logging.warning(f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on this "
+                        f"changes {RUN_CHANGING_ARGS[name]} (the run no longer matches the one the checkpoint began)")
+
+
+def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: RunPaths, components: Dict[str, Any],
+                         num_batches: int, global_batch: int, env: DistributedEnv) -> Optional[str]:
+    """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
+    folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
+    `num_batches` is this rank's batches per epoch, `global_batch` the samples of one optimizer step."""
+    request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
+                            reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
+    state: TrainState = components["train"]
+    resumed_from = resume_run(cfg.resume, request, paths, components, env)
+    if resumed_from is not None:
+        position = state.position
+        # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
+        position.batches_in_epoch = min(position.batches_in_epoch, num_batches - cfg.train.accum_freq)
+        after_resume(cfg.resume, paths, resumed_from, state, global_batch, env)
+    else:
+        start_over(paths, env)
+    state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
+    return resumed_from
+
+
+def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, components: Dict[str, Any],
+               env: DistributedEnv) -> Optional[str]:
+    """Load the run's `components` (`run_components`) from the checkpoint to start from; that checkpoint
+    (None: from scratch, the components as they are).
+
+    --resume latest tries this run's checkpoints newest first, skipping (with a warning naming it) any
+    that does not load; --resume PATH loads PATH or stops with one line naming it. A checkpoint this
+    run cannot continue (`check_resume`) stops the run with the reason.
+    """
+    for path in find_resume_candidates(resume_arg, paths, env):
+        checkpoint, error = None, None
+        try:
+            checkpoint = load_checkpoint(path)
+        except Exception as load_error:  # noqa: BLE001 - any unreadable file: a truncated zip, a wrong format
+            error = f"{type(load_error).__name__}: {str(load_error).strip().splitlines()[0][:300]}"
+        if any_rank(error is not None, env):  # every rank moves on to the same candidate
+            if resume_arg != RESUME_LATEST:
+                raise ConfigError(f"--resume {path}: cannot read the checkpoint ({error or 'failed on another rank'}); "
+                                  "pass another checkpoint, or --resume latest")
+            logging.warning(f"Skipping unreadable checkpoint {path} ({error or 'failed on another rank'}); trying the "
+                            "next older one")
+            continue
+        try:
+            resume(path, components, env=env, request=request, checkpoint=checkpoint)
+        except ResumeError as refusal:
+            raise ConfigError(str(refusal)) from None
+        warn_run_changes(checkpoint, path, request.args)
+        return str(path)
+    if resume_arg == RESUME_LATEST:
+        logging.info(f"No readable checkpoint in {paths.checkpoint_dir}; starting from scratch")
+    return None
+
+
+def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: DistributedEnv) -> List[str]:
+    """--resume PATH: [PATH]; --resume latest: this run's readable checkpoints, newest first (rank 0's listing)."""
+    if resume_arg is None:
+        return []
+    if resume_arg != RESUME_LATEST:
+        return [resume_arg]
+    if paths.checkpoint_dir is None:
+        raise ConfigError("--resume latest looks in <logs>/<name>/checkpoints; it needs --logs")
+    candidates = [str(path) for path in checkpoint_candidates(paths.checkpoint_dir)] if env.is_master else None
+    return broadcast_object(candidates, env)
+
+
+def after_resume(resume_arg: Optional[str], paths: RunPaths, resumed_from: str, state: TrainState,
+                 global_batch: int, env: DistributedEnv) -> None:
+    """Bring the run directory back to the resume point (rank 0): an explicit --resume into this run's
+    own checkpoints moves the newer ones aside; metrics.jsonl and results.jsonl lose what the run will replay."""
+    if not state.samples_per_schedule_step:  # a checkpoint written before the schedule counted samples
+        state.samples_per_schedule_step, state.samples_seen = global_batch, state.step * global_batch
+    if env.is_master and paths.run_dir is not None:
+        if resume_arg != RESUME_LATEST and is_inside(resumed_from, paths.checkpoint_dir):
+            folder = roll_back(paths.checkpoint_dir, state.step)
+            if folder is not None:
+                moved = ", ".join(sorted(p.name for p in folder.iterdir()))
+                logging.warning(f"Rolled back to {resumed_from}: moved the newer checkpoints ({moved}) to {folder}")
+        trim_to_resume_point(Path(paths.run_dir), Path(paths.checkpoint_dir), state.step, state.position.epoch)
+    barrier(env)

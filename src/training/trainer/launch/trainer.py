@@ -1,0 +1,392 @@
+"""The run, one object: `Trainer(config).run()` on every rank.
+
+Built from the run config alone, the Trainer owns the run from start to summary: the start-up checks (and
+--dry-run), the process group, the loss, the run folder, the model, optimizer and precision, the starting
+point (`launch.resume.resume_or_start_over`, the one place a run resumes), the data, the schedule and the
+epoch loop (`engine.loop.train_one_epoch`), validation every --val-frequency epochs, a checkpoint every
+--save-frequency epochs (both also after the last), and a preemption signal, which ends the run at a step
+boundary with a checkpoint (`Preempted`; docs/cluster.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from open_clip_adacl import DistributedSetup, Loss, get_loss_class
+
+from . import params
+from .config import RESUME_LATEST, LossConfig, RunConfig
+from .folder import (LossRecords, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
+                     hold_run_dir, launch_note, recorded_args, run_dir_collision, run_folder_warnings, write_params)
+from .resume import resume_or_start_over
+from .startup import StartupPlan, check_startup, resume_note
+from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from ..distributed import (DistributedEnv, DistributedStartError, any_rank, init_distributed, shutdown, unwrap_model,
+                           wrap_ddp)
+from ..engine.checkpoint import Checkpointer, TrainState, run_components
+from ..engine.loop import EpochLoop, NonFiniteLossError, train_one_epoch
+from ..engine.model import ModelBundle, build_model, open_clip_model_config, preprocess_config
+from ..engine.optimizer import build_optimizer
+from ..engine.precision import build_precision
+from ..engine.schedule import build_scheduler
+from ..engine.validation import run_validation, write_results, zero_shot_imagenet
+from ..flags import ConfigError
+from ..preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
+from ..run_folder.layout import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
+from ..run_folder.lock import RunLock
+from ..run_folder.logger import MetricsWriter, WandbConfig, setup_logging
+from ..run_folder.margins import write_margins_plot
+from ..run_folder.safe_write import RunFiles
+
+# The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
+PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
+
+
+@dataclass
+class RunSummary:
+    run_dir: Optional[str]
+    epoch: int                      # completed epochs
+    step: int                       # training steps taken
+    final_loss: Optional[float]     # mean loss of the last epoch trained by this call
+    checkpoint: Optional[str]       # last checkpoint written
+    unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.trainer.run_folder.safe_write)
+
+    @property
+    def record(self) -> RunDir:
+        """The run folder's reader: metrics (`RunDir.metrics`), validation results (`results`), checkpoints by
+        number (`epoch_checkpoint`, `step_checkpoint`) and the flags of the last launch as params.txt recorded
+        them (`recorded_flags`, values as text)."""
+        if self.run_dir is None:
+            raise ValueError("this run wrote no folder (--logs none)")
+        return RunDir(self.run_dir)
+
+
+class FinalCheckpointError(RuntimeError):
+    """The run trained to the end but its last checkpoint could not be written."""
+
+
+class Trainer:
+    """One run on this rank, built from its `RunConfig` (`params.config_from_values`, or `checked_config` of
+    parsed flags); `run()` trains it (or, with `cfg.dry_run`, only checks it) on the ranks the environment
+    announces. Its parts are built as the run reaches them, in this order: `run` (checks, process group,
+    loss), `_open_run_folder`, `_build_components`, `_start` (resume or start over), `_build_loop`; then
+    `_train_epochs` validates (`_validate`) and saves each epoch, and `_stop_for_preemption` ends it early."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+
+    def run(self) -> Optional[RunSummary]:
+        """What this rank trained (None for --dry-run); `RunSummary.record` reads the run folder (metrics,
+        checkpoints, results)."""
+        cfg = self.cfg
+        world_size = params.world_size_from_env()
+        plan = check_startup(cfg, world_size)
+        plan.warnings += run_folder_warnings(cfg)
+        if cfg.dry_run:
+            self._dry_run(plan, world_size)
+            return None
+        try:
+            env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,
+                                   dist_url=cfg.distributed.dist_url,
+                                   no_set_device_rank=cfg.distributed.no_set_device_rank,
+                                   timeout_s=cfg.distributed.timeout_s)
+        except DistributedStartError as error:
+            raise ConfigError(str(error)) from None
+        try:
+            configure_torch(env.device)
+            seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
+            loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
+            with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
+                self.env, self.plan, self.loss_fn, self.preemption = env, plan, loss_fn, preemption
+                return self._train(lock)
+        finally:
+            shutdown(env)
+
+    def _dry_run(self, plan: StartupPlan, world_size: int) -> None:
+        cfg = self.cfg
+        loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
+        # Only a named run can collide (the default name is the start time); the run checks every rank's log.
+        if cfg.logging.name is not None and cfg.logging.logs is not None:
+            run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)
+            collision = run_dir_collision(cfg.resume, os.path.join(run_dir, LOG_NAME),
+                                          os.path.join(run_dir, CHECKPOINT_DIR_NAME))
+            if collision:
+                raise ConfigError(collision)
+        if cfg.logging.logs is not None:
+            check_dry_run_checkpoint_space(cfg, loss_fn)
+        for warning in plan.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        note = resume_note(cfg)
+        print(f"dry run OK: {plan.text}" + (f"\n{note}" if note else ""))
+
+    def _train(self, lock: RunLock) -> RunSummary:
+        """The run on this rank (torch configured, this rank seeded, the loss built); stops early (Preempted)
+        when `self.preemption` is signalled. Rank 0 holds the run folder with `lock`."""
+        self._open_run_folder(lock)
+        self._build_components()
+        self._start()
+        self._build_loop()
+        try:
+            final_loss = self._train_epochs()
+        except (NonFiniteLossError, FinalCheckpointError):
+            self.metrics.close()  # what was held back gets its last try, and its NOT WRITTEN line
+            raise
+        unwritten = self.metrics.close()
+        checkpointer, state = self.checkpointer, self.state
+        last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
+        summary = RunSummary(self.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint,
+                             unwritten)
+        loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
+        not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
+        logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
+                     f"last checkpoint {summary.checkpoint}{not_written}")
+        return summary
+
+    def _open_run_folder(self, lock: RunLock) -> None:
+        """The run's paths, its log, the folder held by rank 0, and the arguments it records."""
+        cfg, env = self.cfg, self.env
+        self.paths = paths = build_run_paths(cfg, env)
+        setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
+                      log_all_ranks=cfg.logging.log_local)
+        hold_run_dir(lock, paths, env)
+        logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; "
+                     f"run {paths.name}")
+        self.recorded = recorded_args(cfg, paths)
+        for warning in self.plan.warnings if env.is_master else []:
+            logging.warning(warning)
+
+    def _build_components(self) -> None:
+        """The model (the same initial weights on every rank), optimizer and precision, and the room their
+        checkpoints need."""
+        cfg, env = self.cfg, self.env
+        seed_everything(cfg.seed)  # the same initial weights on every rank, then back to the rank's own stream
+        try:
+            self.bundle = build_model(cfg.model, env.device)
+        except RuntimeError as error:  # e.g. load_state_dict's missing/unexpected keys
+            if not cfg.model.pretrained:
+                raise
+            raise ConfigError(f"--pretrained {cfg.model.pretrained} does not fit --model {cfg.model.name}: "
+                              f"{str(error).splitlines()[0][:300]}; pass weights of that architecture") from error
+        seed_everything(cfg.seed + env.rank)
+        self.optimizer = build_optimizer(self.bundle.model, cfg.optimizer)
+        self.precision = build_precision(cfg.model.precision, env.device)
+        check_run_checkpoint_space(self.paths, self.bundle.model, self.loss_fn, env)
+
+    def _start(self) -> None:
+        """Resume the components from a checkpoint or start over (`resume_or_start_over`), and record this
+        launch in params.txt."""
+        cfg, env = self.cfg, self.env
+        self.state = TrainState()
+        self.components = run_components(model=self.bundle.model, optimizer=self.optimizer,
+                                         scaler=self.precision.scaler, loss=self.loss_fn, state=self.state)
+        self.global_batch = cfg.data.batch_size * env.world_size * cfg.train.accum_freq
+        self.resumed_from = resume_or_start_over(cfg, self.recorded, self.paths, self.components,
+                                                 self.plan.num_batches, self.global_batch, env)
+        self.files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
+        write_params(self.recorded, self.paths, env, launch_note(env, self.resumed_from, self.state), self.files)
+
+    def _build_loop(self) -> None:
+        """The data from the starting point on, validation data, the schedule, the (wrapped) model, the metrics,
+        the checkpointer and the epoch loop they make."""
+        cfg, env, bundle, state, paths = self.cfg, self.env, self.bundle, self.state, self.paths
+        position = state.position
+        self.data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
+                               families=self.loss_fn.needs_family)
+        self.val_data = build_val_data_if_needed(cfg.data, bundle, env)
+        self.imagenet = self.plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
+        if self.imagenet is not None:
+            self.imagenet.transform = bundle.preprocess_val
+        # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
+        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * self.global_batch
+                                     / state.samples_per_schedule_step)
+        scheduler = build_scheduler(self.optimizer, cfg.schedule, scheduled_steps_per_epoch)
+        model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,
+                         sync_batchnorm=cfg.distributed.use_bn_sync)
+        if cfg.torchcompile:
+            model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
+        self.model = model
+        self.metrics = self._metrics_writer()
+        self.checkpointer = self._checkpointer()
+        self.loop = EpochLoop(model=model, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=scheduler,
+                              precision=self.precision, state=state, cfg=cfg.train, env=env, metrics=self.metrics,
+                              skip_reasons=SKIP_REASONS, checkpointer=self.checkpointer, preemption=self.preemption,
+                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update)
+
+    def _metrics_writer(self) -> MetricsWriter:
+        """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
+        cfg, paths = self.cfg, self.paths
+        wandb = None
+        if "wandb" in cfg.logging.report_to:
+            wandb = WandbConfig(project=cfg.logging.wandb_project_name, name=paths.name,
+                                notes=cfg.logging.wandb_notes, resume=cfg.resume == RESUME_LATEST,
+                                config=self.recorded)
+        return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in cfg.logging.report_to, wandb=wandb,
+                             enabled=self.env.is_master, files=self.files)
+
+    def _checkpointer(self) -> Optional[Checkpointer]:
+        paths = self.paths
+        if paths.checkpoint_dir is None:
+            return None
+        return Checkpointer(self.cfg.checkpoints, checkpoint_dir=paths.checkpoint_dir, components=self.components,
+                            env=self.env, name=paths.name, args=self.recorded,
+                            model_cfg=open_clip_model_config(self.cfg.model),
+                            preprocess_cfg=preprocess_config(self.bundle.model), resumed_from=self.resumed_from)
+
+    def _train_epochs(self) -> Optional[float]:
+        """The epochs left to train, each validated and saved; the mean loss of the last (None: none was left).
+        Stops early (Preempted) at a preemption signal, and with FinalCheckpointError when the last checkpoint
+        could not be written (or may not be: the run ended inside a non-finite streak)."""
+        cfg, state, checkpointer = self.cfg, self.state, self.checkpointer
+        position = state.position
+        final_loss = None
+        for epoch in range(position.epoch, cfg.epochs):
+            logging.info(f"Start epoch {epoch}")
+            self.data.set_epoch(epoch)
+            result = train_one_epoch(self.loop, self.data)
+            if result.preempted:
+                self._stop_for_preemption()
+            final_loss = result.loss
+            state.finish_epoch()
+            self._validate()
+            if self.metrics.enabled:  # rank 0, with a run folder
+                for plot in self.loss_fn.plots:
+                    PLOTS[plot](self.paths.run_dir)
+            saved = checkpointer.save_epoch() if checkpointer is not None else True
+            if not saved and position.epoch == cfg.epochs:
+                raise FinalCheckpointError(self._final_checkpoint_missing())
+            # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
+            if any_rank(self.preemption.requested, self.env) and position.epoch < cfg.epochs:
+                self._stop_for_preemption()
+        return final_loss
+
+    def _validate(self) -> None:
+        """Val loss and retrieval every --val-frequency epochs, ImageNet zero-shot every --zeroshot-frequency
+        epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
+        cfg, env, state, precision = self.cfg.validation, self.env, self.state, self.precision
+        if not env.is_master:
+            return
+        model = unwrap_model(self.model)
+        completed, is_last = state.position.epoch, state.position.epoch == cfg.total_epochs
+        results = {}
+        if self.val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
+            results.update(run_validation(model, self.val_data.dataloader, device=env.device,
+                                          autocast=precision.autocast, epoch=completed,
+                                          input_dtype=precision.input_dtype))
+        if self.imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
+            results.update(zero_shot_imagenet(model, self.bundle.tokenizer, self.imagenet, device=env.device,
+                                              autocast=precision.autocast, batch_size=cfg.batch_size,
+                                              workers=cfg.workers, input_dtype=precision.input_dtype))
+        if not results:
+            return
+        logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
+        self.metrics.write("val", step=state.step, epoch=completed, values=results)
+        if self.paths.checkpoint_dir is not None:
+            write_results(Path(self.paths.checkpoint_dir) / RESULTS_NAME, completed, results, self.files)
+
+    def _final_checkpoint_missing(self) -> str:
+        """Why the run that trained every epoch has no final checkpoint, and what to do."""
+        epochs, streak = self.cfg.epochs, self.state.consecutive_nonfinite_steps
+        if streak:
+            return (f"the run trained all {epochs} epochs, but its last {streak} step(s) had a non-finite loss "
+                    f"(skipped), so no final checkpoint was written: those weights led into the divergence; the last "
+                    f"checkpoint written at a finite step is {self.checkpointer.last_good_text()}: resume from it "
+                    "after lowering --lr (or raising --warmup, or with --grad-clip-norm)")
+        return (f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
+                f"FAILED above): the trained model is not on disk; free space or fix {self.paths.checkpoint_dir}, "
+                "then rerun with --resume latest")
+
+    def _stop_for_preemption(self) -> None:
+        """Save step_N.pt (all ranks), requeue the SLURM job (rank 0, --slurm-requeue), log one line, raise
+        Preempted."""
+        state, checkpointer, preemption = self.state, self.checkpointer, self.preemption
+        saved = checkpointer.save_now() if checkpointer is not None else None
+        self.metrics.close()
+        requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
+                    else "not requeued")
+        cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
+        where = f"step {state.step} (epoch {state.position.epoch}, {state.position.batches_in_epoch} batches into it)"
+        if saved is not None:
+            message = (f"Preempted by {cause} at {where}: saved {saved}; {requeued}; exiting with status "
+                       f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})")
+            logging.info(message)
+            raise Preempted(message)
+        if checkpointer is None:
+            reason = "--logs none"
+        elif state.consecutive_nonfinite_steps:
+            reason = (f"the loss of the last {state.consecutive_nonfinite_steps} step(s) was non-finite; the last "
+                      f"checkpoint written at a finite step is {checkpointer.last_good_text()}")
+        else:
+            reason = "the save failed (CHECKPOINT SAVE FAILED above)"
+        message = (f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
+                   "status 1 (--resume latest continues from the previous checkpoint)")
+        logging.error(message)
+        raise Preempted(message, exit_code=1)
+
+
+def configure_torch(device: torch.device) -> None:
+    if device.type == "cuda":
+        # TF32 matmuls on Ampere+ (OpenCLIP's setting): close to fp32 accuracy at a fraction of the cost.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
+
+
+def compile_model(model: torch.nn.Module, *, grad_checkpointing: bool, distributed: bool) -> torch.nn.Module:
+    """torch.compile around the (DDP-wrapped) model, as OpenCLIP's --torchcompile; checkpoints and
+    evaluation reach the eager model through `unwrap_model`."""
+    logging.info("Compiling model...")
+    if grad_checkpointing and distributed:
+        # OpenCLIP's workaround: compile + grad checkpointing work, but not with DDP's dynamo optimizer.
+        torch._dynamo.config.optimize_ddp = False
+    return torch.compile(model)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
+    """The registered loss with its (validated) options on this rank; an error it raises is a ConfigError."""
+    dist = DistributedSetup(rank=env.rank, world_size=env.world_size, local_loss=cfg.local_loss,
+                            gather_with_grad=cfg.gather_with_grad)
+    try:
+        loss_fn = get_loss_class(cfg.name)(cfg.options, dist)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"--loss {cfg.name}: {error}") from error
+    unknown = [plot for plot in loss_fn.plots if plot not in PLOTS]
+    if unknown:
+        raise ConfigError(f"--loss {cfg.name} asks for the plot(s) {', '.join(unknown)}, which the trainer does not "
+                          f"draw (it draws: {', '.join(PLOTS)}); add a writer to training.trainer.launch.trainer.PLOTS")
+    return loss_fn.to(env.device)
+
+
+def build_data(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int,
+               families: bool = False):
+    """The training stream for this rank (the shards were checked by `check_startup`); with `families`
+    (a loss that `needs_family`) its batches carry each sample's family id."""
+    cfg = replace(cfg, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches,
+                  family_field=FAMILY_FIELD if families else None)
+    try:
+        data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)
+    except ValueError as error:  # e.g. a resume position outside the epoch (another batch size or world size)
+        raise ConfigError(f"training data: {error}") from error
+    logging.info(f"Training data: {data.num_samples} samples and {data.num_batches} batches per rank and epoch")
+    return data
+
+
+def build_val_data_if_needed(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv):
+    """Validation data for rank 0, which evaluates alone as in OpenCLIP (None without --val-data; the
+    shards were checked by `check_startup`)."""
+    if cfg.val_data is None or not env.is_master:
+        return None
+    return build_val_data(cfg, bundle.preprocess_val, bundle.tokenizer)
