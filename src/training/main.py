@@ -28,6 +28,7 @@ from .trainer.flags import ConfigError
 from .trainer.launch import params
 from .trainer.launch.config import RunConfig
 from .trainer.launch.trainer import FinalCheckpointError, RunSummary, Trainer
+from .trainer.run_folder.logger import end_logging
 from .trainer.preemption import Preempted
 
 
@@ -40,8 +41,12 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
     """Train (or, with `cfg.dry_run`, only check) the run `cfg` describes, on the ranks the environment
     announces: `Trainer(cfg).run()` (`training.trainer.launch.trainer`); build `cfg` with
     `training.trainer.launch.params.config_from_values` (or `checked_config` of parsed flags).
-    Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results)."""
-    return Trainer(cfg).run()
+    Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results).
+    The run's log handlers end with it: the caller's later lines stay out of its out.log."""
+    try:
+        return Trainer(cfg).run()
+    finally:
+        end_logging()
 
 
 def cli() -> None:
@@ -49,8 +54,8 @@ def cli() -> None:
     cannot fill an epoch (every shard of a rank unreadable), a diverged run, a final checkpoint that
     could not be written or a collective that failed (another rank died or timed out) is logged in one
     line and exits with 1; a preempted run (its step checkpoint saved) exits with 75 (PREEMPTED_EXIT_CODE)."""
-    try:
-        main(sys.argv[1:])
+    try:  # the run's log handlers stay until the process exits: the lines below reach the console and out.log
+        Trainer(params.checked_config(params.parse_args(sys.argv[1:]))).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

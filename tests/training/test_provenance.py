@@ -48,9 +48,8 @@ def _pretraining_run(root: Path, seed) -> Path:
     (data / "manifest.json").write_text(json.dumps({"seed": seed}))
     run = root / "pretrain" / "clip"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "params.txt").write_text(f"# launch at 2026-01-01 00:00:00, 1 rank(s), from scratch\ntrain_data: "
-                                    f"{root / 'old'}/x.tar\nseed: 1\n# launch at 2026-01-01 01:00:00, 1 rank(s), resumed\n"
-                                    f"train_data: {data}/train/shard-{{000000..000003}}.tar\nseed: 1\n")
+    (run / "params.json").write_text(json.dumps({"train_data": f"{data}/train/shard-{{000000..000003}}.tar",
+                                                  "seed": 1}))  # the last launch's (params.txt keeps every one)
     checkpoint = run / "checkpoints" / "epoch_2.pt"
     checkpoint.write_bytes(b"weights")
     return checkpoint
@@ -58,7 +57,7 @@ def _pretraining_run(root: Path, seed) -> Path:
 
 def test_a_fine_tuning_run_records_the_checkpoint_it_starts_from_and_its_data_seed(tmp_path):
     checkpoint = _pretraining_run(tmp_path, 1)
-    assert RunDir(checkpoint.parent.parent).recorded_flags()["train_data"].startswith(str(tmp_path / "data"))
+    assert RunDir(checkpoint.parent.parent).recorded_args()["train_data"].startswith(str(tmp_path / "data"))
     identity = pretrained_identity(["--lr", "1e-4", "--pretrained", str(checkpoint), "--epochs", "2"])
     assert identity == {"path": str(checkpoint), "sha256": provenance.file_digest(checkpoint), "data_seed": "1"}
     assert pretrained_identity([f"--pretrained={checkpoint}"]) == identity

@@ -69,7 +69,7 @@ def test_the_comparisons_budgets_and_the_studys_regimes_are_recipes():
     assert (QUICK.batch_size, QUICK.epochs, QUICK.lr, QUICK.device) == (64, 3, 2e-3, "cpu")  # comparison-quick's
     assert (FULL.batch_size, FULL.device) == (256, "cuda")
     scratch = QUICK.with_recipe("clone-scratch")
-    assert (scratch.epochs, scratch.train_args, scratch.num_train) == (24, ("--train-group-size", "8"), 4096)
+    assert (scratch.epochs, scratch.trainer_values, scratch.num_train) == (24, {"train_group_size": 8}, 4096)
     pseudo = parse_args(["--train-data", "x.tar", "--recipe", "clone-pseudo"])  # one regime's run, by hand
     assert (pseudo.epochs, pseudo.train_group_size, pseudo.caption_key, pseudo.val_caption_key) == (24, 8, "txt_pseudo",
                                                                                                      "txt")

@@ -164,3 +164,19 @@ def test_weights_of_another_architecture_are_named(demo_shards, tmp_path):
     torch.save({"visual.proj": torch.zeros(3, 3)}, weights)
     with pytest.raises(ConfigError, match=f"--pretrained {weights} does not fit --model adacl-tiny: "):
         main(train_argv(demo_shards, tmp_path, "mismatch", "--pretrained", str(weights)))
+
+
+def test_a_run_from_python_takes_its_log_handlers_with_it(demo_shards, tmp_path, capsys):
+    """After `training.run` returns, the process's later lines reach neither the run's out.log nor the stderr
+    the run had (a closed stream in a finished test or notebook cell: logging's `--- Logging error ---`)."""
+    import logging
+
+    handlers_before = list(logging.getLogger().handlers)
+    summary = main(train_argv(demo_shards, tmp_path, "ends"))
+    out_log = summary.record.path / "out.log"
+    written = out_log.read_text()
+    assert "Done:" in written
+    assert logging.getLogger().handlers == handlers_before
+    logging.getLogger().warning("a line after the run")
+    assert out_log.read_text() == written
+    assert "Logging error" not in capsys.readouterr().err

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
 from ..trainer.launch.config import run_flags, source_option_flags
-from ..trainer.data import DataConfig, DataError, get_data_source, resolve_dataset_type
+from ..trainer.data import DataConfig, DataError, get_data_source, global_batch, resolve_dataset_type
 from ..trainer.data.registry import AUTO
 from ..trainer.flags import config_from_args
 from ..trainer.distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
         loaded = load_discovery_model(args.model, args.pretrained, args.checkpoint, env.device)
     options = discovery_options(args)
     settings = {"model": loaded.description, "data": args.data, "dataset_type": kind,
-                "caption_key": ordered.caption_field, "global_batch_size": args.batch_size * env.world_size,
+                "caption_key": ordered.caption_field, "global_batch_size": global_batch(args.batch_size, env.world_size),
                 **asdict(options)}
     store = _open_store(args, settings, env)
     start_batch = broadcast_object(store.start_batch if store else None, env)

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..trainer.data import DataConfig, SkipCounter
+from ..trainer.data import DataConfig, SkipCounter, global_batch
 from ..trainer.data.ordered import OrderedPass, PassItem, PassSample
 from ..trainer.data.samples import decode_image
 
@@ -77,7 +77,7 @@ class GlobalBatches(IterableDataset):
     def _slices(self, items: Iterator[PassItem]) -> Iterator[Tuple[int, List[PassItem]]]:
         """(batch number, this rank's items of it) for every global batch from `start_batch` on."""
         batch_size = self.cfg.batch_size
-        global_size = batch_size * self.cfg.world_size
+        global_size = global_batch(batch_size, self.cfg.world_size)
         first_slot = self.cfg.rank * batch_size
         current, mine, total = self.start_batch, [], 0
         for position, item in enumerate(items):

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from open_clip_adacl import get_loss_class, list_losses
+from training.trainer.launch.params import given_values
 from training.trainer.launch.tool_flags import add_trainer_flags
 
 from .data import FULL, QUICK, Budget, ComparisonData
@@ -174,10 +175,9 @@ def resolve_budget(args: argparse.Namespace) -> Budget:
     if args.train_data:
         overrides["num_train"] = args.train_num_samples
     if args.train_args is not None or data_flags:
-        # After the budget's own (a --recipe's other flags, e.g. --train-group-size), so a later flag overrides.
-        overrides["train_args"] = budget.train_args + tuple(
-            part for flag in data_flags for part in ("--" + flag.replace("_", "-"), getattr(args, flag))
-        ) + tuple(args.train_args or ())
+        # Over the budget's own (a --recipe's other flags, e.g. --train-group-size): the command line wins.
+        overrides["trainer_values"] = {**budget.trainer_values, **{flag: getattr(args, flag) for flag in data_flags},
+                                       **given_values(args.train_args or ())}
     budget = replace(budget, **overrides)
     if min(budget.epochs, budget.batch_size, budget.num_train, budget.jobs) < 1 or budget.workers < 0:
         raise ValueError("--epochs, --batch-size, --num-train and --jobs must be >= 1, --workers >= 0")

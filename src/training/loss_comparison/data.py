@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class Budget:
     jobs: int            # runs at a time
     log_every_n_steps: int
     precision: Optional[str] = None  # the trainer's default: fp32 on CPU, amp on CUDA
-    train_args: Tuple[str, ...] = ()  # trainer flags every run gets (e.g. --train-group-size 8)
+    # Trainer flag values every run gets, by destination (e.g. {"train_group_size": 8}): a recipe's other
+    # flags and the command line's --train-args, applied after the fields above.
+    trainer_values: Mapping[str, Any] = field(default_factory=dict)
     # Fine-tuning regime: > 0 first trains one `clip` model for this many epochs at `pretrain_lr`
     # (seed PRETRAIN_SEED), then every run starts from it (--pretrained) at `lr`.
     pretrain_epochs: int = 0
@@ -45,29 +47,40 @@ class Budget:
     def from_recipe(cls, name: str, **sizes: Any) -> "Budget":
         """A budget of these data sizes and jobs (`sizes`) that trains with recipe `name`'s flags."""
         own, others = recipe_parts(name)
-        return cls(**sizes, **own, train_args=tuple(others))
+        return cls(**sizes, **own, trainer_values=others)
+
+    @classmethod
+    def from_record(cls, fields: Mapping[str, Any]) -> "Budget":
+        """The budget comparison.json records; a folder that records the other trainer flags as an argv
+        (`train_args`) has them read back as values."""
+        fields = dict(fields)
+        argv = fields.pop("train_args", None)
+        if argv:
+            from training.trainer.launch.params import given_values
+
+            fields["trainer_values"] = given_values(argv)
+        return cls(**fields)
 
     def with_recipe(self, name: str) -> "Budget":
         """This budget with recipe `name`'s flags: those the budget holds replace its values, the others (e.g.
-        --train-group-size) go before its `train_args`."""
+        --train-group-size) join its `trainer_values`, which keep their own where both set one."""
         own, others = recipe_parts(name)
-        return replace(self, **own, train_args=(*others, *self.train_args))
+        return replace(self, **own, trainer_values={**others, **self.trainer_values})
 
 
 # The Budget fields a recipe sets (trainer flags of the same name).
 RECIPE_FIELDS = ("batch_size", "epochs", "lr", "warmup", "wd", "workers", "device", "log_every_n_steps", "precision")
 
 
-def recipe_parts(name: str) -> Tuple[Dict[str, Any], List[str]]:
-    """Recipe `name`'s flags (training.trainer.launch.recipes) as (the Budget fields it sets, the other flags as argv); its
-    --model is left to the comparison's own."""
-    from training.trainer.launch.params import argv_from_values
+def recipe_parts(name: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Recipe `name`'s flag values (training.trainer.launch.recipes) as (the Budget fields it sets, the other
+    flags' values); its --model is left to the comparison's own."""
     from training.trainer.launch.recipes import recipe_values
 
     values = recipe_values(name, world_size=1)
     values.pop("model", None)
     own = {key: values.pop(key) for key in list(values) if key in RECIPE_FIELDS}
-    return own, argv_from_values(values)
+    return own, values
 
 
 # Quick: 192 steps. Measured on the 2-core CPU, shared with other work (load 3-5): 6 variants x 3 seeds

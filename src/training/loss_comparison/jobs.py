@@ -93,10 +93,8 @@ def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, dat
     """`training.main` flag values: identical for every run but for the loss flags, seed and name.
 
     Validation runs after the last epoch only, and only the final checkpoint is saved. With
-    `pretrained`, the run fine-tunes that checkpoint. `budget.train_args` (free-form trainer flags) last.
+    `pretrained`, the run fine-tunes that checkpoint. `budget.trainer_values` (any other trainer flags) last.
     """
-    from training.trainer.launch.params import given_values
-
     values: Dict[str, Any] = {
         "train_data": data.train_data, "val_data": data.val_data, "train_num_samples": data.num_train,
         "model": model, **variant.values(data.data_size),
@@ -109,7 +107,7 @@ def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, dat
         values["precision"] = budget.precision
     if pretrained:
         values["pretrained"] = pretrained
-    return {**values, **given_values(budget.train_args)}
+    return {**values, **budget.trainer_values}
 
 
 def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJob:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from training.trainer.data import global_batch
+from training.trainer.launch.params import argv_from_values
 from training.trainer.run_folder.provenance import code_version
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
@@ -96,18 +98,19 @@ def data_lines(context: ReportContext) -> List[str]:
 
 def budget_lines(context: ReportContext) -> List[str]:
     budget = context.budget
-    global_batch = budget.batch_size * context.ranks
-    steps_per_epoch = budget.num_train // global_batch
+    batch = global_batch(budget.batch_size, context.ranks)
+    steps_per_epoch = budget.num_train // batch
     ranks = f" ({context.ranks} ranks x {budget.batch_size})" if context.ranks > 1 else ""
     concurrency = ("each run one cluster job" if context.emitted else f"{budget.jobs} run(s) at a time")
     return [
         f"- model `{context.model}`; every run: {budget.epochs} epochs x {steps_per_epoch} steps = "
-        f"**{budget.epochs * steps_per_epoch} steps** at batch {global_batch}{ranks}, AdamW lr {budget.lr:g} (cosine, "
+        f"**{budget.epochs * steps_per_epoch} steps** at batch {batch}{ranks}, AdamW lr {budget.lr:g} (cosine, "
         f"{budget.warmup} warmup steps), wd {budget.wd:g}, {budget.workers} data worker(s), device {budget.device}, "
         f"precision {budget.precision or 'the trainer default'}",
         *data_lines(context),
         f"- seeds {', '.join(map(str, context.seeds))} (model init and data order); {concurrency}",
-    ] + ([f"- every run also gets `{shlex.join(budget.train_args)}`"] if budget.train_args else []) + (
+    ] + ([f"- every run also gets `{shlex.join(argv_from_values(budget.trainer_values))}`"]
+         if budget.trainer_values else []) + (
         [f"- fine-tuning: every run starts from one `{BASELINE}` model pretrained for {budget.pretrain_epochs} "
          f"epochs at lr {budget.pretrain_lr:g} (seed {PRETRAIN_SEED}, same data), with `--pretrained`"]
         if budget.pretrain_epochs else []) + (

@@ -67,10 +67,9 @@ def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
     from training.trainer.data import DataConfig
-    from training.trainer.launch.params import given_values
     from training.synthetic_scenes.families import measure_siblings
 
-    group_size = given_values(budget.train_args).get("train_group_size", 1)
+    group_size = budget.trainer_values.get("train_group_size", 1)
     cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
                      workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
     try:
@@ -166,7 +165,7 @@ def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional
     """
     saved = saved_comparison(output_dir)
     fields = saved["context"]
-    budget = Budget(**{**fields["budget"], "train_args": tuple(fields["budget"].get("train_args", ()))})
+    budget = Budget.from_record(fields["budget"])
     context = ReportContext(**{**fields, "budget": budget, "data": ComparisonData(**fields["data"])})
     if preregistration is None:
         registered = saved.get("preregistration", {})

@@ -20,9 +20,23 @@ def test_train_args_add_to_a_recipes_flags_instead_of_replacing_them():
 
     args = build_parser().parse_args(["--recipe", "glyphs-finetune-weak", "--train-args", "--pretrained x.pt",
                                       "--caption-key", "txt_alt"])
-    train_args = resolve_budget(args).train_args
-    assert train_args[-2:] == ("--pretrained", "x.pt")
-    for flag, value in (("--train-group-size", "8"), ("--val-caption-key", "txt"), ("--caption-key", "txt_weak")):
-        assert train_args[train_args.index(flag) + 1] == value
-    last = len(train_args) - 1 - train_args[::-1].index("--caption-key")  # given later than the recipe's: it wins
-    assert train_args[last + 1] == "txt_alt"
+    values = resolve_budget(args).trainer_values
+    # The recipe's own, --train-args's and --caption-key's, which wins over the recipe's txt_weak; as values.
+    assert values == {"train_group_size": 8, "val_caption_key": "txt", "caption_key": "txt_alt", "pretrained": "x.pt"}
+
+
+def test_a_recorded_budget_reads_back_as_values_also_when_it_recorded_an_argv():
+    """comparison.json records the budget's trainer flags as values; one that recorded them as an argv
+    (`train_args`) reads back to the same budget, so its report can be rebuilt."""
+    from dataclasses import asdict, replace
+
+    from training.loss_comparison.data import QUICK, Budget
+
+    budget = replace(QUICK.with_recipe("clone-pseudo"), trainer_values={
+        **QUICK.with_recipe("clone-pseudo").trainer_values, "pretrained": "x.pt"})
+    recorded = asdict(budget)
+    assert Budget.from_record(recorded) == budget
+    as_argv = {key: value for key, value in recorded.items() if key != "trainer_values"}
+    as_argv["train_args"] = ["--train-group-size", "8", "--caption-key", "txt_pseudo", "--val-caption-key", "txt",
+                             "--pretrained", "x.pt"]
+    assert Budget.from_record(as_argv) == budget

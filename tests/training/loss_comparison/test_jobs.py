@@ -62,7 +62,7 @@ def test_mechanism_metrics_count_bound_activity_and_margin_spread():
 def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):
     data = fake_data(tmp_path, num_train=512, num_val=64)
     budget = replace(QUICK, epochs=2, lr=5e-4, pretrain_epochs=8, pretrain_lr=2e-3,
-                     train_args=("--train-group-size", "8"))
+                     trainer_values={"train_group_size": 8})
     pretrain = pretrain_job(budget, data, tmp_path)
     args = params.args_from_values(pretrain.train_values)
     assert (pretrain.loss, args.epochs, args.lr, args.train_group_size) == ("clip", 8, 2e-3, 8)

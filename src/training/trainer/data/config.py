@@ -26,6 +26,17 @@ SKIP_REASONS = (
 )
 
 
+def global_batch(batch_size: int, world_size: int) -> int:
+    """OpenCLIP's global batch: the samples of one batch over all ranks (`--batch-size` per rank x the ranks).
+    With `--accum-freq K` an optimizer step takes K of them (`samples_per_step`)."""
+    return batch_size * world_size
+
+
+def samples_per_step(batch_size: int, world_size: int, accum_freq: int) -> int:
+    """The samples of one optimizer step: `accum_freq` global batches."""
+    return global_batch(batch_size, world_size) * accum_freq
+
+
 class DataError(RuntimeError):
     """The data cannot fill the epoch: every shard unreadable, or images that keep failing to decode."""
 

@@ -11,7 +11,7 @@ import torch
 from open_clip_train.data import DataInfo, SharedEpoch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import SKIP_REASONS, DataConfig
+from .config import SKIP_REASONS, DataConfig, global_batch
 from .registry import get_data_source, resolve_dataset_type
 from .samples import NO_FAMILY
 from .stream import ShardStream
@@ -63,12 +63,13 @@ def _check_common(cfg: DataConfig) -> None:
 # For data sources: epoch sizes, and loaders over a stream of batches or a map-style dataset
 
 
-def batches_per_epoch(num_samples: int, global_batch_size: int, num_readers: int) -> int:
+def batches_per_epoch(num_samples: int, cfg: DataConfig, num_readers: int) -> int:
     """Batches per rank and epoch: floor(num_samples / global batch), rounded down to a multiple of readers."""
-    batches_per_reader = num_samples // global_batch_size // num_readers
+    samples_per_batch = global_batch(cfg.batch_size, cfg.world_size)
+    batches_per_reader = num_samples // samples_per_batch // num_readers
     if batches_per_reader < 1:
         raise ValueError(f"{num_samples} samples per epoch do not fill one batch per reader: batch_size x "
-                         f"world_size = {global_batch_size} samples per step, {num_readers} reader(s) per "
+                         f"world_size = {samples_per_batch} samples per global batch, {num_readers} reader(s) per "
                          "rank; use more samples, a smaller batch or fewer workers")
     return batches_per_reader * num_readers
 
@@ -105,7 +106,7 @@ def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: 
         if cfg.group_size != 1:
             raise ValueError(f"group_size (--train-group-size) groups consecutive samples of webdataset shards; "
                              f"{source} data has none: leave it at 1")
-        num_batches = num_samples // (cfg.batch_size * cfg.world_size)
+        num_batches = num_samples // global_batch(cfg.batch_size, cfg.world_size)
         if num_batches < 1:
             raise ValueError(f"{num_samples} {source} samples do not fill one batch of "
                              f"{cfg.batch_size} x {cfg.world_size} ranks")

@@ -25,6 +25,7 @@ class DataPosition:
 
     def in_batches_of(self, old_global_batch: int, new_global_batch: int, accum_freq: int) -> int:
         """The batch of this epoch, in global batches of `new_global_batch` samples, that follows as many
-        samples as `batches_in_epoch` batches of `old_global_batch` (rounded down to whole optimizer steps)."""
+        samples as `batches_in_epoch` global batches of `old_global_batch` (rounded down to whole optimizer
+        steps of `accum_freq` batches)."""
         batches = self.batches_in_epoch * old_global_batch // new_global_batch
         return batches - batches % accum_freq

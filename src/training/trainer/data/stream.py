@@ -65,10 +65,10 @@ class ShardStream(IterableDataset):
                     pass
                 counter.take()  # these skips were reported by the interrupted run
                 continue
-            global_batch = local_batch * num_workers + reader
-            # Seed augmentation per global batch; the RNGs are restored before yielding, so a
+            batch_number = local_batch * num_workers + reader
+            # Seed augmentation per batch of this rank's epoch; the RNGs are restored before yielding, so a
             # main-process reader (workers=0) never disturbs the trainer's random state.
-            with seeded(stable_hash(self.cfg.seed, epoch, self.cfg.rank, global_batch, "augment")):
+            with seeded(stable_hash(self.cfg.seed, epoch, self.cfg.rank, batch_number, "augment")):
                 batch = self._assemble(images, counter)
             yield batch
 

@@ -99,6 +99,20 @@ class ModelBundle:
     tokenizer: Callable
 
 
+def architecture_kwargs(cfg: ModelConfig) -> Dict[str, Any]:
+    """The keyword arguments of `open_clip.create_model` that shape the network (`open_clip_model_config`
+    applies the same overrides to the config it exports)."""
+    return dict(force_quick_gelu=cfg.force_quick_gelu, force_custom_text=cfg.force_custom_text,
+                force_patch_dropout=cfg.force_patch_dropout, force_image_size=cfg.force_image_size,
+                force_context_length=cfg.force_context_length, **cfg.model_kwargs)
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """The model's parameters, counted on the meta device: no weights allocated or downloaded (the dry run)."""
+    model = open_clip.create_model(cfg.name, device="meta", **architecture_kwargs(cfg))
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
 def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
     """The CLIP model (dict output), its train/val transforms and tokenizer; towers locked as asked."""
     model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
@@ -106,11 +120,6 @@ def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
         cfg.pretrained or None,
         precision=cfg.precision,
         device=device,
-        force_quick_gelu=cfg.force_quick_gelu,
-        force_custom_text=cfg.force_custom_text,
-        force_patch_dropout=cfg.force_patch_dropout,
-        force_image_size=cfg.force_image_size,
-        force_context_length=cfg.force_context_length,
         image_mean=cfg.image_mean,
         image_std=cfg.image_std,
         image_interpolation=cfg.image_interpolation,
@@ -119,7 +128,7 @@ def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
         pretrained_image=cfg.pretrained_image,
         output_dict=True,
         cache_dir=cfg.cache_dir,
-        **cfg.model_kwargs,
+        **architecture_kwargs(cfg),
     )
     if cfg.lock_image:
         # LiT: https://arxiv.org/abs/2111.07991

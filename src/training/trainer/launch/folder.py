@@ -12,17 +12,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import open_clip
 import torch
 
 from open_clip_adacl import Loss
 
-from ..engine.checkpoint import TrainState
+from ..engine.checkpoint import TrainState, plain_args
+from ..engine.model import parameter_count
 from ..run_folder.checkpoint_files import atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
 from .config import RESUME_LATEST, RunConfig
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..flags import ConfigError
-from ..run_folder.layout import CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
+from ..run_folder.layout import ARGS_NAME, CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
 from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
 from ..run_folder.records import checkpoint_files, set_aside_earlier_records
 from ..run_folder.safe_write import RunFiles, cause_of
@@ -136,11 +136,7 @@ def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
               else cfg.logging.logs)
     logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
     try:
-        model = open_clip.create_model(cfg.model.name, device="meta", force_quick_gelu=cfg.model.force_quick_gelu,
-                                       force_custom_text=cfg.model.force_custom_text,
-                                       force_image_size=cfg.model.force_image_size,
-                                       force_context_length=cfg.model.force_context_length, **cfg.model.model_kwargs)
-        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+        needed = estimated_checkpoint_bytes(parameter_count(cfg.model), state_bytes(loss_fn))
     except Exception as error:  # noqa: BLE001 - e.g. a hub model not downloaded: check writability only
         print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
               f"{target} is writable", file=sys.stderr)
@@ -191,7 +187,8 @@ def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainSt
 
 def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv, note: str, files: RunFiles) -> None:
     """params.txt: every argument, the loss's options included (OpenCLIP's format `name: value`), one block
-    per launch, each under a `# launch ...` line (appended through `files`, so a resumed run keeps its history)."""
+    per launch, each under a `# launch ...` line (appended through `files`, so a resumed run keeps its history);
+    params.json: this launch's arguments as values (`RunDir.recorded_args`), replaced atomically."""
     if not env.is_master:
         return
     lines = [f"{name}: {value}" for name, value in recorded.items()]
@@ -200,6 +197,12 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
         path = Path(paths.run_dir, PARAMS_NAME)
         separator = "\n" if path.exists() else ""
         files.append(path, separator + "\n".join([note, *lines]) + "\n")
+        args_path = Path(paths.run_dir, ARGS_NAME)
+        try:
+            with atomic_file(args_path, "w") as f:
+                f.write(json.dumps(plain_args(recorded), indent=1) + "\n")
+        except OSError as error:
+            files.give_up(args_path, "the launch's arguments as values", error)
 
 
 class LossRecords:

@@ -341,6 +341,16 @@ def config_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) 
     return checked_config(args_from_values(values, recipe))
 
 
+# What `run_config` derives from the flags and records beside them (params.txt, params.json, a checkpoint's args).
+DERIVED_ARGS = ("loss_options", "recipe_overrides")
+
+
+def config_from_record(recorded: Mapping[str, Any]) -> RunConfig:
+    """The `RunConfig` of a recorded run: its arguments as `RunDir.recorded_args` (or a checkpoint's `args`)
+    hold them, the derived ones derived again."""
+    return config_from_values({name: value for name, value in recorded.items() if name not in DERIVED_ARGS})
+
+
 def command_line(values: Mapping[str, Any]) -> str:
     """`python -m training.main` with every flag whose recorded value (`arg_values`) is not the default."""
     return " ".join(["python -m training.main", *map(shlex.quote, argv_from_values(values, skip_defaults=True))])

@@ -17,7 +17,7 @@ from .folder import RunPaths, is_inside, start_over
 from ..run_folder.checkpoint_files import (checkpoint_candidates, first_line, load_checkpoint, roll_back,
                                            saved_world_size)
 from ..run_folder.records import trim_to_resume_point
-from ..data.position import DataPosition
+from ..data import DataPosition, global_batch, samples_per_step
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..flags import MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
 
@@ -48,10 +48,6 @@ def _describe(changes: Mapping[str, tuple]) -> str:
 
 def _describe_options(changes: Mapping[str, tuple]) -> str:
     return ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changes.items())
-
-
-def _global_batch(args: Mapping[str, Any], world_size: int) -> int:
-    return int(args["batch_size"]) * world_size
 
 
 def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: ResumeRequest) -> Dict[str, tuple]:
@@ -103,7 +99,8 @@ def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -
     old_world = saved_world_size(checkpoint, default=request.world_size)
     position = DataPosition()
     position.load_state_dict(checkpoint["data"])
-    return position.in_batches_of(_global_batch(old, old_world), _global_batch(request.args, request.world_size),
+    return position.in_batches_of(global_batch(int(old["batch_size"]), old_world),
+                                  global_batch(int(request.args["batch_size"]), request.world_size),
                                   int(request.args.get("accum_freq", 1)))
 
 
@@ -226,10 +223,11 @@ def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args:
 
 
 def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: RunPaths, components: Dict[str, Any],
-                         num_batches: int, global_batch: int, env: DistributedEnv) -> Optional[str]:
+                         num_batches: int, env: DistributedEnv) -> Optional[str]:
     """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
     folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
-    `num_batches` is this rank's batches per epoch, `global_batch` the samples of one optimizer step."""
+    `num_batches` is this rank's batches per epoch."""
+    step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
     request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
                             reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
     state: TrainState = components["train"]
@@ -238,10 +236,10 @@ def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: Run
         position = state.position
         # --resume-anyway's position, counted in this run's batches, may lie past its epoch: its last step then.
         position.batches_in_epoch = min(position.batches_in_epoch, num_batches - cfg.train.accum_freq)
-        after_resume(cfg.resume, paths, resumed_from, state, global_batch, env)
+        after_resume(cfg.resume, paths, resumed_from, state, step_samples, env)
     else:
         start_over(paths, env)
-    state.samples_per_schedule_step = state.samples_per_schedule_step or global_batch
+    state.samples_per_schedule_step = state.samples_per_schedule_step or step_samples
     return resumed_from
 
 
@@ -291,11 +289,12 @@ def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: Dist
 
 
 def after_resume(resume_arg: Optional[str], paths: RunPaths, resumed_from: str, state: TrainState,
-                 global_batch: int, env: DistributedEnv) -> None:
+                 step_samples: int, env: DistributedEnv) -> None:
     """Bring the run directory back to the resume point (rank 0): an explicit --resume into this run's
-    own checkpoints moves the newer ones aside; metrics.jsonl and results.jsonl lose what the run will replay."""
+    own checkpoints moves the newer ones aside; metrics.jsonl and results.jsonl lose what the run will replay.
+    `step_samples`: this launch's samples per optimizer step (`samples_per_step`)."""
     if not state.samples_per_schedule_step:  # a checkpoint written before the schedule counted samples
-        state.samples_per_schedule_step, state.samples_seen = global_batch, state.step * global_batch
+        state.samples_per_schedule_step, state.samples_seen = step_samples, state.step * step_samples
     if env.is_master and paths.run_dir is not None:
         if resume_arg != RESUME_LATEST and is_inside(resumed_from, paths.checkpoint_dir):
             folder = roll_back(paths.checkpoint_dir, state.step)

@@ -11,7 +11,7 @@ import torchvision
 from ..run_folder.checkpoint_files import checkpoint_candidates
 from .config import RESUME_LATEST, RunConfig
 from ..distributed import resolved_device_type
-from ..data import build_train_data, build_val_data, check_data_fields
+from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
 from ..flags import ConfigError
 from ..engine.model import check_pretrained
 from ..run_folder.layout import CHECKPOINT_DIR_NAME
@@ -63,7 +63,7 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
     total_steps = steps_per_epoch * cfg.epochs
     batch_size = cfg.data.batch_size
     text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {asdict(cfg.loss.options)}; {world_size} rank(s) x "
-            f"batch {batch_size} x accum {accum_freq} = {world_size * batch_size * accum_freq} samples "
+            f"batch {batch_size} x accum {accum_freq} = {samples_per_step(batch_size, world_size, accum_freq)} samples "
             f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
             f"{total_steps} steps in {cfg.epochs} epochs")
     warnings = []

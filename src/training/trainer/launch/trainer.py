@@ -28,7 +28,7 @@ from .folder import (LossRecords, build_run_paths, check_dry_run_checkpoint_spac
                      hold_run_dir, launch_note, recorded_args, run_dir_collision, run_folder_warnings, write_params)
 from .resume import resume_or_start_over
 from .startup import StartupPlan, check_startup, resume_note
-from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data, samples_per_step
 from ..distributed import (DistributedEnv, DistributedStartError, any_rank, init_distributed, shutdown, unwrap_model,
                            wrap_ddp)
 from ..engine.checkpoint import Checkpointer, TrainState, run_components
@@ -62,8 +62,8 @@ class RunSummary:
     @property
     def record(self) -> RunDir:
         """The run folder's reader: metrics (`RunDir.metrics`), validation results (`results`), checkpoints by
-        number (`epoch_checkpoint`, `step_checkpoint`) and the flags of the last launch as params.txt recorded
-        them (`recorded_flags`, values as text)."""
+        number (`epoch_checkpoint`, `step_checkpoint`) and the last launch's arguments as values
+        (`recorded_args`; `params.config_from_record` makes them its `RunConfig`)."""
         if self.run_dir is None:
             raise ValueError("this run wrote no folder (--logs none)")
         return RunDir(self.run_dir)
@@ -187,9 +187,8 @@ class Trainer:
         self.state = TrainState()
         self.components = run_components(model=self.bundle.model, optimizer=self.optimizer,
                                          scaler=self.precision.scaler, loss=self.loss_fn, state=self.state)
-        self.global_batch = cfg.data.batch_size * env.world_size * cfg.train.accum_freq
         self.resumed_from = resume_or_start_over(cfg, self.recorded, self.paths, self.components,
-                                                 self.plan.num_batches, self.global_batch, env)
+                                                 self.plan.num_batches, env)
         self.files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
         write_params(self.recorded, self.paths, env, launch_note(env, self.resumed_from, self.state), self.files)
 
@@ -205,7 +204,8 @@ class Trainer:
         if self.imagenet is not None:
             self.imagenet.transform = bundle.preprocess_val
         # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
-        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * self.global_batch
+        step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
+        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * step_samples
                                      / state.samples_per_schedule_step)
         scheduler = build_scheduler(self.optimizer, cfg.schedule, scheduled_steps_per_epoch)
         model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,

@@ -4,6 +4,7 @@
     run.metrics("train")        # the metrics.jsonl records of one kind ("train", "epoch", "val", ...)
     run.results()               # checkpoints/results.jsonl: one record per evaluated epoch
     run.final_checkpoint()      # the newest checkpoints/epoch_N.pt
+    run.recorded_args()         # the last launch's arguments as values (params.json)
 
     python -m training.trainer.run_folder.layout logs/my-run --final-checkpoint    # the same, for shell scripts
 
@@ -17,11 +18,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 METRICS_NAME = "metrics.jsonl"
 RESULTS_NAME = "results.jsonl"      # in the checkpoint folder, beside the checkpoints it evaluates
-PARAMS_NAME = "params.txt"
+PARAMS_NAME = "params.txt"         # every launch's arguments as text, OpenCLIP's format
+ARGS_NAME = "params.json"          # the last launch's arguments as values, as its checkpoints store them
 LOG_NAME = "out.log"
 CHECKPOINT_DIR_NAME = "checkpoints"
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
@@ -125,19 +127,18 @@ class RunDir:
         """Where the loss's record `name` is kept (`Loss.records`: AdaCL's adacl_selection.json)."""
         return self.path / f"{name}.json"
 
-    def recorded_flags(self) -> Dict[str, str]:
-        """The arguments of the run's last launch as params.txt records them (`name: value`, values as text);
-        empty before the first launch wrote it."""
-        if not self.params_path.is_file():
+    @property
+    def args_path(self) -> Path:
+        return self.path / ARGS_NAME
+
+    def recorded_args(self) -> Dict[str, Any]:
+        """The arguments of the run's last launch as values (params.json; a checkpoint's `args` are the same):
+        every flag by destination, plus what the trainer derived from them (`loss_options`, `recipe_overrides`).
+        `training.trainer.launch.params.config_from_record` makes them the run's `RunConfig` again. Empty
+        before the first launch wrote them."""
+        if not self.args_path.is_file():
             return {}
-        flags: Dict[str, str] = {}
-        for line in self.params_path.read_text().splitlines():
-            if line.startswith("# launch"):
-                flags = {}
-            elif ": " in line:
-                name, _, value = line.partition(": ")
-                flags[name] = value
-        return flags
+        return json.loads(self.args_path.read_text())
 
     def final_checkpoint(self) -> Path:
         """The newest epoch_N.pt; a clear error if the run wrote none."""

@@ -42,11 +42,8 @@ _HANDLER_TAG = "_open_clip_adacl_handler"
 def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: int = 0,
                   log_all_ranks: bool = False) -> None:
     """Log to stderr (and `log_file`); replaces handlers from an earlier call in the same process."""
+    end_logging()
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if getattr(handler, _HANDLER_TAG, False):
-            root.removeHandler(handler)
-            handler.close()
     fmt = _FORMAT if rank == 0 else _FORMAT.replace("%(levelname)s", f"rank {rank} | %(levelname)s")
     formatter = logging.Formatter(fmt, datefmt="%Y-%m-%d,%H:%M:%S")
     handlers = [logging.StreamHandler()]
@@ -58,6 +55,16 @@ def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: i
         root.addHandler(handler)
     # Other ranks log warnings only, unless asked to log everything.
     root.setLevel(level if rank == 0 or log_all_ranks else max(level, logging.WARNING))
+
+
+def end_logging() -> None:
+    """Remove (and close) the handlers `setup_logging` added, so that a process's later lines reach neither
+    a finished run's out.log nor the stderr it had then."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_TAG, False):
+            root.removeHandler(handler)
+            handler.close()
 
 
 class RunLogFile(logging.FileHandler):

@@ -82,8 +82,8 @@ def checkpoint_identity(checkpoint: str) -> Dict[str, Optional[str]]:
 def trained_data_seed(run: "RunDir") -> Optional[str]:
     """The data seed of the data a run trained on, from the manifest.json of the data folder holding its
     recorded --train-data (up to two folders above the shards); None when unknown."""
-    train_data = run.recorded_flags().get("train_data")
-    if not train_data or train_data == "None":
+    train_data = run.recorded_args().get("train_data")
+    if not train_data:
         return None
     folder = Path(train_data.split("::")[0]).parent
     for candidate in (folder, folder.parent, folder.parent.parent):

@@ -50,8 +50,7 @@ class CsvFile(DataSource):
     def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
         rows = read_csv_rows(cfg.train_data, self.options(cfg), "train_data (--train-data)")
         num_readers = max(1, cfg.workers)
-        num_batches = batches_per_epoch(cfg.train_num_samples or len(rows), cfg.batch_size * cfg.world_size,
-                                        num_readers)
+        num_batches = batches_per_epoch(cfg.train_num_samples or len(rows), cfg, num_readers)
         check_skip(cfg.skip_batches, num_batches)
         stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
                            shared_epoch=SharedEpoch(epoch), start_epoch=epoch,

@@ -34,7 +34,7 @@ class WebdatasetShards(DataSource):
             raise ValueError(f"no sizes.json next to the shards of {cfg.train_data!r}: pass train_num_samples "
                              "(--train-num-samples) with the number of training samples")
         num_readers = max(1, cfg.workers)
-        num_batches = batches_per_epoch(num_samples, cfg.batch_size * cfg.world_size, num_readers)
+        num_batches = batches_per_epoch(num_samples, cfg, num_readers)
         if cfg.batch_size % cfg.group_size:
             logger.warning(f"batch size {cfg.batch_size} is not a multiple of --train-group-size {cfg.group_size}: "
                            "batch boundaries cut some groups in two")
