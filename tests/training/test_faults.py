@@ -418,7 +418,7 @@ def test_two_launches_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
 
 def test_a_run_folder_that_takes_no_lock_file_is_one_error_line(demo_shards, base_run, tmp_path):
     """--resume latest into a folder where run.lock cannot be written (here: a folder in its place; a read-only
-    folder fails the same way, scripts/fault_table.py mounts one): one line, before any step."""
+    folder fails the same way, tests/fault_table.py mounts one): one line, before any step."""
     run_dir = tmp_path / "locked"
     shutil.copytree(base_run, run_dir)
     (run_dir / "run.lock").mkdir()

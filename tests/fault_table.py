@@ -2,9 +2,10 @@
 (CPU), each fault injected for real (signals, truncated, bit-flipped and empty files, a file-size limit, a
 full tmpfs, /dev/full, failing and stalling pipes, device files as images, absent ranks, a second launch, two
 launches racing for a stale lock, a diverging loss, a read-only run folder), printing the "fault -> what happens
--> what is lost" table of docs/cluster.md. The process helpers are the tests' (tests/helpers/run_utils.py).
+-> what is lost" table of docs/cluster.md. It lives beside the tests because it is built on their harness
+(`helpers.run_utils`, `helpers.distributed_utils`, importable here as for any script in this folder).
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python scripts/fault_table.py [--work DIR]
+    PYTHONPATH=src OMP_NUM_THREADS=1 python tests/fault_table.py [--work DIR]
 
 Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
 of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
@@ -22,7 +23,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
 from training.trainer.launch.params import argv_from_values
 from training.trainer.run_folder.layout import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
@@ -42,12 +42,6 @@ SAVE_EVERY = 5
 SIGNAL_AT = 11    # mid-epoch 1
 NAN_LR = 1e3      # a learning rate that makes the loss non-finite from step 3 on (--warmup 1)
 PREEMPTED = 75
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Bench:
