@@ -611,6 +611,10 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="fault-table-"))
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work)
+
+    def on_1_and_2_ranks(case: Callable[[int], Any]) -> Callable[[], List[Any]]:
+        return lambda: [case(ranks) for ranks in (1, 2)]
+
     cases = {
         "preemption": lambda: [bench.preemption(*case) for case in (
             (1, "trainer", signal.SIGTERM, "SIGTERM, 1 rank"), (1, "trainer", signal.SIGUSR1, "SIGUSR1, 1 rank"),
@@ -623,22 +627,22 @@ def main() -> None:
         "broken_checkpoints": bench.broken_checkpoints,
         "pipes": bench.pipes,
         "absent_ranks": bench.absent_ranks,
-        "damaged_checkpoint": lambda: [bench.damaged_checkpoint(ranks) for ranks in (1, 2)],
-        "second_launch": lambda: [bench.second_launch(ranks) for ranks in (1, 2)],
-        "stalled_pipe": lambda: [bench.stalled_pipe(ranks) for ranks in (1, 2)],
-        "signal_at_startup": lambda: [bench.signal_at_startup(ranks) for ranks in (1, 2)],
-        "records_on_a_full_disk": lambda: [bench.records_on_a_full_disk(ranks) for ranks in (1, 2)],
+        "damaged_checkpoint": on_1_and_2_ranks(bench.damaged_checkpoint),
+        "second_launch": on_1_and_2_ranks(bench.second_launch),
+        "stalled_pipe": on_1_and_2_ranks(bench.stalled_pipe),
+        "signal_at_startup": on_1_and_2_ranks(bench.signal_at_startup),
+        "records_on_a_full_disk": on_1_and_2_ranks(bench.records_on_a_full_disk),
         "checkpoints_on_a_full_disk": bench.checkpoints_on_a_full_disk,
         "start_over": bench.start_over,
         "changed_schedule": bench.changed_schedule,
         "torchrun_config_error": bench.torchrun_config_error,
-        "stalled_first_shard": lambda: [bench.stalled_first_shard(ranks) for ranks in (1, 2)],
-        "signal_during_a_stalled_read": lambda: [bench.signal_during_a_stalled_read(ranks) for ranks in (1, 2)],
-        "dashboards_on_a_full_disk": lambda: [bench.dashboards_on_a_full_disk(ranks) for ranks in (1, 2)],
+        "stalled_first_shard": on_1_and_2_ranks(bench.stalled_first_shard),
+        "signal_during_a_stalled_read": on_1_and_2_ranks(bench.signal_during_a_stalled_read),
+        "dashboards_on_a_full_disk": on_1_and_2_ranks(bench.dashboards_on_a_full_disk),
         "csv_device_paths": bench.csv_device_paths,
         "lock_race": bench.lock_race,
-        "nan_streak": lambda: [bench.nan_streak(ranks) for ranks in (1, 2)],
-        "read_only_resume": lambda: [bench.read_only_resume(ranks) for ranks in (1, 2)],
+        "nan_streak": on_1_and_2_ranks(bench.nan_streak),
+        "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
         "text_only_first_shard": bench.text_only_first_shard,

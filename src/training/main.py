@@ -34,7 +34,12 @@ from .trainer.preemption import Preempted
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
     """The command line's run: `run(config)` of the parsed, checked flags (None for --dry-run)."""
-    return run(params.checked_config(params.parse_args(argv)))  # from here on nothing reads args
+    return run(_config(argv))
+
+
+def _config(argv: Optional[Sequence[str]]) -> RunConfig:
+    """The checked run config of a command line; from here on nothing reads args."""
+    return params.checked_config(params.parse_args(argv))
 
 
 def run(cfg: RunConfig) -> Optional[RunSummary]:
@@ -55,7 +60,7 @@ def cli() -> None:
     could not be written or a collective that failed (another rank died or timed out) is logged in one
     line and exits with 1; a preempted run (its step checkpoint saved) exits with 75 (PREEMPTED_EXIT_CODE)."""
     try:  # the run's log handlers stay until the process exits: the lines below reach the console and out.log
-        Trainer(params.checked_config(params.parse_args(sys.argv[1:]))).run()
+        Trainer(_config(sys.argv[1:])).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -17,7 +17,7 @@ from .folder import RunPaths, is_inside, start_over
 from ..run_folder.checkpoint_files import (checkpoint_candidates, first_line, load_checkpoint, roll_back,
                                            saved_world_size)
 from ..run_folder.records import trim_to_resume_point
-from ..data import DataPosition, global_batch, samples_per_step
+from ..data import DataPosition, global_batch
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..flags import MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
 
@@ -223,11 +223,11 @@ def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args:
 
 
 def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: RunPaths, components: Dict[str, Any],
-                         num_batches: int, env: DistributedEnv) -> Optional[str]:
+                         num_batches: int, step_samples: int, env: DistributedEnv) -> Optional[str]:
     """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
     folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
-    `num_batches` is this rank's batches per epoch."""
-    step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
+    `num_batches` is this rank's batches per epoch, `step_samples` its samples per optimizer step
+    (`data.samples_per_step`)."""
     request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
                             reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
     state: TrainState = components["train"]

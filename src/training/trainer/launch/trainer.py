@@ -187,8 +187,9 @@ class Trainer:
         self.state = TrainState()
         self.components = run_components(model=self.bundle.model, optimizer=self.optimizer,
                                          scaler=self.precision.scaler, loss=self.loss_fn, state=self.state)
+        self.step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
         self.resumed_from = resume_or_start_over(cfg, self.recorded, self.paths, self.components,
-                                                 self.plan.num_batches, env)
+                                                 self.plan.num_batches, self.step_samples, env)
         self.files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
         write_params(self.recorded, self.paths, env, launch_note(env, self.resumed_from, self.state), self.files)
 
@@ -204,8 +205,7 @@ class Trainer:
         if self.imagenet is not None:
             self.imagenet.transform = bundle.preprocess_val
         # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
-        step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
-        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * step_samples
+        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * self.step_samples
                                      / state.samples_per_schedule_step)
         scheduler = build_scheduler(self.optimizer, cfg.schedule, scheduled_steps_per_epoch)
         model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,
