@@ -19,7 +19,9 @@ the peak resident set of a fresh subprocess per case above its resident set once
 the fused passes are compiled (on a smaller batch, so the measured loss still allocates its own
 buffers; tracemalloc does not see torch's allocations); on CUDA `torch.cuda.max_memory_allocated`
 above the allocation before the step. Everything is reported relative to ClipLoss measured in the
-same run, and `auto / best` compares auto with the faster of fused and eager. The report names the
+same run, and `auto / best` compares auto with the faster of fused and eager (by their medians). In one
+process, each ratio also comes paired: the geometric mean over rounds of the two cases' times in the
+same round, with its 95% interval, which leaves out the drift between rounds. The report names the
 machine (CPU model and family from /proc/cpuinfo, cores, GPU), auto's choices, and the load average
 before and after the run, which on a shared machine says how far to trust the times.
 
@@ -45,6 +47,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from training.loss_comparison.stats import paired_ratio
 
 MODES = ("literal", "calibrated")
 # Selection path -> OPEN_CLIP_ADACL_FUSED.
@@ -112,8 +116,8 @@ def _synchronize(device: str) -> None:
 
 
 def time_cases(num: int, dim: int, device: str, repeats: int, inputs: str,
-               paths: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Median wall-clock seconds and median CPU seconds (this process, all threads) per forward+backward of
+               paths: Sequence[str]) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
+    """Wall-clock seconds and CPU seconds (this process, all threads) of each round's forward+backward of
     each case, rounds interleaved (in an order rotated each round) so drift and order hit all alike. On a
     machine shared with other jobs the CPU time moves less than the wall clock: it leaves out the time the
     process waits for a core."""
@@ -134,8 +138,7 @@ def time_cases(num: int, dim: int, device: str, repeats: int, inputs: str,
             _synchronize(device)
             seconds[case].append(time.perf_counter() - start)
             cpu_seconds[case].append(time.process_time() - cpu_start)
-    return ({case: statistics.median(values) for case, values in seconds.items()},
-            {case: statistics.median(values) for case, values in cpu_seconds.items()})
+    return seconds, cpu_seconds
 
 
 def _resident_bytes(field: str) -> int:
@@ -183,21 +186,34 @@ def markdown_table(rows: Sequence[dict]) -> str:
     eager in that mode (wall clock, and CPU time)."""
     memory = any("peak_bytes" in row for row in rows)
     spread = any("processes" in row for row in rows)
+    paired = any("paired_ratio" in row for row in rows)
     lines = ["| inputs | N | loss | path | time (ms) | time ratio | " + ("ratio range | " if spread else "") +
-             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") + "auto / best | "
+             ("paired ratio (95%) | " if paired else "") +
+             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") + "auto / best | " +
+             ("paired auto / best (95%) | " if paired else "") +
              "auto / best, CPU time |" + (" peak memory (MiB) | memory ratio |" if memory else ""),
-             "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + "---:|---:|" + ("---:|" if spread else "") +
-             "---:|---:|" + ("---:|---:|" if memory else "")]
+             "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + ("---:|" if paired else "") + "---:|---:|" +
+             ("---:|" if spread else "") + "---:|" + ("---:|" if paired else "") + "---:|" +
+             ("---:|---:|" if memory else "")]
     for row in rows:
         line = (f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
                 f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
+                (f"{_interval(row.get('paired_ratio'))} | " if paired else "") +
                 f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
                 (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "") +
-                f"{_optional(row.get('auto_over_best'))} | {_optional(row.get('auto_over_best_cpu'))} |")
+                f"{_optional(row.get('auto_over_best'))} | " +
+                (f"{_interval(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
+                f"{_optional(row.get('auto_over_best_cpu'))} |")
         if memory:
             line += f" {row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _interval(ratio: Optional[Tuple[float, float, float]], against: Optional[str] = None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" + (f" vs {against}" if against else "")
 
 
 def _range(bounds: Optional[Tuple[float, float]]) -> str:
@@ -206,6 +222,12 @@ def _range(bounds: Optional[Tuple[float, float]]) -> str:
 
 def _optional(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def best_path(seconds: Dict[str, float], mode: str) -> Optional[str]:
+    """The faster of fused and eager in `mode` by their median times (None unless both were measured)."""
+    times = {path: seconds.get(case_name(mode, path)) for path in ("fused", "eager")}
+    return None if None in times.values() else min(times, key=times.__getitem__)
 
 
 def auto_over_best(seconds: Dict[str, float], mode: str) -> Optional[float]:
@@ -262,7 +284,9 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads
     rows = []
     for inputs in inputs_kinds:
         for num in sizes:
-            seconds, cpu_seconds = time_cases(num, dim, device, repeats, inputs, paths)
+            rounds, cpu_rounds = time_cases(num, dim, device, repeats, inputs, paths)
+            seconds = {case: statistics.median(values) for case, values in rounds.items()}
+            cpu_seconds = {case: statistics.median(values) for case, values in cpu_rounds.items()}
             peak = {case: measure_peak_memory(case, num, dim, device, threads, inputs) for case in seconds} if memory else {}
             for case in seconds:
                 loss, _, path = case.partition("/")
@@ -271,6 +295,13 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads
                        "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
                        "auto_over_best": auto_over_best(seconds, loss.split("-", 1)[1]) if path == "auto" else None,
                        "auto_over_best_cpu": auto_over_best(cpu_seconds, loss.split("-", 1)[1]) if path == "auto" else None}
+                if case != "clip":
+                    row["paired_ratio"] = paired_ratio(rounds[case], rounds["clip"])
+                    if path == "auto":
+                        best = best_path(seconds, loss.split("-", 1)[1])
+                        if best is not None:
+                            row.update(best_path=best, paired_auto_over_best=paired_ratio(
+                                rounds[case], rounds[case_name(loss.split("-", 1)[1], best)]))
                 if memory:
                     # Tiny batches can reuse freed heap memory, leaving nothing to compare.
                     row.update(peak_bytes=peak[case],

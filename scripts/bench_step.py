@@ -9,7 +9,8 @@ backward, AdamW, logit-scale clamp: what `train_one_epoch` runs per step) on one
 already on the device, so data loading is left out. After --warmup-steps steps per loss, --repeats rounds
 interleave the losses so that drift on a shared machine hits all of them alike; each loss's step
 time is the median of its rounds, the ratio is that against the first loss's (clip) in the same
-run, and the paired ratio the median over rounds of the two losses' back-to-back step times.
+run, and the paired ratio the geometric mean over rounds of the two losses' back-to-back step times,
+with its 95% interval (each loss goes first in turn).
 Each round also times every loss alone (forward and backward on the model's features of the
 batch, detached): the loss's share is its median over the step's, what a faster or slower loss
 can change in the step.
@@ -28,6 +29,7 @@ import torch
 from open_clip_adacl import create_loss
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
+from training.loss_comparison.stats import paired_ratio
 from training.trainer.launch.tool_flags import add_trainer_flags
 from training.trainer.engine.precision import build_precision, resolve_precision
 from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
@@ -114,27 +116,30 @@ def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, devic
             loss_seconds(trainee, features, device)
     seconds: Dict[str, List[float]] = {loss: [] for loss in losses}
     alone: Dict[str, List[float]] = {loss: [] for loss in losses}
-    for _ in range(repeats):
-        for loss, trainee in trainees.items():
-            seconds[loss].append(step_seconds(trainee, batch, step_precision, device))
-            alone[loss].append(loss_seconds(trainee, features, device))
+    for round_index in range(repeats):
+        shift = round_index % len(losses)  # each loss goes first in turn, so order hits all alike
+        for loss in list(losses[shift:]) + list(losses[:shift]):
+            seconds[loss].append(step_seconds(trainees[loss], batch, step_precision, device))
+            alone[loss].append(loss_seconds(trainees[loss], features, device))
     medians = {loss: statistics.median(values) for loss, values in seconds.items()}
     baseline = losses[0]
     return [{"model": model_name, "batch_size": batch_size, "loss": loss, "seconds": medians[loss],
              "samples_per_second": batch_size / medians[loss], "ratio": medians[loss] / medians[baseline],
-             # Within a round the losses ran back to back: the median of those ratios discounts drift.
-             "paired_ratio": statistics.median(ours / theirs for ours, theirs in zip(seconds[loss], seconds[baseline])),
+             # Within a round the losses ran back to back: pairing their times removes the drift between rounds.
+             "paired_ratio": paired_ratio(seconds[loss], seconds[baseline]),
              "loss_seconds": statistics.median(alone[loss]),
              "loss_share": statistics.median(alone[loss]) / medians[loss],
              "rounds": seconds[loss]} for loss in losses]
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio | loss alone (ms) | "
+    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio (95%) | loss alone (ms) | "
              "loss's share of the step |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
+        paired = row["paired_ratio"]
+        paired_text = "-" if paired is None else f"{paired[0]:.3f} [{paired[1]:.3f}, {paired[2]:.3f}]"
         lines.append(f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
-                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {row['paired_ratio']:.3f} | "
+                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {paired_text} | "
                      f"{row['loss_seconds'] * 1e3:.1f} | {row['loss_share']:.1%} |")
     return "\n".join(lines)
 

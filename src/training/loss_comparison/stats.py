@@ -251,6 +251,19 @@ class PairedDifference:
         return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float], confidence: float = 0.95
+                 ) -> Optional[Tuple[float, float, float]]:
+    """The geometric mean of `ours[i] / theirs[i]` over paired measurements (two cases timed in the same
+    round of a benchmark) with its interval at `confidence` (paired t on the logarithms): the pairing
+    removes the drift both met in a round, which a ratio of two medians keeps. None with fewer than 2 pairs;
+    the same ratio in every pair is its own interval."""
+    difference = PairedDifference(tuple(math.log(a) - math.log(b) for a, b in zip(ours, theirs)))
+    if difference.n < 2:
+        return None
+    low, high = difference.interval(confidence) or (difference.mean, difference.mean)
+    return math.exp(difference.mean), math.exp(low), math.exp(high)
+
+
 def paired_difference(records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
                       ) -> Optional[PairedDifference]:
     """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data

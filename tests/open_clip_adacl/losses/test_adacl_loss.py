@@ -238,9 +238,18 @@ def _script(name):
 def test_bench_loss_measures_every_case(monkeypatch):
     monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", "auto")  # the benchmark sets it per case
     bench = _script("bench_loss")
-    for seconds in bench.time_cases(64, 16, "cpu", 1, "trained-50", ("auto", "eager")):  # wall clock, CPU time
-        assert list(seconds) == ["clip", "adacl-literal/auto", "adacl-literal/eager", "adacl-calibrated/auto",
-                                 "adacl-calibrated/eager"] and all(s > 0 for s in seconds.values())
+    for rounds in bench.time_cases(64, 16, "cpu", 2, "trained-50", ("auto", "eager")):  # wall clock, CPU time
+        assert list(rounds) == ["clip", "adacl-literal/auto", "adacl-literal/eager", "adacl-calibrated/auto",
+                                "adacl-calibrated/eager"]
+        assert all(len(times) == 2 and min(times) > 0 for times in rounds.values())
+    from training.loss_comparison.stats import paired_ratio
+
+    # Paired by round: a case twice as slow in every round is 2x whatever the drift between rounds.
+    ratio, low, high = paired_ratio([2.0, 4.0, 3.0], [1.0, 2.0, 1.5])
+    assert ratio == pytest.approx(2.0) and low == pytest.approx(2.0) and high == pytest.approx(2.0)
+    ratio, low, high = paired_ratio([1.1, 0.9, 1.0, 1.2], [1.0, 1.0, 1.0, 1.0])
+    assert low < ratio < high and ratio == pytest.approx((1.1 * 0.9 * 1.2) ** 0.25)
+    assert paired_ratio([1.0], [1.0]) is None
     assert bench.peak_memory_worker("adacl-calibrated/eager", 256, 16, "cpu", "random") >= 0
     row = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "auto", "seconds": 0.01, "cpu_seconds": 0.02,
            "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25, "auto_over_best_cpu": 0.5}
@@ -252,6 +261,10 @@ def test_bench_loss_measures_every_case(monkeypatch):
                                                                                ("eager", 2.0))}
     assert bench.auto_over_best(seconds, "calibrated") == pytest.approx(1.1)
     assert bench.auto_over_best(seconds, "literal") is None
+    assert bench.best_path(seconds, "calibrated") == "fused" and bench.best_path(seconds, "literal") is None
+    paired = {**row, "paired_ratio": (1.1, 1.0, 1.2), "paired_auto_over_best": (1.01, 0.98, 1.04), "best_path": "fused"}
+    assert ("| 1.000 | 1.100 [1.000, 1.200] | 20.0 | 1.000 | 1.250 | 1.010 [0.980, 1.040] vs fused | 0.500 |"
+            in bench.markdown_table([paired]))
     machine = bench.describe_machine("cpu", 2)
     assert machine.startswith("CPU ") and " cores, 2 torch thread(s)" in machine
 
