@@ -18,7 +18,7 @@ from open_clip_adacl.losses.adacl import AdaCLLoss
 
 from ..trainer.launch.config import run_flags, source_option_flags
 from ..trainer.data import DataConfig, DataError, get_data_source, global_batch, resolve_dataset_type
-from ..trainer.data.registry import AUTO
+from ..trainer.data.registry import makes_its_own_samples
 from ..trainer.flags import config_from_args
 from ..trainer.distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
 from ..trainer.run_folder.logger import setup_logging
@@ -93,7 +93,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if args.checkpoint and args.pretrained:
         raise ValueError("--pretrained loads weights into --model; --checkpoint brings its own: pass one of them")
-    if args.data is None and (args.dataset_type == AUTO or get_data_source(args.dataset_type).reads_data):
+    if args.data is None and not makes_its_own_samples(args.dataset_type):
         raise ValueError("--data is required: webdataset shards, a csv/tsv file, or the data of --dataset-type")
     if "," in args.caption_key:
         raise ValueError(f"--caption-key {args.caption_key}: discovery reads one caption field; pass one of them")

@@ -10,10 +10,10 @@ and counted instead of stopping the run.
 """
 from . import sources  # noqa: F401 - registers the built-in data sources
 from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason, global_batch, samples_per_step
-from .loader import LoaderInfo, build_train_data, build_val_data, check_data_fields
+from .loader import build_train_data, build_val_data, check_data_fields
 from .position import DataPosition
-from .registry import (DataSource, dataset_type_help, get_data_source, register_data_source, registered_dataset_types,
-                       resolve_dataset_type)
+from .registry import dataset_type_help, registered_dataset_types, resolve_dataset_type
+from .source import DataSource, LoaderInfo, get_data_source, register_data_source
 from .samples import FAMILY_FIELD, NO_FAMILY, SkipCounter
 from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .sources.csv_file import CsvRow, CsvStream, read_csv_rows

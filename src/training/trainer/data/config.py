@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
-from .registry import AUTO, dataset_type_help, get_data_source, registered_dataset_types
+from .registry import AUTO, dataset_type_help, makes_its_own_samples, registered_dataset_types
 
 SKIP_REASONS = (
     "unreadable_shard",  # the shard file could not be opened or read (counted once per visit)
@@ -108,11 +108,8 @@ class DataConfig:
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
 
-    def _makes_its_own_samples(self) -> bool:
-        return self.dataset_type != AUTO and not get_data_source(self.dataset_type).reads_data
-
     def check(self) -> None:
-        if self.train_data is None and not self._makes_its_own_samples():
+        if self.train_data is None and not makes_its_own_samples(self.dataset_type):
             raise ConfigError("--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
                               "or use --dataset-type synthetic for a smoke test")
         if self.batch_size < 1:

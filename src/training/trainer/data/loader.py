@@ -8,21 +8,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-from open_clip_train.data import DataInfo, SharedEpoch
+from open_clip_train.data import SharedEpoch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import SKIP_REASONS, DataConfig, global_batch
-from .registry import get_data_source, resolve_dataset_type
+from .registry import resolve_dataset_type
 from .samples import NO_FAMILY
+from .source import LoaderInfo, get_data_source
 from .stream import ShardStream
-
-
-@dataclass
-class LoaderInfo(DataInfo):
-    """OpenCLIP's DataInfo (dataloader, set_epoch, shared_epoch) plus the epoch's size per rank."""
-
-    num_samples: int = 0
-    num_batches: int = 0
 
 
 def build_train_data(cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int = 0) -> LoaderInfo:

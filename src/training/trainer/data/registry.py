@@ -1,84 +1,24 @@
-"""Name -> data source, the values of `--dataset-type`. A source declares the file endings `auto`
-picks it for; registration refuses a name or an ending another source already has, so `auto` never
-has to choose."""
+"""Name -> data source: the values of `--dataset-type`, and which source "auto" picks for the data given. A
+source declares the file endings `auto` picks it for; registration refuses a name or an ending another
+source already has, so `auto` never has to choose. What a source is (`DataSource`) and the decorator that
+registers one are in `source`, which builds on these names, as the flags (`config`) do."""
 from __future__ import annotations
 
-import abc
 import inspect
-from typing import TYPE_CHECKING, Callable, ClassVar, Sequence, Tuple, Type
+from typing import Tuple
 
 from open_clip_adacl.registry import Registry
 
-from ..flags import NoOptions, check_component_options
-from .ordered import OrderedPass
-
-if TYPE_CHECKING:  # the config and loader modules import this registry
-    from .config import DataConfig
-    from .loader import LoaderInfo
-
-# The registry is the bottom of training.trainer.data: `DataConfig` (training.trainer.data.config) and `LoaderInfo`
-# (training.trainer.data.loader) import it, so the sources' signatures below name them without importing them.
+from ..flags import check_component_options
 
 AUTO = "auto"
 
 
-class DataSource(abc.ABC):
-    """A kind of data `--dataset-type` names: how its training and validation loaders are built.
-
-    The loaders yield OpenCLIP-style batches `(images, texts, sample_index, skip_counts)` (see
-    `training.trainer.data`); `training.trainer.data.loader` has the helpers that make one from a stream of whole
-    batches (`stream_data`) or from a map-style dataset of samples (`indexed_data`).
-    """
-
-    description: ClassVar[str] = ""
-    """What --dataset-type's help says of this source (a short phrase)."""
-    suffixes: ClassVar[Tuple[str, ...]] = ()
-    """Endings of --train-data / --val-data (".tar") for which --dataset-type auto picks this source."""
-    reads_data: ClassVar[bool] = True
-    """False for a source that makes its own samples and needs no --train-data / --val-data."""
-    Options: ClassVar[type] = NoOptions
-    """The source's own flags (a frozen dataclass of `flag(...)` fields, e.g. csv's --csv-separator); the run's
-    values reach it as `cfg.source_options`."""
-
-    def options(self, cfg: DataConfig):
-        """This source's options in `cfg` (its declared defaults when `cfg` carries another's or none)."""
-        return cfg.source_options if isinstance(cfg.source_options, self.Options) else self.Options()
-
-    @abc.abstractmethod
-    def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
-        """The training loader of `cfg.train_data`, positioned at `epoch` and `cfg.skip_batches` batches into it.
-
-        Every epoch has the same number of batches per rank; a batch's samples depend only on the
-        data, the seed, the epoch and the batch's position, so a resumed run reads what the
-        interrupted one would have.
-        """
-
-    @abc.abstractmethod
-    def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
-        """One unshuffled pass over `cfg.val_data`."""
-
-    def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
-        """One pass over `data` in its own order, checked as training checks it (training.trainer.data.ordered), for
-        tools that read a dataset (discovery); `data_flag` names the flag that gave `data` in errors. A source
-        that cannot give one says so."""
-        raise ValueError(f"{type(self).__name__} has no ordered pass (training.trainer.data.ordered), so only training "
-                        "reads it; give data of another --dataset-type")
-
-    def check_fields(self, cfg: DataConfig) -> None:
-        """Before any work: the first samples of `cfg.train_data` (and `cfg.val_data`) carry the fields the run
-        reads, else a ValueError naming the flag and the fields present. Nothing to check by default."""
-
-
-def register_data_source(name: str, aliases: Sequence[str] = ()) -> Callable[[Type[DataSource]], Type[DataSource]]:
-    """`@register_data_source("name")`: `--dataset-type name`; `aliases` are old names that still select it."""
-    return SOURCES.register(name, aliases)
-
-
 def _check_declaration(name: str, cls: type) -> None:
+    """What registration refuses beyond a taken name: `source.register_data_source` has already checked that
+    `cls` is a `DataSource`."""
     if name == AUTO:
         raise ValueError(f"data source {name!r} is already --dataset-type's own value")
-    if not (isinstance(cls, type) and issubclass(cls, DataSource)):
-        raise TypeError(f"data source {name!r}: {cls!r} is not a subclass of training.trainer.data.DataSource")
     check_component_options("data source", name, cls.Options)
     if inspect.isabstract(cls):
         raise TypeError(f"data source {name!r}: {cls.__name__} must implement train_data and val_data")
@@ -93,7 +33,8 @@ def _check_declaration(name: str, cls: type) -> None:
                              f"ending in {suffix!r}")
 
 
-SOURCES: Registry[Type[DataSource]] = Registry("data source", check=_check_declaration)
+# The registered `DataSource` subclasses (training.trainer.data.source), by name.
+SOURCES: Registry[type] = Registry("data source", check=_check_declaration)
 
 
 def registered_dataset_types() -> Tuple[str, ...]:
@@ -108,16 +49,22 @@ def dataset_type_help() -> str:
     return f"{sources}; auto (the default): by the data's ending, {_auto_suffixes()}."
 
 
-def get_data_source(name: str) -> DataSource:
+def source_class(name: str) -> type:
+    """The `DataSource` subclass registered as `name` (or an old name of it)."""
     if name not in SOURCES:
         raise ValueError(f"dataset_type {name!r} is not supported; choose one of {registered_dataset_types()}")
-    return SOURCES.get(name)()
+    return SOURCES.get(name)
+
+
+def makes_its_own_samples(dataset_type: str) -> bool:
+    """A registered source that reads no --train-data / --val-data (synthetic); False for "auto"."""
+    return dataset_type != AUTO and not source_class(dataset_type).reads_data
 
 
 def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
     """The source that reads `data` (--train-data or --val-data): `dataset_type` itself, or for "auto"
     the source declaring the suffix the data ends in."""
-    if dataset_type != AUTO and not get_data_source(dataset_type).reads_data:
+    if makes_its_own_samples(dataset_type):
         return dataset_type
     if data is None:
         own_samples = ", ".join(name for name, source in sorted(SOURCES.items()) if not source.reads_data)

@@ -34,7 +34,8 @@ from .config import RUN_PARTS, RunConfig, run_flags, with_canonical_names
 from ..distributed import resolved_device_type
 from ..flags import ConfigError, HelpGroup, config_from_args
 from ..engine.precision import resolve_precision
-from ..data.registry import get_data_source, resolve_dataset_type
+from ..data.registry import resolve_dataset_type
+from ..data.source import get_data_source
 from .recipes import RECIPES, RecipeError, recipe_values
 from ..engine.schedule import SCHEDULES
 

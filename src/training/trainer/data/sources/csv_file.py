@@ -23,10 +23,10 @@ from open_clip_train.data import SharedEpoch
 
 from ...flags import SAMPLE_ORDER, HelpGroup, flag
 from ..config import DataConfig, DataError
-from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
+from ..loader import batches_per_epoch, check_skip, stream_data, validation_batches
 from ..ordered import OrderedPass, PassItem, PassSample
-from ..registry import DataSource, register_data_source
 from ..samples import Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
+from ..source import DataSource, LoaderInfo, register_data_source
 from ..stream import ShardStream
 
 _FIELD_SIZE_LIMIT = 2**31 - 1  # the largest csv accepts

@@ -12,10 +12,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..config import DataConfig
-from ..loader import LoaderInfo, indexed_data
+from ..loader import indexed_data
 from ..ordered import OrderedPass, PassItem, PassSample
-from ..registry import DataSource, register_data_source
 from ..samples import SkipCounter, seeded, stable_hash
+from ..source import DataSource, LoaderInfo, register_data_source
 
 _SYNTHETIC_CAPTION = "Dummy caption"  # what OpenCLIP's SyntheticDataset uses
 _PASS_IMAGE_SIZE = (224, 224)  # an ordered pass has no transform to size its images for: OpenCLIP's default

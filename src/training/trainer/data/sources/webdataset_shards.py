@@ -9,11 +9,11 @@ from typing import Callable, Iterator
 from open_clip_train.data import SharedEpoch, expand_urls
 
 from ..config import DataConfig
-from ..loader import LoaderInfo, batches_per_epoch, check_skip, stream_data, validation_batches
-from ..registry import DataSource, register_data_source
+from ..loader import batches_per_epoch, check_skip, stream_data, validation_batches
 from ..ordered import OrderedPass, PassItem, PassSample
 from ..samples import SkipCounter
 from ..shards import check_sample_fields, check_shard_sample, check_shards, declared_dataset_size, read_shard
+from ..source import DataSource, LoaderInfo, register_data_source
 from ..stream import ShardStream
 
 _SHUFFLE_SIZE = 5000  # OpenCLIP's _SAMPLE_SHUFFLE_SIZE
