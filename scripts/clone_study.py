@@ -90,8 +90,9 @@ READ_FIRST = ("**Read first:** the positive controls (an oracle and HN-NCE) from
               "runs "
               "judged by the "
               "amended collapse rule and registered secondary family ([results/reassessed.md](results/reassessed.md)). "
-              "The regime reports below are as first written; their `adacl:preset=paper` runs ran our first reading of "
-              "Algorithm 1, now `--adacl-preset first-reading`.")
+              "The regime reports below hold their runs as first run, judged again by that rule and family "
+              "(`python scripts/reassess_study.py` rewrites them from their per-run CSVs); their "
+              "`adacl:preset=paper` runs ran our first reading of Algorithm 1, now `--adacl-preset first-reading`.")
 # The sections of each regime's report that RESULTS.md repeats (the rest stays in the regime's page).
 KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-negative selection",
                  "AdaCL mechanism", "Clone detection")
@@ -203,6 +204,17 @@ def sections(markdown: str) -> dict:
     return {title.strip(): body.strip() for title, body in zip(parts[1::2], parts[2::2])}
 
 
+def kept_section_lines(report: str) -> List[str]:
+    """The sections of a regime's report that RESULTS.md repeats (`KEPT_SECTIONS`), one level down, their links
+    pointing into results/ where the regime's plot and CSV sit beside its page."""
+    found, lines = sections(report), []
+    for title in KEPT_SECTIONS:
+        if title in found:
+            body = re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", found[title])
+            lines += [f"### {title}", "", body, ""]
+    return lines
+
+
 def setup_lines(markdown: str) -> List[str]:
     """The report's run description: the bullet lines before its first section."""
     head = markdown.split("\n## ", 1)[0]
@@ -265,7 +277,6 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
                       f"Not run yet: `python scripts/clone_study.py --regimes {name}` runs it.", ""]
             continue
         report = page.read_text()
-        found = sections(report)
         data_dir = scenes_dir(output_root, regime.combinations)
         lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
                   "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
@@ -281,12 +292,7 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         if missing:
             lines.append(f"- not run yet in this regime: {', '.join(f'`{label}`' for label in missing)} "
                          f"(`python scripts/clone_study.py --regimes {name}` runs them, reusing the finished runs)")
-        lines.append("")
-        for title in KEPT_SECTIONS:
-            if title in found:
-                # The regime's plot and CSV sit beside its page, in results/.
-                body = re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", found[title])
-                lines += [f"### {title}", "", body, ""]
+        lines += ["", *kept_section_lines(report)]
     text = "\n".join(lines)
     results_md.write_text(text + kept_tail(results_md))
     return text

@@ -1,10 +1,13 @@
 """The clone study's committed runs judged again: the collapse rule and the secondary family of the
 pre-registration's amendment (docs/preregistration.md), from the per-run CSVs the reports committed.
 
-    python scripts/reassess_study.py            # writes docs/results/reassessed.md
+    python scripts/reassess_study.py    # writes docs/results/reassessed.md, rewrites the regime reports and RESULTS.md
 
-The run folders behind docs/results/<regime>_runs.csv are not in the repository, so the reports themselves
-cannot be regenerated with `--report-only`; every number needed for the verdicts is in the CSVs. Those runs
+The run folders behind docs/results/<regime>_runs.csv are not in the repository, so the reports cannot be
+regenerated with `--report-only`; every number the reports' sections need is in the CSVs. So each regime's
+report keeps its header as first written (how, where and when its runs ran) and gets every section from
+`## Summary` on rendered again from its CSV under the amended rules, its plot redrawn; RESULTS.md repeats
+those sections (scripts/clone_study.py). reassessed.md lists the runs whose verdict changed. Those runs
 recorded no code version per run (their reports name one source tree with uncommitted changes), so their
 pairs are made across unknown code, and every table says so.
 """
@@ -14,16 +17,20 @@ import argparse
 import csv
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
-from training.loss_comparison.preregistration import from_file
+from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
 from training.loss_comparison.findings import paired_section, primary_table
+from training.loss_comparison.preregistration import Preregistration, from_file
+from training.loss_comparison.report import KEEP_MARKER, report_sections, write_plot
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 REGIMES = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
+# The line a rewritten regime report carries above its sections.
+JUDGED_AGAIN = "**Judged again:** "
 IDENTITY = {"label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds", "eval_seconds",
             "wall_seconds"}
 
@@ -44,10 +51,54 @@ def records_from_csv(path: Path) -> List[Dict[str, Any]]:
     return records
 
 
-def regime_lines(regime: str) -> List[str]:
-    records = [assess_run(record) for record in records_from_csv(RESULTS / f"{regime}_runs.csv")]
-    preregistration = from_file(f"docs/preregistration.md#{regime}")
-    records = with_endpoint(records, preregistration.metrics, preregistration.key)
+def judged_records(results: Path, regime: str) -> Tuple[List[Dict[str, Any]], Preregistration]:
+    """The regime's runs from its CSV, judged by the amended collapse rule, with the registered endpoint."""
+    records = [assess_run(record) for record in records_from_csv(results / f"{regime}_runs.csv")]
+    preregistration = from_file(f"docs/preregistration.md#{regime}")  # run from the repository root
+    return with_endpoint(records, preregistration.metrics, preregistration.key), preregistration
+
+
+def rewrite_report(results: Path, regime: str) -> str:
+    """The regime's report with its header as first written and every section rendered again from its CSV
+    (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
+    records, preregistration = judged_records(results, regime)
+    page = results / f"{regime}.md"
+    text = page.read_text()
+    tail_index = text.find(KEEP_MARKER)
+    tail = "" if tail_index < 0 else "\n" + text[tail_index:]
+    header = "\n".join(line for line in text.split("\n## Summary", 1)[0].split("\n")
+                       if not line.startswith(JUDGED_AGAIN)).rstrip()
+    summaries = summarize(records)
+    plot = results / f"{regime}.png"
+    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
+    note = (f"{JUDGED_AGAIN}the lines above are as first written; every section below is rendered again from "
+            f"[{regime}_runs.csv]({regime}_runs.csv) by `python scripts/reassess_study.py`, under the amended "
+            "collapse rule and registered secondary family (docs/preregistration.md); the CSV's verdict column is "
+            "the first judgment ([reassessed.md](reassessed.md) lists the runs it changed).")
+    body = report_sections(summaries, records, plot.name if has_plot else None, f"{regime}_runs.csv",
+                           preregistration)
+    new_text = "\n".join([header, "", note, "", *body]) + tail
+    page.write_text(new_text)
+    return new_text
+
+
+def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
+    """RESULTS.md's read-first paragraph and each regime's repeated sections (`clone_study.kept_section_lines`)
+    from the rewritten reports; its setup lines, which need the run folders, stay as they are."""
+    text = results_md.read_text()
+    start = text.index("**Read first:**")
+    text = text[:start] + READ_FIRST + text[text.index("\n", start):]
+    for regime, report in reports.items():
+        heading = text.index(f"## {STUDY_REGIMES[regime].title} (`{regime}`)\n")
+        first = text.index("\n### ", heading) + 1
+        end = text.find("\n## ", first)
+        end = len(text) if end < 0 else end + 1
+        text = text[:first] + "\n".join(kept_section_lines(report)) + text[end:]
+    results_md.write_text(text)
+
+
+def regime_lines(results: Path, regime: str) -> List[str]:
+    records, preregistration = judged_records(results, regime)
     labels = list(dict.fromkeys(record["label"] for record in records))
     changed = [f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
                f"{'; '.join(r['reasons']) or '-'} | {r['metrics'].get('train/final_loss', float('nan')):.3f} | "
@@ -55,7 +106,8 @@ def regime_lines(regime: str) -> List[str]:
                for r in records if r["verdict"] != r["previous_verdict"]]
     collapsed = {label: sum(r["verdict"] == "collapsed" for r in records if r["label"] == label) for label in labels}
     lines = [f"## {regime}", "",
-             f"From [{regime}_runs.csv]({regime}_runs.csv). Collapsed runs per variant under the amended rule: "
+             f"From [{regime}_runs.csv]({regime}_runs.csv); the report itself, [{regime}.md]({regime}.md), is "
+             "rendered again from it. Collapsed runs per variant under the amended rule: "
              + ", ".join(f"`{label}` {count}/{sum(r['label'] == label for r in records)}"
                          for label, count in collapsed.items()) + ".", ""]
     if changed:
@@ -74,7 +126,9 @@ def regime_lines(regime: str) -> List[str]:
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", type=Path, default=RESULTS / "reassessed.md")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS,
+                        help="the regime reports and their per-run CSVs (rewritten in place)")
+    parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
     args = parser.parse_args(argv)
     lines = ["# The clone study's runs, judged by the amended rules", "",
              "Generated by `python scripts/reassess_study.py` from the committed per-run CSVs. Collapse, one rule for "
@@ -85,9 +139,11 @@ def main(argv=None) -> Path:
              "family (per edit type accuracy, cosine margin and its 10th percentile; val R@1), Holm-corrected per "
              "regime (docs/preregistration.md, amendment).", ""]
     for regime in REGIMES:
-        lines += regime_lines(regime)
-    args.output.write_text("\n".join(lines) + "\n")
-    return args.output
+        lines += regime_lines(args.results_dir, regime)
+    output = args.results_dir / "reassessed.md"
+    output.write_text("\n".join(lines) + "\n")
+    refresh_results_md(args.results_md, {regime: rewrite_report(args.results_dir, regime) for regime in REGIMES})
+    return output
 
 
 if __name__ == "__main__":

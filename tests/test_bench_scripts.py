@@ -239,6 +239,9 @@ def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monke
     assert auto["time_ratio"] == 1.2 and auto["time_ratio_range"] == (1.1, 1.3) and auto["processes"] == 3
     assert eager["time_ratio"] == 1.2 and eager["time_ratio_range"] == (1.0, 1.4)
     assert "auto_over_best" not in auto  # no fused path measured
+    # each process's ratio to its own ClipLoss, paired: the geometric mean over the processes
+    assert auto["paired_ratio"][0] == pytest.approx((1.2 * 1.1 * 1.3) ** (1 / 3))
+    assert auto["paired_ratio"][1] < 1.1 and auto["paired_ratio"][2] > 1.3 and rows[0].get("paired_ratio") is None
     assert len(decisions) == 3
     table = bench.markdown_table(rows)
     assert "| ratio range |" in table and "| 1.200 | 1.100-1.300 |" in table
@@ -257,3 +260,26 @@ def test_the_margin_study_reads_its_own_registration_and_runs_only_in_transfer(c
     with pytest.raises(SystemExit):
         study.main(["--margins", "--regimes", "scratch"])
     assert "--margins is the transfer regime's study" in capsys.readouterr().err
+
+
+def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_writes(tmp_path, monkeypatch):
+    """The committed regime reports and RESULTS.md hold the runs judged by the amended rules: rendering them again
+    from their per-run CSVs changes nothing but the plots' bytes."""
+    import importlib.util
+    import shutil
+
+    shutil.copytree(REPO / "docs" / "results", tmp_path / "results")
+    shutil.copy(REPO / "docs" / "RESULTS.md", tmp_path / "RESULTS.md")
+    _clone_study()  # reassess_study imports it, as when run from scripts/
+    spec = importlib.util.spec_from_file_location("reassess_study", REPO / "scripts" / "reassess_study.py")
+    reassess = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reassess)
+    monkeypatch.chdir(REPO)  # the registrations are read from docs/, as the script is run
+    reassess.main(["--results-dir", str(tmp_path / "results"), "--results-md", str(tmp_path / "RESULTS.md")])
+    for name in ("scratch.md", "pseudo.md", "transfer.md", "reassessed.md"):
+        assert (tmp_path / "results" / name).read_text() == (REPO / "docs" / "results" / name).read_text(), name
+    assert (tmp_path / "RESULTS.md").read_text() == (REPO / "docs" / "RESULTS.md").read_text()
+    scratch = (tmp_path / "results" / "scratch.md").read_text()
+    assert scratch.count(reassess.JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
+    # seed 4 of the first reading: ok under the first rule, collapsed under the amended one
+    assert "| `adacl:preset=paper` | 0/5 ok (5 collapsed) |" in scratch

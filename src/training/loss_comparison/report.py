@@ -165,6 +165,17 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
         when,
         *budget_lines(context),
         "",
+        *report_sections(summaries, records, plot_name, csv_name, preregistration, missing),
+    ]
+    return "\n".join(lines)
+
+
+def report_sections(summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]],
+                    plot_name: Optional[str], csv_name: str, preregistration: Preregistration = Preregistration(),
+                    missing: Sequence[str] = ()) -> List[str]:
+    """The report's sections, from `## Summary` on: everything its runs' records decide (the verdicts, the
+    pairs, the tables), without the header that describes how and where they ran."""
+    lines = [
         "## Summary",
         "",
         *markdown_table(summaries, [k for k in (*HEADLINE_METRICS, *([preregistration.key] if preregistration.endpoint
@@ -187,11 +198,13 @@ def render_markdown(summaries: Sequence[VariantSummary], records: Sequence[Mappi
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
     flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
                                        for name in missing]
+    criteria = CollapseCriteria()
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
               f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: the final val CLIP loss (ClipLoss within "
-              f"each val batch, whatever loss trained the model) within {CollapseCriteria().loss_band:.0%} of its "
-              f"chance value ln(val batch), or mean val R@1 below {CollapseCriteria().recall_factor:g} x chance.", ""]
-    return "\n".join(lines)
+              f"each val batch, whatever loss trained the model) within {criteria.loss_band:.0%} of its chance value "
+              f"ln(val batch) with mean val R@1 below {criteria.above_chance_factor:g} x chance, or mean val R@1 below "
+              f"{criteria.recall_factor:g} x chance.", ""]
+    return lines
 
 
 RUN_FIELDS = ("label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds",
