@@ -21,7 +21,8 @@ buffers; tracemalloc does not see torch's allocations); on CUDA `torch.cuda.max_
 above the allocation before the step. Everything is reported relative to ClipLoss measured in the
 same run, and `auto / best` compares auto with the faster of fused and eager (by their medians). In one
 process, each ratio also comes paired: the geometric mean over rounds of the two cases' times in the
-same round, with its 95% interval, which leaves out the drift between rounds. The report names the
+same round, with its 95% interval, which leaves out the drift between rounds (with `--processes`, the
+geometric mean over the processes of each one's ratio to its own ClipLoss). The report names the
 machine (CPU model and family from /proc/cpuinfo, cores, GPU), auto's choices, and the load average
 before and after the run, which on a shared machine says how far to trust the times.
 
@@ -261,11 +262,17 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
             if row["loss"] == "clip" and path != args.paths[0]:
                 continue  # one ClipLoss row: the first path's processes
             samples = [payload["rows"][position] for payload in runs[path]]
-            merged = dict(row, processes=len(samples))
+            # A process's own pairs by round say nothing of the others: the row pairs each process's ratio with
+            # its own ClipLoss instead (the geometric mean over the processes and its 95% interval).
+            merged = {key: value for key, value in row.items() if not key.startswith(("paired_", "best_path"))}
+            merged["processes"] = len(samples)
             for field in ("seconds", "time_ratio", "cpu_seconds", "cpu_ratio"):
                 values = [sample[field] for sample in samples]
                 merged[field] = statistics.median(values)
                 merged[field + "_range"] = (min(values), max(values))
+            if row["loss"] != "clip":
+                ratios = [sample["time_ratio"] for sample in samples]
+                merged["paired_ratio"] = paired_ratio(ratios, [1.0] * len(ratios))
             rows.append(merged)
     order = {case: index for index, case in enumerate(cases(args.paths))}
     rows.sort(key=lambda row: (row["inputs"], row["N"], order["/".join(filter(None, (row["loss"], row["path"].strip("-"))))]))
