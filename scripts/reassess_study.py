@@ -91,9 +91,10 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     for regime, report in reports.items():
         heading = text.index(f"## {STUDY_REGIMES[regime].title} (`{regime}`)\n")
         first = text.index("\n### ", heading) + 1
-        end = text.find("\n## ", first)
-        end = len(text) if end < 0 else end + 1
-        text = text[:first] + "\n".join(kept_section_lines(report)) + text[end:]
+        # up to the next section, or to the part below KEEP_MARKER that clone_study.py keeps
+        end = min((index + 1 for index in (text.find("\n## ", first), text.find("\n" + KEEP_MARKER, first))
+                   if index >= 0), default=len(text))
+        text = text[:first] + "\n".join(kept_section_lines(report)) + "\n" + text[end:]
     results_md.write_text(text)
 
 
