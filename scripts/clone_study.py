@@ -205,14 +205,18 @@ def sections(markdown: str) -> dict:
 
 
 def kept_section_lines(report: str) -> List[str]:
-    """The sections of a regime's report that RESULTS.md repeats (`KEPT_SECTIONS`), one level down, their links
-    pointing into results/ where the regime's plot and CSV sit beside its page."""
+    """The sections of a regime's report that RESULTS.md repeats (`KEPT_SECTIONS`), one level down."""
     found, lines = sections(report), []
     for title in KEPT_SECTIONS:
         if title in found:
-            body = re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", found[title])
-            lines += [f"### {title}", "", body, ""]
+            lines += [f"### {title}", "", linked_from_results_md(found[title]), ""]
     return lines
+
+
+def linked_from_results_md(text: str) -> str:
+    """A regime report's text with its relative links pointing into results/, where its plot and CSV sit
+    beside its page, as RESULTS.md reads them."""
+    return re.sub(r"\]\((?!https?:|results/)([^)]+)\)", r"](results/\1)", text)
 
 
 def setup_lines(markdown: str) -> List[str]:
@@ -279,7 +283,7 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         report = page.read_text()
         data_dir = scenes_dir(output_root, regime.combinations)
         lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
-                  "", *setup_lines(report), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
+                  "", *map(linked_from_results_md, setup_lines(report)), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
         if regime.pretrain_combinations:
             epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
             lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {epochs} epochs (recipe "
