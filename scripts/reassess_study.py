@@ -71,7 +71,7 @@ def rewrite_report(results: Path, regime: str) -> str:
     summaries = summarize(records)
     plot = results / f"{regime}.png"
     has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
-    note = (f"{JUDGED_AGAIN}the lines above are as first written; every section below is rendered again from "
+    note = (f"{JUDGED_AGAIN}the lines above are as first written, but for the runs' summed time, added from the CSV; every section below is rendered again from "
             f"[{regime}_runs.csv]({regime}_runs.csv) by `python scripts/reassess_study.py`, under the amended "
             "collapse rule and registered secondary family (docs/preregistration.md); the CSV's verdict column is "
             "the first judgment ([reassessed.md](reassessed.md) lists the runs it changed).")
