@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from training.loss_comparison.stats import paired_ratio
+from training.loss_comparison.stats import paired_ratio, ratio_text
 
 MODES = ("literal", "calibrated")
 # Selection path -> OPEN_CLIP_ADACL_FUSED.
@@ -199,11 +199,11 @@ def markdown_table(rows: Sequence[dict]) -> str:
     for row in rows:
         line = (f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
                 f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
-                (f"{_interval(row.get('paired_ratio'))} | " if paired else "") +
+                (f"{ratio_text(row.get('paired_ratio'))} | " if paired else "") +
                 f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
                 (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "") +
                 f"{_optional(row.get('auto_over_best'))} | " +
-                (f"{_interval(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
+                (f"{_against(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
                 f"{_optional(row.get('auto_over_best_cpu'))} |")
         if memory:
             line += f" {row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |"
@@ -211,10 +211,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _interval(ratio: Optional[Tuple[float, float, float]], against: Optional[str] = None) -> str:
-    if ratio is None:
-        return "-"
-    return f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" + (f" vs {against}" if against else "")
+def _against(ratio: Optional[Tuple[float, float, float]], path: Optional[str]) -> str:
+    return ratio_text(ratio) + (f" vs {path}" if ratio is not None else "")
 
 
 def _range(bounds: Optional[Tuple[float, float]]) -> str:
@@ -233,10 +231,8 @@ def best_path(seconds: Dict[str, float], mode: str) -> Optional[str]:
 
 def auto_over_best(seconds: Dict[str, float], mode: str) -> Optional[float]:
     """Auto's time over the faster of fused and eager in `mode` (None unless all three were measured)."""
-    times = {path: seconds.get(case_name(mode, path)) for path in PATHS}
-    if None in times.values():
-        return None
-    return times["auto"] / min(times["fused"], times["eager"])
+    best, auto = best_path(seconds, mode), seconds.get(case_name(mode, "auto"))
+    return None if best is None or auto is None else auto / seconds[case_name(mode, best)]
 
 
 def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[dict]]:
@@ -297,18 +293,18 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads
             peak = {case: measure_peak_memory(case, num, dim, device, threads, inputs) for case in seconds} if memory else {}
             for case in seconds:
                 loss, _, path = case.partition("/")
+                mode = loss.partition("-")[2]  # "" for clip
                 row = {"inputs": inputs, "N": num, "loss": loss, "path": path or "-", "seconds": seconds[case],
                        "time_ratio": seconds[case] / seconds["clip"], "cpu_seconds": cpu_seconds[case],
                        "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
-                       "auto_over_best": auto_over_best(seconds, loss.split("-", 1)[1]) if path == "auto" else None,
-                       "auto_over_best_cpu": auto_over_best(cpu_seconds, loss.split("-", 1)[1]) if path == "auto" else None}
+                       "auto_over_best": auto_over_best(seconds, mode) if path == "auto" else None,
+                       "auto_over_best_cpu": auto_over_best(cpu_seconds, mode) if path == "auto" else None}
                 if case != "clip":
                     row["paired_ratio"] = paired_ratio(rounds[case], rounds["clip"])
-                    if path == "auto":
-                        best = best_path(seconds, loss.split("-", 1)[1])
-                        if best is not None:
-                            row.update(best_path=best, paired_auto_over_best=paired_ratio(
-                                rounds[case], rounds[case_name(loss.split("-", 1)[1], best)]))
+                    best = best_path(seconds, mode) if path == "auto" else None
+                    if best is not None:
+                        row.update(best_path=best, paired_auto_over_best=paired_ratio(
+                            rounds[case], rounds[case_name(mode, best)]))
                 if memory:
                     # Tiny batches can reuse freed heap memory, leaving nothing to compare.
                     row.update(peak_bytes=peak[case],

@@ -30,7 +30,7 @@ import torch
 from open_clip_adacl import create_loss
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
-from training.loss_comparison.stats import paired_ratio
+from training.loss_comparison.stats import paired_ratio, ratio_text
 from training.trainer.launch.tool_flags import add_trainer_flags
 from training.trainer.engine.precision import build_precision, resolve_precision
 from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
@@ -140,10 +140,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
     lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio (95%) | loss alone (ms) | "
              "loss's share of the step |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        paired = row["paired_ratio"]
-        paired_text = "-" if paired is None else f"{paired[0]:.3f} [{paired[1]:.3f}, {paired[2]:.3f}]"
         lines.append(f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
-                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {paired_text} | "
+                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {ratio_text(row['paired_ratio'])} | "
                      f"{row['loss_seconds'] * 1e3:.1f} | {row['loss_share']:.1%} |")
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple
 from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
 from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.preregistration import Preregistration, from_file
-from training.loss_comparison.report import KEEP_MARKER, report_sections, write_plot
+from training.loss_comparison.report import KEEP_MARKER, kept_tail, report_sections, write_plot
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,26 +58,24 @@ def judged_records(results: Path, regime: str) -> Tuple[List[Dict[str, Any]], Pr
     return with_endpoint(records, preregistration.metrics, preregistration.key), preregistration
 
 
-def rewrite_report(results: Path, regime: str) -> str:
-    """The regime's report with its header as first written and every section rendered again from its CSV
-    (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
-    records, preregistration = judged_records(results, regime)
+def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]],
+                   preregistration: Preregistration) -> str:
+    """The regime's report with its header as first written and every section rendered again from its judged
+    `records` (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
     page = results / f"{regime}.md"
-    text = page.read_text()
-    tail_index = text.find(KEEP_MARKER)
-    tail = "" if tail_index < 0 else "\n" + text[tail_index:]
-    header = "\n".join(line for line in text.split("\n## Summary", 1)[0].split("\n")
+    header = "\n".join(line for line in page.read_text().split("\n## Summary", 1)[0].split("\n")
                        if not line.startswith(JUDGED_AGAIN)).rstrip()
     summaries = summarize(records)
     plot = results / f"{regime}.png"
     has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
-    note = (f"{JUDGED_AGAIN}the lines above are as first written, but for the runs' summed time, added from the CSV; every section below is rendered again from "
-            f"[{regime}_runs.csv]({regime}_runs.csv) by `python scripts/reassess_study.py`, under the amended "
-            "collapse rule and registered secondary family (docs/preregistration.md); the CSV's verdict column is "
-            "the first judgment ([reassessed.md](reassessed.md) lists the runs it changed).")
+    note = (f"{JUDGED_AGAIN}the lines above are as first written, but for the runs' summed time, added from the "
+            f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
+            "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
+            "(docs/preregistration.md); the CSV's verdict column is the first judgment "
+            "([reassessed.md](reassessed.md) lists the runs it changed).")
     body = report_sections(summaries, records, plot.name if has_plot else None, f"{regime}_runs.csv",
                            preregistration)
-    new_text = "\n".join([header, "", note, "", *body]) + tail
+    new_text = "\n".join([header, "", note, "", *body]) + kept_tail(page)
     page.write_text(new_text)
     return new_text
 
@@ -98,8 +96,8 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     results_md.write_text(text)
 
 
-def regime_lines(results: Path, regime: str) -> List[str]:
-    records, preregistration = judged_records(results, regime)
+def regime_lines(regime: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
+    """The regime's part of reassessed.md: its collapse counts, the runs whose verdict changed, its pairs."""
     labels = list(dict.fromkeys(record["label"] for record in records))
     changed = [f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
                f"{'; '.join(r['reasons']) or '-'} | {r['metrics'].get('train/final_loss', float('nan')):.3f} | "
@@ -139,11 +137,14 @@ def main(argv=None) -> Path:
              "amendment). Secondary tests: exactly the registered "
              "family (per edit type accuracy, cosine margin and its 10th percentile; val R@1), Holm-corrected per "
              "regime (docs/preregistration.md, amendment).", ""]
+    reports = {}
     for regime in REGIMES:
-        lines += regime_lines(args.results_dir, regime)
+        records, preregistration = judged_records(args.results_dir, regime)
+        lines += regime_lines(regime, records, preregistration)
+        reports[regime] = rewrite_report(args.results_dir, regime, records, preregistration)
     output = args.results_dir / "reassessed.md"
     output.write_text("\n".join(lines) + "\n")
-    refresh_results_md(args.results_md, {regime: rewrite_report(args.results_dir, regime) for regime in REGIMES})
+    refresh_results_md(args.results_md, reports)
     return output
 
 

@@ -211,6 +211,12 @@ def test_bench_step_reports_the_ratio_and_the_loss_share_of_the_step(tmp_path, c
                for row in rows)
     printed = capsys.readouterr().out
     assert "loss's share of the step |" in printed and "; code " in printed and "(family " in printed
+    # every loss steps the one model and AdamW, so where a copy lies in memory cannot count as the loss's cost
+    import torch
+
+    trainees = _script("bench_step").build_trainees("adacl-tiny", ["clip", "adacl"], "fp32", torch.device("cpu"))
+    clip, adacl = trainees["clip"], trainees["adacl"]
+    assert clip.model is adacl.model and clip.optimizer is adacl.optimizer and clip.loss is not adacl.loss
 
 
 def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monkeypatch, tmp_path):

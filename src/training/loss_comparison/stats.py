@@ -264,6 +264,11 @@ def paired_ratio(ours: Sequence[float], theirs: Sequence[float], confidence: flo
     return math.exp(difference.mean), math.exp(low), math.exp(high)
 
 
+def ratio_text(ratio: Optional[Tuple[float, float, float]]) -> str:
+    """A `paired_ratio` as "1.012 [0.964, 1.063]"; "-" for None."""
+    return "-" if ratio is None else f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
+
+
 def paired_difference(records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
                       ) -> Optional[PairedDifference]:
     """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data

@@ -141,6 +141,8 @@ def test_auto_picks_it_by_its_suffix_and_suffixes_stay_unambiguous(registered):
         register_data_source("more-shards")(Shards)
     with pytest.raises(ValueError, match="'pairs' is already registered"):
         register_data_source(NAME)(Pairs)
+    with pytest.raises(TypeError, match="is not a subclass of training.trainer.data.DataSource"):
+        register_data_source("not-a-source")(object)
 
 
 def test_discovery_reads_it_through_its_ordered_pass(registered, tmp_path):
