@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
@@ -50,18 +51,27 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
 # The histogram indices are in range by construction (bit shifts and clamps), so inductor's per-element
 # bounds check, which keeps it from vectorising the pass, is left out.
 _INDUCTOR_OPTIONS: Dict[str, object] = {"assert_indirect_indexing": False}
+# On the CPU, a compiled pass called through inductor's Python wrapper holds Python's GIL until it returns;
+# through its C++ wrapper it releases it, so the AdaCL loss can run its two directions' passes side by side,
+# one thread each (`row_passes.side_by_side`): 77 against 130 ms per step for both directions' selection on
+# an AMD EPYC (family 25, model 17), N = 4096, 2 threads (docs/THROUGHPUT.md). It adds seconds to the first
+# compile only.
+_CPU_OPTIONS: Dict[str, object] = {"cpp_wrapper": True}
 # On CPUs with AVX-512 the passes are compiled for 256-bit vectors (AVX2): they are bound by memory traffic,
 # so wider vectors gain nothing, and the histogram's scatter-add compiled for AVX-512 took 91.5 ms against
 # 8.1 ms for AVX2 on an AMD EPYC (family 25, model 17), N = 4096, one thread (docs/adacl.md §6.3).
 if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-    _INDUCTOR_OPTIONS["cpp.simdlen"] = 256
+    _CPU_OPTIONS["cpp.simdlen"] = 256
 
 _log = logging.getLogger(__name__)
-_compiled: Dict[Callable, Callable] = {}
+_compiled: Dict[Tuple[Callable, str], Callable] = {}  # per pass and device type
 _ready: Set[Tuple[str, str, torch.dtype]] = set()
 _failed: Set[str] = set()  # device types where a pass failed to compile: every pass runs eagerly there
 # `auto`'s choices, per (passes, device type, dtype, rows, columns).
 _decisions: Dict[Tuple[str, str, torch.dtype, int, int], Dict[str, object]] = {}
+# The AdaCL loss may select its two directions' anchors on two threads: one compiles (or decides) while the
+# other waits, so that each pass is compiled, and each shape timed, once.
+_lock = threading.RLock()
 
 
 def _key(function: Callable, args: Tuple[torch.Tensor, ...]) -> Tuple[str, str, torch.dtype]:
@@ -93,7 +103,9 @@ def wanted(logits: torch.Tensor, passes: str, compiled: Callable[[], object], ea
         return True
     key = (passes, logits.device.type, logits.dtype, *logits.shape)
     if key not in _decisions:
-        _decisions[key] = decide(key, compiled if logits.numel() >= AUTO_MIN_ELEMENTS else None, eager)
+        with _lock:
+            if key not in _decisions:
+                _decisions[key] = decide(key, compiled if logits.numel() >= AUTO_MIN_ELEMENTS else None, eager)
     return _decisions[key]["choice"] == "fused"
 
 
@@ -151,10 +163,21 @@ def run(function: Callable, *args: torch.Tensor):
     key = _key(function, args)
     if key[1] in _failed:
         raise Unavailable(key)
-    compiled = _compiled.get(function)
+    if key in _ready:
+        return _compiled[function, key[1]](*args)
+    with _lock:  # the first call compiles
+        return _first_run(function, key, args)
+
+
+def _first_run(function: Callable, key: Tuple[str, str, torch.dtype], args: Tuple[torch.Tensor, ...]):
+    """`run`'s first call for `key`, which compiles the pass (see `run`)."""
+    if key[1] in _failed:
+        raise Unavailable(key)
+    compiled = _compiled.get((function, key[1]))
     if compiled is None:
-        compiled = _compiled[function] = torch.compile(function, dynamic=True, fullgraph=True,
-                                                       options=_INDUCTOR_OPTIONS)
+        options = {**_INDUCTOR_OPTIONS, **(_CPU_OPTIONS if key[1] == "cpu" else {})}
+        compiled = _compiled[function, key[1]] = torch.compile(function, dynamic=True, fullgraph=True,
+                                                               options=options)
     start = time.perf_counter()
     try:
         result = compiled(*args)

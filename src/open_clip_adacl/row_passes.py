@@ -1,15 +1,20 @@
 """How the selection's passes walk this rank's rows x C matrix (logits or keys): in row chunks small enough
 to stay in the CPU cache (`row_chunks`, with `ChunkScratch`'s reused buffers), on one CPU thread
-(`one_cpu_thread`), reading values back to the host only where that makes no device wait
-(`reading_back_is_free`); and the per-rank minimum that a rank holding no rows still takes part in
-(`min_or`). `selection.py` and `radix_select.py` share them; the results never depend on the chunk size.
+(`one_cpu_thread`), or, for a pass over independent rows, on one thread per core with a share of the rows
+each (`rows_on_cpu_threads`), independent calls on threads of their own (`side_by_side`); reading values
+back to the host only where that makes no device wait (`reading_back_is_free`); and the per-rank minimum
+that a rank holding no rows still takes part in (`min_or`). `selection.py`, `radix_select.py` and the AdaCL
+loss share them; the results never depend on the chunk size or the number of threads.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
-from typing import Iterator, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 # Elements per chunk; on the CPU per thread, since each op splits its chunk between the threads.
 # Chunks should be few, since every op on a chunk costs a dispatch and, with several threads, a
@@ -38,6 +43,69 @@ def one_cpu_thread(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def rows_on_cpu_threads(num_rows: int, device: torch.device, work: Callable[[int, int], None]) -> None:
+    """Run `work(start, stop)` over (start, stop) row ranges that together cover `num_rows` once.
+
+    On the CPU with torch set to T > 1 threads, the rows are split into T ranges, each walked by its
+    own thread (`side_by_side`); elsewhere `work(0, num_rows)` runs on the calling thread. For passes
+    of many short torch ops over independent rows: torch splits every op between its threads and joins
+    them after it, and when another job holds a core each join waits for the preempted thread; here
+    each thread walks its own rows and the threads meet once, at the end. `work` must write only its
+    own rows' results. Measured against torch's threads and one thread: docs/THROUGHPUT.md.
+    """
+    shares = min(cpu_threads(device), num_rows)
+    if shares <= 1:
+        work(0, num_rows)
+        return
+    bounds = [num_rows * share // shares for share in range(shares + 1)]
+    side_by_side(device, [lambda share=share: work(bounds[share], bounds[share + 1]) for share in range(shares)])
+
+
+def cpu_threads(device: torch.device) -> int:
+    """The threads torch may use for an op on `device`: its intra-op threads on the CPU, else 1."""
+    return torch.get_num_threads() if device.type == "cpu" else 1
+
+
+def can_run_side_by_side(device: torch.device, num_calls: int) -> bool:
+    """Whether `side_by_side` runs `num_calls` calls at once: on the CPU, with as many torch threads."""
+    return num_calls >= 2 and cpu_threads(device) >= num_calls
+
+
+def side_by_side(device: torch.device, calls: Sequence[Callable[[], T]]) -> List[T]:
+    """The results of `calls`, run side by side when `can_run_side_by_side`, each on its own thread with
+    one torch thread (`one_cpu_thread`; the calling thread runs the first); else one after the other on
+    the calling thread, as they are.
+
+    Torch ops, and the selection's compiled passes (fused.py), release Python's GIL while they run, so
+    the threads run at once. The calls must not depend on each other, nor take part in collectives
+    (ranks would meet them in different orders). An exception in any call is raised here, after all
+    have ended.
+    """
+    if not can_run_side_by_side(device, len(calls)):
+        return [call() for call in calls]
+    results: List[Optional[T]] = [None] * len(calls)
+    errors: List[Optional[BaseException]] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            with one_cpu_thread(device):
+                results[index] = calls[index]()
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread, which raises it
+            errors[index] = error
+
+    helpers = [threading.Thread(target=run, args=(index,), name=f"open_clip_adacl side by side {index}")
+               for index in range(1, len(calls))]
+    for helper in helpers:
+        helper.start()
+    run(0)
+    for helper in helpers:
+        helper.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results  # type: ignore[return-value]
 
 
 def row_chunks(num_rows: int, num_cols: int, device: torch.device) -> Iterator[Tuple[int, int]]:

@@ -65,32 +65,33 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
     """One chunked pass: positive logit, negatives' max, mean (if `with_mean`) and log-sum-exp.
 
     The log-sum-exp over the negatives is the loss's denominator without the positive (the loss
-    adds its modulated positive to it); the max doubles as the `max` salient score's term. Runs on
-    one CPU thread, as the selection (`one_cpu_thread`), with the same results: its chunked ops are
-    many short parallel regions, and when other jobs load the cores each waits for a preempted
-    thread (measured: docs/THROUGHPUT.md).
+    adds its modulated positive to it); the max doubles as the `max` salient score's term. Its rows
+    are independent, so on the CPU each core's thread walks a share of them on one torch thread
+    (`row_passes.rows_on_cpu_threads`), with the same results: its chunked ops are many short parallel
+    regions, and split by torch each waits for a thread that another job has preempted (measured:
+    docs/THROUGHPUT.md).
     """
-    with one_cpu_thread(logits.device):
-        return _summarize_rows(logits, positive_col, with_mean)
-
-
-def _summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: bool) -> RowSummary:
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
     positive = logits.gather(1, positive_col[:, None]).squeeze(1).to(dtype)
     negative_max = torch.empty(num_rows, dtype=dtype, device=logits.device)
     negative_lse = torch.empty_like(negative_max)
     row_sum = torch.full((num_rows,), float("nan"), dtype=torch.float64, device=logits.device)
-    scratch = ChunkScratch(num_rows, num_cols, logits.device)
-    for start, stop in row_chunks(num_rows, num_cols, logits.device):
-        chunk = scratch.get("chunk", dtype, stop - start).copy_(logits[start:stop])  # modified in place below
-        if with_mean:
-            row_sum[start:stop] = chunk.sum(dim=1, dtype=torch.float64)
-        chunk[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = float("-inf")
-        chunk_max = chunk.amax(dim=1)
-        shift = torch.where(torch.isfinite(chunk_max), chunk_max, torch.zeros_like(chunk_max))
-        negative_max[start:stop] = chunk_max
-        negative_lse[start:stop] = shift + chunk.sub_(shift[:, None]).exp_().sum(dim=1).log()
+
+    def summarize(first: int, last: int) -> None:
+        scratch = ChunkScratch(last - first, num_cols, logits.device)
+        for start, stop in row_chunks(last - first, num_cols, logits.device):
+            start, stop = first + start, first + stop
+            chunk = scratch.get("chunk", dtype, stop - start).copy_(logits[start:stop])  # modified in place below
+            if with_mean:
+                row_sum[start:stop] = chunk.sum(dim=1, dtype=torch.float64)
+            chunk[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = float("-inf")
+            chunk_max = chunk.amax(dim=1)
+            shift = torch.where(torch.isfinite(chunk_max), chunk_max, torch.zeros_like(chunk_max))
+            negative_max[start:stop] = chunk_max
+            negative_lse[start:stop] = shift + chunk.sub_(shift[:, None]).exp_().sum(dim=1).log()
+
+    row_passes.rows_on_cpu_threads(num_rows, logits.device, summarize)
     negative_mean = (row_sum - positive.double()) / max(num_cols - 1, 1)
     return RowSummary(positive, negative_max, negative_mean, negative_lse)
 

@@ -14,7 +14,7 @@ import torch
 
 from helpers import TESTS
 from helpers.selection_cases import random_logits, select_anchor
-from open_clip_adacl import adacl, fused, row_passes, selection
+from open_clip_adacl import adacl, create_loss, fused, row_passes, selection
 
 FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
 # The compiled median on the device path: three passes over the logits, no key matrix.
@@ -228,3 +228,76 @@ def test_the_compile_time_is_logged_once_per_pass(monkeypatch, caplog):
     passes = [re.fullmatch(r"AdaCL: compiled the fused selection pass (\w+) for cpu torch\.\w+ in [\d.]+ s", line)
               for line in lines]
     assert all(passes) and sorted(match.group(1) for match in passes) == sorted(CPU_PASSES), lines
+
+
+# --- the two directions side by side ---------------------------------------------------------------------
+
+
+def _step_values(loss_fn, image, text):
+    """A training step's loss, gradients and stats (then its commit)."""
+    image, text = image.clone().requires_grad_(), text.clone().requires_grad_()
+    scale = torch.tensor(14.3, requires_grad=True)
+    loss = loss_fn(image, text, scale)
+    loss.backward()
+    loss_fn.commit()
+    return [loss.detach(), image.grad, text.grad, scale.grad, *loss_fn.stats.values()]
+
+
+@pytest.mark.parametrize("fused_mode", ["off", "on"])
+@pytest.mark.parametrize("options", [{}, {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 16}],
+                         ids=["median", "mean_gda_queue"])
+def test_both_directions_selected_side_by_side_train_as_one_after_the_other(fused_mode, options, monkeypatch):
+    # Two torch threads: the loss selects both directions' anchors at once, one thread each, the compiled
+    # passes included (they release the GIL); with one thread, in turn. Every value agrees to the bit.
+    monkeypatch.setenv(fused.ENV_VARIABLE, fused_mode)
+    calls = []
+    side_by_side = row_passes.side_by_side
+    monkeypatch.setattr(row_passes, "side_by_side", lambda device, run: calls.append(len(run)) or side_by_side(device, run))
+    g = torch.Generator().manual_seed(4)
+    image = torch.nn.functional.normalize(torch.randn(48, 16, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(image + 0.8 * torch.randn(48, 16, generator=g), dim=-1)
+    before = torch.get_num_threads()
+    steps = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            loss_fn = create_loss("adacl", **options)
+            steps[threads] = [_step_values(loss_fn, image, text) for _ in range(3)]  # the queue fills
+    finally:
+        torch.set_num_threads(before)
+    assert calls == [2, 2, 2]  # both directions at once at each step with 2 threads, never with 1
+    assert steps[1][-1][-1].numel() == 1 and len(steps[1][0]) > 10
+    for one_thread, two_threads in zip(steps[1], steps[2]):
+        for first, second in zip(one_thread, two_threads):
+            assert _same_bits(first, second)
+
+
+def test_two_threads_meeting_a_new_shape_time_it_once(fresh_decisions):
+    import threading
+
+    calls = {"fused": 0, "eager": 0}
+    lock = threading.Lock()
+
+    def path(name):
+        def run():
+            with lock:
+                calls[name] += 1
+            time.sleep(0.001)
+        return run
+
+    large = torch.empty(2048, 2048)
+    start = threading.Barrier(2)
+
+    def meet():
+        start.wait()
+        return _wanted(large, "a", path("fused"), path("eager"))
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(meet())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_decision = fused.DECISION_WARMUPS + fused.DECISION_ROUNDS
+    assert calls == {"fused": per_decision, "eager": per_decision} and len(set(results)) == 1
+    assert len(fused.decisions()) == 1

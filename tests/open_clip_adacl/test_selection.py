@@ -59,18 +59,21 @@ def test_summarize_rows_matches_dense():
     torch.testing.assert_close(summary.negative_mean, (logits.double() * negatives).sum(1) / 10)
 
 
-def test_summarize_rows_on_one_thread_gives_what_two_threads_give():
+@pytest.mark.parametrize("threads", [2, 3])
+def test_summarize_rows_split_between_threads_gives_what_one_thread_gives(threads):
     logits = random_logits(n=300, seed=6)
     positive_col = torch.arange(300)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    before = torch.get_num_threads()
     try:
-        on_two = selection._summarize_rows(logits, positive_col, with_mean=True)
-        on_one = selection.summarize_rows(logits, positive_col, with_mean=True)  # switches to one thread
+        torch.set_num_threads(1)
+        on_one = selection.summarize_rows(logits, positive_col, with_mean=True)
+        torch.set_num_threads(threads)  # each thread walks a share of the rows
+        split = selection.summarize_rows(logits, positive_col, with_mean=True)
+        assert torch.get_num_threads() == threads
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     for field in ("positive", "negative_max", "negative_mean", "negative_lse"):
-        assert torch.equal(getattr(on_one, field), getattr(on_two, field)), field
+        assert torch.equal(getattr(on_one, field), getattr(split, field)), field
 
 
 def _radix_cases():

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .. import adacl, fused
-from ..selection import KeyWorkspace, RowSummary, row_value_from_owner, select_anchor, summarize_rows
+from .. import adacl, fused, row_passes
+from ..selection import (AnchorSelection, KeyWorkspace, RowSummary, row_value_from_owner, select_anchor,
+                         summarize_rows)
 from ..state import last_occurrence
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
 from .options import DistributedSetup, SampleStateOptions, option
@@ -65,6 +67,13 @@ class _NegativeLogSumExp(torch.autograd.Function):
         weights.exp_().mul_(grad_output[:, None])
         weights[torch.arange(logits.shape[0], device=logits.device), positive_col] = 0
         return weights.to(logits.dtype), None, None
+
+
+class DirectionSelection(NamedTuple):
+    """What `_select` read from one direction's logits (no gradient, identical on every rank)."""
+
+    summary: RowSummary
+    anchor: Optional[AnchorSelection]  # None: fewer than MIN_ROWS rows, no anchor to select
 
 
 class DirectionMargins(NamedTuple):
@@ -242,8 +251,9 @@ class AdaCLLoss(ContrastiveLoss):
         # Per direction, the features of the extra negative columns of this forward (the queue's or the bank's).
         self._extra_columns: Dict[str, torch.Tensor] = {}
         self._update_state = False
-        # Reused int32 scratch for the selection's candidate keys (not state: never checkpointed).
-        self._workspace = KeyWorkspace()
+        # Reused int32 scratch for the selection's candidate keys, one per direction (not state: never
+        # checkpointed); the second is allocated only when both directions select at once (`symmetric_loss`).
+        self._workspaces = (KeyWorkspace(), KeyWorkspace())
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -312,12 +322,44 @@ class AdaCLLoss(ContrastiveLoss):
             self.stage_update(lambda: self._write_bank(batch.sample_index, *batch_features))
         return self.wrap_output(loss, output_dict)
 
+    def symmetric_loss(self, batch: GlobalBatch) -> torch.Tensor:
+        """ClipLoss's average of the two directions' losses. Their selections read the logits only, without
+        gradient, so on the CPU they run side by side, one thread each (`row_passes.side_by_side`), unless
+        the ranks split the rows: the selection's collectives must then reach every rank in one order."""
+        device = batch.logits_per_image.device
+        apart = row_passes.can_run_side_by_side(device, len(DIRECTIONS)) and not batch.rows.split_across_ranks
+        # One key buffer per direction only when both are in use at once.
+        workspaces = self._workspaces if apart else (self._workspaces[0],) * len(DIRECTIONS)
+        calls = [partial(self._select, batch, direction, workspace)
+                 for direction, workspace in zip(DIRECTIONS, workspaces)]
+        selections = row_passes.side_by_side(device, calls) if apart else [call() for call in calls]
+        return sum(self._direction_loss(batch, direction, selection)
+                   for direction, selection in zip(DIRECTIONS, selections)) / 2
+
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+        """One direction's loss, its selection made alone (`symmetric_loss` makes both at once)."""
+        return self._direction_loss(batch, direction, self._select(batch, direction, self._workspaces[0]))
+
+    @torch.no_grad()
+    def _select(self, batch: GlobalBatch, direction: str, workspace: KeyWorkspace) -> "DirectionSelection":
+        """What `direction`'s logits say without gradient: its rows' summary and, with at least `MIN_ROWS`
+        rows, its anchor (docs/method.md §3.1-3.5). Reads the batch and the options only."""
+        logits, labels, options = batch.logits(direction).detach(), batch.labels, self.options
+        summary = summarize_rows(logits, labels, with_mean=options.salient == "mean")
+        if batch.all_image_features.shape[0] < MIN_ROWS:
+            return DirectionSelection(summary, None)
+        scale = batch.logit_scale.detach().double()
+        return DirectionSelection(summary, select_anchor(
+            logits, summary, labels, batch.rows, salient=options.salient, anchor_stat=options.anchor_stat,
+            prior_ratio=options.prior_ratio, std_floor=options.std_floor * scale, workspace=workspace,
+            region=options.candidate_region))
+
+    def _direction_loss(self, batch: GlobalBatch, direction: str, selected: "DirectionSelection") -> torch.Tensor:
         logits, labels = batch.logits(direction), batch.labels
-        summary = summarize_rows(logits.detach(), labels, with_mean=self.options.salient == "mean")
+        summary = selected.summary
         positive_features = batch.candidate_features(direction).index_select(0, labels)
         similarity = (batch.query_features(direction) * positive_features).sum(dim=-1)
-        margins = self._margins(batch, direction, summary, similarity.detach())
+        margins = self._margins(batch, direction, selected, similarity.detach())
         vanilla = batch.to_logits(similarity)
         # CLIP's loss on the same logits, beside the trained one: a loss far below it with recall at chance is
         # a positive logit that stopped tracking the features (docs/adacl.md §5).
@@ -365,17 +407,18 @@ class AdaCLLoss(ContrastiveLoss):
     # --- margins -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _margins(self, batch: GlobalBatch, direction: str, summary: RowSummary,
+    def _margins(self, batch: GlobalBatch, direction: str, selected: "DirectionSelection",
                  similarity: torch.Tensor) -> "DirectionMargins":
         """One direction's applied margins and the anchor they came from, all 0-dim and identical on every
         rank; logs stats."""
+        summary, selection = selected
         index = DIRECTIONS.index(direction)
         logits, labels = batch.logits(direction), batch.labels
         scale = batch.logit_scale.detach().double()
         bias = 0.0 if batch.logit_bias is None else batch.logit_bias.detach().double()
         vanilla_m1, vanilla_m2 = adacl.vanilla_margins(batch.logit_scale)
         zero = torch.zeros((), dtype=torch.float64, device=logits.device)
-        if batch.all_image_features.shape[0] < MIN_ROWS:
+        if selection is None:  # fewer than MIN_ROWS rows
             failed = torch.tensor([True, False, False, False], device=logits.device)
             self._record(index, failed, vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
                          {"anchor": zero, "anchor_used": zero, "p_u": zero, "log_z_u": zero, "candidates": zero,
@@ -386,10 +429,6 @@ class AdaCLLoss(ContrastiveLoss):
                                     no_row, zero, zero, zero)
 
         options = self.options
-        selection = select_anchor(logits.detach(), summary, labels, batch.rows, salient=options.salient,
-                                  anchor_stat=options.anchor_stat, prior_ratio=options.prior_ratio,
-                                  std_floor=options.std_floor * scale, workspace=self._workspace,
-                                  region=options.candidate_region)
         gap = selection.gap.double() / scale  # cosine units
         anchor = (gap if options.anchor_value == "gap" else
                   row_value_from_owner(similarity, selection.row, labels, batch.rows).double())
