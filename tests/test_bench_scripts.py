@@ -1,6 +1,7 @@
 """The throughput scripts stay runnable: gpu_bench.sh parses and its Python steps run on the CPU at toy sizes."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -289,3 +290,40 @@ def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_write
     assert scratch.count(reassess.JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
     # seed 4 of the first reading: ok under the first rule, collapsed under the amended one
     assert "| `adacl:preset=paper` | 0/5 ok (5 collapsed) |" in scratch
+
+
+def test_bench_threads_times_the_loss_with_its_threads_and_without(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from open_clip_adacl import row_passes
+
+    monkeypatch.setitem(sys.modules, "bench_loss", _script("bench_loss"))  # as when run from scripts/
+    bench = _script("bench_threads")
+    calls = []
+    side_by_side = row_passes.side_by_side
+    monkeypatch.setattr(row_passes, "side_by_side", lambda device, run: calls.append(
+        (len(run), row_passes.can_run_side_by_side(device, len(run)))) or side_by_side(device, run))
+    threads = torch.get_num_threads()
+    try:
+        with bench.without_own_threads():
+            assert not row_passes.can_run_side_by_side(torch.device("cpu"), 2)
+        assert row_passes.can_run_side_by_side(torch.device("cpu"), 2) or threads < 2
+        steps = bench.loss_steps(64, 16, "trained-50", "literal")
+        torch.set_num_threads(2)
+        steps["in turn"]()
+        assert calls == [(2, False)] * 2  # each direction's summary, its row shares in turn
+        calls.clear()
+        steps["side by side"]()
+        assert calls == [(2, True)]  # the directions, each on one thread, its summary's rows with it
+        bench.main(["--size", "64", "--dim", "16", "--repeats", "2", "--modes", "calibrated", "--busy", "1",
+                    "--output", str(tmp_path / "threads.md")])
+    finally:
+        torch.set_num_threads(threads)
+    report = (tmp_path / "threads.md").read_text()
+    assert report == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert "1 busy process(es) beside it" in report and "(family " in report and "; code " in report
+    for row in ("| clip | - |", "| adacl-calibrated | side by side |", "| adacl-calibrated | in turn |",
+                "| rows split |", "| in turn |", "| one thread |"):
+        assert row in report, row
+    assert re.search(r"\| adacl-calibrated \| in turn \| [\d.]+ \| [\d.]+ \[[\d.]+, [\d.]+\] \| 1\.000 \[1\.000, "
+                     r"1\.000\] \|", report)

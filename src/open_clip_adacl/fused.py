@@ -52,10 +52,9 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
 # bounds check, which keeps it from vectorising the pass, is left out.
 _INDUCTOR_OPTIONS: Dict[str, object] = {"assert_indirect_indexing": False}
 # On the CPU, a compiled pass called through inductor's Python wrapper holds Python's GIL until it returns;
-# through its C++ wrapper it releases it, so the AdaCL loss can run its two directions' passes side by side,
-# one thread each (`row_passes.side_by_side`): 77 against 130 ms per step for both directions' selection on
-# an AMD EPYC (family 25, model 17), N = 4096, 2 threads (docs/THROUGHPUT.md). It adds seconds to the first
-# compile only.
+# through its C++ wrapper it lets go of it, so that the AdaCL loss's two directions run their passes side
+# by side, one thread each (`row_passes.side_by_side`; measured: docs/THROUGHPUT.md). It makes the first
+# compile longer (docs/adacl.md §6.1).
 _CPU_OPTIONS: Dict[str, object] = {"cpp_wrapper": True}
 # On CPUs with AVX-512 the passes are compiled for 256-bit vectors (AVX2): they are bound by memory traffic,
 # so wider vectors gain nothing, and the histogram's scatter-add compiled for AVX-512 took 91.5 ms against

@@ -8,7 +8,8 @@ loss share them; the results never depend on the chunk size or the number of thr
 """
 from __future__ import annotations
 
-import threading
+import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
@@ -24,6 +25,8 @@ T = TypeVar("T")
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 24}
 # The global row index that no row has: what a rank without the row contributes to a min over rows.
 NO_ROW = torch.iinfo(torch.int64).max
+# `side_by_side`'s helper threads: (the process that made them, how many, the pool).
+_helpers: Optional[Tuple[int, int, ThreadPoolExecutor]] = None
 
 
 @contextmanager
@@ -95,17 +98,24 @@ def side_by_side(device: torch.device, calls: Sequence[Callable[[], T]]) -> List
         except BaseException as error:  # noqa: BLE001 - handed to the calling thread, which raises it
             errors[index] = error
 
-    helpers = [threading.Thread(target=run, args=(index,), name=f"open_clip_adacl side by side {index}")
-               for index in range(1, len(calls))]
-    for helper in helpers:
-        helper.start()
+    helpers = [_helper_threads(len(calls) - 1).submit(run, index) for index in range(1, len(calls))]
     run(0)
     for helper in helpers:
-        helper.join()
+        helper.result()
     for error in errors:
         if error is not None:
             raise error
     return results  # type: ignore[return-value]
+
+
+def _helper_threads(count: int) -> ThreadPoolExecutor:
+    """Threads kept for `side_by_side` from call to call (starting a thread costs about a millisecond,
+    a step of a small batch a few); made again in a forked child, which has none of its parent's threads."""
+    global _helpers
+    pid = os.getpid()
+    if _helpers is None or _helpers[0] != pid or _helpers[1] < count:
+        _helpers = (pid, count, ThreadPoolExecutor(max_workers=count, thread_name_prefix="open_clip_adacl"))
+    return _helpers[2]
 
 
 def row_chunks(num_rows: int, num_cols: int, device: torch.device) -> Iterator[Tuple[int, int]]:

@@ -25,10 +25,17 @@ def _where_and_how() -> tuple:
 def test_calls_run_side_by_side_each_on_one_torch_thread(torch_threads):
     torch_threads(2)
     assert row_passes.can_run_side_by_side(CPU, 2)
-    (first, first_threads), (second, second_threads) = row_passes.side_by_side(CPU, [_where_and_how] * 2)
-    assert first is threading.current_thread() and second is not first
-    assert first_threads == second_threads == 1
-    assert torch.get_num_threads() == 2
+    for _ in range(3):  # the helper threads are kept from call to call
+        together = threading.Barrier(2, timeout=10)  # broken unless both calls run at once
+
+        def meet():
+            together.wait()
+            return _where_and_how()
+
+        (first, first_threads), (second, second_threads) = row_passes.side_by_side(CPU, [meet] * 2)
+        assert first is threading.current_thread() and second is not first
+        assert first_threads == second_threads == 1
+        assert torch.get_num_threads() == 2
 
 
 def test_with_fewer_torch_threads_than_calls_they_run_in_turn_as_they_are(torch_threads):
@@ -61,8 +68,10 @@ def test_rows_split_between_threads_cover_every_row_once(torch_threads, threads,
     torch_threads(threads)
     seen = []
     lock = threading.Lock()
+    together = threading.Barrier(max(1, min(threads, num_rows)), timeout=10)  # every share at once
 
     def work(start, stop):
+        together.wait()
         with lock:
             seen.append((start, stop, threading.current_thread(), torch.get_num_threads()))
 
@@ -71,8 +80,31 @@ def test_rows_split_between_threads_cover_every_row_once(torch_threads, threads,
     assert covered == list(range(num_rows))
     shares = min(threads, num_rows)
     if shares > 1:
-        assert len({thread for _, _, thread, _ in seen}) == shares  # Thread objects: an ended thread's id is reused
+        assert len({thread for _, _, thread, _ in seen}) == shares
         assert {torch_count for _, _, _, torch_count in seen} == {1}
     else:
         assert [(start, stop) for start, stop, _, _ in seen] == [(0, num_rows)]
     assert torch.get_num_threads() == threads
+
+
+def test_a_forked_child_runs_side_by_side_on_threads_of_its_own(torch_threads):
+    # A child forked after the helper threads exist has none of them: it makes its own.
+    import multiprocessing
+
+    torch_threads(2)
+    row_passes.side_by_side(CPU, [_where_and_how] * 2)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        assert pool.apply_async(_side_by_side_in_child).get(timeout=60) == (2, True)
+
+
+def _side_by_side_in_child() -> tuple:
+    torch.set_num_threads(2)
+    together = threading.Barrier(2, timeout=10)
+
+    def meet():
+        together.wait()
+        return threading.current_thread()
+
+    first, second = row_passes.side_by_side(CPU, [meet] * 2)
+    return torch.get_num_threads(), first is not second

@@ -297,3 +297,17 @@ def test_committing_nonfinite_features_into_the_queue_is_refused_and_writes_noth
     assert all(not value.any() for value in loss_fn.state_dict().values())
     value = _training_step(loss_fn, x, y)[0]
     assert torch.isfinite(value) and loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()
+
+
+def test_each_direction_alone_gives_its_half_of_the_symmetric_loss():
+    # `direction_loss` (the contract of every contrastive loss) makes its direction's selection alone;
+    # `symmetric_loss` makes both at once.
+    x, y = _features()
+    loss_fn = create_loss("adacl")
+    batch = loss_fn.build_batch(x, y, torch.tensor(SCALE))
+    both = loss_fn.symmetric_loss(batch)
+    stats = dict(loss_fn.stats)
+    alone = (loss_fn.direction_loss(batch, "i2t") + loss_fn.direction_loss(batch, "t2i")) / 2
+    assert torch.equal(alone, both) and loss_fn.stats.keys() == stats.keys()
+    assert all(torch.equal(value, stats[name]) or value.isnan() & stats[name].isnan()
+               for name, value in loss_fn.stats.items())
