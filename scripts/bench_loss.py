@@ -336,7 +336,7 @@ def auto_choices(decisions: Optional[List[dict]] = None) -> str:
     from open_clip_adacl import fused
 
     return "\n".join(f"- {d['passes']} passes, {d['rows']} x {d['cols']} {d['dtype']} on {d['device']}: {d['choice']} "
-                     f"(fused {_optional(d['fused_ms'])} ms, eager {d['eager_ms']:.1f} ms)"
+                     f"(fused {'-' if d['fused_ms'] is None else format(d['fused_ms'], '.1f')} ms, eager {d['eager_ms']:.1f} ms)"
                      for d in (fused.decisions() if decisions is None else decisions))
 
 

@@ -250,6 +250,9 @@ def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monke
     assert auto["paired_ratio"][0] == pytest.approx((1.2 * 1.1 * 1.3) ** (1 / 3))
     assert auto["paired_ratio"][1] < 1.1 and auto["paired_ratio"][2] > 1.3 and rows[0].get("paired_ratio") is None
     assert len(decisions) == 3
+    assert bench.auto_choices(decisions[:1] + [{**decisions[0], "choice": "fused", "fused_ms": 17.419}]) == (
+        "- keys passes, 64 x 64 float32 on cpu: eager (fused - ms, eager 1.0 ms)\n"
+        "- keys passes, 64 x 64 float32 on cpu: fused (fused 17.4 ms, eager 1.0 ms)")
     table = bench.markdown_table(rows)
     assert "| ratio range |" in table and "| 1.200 | 1.100-1.300 |" in table
 
