@@ -111,6 +111,12 @@ def run_case(case: str, loss_fn, image: torch.Tensor, text: torch.Tensor, scale:
     train_step(loss_fn, image, text, scale)
 
 
+def rotated(items: Sequence[str], round_index: int) -> List[str]:
+    """`items` starting from the round's own: each goes first in turn, so that order hits all alike."""
+    shift = round_index % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
 def _synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -131,8 +137,7 @@ def time_cases(num: int, dim: int, device: str, repeats: int, inputs: str,
     seconds: Dict[str, List[float]] = {case: [] for case in names}
     cpu_seconds: Dict[str, List[float]] = {case: [] for case in names}
     for round_index in range(repeats):
-        shift = round_index % len(names)
-        for case in names[shift:] + names[:shift]:
+        for case in rotated(names, round_index):
             _synchronize(device)
             start, cpu_start = time.perf_counter(), time.process_time()
             run_case(case, losses[case], image, text, scale)
@@ -244,8 +249,7 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
             "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads),
             "--inputs", *args.inputs]
     for index in range(args.processes):
-        shift = index % len(args.paths)
-        for path in list(args.paths[shift:]) + list(args.paths[:shift]):
+        for path in rotated(args.paths, index):
             output = Path(args.scratch) / f"{path}-{index}.json"
             subprocess.run(base + ["--paths", path, "--json", str(output)], check=True, capture_output=True)
             payload = json.loads(output.read_text())

@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterator, List
 
 import torch
 
-from bench_loss import INPUTS, build_loss, describe_machine, load_average, make_features, train_step
+from bench_loss import INPUTS, build_loss, describe_machine, load_average, make_features, rotated, train_step
 from training.loss_comparison.stats import paired_ratio, ratio_text
 
 CASES = ("clip", "side by side", "in turn")
@@ -56,8 +56,7 @@ def interleaved(steps: Dict[str, Callable[[], None]], repeats: int) -> Dict[str,
         steps[name]()
     seconds: Dict[str, List[float]] = {name: [] for name in names}
     for round_index in range(repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(names, round_index):
             start = time.perf_counter()
             steps[name]()
             seconds[name].append(time.perf_counter() - start)

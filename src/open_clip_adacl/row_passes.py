@@ -114,6 +114,8 @@ def _helper_threads(count: int) -> ThreadPoolExecutor:
     global _helpers
     pid = os.getpid()
     if _helpers is None or _helpers[0] != pid or _helpers[1] < count:
+        if _helpers is not None and _helpers[0] == pid:
+            _helpers[2].shutdown(wait=False)  # too few: its threads end once idle
         _helpers = (pid, count, ThreadPoolExecutor(max_workers=count, thread_name_prefix="open_clip_adacl"))
     return _helpers[2]
 

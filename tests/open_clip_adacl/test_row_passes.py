@@ -108,3 +108,21 @@ def _side_by_side_in_child() -> tuple:
 
     first, second = row_passes.side_by_side(CPU, [meet] * 2)
     return torch.get_num_threads(), first is not second
+
+
+def test_more_calls_than_helper_threads_replace_them_and_the_old_ones_end(torch_threads, monkeypatch):
+    monkeypatch.setattr(row_passes, "_helpers", None)  # as in a fresh process
+    torch_threads(2)
+    row_passes.side_by_side(CPU, [_where_and_how] * 2)
+    fewer = row_passes._helpers[2]
+    torch_threads(3)
+    together = threading.Barrier(3, timeout=10)
+
+    def meet():
+        together.wait()
+        return _where_and_how()
+
+    assert len({thread for thread, _ in row_passes.side_by_side(CPU, [meet] * 3)}) == 3
+    assert row_passes._helpers[2] is not fewer
+    with pytest.raises(RuntimeError):  # shut down: its threads end once idle
+        fewer.submit(_where_and_how)
