@@ -294,7 +294,8 @@ def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, 
                     gap: Optional[Scalar] = None) -> Margins:
     """Section 3.7 exactly: Algorithm 1's m1, m2 with a fixed eps and boundary b (with `gap` given,
     b = `gap_boundary(a, gap)`, docs/adacl.md §4)."""
-    boundary = _f64(boundary) if gap is None else gap_boundary(anchor, gap)
+    # On the anchor's device: the boundary is returned in `Margins` and stacked with the other diagnostics.
+    boundary = _f64(boundary).to(_f64(anchor).device) if gap is None else gap_boundary(anchor, gap)
     log_odds = anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2)
     eps_log_odds = torch.logit(_f64(eps))
     m1, m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
@@ -319,7 +320,7 @@ def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: floa
     vanilla's for s < a and above it for s > a (section 4).
     """
     clamped = clamp_anchor(anchor, anchor_min, anchor_max)
-    boundary = _f64(boundary) if gap is None else gap_boundary(clamped, gap)
+    boundary = _f64(boundary).to(clamped.device) if gap is None else gap_boundary(clamped, gap)
     log_odds = anchor_log_odds(clamped, log_z_u, scale, previous_m1, previous_m2)
     eps_log_odds = calibrated_eps_log_odds(log_z_u, scale, rho, boundary)
     closed_m1, closed_m2 = margins_from_log_odds(clamped, log_odds, log_z_u, eps_log_odds, boundary)
