@@ -31,6 +31,8 @@ _HALF = _RADIX // 2
 _LOW_MASK = _RADIX - 1
 HIGH_BINS = _RADIX  # bins of the first pass's histogram (`high_histogram`)
 INT32_MIN = torch.iinfo(torch.int32).min
+# Counters per bin of the GPU path's histograms (`_histogram`): 65,536 bins x 32 lanes of int64 is 16 MB.
+HISTOGRAM_LANES = 32
 # The first-pass bins of non-finite floats: high 16 bits 0x7f80-0x7fff and 0xff80-0xffff (every exponent bit
 # set), which hold no finite float (`high_histogram` indices).
 _NON_FINITE_BINS = (slice(_HALF - 128, _HALF), slice(_RADIX - 128, _RADIX))
@@ -38,11 +40,16 @@ _NON_FINITE_BINS = (slice(_HALF - 128, _HALF), slice(_RADIX - 128, _RADIX))
 
 def _histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
     """Counts of each bin index (int64). `torch.bincount` on CUDA reads the maximum back to the host,
-    so the GPU path scatters instead."""
+    so the GPU path scatters instead, each bin spread over `HISTOGRAM_LANES` counters by the entry's
+    position and the lanes summed after: trained logits put about 1% of all keys into one bin, and atomic
+    adds to one address take turns (docs/THROUGHPUT.md, the GPU section)."""
     if row_passes.reading_back_is_free(bins.device):
         return torch.bincount(bins, minlength=num_bins)
-    counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
-    return counts.index_add_(0, bins.long(), torch.ones_like(bins, dtype=torch.int64))
+    lanes = torch.arange(bins.numel(), dtype=torch.int64, device=bins.device).remainder_(HISTOGRAM_LANES)
+    spread = lanes.add_(bins.reshape(-1).long() * HISTOGRAM_LANES)
+    counts = torch.zeros(num_bins * HISTOGRAM_LANES, dtype=torch.int64, device=bins.device)
+    ones = torch.ones((), dtype=torch.int64, device=bins.device).expand(spread.numel())
+    return counts.index_add_(0, spread, ones).view(num_bins, HISTOGRAM_LANES).sum(dim=1)
 
 
 def _scatter_histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:

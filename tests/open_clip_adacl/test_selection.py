@@ -86,7 +86,7 @@ def _radix_cases():
 
 
 @pytest.mark.parametrize("values,mask", _radix_cases())
-def test_radix_select_equals_sort(values, mask):
+def test_radix_select_equals_sort(values, mask, path):
     keys = selection.masked_keys(values, mask)
     ordered = torch.sort(values[mask]).values
     for k in sorted({0, (len(ordered) - 1) // 2, len(ordered) - 1, len(ordered) // 3}):
