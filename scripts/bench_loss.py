@@ -14,11 +14,15 @@ paths (`--paths`, OPEN_CLIP_ADACL_FUSED, docs/adacl.md §6.1): `auto` (the defau
 the first time it meets a shape and keeps the faster), `fused` (on) and `eager` (off). Time: the
 median over `--repeats` rounds, each running every case once, in an order rotated from round to
 round (one warm-up step each first, which also compiles the fused passes and makes auto's choice);
-wall clock, synchronised on CUDA, and CPU time of the process. Peak memory (`--memory`): on the CPU
-the peak resident set of a fresh subprocess per case above its resident set once the inputs exist and
-the fused passes are compiled (on a smaller batch, so the measured loss still allocates its own
-buffers; tracemalloc does not see torch's allocations); on CUDA `torch.cuda.max_memory_allocated`
-above the allocation before the step. Everything is reported relative to ClipLoss measured in the
+wall clock, synchronised on CUDA, and CPU time of the process. Peak memory (`--memory`; with
+`--memory-only` no timed rounds): on the CPU the peak resident set of a fresh subprocess per case above
+its resident set once the inputs exist and the fused passes are compiled (on a smaller batch, so the
+measured loss still allocates its own buffers; tracemalloc does not see torch's allocations); on CUDA
+`torch.cuda.max_memory_allocated` above the allocation before the step. With `--ranks W ...` (CPU,
+gloo) each case also runs on W fresh processes with OpenCLIP's `--local-loss --gather-with-grad` at
+the same global N, each rank holding N / W rows, and the table gives the highest rank's peak and every
+rank's (memory only: W processes on a few cores time nothing a GPU rank would see). The memory table
+gives each case's ratio to ClipLoss's peak in the same setting. Everything is reported relative to ClipLoss measured in the
 same run, and `auto / best` compares auto with the faster of fused and eager (by their medians). In one
 process, each ratio also comes paired: the geometric mean over rounds of the two cases' times in the
 same round, with its 95% interval, which leaves out the drift between rounds (with `--processes`, the
@@ -60,6 +64,9 @@ INPUTS = {"random": 14.3, "trained-50": 50.0, "trained-100": 100.0}
 # (cosines: negatives 0.14, a sibling's caption 0.31, the own caption 0.35).
 TRAINED_PARTS = (0.15, 0.16, 0.04, 2.51)
 CLUSTER_SIZE = 8
+# How a peak is measured, by device (see the docstring).
+MEMORY_MEASURE = {"cpu": "peak resident set (VmHWM) over the resident set once the inputs exist",
+                  "cuda": "torch.cuda.max_memory_allocated over the allocation before the steps"}
 # The fused passes compile for matrices from 2048 x 2048 entries (open_clip_adacl.fused.AUTO_MIN_ELEMENTS).
 COMPILE_WARMUP_SIZE = 2048
 
@@ -72,13 +79,16 @@ def cases(paths: Sequence[str]) -> List[str]:
     return ["clip"] + [case_name(mode, path) for mode in MODES for path in paths]
 
 
-def build_loss(case: str):
+def build_loss(case: str, rank: int = 0, world_size: int = 1):
+    """`case`'s loss; on several ranks with OpenCLIP's `--local-loss --gather-with-grad`."""
     import open_clip
-    from open_clip_adacl import create_loss
+    from open_clip_adacl import DistributedSetup, create_loss
 
+    local = world_size > 1
     if case == "clip":
-        return open_clip.ClipLoss()
-    return create_loss("adacl", mode=case.split("/")[0].split("-", 1)[1])
+        return open_clip.ClipLoss(local_loss=local, gather_with_grad=local, rank=rank, world_size=world_size)
+    return create_loss("adacl", mode=case.split("/")[0].split("-", 1)[1],
+                       dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local))
 
 
 def make_features(num: int, dim: int, device: str, inputs: str = "random", seed: int = 0):
@@ -155,14 +165,25 @@ def _resident_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str) -> int:
-    """Peak bytes of two training steps above what the inputs already take (this process only)."""
+def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str, rank: int = 0,
+                       world_size: int = 1) -> int:
+    """Peak bytes of two training steps above what the inputs already take (this process only). On several
+    ranks (the process group from torchrun's environment variables) this rank's rows of the global batch."""
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    def own_rows(features: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = features[0].shape[0] // world_size
+        return tuple(part[rank * rows:(rank + 1) * rows].clone() for part in features)
+
     scale = INPUTS[inputs]
-    warmup_image, warmup_text = make_features(min(num, COMPILE_WARMUP_SIZE), dim, device, inputs)
-    run_case(case, build_loss(case), warmup_image, warmup_text, scale)  # compiles: not the loss's memory
+    warmup_image, warmup_text = own_rows(make_features(min(num, COMPILE_WARMUP_SIZE), dim, device, inputs))
+    run_case(case, build_loss(case, rank, world_size), warmup_image, warmup_text, scale)  # compiles
     del warmup_image, warmup_text
-    image, text = make_features(num, dim, device, inputs)
-    loss_fn = build_loss(case)
+    image, text = own_rows(make_features(num, dim, device, inputs))
+    loss_fn = build_loss(case, rank, world_size)
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -179,30 +200,79 @@ def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str) 
     return _resident_bytes("VmHWM") - base
 
 
-def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int, inputs: str) -> int:
-    """`peak_memory_worker` in a fresh interpreter, so no earlier case's memory counts."""
+def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int, inputs: str,
+                        world_size: int = 1) -> List[int]:
+    """`peak_memory_worker` in fresh interpreters, so no earlier case's memory counts: one per rank (gloo, on
+    this machine, each with threads / ranks torch threads); each rank's peak."""
     command = [sys.executable, os.path.abspath(__file__), "--memory-worker", case, "--sizes", str(num),
-               "--dim", str(dim), "--device", device, "--threads", str(threads), "--inputs", inputs]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return int(json.loads(output.strip().splitlines()[-1])["peak_bytes"])
+               "--dim", str(dim), "--device", device, "--threads", str(max(1, threads // world_size)),
+               "--inputs", inputs]
+    environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                   "WORLD_SIZE": str(world_size)}
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**environment, "RANK": str(rank)}) for rank in range(world_size)]
+    outputs = [worker.communicate() for worker in workers]
+    for worker, (_, errors) in zip(workers, outputs):
+        if worker.returncode:
+            raise SystemExit(f"error: the memory measurement of {case} at N = {num} on {world_size} rank(s) failed "
+                             f"(exit status {worker.returncode}): {errors.strip().splitlines()[-1:]}")
+    return [int(json.loads(out.strip().splitlines()[-1])["peak_bytes"]) for out, _ in outputs]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def memory_rows(sizes: Sequence[int], dim: int, device: str, threads: int, inputs_kinds: Sequence[str],
+                paths: Sequence[str], ranks: Sequence[int]) -> List[dict]:
+    """Peak memory of each case (each rank's, on several ranks) and its ratio to ClipLoss's in the same setting."""
+    rows = []
+    for inputs in inputs_kinds:
+        for num in sizes:
+            for world_size in [1, *ranks]:
+                peaks = {case: measure_peak_memory(case, num, dim, device, threads, inputs, world_size)
+                         for case in cases(paths)}
+                for case, per_rank in peaks.items():
+                    loss, _, path = case.partition("/")
+                    # Tiny batches can reuse freed heap memory, leaving nothing to compare.
+                    clip = max(peaks["clip"])
+                    rows.append({"inputs": inputs, "N": num, "ranks": world_size, "loss": loss, "path": path or "-",
+                                 "peak_bytes": max(per_rank), "rank_peak_bytes": per_rank,
+                                 "memory_ratio": max(per_rank) / clip if clip > 0 else float("nan")})
+    return rows
+
+
+def memory_table(rows: Sequence[dict]) -> str:
+    """One row per input kind, N, ranks, loss and path: the peak (on several ranks the highest rank's, then each
+    rank's) and its ratio to ClipLoss's, with the extra peak in percent."""
+    lines = ["| inputs | N | ranks | loss | path | peak memory (MiB) | each rank (MiB) | memory ratio | extra peak |",
+             "|---|---:|---:|---|---|---:|---|---:|---:|"]
+    for row in rows:
+        each = " / ".join(f"{peak / 2 ** 20:.0f}" for peak in row["rank_peak_bytes"]) if row["ranks"] > 1 else "-"
+        lines.append(f"| {row['inputs']} | {row['N']} | {row['ranks']} | {row['loss']} | {row['path']} | "
+                     f"{row['peak_bytes'] / 2 ** 20:.1f} | {each} | {row['memory_ratio']:.3f} | "
+                     f"{(row['memory_ratio'] - 1) * 100:+.1f}% |")
+    return "\n".join(lines)
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
     """One row per input kind, N, loss and path; `auto / best`: auto's time over the faster of fused and
     eager in that mode (wall clock, and CPU time)."""
-    memory = any("peak_bytes" in row for row in rows)
     spread = any("processes" in row for row in rows)
     paired = any("paired_ratio" in row for row in rows)
     lines = ["| inputs | N | loss | path | time (ms) | time ratio | " + ("ratio range | " if spread else "") +
              ("paired ratio (95%) | " if paired else "") +
              "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") + "auto / best | " +
              ("paired auto / best (95%) | " if paired else "") +
-             "auto / best, CPU time |" + (" peak memory (MiB) | memory ratio |" if memory else ""),
+             "auto / best, CPU time |",
              "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + ("---:|" if paired else "") + "---:|---:|" +
-             ("---:|" if spread else "") + "---:|" + ("---:|" if paired else "") + "---:|" +
-             ("---:|---:|" if memory else "")]
+             ("---:|" if spread else "") + "---:|" + ("---:|" if paired else "") + "---:|"]
     for row in rows:
-        line = (f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
+        lines.append(f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
                 f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
                 (f"{ratio_text(row.get('paired_ratio'))} | " if paired else "") +
                 f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
@@ -210,9 +280,6 @@ def markdown_table(rows: Sequence[dict]) -> str:
                 f"{_optional(row.get('auto_over_best'))} | " +
                 (f"{_against(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
                 f"{_optional(row.get('auto_over_best_cpu'))} |")
-        if memory:
-            line += f" {row['peak_bytes'] / 2 ** 20:.1f} | {row['memory_ratio']:.3f} |"
-        lines.append(line)
     return "\n".join(lines)
 
 
@@ -286,15 +353,14 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
     return rows, choices
 
 
-def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads: int, inputs_kinds: Sequence[str],
-              paths: Sequence[str], memory: bool) -> List[dict]:
+def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_kinds: Sequence[str],
+              paths: Sequence[str]) -> List[dict]:
     rows = []
     for inputs in inputs_kinds:
         for num in sizes:
             rounds, cpu_rounds = time_cases(num, dim, device, repeats, inputs, paths)
             seconds = {case: statistics.median(values) for case, values in rounds.items()}
             cpu_seconds = {case: statistics.median(values) for case, values in cpu_rounds.items()}
-            peak = {case: measure_peak_memory(case, num, dim, device, threads, inputs) for case in seconds} if memory else {}
             for case in seconds:
                 loss, _, path = case.partition("/")
                 mode = loss.partition("-")[2]  # "" for clip
@@ -309,10 +375,6 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, threads
                     if best is not None:
                         row.update(best_path=best, paired_auto_over_best=paired_ratio(
                             rounds[case], rounds[case_name(mode, best)]))
-                if memory:
-                    # Tiny batches can reuse freed heap memory, leaving nothing to compare.
-                    row.update(peak_bytes=peak[case],
-                               memory_ratio=peak[case] / peak["clip"] if peak["clip"] > 0 else float("nan"))
                 rows.append(row)
     return rows
 
@@ -371,6 +433,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=list(PATHS),
                         help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)")
     parser.add_argument("--memory", action="store_true", help="also measure peak memory (a fresh process per case)")
+    parser.add_argument("--memory-only", action="store_true", help="measure peak memory only, no timed rounds")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[],
+                        help="with --memory: also each rank's peak on this many gloo ranks (CPU), OpenCLIP's "
+                             "--local-loss --gather-with-grad at the same global N (see the docstring)")
     parser.add_argument("--processes", type=int, default=0,
                         help="run each path alone in this many fresh processes and report the median and range of "
                              "their ratios (see the docstring; 0: every path in this one process)")
@@ -383,8 +449,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeats < 1 or min(args.sizes) < 3 or args.dim < 1 or args.threads < 1 or args.processes < 0:
         parser.error("--repeats, --dim and --threads must be at least 1, --processes at least 0 and every --sizes "
                      "value at least 3")
+    args.memory = args.memory or args.memory_only
     if args.processes and args.memory:
         parser.error("--memory runs its own fresh process per case; measure it without --processes")
+    if args.ranks and not args.memory:
+        parser.error("--ranks measures peak memory per rank: add --memory (or --memory-only)")
+    if any(world_size < 2 or any(num % world_size for num in args.sizes) for world_size in args.ranks) or (
+            args.ranks and args.device != "cpu"):
+        parser.error("every --ranks value must be at least 2 and divide every --sizes value, on --device cpu "
+                     "(the ranks are gloo processes on this machine)")
     return args
 
 
@@ -395,7 +468,8 @@ def main(argv=None) -> None:
         return
     torch.set_num_threads(args.threads)
     if args.memory_worker:
-        peak = peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device, args.inputs[0])
+        peak = peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device, args.inputs[0],
+                                  int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
         print(json.dumps({"peak_bytes": peak}))
         return
     load_before = load_average()
@@ -407,15 +481,24 @@ def main(argv=None) -> None:
             rows, decisions = benchmark_in_processes(args)
         how = (f"each path alone in {args.processes} fresh processes (median of {args.repeats} rounds in each; "
                f"the row: the median over the processes and their range); ratios against ClipLoss in the same process")
+    elif args.memory_only:
+        rows, decisions, how = [], None, "peak memory only"
     else:
-        rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.threads, args.inputs, args.paths,
-                         args.memory)
+        rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.inputs, args.paths)
         decisions, how = None, f"median of {args.repeats} rounds; ratios against ClipLoss in the same run"
+    peaks = memory_rows(args.sizes, args.dim, args.device, args.threads, args.inputs, args.paths,
+                        args.ranks) if args.memory else []
     report = (f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, "
               f"{describe_machine(args.device, args.threads)}; load average {load_before} before, {load_average()} "
-              f"after; {how}.\n\n"
-              f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
-              f"{auto_choices(decisions) or '- none (auto not run, or no AdaCL step)'}\n")
+              f"after; {how}.\n\n")
+    if rows:
+        report += (f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
+                   f"{auto_choices(decisions) or '- none (auto not run, or no AdaCL step)'}\n")
+    if peaks:
+        report += ("\n" if rows else "") + (
+            f"Peak memory of two steps above the inputs, each case in fresh processes ({MEMORY_MEASURE[args.device]}); "
+            f"ranks > 1: OpenCLIP's --local-loss --gather-with-grad on gloo, the highest rank's peak; ratios against "
+            f"ClipLoss's peak in the same setting:\n\n{memory_table(peaks)}\n")
     print(report)
     from training.discover.store import write_atomically
 
@@ -424,7 +507,7 @@ def main(argv=None) -> None:
     if args.json:
         from open_clip_adacl import fused
 
-        payload = {"settings": report.split("\n\n")[0], "rows": rows,
+        payload = {"settings": report.split("\n\n")[0], "rows": rows, "memory_rows": peaks,
                    "auto_choices": fused.decisions() if decisions is None else decisions}
         write_atomically(Path(args.json), json.dumps(payload, indent=1) + "\n")
 

@@ -220,6 +220,33 @@ def test_bench_step_reports_the_ratio_and_the_loss_share_of_the_step(tmp_path, c
     assert clip.model is adacl.model and clip.optimizer is adacl.optimizer and clip.loss is not adacl.loss
 
 
+@pytest.mark.slow
+def test_bench_loss_measures_each_cases_peak_memory_in_one_process_and_per_rank(tmp_path):
+    output = tmp_path / "loss.json"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--sizes", "256", "--dim", "16",
+                             "--inputs", "trained-50", "--paths", "eager", "--memory-only", "--ranks", "2",
+                             "--threads", "1", "--json", str(output)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| peak memory (MiB) | each rank (MiB) | memory ratio | extra peak |" in result.stdout
+    rows = json.loads(output.read_text())["memory_rows"]
+    assert [(row["ranks"], row["loss"]) for row in rows] == [
+        (ranks, loss) for ranks in (1, 2) for loss in ("clip", "adacl-literal", "adacl-calibrated")]
+    for row in rows:  # a number per case, and on 2 ranks each rank's own
+        assert row["peak_bytes"] >= 0 and len(row["rank_peak_bytes"]) == row["ranks"]
+        assert row["peak_bytes"] == max(row["rank_peak_bytes"])
+        printed = f"| trained-50 | 256 | {row['ranks']} | {row['loss']} | {row['path']} | {row['peak_bytes'] / 2 ** 20:.1f} |"
+        assert printed in result.stdout
+
+
+def test_bench_loss_refuses_ranks_it_cannot_measure_in_one_line():
+    for extra in (["--ranks", "2"], ["--memory", "--ranks", "3"], ["--memory", "--ranks", "2", "--device", "cuda"]):
+        result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--sizes", "64", *extra],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
+            "bench_loss.py: error: "), (extra, result.stderr)
+
+
 def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monkeypatch, tmp_path):
     bench = _script("bench_loss")
     ratios = iter([1.2, 1.0, 1.4, 1.1, 1.3, 1.2])  # processes in the order auto, eager; eager, auto; auto, eager

@@ -20,7 +20,8 @@ is computed from such values by the same ops.
 The selection reads the logits the loss already has: every decision it makes is invariant under
 the positive affine map cos -> t cos + bias (see adacl.py), so no second matmul is needed. Rows are
 processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py); the only
-rows x C buffer is the int32 keys of `candidate_keys`, which the loss reuses from step to step.
+rows x C buffer is the int32 keys of `candidate_keys`, freed when the selection returns, so that the
+backward pass, where the loss's peak memory lies, never holds it (docs/THROUGHPUT.md).
 
 The passes over the logits and the keys also exist as traceable functions (`_fused_keys`, the
 `*_of_logits` functions and radix_select.py's `*_pass` ones) that `fused.run` compiles: each then
@@ -228,7 +229,6 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
 @torch.no_grad()
 def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
                    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   workspace: Optional["KeyWorkspace"] = None,
                    lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
@@ -236,9 +236,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
     the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
     count: this rank's number of candidates. high_counts: this rank's first radix histogram
-    (see `radix_select`). `workspace` keeps the keys' buffer from step to step, so that no fresh
-    rows x C buffer (and its page faults) is needed each step. `lower`
-    (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
+    (see `radix_select`). `lower` (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
     The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
     quadratic's roots (`adacl.positive_quadratic_intervals`), rounded outwards to the logits'
@@ -250,7 +248,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     """
     num_rows, num_cols = logits.shape
     bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
-    keys = (workspace or KeyWorkspace()).get(num_rows * num_cols, logits.device).view(num_rows, num_cols)
+    keys = torch.empty((num_rows, num_cols), dtype=torch.int32, device=logits.device)
     args = (logits, positive, positive_col, bounds, keys)
     if fused.wanted(logits, "keys", lambda: _compiled_candidate_keys(*args), lambda: _eager_candidate_keys(*args)):
         try:
@@ -302,20 +300,6 @@ def _count_candidates(high_counts: torch.Tensor, num_entries: int) -> torch.Tens
     """This rank's number of candidates, from the first-pass histogram of all its `num_entries` keys,
     whose not-candidate bins (those of non-finite floats: `NOT_CANDIDATE_BITS`) it then empties."""
     return num_entries - drop_non_finite(high_counts)
-
-
-class KeyWorkspace:
-    """The int32 buffer that `candidate_keys` writes its keys into, kept from step to step (by the loss)
-    and allocated at its first use: a median from the logits (`_lower_median_from_logits`) needs none."""
-
-    def __init__(self):
-        self._buffer: Optional[torch.Tensor] = None
-
-    def get(self, num_elements: int, device: torch.device) -> torch.Tensor:
-        """The first `num_elements` of the buffer (flat), grown or moved to `device` when needed."""
-        if self._buffer is None or self._buffer.numel() < num_elements or self._buffer.device != device:
-            self._buffer = torch.empty(num_elements, dtype=torch.int32, device=device)
-        return self._buffer[:num_elements]
 
 
 def masked_keys(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -503,12 +487,12 @@ def _batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: to
 
 def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
                   salient: str, anchor_stat: str, prior_ratio: float, std_floor,
-                  workspace: Optional[KeyWorkspace] = None, region: str = "gda") -> AnchorSelection:
+                  region: str = "gda") -> AnchorSelection:
     """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
     `region`: the candidate region (`adacl.clone_candidate_mask`).
 
-    `std_floor` is in logit units (the loss passes floor * t); `workspace` see `candidate_keys`.
+    `std_floor` is in logit units (the loss passes floor * t).
     An empty candidate set (num_candidates = 0) returns row -1, which no rank owns, and a NaN gap;
     the caller falls back to vanilla CL.
 
@@ -534,7 +518,7 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         if anchor_stat == "median" and not row_passes.reading_back_is_free(logits.device):
             median = _median_without_keys(logits, summary.positive, positive_col, coefficients, lower, rows)
         count, key, row = median or _anchor_from_keys(
-            candidate_keys(logits, summary.positive, positive_col, coefficients, workspace, lower), anchor_stat,
+            candidate_keys(logits, summary.positive, positive_col, coefficients, lower), anchor_stat,
             row_index, rows)
     found = count > 0
     return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import adacl, fused, row_passes
-from ..selection import (AnchorSelection, KeyWorkspace, RowSummary, row_value_from_owner, select_anchor,
+from ..selection import (AnchorSelection, RowSummary, row_value_from_owner, select_anchor,
                          summarize_rows)
 from ..state import last_occurrence
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
@@ -251,9 +251,12 @@ class AdaCLLoss(ContrastiveLoss):
         # Per direction, the features of the extra negative columns of this forward (the queue's or the bank's).
         self._extra_columns: Dict[str, torch.Tensor] = {}
         self._update_state = False
-        # Reused int32 scratch for the selection's candidate keys, one per direction (not state: never
-        # checkpointed); the second is allocated only when both directions select at once (`symmetric_loss`).
-        self._workspaces = (KeyWorkspace(), KeyWorkspace())
+
+    @property
+    def shares_logit_matmul(self) -> bool:
+        """One matmul for both directions' logits (`ContrastiveLoss`), except with `modulate=False`, which trains
+        with ClipLoss's exact code path, its second matmul included."""
+        return self.options.modulate
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -328,30 +331,31 @@ class AdaCLLoss(ContrastiveLoss):
         the ranks split the rows: the selection's collectives must then reach every rank in one order."""
         device = batch.logits_per_image.device
         apart = row_passes.can_run_side_by_side(device, len(DIRECTIONS)) and not batch.rows.split_across_ranks
-        # One key buffer per direction only when both are in use at once.
-        workspaces = self._workspaces if apart else (self._workspaces[0],) * len(DIRECTIONS)
-        calls = [partial(self._select, batch, direction, workspace)
-                 for direction, workspace in zip(DIRECTIONS, workspaces)]
+        calls = [partial(self._select, batch, direction) for direction in DIRECTIONS]
         selections = row_passes.side_by_side(device, calls) if apart else [call() for call in calls]
         return sum(self._direction_loss(batch, direction, selection)
                    for direction, selection in zip(DIRECTIONS, selections)) / 2
 
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         """One direction's loss, its selection made alone (`symmetric_loss` makes both at once)."""
-        return self._direction_loss(batch, direction, self._select(batch, direction, self._workspaces[0]))
+        return self._direction_loss(batch, direction, self._select(batch, direction))
 
     @torch.no_grad()
-    def _select(self, batch: GlobalBatch, direction: str, workspace: KeyWorkspace) -> "DirectionSelection":
+    def _select(self, batch: GlobalBatch, direction: str) -> "DirectionSelection":
         """What `direction`'s logits say without gradient: its rows' summary and, with at least `MIN_ROWS`
-        rows, its anchor (docs/method.md §3.1-3.5). Reads the batch and the options only."""
-        logits, labels, options = batch.logits(direction).detach(), batch.labels, self.options
+        rows, its anchor (docs/method.md §3.1-3.5). Reads the batch and the options only.
+
+        The text-to-image logits may be the image-to-text ones transposed (`ContrastiveLoss.build_batch`); the
+        selection's row passes then read a contiguous copy, freed when it returns: on the transposed view they
+        took about three times as long (measured: docs/THROUGHPUT.md)."""
+        logits, labels, options = batch.logits(direction).detach().contiguous(), batch.labels, self.options
         summary = summarize_rows(logits, labels, with_mean=options.salient == "mean")
         if batch.all_image_features.shape[0] < MIN_ROWS:
             return DirectionSelection(summary, None)
         scale = batch.logit_scale.detach().double()
         return DirectionSelection(summary, select_anchor(
             logits, summary, labels, batch.rows, salient=options.salient, anchor_stat=options.anchor_stat,
-            prior_ratio=options.prior_ratio, std_floor=options.std_floor * scale, workspace=workspace,
+            prior_ratio=options.prior_ratio, std_floor=options.std_floor * scale,
             region=options.candidate_region))
 
     def _direction_loss(self, batch: GlobalBatch, direction: str, selected: "DirectionSelection") -> torch.Tensor:

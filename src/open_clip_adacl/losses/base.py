@@ -147,7 +147,17 @@ class GlobalBatch:
 
 
 class ContrastiveLoss(Loss):
-    """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it."""
+    """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it.
+
+    A loss that sets `shares_logit_matmul` takes, with one process, the text-to-image logits as the
+    image-to-text ones transposed, as OpenCLIP's gathered path without `local_loss` does: one matmul
+    instead of two in the forward pass and two instead of four in the backward (AdaCL's cost:
+    docs/THROUGHPUT.md). Off by default: `open_clip.ClipLoss` computes them by a second matmul, whose
+    bits differ by rounding, and the losses that equal ClipLoss in a limit (a weight of one, alpha zero)
+    are held to it bit for bit.
+    """
+
+    shares_logit_matmul: ClassVar[bool] = False
 
     def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
                     sample_index=None, family=None) -> GlobalBatch:
@@ -169,7 +179,10 @@ class ContrastiveLoss(Loss):
             all_image, all_text = image_features, text_features
             queries_image, queries_text = image_features, text_features
             logits_per_image = logit_scale * image_features @ text_features.T
-            logits_per_text = logit_scale * text_features @ image_features.T
+            if self.shares_logit_matmul:
+                logits_per_text = logits_per_image.T
+            else:
+                logits_per_text = logit_scale * text_features @ image_features.T
         if logit_bias is not None:
             logits_per_image = logits_per_image + logit_bias
             logits_per_text = logits_per_text + logit_bias

@@ -50,6 +50,35 @@ def test_modulation_off_is_clip_bit_for_bit():
             assert torch.equal(a, b)
 
 
+def test_one_matmul_gives_both_directions_logits_unless_modulation_is_off():
+    x, y = _features()
+    scale = torch.tensor(SCALE)
+    shared = create_loss("adacl").build_batch(x, y, scale)
+    assert shared.logits_per_text.data_ptr() == shared.logits_per_image.data_ptr()  # the transpose, not a product
+    assert torch.equal(shared.logits_per_text, shared.logits_per_image.T)
+    separate = create_loss("adacl", modulate=False).build_batch(x, y, scale)  # ClipLoss's own second matmul
+    assert separate.logits_per_text.data_ptr() != separate.logits_per_image.data_ptr()
+    assert torch.equal(separate.logits_per_text, scale * y @ x.T)
+
+
+@pytest.mark.parametrize("fused_passes", ["on", "off"])
+def test_no_key_matrix_outlives_the_selection(fused_passes, monkeypatch):
+    # The backward pass, where the loss's peak memory lies, must not hold the selection's rows x N int32 keys.
+    import gc
+
+    monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", fused_passes)
+    n = 64
+    x, y = _features(n=n)
+    loss_fn = create_loss("adacl", candidate_region="gda")
+    value = loss_fn(x.clone().requires_grad_(), y.clone().requires_grad_(), torch.tensor(SCALE))
+    assert loss_fn.stats["i2t/candidates"] > 0 and loss_fn.stats["t2i/candidates"] > 0  # keys were written
+    gc.collect()
+    key_matrices = [obj for obj in gc.get_objects()
+                    if type(obj) is torch.Tensor and obj.dtype == torch.int32 and obj.numel() >= n * n]  # no compiler fakes
+    assert key_matrices == []
+    value.backward()
+
+
 def _dense_modulated_loss(x, y, scale, stats, bias=0.0, positive_grad="scaled"):
     """CE over materialised logits whose diagonal is m1 (s_ii - m2), m1 and m2 from the loss's stats."""
     total = 0
@@ -255,8 +284,12 @@ def test_bench_loss_measures_every_case(monkeypatch):
            "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25, "auto_over_best_cpu": 0.5}
     assert ("| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 | 0.500 |"
             in bench.markdown_table([row]))
-    table = bench.markdown_table([{**row, "peak_bytes": 2 ** 20, "memory_ratio": 1.0}])
-    assert table.endswith("| 0.500 | 1.0 | 1.000 |") and "| peak memory (MiB) | memory ratio |" in table
+    memory = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "eager", "peak_bytes": 2 ** 21,
+              "memory_ratio": 1.05}
+    assert bench.memory_table([{**memory, "ranks": 1, "rank_peak_bytes": [2 ** 21]}]).endswith(
+        "| random | 64 | 1 | adacl-literal | eager | 2.0 | - | 1.050 | +5.0% |")
+    assert bench.memory_table([{**memory, "ranks": 2, "rank_peak_bytes": [2 ** 20, 2 ** 21]}]).endswith(
+        "| 2.0 | 1 / 2 | 1.050 | +5.0% |")
     seconds = {bench.case_name("calibrated", path): value for path, value in (("auto", 1.1), ("fused", 1.0),
                                                                                ("eager", 2.0))}
     assert bench.auto_over_best(seconds, "calibrated") == pytest.approx(1.1)
