@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import csv
 import io
+import math
 import os
 import re
 import resource
@@ -510,6 +511,28 @@ class Bench:
                  f"`...{message(log, 'consecutive steps had')[-130:]}`; checkpoints {saved}",
                  "the diverged steps (nothing written of them)")
 
+    def nan_resume(self, ranks: int) -> None:
+        """From base's epoch_1.pt (step 8) with --lr 1000: step 10's loss is still finite but its update overflows,
+        at a step_N.pt step; the checkpoint the stop line names resumes at --lr 2e-3 and trains."""
+        name = f"nan-resume-{ranks}"
+        start = RunDir(self.base_run(ranks)).epoch_checkpoint(1)
+        result, _ = self.run(ranks, self.values(name, ranks, lr=NAN_LR, warmup=1, max_nonfinite_steps=3,
+                                                resume=str(start)))
+        named = re.search(r"with --resume (\S+) after changing them", self.log(name))
+        resumed, status, losses = f"{name}-resumed", "-", []
+        if named:  # a fresh run in a folder of its own, from that file
+            again, _ = self.run(ranks, self.values(resumed, ranks, resume=named.group(1)))
+            status = again.returncode
+            losses = [record["loss"] for record in RunDir(self.run_dir(resumed)).metrics("train")]
+        finite = sum(1 for loss in losses if math.isfinite(float(loss)))  # metrics.jsonl writes NaN as "nan"
+        self.add(f"an update that overflows after a finite loss at a `step_N.pt` step (from `epoch_1.pt` with `--lr "
+                 f"{NAN_LR:g} --warmup 1`), then a resume from the checkpoint the stop line names with `--lr 2e-3`, "
+                 f"{ranks} rank(s)",
+                 f"rc {result.returncode}; `{message(self.log(name), 'Not writing')[:120]}...`; the stop line names "
+                 f"`{Path(named.group(1)).name if named else 'no checkpoint'}`; resumed: rc {status}, "
+                 f"{finite} of {len(losses)} steps finite",
+                 "the diverged steps (no checkpoint of a non-finite state is written)")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -642,6 +665,7 @@ def main() -> None:
         "csv_device_paths": bench.csv_device_paths,
         "lock_race": bench.lock_race,
         "nan_streak": on_1_and_2_ranks(bench.nan_streak),
+        "nan_resume": on_1_and_2_ranks(bench.nan_resume),
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
