@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
 from training.trainer.launch.params import argv_from_values
@@ -43,6 +44,7 @@ SAVE_EVERY = 5
 SIGNAL_AT = 11    # mid-epoch 1
 NAN_LR = 1e3      # a learning rate that makes the loss non-finite from step 3 on (--warmup 1)
 PREEMPTED = 75
+HUGE_MEMBER_BYTES = int(float(os.environ.get("FAULT_TABLE_HUGE_MEMBER_BYTES", 6 * 2**30)))
 
 
 class Bench:
@@ -533,6 +535,63 @@ class Bench:
                  f"{finite} of {len(losses)} steps finite",
                  "the diverged steps (no checkpoint of a non-finite state is written)")
 
+    def peak_rss(self, values: Dict[str, Any]) -> tuple:
+        """(the run's result code, its peak resident memory in MB): one rank, a process of its own."""
+        proc = subprocess.Popen(self.command(1, values), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return proc.returncode, usage.ru_maxrss / 1024
+
+    def huge_member(self) -> None:
+        """A shard with a member of HUGE_MEMBER_BYTES (a sparse file: no disk) among its 128 samples, read as a file
+        and through `pipe:cat`, against the same shard without it: peak RSS of each run."""
+        huge = self.work / "huge-member.tar"
+        write_shard_with_a_huge_member(huge, self.data / "train" / "shard-000000.tar", HUGE_MEMBER_BYTES)
+        try:
+            runs = {}
+            for label, shard in (("without", self.data / "train" / "shard-000000.tar"), ("file", huge),
+                                 ("pipe", f"pipe:cat {huge}")):
+                name = f"huge-member-{label}"
+                rc, peak = self.peak_rss(self.values(name, 1, train_data=str(shard), dataset_type="webdataset",
+                                                     train_num_samples=128, epochs=1))
+                epoch = (RunDir(self.run_dir(name)).metrics("epoch") or [{}])[0]
+                runs[label] = (rc, peak, epoch.get("skipped/oversized_image"))
+        finally:
+            huge.unlink(missing_ok=True)
+        baseline = runs["without"][1]
+        for label in ("file", "pipe"):
+            rc, peak, oversized = runs[label]
+            self.add(f"a {HUGE_MEMBER_BYTES / 2**30:g} GiB image member in a shard of 128 samples, read as a "
+                     f"{'file' if label == 'file' else '`pipe:cat` stream'}",
+                     f"rc {rc}; skipped unread, counted oversized_image {oversized}; peak RSS {peak:.0f} MB against "
+                     f"{baseline:.0f} MB for the shard without it ({peak / baseline:.2f}x)", "that sample")
+
+    def cut_shards(self) -> None:
+        """A copy of shard 0 cut at the member boundary halfway (an interrupted copy: no end-of-archive blocks),
+        and a copy of shard 1 whose appended last header claims 50 GB with 1 kB of data after it, trained alone."""
+        cut, lying = self.work / "cut.tar", self.work / "lying.tar"
+        with tarfile.open(self.data / "train" / "shard-000000.tar") as tar:
+            members = tar.getmembers()
+        boundary = members[len(members) // 2].offset
+        cut.write_bytes((self.data / "train" / "shard-000000.tar").read_bytes()[:boundary])
+        with tarfile.open(self.data / "train" / "shard-000001.tar") as tar:
+            end = max(member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                      for member in tar.getmembers())
+        info = tarfile.TarInfo("999999999.png")
+        info.size = 50 * 10**9
+        lying.write_bytes((self.data / "train" / "shard-000001.tar").read_bytes()[:end] + info.tobuf() + b"x" * 1024)
+        name = "cut-shards-1"
+        result, _ = self.run(1, self.values(name, 1, train_data=f"{cut}::{lying}", dataset_type="webdataset",
+                                            train_num_samples=192, epochs=1))  # every sample of both
+        log = self.log(name)
+        line = message(log, "Epoch 0 done")
+        self.add("a shard cut at a member boundary (half its samples, no end-of-archive blocks) and one whose last "
+                 "header claims 50 GB with 1 kB after it, trained alone",
+                 f"rc {result.returncode}; `{message(log, 'cut.tar ended early')[:130]}...`; "
+                 f"`{message(log, 'lying.tar ended early')[:130]}...`; "
+                 f"`{line[line.find('skipped shard'):line.rindex(',')]}`", "the samples after the cut")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -666,6 +725,8 @@ def main() -> None:
         "lock_race": bench.lock_race,
         "nan_streak": on_1_and_2_ranks(bench.nan_streak),
         "nan_resume": on_1_and_2_ranks(bench.nan_resume),
+        "huge_member": bench.huge_member,
+        "cut_shards": bench.cut_shards,
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
