@@ -592,6 +592,24 @@ class Bench:
                  f"`{message(log, 'lying.tar ended early')[:130]}...`; "
                  f"`{line[line.find('skipped shard'):line.rindex(',')]}`", "the samples after the cut")
 
+    def killed_during_a_save(self) -> None:
+        """SIGKILL the moment a checkpoint's temporary file appears (a save in progress), then `--resume latest`."""
+        name = "killed-saving-1"
+        checkpoints = self.run_dir(name) / "checkpoints"
+        proc = subprocess.Popen(self.command(1, self.values(name, 1)), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        left = []
+        while not left and proc.poll() is None:
+            left = [path.name for path in checkpoints.glob(".*.tmp")] if checkpoints.is_dir() else []
+        proc.kill()
+        proc.wait()
+        left = [path.name for path in checkpoints.glob(".*.tmp")]
+        result, _ = self.run(1, self.values(name, 1, resume="latest"))
+        self.add("SIGKILL while a checkpoint is being written (its temporary file exists), then `--resume latest`",
+                 f"rc {proc.returncode}, left {left}; resume rc {result.returncode}: "
+                 f"`{message(self.log(name), 'temporary file(s)')[:120]}...`; temporary files after: "
+                 f"{[path.name for path in checkpoints.glob('.*.tmp')]}", "the steps since the last checkpoint")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -727,6 +745,7 @@ def main() -> None:
         "nan_resume": on_1_and_2_ranks(bench.nan_resume),
         "huge_member": bench.huge_member,
         "cut_shards": bench.cut_shards,
+        "killed_during_a_save": bench.killed_during_a_save,
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
