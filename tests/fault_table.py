@@ -142,6 +142,23 @@ class Bench:
                  f"{last - (saved[-1] if saved else 0)} steps (last logged {last}); metrics steps after resume "
                  f"{'1..16 once each' if steps == list(range(1, STEPS + 1)) else steps}")
 
+    def ctrl_c_twice(self) -> None:
+        name = "ctrl-c-twice-1"
+        proc = subprocess.Popen(self.command(1, self.values(name, 1)), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        while not (self.steps(name) or [0])[-1] >= SIGNAL_AT:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+        signalled = time.time()
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.communicate(timeout=300)[1]
+        self.add("Ctrl-C twice (SIGINT, then SIGINT 20 ms later), 1 rank",
+                 f"rc {proc.returncode} after {time.time() - signalled:.2f} s; stderr: "
+                 f"`{next((line for line in stderr.splitlines() if 'Ctrl-C' in line), 'no line')[:110]}...`; "
+                 f"traceback: {'Traceback' in stderr}", "the steps since the last checkpoint (as asked)")
+
     def sigkill(self) -> None:
         name = "kill-1"
         rc, _, _, _ = self.start_and_signal(name, 1, "trainer", signal.SIGKILL)
@@ -722,6 +739,9 @@ def main() -> None:
             (2, "rank1", signal.SIGTERM, "SIGTERM to rank 1 only, 2 ranks"),
             (2, "torchrun", signal.SIGTERM, "SIGTERM to torchrun, 2 ranks"),
             (2, "torchrun", signal.SIGUSR1, "SIGUSR1 to torchrun only (it dies), 2 ranks"))],
+        "interactive_stops": lambda: [bench.preemption(*case) for case in (
+            (1, "trainer", signal.SIGINT, "SIGINT (Ctrl-C), 1 rank"), (1, "trainer", signal.SIGHUP, "SIGHUP, 1 rank"))],
+        "ctrl_c_twice": bench.ctrl_c_twice,
         "sigkill": bench.sigkill,
         "changed_resumes": bench.changed_resumes,
         "broken_checkpoints": bench.broken_checkpoints,

@@ -309,8 +309,11 @@ class Trainer:
         state, checkpointer, preemption = self.state, self.checkpointer, self.preemption
         saved = checkpointer.save_now() if checkpointer is not None else None
         self.metrics.close()
-        requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
-                    else "not requeued")
+        if preemption.stopped_by_a_person():
+            requeued = f"not requeued ({preemption.signal_name} is a stop, not one of --preempt-signal)"
+        else:
+            requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
+                        else "not requeued")
         cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
         where = f"step {state.step} (epoch {state.position.epoch}, {state.position.batches_in_epoch} batches into it)"
         if saved is not None:
