@@ -627,6 +627,38 @@ class Bench:
                  f"`{message(self.log(name), 'temporary file(s)')[:120]}...`; temporary files after: "
                  f"{[path.name for path in checkpoints.glob('.*.tmp')]}", "the steps since the last checkpoint")
 
+    def on_host(self, host: str, values: Dict[str, Any]) -> List[str]:
+        """The run's command in a UTS namespace whose host name is `host` (root): a launch on another node."""
+        return ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"', *self.command(1, values)]
+
+    def lock_of_another_host(self) -> None:
+        """node-a trains; node-b's `--resume latest` while it lives, after node-a dies (SIGKILL) with a fresh
+        heartbeat, and once the heartbeat is older than the bound (the lock's mtime set back 130 s: that wait)."""
+        name = "other-host-1"
+        lock = self.run_dir(name) / "run.lock"
+        first = subprocess.Popen(self.on_host("node-a", self.values(name, 1, epochs=20)), env=self.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not self.steps(name):
+                assert first.poll() is None
+                time.sleep(0.05)
+            live = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                                  capture_output=True, text=True, timeout=900)
+        finally:
+            kill_run(first)
+        dead = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                              capture_output=True, text=True, timeout=900)
+        aged = time.time() - 130
+        os.utime(lock, (aged, aged))
+        later = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                               capture_output=True, text=True, timeout=900)
+        self.add("a `--resume latest` launch on node-b (a UTS namespace) while node-a trains the run, right after "
+                 "node-a dies (SIGKILL), and 130 s later",
+                 f"live: rc {live.returncode} `{last_line(live.stderr)[:90]}...`; just dead: rc {dead.returncode} "
+                 f"`...{last_line(dead.stderr)[-150:]}`; 130 s later: rc {later.returncode}, "
+                 f"`{message(self.log(name), 'has not refreshed its heartbeat')[:150]}...`",
+                 "nothing (refused, then taken over)")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -766,6 +798,7 @@ def main() -> None:
         "huge_member": bench.huge_member,
         "cut_shards": bench.cut_shards,
         "killed_during_a_save": bench.killed_during_a_save,
+        "lock_of_another_host": bench.lock_of_another_host,
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
@@ -773,7 +806,7 @@ def main() -> None:
         "rank_dies": bench.rank_dies,
     }
     needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk", "dashboards_on_a_full_disk",
-                  "read_only_resume"}  # they mount a tmpfs or a read-only folder
+                  "read_only_resume", "lock_of_another_host"}  # they mount a folder, or name a host
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
     for name in args.cases or cases:
         if name in needs_root and os.geteuid() != 0:
