@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import csv
 import io
+import math
 import os
 import re
 import resource
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
 from training.trainer.launch.params import argv_from_values
@@ -42,6 +44,7 @@ SAVE_EVERY = 5
 SIGNAL_AT = 11    # mid-epoch 1
 NAN_LR = 1e3      # a learning rate that makes the loss non-finite from step 3 on (--warmup 1)
 PREEMPTED = 75
+HUGE_MEMBER_BYTES = int(float(os.environ.get("FAULT_TABLE_HUGE_MEMBER_BYTES", 6 * 2**30)))
 
 
 class Bench:
@@ -138,6 +141,23 @@ class Bench:
                  f"resume rc {resumed.returncode}",
                  f"{last - (saved[-1] if saved else 0)} steps (last logged {last}); metrics steps after resume "
                  f"{'1..16 once each' if steps == list(range(1, STEPS + 1)) else steps}")
+
+    def ctrl_c_twice(self) -> None:
+        name = "ctrl-c-twice-1"
+        proc = subprocess.Popen(self.command(1, self.values(name, 1)), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        while not (self.steps(name) or [0])[-1] >= SIGNAL_AT:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+        signalled = time.time()
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.communicate(timeout=300)[1]
+        self.add("Ctrl-C twice (SIGINT, then SIGINT 20 ms later), 1 rank",
+                 f"rc {proc.returncode} after {time.time() - signalled:.2f} s; stderr: "
+                 f"`{next((line for line in stderr.splitlines() if 'Ctrl-C' in line), 'no line')[:110]}...`; "
+                 f"traceback: {'Traceback' in stderr}", "the steps since the last checkpoint (as asked)")
 
     def sigkill(self) -> None:
         name = "kill-1"
@@ -510,6 +530,135 @@ class Bench:
                  f"`...{message(log, 'consecutive steps had')[-130:]}`; checkpoints {saved}",
                  "the diverged steps (nothing written of them)")
 
+    def nan_resume(self, ranks: int) -> None:
+        """From base's epoch_1.pt (step 8) with --lr 1000: step 10's loss is still finite but its update overflows,
+        at a step_N.pt step; the checkpoint the stop line names resumes at --lr 2e-3 and trains."""
+        name = f"nan-resume-{ranks}"
+        start = RunDir(self.base_run(ranks)).epoch_checkpoint(1)
+        result, _ = self.run(ranks, self.values(name, ranks, lr=NAN_LR, warmup=1, max_nonfinite_steps=3,
+                                                resume=str(start)))
+        named = re.search(r"with --resume (\S+) after changing them", self.log(name))
+        resumed, status, losses = f"{name}-resumed", "-", []
+        if named:  # a fresh run in a folder of its own, from that file
+            again, _ = self.run(ranks, self.values(resumed, ranks, resume=named.group(1)))
+            status = again.returncode
+            losses = [record["loss"] for record in RunDir(self.run_dir(resumed)).metrics("train")]
+        finite = sum(1 for loss in losses if math.isfinite(float(loss)))  # metrics.jsonl writes NaN as "nan"
+        self.add(f"an update that overflows after a finite loss at a `step_N.pt` step (from `epoch_1.pt` with `--lr "
+                 f"{NAN_LR:g} --warmup 1`), then a resume from the checkpoint the stop line names with `--lr 2e-3`, "
+                 f"{ranks} rank(s)",
+                 f"rc {result.returncode}; `{message(self.log(name), 'Not writing')[:120]}...`; the stop line names "
+                 f"`{Path(named.group(1)).name if named else 'no checkpoint'}`; resumed: rc {status}, "
+                 f"{finite} of {len(losses)} steps finite",
+                 "the diverged steps (no checkpoint of a non-finite state is written)")
+
+    def peak_rss(self, values: Dict[str, Any]) -> tuple:
+        """(the run's result code, its peak resident memory in MB): one rank, a process of its own."""
+        proc = subprocess.Popen(self.command(1, values), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return proc.returncode, usage.ru_maxrss / 1024
+
+    def huge_member(self) -> None:
+        """A shard with a member of HUGE_MEMBER_BYTES (a sparse file: no disk) among its 128 samples, read as a file
+        and through `pipe:cat`, against the same shard without it: peak RSS of each run."""
+        huge = self.work / "huge-member.tar"
+        write_shard_with_a_huge_member(huge, self.data / "train" / "shard-000000.tar", HUGE_MEMBER_BYTES)
+        try:
+            runs = {}
+            for label, shard in (("without", self.data / "train" / "shard-000000.tar"), ("file", huge),
+                                 ("pipe", f"pipe:cat {huge}")):
+                name = f"huge-member-{label}"
+                rc, peak = self.peak_rss(self.values(name, 1, train_data=str(shard), dataset_type="webdataset",
+                                                     train_num_samples=128, epochs=1))
+                epoch = (RunDir(self.run_dir(name)).metrics("epoch") or [{}])[0]
+                runs[label] = (rc, peak, epoch.get("skipped/oversized_image"))
+        finally:
+            huge.unlink(missing_ok=True)
+        baseline = runs["without"][1]
+        for label in ("file", "pipe"):
+            rc, peak, oversized = runs[label]
+            self.add(f"a {HUGE_MEMBER_BYTES / 2**30:g} GiB image member in a shard of 128 samples, read as a "
+                     f"{'file' if label == 'file' else '`pipe:cat` stream'}",
+                     f"rc {rc}; skipped unread, counted oversized_image {oversized}; peak RSS {peak:.0f} MB against "
+                     f"{baseline:.0f} MB for the shard without it ({peak / baseline:.2f}x)", "that sample")
+
+    def cut_shards(self) -> None:
+        """A copy of shard 0 cut at the member boundary halfway (an interrupted copy: no end-of-archive blocks),
+        and a copy of shard 1 whose appended last header claims 50 GB with 1 kB of data after it, trained alone."""
+        cut, lying = self.work / "cut.tar", self.work / "lying.tar"
+        with tarfile.open(self.data / "train" / "shard-000000.tar") as tar:
+            members = tar.getmembers()
+        boundary = members[len(members) // 2].offset
+        cut.write_bytes((self.data / "train" / "shard-000000.tar").read_bytes()[:boundary])
+        with tarfile.open(self.data / "train" / "shard-000001.tar") as tar:
+            end = max(member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                      for member in tar.getmembers())
+        info = tarfile.TarInfo("999999999.png")
+        info.size = 50 * 10**9
+        lying.write_bytes((self.data / "train" / "shard-000001.tar").read_bytes()[:end] + info.tobuf() + b"x" * 1024)
+        name = "cut-shards-1"
+        result, _ = self.run(1, self.values(name, 1, train_data=f"{cut}::{lying}", dataset_type="webdataset",
+                                            train_num_samples=192, epochs=1))  # every sample of both
+        log = self.log(name)
+        line = message(log, "Epoch 0 done")
+        self.add("a shard cut at a member boundary (half its samples, no end-of-archive blocks) and one whose last "
+                 "header claims 50 GB with 1 kB after it, trained alone",
+                 f"rc {result.returncode}; `{message(log, 'cut.tar ended early')[:130]}...`; "
+                 f"`{message(log, 'lying.tar ended early')[:130]}...`; "
+                 f"`{line[line.find('skipped shard'):line.rindex(',')]}`", "the samples after the cut")
+
+    def killed_during_a_save(self) -> None:
+        """SIGKILL the moment a checkpoint's temporary file appears (a save in progress), then `--resume latest`."""
+        name = "killed-saving-1"
+        checkpoints = self.run_dir(name) / "checkpoints"
+        proc = subprocess.Popen(self.command(1, self.values(name, 1)), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        left = []
+        while not left and proc.poll() is None:
+            left = [path.name for path in checkpoints.glob(".*.tmp")] if checkpoints.is_dir() else []
+        proc.kill()
+        proc.wait()
+        left = [path.name for path in checkpoints.glob(".*.tmp")]
+        result, _ = self.run(1, self.values(name, 1, resume="latest"))
+        self.add("SIGKILL while a checkpoint is being written (its temporary file exists), then `--resume latest`",
+                 f"rc {proc.returncode}, left {left}; resume rc {result.returncode}: "
+                 f"`{message(self.log(name), 'temporary file(s)')[:120]}...`; temporary files after: "
+                 f"{[path.name for path in checkpoints.glob('.*.tmp')]}", "the steps since the last checkpoint")
+
+    def on_host(self, host: str, values: Dict[str, Any]) -> List[str]:
+        """The run's command in a UTS namespace whose host name is `host` (root): a launch on another node."""
+        return ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"', *self.command(1, values)]
+
+    def lock_of_another_host(self) -> None:
+        """node-a trains; node-b's `--resume latest` while it lives, after node-a dies (SIGKILL) with a fresh
+        heartbeat, and once the heartbeat is older than the bound (the lock's mtime set back 130 s: that wait)."""
+        name = "other-host-1"
+        lock = self.run_dir(name) / "run.lock"
+        first = subprocess.Popen(self.on_host("node-a", self.values(name, 1, epochs=20)), env=self.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not self.steps(name):
+                assert first.poll() is None
+                time.sleep(0.05)
+            live = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                                  capture_output=True, text=True, timeout=900)
+        finally:
+            kill_run(first)
+        dead = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                              capture_output=True, text=True, timeout=900)
+        aged = time.time() - 130
+        os.utime(lock, (aged, aged))
+        later = subprocess.run(self.on_host("node-b", self.values(name, 1, resume="latest")), env=self.env,
+                               capture_output=True, text=True, timeout=900)
+        self.add("a `--resume latest` launch on node-b (a UTS namespace) while node-a trains the run, right after "
+                 "node-a dies (SIGKILL), and 130 s later",
+                 f"live: rc {live.returncode} `{last_line(live.stderr)[:90]}...`; just dead: rc {dead.returncode} "
+                 f"`...{last_line(dead.stderr)[-150:]}`; 130 s later: rc {later.returncode}, "
+                 f"`{message(self.log(name), 'has not refreshed its heartbeat')[:150]}...`",
+                 "nothing (refused, then taken over)")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -622,6 +771,9 @@ def main() -> None:
             (2, "rank1", signal.SIGTERM, "SIGTERM to rank 1 only, 2 ranks"),
             (2, "torchrun", signal.SIGTERM, "SIGTERM to torchrun, 2 ranks"),
             (2, "torchrun", signal.SIGUSR1, "SIGUSR1 to torchrun only (it dies), 2 ranks"))],
+        "interactive_stops": lambda: [bench.preemption(*case) for case in (
+            (1, "trainer", signal.SIGINT, "SIGINT (Ctrl-C), 1 rank"), (1, "trainer", signal.SIGHUP, "SIGHUP, 1 rank"))],
+        "ctrl_c_twice": bench.ctrl_c_twice,
         "sigkill": bench.sigkill,
         "changed_resumes": bench.changed_resumes,
         "broken_checkpoints": bench.broken_checkpoints,
@@ -642,6 +794,11 @@ def main() -> None:
         "csv_device_paths": bench.csv_device_paths,
         "lock_race": bench.lock_race,
         "nan_streak": on_1_and_2_ranks(bench.nan_streak),
+        "nan_resume": on_1_and_2_ranks(bench.nan_resume),
+        "huge_member": bench.huge_member,
+        "cut_shards": bench.cut_shards,
+        "killed_during_a_save": bench.killed_during_a_save,
+        "lock_of_another_host": bench.lock_of_another_host,
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
@@ -649,7 +806,7 @@ def main() -> None:
         "rank_dies": bench.rank_dies,
     }
     needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk", "dashboards_on_a_full_disk",
-                  "read_only_resume"}  # they mount a tmpfs or a read-only folder
+                  "read_only_resume", "lock_of_another_host"}  # they mount a folder, or name a host
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
     for name in args.cases or cases:
         if name in needs_root and os.geteuid() != 0:

@@ -2,8 +2,10 @@
 batch comparisons, and small shards written sample by sample (with every kind of damage)."""
 import io
 import json
+import os
 import tarfile
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import webdataset as wds
@@ -55,6 +57,26 @@ def write_tar(path, samples):
     with wds.TarWriter(str(path), encoder=False) as sink:
         for sample in samples:
             sink.write(sample)
+
+
+def write_shard_with_a_huge_member(path: Path, shard: Path, size: int) -> None:
+    """A copy of `shard` with an image member of `size` bytes (and its caption) among its samples, halfway: a sparse
+    file, whose member takes no disk, though a reader receives all of its bytes."""
+    with tarfile.open(shard) as source:
+        members = [(member.name, source.extractfile(member).read()) for member in source.getmembers()]
+    half = len(members) // 2
+    members = [*members[:half], ("huge.png", size), ("huge.txt", b"a huge image"), *members[half:]]
+    with open(path, "wb") as out:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = data if isinstance(data, int) else len(data)
+            out.write(info.tobuf())
+            padded = -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            if isinstance(data, int):
+                out.seek(padded, os.SEEK_CUR)
+            else:
+                out.write(data.ljust(padded, b"\0"))
+        out.write(b"\0" * 2 * tarfile.BLOCKSIZE)  # the end-of-archive blocks
 
 
 def write_hostile_shards(directory):

@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, crash safety, finding the latest, and exact resume of a training run."""
+import logging
 import os
 import random
 import signal
@@ -15,7 +16,8 @@ from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_lo
 from helpers.run_utils import assert_same_final_state, losses_by_step
 from training.trainer.engine import checkpoint as ckpt
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.trainer.run_folder.checkpoint_files import checkpoint_candidates, load_checkpoint, save_atomic
+from training.trainer.run_folder.checkpoint_files import (checkpoint_candidates, load_checkpoint,
+                                                         remove_stale_temporary_files, save_atomic)
 from training.trainer.distributed import DistributedEnv
 from training.trainer.run_folder.layout import RunDir
 from training.main import main
@@ -240,3 +242,20 @@ def test_a_failed_save_is_logged_and_training_continues(demo_shards, tmp_path, m
     log = (tmp_path / "full-disk" / "out.log").read_text()
     assert log.count("CHECKPOINT SAVE FAILED") == 2 and "No space left on device" in log
     assert sorted(p.name for p in (tmp_path / "full-disk" / "checkpoints").iterdir()) == ["epoch_1.pt"]
+
+
+def test_the_temporary_files_of_killed_writes_are_removed_and_nothing_else(tmp_path, caplog):
+    """A save killed mid-write leaves `.step_5.pt.<8 characters>.tmp` (atomic_file's naming); start-up removes
+    those of the run folder and its checkpoints, in one line, and leaves every other file."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    stale = [checkpoints / ".step_5.pt.ny40rcg1.tmp", tmp_path / ".params.txt.a_b3c4d5.tmp"]
+    kept = [checkpoints / "step_5.pt", checkpoints / ".notes.tmp", tmp_path / "scratch.tmp",
+            checkpoints / ".step_5.pt.short.tmp"]
+    for path in stale + kept:
+        path.write_bytes(b"x" * 1000)
+    with caplog.at_level(logging.INFO):
+        assert remove_stale_temporary_files([tmp_path, checkpoints]) == sorted(stale[1:]) + stale[:1]
+    assert [path.exists() for path in stale + kept] == [False, False, True, True, True, True]
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line.startswith("Removed 2 temporary file(s) that a write cut short left (0.0 MB): ")

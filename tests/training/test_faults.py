@@ -4,10 +4,13 @@ save fails, damaged checkpoints refused by their digest, a second launch of one 
 scratch that keeps each step recorded once, and a `pipe:` shard whose command stalls."""
 import errno
 import io
+import json
 import logging
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +25,8 @@ import training.torchrun
 
 from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock,
                                single_rank_argv, torchrun_command, wait_for_step)
-from training.trainer.run_folder import safe_write
+from training.trainer.run_folder import lock as lock_module, safe_write
+from training.trainer.run_folder.lock import RunInUse, RunLock
 from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
 from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from training.export import model_card
@@ -449,3 +453,41 @@ def test_an_empty_checkpoint_is_named_in_plain_words(demo_shards, base_run, tmp_
         assert main(argv(demo_shards, tmp_path, "empty", "--resume", "latest")).step == 2 * STEPS_PER_EPOCH
     assert (f"Ignoring unreadable checkpoint {run_dir / 'checkpoints' / 'epoch_2.pt'}: CheckpointEmpty: it is empty (0 "
             "bytes)") in caplog.text
+
+
+_HOST_A = """
+import fcntl, socket, sys, time
+from training.trainer.run_folder import lock
+socket.gethostname = lambda: "node-a"
+fcntl.flock = lambda fd, operation: None  # a shared file system whose OS locks do not reach other hosts
+lock.HEARTBEAT_S = 0.2
+lock.RunLock().acquire(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lock_of_another_host_is_taken_over_only_once_its_heartbeat_is_older_than_the_bound(tmp_path, monkeypatch,
+                                                                                             caplog):
+    """Two fake hosts: node-a holds the run (its heartbeat every 0.2 s) on a file system without shared OS locks;
+    node-b is refused while the heartbeat is fresh, and takes the run over, in one line, once node-a's process is
+    killed (its node dies) and the heartbeat is older than STALE_AFTER_S (here 1 s)."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    monkeypatch.setattr(lock_module, "STALE_AFTER_S", 1.0)
+    host_a = subprocess.Popen([sys.executable, "-c", _HOST_A, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert host_a.stdout.readline() == "held\n"
+        time.sleep(1.5)  # longer than the bound: only the heartbeat keeps the lock young
+        refused = r"in use by PID \d+ on node-a .*, another host, whose heartbeat .* is [01] s old: it is taken over "
+        with pytest.raises(RunInUse, match=refused + r"once older than 1.0 s"):
+            RunLock().acquire(tmp_path)
+    finally:
+        kill_run(host_a)
+    time.sleep(1.5)
+    with caplog.at_level(logging.WARNING), RunLock() as held:
+        held.acquire(tmp_path)
+        owner = json.loads((tmp_path / "run.lock").read_text())
+    assert owner["host"] == "node-b" and owner["pid"] == os.getpid()
+    assert re.search(r"Taking over .*run.lock: its owner, PID \d+ on node-a .*, another host, has not refreshed its "
+                     r"heartbeat for \d+ s \(more than 1.0 s\): that run is over", caplog.text)

@@ -16,7 +16,7 @@ from helpers.run_utils import (assert_same_final_state, children, losses_by_step
                                wait_until_gone)
 from training.trainer.run_folder.layout import RunDir
 from training.main import main
-from training.trainer.preemption import PREEMPTED_EXIT_CODE, parse_preempt_signals
+from training.trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag, parse_preempt_signals
 from training.trainer.launch.recipes import recipe_values
 from helpers import REPO
 
@@ -243,3 +243,21 @@ def test_slurm_recipe_passes_the_signal_on_to_srun_and_its_status_back(tmp_path,
     assert proc.returncode == PREEMPTED_EXIT_CODE, stderr
     assert record.read_text() == f"srun started\nsrun got {sig.name}\n"
     assert f"launch: forwarding SIG{sig.name[3:]} to srun" in stderr
+
+
+def test_ctrl_c_and_a_closed_terminal_stop_as_a_preemption_without_requeue_and_a_second_ctrl_c_quits(capfd):
+    """Whatever --preempt-signal says: the first Ctrl-C sets the flag and says so in one line, after which SIGINT
+    has its default action (a second one ends the process at once); SIGHUP sets the flag; neither requeues."""
+    for sig, first_line in ((signal.SIGINT, "Ctrl-C: the run stops after this step with a checkpoint (status 75"),
+                            (signal.SIGHUP, "")):
+        before = signal.getsignal(sig)
+        with PreemptionFlag().watching(parse_preempt_signals("TERM")) as flag:
+            signal.raise_signal(sig)
+            assert flag.requested and flag.signal_name == sig.name and flag.stopped_by_a_person()
+            assert (signal.getsignal(sig) == signal.SIG_DFL) == (sig == signal.SIGINT)
+        assert signal.getsignal(sig) == before
+        assert capfd.readouterr().err.startswith(first_line)
+    with PreemptionFlag().watching(parse_preempt_signals("TERM,INT")) as flag:
+        signal.raise_signal(signal.SIGINT)
+        assert not flag.stopped_by_a_person()  # a preemption signal of this run: requeued as the others
+    capfd.readouterr()

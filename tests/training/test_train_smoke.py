@@ -226,6 +226,29 @@ def test_a_streak_at_the_end_of_an_epoch_writes_no_checkpoint_and_names_the_last
     assert [r["step"] for r in RunDir(tmp_path).metrics("train")] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_state_made_nonfinite_by_the_update_of_a_finite_step_is_never_written_nor_named(tmp_path, caplog):
+    """Step 2's loss is finite but its update leaves a NaN weight (as an overflowing learning rate does): step_2.pt
+    is not written, and the stop after the NaN losses that follow names step_1.pt, which resumes finite."""
+    trainer, _ = _trainer(tmp_path, max_nonfinite=3, save_every=1)
+    weight_name, weight = next(iter(trainer.model.named_parameters()))
+
+    def overflow_at_step_2(*_):
+        if trainer.state.step == 1:  # the hook runs before the step is counted
+            with torch.no_grad():
+                weight[0] = float("nan")
+
+    trainer.optimizer.register_step_post_hook(overflow_at_step_2)
+    batches = _batches(poisoned=set())
+    with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteLossError, match=r"step_1\.pt, with --resume "):
+        train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["step_1.pt"]
+    assert (f"Not writing step_2.pt: the state after step 2's update holds non-finite values (1 tensors, e.g. "
+            f"state_dict.{weight_name}); the last checkpoint written at a finite step is "
+            f"{tmp_path / 'checkpoints' / 'step_1.pt'}") in caplog.text
+    saved = load_checkpoint(tmp_path / "checkpoints" / "step_1.pt")
+    assert all(torch.isfinite(value).all() for value in saved["state_dict"].values() if value.is_floating_point())
+
+
 def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
     result, state, optimizer_steps, loss_fn = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, accum_freq=2)
     assert (result.num_steps, state.step, state.position.batches_in_epoch) == (3, 3, 6)

@@ -7,6 +7,10 @@ here; the trainer reads it at each step boundary inside the step's existing all-
 stops after the same step, with no extra collective), saves `step_N.pt`, logs one line and exits with
 PREEMPTED_EXIT_CODE. With `--slurm-requeue` inside a SLURM job, rank 0 then runs
 `scontrol requeue $SLURM_JOB_ID`; the requeued job's `--resume latest` continues from that step.
+
+Ctrl-C (SIGINT) and a closed terminal (SIGHUP) stop the run the same way, whatever `--preempt-signal` says, but
+never requeue it: they are a person's stop, not the cluster's. The first Ctrl-C says so in one line on stderr; a
+second one quits at once (the signal's default action), losing the steps since the last checkpoint.
 """
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): stopped early, to be continued
 DEFAULT_PREEMPT_SIGNALS = "TERM,USR1"
+INTERACTIVE_STOP_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: stopped, not requeued
+_CTRL_C_LINE = (b"Ctrl-C: the run stops after this step with a checkpoint (status 75; --resume latest continues); "
+                b"press Ctrl-C again to quit at once, losing the steps since the last checkpoint\n")
 _REQUEUE_TIMEOUT_S = 60
 _early_signals: list = []  # preemption signals received before the run's handler took over
 _watching_flags: list = []  # the PreemptionFlags handling signals now (`PreemptionFlag.watching`)
@@ -63,14 +70,25 @@ class PreemptionFlag:
 
     def __init__(self) -> None:
         self.signal_name: Optional[str] = None
+        self.preemption_signals: Tuple[signal.Signals, ...] = ()
+        self.pid = os.getpid()
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
 
     def _handle(self, signum: int, frame) -> None:  # only a flag: nothing here may block or allocate much
+        if signum == signal.SIGINT:  # the next Ctrl-C takes the default action: the process ends at once
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if os.getpid() == self.pid:  # not from the DataLoader workers, which the terminal signals too
+                os.write(2, _CTRL_C_LINE)
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
+
+    def stopped_by_a_person(self) -> bool:
+        """Whether the signal was Ctrl-C or a closed terminal and not one of --preempt-signal: no requeue."""
+        interactive = {sig.name for sig in INTERACTIVE_STOP_SIGNALS} - {sig.name for sig in self.preemption_signals}
+        return self.signal_name in interactive
 
     @contextlib.contextmanager
     def watching(self, signals: Sequence[signal.Signals]) -> Iterator["PreemptionFlag"]:
@@ -78,10 +96,12 @@ class PreemptionFlag:
         so a signal sent to the whole process group does not kill them first); restores the previous
         handlers after. Outside the main thread (a run started from a thread pool) Python cannot handle
         signals: the flag is never set, and the signals keep their previous effect."""
+        self.preemption_signals, self.pid = tuple(signals), os.getpid()
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        handled = dict.fromkeys((*signals, *INTERACTIVE_STOP_SIGNALS))
+        previous = {sig: signal.signal(sig, self._handle) for sig in handled}
         _watching_flags.append(self)
         for sig in _early_signals[:1]:
             if sig in signals:

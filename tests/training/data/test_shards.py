@@ -1,15 +1,20 @@
 """Webdataset tar shards: every kind of damage skipped and counted, unreadable and missing shards named,
 sample ids from keys."""
+import logging
+import tarfile
 import time
+import tracemalloc
 from dataclasses import replace
 
 import pytest
 from torchvision.transforms.functional import to_tensor
 
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
-from helpers.data_utils import byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar
+from helpers.data_utils import (byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar,
+                               write_shard_with_a_huge_member)
 from helpers.run_utils import processes_running
-from training.trainer.data.shards import check_sample_fields
+from training.trainer.data.samples import SkipCounter
+from training.trainer.data.shards import check_sample_fields, check_shard_sample, read_shard
 
 
 def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
@@ -140,3 +145,42 @@ def test_oversized_images_and_captions_in_shards_are_skipped_unread(tmp_path):
     totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
     assert {reason: count for reason, count in totals.items() if count} == {"oversized_image": 1,
                                                                             "oversized_caption": 1}
+
+
+@pytest.mark.parametrize("as_pipe", [False, True])
+def test_a_member_over_the_size_caps_is_skipped_from_its_header_unread(tmp_path, as_pipe):
+    """A 256 MB image member (a sparse file) between good samples: counted as oversized_image, and never held in
+    memory, from a file or through a `pipe:` command alike."""
+    write_tar(tmp_path / "good.tar", [good(key) for key in range(4)])
+    write_shard_with_a_huge_member(tmp_path / "huge.tar", tmp_path / "good.tar", 256 * 2**20)
+    url = f"pipe:cat {tmp_path / 'huge.tar'}" if as_pipe else str(tmp_path / "huge.tar")
+    counter = SkipCounter()
+    tracemalloc.start()
+    try:
+        samples = list(read_shard(url, counter, max_member_bytes=2**20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    reasons = [check_shard_sample(sample, caption_keys=("txt",), family_field=None, seed=0, epoch=0, shard_run=(0, 0),
+                                  max_image_bytes=2**20, max_caption_bytes=1000)[0] for sample in samples]
+    assert reasons == [None, None, "oversized_image", None, None]
+    assert counter.counts.sum() == 0  # a whole shard: nothing else counted
+
+
+def test_a_shard_cut_at_a_member_boundary_or_ending_in_a_lying_header_is_counted_and_named(tmp_path, caplog):
+    write_tar(tmp_path / "good.tar", [good(key) for key in range(6)])
+    data = (tmp_path / "good.tar").read_bytes()
+    with tarfile.open(tmp_path / "good.tar") as tar:
+        members = tar.getmembers()
+    (tmp_path / "cut.tar").write_bytes(data[:members[9].offset])  # after the third sample's three members
+    end = members[-1].offset_data + -(-members[-1].size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    lie = tarfile.TarInfo("000000099.png")
+    lie.size = 50 * 10**9
+    (tmp_path / "lying.tar").write_bytes(data[:end] + lie.tobuf() + b"x" * 1024)
+    for name, count, error in (("cut", 3, "TarTruncated('the tar ends after"), ("lying", 7, "ReadError('unexpected")):
+        counter = SkipCounter()
+        with caplog.at_level(logging.WARNING):
+            assert len(list(read_shard(str(tmp_path / f"{name}.tar"), counter, max_member_bytes=2**20))) == count
+        assert dict(zip(SKIP_REASONS, counter.counts.tolist()))["bad_tar"] == 1
+        assert f"shard {tmp_path / f'{name}.tar'} ended early (bad_tar): {error}" in caplog.text

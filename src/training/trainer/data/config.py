@@ -108,6 +108,11 @@ class DataConfig:
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
 
+    @property
+    def max_member_bytes(self) -> int:
+        """The largest tar member read: a larger one could pass neither --max-image-bytes nor --max-caption-bytes."""
+        return max(self.max_image_bytes, self.max_caption_bytes)
+
     def check(self) -> None:
         if self.train_data is None and not makes_its_own_samples(self.dataset_type):
             raise ConfigError("--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "

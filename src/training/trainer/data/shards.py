@@ -5,11 +5,12 @@ import itertools
 import json
 import logging
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from webdataset.tariterators import base_plus_ext, tar_file_iterator
+from webdataset.tariterators import base_plus_ext
 
 from .config import DataError
 from .pipes import open_shard
@@ -22,19 +23,24 @@ SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
 # shards probed so before the data is refused.
 FIELD_PROBE_SAMPLES = 64
 FIELD_PROBE_SHARDS = 4
+_META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's meta members (its tar_file_iterator's skip_meta)
 
 logger = logging.getLogger(__name__)
 
 
-def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator[dict]:
+def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0, max_member_bytes: int | None = None
+               ) -> Iterator[dict]:
     """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
 
     Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
-    shard, adjacent or not, makes the whole later sample a duplicate. A failure while opening, or a
+    shard, adjacent or not, makes the whole later sample a duplicate. A member of more than `max_member_bytes`
+    (None: no bound) is never read: its size is known from its header, and it stands in the sample as an
+    `UnreadMember`, whose length is that size, so the sample's size checks skip it. A failure while opening, or a
     `pipe:` command that exits non-zero (a missing object behind `aws s3 cp`, `curl -f`), counts
-    `unreadable_shard`, a tar format error or truncation `bad_tar`; either ends the visit after the
-    samples read so far. So does a `pipe:` command that sends no data for `timeout_s` seconds
-    (`unreadable_shard`; it is ended, training.trainer.data.pipes; 0: no timeout).
+    `unreadable_shard`, a tar format error or truncation `bad_tar` (a tar that ends without its end-of-archive
+    blocks included: a copy cut short at a member boundary); either ends the visit after the samples read so far.
+    So does a `pipe:` command that sends no data for `timeout_s` seconds (`unreadable_shard`; it is ended,
+    training.trainer.data.pipes; 0: no timeout).
     """
     try:
         stream = open_shard(url, timeout_s)
@@ -44,10 +50,6 @@ def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator
         return
     seen: set[str] = set()
     errors: list[Exception] = []
-
-    def stop_shard(error: Exception) -> bool:  # a member-level error: the rest of the stream is suspect
-        errors.append(error)
-        return False
 
     def emit(sample: dict | None) -> Iterator[dict]:
         if sample is None:
@@ -60,15 +62,15 @@ def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator
 
     current = None
     try:
-        for member in tar_file_iterator(stream, handler=stop_shard):
-            prefix, suffix = base_plus_ext(member["fname"])
+        for name, data in tar_members(stream, max_member_bytes):
+            prefix, suffix = base_plus_ext(name)
             if prefix is None:
                 continue
             suffix = suffix.lower()
             if current is None or prefix != current["__key__"] or suffix in current:
                 yield from emit(current)
                 current = {"__key__": prefix, "__url__": url}
-            current[suffix] = member["data"]
+            current[suffix] = data
     except Exception as error:  # noqa: BLE001 - tarfile raises ReadError / EOFError / OSError on corrupt streams
         errors.append(error)
     finally:
@@ -81,6 +83,55 @@ def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0) -> Iterator
         reason = "unreadable_shard" if isinstance(errors[0], OSError) else "bad_tar"
         counter.add(reason)
         _warn_once(url, f"shard {url} ended early ({reason}): {errors[0]!r}")
+
+
+class UnreadMember(bytes):
+    """A tar member left unread for its size: it holds no bytes, but its length is the size its header gives, so
+    a size check (--max-image-bytes, --max-caption-bytes) skips its sample as it would the whole member."""
+
+    def __new__(cls, size: int) -> "UnreadMember":
+        member = super().__new__(cls)
+        member.size = size
+        return member
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class TarTruncated(tarfile.ReadError):
+    """The tar stream ended without its end-of-archive blocks: a copy or a download cut short."""
+
+
+class _EndNotingTarInfo(tarfile.TarInfo):
+    """Notes on its TarFile when the archive's end-of-archive block was read: tarfile ends the iteration alike at
+    that block and at a stream cut short, and only the first is a whole archive."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            tar.end_of_archive_read = True
+            raise
+
+
+def tar_members(stream, max_member_bytes: int | None) -> Iterator[tuple[str, bytes]]:
+    """(name, data) of each regular member of the tar `stream` (webdataset's `__...__` meta members left out), in
+    order, read one at a time; a member of more than `max_member_bytes` is skipped from its header, its data passed
+    over unread (an `UnreadMember`). TarTruncated when the stream ends before the end-of-archive blocks."""
+    tar = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_EndNotingTarInfo)
+    tar.end_of_archive_read = False
+    for member in tar:
+        tar.members = []  # a stream of any length: keep no list of the members passed
+        if not member.isreg() or _META_MEMBER.match(member.name):
+            continue
+        if max_member_bytes is not None and member.size > max_member_bytes:
+            yield member.name, UnreadMember(member.size)
+            continue
+        yield member.name, tar.extractfile(member).read()
+    if not tar.end_of_archive_read:
+        raise TarTruncated(f"the tar ends after {tar.offset} bytes without its end-of-archive blocks (a copy or a "
+                           "download cut short?)")
 
 
 _warned_shards: set[str] = set()  # per process: a resampled bad shard would otherwise warn at every draw
@@ -175,12 +226,13 @@ def _opens_as_tar(path: str) -> bool:
 
 
 def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key_flag: str, data_flag: str,
-                        timeout_s: float = 0) -> None:
+                        timeout_s: float = 0, max_member_bytes: int | None = None) -> None:
     """A ValueError naming the fields the data has when none of the first FIELD_PROBE_SHARDS readable shards has
     samples with one of `caption_keys` (read with `key_flag`) and an image; a DataError when no sample is
     readable at all.
 
-    Each shard is read as training reads it (`read_shard`, under the stall timeout `timeout_s`): an unreadable
+    Each shard is read as training reads it (`read_shard`, under the stall timeout `timeout_s`, members of more
+    than `max_member_bytes` left unread): an unreadable
     or stalled shard is skipped and counted, and the next one probed, so neither a dead `pipe:` command listed
     first nor a first shard without images (a text-only part of the set) stops a run whose other shards are fine.
     """
@@ -188,7 +240,8 @@ def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key
     fields: set[str] = set()
     probed = 0
     for url in urls:
-        shard_fields = fields_of(itertools.islice(read_shard(url, counter, timeout_s), FIELD_PROBE_SAMPLES))
+        shard_fields = fields_of(itertools.islice(read_shard(url, counter, timeout_s, max_member_bytes),
+                                                FIELD_PROBE_SAMPLES))
         if shard_fields.issuperset(caption_keys) and shard_fields.intersection(IMAGE_EXTENSIONS):
             return
         fields |= shard_fields

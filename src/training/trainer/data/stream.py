@@ -139,7 +139,7 @@ class ShardStream(IterableDataset):
         """
         found = False
         for visit, (url, all_tried) in enumerate(shards):
-            for position, sample in enumerate(read_shard(url, counter, self.cfg.shard_timeout)):
+            for position, sample in enumerate(read_shard(url, counter, self.cfg.shard_timeout, self.cfg.max_member_bytes)):
                 candidate = self._check(sample, epoch, counter, caption_keys,
                                         shard_run=(visit, position // self.cfg.group_size))
                 if candidate is not None:

@@ -248,6 +248,7 @@ class Checkpointer:
             "preprocess_cfg": plain_args(preprocess_cfg),
         }
         self.last_saved: Optional[Path] = None
+        self.not_written = ""  # why the last save wrote nothing though it could have (a non-finite state)
         self.resumed_from = Path(resumed_from) if resumed_from else None
         if env.is_master:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
@@ -278,15 +279,28 @@ class Checkpointer:
         """Write the checkpoint under each of `filenames` (rank 0); a failed write is retried once, then
         logged, not raised: the returned files are those written (all of them on other ranks). While steps
         have a non-finite loss (skipped) nothing is written: those weights led into it, and `--resume latest`
-        would return to them (every rank knows the streak: the trainer agrees on it in the step's all-reduce)."""
+        would return to them (every rank knows the streak: the trainer agrees on it in the step's all-reduce);
+        nor is a state whose weights, optimizer or loss state hold NaN/inf (`not_written` says why)."""
         state = self.state
         streak = state.consecutive_nonfinite_steps
+        self.not_written = ""
         if streak:
+            self.not_written = f"the loss of the last {streak} step(s) was non-finite"
             if self.env.is_master:
-                logging.warning(f"Not writing {', '.join(filenames)}: the loss of the last {streak} step(s) was "
-                                f"non-finite; the last checkpoint written at a finite step is {self.last_good_text()}")
+                logging.warning(f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
+                                f"written at a finite step is {self.last_good_text()}")
             return []
         payload = self.payload()
+        # A finite loss can still end in an update that overflows: such a state would be called good and resumed
+        # from, so it is never written (every rank decides alike: DDP keeps the replicas equal).
+        poisoned = nonfinite_tensors(payload)
+        if any_rank(bool(poisoned), self.env):
+            self.not_written = (f"the state after step {state.step}'s update holds non-finite values "
+                                f"({len(poisoned)} tensors, e.g. {', '.join(poisoned[:3])})")
+            if self.env.is_master:
+                logging.warning(f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
+                                f"written at a finite step is {self.last_good_text()}")
+            return []
         if not self.env.is_master:  # rank 0's files, as far as this rank knows
             written = [self.checkpoint_dir / filename for filename in filenames]
             self.last_saved = written[-1] if written else self.last_saved
@@ -365,6 +379,19 @@ class Checkpointer:
                 for older in numbered_checkpoints(self.checkpoint_dir, STEP_CHECKPOINT_NAME)[:-keep_steps]:
                     older.unlink(missing_ok=True)
         return written
+
+
+def nonfinite_tensors(tree: Any, name: str = "") -> List[str]:
+    """The keys (dotted) of the floating-point tensors in a nested state dict that hold NaN or inf."""
+    if isinstance(tree, torch.Tensor):
+        return [name] if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else []
+    if isinstance(tree, Mapping):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        return []
+    return [found for key, value in items for found in nonfinite_tensors(value, f"{name}.{key}" if name else str(key))]
 
 
 def plain_args(args: Mapping[str, Any]) -> Dict[str, Any]:

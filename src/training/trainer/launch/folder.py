@@ -18,7 +18,8 @@ from open_clip_adacl import Loss
 
 from ..engine.checkpoint import TrainState, plain_args
 from ..engine.model import parameter_count
-from ..run_folder.checkpoint_files import atomic_file, check_checkpoint_space, estimated_checkpoint_bytes
+from ..run_folder.checkpoint_files import (atomic_file, check_checkpoint_space, estimated_checkpoint_bytes,
+                                          remove_stale_temporary_files)
 from .config import RESUME_LATEST, RunConfig
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..flags import ConfigError
@@ -44,12 +45,14 @@ def start_over(paths: RunPaths, env: DistributedEnv) -> None:
 
 
 def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
-    """Rank 0 locks the run folder; every rank stops with its one line when another launch holds it or the
-    folder takes no lock file (read-only, a full disk)."""
+    """Rank 0 locks the run folder, then removes the temporary files an earlier launch killed mid-write left there;
+    every rank stops with its one line when another launch holds it or the folder takes no lock file (read-only,
+    a full disk)."""
     problem = None
     if env.is_master and paths.run_dir is not None:
         try:
             lock.acquire(paths.run_dir)
+            remove_stale_temporary_files([paths.run_dir, paths.checkpoint_dir])
         except RunInUse as error:
             problem = str(error)
         except OSError as error:

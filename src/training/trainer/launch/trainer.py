@@ -293,12 +293,12 @@ class Trainer:
 
     def _final_checkpoint_missing(self) -> str:
         """Why the run that trained every epoch has no final checkpoint, and what to do."""
-        epochs, streak = self.cfg.epochs, self.state.consecutive_nonfinite_steps
-        if streak:
-            return (f"the run trained all {epochs} epochs, but its last {streak} step(s) had a non-finite loss "
-                    f"(skipped), so no final checkpoint was written: those weights led into the divergence; the last "
-                    f"checkpoint written at a finite step is {self.checkpointer.last_good_text()}: resume from it "
-                    "after lowering --lr (or raising --warmup, or with --grad-clip-norm)")
+        epochs, not_written = self.cfg.epochs, self.checkpointer.not_written
+        if not_written:
+            return (f"the run trained all {epochs} epochs, but no final checkpoint was written: {not_written}, and "
+                    f"those weights led into a divergence; the last checkpoint written at a finite step is "
+                    f"{self.checkpointer.last_good_text()}: resume from it after lowering --lr (or raising --warmup, "
+                    "or with --grad-clip-norm)")
         return (f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
                 f"FAILED above): the trained model is not on disk; free space or fix {self.paths.checkpoint_dir}, "
                 "then rerun with --resume latest")
@@ -309,8 +309,11 @@ class Trainer:
         state, checkpointer, preemption = self.state, self.checkpointer, self.preemption
         saved = checkpointer.save_now() if checkpointer is not None else None
         self.metrics.close()
-        requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
-                    else "not requeued")
+        if preemption.stopped_by_a_person():
+            requeued = f"not requeued ({preemption.signal_name} is a stop, not one of --preempt-signal)"
+        else:
+            requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
+                        else "not requeued")
         cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
         where = f"step {state.step} (epoch {state.position.epoch}, {state.position.batches_in_epoch} batches into it)"
         if saved is not None:
@@ -320,13 +323,15 @@ class Trainer:
             raise Preempted(message)
         if checkpointer is None:
             reason = "--logs none"
-        elif state.consecutive_nonfinite_steps:
-            reason = (f"the loss of the last {state.consecutive_nonfinite_steps} step(s) was non-finite; the last "
-                      f"checkpoint written at a finite step is {checkpointer.last_good_text()}")
+        elif checkpointer.not_written:
+            reason = (f"{checkpointer.not_written}; the last checkpoint written at a finite step is "
+                      f"{checkpointer.last_good_text()}")
         else:
             reason = "the save failed (CHECKPOINT SAVE FAILED above)"
+        resume = ("--resume latest continues from the previous checkpoint" if checkpointer is not None and
+                  checkpointer.last_good is not None else "there is no earlier checkpoint: a relaunch starts over")
         message = (f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
-                   "status 1 (--resume latest continues from the previous checkpoint)")
+                   f"status 1 ({resume})")
         logging.error(message)
         raise Preempted(message, exit_code=1)
 

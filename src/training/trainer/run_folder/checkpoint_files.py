@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ from .checkpoint_digest import verify_digest
 from .layout import CHECKPOINT_FILE_NAME
 from .safe_write import ErrorRecordingFile
 
+# The temporary files of `atomic_file`: ".<target>.<mkstemp's 8 characters>.tmp".
+TEMPORARY_FILE_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 CHECKPOINT_FORMAT = 2  # the layout of training.trainer.engine.checkpoint; checkpoints without a "format" key are converted on load
 
 
@@ -47,6 +50,25 @@ def atomic_file(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
         if os.path.exists(tmp_name):
             os.remove(tmp_name)
         raise
+
+
+def remove_stale_temporary_files(folders: List[os.PathLike]) -> List[Path]:
+    """Remove the temporary files of `atomic_file` in `folders`, left by a process killed while it wrote (a
+    checkpoint's is as large as the checkpoint); call it only while holding the run's lock, when no other
+    process writes there. Returns the files removed."""
+    removed = []
+    for folder in dict.fromkeys(Path(folder) for folder in folders):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if TEMPORARY_FILE_NAME.match(path.name) and path.is_file():
+                size = path.stat().st_size
+                path.unlink()
+                removed.append((path, size))
+    if removed:
+        logging.info(f"Removed {len(removed)} temporary file(s) that a write cut short left "
+                     f"({sum(size for _, size in removed) / 1e6:.1f} MB): {', '.join(str(p) for p, _ in removed)}")
+    return [path for path, _ in removed]
 
 
 def save_atomic(payload: Dict[str, Any], path: os.PathLike) -> None:

@@ -6,9 +6,13 @@ holder of the OS lock reads the file's owner and writes itself into it, so two l
 same folder (a stale lock included) cannot both own it. A second launch of a live run finds the lock
 held and stops with one line naming the owner. A file left by an owner that is gone (its PID no longer
 runs on this host, or it is this very PID: a container restarted with the same PIDs) is taken over with
-a warning; one written on another host cannot be checked from here (its file system may not share OS
-locks between hosts), and the line says how to remove it when that run is known to be over. The holder
-removes the file when the run ends.
+a warning. One written on another host cannot be checked from here (its file system may not share OS
+locks between hosts), so its holder keeps a heartbeat: it sets the file's modification time every
+HEARTBEAT_S seconds while it holds it. A lock of another host whose heartbeat is older than STALE_AFTER_S
+(its node died: a SLURM job requeued onto a new node) is taken over with one line; a younger one is refused,
+naming its age and the bound. STALE_AFTER_S is below SLURM's default SlurmdTimeout (300 s), after which a dead
+node's job is requeued, and far above a heartbeat's delay on a loaded node or a shared file system's clock
+skew. The holder removes the file when the run ends.
 """
 from __future__ import annotations
 
@@ -18,12 +22,16 @@ import json
 import logging
 import os
 import socket
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 LOCK_NAME = "run.lock"
 _LOCK_MODE = 0o644
+HEARTBEAT_S = 30  # the holder refreshes the file's modification time this often
+STALE_AFTER_S = 120  # a lock of another host not refreshed for this long is taken over
 # flock errors meaning "this file system has no OS locks": the owner check of the file's contents still applies.
 _NO_OS_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -46,6 +54,11 @@ def _owner_alive(owner: Dict[str, Any]) -> Optional[bool]:
     except PermissionError:  # another user's process: alive
         return True
     return True
+
+
+def _heartbeat_age(path: Path) -> float:
+    """Seconds since the lock's holder last refreshed it."""
+    return time.time() - os.stat(path).st_mtime
 
 
 def _parse_owner(text: str) -> Dict[str, Any]:
@@ -88,6 +101,8 @@ class RunLock:
     def __init__(self) -> None:
         self.path: Optional[Path] = None
         self.fd: Optional[int] = None
+        self.released = threading.Event()
+        self.fd_lock = threading.Lock()  # the heartbeat never touches a closed (or reused) descriptor
 
     def acquire(self, run_dir: os.PathLike) -> None:
         """Hold `run_dir`; RunInUse when a live process holds it. An OSError (a read-only folder) is the caller's
@@ -110,6 +125,17 @@ class RunLock:
             os.close(fd)
             raise
         self.path, self.fd = path, fd
+        threading.Thread(target=self._beat, args=(fd,), name="run-lock-heartbeat", daemon=True).start()
+
+    def _beat(self, fd: int) -> None:
+        """The heartbeat: the lock's modification time set every HEARTBEAT_S seconds until it is released."""
+        while not self.released.wait(HEARTBEAT_S):
+            with self.fd_lock:
+                try:
+                    if self.fd == fd:
+                        os.utime(fd)
+                except OSError:  # a full or read-only disk meanwhile: the run goes on; the lock only ages
+                    pass
 
     @staticmethod
     def _lock(fd: int, path: Path) -> None:
@@ -134,8 +160,15 @@ class RunLock:
         if alive:
             raise _in_use(path, owner)
         if alive is None:
-            raise RunInUse(f"{path.parent} is in use by {_describe(owner)}, another host, where this process cannot "
-                           f"check it; if that run is over, remove {path} and launch again")
+            age = _heartbeat_age(path)
+            if age <= STALE_AFTER_S:
+                raise RunInUse(f"{path.parent} is in use by {_describe(owner)}, another host, whose heartbeat (the "
+                               f"lock's modification time, refreshed every {HEARTBEAT_S} s while it trains) is "
+                               f"{age:.0f} s old: it is taken over once older than {STALE_AFTER_S} s; launch again "
+                               f"after that if that run is over (or remove {path})")
+            logging.warning(f"Taking over {path}: its owner, {_describe(owner)}, another host, has not refreshed its "
+                            f"heartbeat for {age:.0f} s (more than {STALE_AFTER_S} s): that run is over")
+            return
         logging.warning(f"Taking over {path}: its owner, {_describe(owner)}, no longer runs")
 
     @staticmethod
@@ -147,12 +180,18 @@ class RunLock:
     def release(self) -> None:
         """Remove the file, then drop the OS lock (in that order: a launch waiting on this file finds it gone
         and locks a new one)."""
+        self.released.set()
         if self.path is not None:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as error:  # a folder made read-only or immutable meanwhile: the OS lock still goes
+                logging.warning(f"Could not remove {self.path} ({error.strerror}); the next launch takes it over, "
+                                "since its owner no longer runs")
             self.path = None
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self.fd_lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
 
     def __enter__(self) -> "RunLock":
         return self

@@ -69,7 +69,7 @@ class WebdatasetShards(DataSource):
         check_shards(urls, data_flag)
         caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
         check_sample_fields(urls, caption_keys, key_flag="--caption-key", data_flag=data_flag,
-                            timeout_s=cfg.shard_timeout)
+                            timeout_s=cfg.shard_timeout, max_member_bytes=cfg.max_member_bytes)
         return ShardPass(tuple(urls), caption_keys, cfg.seed, cfg.shard_timeout,
                          num_samples=declared_dataset_size(urls) or cfg.train_num_samples,
                          caption_field=cfg.caption_key, max_image_bytes=cfg.max_image_bytes,
@@ -78,11 +78,13 @@ class WebdatasetShards(DataSource):
     def check_fields(self, cfg: DataConfig) -> None:
         caption_keys = [key.strip() for key in cfg.caption_key.split(",")]
         check_sample_fields(expand_urls(cfg.train_data)[0], caption_keys, key_flag="--caption-key",
-                            data_flag="--train-data", timeout_s=cfg.shard_timeout)
+                            data_flag="--train-data", timeout_s=cfg.shard_timeout,
+                            max_member_bytes=cfg.max_member_bytes)
         if cfg.val_data is not None:
             check_sample_fields(expand_urls(cfg.val_data)[0], [(cfg.val_caption_key or caption_keys[0]).strip()],
                                 key_flag="--val-caption-key" if cfg.val_caption_key else "--caption-key",
-                                data_flag="--val-data", timeout_s=cfg.shard_timeout)
+                                data_flag="--val-data", timeout_s=cfg.shard_timeout,
+                                max_member_bytes=cfg.max_member_bytes)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class ShardPass(OrderedPass):
 
     def items(self, events: SkipCounter) -> Iterator[PassItem]:
         for url in self.urls:
-            for sample in read_shard(url, events, self.shard_timeout):
+            for sample in read_shard(url, events, self.shard_timeout, max(self.max_image_bytes, self.max_caption_bytes)):
                 reason, candidate = check_shard_sample(sample, caption_keys=self.caption_keys, family_field=None,
                                                        seed=self.seed, epoch=0, shard_run=(0, 0),
                                                        max_image_bytes=self.max_image_bytes,
