@@ -219,7 +219,8 @@ class Trainer:
         self.loop = EpochLoop(model=model, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=scheduler,
                               precision=self.precision, state=state, cfg=cfg.train, env=env, metrics=self.metrics,
                               skip_reasons=SKIP_REASONS, checkpointer=self.checkpointer, preemption=self.preemption,
-                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update)
+                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update,
+                              total_steps=self.plan.total_steps)
 
     def _metrics_writer(self) -> MetricsWriter:
         """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
