@@ -2,6 +2,7 @@
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,27 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
     assert checkpoint_candidates(checkpoints)[0].name in ("epoch_3.pt", "step_6.pt")
 
 
+def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_needs(demo_shards, tmp_path, capsys):
+    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
+            "--model", "adacl-tiny", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--device", "cpu",
+            "--logs", str(tmp_path), "--name", "bounded", "--epochs", "3", "--save-every-n-steps", "1"]
+    main([*argv, "--dry-run"])
+    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints: ")]
+    main(argv)
+    checkpoints = tmp_path / "bounded" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
+        "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_4.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
+    size = max(p.stat().st_size for p in checkpoints.glob("*.pt")) / 1e9
+    logged = [line.split(" | ")[-1] for line in (tmp_path / "bounded" / "out.log").read_text().splitlines()
+              if " | checkpoints: " in line]
+    assert len(planned) == 1 and logged[0].split(" in ")[0] == planned[0].split(" in ")[0]
+    assert re.fullmatch(r"checkpoints: about (\d+\.\d\d) GB each, up to 7 at once \(3 epoch_N\.pt, 3 step_N\.pt, one "
+                        rf"being written\): about \d+\.\d GB in {re.escape(str(checkpoints))}, \d+\.\d GB free there",
+                        logged[0])
+    estimate = float(re.search(r"about (\S+) GB each", logged[0]).group(1))
+    assert size / 2 <= max(estimate, 0.005) and estimate <= 2 * size + 0.005  # the estimate sizes the real files
+
+
 # ---------------------------------------------------------------------------------------------
 # Resuming a training run
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +184,8 @@ def run_argv(demo_shards, logs, name, *extra):
     return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
             "--model", "adacl-tiny", "--loss", COUNTING_LOSS, "--batch-size", "32", "--epochs", "2",
             "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs),
-            "--name", name, "--log-every-n-steps", "1", "--save-every-n-steps", "3", *extra]
+            "--name", name, "--log-every-n-steps", "1", "--save-every-n-steps", "3", "--keep-step-checkpoints", "0",
+            *extra]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
 import logging
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +30,44 @@ def train_argv(demo_shards, logs, name, *extra):
     ]
 
 
+# A parser written for OpenCLIP's console lines (open_clip_train/train.py 3.3.0, train_one_epoch's logging.info):
+# epoch, [samples/samples per epoch (percent)], data and batch time, throughput, LR, logit scale, then each loss
+# as "Name: value (running mean)", of which "Loss:" is the total.
+OPENCLIP_LINE = re.compile(
+    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<samples>\d+)/(?P<samples_per_epoch>\d+) \((?P<percent>\d+)%\)\] "
+    r"Data \(t\): (?P<data_time>[\d.]+) Batch \(t\): (?P<batch_time>[\d.]+), (?P<throughput>[\d.e+]+)/s, "
+    r"(?P<throughput_per_gpu>[\d.e+]+)/s/gpu LR: (?P<lr>[\d.]+) Logit Scale: (?P<logit_scale>[\d.]+) "
+    r"(?:\w+: [\d.]+ \([\d.]+\) )*Loss: (?P<loss>[\d.]+) \((?P<loss_mean>[\d.]+)\)")
+# What OpenCLIP 3.3.0 prints for a CLIP loss, as its f-string formats it.
+OPENCLIP_EXAMPLE = ("Train Epoch: 0 [ 4096/10000 (41%)] Data (t): 0.123 Batch (t): 0.456, 8982.46/s, 1122.81/s/gpu "
+                    "LR: 0.000500 Logit Scale: 14.286 Contrastive_loss: 5.1234 (5.3456) Loss: 5.1234 (5.3456)")
+PROGRESS = re.compile(r" \| step (?P<step>\d+), samples seen (?P<seen>\d+), time left: epoch (?P<epoch_left>[^,]+), "
+                      r"run (?P<run_left>\d+ s|\d+ min|\d+ h \d\d min)")
+
+
+def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
+    """Every step's console line parses with OPENCLIP_LINE (as OpenCLIP's own does), its numbers are the step's,
+    and after it come the step, the samples seen and the time left in the epoch and the run."""
+    assert OPENCLIP_LINE.match(OPENCLIP_EXAMPLE)
+    lines = [line.split(" | INFO | ")[-1] for line in out_log.splitlines() if "Train Epoch: " in line]
+    assert len(lines) == len(steps)
+    epoch_losses = []
+    for line, record in zip(lines, steps):
+        parsed, progress = OPENCLIP_LINE.match(line), PROGRESS.search(line)
+        assert parsed and progress, line
+        step_in_epoch = (record["step"] - 1) % steps_per_epoch + 1
+        epoch_losses = epoch_losses[:step_in_epoch - 1] + [record["loss"]]
+        assert int(parsed["epoch"]) == record["epoch"]
+        assert (int(parsed["samples"]), int(parsed["samples_per_epoch"])) == (step_in_epoch * batch_size,
+                                                                              steps_per_epoch * batch_size)
+        assert float(parsed["loss"]) == pytest.approx(record["loss"], rel=1e-4)
+        assert float(parsed["loss_mean"]) == pytest.approx(sum(epoch_losses) / len(epoch_losses), rel=1e-4)
+        assert float(parsed["throughput"]) == pytest.approx(record["samples_per_second"], rel=1e-4)
+        assert (int(progress["step"]), int(progress["seen"])) == (record["step"], record["step"] * batch_size)
+        assert progress["epoch_left"] == "0 s" or step_in_epoch < steps_per_epoch
+    assert PROGRESS.search(lines[-1])["run_left"] == "0 s" and PROGRESS.search(lines[0])["run_left"] != "0 s"
+
+
 def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
     summary = main(train_argv(demo_shards, tmp_path, "smoke", "--epochs", "3",
                               "--val-data", str(demo_shards / "val" / "shard-000000.tar"),
@@ -52,7 +91,8 @@ def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
     params_txt = (run / "params.txt").read_text()
     assert "loss: clip" in params_txt and "loss_options: {}" in params_txt and "precision: fp32" in params_txt
     out_log = (run / "out.log").read_text()
-    assert "Train Epoch: 2 [16/16 steps (100%)]" in out_log and "Done: 3 epochs, 48 steps" in out_log
+    assert "Train Epoch: 2 [512/512 (100%)]" in out_log and "Done: 3 epochs, 48 steps" in out_log
+    check_openclip_log_lines(out_log, steps, steps_per_epoch=16, batch_size=32)
     assert summary.checkpoint == str(run / "checkpoints" / "epoch_3.pt")
     checkpoint = load_checkpoint(summary.checkpoint)
     assert (checkpoint["epoch"], checkpoint["step"]) == (3, 48)

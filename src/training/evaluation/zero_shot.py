@@ -138,6 +138,19 @@ def load_problem(error: Exception) -> str:
     return f"{type(error).__name__}: {detail[:300]}"
 
 
+def check_distinct_roots(roots: dict[str, Path], root_template: str) -> None:
+    """Each dataset reads a folder of its own: a `--dataset-root-dir` without `{dataset}` sends every dataset to
+    the same folder, and clip-benchmark would evaluate that one set under each name and exit 0."""
+    by_folder: dict[Path, list[str]] = {}
+    for dataset, root in roots.items():
+        by_folder.setdefault(root, []).append(dataset)
+    shared = next((names for names in by_folder.values() if len(names) > 1), None)
+    if shared:
+        raise ValueError(f"--dataset-root-dir {root_template}: {len(shared)} datasets ({', '.join(shared)}) would "
+                         f"all read {dataset_root(root_template, shared[0])}; put {{dataset}} in it (e.g. "
+                         "'/data/{dataset}') so that each reads its own folder, or evaluate them one at a time")
+
+
 def check_dataset_roots(roots: dict[str, Path]) -> None:
     """Every dataset's folder holds data before clip-benchmark runs: offline, it would try to download a missing
     one and fail with a long traceback."""
@@ -308,10 +321,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_trainer_flags(parser, ("pretrained", "batch_size"), defaults={"pretrained": "none", "batch_size": 64},
                       notes={"pretrained": "Here: with a built-in --model name."})
     data = parser.add_mutually_exclusive_group(required=True)
-    data.add_argument("--datasets", help="comma-separated clip-benchmark names, e.g. imagenet1k,wds/scenes_shape")
+    # clip-benchmark's own spellings (--dataset A B, --dataset_root) are aliases: argparse would otherwise call
+    # them ambiguous abbreviations of --datasets and --dataset-root-dir.
+    data.add_argument("--datasets", "--dataset", nargs="+",
+                      help="clip-benchmark names, comma- or space-separated, e.g. imagenet1k,wds/scenes_shape")
     data.add_argument("--demo-root", type=Path,
                       help="demo data folder: evaluates every DEMO_ROOT/benchmark/<name> and DEMO_ROOT/clone_selection")
-    parser.add_argument("--dataset-root-dir", default="root",
+    parser.add_argument("--dataset-root-dir", "--dataset_root", default="root",
                         help="clip-benchmark --dataset_root (a template: {dataset} is the name without wds/)")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--num-workers", type=int, default=4, help="capped at the shard count of a wds set")
@@ -336,7 +352,8 @@ def select_datasets(args: argparse.Namespace) -> tuple[list[str], str, Path | No
         clone_dir = args.demo_root / "clone_selection"
         return (demo_datasets(args.demo_root), str(args.demo_root / "benchmark" / "{dataset}"),
                 clone_dir if clone_dir.is_dir() else None)
-    return [name.strip() for name in args.datasets.split(",") if name.strip()], args.dataset_root_dir, None
+    names = [name.strip() for names in args.datasets for name in names.split(",")]
+    return [name for name in names if name], args.dataset_root_dir, None
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -345,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     datasets, root_template, clone_dir = select_datasets(args)
     check_dataset_names(datasets)
     roots = {dataset: dataset_root(root_template, dataset) for dataset in datasets}
+    check_distinct_roots(roots, root_template)
     check_dataset_roots(roots)
     if args.model and args.model.startswith(LOCAL_DIR):
         check_export(Path(args.model.removeprefix(LOCAL_DIR)))

@@ -35,8 +35,8 @@ Steps:
    global batch plus any feature queue; or val R@1 under twice chance, docs/method.md §4b) or ok.
    Means and standard deviations are over the ok runs only; each row says how many runs were ok,
    and the flagged runs are listed by name.
-4. Writes the Markdown report (--results-md, with the machine, the command that reproduces it,
-   wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
+4. Writes the Markdown report (--results-md, default OUTPUT_DIR/results.md, with the machine, the
+   command that reproduces it, wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
    all three, the per-variant summary CSV and the records stay under --output-dir, with
    comparison.json, from which `--report-only` writes the report again without training (`report`).
 
@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "report on these only")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/loss_comparison"),
                         help="runs, logs, records and report copies")
-    parser.add_argument("--results-md", type=Path, default=Path("docs/RESULTS.md"),
-                        help="the report; its plot (.png) and per-run CSV (_runs.csv) go beside it")
+    parser.add_argument("--results-md", type=Path, default=None,
+                        help="the report; its plot (.png) and per-run CSV (_runs.csv) go beside it (default: "
+                             "OUTPUT_DIR/results.md: a tool writes only under the folders its flags name)")
     parser.add_argument("--data-dir", type=Path, default=None, help="demo data (default: OUTPUT_DIR/data)")
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the demo data")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the budget's)")
@@ -228,6 +229,7 @@ def finish(job_path: Path, train_status: int, train_seconds: Optional[float]) ->
 def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.results_md = args.results_md or args.output_dir / "results.md"
     if args.run_job:
         job = RunJob(**json.loads(args.run_job.read_text()))
         record = run_job(job)

@@ -182,3 +182,24 @@ def test_a_truncated_or_mismatched_export_is_named_in_one_line(tmp_path, monkeyp
         assert error.startswith(f"error: --model local-dir:{export_dir}: the export does not load ({problem}")
         assert error.endswith("); export it again with python -m training.export")
     assert not (tmp_path / "eval").exists()
+
+
+def test_several_datasets_sharing_one_root_are_refused_and_a_root_per_dataset_is_not(stock_cli_output, demo_shards,
+                                                                                    tmp_path, monkeypatch, capsys):
+    """A root without {dataset} would evaluate scenes_shape's folder under both names and exit 0; with {dataset}
+    (here in clip-benchmark's own spellings, --dataset A B --dataset_root) each gets its own score."""
+    export_dir = stock_cli_output / "export"
+    shared = demo_shards / "benchmark" / "scenes_shape"
+    error = evaluation_cli_error(["--model", f"local-dir:{export_dir}", "--datasets", "wds/scenes_color,wds/scenes_shape",
+                                  "--dataset-root-dir", shared, "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
+    assert error == (f"error: --dataset-root-dir {shared}: 2 datasets (wds/scenes_color, wds/scenes_shape) would all "
+                     f"read {shared}; put {{dataset}} in it (e.g. '/data/{{dataset}}') so that each reads its own "
+                     "folder, or evaluate them one at a time")
+    assert not (tmp_path / "eval").exists()
+    rows = main(["--model", f"local-dir:{export_dir}", "--dataset", "wds/scenes_color", "wds/scenes_shape",
+                 "--dataset_root", str(demo_shards / "benchmark" / "{dataset}"), "--output-dir", str(tmp_path / "ok"),
+                 "--num-workers", "0", "--in-process"])
+    stock = read_table(stock_cli_output)
+    assert {(row["dataset"], row["metric"]): row["value"] for row in rows} == pytest.approx(
+        {(dataset, metric): value for (dataset, _, metric), value in stock.items()
+         if dataset in ("wds/scenes_color", "wds/scenes_shape")}, abs=1e-6)

@@ -214,7 +214,7 @@ class CheckpointConfig:
                                       "most N steps.")
     delete_previous: bool = flag(False, "Delete the previous checkpoint after storing a new one.",
                                  name="--delete-previous-checkpoint")
-    keep_step_checkpoints: int = flag(0, "Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are "
+    keep_step_checkpoints: int = flag(3, "Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are "
                                          "never removed by this flag.", metavar="K")
     total_epochs: int = from_flag("epochs", default=1)
 
@@ -225,6 +225,18 @@ class CheckpointConfig:
         if self.keep_step_checkpoints < 0:
             raise ConfigError(f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got "
                               f"{self.keep_step_checkpoints}")
+
+    def files_kept(self, total_steps: int) -> Dict[str, int]:
+        """The most checkpoint files of each kind a run of `total_steps` steps keeps at once (`save_epoch`,
+        `maybe_save_step`, `_save_and_prune`), for the disk it will need."""
+        epochs = range(1, self.total_epochs + 1)
+        epoch_files = sum(1 for epoch in epochs if epoch == self.total_epochs
+                          or (self.save_frequency > 0 and epoch % self.save_frequency == 0))
+        step_files = total_steps // self.save_every_n_steps if self.save_every_n_steps else 0
+        keep_steps = 1 if self.delete_previous else self.keep_step_checkpoints
+        return {"epoch_N.pt": min(epoch_files, 1) if self.delete_previous else epoch_files,
+                "epoch_latest.pt": int(self.save_most_recent),
+                "step_N.pt": min(step_files, keep_steps) if keep_steps else step_files}
 
 
 class Checkpointer:

@@ -34,6 +34,7 @@ from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
 from ..run_folder.logger import MetricsWriter
 from .precision import Precision
 from ..preemption import PreemptionFlag
+from ..progress import duration_text
 
 MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
 
@@ -223,6 +224,7 @@ class EpochLoop:
     preemption: Optional[PreemptionFlag] = None
     # After each step: the loss's own records into the run folder (`launch.folder.LossRecords.update`).
     keep_loss_records: Optional[Callable[[], None]] = None
+    total_steps: int = 0                         # the run's steps over all epochs, for its time left (0: unknown)
 
 
 class EpochData(Protocol):
@@ -251,7 +253,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     loss_fn.on_epoch_start(position.epoch)
     state.start_epoch(len(skip_reasons))
     steps_per_epoch = num_batches // cfg.accum_freq
-    step_in_epoch = position.batches_in_epoch // cfg.accum_freq
+    step_in_epoch = first_step = position.batches_in_epoch // cfg.accum_freq
     num_nonfinite_at_start = state.num_nonfinite_steps
     epoch_start = end = time.time()
 
@@ -281,9 +283,12 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         batch_time = time.time() - end
         end = time.time()
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
+            seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
                       global_samples, batch_time, data_time, env,
-                      console_stats=loss_fn.console_stats)
+                      console_stats=loss_fn.console_stats,
+                      time_left=time_left_text(seconds_per_step, steps_per_epoch - step_in_epoch,
+                                               loop.total_steps - state.step if loop.total_steps else None))
         # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
         # of the next epoch rather than as the end of this one; so is a preemption at that step.
         if step_in_epoch == steps_per_epoch:
@@ -337,13 +342,23 @@ def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], global_samp
     state.samples_seen += global_samples
     return out, preempted
 
+def time_left_text(seconds_per_step: float, epoch_steps_left: int, run_steps_left: Optional[int]) -> str:
+    """'time left: epoch 3 min, run 2 h 05 min': the steps left at the rate of this launch's steps so far."""
+    text = f"time left: epoch {duration_text(seconds_per_step * epoch_steps_left)}"
+    return text + (f", run {duration_text(seconds_per_step * run_steps_left)}" if run_steps_left is not None else "")
+
+
 def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
               steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
-              env: DistributedEnv, console_stats: Optional[Sequence[str]] = None) -> None:
+              env: DistributedEnv, console_stats: Optional[Sequence[str]] = None, time_left: str = "") -> None:
     """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
-    dashboard draws a gap there rather than a made-up 0 or 1."""
+    dashboard draws a gap there rather than a made-up 0 or 1.
+
+    The line is OpenCLIP's up to its loss, `[samples/samples per epoch (p%)]` (global samples) and
+    `Loss: value (the epoch's running mean)`, so that a parser of OpenCLIP's logs reads it; after a `|` come the
+    step, the samples seen in the run and the time left, then the loss's stats."""
     lr = optimizer.param_groups[0]["lr"]
     all_stats = {name: value.item() for name, value in out.stats.items()}
     stats = {name: value for name, value in all_stats.items() if not math.isnan(value)}
@@ -359,12 +374,18 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
         **{f"stats/{name}": value for name, value in stats.items()},
     }
     percent = 100.0 * step_in_epoch / steps_per_epoch
+    samples_per_epoch = steps_per_epoch * global_samples
+    sample_digits = len(str(samples_per_epoch))
     stats_text = console_stats_text(all_stats, console_stats)
+    progress = ", ".join(part for part in (f"step {state.step}", f"samples seen {state.samples_seen}", time_left)
+                         if part)
     logging.info(
-        f"Train Epoch: {state.position.epoch} [{step_in_epoch}/{steps_per_epoch} steps ({percent:.0f}%)] "
+        f"Train Epoch: {state.position.epoch} [{step_in_epoch * global_samples:>{sample_digits}}/{samples_per_epoch} "
+        f"({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
         f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
-        f"Loss: {values['loss']:#.5g}" + (f" | {stats_text}" if stats_text else "")
+        f"Loss: {values['loss']:#.5g} ({state.epoch_sums.mean_loss:#.5g}) | {progress}"
+        + (f" | {stats_text}" if stats_text else "")
     )
     metrics.write("train", step=state.step, epoch=state.position.epoch, values=values)
 

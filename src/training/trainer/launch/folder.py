@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,9 +116,10 @@ def cannot_create(directory: str) -> Optional[str]:
     return None
 
 
-def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, env: DistributedEnv) -> None:
+def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, kept: Dict[str, int],
+                               env: DistributedEnv) -> None:
     """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
-    checkpoint of this model, optimizer and loss state."""
+    checkpoint of this model, optimizer and loss state; rank 0 logs the disk the `kept` files will need."""
     if paths.checkpoint_dir is None:
         return
     problem = None
@@ -125,6 +127,7 @@ def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn:
         needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
         try:
             check_checkpoint_space(paths.checkpoint_dir, needed)
+            log_checkpoint_disk(paths.checkpoint_dir, needed, kept, logging.info)
         except ValueError as error:
             problem = str(error)
     problem = broadcast_object(problem, env)
@@ -132,7 +135,7 @@ def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn:
         raise ConfigError(problem)
 
 
-def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
+def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss, kept: Dict[str, int]) -> None:
     """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
     (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
     target = (os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME) if cfg.logging.name is not None
@@ -150,6 +153,25 @@ def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss) -> None:
         check_checkpoint_space(target, needed)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if needed:
+        log_checkpoint_disk(target, needed, kept, print)
+
+
+def log_checkpoint_disk(target: str, one_checkpoint: int, kept: Dict[str, int], log) -> None:
+    """One line with the disk the run's checkpoints will need: `kept` files of each kind at once, plus the one
+    being written (a temporary file until it is renamed), against what is free in `target` now."""
+    existing = Path(target)
+    while not existing.exists():
+        existing = existing.parent
+    count = sum(kept.values()) + 1
+    needed, free = count * one_checkpoint, shutil.disk_usage(existing).free
+    kinds = ", ".join(f"{number} {kind}" for kind, number in kept.items() if number)
+    line = (f"checkpoints: about {one_checkpoint / 1e9:.2f} GB each, up to {count} at once ({kinds}, one being "
+            f"written): about {needed / 1e9:.1f} GB in {target}, {free / 1e9:.1f} GB free there")
+    if needed > free:
+        line += ("; not enough: free space, raise --save-frequency or lower --keep-step-checkpoints, or the run "
+                 "stops saving when the disk fills")
+    log(line)
 
 
 def state_bytes(module: torch.nn.Module) -> int:

@@ -24,6 +24,7 @@ class StartupPlan:
 
     text: str
     num_batches: int                # training batches per rank and epoch
+    total_steps: int                # optimizer steps over all epochs
     imagenet: Optional[torchvision.datasets.ImageFolder] = None  # --imagenet-val, without transform yet
     warnings: List[str] = field(default_factory=list)
 
@@ -72,7 +73,7 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
                         f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
                         "the steps)")
     warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
-    return StartupPlan(text, data.num_batches, imagenet, warnings)
+    return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
 
 
 # Autocast precisions, which run slower than fp32 on the CPU: adacl-tiny's 64 steps at batch 32 took 27 s with amp

@@ -121,7 +121,7 @@ class Trainer:
             if collision:
                 raise ConfigError(collision)
         if cfg.logging.logs is not None:
-            check_dry_run_checkpoint_space(cfg, loss_fn)
+            check_dry_run_checkpoint_space(cfg, loss_fn, cfg.checkpoints.files_kept(plan.total_steps))
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         note = resume_note(cfg)
@@ -178,7 +178,8 @@ class Trainer:
         seed_everything(cfg.seed + env.rank)
         self.optimizer = build_optimizer(self.bundle.model, cfg.optimizer)
         self.precision = build_precision(cfg.model.precision, env.device)
-        check_run_checkpoint_space(self.paths, self.bundle.model, self.loss_fn, env)
+        check_run_checkpoint_space(self.paths, self.bundle.model, self.loss_fn,
+                                   cfg.checkpoints.files_kept(self.plan.total_steps), env)
 
     def _start(self) -> None:
         """Resume the components from a checkpoint or start over (`resume_or_start_over`), and record this
@@ -218,7 +219,8 @@ class Trainer:
         self.loop = EpochLoop(model=model, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=scheduler,
                               precision=self.precision, state=state, cfg=cfg.train, env=env, metrics=self.metrics,
                               skip_reasons=SKIP_REASONS, checkpointer=self.checkpointer, preemption=self.preemption,
-                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update)
+                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update,
+                              total_steps=self.plan.total_steps)
 
     def _metrics_writer(self) -> MetricsWriter:
         """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
