@@ -12,6 +12,12 @@ expectation under that posterior,
 so weight 1 is exactly `clip`, and a posterior equal to the true family indicator is exactly the oracle. The
 posterior is a constant of the step (no gradient through the fits or the weights). Exact over the global batch:
 the fits are `selection.batch_reference`'s, shared by every rank; the weights are per entry. docs/losses.md.
+
+`discovery` picks another label-free clone signal of `open_clip_adacl.clone_signals` in place of the posterior:
+`gda_both` (both directions' posteriors must agree; soft, as the posterior), or a score flagged where it stands
+`threshold` standard deviations above its row's negatives (`clone_signals.flag_clones`; p is then 0 or 1). The
+token signals read the captions' token ids, which the trainer passes to a loss that `takes_text_tokens`.
+docs/clone_signals.md measures each signal's precision and recall.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from typing import Dict
 
 import torch
 
-from .. import adacl
+from .. import adacl, clone_signals
 from ..selection import batch_reference, summarize_rows
 from .base import ContrastiveLoss, GlobalBatch
 from .options import LossOptions, option
@@ -50,6 +56,12 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                                      "negatives", choices=adacl.SALIENT_KINDS)
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         std_floor: float = option(1e-4, "floor of the reference fits' std, in cosine units")
+        discovery: str = option("gda", "the clone signal that gives p (docs/clone_signals.md): gda is AdaCL's "
+                                       "posterior under the options above (gda_both uses the default ones)",
+                                choices=tuple(clone_signals.SIGNALS))
+        threshold: float = option(clone_signals.STANDARD_THRESHOLD,
+                                  "a signal other than gda, gda_both flags a negative this many standard deviations "
+                                  "above its row's negatives")
 
         def check(self) -> None:
             super().check()
@@ -61,11 +73,33 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                 raise ValueError(f"std_floor must be >= 0, got {self.std_floor}")
 
     console_stats = ("clone_share",)
+    takes_text_tokens = True
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, text_tokens=None, **inputs):
+        if self.options.discovery in clone_signals.NEEDS_TOKENS and text_tokens is None:
+            raise ValueError(f"adaclw:discovery={self.options.discovery} reads the captions' token ids: pass "
+                             "text_tokens= (the trainer does)")
+        self._text_tokens = text_tokens
+        return super().forward(image_features, text_features, logit_scale, logit_bias, **inputs)
+
+    def symmetric_loss(self, batch: GlobalBatch) -> torch.Tensor:
+        # The signals' inputs, gathered once per step for both directions.
+        self._pairs = None if self.options.discovery == "gda" else clone_signals.pair_inputs(
+            batch.logits_per_image, batch.logits_per_text, batch.labels, batch.image_features, batch.text_features,
+            batch.all_image_features, batch.all_text_features, batch.logit_scale, batch.rows,
+            self._text_tokens if self.options.discovery in clone_signals.NEEDS_TOKENS else None,
+            self.dist.world_size)
+        try:
+            return super().symmetric_loss(batch)
+        finally:
+            self._pairs = self._text_tokens = None  # not kept past the step
 
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         logits = batch.logits(direction)
         if logits.shape[1] < 2:  # no negatives to weight
             return logits
+        if self.options.discovery != "gda":
+            return self._signal_weighted(batch, direction, logits)
         options = self.options
         scores = logits.detach()
         summary = summarize_rows(scores, batch.labels, with_mean=options.salient == "mean")
@@ -80,17 +114,34 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                                                     reference, floor))
         return logits + log_weight
 
+    def _signal_weighted(self, batch: GlobalBatch, direction: str, logits: torch.Tensor) -> torch.Tensor:
+        """The weights of `discovery`'s p: a posterior as it is, any other score's flags as 0 or 1."""
+        name, positive = self.options.discovery, batch.positive_mask()
+        scores = clone_signals.clone_scores(self._pairs, name, direction)
+        clone = (scores.clamp(min=0).double() if name in clone_signals.POSTERIORS
+                 else clone_signals.flag_clones(name, scores, ~positive, self.options.threshold).double())
+        log_weight = posterior_log_weights(clone, positive, self.options.weight).to(logits.dtype)
+        with torch.no_grad():
+            self.stats.update(self._weight_stats(batch, direction, logits.detach(), clone, log_weight, positive))
+        return logits + log_weight
+
     @staticmethod
-    def _direction_stats(batch: GlobalBatch, direction: str, scores: torch.Tensor, posterior: torch.Tensor,
-                         log_weight: torch.Tensor, positive: torch.Tensor, reference: torch.Tensor,
-                         floor: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _weight_stats(batch: GlobalBatch, direction: str, scores: torch.Tensor, posterior: torch.Tensor,
+                      log_weight: torch.Tensor, positive: torch.Tensor) -> Dict[str, torch.Tensor]:
         negative = ~positive
         negatives = scores.masked_fill(positive, float("-inf")).double()
         log_ratio = torch.logsumexp(negatives + log_weight.double(), dim=1) - torch.logsumexp(negatives, dim=1)
         totals = batch.rows.sum(torch.stack([((posterior > 0.5) & negative).sum().double(),
                                              (posterior * negative).sum(), log_ratio.exp().sum()]))
         num_rows, num_negatives = scores.shape[1], scores.shape[1] * (scores.shape[1] - 1)
-        flat = ((reference[1] <= floor) | (reference[3] <= floor)).double()
         return {f"{direction}/clone_share": totals[0] / num_negatives,
                 f"{direction}/posterior_mean": totals[1] / num_negatives,
-                f"{direction}/weighted_mass": totals[2] / num_rows, f"{direction}/flat_fit": flat}
+                f"{direction}/weighted_mass": totals[2] / num_rows}
+
+    @classmethod
+    def _direction_stats(cls, batch: GlobalBatch, direction: str, scores: torch.Tensor, posterior: torch.Tensor,
+                         log_weight: torch.Tensor, positive: torch.Tensor, reference: torch.Tensor,
+                         floor: torch.Tensor) -> Dict[str, torch.Tensor]:
+        flat = ((reference[1] <= floor) | (reference[3] <= floor)).double()
+        return {**cls._weight_stats(batch, direction, scores, posterior, log_weight, positive),
+                f"{direction}/flat_fit": flat}

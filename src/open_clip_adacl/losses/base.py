@@ -47,6 +47,7 @@ class Loss(nn.Module):
     needs_logit_bias: ClassVar[bool] = False    # the model must have a logit_bias (built as OpenCLIP's --siglip)
     needs_sample_index: ClassVar[bool] = False  # forward needs sample_index; Options derive SampleStateOptions
     needs_family: ClassVar[bool] = False        # forward takes family= (each sample's family id, -1: none)
+    takes_text_tokens: ClassVar[bool] = False   # forward takes text_tokens= (this rank's captions' token ids)
     keeps_state: ClassVar[bool] = False         # buffers that move across steps (checkpointed, `commit()`ed)
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.

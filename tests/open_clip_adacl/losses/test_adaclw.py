@@ -80,3 +80,54 @@ def test_bad_options_are_clear_errors():
 
 def test_two_ranks_match_single_process():
     assert_ranks_match_single_process("adaclw", {"weight": 16.0}, make_batches(2, 8, 8, data_size=16, seed=3))
+
+
+def _dense_flagged_adaclw(weight, threshold, signal):
+    """`discovery` with a score: a negative counts `weight` times where `signal(x, y)` (rows x N, for the
+    direction's queries) stands `threshold` standard deviations above the row's negatives (population std)."""
+    def loss(x, y, scale, sample_index):
+        total = 0
+        for direction, logits in (("i2t", scale * x @ y.T), ("t2i", scale * y @ x.T)):
+            n = logits.shape[0]
+            eye = torch.eye(n, dtype=torch.bool)
+            scores = signal(x.detach(), y.detach(), direction)
+            negatives = scores[~eye].view(n, n - 1)
+            z = (scores - negatives.mean(1, keepdim=True)) / negatives.std(1, unbiased=False, keepdim=True)
+            multiplicity = torch.where(~eye & (z > threshold), weight, 1.0).to(logits.dtype)
+            total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
+        return total / 2
+    return loss
+
+
+SCORE_SIGNALS = {"text": lambda x, y, direction: y @ y.T,
+                 "cross_both": lambda x, y, direction: torch.minimum(x @ y.T, y @ x.T)}
+
+
+@pytest.mark.parametrize("discovery", sorted(SCORE_SIGNALS))
+def test_a_score_discovery_weights_the_negatives_it_flags(discovery):
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    x, y = x.double(), y.double()
+    loss_fn = create_loss("adaclw", weight=16.0, discovery=discovery, threshold=1.0)
+    ours = value_and_grads(loss_fn, x, y, index)
+    for a, b in zip(ours, value_and_grads(_dense_flagged_adaclw(16.0, 1.0, SCORE_SIGNALS[discovery]), x, y, index)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+    shares = [float(loss_fn.stats[f"{direction}/clone_share"]) for direction in ("i2t", "t2i")]
+    assert all(0 < share < 0.5 for share in shares)
+
+
+def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
+    from training.trainer.engine.loop import _loss_of
+    x, y, index = make_batches(1, 8, 8, data_size=8, seed=5)[0]
+    tokens = torch.tensor([[49406, 300 + i // 2, 49407, 0] for i in range(8)])  # captions in pairs
+    loss_fn = create_loss("adaclw", weight=16.0, discovery="tokens", threshold=1.5)
+    with pytest.raises(ValueError, match="reads the captions' token ids: pass text_tokens="):
+        loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
+    _loss_of(loss_fn, x, y, {"logit_scale": torch.tensor(LOGIT_SCALE)}, index, None, tokens)
+    # each row's one partner caption stands out; 8 of the 56 negatives
+    assert float(loss_fn.stats["i2t/clone_share"]) == pytest.approx(8 / 56)
+
+
+@pytest.mark.parametrize("discovery", ["gda_both", "features"])
+def test_two_ranks_match_single_process_with_another_discovery(discovery):
+    assert_ranks_match_single_process("adaclw", {"weight": 16.0, "discovery": discovery},
+                                      make_batches(2, 8, 8, data_size=16, seed=3))

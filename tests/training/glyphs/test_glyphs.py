@@ -136,6 +136,21 @@ def test_the_oracle_trains_on_the_glyph_families(glyph_data, tmp_path):
     assert len(steps) == 8 and all(record["stats/family_negatives"] == 7 for record in steps)
 
 
+@pytest.mark.parametrize("accum_freq", [1, 2])
+def test_adaclw_with_a_token_discovery_gets_the_captions_token_ids_from_the_trainer(glyph_data, tmp_path, accum_freq):
+    """The trainer passes each batch's token ids to a loss that takes_text_tokens (with --accum-freq, every
+    micro-batch's): the token discovery flags a minority of the negatives on every step."""
+    manifest = json.loads((glyph_data / "manifest.json").read_text())
+    main(["--train-data", str(glyph_data / manifest["splits"]["train"]["data"]), "--train-num-samples", "256",
+          "--train-group-size", "8", "--batch-size", str(32 // accum_freq), "--accum-freq", str(accum_freq),
+          "--model", "adacl-tiny", "--lr", "1e-3", "--warmup", "1", "--epochs", "1", "--workers", "0", "--device",
+          "cpu", "--loss", "adaclw", "--adaclw-discovery", "text_image_tokens", "--logs", str(tmp_path), "--name",
+          "adaclw", "--log-every-n-steps", "1"])
+    steps = RunDir(tmp_path / "adaclw").metrics("train")
+    assert len(steps) == 8  # 256 samples, 32 a step
+    assert all(0 < record["stats/i2t/clone_share"] < 0.3 for record in steps)
+
+
 def test_brace_pattern():
     assert brace_pattern("shard-{:06d}.tar", 3) == "shard-{000000..000002}.tar"
     assert brace_pattern("{}.tar", 1) == "0.tar"

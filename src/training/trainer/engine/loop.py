@@ -93,8 +93,10 @@ def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: 
 
 
 def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor],
-             sample_index: torch.Tensor, family: Optional[torch.Tensor]) -> torch.Tensor:
+             sample_index: torch.Tensor, family: Optional[torch.Tensor], texts: torch.Tensor) -> torch.Tensor:
     inputs = {"family": family} if loss_fn.needs_family else {}
+    if loss_fn.takes_text_tokens:
+        inputs["text_tokens"] = texts
     return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
                    sample_index=sample_index, **inputs)
 
@@ -119,7 +121,7 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
         with precision.autocast():
             model_out = model(batch.images, batch.texts)
             loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out,
-                            batch.sample_index, batch.family)
+                            batch.sample_index, batch.family, batch.texts)
         _backward(loss, precision.scaler)
         finite = bool(torch.isfinite(loss))
     else:
@@ -127,6 +129,7 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
             cached = [model(batch.images, batch.texts) for batch in micro_batches]
         sample_index = torch.cat([batch.sample_index for batch in micro_batches])
         family = None if micro_batches[0].family is None else torch.cat([batch.family for batch in micro_batches])
+        texts = torch.cat([batch.texts for batch in micro_batches])
         finite = True
         for j, batch in enumerate(micro_batches):
             # Gradients are all-reduced once, on the last micro-batch.
@@ -139,7 +142,7 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
                                                + [c["image_features"] for c in cached[j + 1:]])
                     text_features = torch.cat([c["text_features"] for c in cached[:j]] + [model_out["text_features"]]
                                               + [c["text_features"] for c in cached[j + 1:]])
-                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family)
+                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family, texts)
                 _backward(loss, precision.scaler)
             finite = finite and bool(torch.isfinite(loss))
     stats = {name: value.detach() for name, value in loss_fn.stats.items()}

@@ -1,0 +1,237 @@
+"""Label-free clone scores for every pair of the global batch (docs/clone_signals.md).
+
+A clone negative of a query is another sample that nearly fits it: a caption that differs by a detail, an
+image that differs by a mark. AdaCL's discovery reads that off one direction's cross-modal similarities
+through two Gaussian fits (docs/method.md §3.1-3.3, `gda`). The other signals here read it off what the
+batch already holds: the captions' features against each other (`text`), the images' (`image`), the
+captions' token ids (`tokens`: the share of a caption's information the two captions share), both
+cross-modal directions at once (`cross_both`, `gda_both`), and combinations of them (the mean of their
+scores, each standardized over its row's negatives). A score that is not a posterior flags a negative that
+stands `STANDARD_THRESHOLD` standard deviations above its row's negatives (`flag_clones`).
+
+Every signal is a function of one `PairInputs` (this rank's rows against the N columns of the global
+batch) that returns a rows x N score, larger for a likelier clone, with no gradient: the model's own
+features are read detached. Each is exact across ranks: every input is either the rank's own rows or
+gathered over the global batch (`pair_inputs` does the gathering, once per step; the math never calls a
+collective except through `RowGroup`, as the selection does), so a rank's rows score exactly as the same
+rows of one process holding the whole batch. `SIGNALS` names them for the loss (`adaclw:discovery=...`),
+and `scripts/clone_signal_benchmark.py` (their precision and recall against known families).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from . import adacl
+from .distributed import RowGroup, gather_no_grad
+from .selection import batch_reference, summarize_rows
+
+DIRECTIONS = ("i2t", "t2i")
+PAD_TOKEN = 0  # OpenCLIP's tokenizers pad with 0
+# The operating point of a score that is not a posterior, in standard deviations of its row's negatives: chosen on
+# the glyph measurement (docs/results/clone_signals.md shows the neighbouring cuts too).
+STANDARD_THRESHOLD = 1.5
+
+
+@dataclass
+class PairInputs:
+    """What the signals read of one global batch, on one rank (every tensor detached).
+
+    Rows are this rank's queries (their global indices in `positive_col`), columns the N samples of the
+    global batch; `logits` holds both directions' rows x N logits (`t2i` row i, column j: caption i against
+    image j), so a pair (i, j) of samples is at the same place in both.
+    """
+
+    logits: Dict[str, torch.Tensor]       # "i2t", "t2i": rows x N, logit_scale * cos (+ bias)
+    positive_col: torch.Tensor            # rows, each row's own column
+    query_image: torch.Tensor             # rows x D, normalized
+    query_text: torch.Tensor              # rows x D, normalized
+    all_image: torch.Tensor               # N x D, normalized
+    all_text: torch.Tensor                # N x D, normalized
+    logit_scale: torch.Tensor             # 0-dim, exponentiated (the GDA's std floor is in cosine units)
+    rows: RowGroup                        # reductions over the ranks sharing the rows
+    query_tokens: Optional[torch.Tensor] = None  # rows x L token ids (0: padding), or None
+    all_tokens: Optional[torch.Tensor] = None    # N x L
+
+
+def pair_inputs(logits_per_image: torch.Tensor, logits_per_text: torch.Tensor, positive_col: torch.Tensor,
+                query_image: torch.Tensor, query_text: torch.Tensor, all_image: torch.Tensor,
+                all_text: torch.Tensor, logit_scale: torch.Tensor, rows: RowGroup,
+                local_tokens: Optional[torch.Tensor] = None, world_size: int = 1) -> PairInputs:
+    """The signals' inputs from what a loss holds (features already gathered), detached. `local_tokens` are this
+    rank's samples' token ids; they are gathered here, once per step (every rank holds the same number of
+    samples, as for the features); a rank that holds every row (no `--local-loss`) queries with all of them."""
+    all_tokens = gather_no_grad(local_tokens, world_size)
+    query_tokens = local_tokens if rows.split_across_ranks else all_tokens
+    return PairInputs({"i2t": logits_per_image.detach(), "t2i": logits_per_text.detach()}, positive_col,
+                      query_image.detach(), query_text.detach(), all_image.detach(), all_text.detach(),
+                      logit_scale.detach(), rows, query_tokens, all_tokens)
+
+
+# --- the signals' math: small pure functions ----------------------------------------------------------------
+
+def cosine_pairs(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """rows x N cosines of normalized features (intra-modal when both are one modality's)."""
+    return queries.float() @ candidates.float().T
+
+
+def standardized_over_negatives(scores: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """rows x N: each score minus the mean of its row's negatives, over their standard deviation (0 off the
+    negatives). Rows differ in how similar everything is to them (a plain glyph is close to many): a clone
+    stands out of its own row, where one threshold over the whole batch would flag every negative of a crowded
+    row and none of a sparse one (docs/clone_signals.md measures both)."""
+    count = negative.sum(1, keepdim=True).clamp(min=1)
+    values = torch.where(negative, scores, torch.zeros_like(scores))
+    mean = values.sum(1, keepdim=True) / count
+    spread = (torch.where(negative, scores - mean, torch.zeros_like(scores)) ** 2).sum(1, keepdim=True) / count
+    return torch.where(negative, (scores - mean) / spread.sqrt().clamp(min=1e-12), torch.zeros_like(scores))
+
+
+def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN):
+    """(vocabulary, idf): the distinct token ids of the batch's captions and log(N / captions holding each).
+
+    A token every caption holds (the start and end tokens, a word every caption repeats) weighs 0; a token of
+    few captions (the detail that tells a caption apart) weighs most. Computed over the global batch, so every
+    rank gets the same weights."""
+    present = torch.unique(all_tokens[all_tokens != pad_token])
+    holds = token_presence(all_tokens, present)
+    document_frequency = holds.sum(0).clamp(min=1)
+    return present, torch.log(all_tokens.shape[0] / document_frequency)
+
+
+def token_presence(tokens: torch.Tensor, vocabulary: torch.Tensor) -> torch.Tensor:
+    """rows x V float: 1 where a caption holds the (sorted) vocabulary's token; a set of tokens, not counts."""
+    holds = torch.zeros(tokens.shape[0], vocabulary.numel(), dtype=torch.float32, device=tokens.device)
+    if vocabulary.numel() == 0:
+        return holds
+    flat = tokens.reshape(-1)
+    position = torch.searchsorted(vocabulary, flat).clamp(max=vocabulary.numel() - 1)
+    found = vocabulary[position] == flat
+    row = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(tokens.shape[1])
+    holds[row[found], position[found]] = 1.0
+    return holds
+
+
+def weighted_token_overlap(query_tokens: torch.Tensor, all_tokens: torch.Tensor,
+                           pad_token: int = PAD_TOKEN) -> torch.Tensor:
+    """rows x N weighted Jaccard of the token sets: the idf of the tokens both captions hold over the idf of
+    the tokens either holds (1: the same words; 0: nothing rare in common); 0 where neither holds any."""
+    vocabulary, idf = token_idf(all_tokens, pad_token)
+    query, candidates = token_presence(query_tokens, vocabulary) * idf, token_presence(all_tokens, vocabulary) * idf
+    shared = query @ (candidates > 0).float().T
+    either = query.sum(1, keepdim=True) + candidates.sum(1)[None, :] - shared
+    return torch.where(either > 0, shared / either.clamp(min=1e-12), torch.zeros_like(shared))
+
+
+def gda_clone_posterior(logits: torch.Tensor, positive_col: torch.Tensor, rows: RowGroup, logit_scale: torch.Tensor,
+                        *, salient: str = "max", prior_ratio: float = 1.0, std_floor: float = 1e-4) -> torch.Tensor:
+    """rows x N p(clone | logit) under AdaCL's two Gaussians fitted over the global batch (docs/method.md
+    §3.1-3.3; `std_floor` in cosine units, as the loss's option)."""
+    summary = summarize_rows(logits, positive_col, with_mean=salient == "mean")
+    floor = std_floor * logit_scale.double()
+    reference = batch_reference(logits, summary, positive_col, rows, salient=salient, std_floor=floor)
+    return adacl.gda_posterior(logits.double(), *reference, prior_ratio=prior_ratio).float()
+
+
+# --- the registry: each signal as a function of the inputs and a direction ---------------------------------
+
+Signal = Callable[[PairInputs, str], torch.Tensor]
+SIGNALS: Dict[str, Signal] = {}
+NEEDS_TOKENS = set()
+POSTERIORS = ("gda", "gda_both")  # probabilities: flagged above 1/2, as the loss reads them
+
+
+def register_signal(name: str, needs_tokens: bool = False):
+    def add(fn: Signal) -> Signal:
+        SIGNALS[name] = fn
+        if needs_tokens:
+            NEEDS_TOKENS.add(name)
+        return fn
+    return add
+
+
+@register_signal("gda")
+def gda_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """AdaCL's reading: this direction's posterior p(clone | logit)."""
+    return gda_clone_posterior(inputs.logits[direction], inputs.positive_col, inputs.rows, inputs.logit_scale)
+
+
+@register_signal("gda_both")
+def gda_both_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """Both directions must call the pair a clone: the smaller of the two directions' posteriors."""
+    return torch.minimum(gda_signal(inputs, "i2t"), gda_signal(inputs, "t2i"))
+
+
+@register_signal("cross")
+def cross_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """This direction's cosine (the query's image against the negative's caption, or the other way)."""
+    query, candidates = ((inputs.query_image, inputs.all_text) if direction == "i2t"
+                         else (inputs.query_text, inputs.all_image))
+    return cosine_pairs(query, candidates)
+
+
+@register_signal("cross_both")
+def cross_both_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """The smaller of the pair's two cross-modal cosines: image i to caption j and caption i to image j."""
+    return torch.minimum(cross_signal(inputs, "i2t"), cross_signal(inputs, "t2i"))
+
+
+@register_signal("text")
+def text_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """The two captions' features against each other (the text tower's view of the pair, any direction)."""
+    return cosine_pairs(inputs.query_text, inputs.all_text)
+
+
+@register_signal("image")
+def image_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """The two images' features against each other."""
+    return cosine_pairs(inputs.query_image, inputs.all_image)
+
+
+@register_signal("tokens", needs_tokens=True)
+def tokens_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """The captions' idf-weighted token overlap (`weighted_token_overlap`)."""
+    if inputs.query_tokens is None or inputs.all_tokens is None:
+        raise ValueError("the tokens signal needs the captions' token ids (PairInputs.query_tokens)")
+    return weighted_token_overlap(inputs.query_tokens, inputs.all_tokens)
+
+
+def mean_of_standardized(inputs: PairInputs, direction: str, names: Tuple[str, ...]) -> torch.Tensor:
+    """The mean of the named signals, each standardized over its row's negatives first (so a cosine, an overlap
+    and a posterior count alike): a negative that several views place far above its row's other negatives."""
+    negative = negative_mask(inputs)
+    return sum(standardized_over_negatives(SIGNALS[name](inputs, direction).float(), negative)
+               for name in names) / len(names)
+
+
+# Combinations: the views that need no token ids, and with them.
+COMBINATIONS = {"text_image": ("text", "image"), "features": ("text", "image", "cross_both"),
+                "text_image_tokens": ("text", "image", "tokens"), "all": ("text", "image", "cross_both", "tokens")}
+for _name, _parts in COMBINATIONS.items():
+    register_signal(_name, needs_tokens="tokens" in _parts)(partial(mean_of_standardized, names=_parts))
+
+
+def negative_mask(inputs: PairInputs) -> torch.Tensor:
+    """rows x N, False at each row's own column."""
+    columns = torch.arange(inputs.all_image.shape[0], device=inputs.positive_col.device)
+    return columns[None, :] != inputs.positive_col[:, None]
+
+
+def clone_scores(inputs: PairInputs, name: str, direction: str) -> torch.Tensor:
+    """rows x N scores of the registered signal `name` for `direction`; the positives are set to -inf, so a
+    threshold or a top-k over a row never picks its own pair."""
+    if name not in SIGNALS:
+        raise ValueError(f"unknown clone signal {name!r}; choose from {', '.join(SIGNALS)}")
+    return SIGNALS[name](inputs, direction).float().masked_fill(~negative_mask(inputs), float("-inf"))
+
+
+def flag_clones(name: str, scores: torch.Tensor, negative: torch.Tensor, threshold: float) -> torch.Tensor:
+    """rows x N: the negatives the signal calls clones at the loss's operating point. A posterior (`POSTERIORS`)
+    above 1/2, as AdaCL's candidates; any other score `threshold` standard deviations above the mean of its row's
+    negatives (`standardized_over_negatives`). Per row, so the flags of a rank's rows need no collective."""
+    if name in POSTERIORS:
+        return (scores > 0.5) & negative
+    return (standardized_over_negatives(scores, negative) > threshold) & negative
