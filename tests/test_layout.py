@@ -4,7 +4,8 @@ below it, and each command-line package runs as `python -m`.
 open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress)
 <- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
 <- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
-training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison.
+training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison. Checkpoints are read
+in one place.
 """
 import ast
 import os
@@ -107,6 +108,30 @@ def test_dependencies_point_one_way(part):
     assert files
     wrong = {str(path.relative_to(SRC)): sorted(imported_parts(path) & forbidden) for path in files}
     assert {path: names for path, names in wrong.items() if names} == {}
+
+
+def torch_load_calls(path: Path) -> list:
+    """The lines of `path` that call torch.load (as `torch.load(...)`, or `load` imported from torch)."""
+    tree = ast.parse(path.read_text())
+    loads = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module in ("torch", "torch.serialization") for alias in node.names if alias.name == "load"}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name)
+                    and func.value.id == "torch") or (isinstance(func, ast.Name) and func.id in loads):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_checkpoint_read_goes_through_checkpoint_files():
+    """Only training.trainer.run_folder.checkpoint_files calls torch.load: every other reader takes its
+    `load_checkpoint` (weights_only, the content digest checked, an earlier layout converted)."""
+    readers = {str(path.relative_to(SRC)): torch_load_calls(path) for path in sorted(SRC.rglob("*.py"))}
+    assert {path: lines for path, lines in readers.items() if lines} == {
+        "training/trainer/run_folder/checkpoint_files.py": readers["training/trainer/run_folder/checkpoint_files.py"]}
+    assert len(readers["training/trainer/run_folder/checkpoint_files.py"]) == 2  # load_checkpoint, checkpoint_step
 
 
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
