@@ -14,15 +14,13 @@ pairs are made across unknown code, and every table says so.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
 from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.preregistration import Preregistration, from_file
-from training.loss_comparison.report import KEEP_MARKER, kept_tail, report_sections, write_plot
+from training.loss_comparison.report import KEEP_MARKER, kept_tail, read_runs_csv, report_sections, write_plot
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,22 +29,20 @@ REGIMES = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
 # The line a rewritten regime report carries above its sections.
 JUDGED_AGAIN = "**Judged again:** "
-IDENTITY = {"label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds", "eval_seconds",
-            "wall_seconds"}
 
 
 def records_from_csv(path: Path) -> List[Dict[str, Any]]:
     """Run records as the comparison wrote them, rebuilt from a report's per-run CSV (runs that failed or went
     non-finite keep that status; every other run is judged again)."""
     records = []
-    for row in csv.DictReader(path.open()):
+    for row in read_runs_csv(path):
         status = row["verdict"] if row["verdict"] in ("failed", "nonfinite") else "ok"
+        reasons = "; ".join(row["reasons"])
         records.append({
-            "label": row["label"], "loss": row["loss"], "options": json.loads(row["options"]), "seed": int(row["seed"]),
-            "name": row["name"], "code": row.get("code") or None, "status": status, "error": row["reasons"] or None,
+            "label": row["label"], "loss": row["loss"], "options": row["options"], "seed": row["seed"],
+            "name": row["name"], "code": row["code"], "status": status, "error": reasons or None,
             "batch_size": BATCH_SIZE, "val_num_samples": VAL_SAMPLES, "previous_verdict": row["verdict"],
-            "previous_reasons": row["reasons"],
-            "metrics": {key: float(value) for key, value in row.items() if key not in IDENTITY and value != ""},
+            "previous_reasons": reasons, "metrics": row["metrics"],
         })
     return records
 

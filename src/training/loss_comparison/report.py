@@ -225,6 +225,23 @@ def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
             writer.writerow([*identity, *(record["metrics"].get(key, "") for key in keys)])
 
 
+def read_runs_csv(path: Path) -> List[Dict[str, Any]]:
+    """The records `write_runs_csv` wrote (identity, verdict, reasons, timing, metrics), as a report's
+    committed per-run CSV holds them: what a study's summary is computed from when its run folders are not
+    committed. A failed run's `error` is its reasons."""
+    records = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            timing = {key: float(row[key]) if row.get(key) else None for key in RUN_FIELDS[8:]}
+            reasons = row["reasons"].split("; ") if row["reasons"] else []
+            records.append({
+                "label": row["label"], "loss": row["loss"], "options": json.loads(row["options"]),
+                "seed": int(row["seed"]), "name": row["name"], "code": row.get("code") or None, "verdict": row["verdict"],
+                "reasons": reasons, **timing,
+                "metrics": {key: float(value) for key, value in row.items() if key not in RUN_FIELDS and value != ""}})
+    return records
+
+
 def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
     """One row per (variant, metric): mean, std, n ok, runs."""
     with path.open("w", newline="") as f:
