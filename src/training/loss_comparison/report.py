@@ -198,13 +198,16 @@ def report_sections(summaries: Sequence[VariantSummary], records: Sequence[Mappi
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
     flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
                                        for name in missing]
-    criteria = CollapseCriteria()
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
-              f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: the final val CLIP loss (ClipLoss within "
-              f"each val batch, whatever loss trained the model) within {criteria.loss_band:.0%} of its chance value "
-              f"ln(val batch) with mean val R@1 below {criteria.above_chance_factor:g} x chance, or mean val R@1 below "
-              f"{criteria.recall_factor:g} x chance.", ""]
+              f"Per-run numbers: [{csv_name}]({csv_name}). {collapse_rule_text()}", ""]
     return lines
+
+
+def collapse_rule_text(criteria: CollapseCriteria = CollapseCriteria()) -> str:
+    """The collapse rule `stats.assess_run` judges by, as a report's footer states it."""
+    return (f"Collapse criteria: the final val CLIP loss (ClipLoss within each val batch, whatever loss trained the "
+            f"model) within {criteria.loss_band:.0%} of its chance value ln(val batch) with mean val R@1 below "
+            f"{criteria.above_chance_factor:g} x chance, or mean val R@1 below {criteria.recall_factor:g} x chance.")
 
 
 RUN_FIELDS = ("label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds",
