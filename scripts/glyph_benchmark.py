@@ -33,6 +33,7 @@ from training.main import run
 from training.trainer.launch.params import config_from_values
 from training.trainer.launch.recipes import recipe_values
 from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.provenance import check_or_record_identity, training_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 PREREGISTRATION = "docs/preregistration_glyphs.md"
@@ -74,15 +75,20 @@ def data_values(output_root: Path, manifest: dict) -> dict:
 
 
 def pretrain(output_root: Path, manifest: dict) -> Path:
-    """`clip` on the glyphs' weak captions (recipe glyphs-pretrain, once); returns its final checkpoint."""
+    """`clip` on the glyphs' weak captions (recipe glyphs-pretrain, once); returns its final checkpoint. A run
+    folder there is reused, or resumed, only when it recorded this recipe, seed, data seed and code."""
     logs, name = output_root / "pretrain", f"clip-seed{PRETRAIN_SEED}"
     epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
-    checkpoint = RunDir(logs / name).epoch_checkpoint(epochs)
+    run_dir = RunDir(logs / name)
+    try:
+        check_or_record_identity(run_dir.path, training_identity(PRETRAIN_RECIPE, PRETRAIN_SEED, manifest["seed"]))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    checkpoint = run_dir.epoch_checkpoint(epochs)
     if checkpoint.is_file():
         return checkpoint
     values = {**data_values(output_root, manifest), "dataset_type": "webdataset", "seed": PRETRAIN_SEED,
-              "save_frequency": epochs, "log_every_n_steps": 32, "logs": str(logs), "name": name,
-              **({"resume": "latest"} if (logs / name).exists() else {})}
+              "save_frequency": epochs, "log_every_n_steps": 32, "logs": str(logs), "name": name, "resume": "latest"}
     print(f"== pretraining {name} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
     run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
