@@ -134,6 +134,24 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
     assert len(readers["training/trainer/run_folder/checkpoint_files.py"]) == 2  # load_checkpoint, checkpoint_step
 
 
+# Words retired from src/ (docs/architecture.md, Glossary): each pattern, and what to write instead.
+RETIRED_WORDS = {
+    r"(?i)\bregimes?\b": "a study's *setting*; for how ranks hold the similarities, full logits / local_loss",
+    r"\bopen_clip_adacl\.adacl\b|\bfrom (\.\.?|open_clip_adacl) import (\w+, )*adacl\b": "the AdaCL math module is "
+                                                                                     "open_clip_adacl.adacl_math",
+}
+
+
+def test_no_retired_word_is_left_in_src():
+    """One meaning per word: a word the glossary retired appears nowhere under src/ (code, docstrings, help)."""
+    import re
+
+    found = [f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
+             for path in sorted(SRC.rglob("*.py")) for number, line in enumerate(path.read_text().splitlines(), 1)
+             for pattern, instead in RETIRED_WORDS.items() for match in [re.search(pattern, line)] if match]
+    assert found == []
+
+
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])

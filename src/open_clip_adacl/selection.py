@@ -2,7 +2,7 @@
 
 Input: this rank's rows x C logits (C = the N columns of the global batch, plus queue columns),
 `positive_col`, the global column of each row's positive, which is also the row's global index,
-and a `RowGroup`. In OpenCLIP's full-logits regime every rank holds all N rows and RowGroup's
+and a `RowGroup`. With OpenCLIP's full logits every rank holds all N rows and RowGroup's
 reductions are the identity; with `--local-loss` each rank holds its own b rows and they are
 all-reduces. Nothing of size N x N crosses ranks: the reductions move a few scalars, and the exact
 median of the candidates' gaps is a radix select (radix_select.py) whose two passes each all-reduce

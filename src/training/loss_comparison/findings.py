@@ -169,7 +169,7 @@ def secondary_keys(summaries: Sequence[VariantSummary], registered: bool,
                    family: Optional[Sequence[str]] = None) -> List[str]:
     """The paired metrics tested together as secondary endpoints (Holm's family).
 
-    `registered` (a study with a pre-registration file): exactly the registered family, those of its metrics
+    `registered` (a comparison with a pre-registration file): exactly the registered family, those of its metrics
     the runs have: `family` (names or shell patterns, in their order; the registration's `secondary_family`),
     else the scenes' (docs/preregistration.md, "Secondary metrics"): per edit type the clone-selection
     accuracy, the mean cosine margin and its 10th percentile; val R@1 both ways. Otherwise

@@ -53,7 +53,7 @@ class CollapseCriteria:
         not called collapsed by the loss band: with 512 val pairs a model at chance reaches 3 x chance (6 hits of
         2 x 512 at rate 1/512) in under 2% of runs, while a loss near ln(val batch) can also be a weak model
         whose logits are nearly flat (pseudo captions: CLIP's own val CLIP loss ranges 3.6-13.0 there). One rule
-        for every regime (docs/preregistration.md, second amendment).
+        for every setting (docs/preregistration.md, second amendment).
     """
 
     loss_band: float = 0.05
