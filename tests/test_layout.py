@@ -184,6 +184,27 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
     assert repeated == []
 
 
+def test_training_exports_its_public_face_from_the_layers_that_define_it():
+    """`from training import Trainer, RunConfig, RunDir, ...` gives the defining layer's object, in a fresh
+    process (no import circle: each name imports only its own layer and those below)."""
+    import importlib
+
+    import training
+
+    for name, module in training.PUBLIC_FACE.items():
+        assert getattr(training, name) is getattr(importlib.import_module(module, "training"), name), name
+    assert set(training.__all__) >= {"run", "Trainer", "RunConfig", "RunDir", "LOSSES", "SCHEDULES", "SOURCES",
+                                     "RECIPES"}
+    assert "adacl" in training.LOSSES and "cosine" in training.SCHEDULES and "webdataset" in training.SOURCES
+    with pytest.raises(AttributeError, match="has no attribute 'Trainr'"):
+        training.Trainr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    for first in ("Trainer", "RunDir, SOURCES, LOSSES"):  # the deepest layer first, then the light ones alone
+        fresh = subprocess.run([sys.executable, "-c", f"from training import {first}"], capture_output=True, text=True,
+                               env=env, timeout=300)
+        assert fresh.returncode == 0, (first, fresh.stderr[-2000:])
+
+
 def test_training_run_is_the_trainers_run_and_import_training_stays_light():
     """`from training import run` is `training.main.run`; `import training` alone (which every `python -m
     training.<module>` does first) does not import the trainer's entry point, torch or open_clip."""
