@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -27,7 +28,7 @@ from training.glyphs.writers import RETRIEVAL_SET
 from training.loss_comparison.cli import main as compare_losses
 from training.loss_comparison.jobs import MECHANISM_FRACTIONS, OK
 from training.loss_comparison.preregistration import from_file
-from training.loss_comparison.report import read_runs_csv
+from training.loss_comparison.report import read_runs_csv, rendered_again
 from training.loss_comparison.stats import paired_difference, primary_verdict
 from training.main import run
 from training.trainer.launch.params import config_from_values
@@ -222,6 +223,31 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
     return lines
 
 
+def render_reports_again(results_dir: Path) -> List[Path]:
+    """Each glyph report in `results_dir` whose per-run CSV is there, its sections rendered again from that CSV
+    under its registration as amended after the runs (docs/preregistration_glyphs.md: the verdict rule and the
+    secondary family as registered), its header as first written; returns the reports."""
+    pages = []
+    for calibrate in (True, False):
+        for cell in CELLS:
+            study = study_name(cell, calibrate)
+            page, runs_csv = results_dir / f"{study}.md", results_dir / f"{study}_runs.csv"
+            if not (page.is_file() and runs_csv.is_file()):
+                continue
+            spec = f"{PREREGISTRATION}#{study}"
+            registration = replace(from_file(f"{ROOT / spec}"), source=spec)
+            rule = (f"the verdict rule as registered (helps or hurts only outside ±{registration.margin:g}) and "
+                    if registration.helps_beyond_margin else "")
+            note = (f"the lines above are as first written; every section below is rendered again from "
+                    f"[{runs_csv.name}]({runs_csv.name}) (the run folders are not committed) by `python "
+                    f"scripts/glyph_benchmark.py --summary`, under {rule}the registered secondary family "
+                    "(docs/preregistration_glyphs.md, amendment after the runs); the runs' verdicts are the CSV's, "
+                    "as first judged (none collapsed).")
+            rendered_again(page, read_runs_csv(runs_csv), registration, note)
+            pages.append(page)
+    return pages
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calibrate", action="store_true",
@@ -236,8 +262,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's, 2)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the reports from the finished runs")
     parser.add_argument("--summary", action="store_true",
-                        help="write <results-dir>/glyphs.md from the per-run CSVs there: the calibration grid and "
-                             "the frozen --cells' variants")
+                        help="from the per-run CSVs in <results-dir>: render each glyph report's sections again and "
+                             "write glyphs.md (the calibration grid and the frozen --cells' variants)")
     args = parser.parse_args(argv)
     cells = [cell.strip() for cell in (args.cells or ",".join(CELLS)).split(",") if cell.strip()]
     unknown = sorted(set(cells) - set(CELLS))
@@ -246,6 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
     if args.summary:
+        for page in render_reports_again(args.results_dir):
+            print(f"rendered {page} again from its per-run CSV")
         (args.results_dir / "glyphs.md").write_text("\n".join(summary_lines(args.results_dir, cells)) + "\n")
         print(f"wrote {args.results_dir / 'glyphs.md'}")
         return

@@ -20,15 +20,13 @@ from typing import Any, Dict, List, Tuple
 from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
 from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.preregistration import Preregistration, from_file
-from training.loss_comparison.report import KEEP_MARKER, kept_tail, read_runs_csv, report_sections, write_plot
+from training.loss_comparison.report import KEEP_MARKER, read_runs_csv, rendered_again
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 REGIMES = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
-# The line a rewritten regime report carries above its sections.
-JUDGED_AGAIN = "**Judged again:** "
 
 
 def records_from_csv(path: Path) -> List[Dict[str, Any]]:
@@ -58,22 +56,12 @@ def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]],
                    preregistration: Preregistration) -> str:
     """The regime's report with its header as first written and every section rendered again from its judged
     `records` (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
-    page = results / f"{regime}.md"
-    header = "\n".join(line for line in page.read_text().split("\n## Summary", 1)[0].split("\n")
-                       if not line.startswith(JUDGED_AGAIN)).rstrip()
-    summaries = summarize(records)
-    plot = results / f"{regime}.png"
-    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
-    note = (f"{JUDGED_AGAIN}the lines above are as first written, but for the runs' summed time, added from the "
+    note = (f"the lines above are as first written, but for the runs' summed time, added from the "
             f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
             "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
             "(docs/preregistration.md); the CSV's verdict column is the first judgment "
             "([reassessed.md](reassessed.md) lists the runs it changed).")
-    body = report_sections(summaries, records, plot.name if has_plot else None, f"{regime}_runs.csv",
-                           preregistration)
-    new_text = "\n".join([header, "", note, "", *body]) + kept_tail(page)
-    page.write_text(new_text)
-    return new_text
+    return rendered_again(results / f"{regime}.md", records, preregistration, note)
 
 
 def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:

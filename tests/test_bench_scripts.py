@@ -196,17 +196,22 @@ def test_the_glyph_summary_gives_both_verdicts_and_the_share_of_the_oracles_gain
     assert "| `scratch-weak` | not run |" in text
 
 
-def test_the_committed_glyph_summary_regenerates_from_the_committed_csvs(tmp_path):
-    """docs/results/glyphs.md is what --summary writes from the per-run CSVs committed beside it."""
+def test_the_committed_glyph_reports_regenerate_from_the_committed_csvs(tmp_path):
+    """docs/results/glyphs.md and every glyph report are what --summary writes from the per-run CSVs committed
+    beside them (and the reports' headers as first written), with no run folder: byte for byte, plots aside."""
     import shutil
 
     bench = _glyph_benchmark()
     results = REPO / "docs" / "results"
-    for csv_path in results.glob("glyphs_*_runs.csv"):  # the CSVs alone, no run folder
-        shutil.copy(csv_path, tmp_path / csv_path.name)
+    reports = sorted(path.name for path in results.glob("glyphs_*.md"))
+    assert len(reports) == 4
+    for name in [*reports, *(path.name for path in results.glob("glyphs_*_runs.csv"))]:
+        shutil.copy(results / name, tmp_path / name)
     bench.main(["--summary", "--results-dir", str(tmp_path), "--output-dir", str(tmp_path / "no-runs")])
+    for name in [*reports, "glyphs.md"]:
+        assert (tmp_path / name).read_text() == (results / name).read_text(), name
     written = (tmp_path / "glyphs.md").read_text()
-    assert written == (results / "glyphs.md").read_text()
+    assert "all 102 rows of this table" in (tmp_path / "glyphs_finetune_gold.md").read_text()
     assert "| `oracle:weight=16` | 10/10 | 0.225 ± 0.012 | +0.013 [+0.0033, +0.0228] (10) | helps | inconclusive |" \
         in written
 
@@ -293,6 +298,8 @@ def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_write
     import importlib.util
     import shutil
 
+    from training.loss_comparison.report import JUDGED_AGAIN
+
     shutil.copytree(REPO / "docs" / "results", tmp_path / "results")
     shutil.copy(REPO / "docs" / "RESULTS.md", tmp_path / "RESULTS.md")
     _clone_study()  # reassess_study imports it, as when run from scripts/
@@ -305,7 +312,7 @@ def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_write
         assert (tmp_path / "results" / name).read_text() == (REPO / "docs" / "results" / name).read_text(), name
     assert (tmp_path / "RESULTS.md").read_text() == (REPO / "docs" / "RESULTS.md").read_text()
     scratch = (tmp_path / "results" / "scratch.md").read_text()
-    assert scratch.count(reassess.JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
+    assert scratch.count(JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
     # seed 4 of the first reading: ok under the first rule, collapsed under the amended one
     assert "| `adacl:preset=paper` | 0/5 ok (5 collapsed) |" in scratch
 

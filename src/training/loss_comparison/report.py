@@ -358,6 +358,28 @@ def write_plot(summaries: Sequence[VariantSummary], records: Sequence[Mapping[st
 KEEP_MARKER = "<!-- Everything below this line is kept when the loss comparison rewrites this file. -->"
 
 
+# The line a report rendered again from its per-run CSV carries above its sections (`rendered_again`).
+JUDGED_AGAIN = "**Judged again:** "
+
+
+def rendered_again(page: Path, records: Sequence[Mapping[str, Any]], preregistration: Preregistration,
+                   note: str) -> str:
+    """The report `page` with its header as first written (how, where and when its runs ran: up to `## Summary`,
+    without an earlier JUDGED_AGAIN line), then `JUDGED_AGAIN + note`, then every section rendered again from
+    `records` (its per-run CSV, `read_runs_csv`, when the run folders are not committed) and its plot redrawn
+    beside it; returns the new text, also written to `page`."""
+    header = "\n".join(line for line in page.read_text().split("\n## Summary", 1)[0].split("\n")
+                       if not line.startswith(JUDGED_AGAIN)).rstrip()
+    summaries = summarize(records)
+    plot = page.with_suffix(".png")
+    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
+    body = report_sections(summaries, records, plot.name if has_plot else None, f"{page.stem}_runs.csv",
+                           preregistration)
+    new_text = "\n".join([header, "", JUDGED_AGAIN + note, "", *body]) + kept_tail(page)
+    page.write_text(new_text)
+    return new_text
+
+
 def kept_tail(results_md: Path) -> str:
     """The hand-written sections after KEEP_MARKER in an existing report (other measurements that
     live in the same results page), so that running the comparison again does not erase them."""
