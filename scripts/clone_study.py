@@ -39,6 +39,7 @@ from training.main import run
 from training.trainer.launch.params import config_from_values
 from training.trainer.launch.recipes import recipe_values
 from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.provenance import check_or_record_identity, training_identity
 
 PREREGISTRATION = "docs/preregistration.md"  # each regime's endpoint, margin and reference, as json blocks
 # The controls of every regime (docs/preregistration.md): CLIP, AdaCL's default, the paper's Algorithm 1,
@@ -140,35 +141,29 @@ def write_scenes(data_dir: Path, combinations: str, seed: int = 0) -> None:
 
 
 def pretrain(regime: Regime, output_root: Path) -> Path:
-    """Train `clip` on the regime's pretraining scenes (once); returns its final checkpoint."""
+    """Train `clip` on the regime's pretraining scenes (once); returns its final checkpoint. A run folder there
+    is reused, or resumed, only when it recorded this recipe, seed, data seed and code."""
     data_dir = scenes_dir(output_root, regime.pretrain_combinations)
     write_scenes(data_dir, regime.pretrain_combinations, TRANSFER_PRETRAIN_DATA_SEED)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     logs, name = output_root / "pretrain", f"clip-{regime.pretrain_combinations}-seed{TRANSFER_PRETRAIN_SEED}"
     epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
-    checkpoint = RunDir(logs / name).epoch_checkpoint(epochs)
+    run_dir = RunDir(logs / name)
+    try:
+        check_or_record_identity(run_dir.path, training_identity(PRETRAIN_RECIPE, TRANSFER_PRETRAIN_SEED,
+                                                                 manifest["seed"]))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    checkpoint = run_dir.epoch_checkpoint(epochs)
     if checkpoint.is_file():
-        check_pretrained_data_seed(checkpoint, TRANSFER_PRETRAIN_DATA_SEED)
         return checkpoint
     splits = manifest["splits"]
     values = {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
               "dataset_type": "webdataset", "loss": "clip", "seed": TRANSFER_PRETRAIN_SEED, "save_frequency": epochs,
-              "log_every_n_steps": 64, "logs": str(logs), "name": name,
-              **({"resume": "latest"} if (logs / name).exists() else {})}
+              "log_every_n_steps": 64, "logs": str(logs), "name": name, "resume": "latest"}
     print(f"== pretraining {name} on {data_dir} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
     run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
-
-
-def check_pretrained_data_seed(checkpoint: Path, data_seed: int) -> None:
-    """Refuse to reuse a pretraining checkpoint whose run trained on scenes of another data seed (or whose data
-    seed its run folder does not record): fine-tuning from it would repeat the pretraining geometry."""
-    from training.trainer.run_folder.provenance import checkpoint_identity
-
-    recorded = checkpoint_identity(str(checkpoint))["data_seed"]
-    if recorded != str(data_seed):
-        raise SystemExit(f"error: {checkpoint} was pretrained on scenes of data seed {recorded or 'unknown'}, not "
-                         f"{data_seed}; remove its run folder {checkpoint.parent.parent} to pretrain again")
 
 
 def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -> str:

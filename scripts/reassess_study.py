@@ -14,39 +14,33 @@ pairs are made across unknown code, and every table says so.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
 from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.preregistration import Preregistration, from_file
-from training.loss_comparison.report import KEEP_MARKER, kept_tail, report_sections, write_plot
+from training.loss_comparison.report import KEEP_MARKER, read_runs_csv, rendered_again
 from training.loss_comparison.stats import assess_run, summarize, with_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 REGIMES = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
-# The line a rewritten regime report carries above its sections.
-JUDGED_AGAIN = "**Judged again:** "
-IDENTITY = {"label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds", "eval_seconds",
-            "wall_seconds"}
 
 
 def records_from_csv(path: Path) -> List[Dict[str, Any]]:
     """Run records as the comparison wrote them, rebuilt from a report's per-run CSV (runs that failed or went
     non-finite keep that status; every other run is judged again)."""
     records = []
-    for row in csv.DictReader(path.open()):
+    for row in read_runs_csv(path):
         status = row["verdict"] if row["verdict"] in ("failed", "nonfinite") else "ok"
+        reasons = "; ".join(row["reasons"])
         records.append({
-            "label": row["label"], "loss": row["loss"], "options": json.loads(row["options"]), "seed": int(row["seed"]),
-            "name": row["name"], "code": row.get("code") or None, "status": status, "error": row["reasons"] or None,
+            "label": row["label"], "loss": row["loss"], "options": row["options"], "seed": row["seed"],
+            "name": row["name"], "code": row["code"], "status": status, "error": reasons or None,
             "batch_size": BATCH_SIZE, "val_num_samples": VAL_SAMPLES, "previous_verdict": row["verdict"],
-            "previous_reasons": row["reasons"],
-            "metrics": {key: float(value) for key, value in row.items() if key not in IDENTITY and value != ""},
+            "previous_reasons": reasons, "metrics": row["metrics"],
         })
     return records
 
@@ -62,22 +56,12 @@ def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]],
                    preregistration: Preregistration) -> str:
     """The regime's report with its header as first written and every section rendered again from its judged
     `records` (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
-    page = results / f"{regime}.md"
-    header = "\n".join(line for line in page.read_text().split("\n## Summary", 1)[0].split("\n")
-                       if not line.startswith(JUDGED_AGAIN)).rstrip()
-    summaries = summarize(records)
-    plot = results / f"{regime}.png"
-    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
-    note = (f"{JUDGED_AGAIN}the lines above are as first written, but for the runs' summed time, added from the "
+    note = (f"the lines above are as first written, but for the runs' summed time, added from the "
             f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
             "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
             "(docs/preregistration.md); the CSV's verdict column is the first judgment "
             "([reassessed.md](reassessed.md) lists the runs it changed).")
-    body = report_sections(summaries, records, plot.name if has_plot else None, f"{regime}_runs.csv",
-                           preregistration)
-    new_text = "\n".join([header, "", note, "", *body]) + kept_tail(page)
-    page.write_text(new_text)
-    return new_text
+    return rendered_again(results / f"{regime}.md", records, preregistration, note)
 
 
 def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:

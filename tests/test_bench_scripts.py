@@ -176,24 +176,44 @@ def test_every_glyph_cell_has_its_recipe_and_registration():
     assert recipe_values(bench.PRETRAIN_RECIPE, world_size=1)["loss"] == "clip"
 
 
-def test_the_glyph_summary_gives_verdicts_and_the_share_of_the_oracles_gain(tmp_path):
+def test_the_glyph_summary_gives_both_verdicts_and_the_share_of_the_oracles_gain(tmp_path):
+    from training.loss_comparison.report import write_runs_csv
+
     bench = _glyph_benchmark()
     family = {"clip": (0.20, 0.22, 0.21), bench.ORACLE: (0.24, 0.26, 0.25), "adaclw": (0.22, 0.24, 0.23)}
-    records = tmp_path / bench.study_name("finetune-gold", False) / "records"
-    records.mkdir(parents=True)
-    for label, values in family.items():
-        for seed, value in enumerate(values):
-            metrics = {bench.ENDPOINT: value + 0.001 * seed * (label != "clip"), "clone/overall": 0.8,
-                       "val/clip_loss": 1.0, "val/i2t_R@1": 0.2, "val/t2i_R@1": 0.2}
-            (records / f"{label}-{seed}.json").write_text(json.dumps({
-                "label": label, "loss": label.split(":")[0], "seed": seed, "name": f"{label}-{seed}", "status": "ok",
-                "error": None, "metrics": metrics, "val_num_samples": 705, "batch_size": 64}))
+    records = [{"label": label, "loss": label.split(":")[0], "options": {}, "seed": seed, "name": f"{label}-{seed}",
+                "code": "git 0123456789", "verdict": "ok", "reasons": [],
+                "metrics": {bench.ENDPOINT: value + 0.001 * seed * (label != "clip"), "clone/overall": 0.8,
+                            **({"adacl/modulated": 0.5} if label == "adaclw" else {})}}
+               for label, values in family.items() for seed, value in enumerate(values)]
+    write_runs_csv(records, tmp_path / f"{bench.study_name('finetune-gold', False)}_runs.csv")
     text = "\n".join(bench.summary_lines(tmp_path, ["finetune-gold"]))
     oracle_row = next(line for line in text.splitlines() if line.startswith(f"| `{bench.ORACLE}`"))
-    assert "| helps | 100% |" in oracle_row and "+0.041" in oracle_row
+    assert "| helps | helps | 100% |" in oracle_row and "+0.041" in oracle_row  # above 0 and above +0.02
     adaclw_row = next(line for line in text.splitlines() if line.startswith("| `adaclw`"))
-    assert "| helps | 51% |" in adaclw_row  # +0.021 of the oracle's +0.041
+    assert "| helps | inconclusive | 51% |" in adaclw_row  # +0.021 of the oracle's +0.041; 95% interval not past 0.02
+    assert adaclw_row.endswith("| modulated 0.5 |") and oracle_row.endswith("| - |")
     assert "| `scratch-weak` | not run |" in text
+
+
+def test_the_committed_glyph_reports_regenerate_from_the_committed_csvs(tmp_path):
+    """docs/results/glyphs.md and every glyph report are what --summary writes from the per-run CSVs committed
+    beside them (and the reports' headers as first written), with no run folder: byte for byte, plots aside."""
+    import shutil
+
+    bench = _glyph_benchmark()
+    results = REPO / "docs" / "results"
+    reports = sorted(path.name for path in results.glob("glyphs_*.md"))
+    assert len(reports) == 4
+    for name in [*reports, *(path.name for path in results.glob("glyphs_*_runs.csv"))]:
+        shutil.copy(results / name, tmp_path / name)
+    bench.main(["--summary", "--results-dir", str(tmp_path), "--output-dir", str(tmp_path / "no-runs")])
+    for name in [*reports, "glyphs.md"]:
+        assert (tmp_path / name).read_text() == (results / name).read_text(), name
+    written = (tmp_path / "glyphs.md").read_text()
+    assert "all 102 rows of this table" in (tmp_path / "glyphs_finetune_gold.md").read_text()
+    assert "| `oracle:weight=16` | 10/10 | 0.225 ± 0.012 | +0.013 [+0.0033, +0.0228] (10) | helps | inconclusive |" \
+        in written
 
 
 def _script(name):
@@ -305,6 +325,8 @@ def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_write
     import importlib.util
     import shutil
 
+    from training.loss_comparison.report import JUDGED_AGAIN
+
     shutil.copytree(REPO / "docs" / "results", tmp_path / "results")
     shutil.copy(REPO / "docs" / "RESULTS.md", tmp_path / "RESULTS.md")
     _clone_study()  # reassess_study imports it, as when run from scripts/
@@ -317,7 +339,7 @@ def test_the_regime_reports_and_results_md_are_what_reassessing_their_csvs_write
         assert (tmp_path / "results" / name).read_text() == (REPO / "docs" / "results" / name).read_text(), name
     assert (tmp_path / "RESULTS.md").read_text() == (REPO / "docs" / "RESULTS.md").read_text()
     scratch = (tmp_path / "results" / "scratch.md").read_text()
-    assert scratch.count(reassess.JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
+    assert scratch.count(JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
     # seed 4 of the first reading: ok under the first rule, collapsed under the amended one
     assert "| `adacl:preset=paper` | 0/5 ok (5 collapsed) |" in scratch
 

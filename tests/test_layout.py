@@ -4,7 +4,8 @@ below it, and each command-line package runs as `python -m`.
 open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress)
 <- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
 <- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
-training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison.
+training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison. Checkpoints are read
+in one place.
 """
 import ast
 import os
@@ -109,6 +110,48 @@ def test_dependencies_point_one_way(part):
     assert {path: names for path, names in wrong.items() if names} == {}
 
 
+def torch_load_calls(path: Path) -> list:
+    """The lines of `path` that call torch.load (as `torch.load(...)`, or `load` imported from torch)."""
+    tree = ast.parse(path.read_text())
+    loads = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module in ("torch", "torch.serialization") for alias in node.names if alias.name == "load"}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name)
+                    and func.value.id == "torch") or (isinstance(func, ast.Name) and func.id in loads):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_checkpoint_read_goes_through_checkpoint_files():
+    """Only training.trainer.run_folder.checkpoint_files calls torch.load: every other reader takes its
+    `load_checkpoint` (weights_only, the content digest checked, an earlier layout converted)."""
+    readers = {str(path.relative_to(SRC)): torch_load_calls(path) for path in sorted(SRC.rglob("*.py"))}
+    assert {path: lines for path, lines in readers.items() if lines} == {
+        "training/trainer/run_folder/checkpoint_files.py": readers["training/trainer/run_folder/checkpoint_files.py"]}
+    assert len(readers["training/trainer/run_folder/checkpoint_files.py"]) == 2  # load_checkpoint, checkpoint_step
+
+
+# Words retired from src/ (docs/architecture.md, Glossary): each pattern, and what to write instead.
+RETIRED_WORDS = {
+    r"(?i)\bregimes?\b": "a study's *setting*; for how ranks hold the similarities, full logits / local_loss",
+    r"\bopen_clip_adacl\.adacl\b|\bfrom (\.\.?|open_clip_adacl) import (\w+, )*adacl\b": "the AdaCL math module is "
+                                                                                     "open_clip_adacl.adacl_math",
+}
+
+
+def test_no_retired_word_is_left_in_src():
+    """One meaning per word: a word the glossary retired appears nowhere under src/ (code, docstrings, help)."""
+    import re
+
+    found = [f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
+             for path in sorted(SRC.rglob("*.py")) for number, line in enumerate(path.read_text().splitlines(), 1)
+             for pattern, instead in RETIRED_WORDS.items() for match in [re.search(pattern, line)] if match]
+    assert found == []
+
+
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
@@ -139,6 +182,27 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
             if match.group(1) in trainer_flags:
                 repeated.append(f"{path.relative_to(SRC.parent)}: {match.group(1)}")
     assert repeated == []
+
+
+def test_training_exports_its_public_face_from_the_layers_that_define_it():
+    """`from training import Trainer, RunConfig, RunDir, ...` gives the defining layer's object, in a fresh
+    process (no import circle: each name imports only its own layer and those below)."""
+    import importlib
+
+    import training
+
+    for name, module in training.PUBLIC_FACE.items():
+        assert getattr(training, name) is getattr(importlib.import_module(module, "training"), name), name
+    assert set(training.__all__) >= {"run", "Trainer", "RunConfig", "RunDir", "LOSSES", "SCHEDULES", "SOURCES",
+                                     "RECIPES"}
+    assert "adacl" in training.LOSSES and "cosine" in training.SCHEDULES and "webdataset" in training.SOURCES
+    with pytest.raises(AttributeError, match="has no attribute 'Trainr'"):
+        training.Trainr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    for first in ("Trainer", "RunDir, SOURCES, LOSSES"):  # the deepest layer first, then the light ones alone
+        fresh = subprocess.run([sys.executable, "-c", f"from training import {first}"], capture_output=True, text=True,
+                               env=env, timeout=300)
+        assert fresh.returncode == 0, (first, fresh.stderr[-2000:])
 
 
 def test_training_run_is_the_trainers_run_and_import_training_stays_light():

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import adacl
+from . import adacl_math
 from .distributed import RowGroup, gather_no_grad
 from .selection import batch_reference, summarize_rows
 
@@ -133,7 +133,7 @@ def gda_clone_posterior(logits: torch.Tensor, positive_col: torch.Tensor, rows: 
     summary = summarize_rows(logits, positive_col, with_mean=salient == "mean")
     floor = std_floor * logit_scale.double()
     reference = batch_reference(logits, summary, positive_col, rows, salient=salient, std_floor=floor)
-    return adacl.gda_posterior(logits.double(), *reference, prior_ratio=prior_ratio).float()
+    return adacl_math.gda_posterior(logits.double(), *reference, prior_ratio=prior_ratio).float()
 
 
 # --- the registry: each signal as a function of the inputs and a direction ---------------------------------

@@ -3,7 +3,7 @@
 Inside the loss, `selection.select_anchor` decides which negatives of a direction are clone
 candidates (salient scores, reference rows, the two Gaussian fits, the candidate region) but never
 lists them: it needs only their count and the anchor. `clone_pairs` runs that same selection and
-then lists the candidates under its fits with `adacl.clone_candidate_mask`, the dense definition
+then lists the candidates under its fits with `adacl_math.clone_candidate_mask`, the dense definition
 that the selection's exactness tests hold equal to its own candidate set; with the fits it gives
 each pair's posterior p(clone | score). Row chunks keep the temporaries at the selection's chunk
 size, so memory is that of the scores plus the pairs. Ranks holding different rows of one global
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import adacl
+from . import adacl_math
 from .distributed import RowGroup
 from .row_passes import row_chunks
 from .selection import AnchorSelection, select_anchor, summarize_rows
@@ -45,7 +45,7 @@ def clone_pairs(scores: torch.Tensor, positive_col: torch.Tensor, rows: RowGroup
     fits = selection.reference.to(scores.device)
     found_rows, found_cols = [], []
     for start, stop in row_chunks(*scores.shape, scores.device):
-        mask = adacl.clone_candidate_mask(scores[start:stop], positive_col[start:stop], *fits,
+        mask = adacl_math.clone_candidate_mask(scores[start:stop], positive_col[start:stop], *fits,
                                           prior_ratio=prior_ratio, region=region)
         local_row, col = mask.nonzero(as_tuple=True)
         found_rows.append(local_row + start)
@@ -55,5 +55,5 @@ def clone_pairs(scores: torch.Tensor, positive_col: torch.Tensor, rows: RowGroup
     row = positive_col[local_row]
     score = scores[local_row, col].double()
     gap = scores[local_row, row].double() - score
-    posterior = adacl.gda_posterior(score, *fits, prior_ratio=prior_ratio)
+    posterior = adacl_math.gda_posterior(score, *fits, prior_ratio=prior_ratio)
     return ClonePairs(row, col, score, gap, posterior, selection)

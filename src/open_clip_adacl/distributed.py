@@ -1,7 +1,7 @@
 """Collectives used by the losses, kept apart from the math (see docs/method.md §5).
 
 `RowGroup` abstracts "the ranks that together hold the rows of the global similarity matrix":
-with one process, or when every rank holds all rows (OpenCLIP's full-logits regime), its
+with one process, or when every rank holds all rows (OpenCLIP's full logits), its
 reductions are the identity and cost nothing; with `--local-loss` each rank holds its own rows and
 the reductions are all-reduces over the default process group. Every method is a tensor op with no
 host synchronisation.

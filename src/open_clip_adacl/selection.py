@@ -2,7 +2,7 @@
 
 Input: this rank's rows x C logits (C = the N columns of the global batch, plus queue columns),
 `positive_col`, the global column of each row's positive, which is also the row's global index,
-and a `RowGroup`. In OpenCLIP's full-logits regime every rank holds all N rows and RowGroup's
+and a `RowGroup`. With OpenCLIP's full logits every rank holds all N rows and RowGroup's
 reductions are the identity; with `--local-loss` each rank holds its own b rows and they are
 all-reduces. Nothing of size N x N crosses ranks: the reductions move a few scalars, and the exact
 median of the candidates' gaps is a radix select (radix_select.py) whose two passes each all-reduce
@@ -18,7 +18,7 @@ the same. Every rank ends with bit-identical results: each value either comes ou
 is computed from such values by the same ops.
 
 The selection reads the logits the loss already has: every decision it makes is invariant under
-the positive affine map cos -> t cos + bias (see adacl.py), so no second matmul is needed. Rows are
+the positive affine map cos -> t cos + bias (see adacl_math.py), so no second matmul is needed. Rows are
 processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py); the only
 rows x C buffer is the int32 keys of `candidate_keys`, freed when the selection returns, so that the
 backward pass, where the loss's peak memory lies, never holds it (docs/THROUGHPUT.md).
@@ -36,7 +36,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import adacl, fused, row_passes
+from . import adacl_math, fused, row_passes
 from .distributed import RowGroup
 from .radix_select import (HIGH_BINS, INT32_MIN, drop_non_finite, first_row_holding, first_row_with_key, high_bin,
                            high_histogram, high_histogram_pass, key_in_bin, low_histogram_pass, lower_median,
@@ -138,7 +138,7 @@ def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: 
         # A row's global index is its positive column.
         row_logits, is_owner = _owned_row(logits, row, positive_col)
         row_positive, _ = _owned_row(positive_col, row, positive_col)
-        fits.extend(adacl.gaussian_fit(row_logits, cols != row_positive, std_floor))
+        fits.extend(adacl_math.gaussian_fit(row_logits, cols != row_positive, std_floor))
         owned.extend([is_owner, is_owner])
     return rows.from_owner(torch.stack(fits), torch.stack(owned))
 
@@ -156,7 +156,7 @@ NOT_CANDIDATE_BITS = 0x7F800000
 
 
 def candidate_bounds(intervals: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The open float64 intervals (a, b) of `adacl.positive_quadratic_intervals` as closed bounds
+    """The open float64 intervals (a, b) of `adacl_math.positive_quadratic_intervals` as closed bounds
     [lo, hi] of `dtype`, (2, 2): for every x of that dtype, a < x < b exactly when lo <= x <= hi.
 
     lo is the smallest value above a and hi the largest below b. A zero lo is -0.0 and a zero hi
@@ -239,7 +239,7 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     (see `radix_select`). `lower` (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
 
     The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
-    quadratic's roots (`adacl.positive_quadratic_intervals`), rounded outwards to the logits'
+    quadratic's roots (`adacl_math.positive_quadratic_intervals`), rounded outwards to the logits'
     working dtype (`candidate_bounds`), so it is the sign of the exact quadratic at x, the same
     on every device, with a few subtractions per entry. Zero log-odds is not a candidate, and
     neither is an entry whose gap is not finite (NaN or infinite logits). The positive is made
@@ -293,7 +293,7 @@ def _eager_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive
 def _candidate_bounds(coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor],
                       dtype: torch.dtype) -> torch.Tensor:
     """`candidate_bounds` of the GDA log-odds' positive set (above `lower` when given)."""
-    return candidate_bounds(adacl.positive_quadratic_intervals(*coefficients, lower=lower), dtype)
+    return candidate_bounds(adacl_math.positive_quadratic_intervals(*coefficients, lower=lower), dtype)
 
 
 def _count_candidates(high_counts: torch.Tensor, num_entries: int) -> torch.Tensor:
@@ -472,8 +472,8 @@ def batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: tor
                     salient: str, std_floor) -> torch.Tensor:
     """docs/method.md §3.1-3.2 over the global batch: (mu_c, sigma_c, mu_n, sigma_n), float64 (4,), the Gaussians
     of the least and the most salient row's negatives, exactly as `select_anchor` fits them (its first step)."""
-    if salient not in adacl.SALIENT_KINDS:
-        raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
+    if salient not in adacl_math.SALIENT_KINDS:
+        raise ValueError(f"salient must be one of {adacl_math.SALIENT_KINDS}, got {salient!r}")
     with one_cpu_thread(logits.device):
         return _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
 
@@ -490,7 +490,7 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
                   region: str = "gda") -> AnchorSelection:
     """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
-    `region`: the candidate region (`adacl.clone_candidate_mask`).
+    `region`: the candidate region (`adacl_math.clone_candidate_mask`).
 
     `std_floor` is in logit units (the loss passes floor * t).
     An empty candidate set (num_candidates = 0) returns row -1, which no rank owns, and a NaN gap;
@@ -498,12 +498,12 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
 
     Ranks may hold different numbers of rows, none included: every rank runs the same collectives.
     """
-    if salient not in adacl.SALIENT_KINDS:
-        raise ValueError(f"salient must be one of {adacl.SALIENT_KINDS}, got {salient!r}")
-    if anchor_stat not in adacl.ANCHOR_STATS:
-        raise ValueError(f"anchor_stat must be one of {adacl.ANCHOR_STATS}, got {anchor_stat!r}")
-    if region not in adacl.CANDIDATE_REGIONS:
-        raise ValueError(f"candidate_region must be one of {adacl.CANDIDATE_REGIONS}, got {region!r}")
+    if salient not in adacl_math.SALIENT_KINDS:
+        raise ValueError(f"salient must be one of {adacl_math.SALIENT_KINDS}, got {salient!r}")
+    if anchor_stat not in adacl_math.ANCHOR_STATS:
+        raise ValueError(f"anchor_stat must be one of {adacl_math.ANCHOR_STATS}, got {anchor_stat!r}")
+    if region not in adacl_math.CANDIDATE_REGIONS:
+        raise ValueError(f"candidate_region must be one of {adacl_math.CANDIDATE_REGIONS}, got {region!r}")
     with one_cpu_thread(logits.device):
         row_index = positive_col
         reference = _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
@@ -512,7 +512,7 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         if region == "all":  # log-odds 0 s^2 + 0 s + 1 > 0: every negative
             coefficients = tuple(torch.full((), c, dtype=torch.float64, device=logits.device) for c in (0.0, 0.0, 1.0))
         else:
-            coefficients = adacl.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
+            coefficients = adacl_math.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
         lower = reference[2] if region == "upper" else None
         median = None
         if anchor_stat == "median" and not row_passes.reading_back_is_free(logits.device):

@@ -1,13 +1,13 @@
 """AdaCL's steps as the method states them (docs/method.md §3.1-3.7 and §4): dense, on one process, in
 probabilities where the paper has them. The loss never calls these: it computes the same quantities across
-ranks (`open_clip_adacl.selection`) and through the log-odds forms of `open_clip_adacl.adacl`; the tests
+ranks (`open_clip_adacl.selection`) and through the log-odds forms of `open_clip_adacl.adacl_math`; the tests
 check it against them.
 """
 from typing import Optional, Tuple
 
 import torch
 
-from open_clip_adacl.adacl import (ANCHOR_STATS, SALIENT_KINDS, Scalar, anchor_log_odds, calibrated_eps_log_odds,
+from open_clip_adacl.adacl_math import (ANCHOR_STATS, SALIENT_KINDS, Scalar, anchor_log_odds, calibrated_eps_log_odds,
                                    margins_from_log_odds, negative_mask)
 
 

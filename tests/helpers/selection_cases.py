@@ -26,18 +26,18 @@ def algorithm_1_anchor_row(logits, std_floor):
     """Row u of Algorithm 1's median-gap anchor on one process, from the method's dense definitions
     (`helpers.adacl_reference`; docs/method.md §3.1-3.5: max salient score, GDA candidates), without gradient.
     `logits`: rows x C, row i's positive in column i (extra negative columns after the batch's)."""
-    from open_clip_adacl import adacl
+    from open_clip_adacl import adacl_math
 
     from helpers import adacl_reference as reference
 
     with torch.no_grad():
         logits = logits.detach()
         labels = torch.arange(logits.shape[0])
-        negatives = adacl.negative_mask(*logits.shape, labels)
+        negatives = adacl_math.negative_mask(*logits.shape, labels)
         most, least = reference.reference_rows(reference.salient_scores(logits, labels, "max"))
-        mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)   # S_sln: not clone
-        mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)  # S_cln: clone
-        candidates = adacl.clone_candidate_mask(logits, labels, mu_c, sigma_c, mu_n, sigma_n, 1.0, "gda")
+        mu_n, sigma_n = adacl_math.gaussian_fit(logits[most], negatives[most], std_floor)   # S_sln: not clone
+        mu_c, sigma_c = adacl_math.gaussian_fit(logits[least], negatives[least], std_floor)  # S_cln: clone
+        candidates = adacl_math.clone_candidate_mask(logits, labels, mu_c, sigma_c, mu_n, sigma_n, 1.0, "gda")
         assert candidates.any()
         _, row, _ = reference.anchor_statistic(reference.positive_gaps(logits, labels), candidates, "median")
     return row

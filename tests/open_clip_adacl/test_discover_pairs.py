@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, row_passes
+from open_clip_adacl import adacl_math, row_passes
 from open_clip_adacl.discovery import clone_pairs
 from open_clip_adacl.distributed import RowGroup
 
@@ -30,15 +30,15 @@ def small_chunks(monkeypatch):
     monkeypatch.setitem(row_passes.CHUNK_ELEMENTS, "cpu", 5 * N)
 
 
-@pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
-@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
+@pytest.mark.parametrize("salient", adacl_math.SALIENT_KINDS)
+@pytest.mark.parametrize("region", adacl_math.CANDIDATE_REGIONS)
 def test_the_listed_pairs_are_the_selections_candidates(salient, region):
     logits = _logits()
     positive_col = torch.arange(N)
     found = _pairs(logits, positive_col, salient=salient, region=region)
     # The loss's own count, and the dense definition under the loss's fits, pair for pair.
     assert found.row.numel() == found.selection.num_candidates.item() > 0
-    expected = adacl.clone_candidate_mask(logits, positive_col, *found.selection.reference, region=region)
+    expected = adacl_math.clone_candidate_mask(logits, positive_col, *found.selection.reference, region=region)
     assert torch.equal(torch.stack([found.row, found.col]), torch.stack(expected.nonzero(as_tuple=True)))
     assert (found.row != found.col).all()
     assert torch.equal(found.score, logits[found.row, found.col].double())

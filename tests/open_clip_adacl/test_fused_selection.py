@@ -14,7 +14,7 @@ import torch
 
 from helpers import TESTS
 from helpers.selection_cases import random_logits, select_anchor
-from open_clip_adacl import adacl, create_loss, fused, row_passes, selection
+from open_clip_adacl import adacl_math, create_loss, fused, row_passes, selection
 
 FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
 # The compiled median on the device path: three passes over the logits, no key matrix.
@@ -63,11 +63,11 @@ def _both_selections(monkeypatch, logits, **kwargs):
     return eager, compiled
 
 
-@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+@pytest.mark.parametrize("region", adacl_math.CANDIDATE_REGIONS)
+@pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)
 def test_fused_selections_are_bit_identical_to_eager(anchor_stat, region, path, monkeypatch):
     for case, logits in enumerate(_random_cases()):
-        for salient in adacl.SALIENT_KINDS:
+        for salient in adacl_math.SALIENT_KINDS:
             eager, compiled = _both_selections(monkeypatch, logits, salient=salient, anchor_stat=anchor_stat,
                                                region=region)
             for field in FIELDS:

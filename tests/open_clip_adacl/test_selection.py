@@ -1,5 +1,5 @@
 """`selection.py`: the exact global anchor selection, against the dense single-process definitions of
-adacl.py (in fp64 for low-precision inputs), on NaN, signed zeros and empty candidate sets, and on
+adacl_math.py (in fp64 for low-precision inputs), on NaN, signed zeros and empty candidate sets, and on
 3 gloo ranks holding unequal numbers of rows (one of them none)."""
 import pytest
 import torch
@@ -8,20 +8,20 @@ import torch.nn.functional as F
 from helpers.distributed_utils import run_on_ranks
 from helpers.selection_cases import LOCAL, SCALE, random_logits, select_anchor
 from helpers import adacl_reference as reference
-from open_clip_adacl import DistributedSetup, adacl, create_loss, fused, row_passes, selection
+from open_clip_adacl import DistributedSetup, adacl_math, create_loss, fused, row_passes, selection
 from open_clip_adacl.distributed import RowGroup
 from open_clip_adacl.radix_select import first_row_with_key, radix_select
 
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
-    """docs/method.md §3.1-3.5 with adacl.py's dense functions."""
+    """docs/method.md §3.1-3.5 with adacl_math.py's dense functions."""
     scores = reference.salient_scores(logits.double(), positive_col, salient)
     most, least = reference.reference_rows(scores)
-    negatives = adacl.negative_mask(*logits.shape, positive_col)
-    mu_c, sigma_c = adacl.gaussian_fit(logits[least], negatives[least], std_floor)
-    mu_n, sigma_n = adacl.gaussian_fit(logits[most], negatives[most], std_floor)
-    mask = adacl.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
+    negatives = adacl_math.negative_mask(*logits.shape, positive_col)
+    mu_c, sigma_c = adacl_math.gaussian_fit(logits[least], negatives[least], std_floor)
+    mu_n, sigma_n = adacl_math.gaussian_fit(logits[most], negatives[most], std_floor)
+    mask = adacl_math.clone_candidate_mask(logits, positive_col, mu_c, sigma_c, mu_n, sigma_n, region=region)
     gap, row, _ = reference.anchor_statistic(reference.positive_gaps(logits, positive_col), mask, anchor_stat)
     return gap, row, mask.sum()
 
@@ -52,7 +52,7 @@ def test_summarize_rows_matches_dense():
     logits = torch.randn(6, 11, generator=g) * 5
     positive_col = torch.tensor([3, 0, 7, 10, 1, 5])
     summary = selection.summarize_rows(logits, positive_col, with_mean=True)
-    negatives = adacl.negative_mask(6, 11, positive_col)
+    negatives = adacl_math.negative_mask(6, 11, positive_col)
     torch.testing.assert_close(summary.positive, logits.gather(1, positive_col[:, None]).squeeze(1))
     torch.testing.assert_close(summary.negative_max, logits.masked_fill(~negatives, float("-inf")).amax(1))
     torch.testing.assert_close(summary.negative_lse, logits.masked_fill(~negatives, float("-inf")).logsumexp(1))
@@ -139,7 +139,7 @@ def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lowe
         assert torch.equal(cpu_result, device_result)
     x = logits.double()
     log_odds = (coefficients[0] * x + coefficients[1]) * x + coefficients[2]
-    expected = (log_odds > 0) & adacl.negative_mask(48, 48, positive_col)
+    expected = (log_odds > 0) & adacl_math.negative_mask(48, 48, positive_col)
     expected &= torch.isfinite(positive[:, None] - logits) & ((x > lower) if lower is not None else True)
     assert torch.equal(_candidates(on_cpu[0]), expected)
     assert on_cpu[1] == expected.sum()
@@ -156,7 +156,7 @@ def test_nan_and_zero_log_odds_are_never_candidates(path):
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 1.0, 0.0))
     keys, count, _ = selection.candidate_keys(logits, positive, positive_col, coefficients)
     gaps = positive[:, None] - logits
-    expected = (logits > 0) & adacl.negative_mask(*logits.shape, positive_col) & torch.isfinite(gaps)
+    expected = (logits > 0) & adacl_math.negative_mask(*logits.shape, positive_col) & torch.isfinite(gaps)
     assert torch.equal(_candidates(keys), expected)
     assert count == expected.sum() == 4  # 1.0, 1e-40 (a subnormal), 2.0, 3.0
 
@@ -172,12 +172,12 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
     for anchor_stat, k in (("min", torch.tensor(0)), ("median", (count - 1) // 2)):
         key = radix_select(keys, k, LOCAL, high_counts)
         row = first_row_with_key(keys, key, positive_col, LOCAL)
-        dense_gap, dense_row, _ = reference.anchor_statistic(gaps, adacl.negative_mask(3, 3, positive_col), anchor_stat)
+        dense_gap, dense_row, _ = reference.anchor_statistic(gaps, adacl_math.negative_mask(3, 3, positive_col), anchor_stat)
         assert (row.item(), key.view(torch.float32).item()) == (dense_row.item(), dense_gap.item()), anchor_stat
     assert not torch.signbit(selection.candidate_gaps(keys, 1.0)[1, 0])  # stored as +0.0
 
 
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+@pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)
 def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
     logits = random_logits()
     chosen = select_anchor(logits, torch.arange(48), anchor_stat=anchor_stat, prior_ratio=1e30)  # posterior < 1/2
@@ -186,8 +186,8 @@ def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
 
 # --- the whole selection against the dense pipeline ---------------------------------------------------
 
-@pytest.mark.parametrize("salient", adacl.SALIENT_KINDS)
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+@pytest.mark.parametrize("salient", adacl_math.SALIENT_KINDS)
+@pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)
 def test_select_anchor_matches_dense_pipeline(salient, anchor_stat, path):
     logits = random_logits()
     positive_col = torch.arange(48)
@@ -200,7 +200,7 @@ def test_select_anchor_matches_dense_pipeline(salient, anchor_stat, path):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("anchor_stat", adacl.ANCHOR_STATS)
+@pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)
 def test_low_precision_logits_select_what_fp64_selects(dtype, anchor_stat, path):
     logits = random_logits(seed=3).to(dtype)
     positive_col = torch.arange(48)
@@ -221,7 +221,7 @@ def _rank_selects(rank, world_size, logits):
     rows = slice(start, start + ROW_SPLIT[rank])
     positive_col = torch.arange(logits.shape[0])[rows]
     results = {(salient, stat): select_anchor(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
-               for salient in adacl.SALIENT_KINDS for stat in adacl.ANCHOR_STATS}
+               for salient in adacl_math.SALIENT_KINDS for stat in adacl_math.ANCHOR_STATS}
     loss_fn = create_loss("adacl", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=True,
                                                          gather_with_grad=True))
     features = F.normalize(torch.randn(ROW_SPLIT[rank], 8), dim=-1)
@@ -238,8 +238,8 @@ def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(
     monkeypatch.setenv(fused.ENV_VARIABLE, fused_passes)  # the spawned ranks inherit it
     logits = random_logits(n=sum(ROW_SPLIT), seed=4)
     per_rank = run_on_ranks(_rank_selects, len(ROW_SPLIT), logits)
-    for salient in adacl.SALIENT_KINDS:
-        for stat in adacl.ANCHOR_STATS:
+    for salient in adacl_math.SALIENT_KINDS:
+        for stat in adacl_math.ANCHOR_STATS:
             expected = select_anchor(logits, torch.arange(logits.shape[0]), salient=salient, anchor_stat=stat)
             assert expected.num_candidates > 0
             for result in per_rank:
@@ -250,7 +250,7 @@ def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(
         assert "different local batch sizes (between 0 and 7 rows)" in result["loss"]
 
 
-@pytest.mark.parametrize("region", adacl.CANDIDATE_REGIONS)
+@pytest.mark.parametrize("region", adacl_math.CANDIDATE_REGIONS)
 def test_select_anchor_matches_dense_pipeline_in_every_candidate_region(region, path):
     logits = random_logits(seed=3)
     positive_col = torch.arange(48)

@@ -2,7 +2,6 @@
 real run folders."""
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -65,16 +64,42 @@ def test_a_fine_tuning_run_records_the_checkpoint_it_starts_from_and_its_data_se
     assert pretrained_identity(["--pretrained", "openai"]) == {"path": "openai", "sha256": None, "data_seed": None}
 
 
-def test_clone_study_refuses_a_pretraining_checkpoint_of_another_data_seed(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import clone_study
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    checkpoint = _pretraining_run(tmp_path, 0)
-    with pytest.raises(SystemExit, match=r"pretrained on scenes of data seed 0, not 1; remove its run folder"):
-        clone_study.check_pretrained_data_seed(checkpoint, 1)
-    clone_study.check_pretrained_data_seed(checkpoint, 0)
+def test_a_run_folder_is_reused_only_for_the_recipe_seed_data_seed_and_code_it_recorded(tmp_path):
+    identity = provenance.training_identity("glyphs-pretrain", 1000, 0)
+    assert identity == {"recipe": "glyphs-pretrain", "seed": 1000, "data_seed": 0, "code": provenance.code_version()}
+    run = tmp_path / "pretrain" / "clip-seed1000"
+    provenance.check_or_record_identity(run, identity)  # a new folder: recorded
+    assert json.loads((run / provenance.IDENTITY_NAME).read_text()) == identity
+    provenance.check_or_record_identity(run, identity)  # the same training: reusable
+    with pytest.raises(ValueError, match=r"was trained otherwise \(seed 1000 there, 1001 here\); remove it to train"):
+        provenance.check_or_record_identity(run, {**identity, "seed": 1001})
+    with pytest.raises(ValueError, match=r"\(code '.*' there, 'git 0000000000' here\)"):
+        provenance.check_or_record_identity(run, {**identity, "code": "git 0000000000"})
+    with pytest.raises(ValueError, match=r"\(recipe 'glyphs-pretrain' there, 'demo' here; data_seed 0 there, 1 here\)"):
+        provenance.check_or_record_identity(run, {**identity, "recipe": "demo", "data_seed": 1})
+
+
+@pytest.mark.parametrize("script", ["glyph_benchmark", "clone_study"])
+def test_a_study_does_not_reuse_a_pretraining_that_recorded_no_identity(tmp_path, monkeypatch, script):
+    """A finished pretraining folder from before identities were recorded (its final checkpoint there) is
+    refused, not fine-tuned from: what it trained on cannot be checked."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    study = __import__(script)
+    if script == "glyph_benchmark":
+        run, pretrain = tmp_path / "pretrain" / f"clip-seed{study.PRETRAIN_SEED}", lambda: study.pretrain(
+            tmp_path, {"seed": study.DATA_SEED})
+    else:
+        regime = study.REGIMES["transfer"]
+        run = tmp_path / "pretrain" / f"clip-{regime.pretrain_combinations}-seed{study.TRANSFER_PRETRAIN_SEED}"
+        monkeypatch.setattr(study, "write_scenes", lambda folder, *args: (folder.mkdir(parents=True), (
+            folder / "manifest.json").write_text(json.dumps({"seed": study.TRANSFER_PRETRAIN_DATA_SEED}))))
+        pretrain = lambda: study.pretrain(regime, tmp_path)  # noqa: E731
+    epochs = study.recipe_values(study.PRETRAIN_RECIPE, world_size=1)["epochs"]
+    checkpoint = RunDir(run).epoch_checkpoint(epochs)
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"weights of unknown origin")
+    with pytest.raises(SystemExit, match=rf"error: {run} records no identity.json .*; remove it to train again"):
+        pretrain()
 
 
 def test_study_traces_name_every_run_uniquely_across_comparisons(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
+from training.trainer.run_folder.checkpoint_digest import with_digest
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.trainer.run_folder.layout import RunDir
 from training.main import main
@@ -46,6 +47,16 @@ def test_dry_run_names_a_missing_or_unreadable_pretrained_file(demo_shards, tmp_
     garbage.write_text("not a checkpoint")
     message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--pretrained", str(garbage)))
     assert f"--pretrained {garbage}: cannot be read as a checkpoint" in message
+
+
+def test_dry_run_refuses_a_pretrained_checkpoint_whose_contents_do_not_match_its_digest(demo_shards, tmp_path):
+    payload = with_digest({"state_dict": build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model.state_dict()})
+    payload["state_dict"]["logit_scale"] += 1  # changed after the digest was taken, as a bad copy would
+    damaged = tmp_path / "damaged.pt"
+    torch.save(payload, damaged)
+    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--pretrained", str(damaged)))
+    assert message.startswith(f"--pretrained {damaged}: its contents do not match the digest written with it")
+    assert message.endswith("copy it again from where it was written, or pass another checkpoint")
 
 
 def test_dry_run_accepts_a_state_dict_file(demo_shards, tmp_path, capsys):

@@ -3,7 +3,7 @@
 Per direction (image-to-text "i2t", text-to-image "t2i") and per batch:
 1. select an anchor over the global batch (selection.py: salient scores, reference rows, GDA clone
    candidates, the median / mean / min / max candidate gap and the row u that owns it);
-2. compute the margins without gradient (adacl.py): Algorithm 1's closed forms (`literal` mode) or
+2. compute the margins without gradient (adacl_math.py): Algorithm 1's closed forms (`literal` mode) or
    the calibrated, bounded and smoothed variant (`calibrated` mode, docs/method.md §4 and §4b);
 3. replace every row's positive logit t s_ii by m1 (s_ii - m2); the negatives' logits and the
    averaging of the two directions' cross-entropies are ClipLoss's.
@@ -26,7 +26,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .. import adacl, fused, row_passes
+from .. import adacl_math, fused, row_passes
 from ..selection import (AnchorSelection, RowSummary, row_value_from_owner, select_anchor,
                          summarize_rows)
 from ..state import last_occurrence
@@ -129,31 +129,31 @@ class AdaCLLoss(ContrastiveLoss):
             "CL's, in (0, 1); smaller sharpens more")
         anchor_stat: str = option(
             "median", "statistic of the clone candidates' gaps s_ii - s_ij that picks the anchor (the paper's "
-            "ablation: median best, max worst)", choices=adacl.ANCHOR_STATS)
+            "ablation: median best, max worst)", choices=adacl_math.ANCHOR_STATS)
         salient: str = option(
-            "max", "salient score of a query: s_ii - max (or mean) of its negatives", choices=adacl.SALIENT_KINDS)
+            "max", "salient score of a query: s_ii - max (or mean) of its negatives", choices=adacl_math.SALIENT_KINDS)
         anchor_prob: str = option(
             "vanilla", "p_u of the anchor pair: its vanilla probability, or 'progressive': its probability under "
-            "the previous step's margins", choices=adacl.ANCHOR_PROBS)
+            "the previous step's margins", choices=adacl_math.ANCHOR_PROBS)
         margin_grad: str = option(
             "detached", "literal mode: 'detached': m1, m2 are constants of each step; 'closed_form': the loss's "
             "gradient flows through the closed forms m1(a, log Z_u), m2(a, log Z_u) to the anchor row's "
             "features and the temperature (the selection stays non-differentiable; docs/method.md §3.7)",
-            choices=adacl.MARGIN_GRADS)
+            choices=adacl_math.MARGIN_GRADS)
         anchor_value: str = option(
             "positive", "the anchor a of the closed forms: 'positive': the owning row's positive cosine s_uu; "
             "'gap': the selected candidate gap itself, as the method text names the anchor (docs/method.md §3.5)",
-            choices=adacl.ANCHOR_VALUES)
+            choices=adacl_math.ANCHOR_VALUES)
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         boundary: float = option(
             1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by --adacl-boundary-kind fixed")
         boundary_kind: str = option(
             "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the anchor plus the anchor's "
             "clone gap, so the sharpening follows how close clone negatives sit (docs/adacl.md)",
-            choices=adacl.BOUNDARY_KINDS)
+            choices=adacl_math.BOUNDARY_KINDS)
         candidate_region: str = option(
             "upper", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' (its part above the "
-            "not-clone mean), 'all' (no discovery: every negative; a control)", choices=adacl.CANDIDATE_REGIONS)
+            "not-clone mean), 'all' (no discovery: every negative; a control)", choices=adacl_math.CANDIDATE_REGIONS)
         queue_size: int = option(
             0, "FIFO of past batches' (detached, gathered) features used as extra negatives, in the anchor "
             "statistics and in the denominator; 0 disables it")
@@ -169,7 +169,7 @@ class AdaCLLoss(ContrastiveLoss):
             None, "gradient of the modulated positive m1 (s - m2): 'fixed' (slope m1, none to logit_scale, as "
             "Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to logit_scale), 'balanced' (vanilla's "
             "gradient; the margins act as a per-row logit offset); default: 'fixed' in literal mode, 'balanced' in "
-            "calibrated mode", choices=(None,) + adacl.POSITIVE_GRADS)
+            "calibrated mode", choices=(None,) + adacl_math.POSITIVE_GRADS)
         max_scale_ratio: float = option(4.0, "calibrated mode: upper bound of m1 / logit_scale (>= 1)")
         max_offset: float = option(1.0, "calibrated mode: upper bound of m2 (lower bound 0)")
         anchor_min: float = option(0.0, "calibrated mode: the anchor similarity is clamped to at least this")
@@ -375,9 +375,9 @@ class AdaCLLoss(ContrastiveLoss):
         m1, m2 = margins.m1, margins.m2
         if self.options.margin_grad == "closed_form":
             m1, m2 = self._differentiable_margins(batch, direction, margins)
-            modulated_logit = adacl.closed_form_positive(similarity, m1, m2)
+            modulated_logit = adacl_math.closed_form_positive(similarity, m1, m2)
         else:
-            modulated_logit = adacl.modulated_positive(similarity, batch.logit_scale, m1, m2, self.positive_grad)
+            modulated_logit = adacl_math.modulated_positive(similarity, batch.logit_scale, m1, m2, self.positive_grad)
         if batch.logit_bias is not None:
             modulated_logit = modulated_logit + batch.logit_bias
         # A fallback step uses vanilla's t * s_ii (from the features: gathering it from the logits
@@ -396,14 +396,14 @@ class AdaCLLoss(ContrastiveLoss):
         columns = batch.candidate_features(direction)
         if direction in self._extra_columns:  # log Z_u sums over the extra negatives too
             columns = torch.cat([columns, self._extra_columns[direction]])
-        anchor, log_z_u = adacl.anchor_row_terms(queries.index_select(0, row.view(1))[0], columns, row,
+        anchor, log_z_u = adacl_math.anchor_row_terms(queries.index_select(0, row.view(1))[0], columns, row,
                                                  batch.logit_scale)
         modulated = margins.modulated
         zero = torch.zeros((), dtype=torch.float64, device=anchor.device)
         # Inputs of a fallback step are replaced, not only its outputs: the closed forms of a degenerate row may
         # be infinite, and a discarded infinite branch still poisons the gradient of torch.where.
-        anchor = torch.where(modulated, adacl.with_gradient_of(margins.anchor, anchor), zero)
-        log_z_u = torch.where(modulated, adacl.with_gradient_of(margins.log_z_u, log_z_u), zero)
+        anchor = torch.where(modulated, adacl_math.with_gradient_of(margins.anchor, anchor), zero)
+        log_z_u = torch.where(modulated, adacl_math.with_gradient_of(margins.log_z_u, log_z_u), zero)
         scale = batch.logit_scale.double()
         closed = self._closed_forms(DIRECTIONS.index(direction), anchor, log_z_u, scale, margins.gap)
         return torch.where(modulated, closed.m1, scale), torch.where(modulated, closed.m2, zero)
@@ -420,7 +420,7 @@ class AdaCLLoss(ContrastiveLoss):
         logits, labels = batch.logits(direction), batch.labels
         scale = batch.logit_scale.detach().double()
         bias = 0.0 if batch.logit_bias is None else batch.logit_bias.detach().double()
-        vanilla_m1, vanilla_m2 = adacl.vanilla_margins(batch.logit_scale)
+        vanilla_m1, vanilla_m2 = adacl_math.vanilla_margins(batch.logit_scale)
         zero = torch.zeros((), dtype=torch.float64, device=logits.device)
         if selection is None:  # fewer than MIN_ROWS rows
             failed = torch.tensor([True, False, False, False], device=logits.device)
@@ -456,7 +456,7 @@ class AdaCLLoss(ContrastiveLoss):
         return DirectionMargins(m1, m2, modulated, selection.row, anchor, log_z_u, gap)
 
     def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor,
-                      gap: torch.Tensor) -> adacl.Margins:
+                      gap: torch.Tensor) -> adacl_math.Margins:
         """Literal or calibrated margins; `gap` (cosine) sets the boundary when boundary_kind is 'gap'."""
         options = self.options
         previous_m1: Optional[torch.Tensor] = None
@@ -468,9 +468,9 @@ class AdaCLLoss(ContrastiveLoss):
             previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
         gap_or_none = gap if options.boundary_kind == "gap" else None
         if options.mode == "literal":
-            return adacl.literal_margins(anchor, log_z_u, scale, options.eps, options.boundary, previous_m1,
+            return adacl_math.literal_margins(anchor, log_z_u, scale, options.eps, options.boundary, previous_m1,
                                          previous_m2, gap=gap_or_none)
-        return adacl.calibrated_margins(
+        return adacl_math.calibrated_margins(
             anchor, log_z_u, scale, options.rho, options.boundary, anchor_min=options.anchor_min,
             anchor_max=options.anchor_max, max_scale_ratio=options.max_scale_ratio, max_offset=options.max_offset,
             previous_m1=previous_m1, previous_m2=previous_m2, gap=gap_or_none)
@@ -478,7 +478,7 @@ class AdaCLLoss(ContrastiveLoss):
     def _smoothed(self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor,
                   modulated: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Moving average of (m1/t, m2) over modulated steps; a fallback step leaves it untouched."""
-        average = adacl.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.options.ema,
+        average = adacl_math.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.options.ema,
                                    self.ema_valid[index])
         if self._update_state:
             kept = torch.where(modulated, average, self.ema_margins[index])

@@ -4,7 +4,7 @@ The oracle (`oracle`) shows what knowing each query's clone negatives buys: a ne
 family counts `weight` times in the softmax denominator. AdaCL's discovery (docs/method.md §3.1-3.3) guesses
 the same thing without labels: two Gaussians fitted over the global batch (the least salient row's negatives,
 class clone; the most salient row's, class not clone) give each negative score s_ij a posterior
-p_ij = p(clone | s_ij) (`adacl.gda_posterior`). This loss weights each negative by the oracle's weight in
+p_ij = p(clone | s_ij) (`adacl_math.gda_posterior`). This loss weights each negative by the oracle's weight in
 expectation under that posterior,
 
     w_ij = 1 + (weight - 1) p_ij,    i.e. log w_ij added to the negative's logit,
@@ -26,7 +26,7 @@ from typing import Dict
 
 import torch
 
-from .. import adacl, clone_signals
+from .. import adacl_math, clone_signals
 from ..selection import batch_reference, summarize_rows
 from .base import ContrastiveLoss, GlobalBatch
 from .options import LossOptions, option
@@ -53,7 +53,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         weight: float = option(16.0, "how many times a negative counts when its clone posterior is 1 (the oracle's "
                                      "weight for a true clone; 1: exactly clip)")
         salient: str = option("max", "salient score of a query for the reference rows: s_ii - max (or mean) of its "
-                                     "negatives", choices=adacl.SALIENT_KINDS)
+                                     "negatives", choices=adacl_math.SALIENT_KINDS)
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         std_floor: float = option(1e-4, "floor of the reference fits' std, in cosine units")
         discovery: str = option("gda", "the clone signal that gives p (docs/clone_signals.md): gda is AdaCL's "
@@ -107,7 +107,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         reference = batch_reference(scores, summary, batch.labels, batch.rows, salient=options.salient,
                                     std_floor=floor)
         positive = batch.positive_mask()
-        posterior = adacl.gda_posterior(scores.double(), *reference, prior_ratio=options.prior_ratio)
+        posterior = adacl_math.gda_posterior(scores.double(), *reference, prior_ratio=options.prior_ratio)
         log_weight = posterior_log_weights(posterior, positive, options.weight).to(logits.dtype)
         with torch.no_grad():
             self.stats.update(self._direction_stats(batch, direction, scores, posterior, log_weight, positive,

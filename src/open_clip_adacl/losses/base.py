@@ -3,8 +3,8 @@
 `Loss` fixes the interface the trainer relies on (OpenCLIP's `ClipLoss.forward` signature plus
 `sample_index` and, for a loss that `needs_family`, `family`; `stats`, `on_epoch_start`, `commit`)
 and what a loss declares about itself: its `Options` dataclass and its capabilities.
-`ContrastiveLoss` is InfoNCE over the global batch with OpenCLIP's `ClipLoss` semantics in both
-distributed regimes; losses that change the logits (AdaCL's positive margins, GloFND's masks,
+`ContrastiveLoss` is InfoNCE over the global batch with OpenCLIP's `ClipLoss` semantics with full
+logits and with `local_loss`; losses that change the logits (AdaCL's positive margins, GloFND's masks,
 FNE's weights, the oracle's family weights) override `adjust_logits` only.
 """
 from __future__ import annotations
@@ -104,8 +104,8 @@ def _drop_staged_updates(loss: Loss, inputs) -> None:
 class GlobalBatch:
     """The similarities this rank holds, and what a loss needs to reason about the global batch.
 
-    Rows are queries, columns the N candidates of the global batch. In the full-logits regime
-    every rank holds all N rows; with `local_loss` a rank holds its own b rows.
+    Rows are queries, columns the N candidates of the global batch. With full logits (OpenCLIP's
+    default) every rank holds all N rows; with `local_loss` a rank holds its own b rows.
     """
 
     image_features: torch.Tensor      # rows x D, this rank's queries (image side)

@@ -5,4 +5,4 @@ from .registry import register_loss
 
 @register_loss("clip")
 class ClipLoss(ContrastiveLoss):
-    """Vanilla CLIP loss; equals `open_clip.ClipLoss` in value and gradient in both regimes."""
+    """Vanilla CLIP loss; equals `open_clip.ClipLoss` in value and gradient, with full logits and with local_loss."""

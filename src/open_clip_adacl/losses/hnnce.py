@@ -9,7 +9,7 @@ See docs/peers.md §5. Per direction, with logits `l_ij` (logit_scale * cosine, 
 so alpha = 1, beta = 0 is InfoNCE. It is the cross-entropy over the logits `l_ij + log w_ij`
 (negatives) and `l_ii + log alpha` (positive), plus `log alpha`. The weights are functions of
 the logits and carry gradient, as in the paper's formula (our choice; docs/losses.md). Every row
-holds all N columns in both distributed regimes, so the loss is exact over the global batch.
+holds all N columns with full logits and with local_loss, so the loss is exact over the global batch.
 """
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-import torch
 from tqdm import tqdm
 
 from open_clip_adacl.losses.adacl import AdaCLLoss
@@ -21,6 +20,7 @@ from ..trainer.data import DataConfig, DataError, get_data_source, global_batch,
 from ..trainer.data.registry import makes_its_own_samples
 from ..trainer.flags import config_from_args
 from ..trainer.distributed import DistributedEnv, barrier, broadcast_object, init_distributed, shutdown
+from ..trainer.run_folder.checkpoint_files import load_checkpoint
 from ..trainer.run_folder.logger import setup_logging
 from ..trainer.launch.tool_flags import add_trainer_flags
 from ..trainer.engine.precision import build_precision
@@ -105,7 +105,7 @@ def discovery_options(args: argparse.Namespace) -> DiscoveryOptions:
     validated by AdaCLLoss.Options itself."""
     recorded = {}
     if args.checkpoint:
-        checkpoint_args = torch.load(args.checkpoint, map_location="cpu", weights_only=True, mmap=True).get("args", {})
+        checkpoint_args = load_checkpoint(args.checkpoint, mmap=True).get("args", {})  # load_discovery_model read it
         if checkpoint_args.get("loss") == "adacl":
             recorded = {name: checkpoint_args[f"adacl_{name}"] for name in DISCOVERY_OPTIONS
                         if checkpoint_args.get(f"adacl_{name}") is not None}

@@ -26,6 +26,8 @@ import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-t
 
 from ..export import CONFIG_NAME, WEIGHTS_NAME, export
 from ..trainer.engine.model import check_pretrained
+from ..trainer.run_folder.checkpoint_digest import CheckpointDamaged
+from ..trainer.run_folder.checkpoint_files import load_checkpoint
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
@@ -85,7 +87,10 @@ def _from_checkpoint(path: Path, model_name: Optional[str], device: torch.device
     if not path.is_file():
         raise FileNotFoundError(f"--checkpoint {path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = load_checkpoint(path, mmap=True)
+    except CheckpointDamaged as error:
+        raise ValueError(f"--checkpoint {path}: {error}; copy it again from where it was written, or pass another "
+                         "checkpoint") from None
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
         raise ValueError(f"--checkpoint {path} cannot be read as a checkpoint ({type(error).__name__}); pass an "
                          f"epoch_N.pt written by training.main") from None
@@ -126,7 +131,7 @@ def _mismatch(model_name: str, path: str) -> str:
     missing = [name for name in expected if name not in found]
     example = (f", e.g. {shapes[0]} is {list(found[shapes[0]])} in the file but {list(expected[shapes[0]])} in "
                f"{model_name}" if shapes else "")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if path.endswith(".pt") else {}
+    checkpoint = load_checkpoint(path, mmap=True) if path.endswith(".pt") else {}  # check_pretrained read it whole
     recorded = checkpoint.get("args", {}).get("model") if isinstance(checkpoint, dict) else None
     fix = (f"it was trained as --model {recorded}: pass that, or --checkpoint {path} alone" if recorded
            else "pass the --model it was trained as")

@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from open_clip_adacl import adacl
+from open_clip_adacl import adacl_math
 
 from ..trainer.data import SKIP_REASONS
 from .batch import DIRECTIONS, HISTOGRAM_BINS
@@ -295,7 +295,7 @@ def _plot_fits(axis, direction: dict, edges, settings: Dict[str, object]) -> Non
         curve = torch.exp(-0.5 * ((grid - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
         axis.plot(grid.numpy(), curve.numpy(), color=color, linewidth=2, label=name)
     # The candidate region on the similarity axis: one query row over the grid, with no positive column.
-    region = adacl.clone_candidate_mask(grid[None, :], torch.tensor([-1]), mu_c, sigma_c, mu_n, sigma_n,
+    region = adacl_math.clone_candidate_mask(grid[None, :], torch.tensor([-1]), mu_c, sigma_c, mu_n, sigma_n,
                                         prior_ratio=settings["prior_ratio"], region=settings["candidate_region"])[0]
     top = axis.get_ylim()[1]
     axis.fill_between(grid.numpy(), 0, top, where=region.numpy(), color="#56b4e9", alpha=0.15, step="mid",

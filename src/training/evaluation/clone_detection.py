@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 import torch
 import webdataset as wds
 
-from open_clip_adacl import adacl
+from open_clip_adacl import adacl_math
 from open_clip_adacl.discovery import clone_pairs
 from open_clip_adacl.distributed import RowGroup
 
@@ -69,7 +69,7 @@ def detection_counts(similarities: torch.Tensor, siblings: torch.Tensor, *, sali
     positive_col = torch.arange(num_rows)
     flagged = clone_pairs(similarities, positive_col, RowGroup(split_across_ranks=False), salient=salient,
                           region=region, prior_ratio=1.0, std_floor=std_floor)
-    negatives = adacl.negative_mask(num_rows, similarities.shape[1], positive_col)
+    negatives = adacl_math.negative_mask(num_rows, similarities.shape[1], positive_col)
     return torch.tensor([flagged.row.numel(), siblings[flagged.row, flagged.col].sum(), (siblings & negatives).sum(),
                          negatives.sum()], dtype=torch.float64)
 
@@ -88,7 +88,7 @@ def evaluate_clone_detection(model: torch.nn.Module, preprocess: Callable, token
         text_features = model.encode_text(tokenizer(captions).to(device), normalize=True).float().cpu()
         similarities = image_features @ text_features.T
         siblings = families[:, None] == families[None, :]
-        for salient in adacl.SALIENT_KINDS:
+        for salient in adacl_math.SALIENT_KINDS:
             for region in REGIONS:
                 key = f"{salient}-{region}"
                 for direction in (similarities, similarities.T):

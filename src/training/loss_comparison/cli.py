@@ -146,14 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     overrides = parser.add_argument_group("budget overrides: the trainer's flags, replacing the budget's values "
                                           "(recorded in the report's command)")
     add_trainer_flags(overrides, ("recipe",), notes={"recipe": "Here: every run's flags, on the budget's data (e.g. "
-                                                               "clone-scratch: the clone study's scratch regime)."})
+                                                               "clone-scratch: the clone study's scratch setting)."})
     add_trainer_flags(overrides, BUDGET_FLAGS, defaults=dict.fromkeys(BUDGET_FLAGS))
     overrides.add_argument("--num-train", type=int, help="training scenes")
     overrides.add_argument("--train-args", type=shlex.split, default=None,
                            help="extra trainer flags every run gets, one quoted string (e.g. '--train-group-size 8 "
                                 "--caption-key weak')")
     overrides.add_argument("--pretrain-epochs", type=int,
-                           help="fine-tuning regime: first pretrain one `clip` model this many epochs, then every run "
+                           help="fine-tuning: first pretrain one `clip` model this many epochs, then every run "
                                 "fine-tunes it (--pretrained) at --lr")
     overrides.add_argument("--pretrain-lr", type=float, help="learning rate of that pretraining run")
     # What each job's process runs: --run-job trains and evaluates; an emitted job trains under torchrun,

@@ -34,7 +34,7 @@ class Budget:
     # Trainer flag values every run gets, by destination (e.g. {"train_group_size": 8}): a recipe's other
     # flags and the command line's --train-args, applied after the fields above.
     trainer_values: Mapping[str, Any] = field(default_factory=dict)
-    # Fine-tuning regime: > 0 first trains one `clip` model for this many epochs at `pretrain_lr`
+    # Fine-tuning: > 0 first trains one `clip` model for this many epochs at `pretrain_lr`
     # (seed PRETRAIN_SEED), then every run starts from it (--pretrained) at `lr`.
     pretrain_epochs: int = 0
     pretrain_lr: float = 2e-3

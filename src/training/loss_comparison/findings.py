@@ -4,6 +4,7 @@ comparison with the reference; the report (training.loss_comparison.report) puts
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatchcase
 from typing import Any, List, Mapping, Optional, Sequence
 
 from .jobs import BASELINE, OK
@@ -119,7 +120,7 @@ def primary_table(records: Sequence[Mapping[str, Any]], labels: Sequence[str], r
         if label == reference:
             continue
         difference = paired_difference(records, label, reference, preregistration.key)
-        verdict, why = primary_verdict(difference, preregistration.margin)
+        verdict, why = primary_verdict(difference, preregistration.margin, preregistration.helps_beyond_margin)
         cells = ["-", "-", "-"] if difference is None else [
             f"{difference.mean:+.4f}", difference.interval_text(0.95), difference.interval_text(0.90)]
         lines.append(f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
@@ -149,12 +150,14 @@ def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
                     preregistration: Preregistration) -> List[str]:
     where = (f"pre-registered in `{preregistration.source}`" if preregistration.source
              else "given on the command line (no pre-registration file)")
+    bound = f"+{preregistration.margin:g} (outside the margin)" if preregistration.helps_beyond_margin else "0"
     return [
         "## Primary endpoint", "",
         f"`{preregistration.endpoint}`: the per-run mean of {', '.join(preregistration.metrics)}; equivalence "
         f"margin ±{preregistration.margin:g}; reference `{reference}`; {where}. Each variant is paired with "
         f"`{reference}` seed for seed (runs where both are ok). Verdict: **helps** if the 95% paired-t interval of "
-        "(variant - reference) is above 0, **hurts** if below 0, else **no effect** if the 90% interval lies inside "
+        f"(variant - reference) is above {bound}, **hurts** if below {bound.replace('+', '-')}, else **no effect** if "
+        "the 90% interval lies inside "
         "±margin (TOST at 5%), else **inconclusive**. Fewer than 2 pairs, or zero variance (every pair differs by "
         "the same amount), give no interval and are inconclusive; a variant identical to the reference on every "
         "pair is no effect. *Pairs needed*: with the observed mean difference and spread, the pairs at which the "
@@ -162,18 +165,21 @@ def primary_section(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
         *primary_table(records, labels, reference, preregistration), ""]
 
 
-def secondary_keys(summaries: Sequence[VariantSummary], registered: bool) -> List[str]:
+def secondary_keys(summaries: Sequence[VariantSummary], registered: bool,
+                   family: Optional[Sequence[str]] = None) -> List[str]:
     """The paired metrics tested together as secondary endpoints (Holm's family).
 
-    `registered` (a study with a pre-registration file): exactly the registered family
-    (docs/preregistration.md, "Secondary metrics"), those of its metrics the runs have: per edit type the
-    clone-selection accuracy, the mean cosine margin and its 10th percentile; val R@1 both ways. Otherwise
+    `registered` (a comparison with a pre-registration file): exactly the registered family, those of its metrics
+    the runs have: `family` (names or shell patterns, in their order; the registration's `secondary_family`),
+    else the scenes' (docs/preregistration.md, "Secondary metrics"): per edit type the clone-selection
+    accuracy, the mean cosine margin and its 10th percentile; val R@1 both ways. Otherwise
     every paired metric the runs have. Logit margins (`_margin` without `cos`) are never in it: they are the
     cosine margins times each model's own logit scale, so they test the temperature as much as the clone
     handling (the clone table shows them)."""
     present = section_keys(summaries, PAIRED_PREFIXES)
     if registered:
-        return [key for key in SECONDARY_FAMILY if key in present]
+        return list(dict.fromkeys(key for pattern in family or SECONDARY_FAMILY for key in present
+                                  if fnmatchcase(key, pattern)))
     return [key for key in present if not key.endswith("_margin") or key.endswith("_cos_margin")]
 
 
@@ -218,7 +224,8 @@ def secondary_findings(tests: Mapping[str, Mapping[str, SecondaryTest]], summari
 def paired_section(records: Sequence[Mapping[str, Any]], summaries: Sequence[VariantSummary], reference: str,
                    preregistration: Preregistration) -> List[str]:
     tests = secondary_tests(records, [summary.label for summary in summaries], reference,
-                            secondary_keys(summaries, registered=bool(preregistration.source)))
+                            secondary_keys(summaries, registered=bool(preregistration.source),
+                                           family=preregistration.secondary_family))
     size = sum(len(by_key) for by_key in tests.values())
     return [
         f"## Paired against `{reference}`", "",

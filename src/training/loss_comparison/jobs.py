@@ -111,7 +111,7 @@ def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, dat
 
 
 def pretrain_job(budget: Budget, data: ComparisonData, output_dir: Path) -> RunJob:
-    """The fine-tuning regime's starting point: `clip` for `budget.pretrain_epochs` at `pretrain_lr`."""
+    """The fine-tuning settings' starting point: `clip` for `budget.pretrain_epochs` at `pretrain_lr`."""
     pretrain_budget = replace(budget, epochs=budget.pretrain_epochs, lr=budget.pretrain_lr)
     return make_job(LossVariant(BASELINE), PRETRAIN_SEED, pretrain_budget, data, output_dir, name_prefix="pretrain-")
 

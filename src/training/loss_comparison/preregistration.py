@@ -12,7 +12,10 @@ registration; `FILE#NAME` picks the one whose `"name"` is NAME (needed when the 
      "equivalence_margin": 0.02, "reference": "clip"}
 
 `reference` is optional (default `clip`); a JSON file holds one such object or a list of them.
-The report cites the file by path and uses its values.
+Two optional keys say what a registration's prose fixed beyond that: `"helps_beyond_margin": true` (helps
+and hurts need the 95% interval outside ±margin, not only outside 0; `stats.primary_verdict`) and
+`"secondary_family"`, the metrics of the Holm family as names or shell patterns (`clone/*_cos_margin`;
+default: the scenes' family, `findings.SECONDARY_FAMILY`). The report cites the file by path and uses its values.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 DEFAULT_REFERENCE = "clip"
 DEFAULT_MARGIN = 0.02
 ENDPOINT_PREFIX = "primary/"  # the endpoint's per-run value is the record metric `primary/<name>`
-FIELDS = ("name", "primary_endpoint", "equivalence_margin", "reference")
+FIELDS = ("name", "primary_endpoint", "equivalence_margin", "reference", "helps_beyond_margin", "secondary_family")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Preregistration:
     margin: float = DEFAULT_MARGIN  # equivalence margin: |difference| below it is no effect
     reference: Optional[str] = None  # None: `clip`, else the first variant
     source: Optional[str] = None    # the file it was read from (FILE or FILE#NAME); None: the command line
+    helps_beyond_margin: bool = False  # helps/hurts: the 95% interval outside ±margin (else: outside 0)
+    secondary_family: Optional[Tuple[str, ...]] = None  # metric names or patterns; None: the scenes' family
 
     @property
     def key(self) -> str:
@@ -114,7 +119,14 @@ def from_file(spec: str) -> Preregistration:
                          + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     name, metrics = parse_endpoint(entry["primary_endpoint"])
     margin = check_margin(entry.get("equivalence_margin", DEFAULT_MARGIN), f"--preregistration {spec}")
-    return Preregistration(name, metrics, margin, entry.get("reference", DEFAULT_REFERENCE), spec)
+    beyond_margin = entry.get("helps_beyond_margin", False)
+    family = entry.get("secondary_family")
+    if not isinstance(beyond_margin, bool) or not (family is None or isinstance(family, list) and family and all(
+            isinstance(pattern, str) and pattern for pattern in family)):
+        raise ValueError(f"--preregistration {spec}: helps_beyond_margin is true or false and secondary_family a "
+                         "non-empty list of metric names or patterns")
+    return Preregistration(name, metrics, margin, entry.get("reference", DEFAULT_REFERENCE), spec, beyond_margin,
+                           None if family is None else tuple(family))
 
 
 def resolve(file_spec: Optional[str], endpoint: Optional[str], margin: Optional[float], reference: Optional[str]

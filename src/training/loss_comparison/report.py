@@ -198,13 +198,16 @@ def report_sections(summaries: Sequence[VariantSummary], records: Sequence[Mappi
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
     flagged = flagged_runs(records) + [f"- `{name}`: **missing**: no record (not finished, or not started)"
                                        for name in missing]
-    criteria = CollapseCriteria()
     lines += ["## Flagged runs", "", *(flagged or ["None."]), "",
-              f"Per-run numbers: [{csv_name}]({csv_name}). Collapse criteria: the final val CLIP loss (ClipLoss within "
-              f"each val batch, whatever loss trained the model) within {criteria.loss_band:.0%} of its chance value "
-              f"ln(val batch) with mean val R@1 below {criteria.above_chance_factor:g} x chance, or mean val R@1 below "
-              f"{criteria.recall_factor:g} x chance.", ""]
+              f"Per-run numbers: [{csv_name}]({csv_name}). {collapse_rule_text()}", ""]
     return lines
+
+
+def collapse_rule_text(criteria: CollapseCriteria = CollapseCriteria()) -> str:
+    """The collapse rule `stats.assess_run` judges by, as a report's footer states it."""
+    return (f"Collapse criteria: the final val CLIP loss (ClipLoss within each val batch, whatever loss trained the "
+            f"model) within {criteria.loss_band:.0%} of its chance value ln(val batch) with mean val R@1 below "
+            f"{criteria.above_chance_factor:g} x chance, or mean val R@1 below {criteria.recall_factor:g} x chance.")
 
 
 RUN_FIELDS = ("label", "loss", "options", "seed", "name", "code", "verdict", "reasons", "train_seconds",
@@ -223,6 +226,23 @@ def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
                         "; ".join(record["reasons"]),
                         record.get("train_seconds"), record.get("eval_seconds"), record.get("wall_seconds")]
             writer.writerow([*identity, *(record["metrics"].get(key, "") for key in keys)])
+
+
+def read_runs_csv(path: Path) -> List[Dict[str, Any]]:
+    """The records `write_runs_csv` wrote (identity, verdict, reasons, timing, metrics), as a report's
+    committed per-run CSV holds them: what a study's summary is computed from when its run folders are not
+    committed. A failed run's `error` is its reasons."""
+    records = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            timing = {key: float(row[key]) if row.get(key) else None for key in RUN_FIELDS[8:]}
+            reasons = row["reasons"].split("; ") if row["reasons"] else []
+            records.append({
+                "label": row["label"], "loss": row["loss"], "options": json.loads(row["options"]),
+                "seed": int(row["seed"]), "name": row["name"], "code": row.get("code") or None, "verdict": row["verdict"],
+                "reasons": reasons, **timing,
+                "metrics": {key: float(value) for key, value in row.items() if key not in RUN_FIELDS and value != ""}})
+    return records
 
 
 def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
@@ -336,6 +356,28 @@ def write_plot(summaries: Sequence[VariantSummary], records: Sequence[Mapping[st
 
 
 KEEP_MARKER = "<!-- Everything below this line is kept when the loss comparison rewrites this file. -->"
+
+
+# The line a report rendered again from its per-run CSV carries above its sections (`rendered_again`).
+JUDGED_AGAIN = "**Judged again:** "
+
+
+def rendered_again(page: Path, records: Sequence[Mapping[str, Any]], preregistration: Preregistration,
+                   note: str) -> str:
+    """The report `page` with its header as first written (how, where and when its runs ran: up to `## Summary`,
+    without an earlier JUDGED_AGAIN line), then `JUDGED_AGAIN + note`, then every section rendered again from
+    `records` (its per-run CSV, `read_runs_csv`, when the run folders are not committed) and its plot redrawn
+    beside it; returns the new text, also written to `page`."""
+    header = "\n".join(line for line in page.read_text().split("\n## Summary", 1)[0].split("\n")
+                       if not line.startswith(JUDGED_AGAIN)).rstrip()
+    summaries = summarize(records)
+    plot = page.with_suffix(".png")
+    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
+    body = report_sections(summaries, records, plot.name if has_plot else None, f"{page.stem}_runs.csv",
+                           preregistration)
+    new_text = "\n".join([header, "", JUDGED_AGAIN + note, "", *body]) + kept_tail(page)
+    page.write_text(new_text)
+    return new_text
 
 
 def kept_tail(results_md: Path) -> str:

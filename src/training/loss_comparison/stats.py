@@ -12,7 +12,9 @@ reference, on seeds where both runs are ok:
   (95% paired-t interval of variant - reference entirely above 0), *hurts* (entirely below 0), *no
   effect* (the 90% interval entirely inside [-margin, +margin]: both one-sided tests of TOST reject at
   5%), else *inconclusive*; helps and hurts are checked first, so a difference that is significant but
-  inside the margin is reported as helps or hurts;
+  inside the margin is reported as helps or hurts. A registration that puts helps "above 0 and outside
+  the margin" (`beyond_margin`, docs/preregistration_glyphs.md) needs the 95% interval entirely above
+  +margin (hurts: below -margin); a significant difference inside the margin is then judged by TOST;
 - every metric of the registered secondary family (`findings.SECONDARY_FAMILY`: per edit type clone
   accuracy, cosine margin and its 10th percentile; val R@1) x variant is one secondary test
   (two-sided paired t), Holm-Bonferroni corrected over that whole family at a family-wise alpha of
@@ -51,7 +53,7 @@ class CollapseCriteria:
         not called collapsed by the loss band: with 512 val pairs a model at chance reaches 3 x chance (6 hits of
         2 x 512 at rate 1/512) in under 2% of runs, while a loss near ln(val batch) can also be a weak model
         whose logits are nearly flat (pseudo captions: CLIP's own val CLIP loss ranges 3.6-13.0 there). One rule
-        for every regime (docs/preregistration.md, second amendment).
+        for every setting (docs/preregistration.md, second amendment).
     """
 
     loss_band: float = 0.05
@@ -326,8 +328,10 @@ def pairs_needed(difference: PairedDifference, margin: float, power: float = 0.8
             smallest(margin - abs(difference.mean), 0.05, (1 - power) / 2))
 
 
-def primary_verdict(difference: Optional[PairedDifference], margin: float) -> Tuple[str, str]:
-    """(verdict, why) on the primary endpoint: helps, hurts, no effect or inconclusive (module docstring)."""
+def primary_verdict(difference: Optional[PairedDifference], margin: float, beyond_margin: bool = False
+                    ) -> Tuple[str, str]:
+    """(verdict, why) on the primary endpoint: helps, hurts, no effect or inconclusive (module docstring);
+    `beyond_margin`: helps and hurts need the 95% interval outside ±margin, not only outside 0."""
     if difference is None or difference.n < 2:
         pairs = 0 if difference is None else difference.n
         return INCONCLUSIVE, f"{pairs} pair{'s' * (pairs != 1)} (a paired interval needs 2)"
@@ -336,13 +340,20 @@ def primary_verdict(difference: Optional[PairedDifference], margin: float) -> Tu
     if difference.zero_variance:
         return INCONCLUSIVE, "zero variance: every pair differs by the same amount, so no interval can be estimated"
     low, high = difference.interval(0.95)
-    if low > 0:
+    if beyond_margin:
+        if low > margin:
+            return HELPS, f"the 95% interval is above +{margin:g}"
+        if high < -margin:
+            return HURTS, f"the 95% interval is below -{margin:g}"
+    elif low > 0:
         return HELPS, "the 95% interval is above 0" + (" (inside the margin)" if high < margin else "")
-    if high < 0:
+    elif high < 0:
         return HURTS, "the 95% interval is below 0" + (" (inside the margin)" if low > -margin else "")
     low, high = difference.interval(0.90)
     if -margin < low and high < margin:
         return NO_EFFECT, f"TOST: the 90% interval is inside ±{margin:g}"
+    if beyond_margin:
+        return INCONCLUSIVE, f"the 95% interval is not outside ±{margin:g} and the 90% interval is not inside it"
     return INCONCLUSIVE, f"the 95% interval holds 0 and the 90% interval is not inside ±{margin:g}"
 
 

@@ -3,7 +3,7 @@ alike a training split's captions are.
 
 The gold caption names every object and the relation (`caption`); `paraphrases` are two other true
 captions. Each sample also carries a *pseudo* caption from a generic captioner (`pseudo_caption`),
-for the paper's pseudo-caption regime: siblings that differ in a size or the relation share it
+for the paper's pseudo-caption setting: siblings that differ in a size or the relation share it
 exactly. `caption_likeness` measures this for the manifest (docs/data.md).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def pseudo_caption(description: Description) -> str:
     """A generic captioner's caption, one rule for every image: each object by its colour and its
     shape, joined by "and": "a red circle and an orange square".
 
-    True of the image but generic, like the pseudo captions of the paper's weakly supervised regime:
+    True of the image but generic, like the pseudo captions of the paper's weakly supervised setting:
     it never names a size or the relation, so one-edit siblings that differ only in those share their
     caption exactly (clone negatives that are also false negatives). Its words are the gold
     captions' own, so a model trained on it can be evaluated on gold captions. The manifest measures

@@ -76,7 +76,7 @@ class SceneConfig:
     combinations: which (colour, shape) pairs objects may have: "all", or one half of them, "even" or
         "odd" (`combination_allowed`: a checkerboard over COLORS x SHAPES, so each half has every colour
         and every shape). Pretraining on one half and fine-tuning and evaluating on the other is the
-        transfer regime: no evaluation image holds a pair seen in pretraining.
+        transfer setting: no evaluation image holds a pair seen in pretraining.
     """
 
     image_size: int = 32

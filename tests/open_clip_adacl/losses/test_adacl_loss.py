@@ -1,4 +1,4 @@
-"""The `adacl` loss: against dense references built from adacl.py, against ClipLoss, on degenerate
+"""The `adacl` loss: against dense references built from adacl_math.py, against ClipLoss, on degenerate
 batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/open_clip_adacl/test_selection.py.)"""
 import importlib.util
 import io
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import adacl_reference as reference
-from open_clip_adacl import adacl, create_loss
+from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import FALLBACK_REASONS
 from helpers import REPO
 
@@ -87,7 +87,7 @@ def _dense_modulated_loss(x, y, scale, stats, bias=0.0, positive_grad="scaled"):
         s = (q * c).sum(-1)
         m1 = stats[f"{direction}/m1"].float()
         m2 = stats[f"{direction}/m2"].float()
-        positive = adacl.modulated_positive(s, scale, m1, m2, positive_grad) + bias
+        positive = adacl_math.modulated_positive(s, scale, m1, m2, positive_grad) + bias
         logits = torch.where(torch.eye(len(s), dtype=torch.bool), positive[:, None].expand_as(logits), logits)
         total = total + F.cross_entropy(logits, torch.arange(len(s)))
     return total / 2
@@ -95,7 +95,7 @@ def _dense_modulated_loss(x, y, scale, stats, bias=0.0, positive_grad="scaled"):
 
 @pytest.mark.parametrize("mode", ["literal", "calibrated"])
 @pytest.mark.parametrize("bias", [0.0, -1.5])
-@pytest.mark.parametrize("positive_grad", adacl.POSITIVE_GRADS)
+@pytest.mark.parametrize("positive_grad", adacl_math.POSITIVE_GRADS)
 def test_loss_and_gradients_match_dense_modulated_cross_entropy(mode, bias, positive_grad):
     x, y = _features(seed=3)
     # The `gda` region: on these features its anchor gives valid literal closed forms in both directions.

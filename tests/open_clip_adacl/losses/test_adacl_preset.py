@@ -1,12 +1,12 @@
 """`--adacl-preset first-reading` (and `paper`): Algorithm 1 as docs/method.md §3 reads it, checked step by
-step against a plain re-computation from `open_clip_adacl.adacl` and the method's dense definitions
+step against a plain re-computation from `open_clip_adacl.adacl_math` and the method's dense definitions
 (helpers/adacl_reference.py), and the
 presets' contract (what they set, what they refuse, what params.txt records)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, create_loss
+from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import AdaCLLoss
 from training.trainer.launch.params import ConfigError, parse_args
 from helpers.selection_cases import algorithm_1_anchor_row
@@ -31,13 +31,13 @@ def _algorithm_1_direction(queries, candidates, scale, previous):
     row = algorithm_1_anchor_row(logits, STD_FLOOR * scale.detach())
     with torch.no_grad():
         detached = logits.detach()
-        negatives = adacl.negative_mask(n, n, labels)
+        negatives = adacl_math.negative_mask(n, n, labels)
         anchor = (queries[row] * candidates[row]).sum().detach()
         log_z_u = torch.logsumexp(detached[row][negatives[row]].double(), 0)
-        p_u_log_odds = adacl.anchor_log_odds(anchor, log_z_u, scale.detach(), *previous)
+        p_u_log_odds = adacl_math.anchor_log_odds(anchor, log_z_u, scale.detach(), *previous)
         eps_log_odds = torch.logit(torch.tensor(EPS, dtype=torch.float64))
-        m1, m2 = adacl.margins_from_log_odds(anchor, p_u_log_odds, log_z_u, eps_log_odds, 1.0)
-        assert adacl.margins_valid(m1, m2, anchor, p_u_log_odds, eps_log_odds, 1.0)
+        m1, m2 = adacl_math.margins_from_log_odds(anchor, p_u_log_odds, log_z_u, eps_log_odds, 1.0)
+        assert adacl_math.margins_valid(m1, m2, anchor, p_u_log_odds, eps_log_odds, 1.0)
     similarity = (queries * candidates).sum(-1)
     positive = m1.float() * (similarity - m2.float())  # the steep positive: slope m1, no gradient to t
     modulated = torch.where(torch.eye(n, dtype=torch.bool), positive[:, None].expand_as(logits), logits)

@@ -1,12 +1,12 @@
 """The readings of Algorithm 1 the method text leaves open (docs/method.md §3.5-3.7): margins detached or
 differentiable through the closed forms, and the anchor's value. Checked against a dense re-computation from
-`open_clip_adacl.adacl` and the method's dense definitions (helpers/adacl_reference.py), and the mechanism behind the detached reading's collapse
+`open_clip_adacl.adacl_math` and the method's dense definitions (helpers/adacl_reference.py), and the mechanism behind the detached reading's collapse
 (docs/adacl.md §5) measured on the loss itself."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl, create_loss
+from open_clip_adacl import adacl_math, create_loss
 from helpers.selection_cases import algorithm_1_anchor_row
 
 SCALE = 14.3
@@ -28,12 +28,12 @@ def _closed_form_direction(queries, candidates, scale, previous, extra=None):
     logits = scale * queries @ columns.T
     n = logits.shape[0]
     labels = torch.arange(n)
-    negatives = adacl.negative_mask(n, columns.shape[0], labels)
+    negatives = adacl_math.negative_mask(n, columns.shape[0], labels)
     row = algorithm_1_anchor_row(logits, STD_FLOOR * scale.detach())
     anchor = (queries[row] * candidates[row]).sum().double()
     log_z_u = torch.logsumexp(logits[row][negatives[row]].double(), 0)
-    log_odds = adacl.anchor_log_odds(anchor, log_z_u, scale.double(), *previous)
-    m1, m2 = adacl.margins_from_log_odds(anchor, log_odds, log_z_u, torch.logit(torch.tensor(EPS, dtype=torch.float64)))
+    log_odds = adacl_math.anchor_log_odds(anchor, log_z_u, scale.double(), *previous)
+    m1, m2 = adacl_math.margins_from_log_odds(anchor, log_odds, log_z_u, torch.logit(torch.tensor(EPS, dtype=torch.float64)))
     positive = m1.float() * ((queries * candidates).sum(-1) - m2.float())
     modulated = torch.where(torch.eye(*logits.shape, dtype=torch.bool), positive[:, None].expand_as(logits), logits)
     return F.cross_entropy(modulated, labels), m1.detach(), m2.detach()

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from open_clip_adacl import adacl, create_loss
+from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.distributed import RowGroup
 from open_clip_adacl.losses.adaclw import posterior_log_weights
 from open_clip_adacl.selection import batch_reference, select_anchor, summarize_rows
@@ -24,7 +24,7 @@ def _dense_adaclw(weight, prior_ratio=1.0):
             for row in (int(salient.argmin()), int(salient.argmax())):  # class clone, class not clone
                 negatives = scores[row][~eye[row]]
                 fits += [negatives.mean(), negatives.std(unbiased=False)]
-            posterior = adacl.gda_posterior(scores, *fits, prior_ratio=prior_ratio)
+            posterior = adacl_math.gda_posterior(scores, *fits, prior_ratio=prior_ratio)
             multiplicity = torch.where(eye, 1.0, 1 + (weight - 1) * posterior).to(logits.dtype)
             total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
         return total / 2

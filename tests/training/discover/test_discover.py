@@ -219,6 +219,16 @@ def test_a_checkpoint_of_another_architecture_is_one_line(family_data, weights, 
         run(family_data, tmp_path / "out", model=("--checkpoint", checkpoint, "--model", "ViT-B-32"))
 
 
+def test_a_checkpoint_whose_contents_do_not_match_its_digest_is_one_line(family_data, checkpoint, tmp_path):
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    saved["state_dict"]["logit_scale"] += 1  # changed after the digest was taken, as a bad copy would
+    damaged = tmp_path / "damaged.pt"
+    torch.save(saved, damaged)
+    with pytest.raises(ValueError, match=rf"^--checkpoint {damaged}: its contents do not match the digest written "
+                                         "with it .*; copy it again from where it was written, or pass another"):
+        run(family_data, tmp_path / "out", model=("--checkpoint", str(damaged)))
+
+
 def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_path):
     empty = tmp_path / "empty.tar"
     empty.write_bytes(b"")

@@ -6,6 +6,7 @@ import pytest
 from training.loss_comparison.preregistration import Preregistration, from_file, resolve
 from training.loss_comparison.report import write_report
 from training.loss_comparison.stats import assess_run
+from helpers import REPO
 from helpers.comparison_records import record, report_context
 
 ENDPOINT = "clone_learnable=clone/color+clone/shape+clone/size"
@@ -63,6 +64,36 @@ def test_a_json_file_and_its_errors(tmp_path):
         from_file(str(path))
     with pytest.raises(ValueError, match="no such file"):
         from_file(str(tmp_path / "missing.json"))
+
+
+def test_a_registration_can_fix_the_verdict_rule_and_the_secondary_family(tmp_path):
+    path = tmp_path / "prereg.json"
+    path.write_text(json.dumps({"primary_endpoint": ENDPOINT, "helps_beyond_margin": True,
+                                "secondary_family": ["clone/mark", "clone/*_cos_margin"]}))
+    registration = from_file(str(path))
+    assert registration.helps_beyond_margin and registration.secondary_family == ("clone/mark", "clone/*_cos_margin")
+    assert not from_file(f"{REPO / 'docs' / 'preregistration.md'}#scratch").helps_beyond_margin
+    for wrong in ({"helps_beyond_margin": "yes"}, {"secondary_family": []}, {"secondary_family": "clone/mark"}):
+        path.write_text(json.dumps({"primary_endpoint": ENDPOINT, **wrong}))
+        with pytest.raises(ValueError, match="helps_beyond_margin is true or false and secondary_family a non-empty"):
+            from_file(str(path))
+
+
+def test_the_glyph_benchmark_registers_the_margin_rule_and_its_102_secondary_tests():
+    """Its committed runs, tested on the family docs/preregistration_glyphs.md names: 17 metrics x 6 variants."""
+    from training.loss_comparison.findings import secondary_keys
+    from training.loss_comparison.report import read_runs_csv
+    from training.loss_comparison.stats import secondary_tests, summarize
+
+    registration = from_file(f"{REPO / 'docs' / 'preregistration_glyphs.md'}#glyphs_finetune_gold")
+    assert registration.helps_beyond_margin
+    records = read_runs_csv(REPO / "docs" / "results" / "glyphs_finetune_gold_runs.csv")
+    summaries = summarize(records)
+    keys = secondary_keys(summaries, registered=True, family=registration.secondary_family)
+    assert len(keys) == 17 and "clone/family_cos_margin" in keys and "clone/mark_cos_margin_p10" not in keys
+    assert secondary_keys(summaries, registered=True) == ["val/i2t_R@1", "val/t2i_R@1"]  # the scenes' family
+    tests = secondary_tests(records, [summary.label for summary in summaries], "clip", keys)
+    assert sum(len(by_key) for by_key in tests.values()) == 102
 
 
 def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):

@@ -99,3 +99,15 @@ def test_family_accuracy_near_a_half_is_not_called_chance():
     baseline = VariantSummary("clip", {"ok": 2}, {"clone/family": MetricStats(0.51, 0.01, 2),
                                                   "clone/mark": MetricStats(0.52, 0.01, 2)})
     assert baseline_difficulty(baseline).endswith("within 0.05 of chance (0.5) on mark.")
+
+
+def test_every_committed_report_states_the_collapse_rule_its_verdicts_follow():
+    """The footer of each report in docs/results (the earlier design's, in earlier_scenes/, keep their first
+    rule) names the rule `assess_run` judges by, 3 x chance clause included."""
+    from helpers import REPO
+    from training.loss_comparison.report import collapse_rule_text
+
+    reports = [path for path in sorted((REPO / "docs" / "results").glob("*.md")) if "Collapse criteria:" in path.read_text()]
+    assert len(reports) == 17
+    assert [path.name for path in reports if collapse_rule_text() not in path.read_text()] == []
+    assert "below 3 x chance" in collapse_rule_text()

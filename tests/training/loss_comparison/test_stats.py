@@ -178,6 +178,21 @@ def test_primary_verdicts_helps_hurts_no_effect_inconclusive(differences, margin
     assert primary_verdict(PairedDifference(differences), margin)[0] == verdict
 
 
+def test_the_registered_reading_needs_the_interval_outside_the_margin():
+    """docs/preregistration_glyphs.md: helps is "interval above 0 and outside the margin"."""
+    inside = PairedDifference((0.004, 0.005, 0.006, 0.0045, 0.0055))  # above 0, well inside ±0.02
+    assert primary_verdict(inside, 0.02)[0] == "helps"
+    assert primary_verdict(inside, 0.02, beyond_margin=True) == ("no effect", "TOST: the 90% interval is inside ±0.02")
+    straddling = PairedDifference((0.005, 0.03, 0.012, 0.025, 0.008))  # above 0, its 90% interval reaches past 0.02
+    assert primary_verdict(straddling, 0.02)[0] == "helps"
+    assert primary_verdict(straddling, 0.02, beyond_margin=True) == (
+        "inconclusive", "the 95% interval is not outside ±0.02 and the 90% interval is not inside it")
+    beyond = PairedDifference((0.03, 0.04, 0.05, 0.035, 0.045))
+    assert primary_verdict(beyond, 0.02, beyond_margin=True) == ("helps", "the 95% interval is above +0.02")
+    assert primary_verdict(PairedDifference(tuple(-d for d in beyond.differences)), 0.02, beyond_margin=True) == (
+        "hurts", "the 95% interval is below -0.02")
+
+
 def test_the_equivalence_test_uses_the_90_percent_interval():
     difference = PairedDifference((0.001, -0.002, 0.0015, -0.001, 0.0005))
     # mean 0, sd 0.001458; t(0.95, 4) = 2.132 -> 90% half width 0.001390; t(0.975, 4) = 2.776 -> 0.001811

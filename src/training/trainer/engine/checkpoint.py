@@ -120,10 +120,11 @@ class TrainState:
     num_nonfinite_steps: int = 0       # steps skipped for a non-finite loss, whole run
     consecutive_nonfinite_steps: int = 0
     # The LR schedule's position is samples_seen / samples_per_schedule_step: OpenCLIP's step-based
-    # schedule in units of the global batch the run started with, so a resume with another world size
-    # or batch size continues it from the samples trained rather than from a recomputed step.
-    samples_seen: int = 0                 # global samples of all steps taken
-    samples_per_schedule_step: int = 0    # 0 until the trainer sets it (the first launch's global batch)
+    # schedule in units of the samples of one step (all ranks, all micro-batches) the run started with, so a
+    # resume with another world size or batch size continues it from the samples trained rather than from a
+    # recomputed step.
+    samples_seen: int = 0                 # samples over all ranks of all steps taken
+    samples_per_schedule_step: int = 0    # 0 until the trainer sets it (the first launch's samples per step)
     epoch_sums: EpochSums = field(default_factory=EpochSums)
     rng: RandomStreams = field(default_factory=RandomStreams, repr=False)
 

@@ -1,4 +1,4 @@
-"""The training loop: one epoch of steps, each a forward/backward over the global batch and an update.
+"""The training loop: one epoch of steps, each a forward/backward over `--accum-freq` global batches and an update.
 
 Semantics follow `open_clip_train.train.train_one_epoch` (gradient accumulation, gradient clipping,
 logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differences:
@@ -75,7 +75,7 @@ class MicroBatch:
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor                # detached loss of the global batch
+    loss: torch.Tensor                # detached loss of the step's samples
     stats: Dict[str, torch.Tensor]    # the loss's diagnostics (detached)
     logit_scale: torch.Tensor         # detached, exponentiated
     finite: bool                      # this rank's loss was finite
@@ -275,10 +275,10 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         if len(micro_batches) < cfg.accum_freq:
             continue
         data_time = time.time() - end
-        global_samples = sum(len(b.images) for b in micro_batches) * env.world_size
+        step_samples = sum(len(b.images) for b in micro_batches) * env.world_size
         if not state.samples_per_schedule_step:
-            state.samples_per_schedule_step = global_samples
-        out, preempted = optimizer_step(loop, micro_batches, global_samples)
+            state.samples_per_schedule_step = step_samples
+        out, preempted = optimizer_step(loop, micro_batches, step_samples)
         step_in_epoch += 1
         if loop.keep_loss_records is not None:
             loop.keep_loss_records()
@@ -288,7 +288,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
-                      global_samples, batch_time, data_time, env,
+                      step_samples, batch_time, data_time, env,
                       console_stats=loss_fn.console_stats,
                       time_left=time_left_text(seconds_per_step, steps_per_epoch - step_in_epoch,
                                                loop.total_steps - state.step if loop.total_steps else None))
@@ -316,8 +316,8 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     return result
 
 
-def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], global_samples: int) -> Tuple[StepOutput, bool]:
-    """One step over `micro_batches`, the global batch of `global_samples`: the LR placed, the forward/backward
+def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_samples: int) -> Tuple[StepOutput, bool]:
+    """One step over `micro_batches`, `step_samples` samples over all ranks: the LR placed, the forward/backward
     (after which `micro_batches` is emptied, its tensors freed before the update), then on every rank the same
     decision, an update or (a non-finite loss on any rank) a skipped step, and the step counted. Also returns
     whether a preemption was requested on any rank."""
@@ -342,7 +342,7 @@ def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], global_samp
         state.epoch_sums.loss_sum += out.loss.item()
         state.epoch_sums.num_loss_steps += 1
     state.step += 1
-    state.samples_seen += global_samples
+    state.samples_seen += step_samples
     return out, preempted
 
 def time_left_text(seconds_per_step: float, epoch_steps_left: int, run_steps_left: Optional[int]) -> str:
@@ -352,7 +352,7 @@ def time_left_text(seconds_per_step: float, epoch_steps_left: int, run_steps_lef
 
 
 def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
-              steps_per_epoch: int, global_samples: int, batch_time: float, data_time: float,
+              steps_per_epoch: int, step_samples: int, batch_time: float, data_time: float,
               env: DistributedEnv, console_stats: Optional[Sequence[str]] = None, time_left: str = "") -> None:
     """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
@@ -369,21 +369,21 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
         "loss": out.loss.item(),
         "lr": lr,
         "logit_scale": out.logit_scale.item(),
-        "samples_per_second": global_samples / batch_time,
-        "samples_per_second_per_gpu": global_samples / batch_time / env.world_size,
+        "samples_per_second": step_samples / batch_time,
+        "samples_per_second_per_gpu": step_samples / batch_time / env.world_size,
         "batch_time": batch_time,
         "data_time": data_time,
         "num_nonfinite_steps": state.num_nonfinite_steps,
         **{f"stats/{name}": value for name, value in stats.items()},
     }
     percent = 100.0 * step_in_epoch / steps_per_epoch
-    samples_per_epoch = steps_per_epoch * global_samples
+    samples_per_epoch = steps_per_epoch * step_samples
     sample_digits = len(str(samples_per_epoch))
     stats_text = console_stats_text(all_stats, console_stats)
     progress = ", ".join(part for part in (f"step {state.step}", f"samples seen {state.samples_seen}", time_left)
                          if part)
     logging.info(
-        f"Train Epoch: {state.position.epoch} [{step_in_epoch * global_samples:>{sample_digits}}/{samples_per_epoch} "
+        f"Train Epoch: {state.position.epoch} [{step_in_epoch * step_samples:>{sample_digits}}/{samples_per_epoch} "
         f"({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
         f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "

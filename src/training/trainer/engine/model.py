@@ -21,6 +21,8 @@ from open_clip_train.params import ParseKwargs
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
 
 from ..flags import MODEL_SHAPE, ConfigError, HelpGroup, OneOrSeveral, flag
+from ..run_folder.checkpoint_digest import CheckpointDamaged
+from ..run_folder.checkpoint_files import load_checkpoint
 from .precision import PRECISIONS
 
 
@@ -154,7 +156,8 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
     A tag open_clip knows for `model_name` (e.g. openai) must be in the download cache or downloadable:
     it is fetched now, as `open_clip.create_model` would, and with HF_HUB_OFFLINE set an uncached tag
     fails at once instead of after the hub client's retries. A file must exist and read as a checkpoint
-    or state dict (open_clip's `load_checkpoint` formats). Returns None for no pretrained weights.
+    or state dict (open_clip's `load_checkpoint` formats) whose content digest, when it carries one, matches.
+    Returns None for no pretrained weights.
     """
     if not pretrained or model_name.startswith(("local-dir:", "hf-hub:")):
         return None
@@ -172,8 +175,10 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
             with safe_open(pretrained, framework="pt") as f:
                 state_dict = dict.fromkeys(f.keys())
         else:
-            checkpoint = torch.load(pretrained, map_location="cpu", weights_only=True, mmap=True)
+            checkpoint = load_checkpoint(pretrained, mmap=True)
             state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    except CheckpointDamaged as error:
+        raise ValueError(f"{error}; copy it again from where it was written, or pass another checkpoint") from None
     except Exception as error:  # any unreadable file gets the same advice
         raise ValueError(f"cannot be read as a checkpoint ({type(error).__name__}: {error}); pass an epoch_N.pt, "
                          f"an exported open_clip_model.safetensors or an open_clip state dict") from error

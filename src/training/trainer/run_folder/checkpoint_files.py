@@ -97,13 +97,15 @@ def check_not_empty(path: os.PathLike) -> None:
         raise CheckpointEmpty("it is empty (0 bytes): a save or a copy that stopped before writing anything")
 
 
-def load_checkpoint(path: os.PathLike) -> Dict[str, Any]:
+def load_checkpoint(path: os.PathLike, *, mmap: bool = False) -> Dict[str, Any]:
     """Read a checkpoint on the CPU (weights_only: no arbitrary code runs on load), in today's layout: one
     of the earlier layout (no "format" key) is converted; a bare state dict is returned as it is. Its
     content digest is checked first (`CheckpointDamaged` when it does not match; training.trainer.run_folder.checkpoint_digest);
-    an empty file is `CheckpointEmpty`."""
+    an empty file is `CheckpointEmpty`. Every checkpoint read of src/ comes here (tests/test_layout.py).
+    `mmap` maps the tensors instead of copying them into memory: for a reader that looks and lets go (a
+    check of --pretrained, the arguments a checkpoint recorded), not for a resume that keeps them."""
     check_not_empty(path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     verify_digest(checkpoint, path)
     if "state_dict" in checkpoint and "format" not in checkpoint:
         checkpoint = converted_from_earlier_layout(checkpoint)

@@ -1,5 +1,7 @@
 """The exact code a run ran: the git commit of the source tree, a hash of any uncommitted change and the
-changed paths with their own hashes; and the identity of a checkpoint a run starts from.
+changed paths with their own hashes; the identity of a checkpoint a run starts from; and the identity a
+reusable run folder records (a study's common pretraining: recipe, seed, data seed, code), which it must
+match to be reused.
 
 The loss comparison records them in each run's record, so results can be paired only between runs of
 the same code (docs/cluster.md, "Running the loss comparison"), and "no code differs" between two runs
@@ -12,12 +14,13 @@ import json
 import subprocess
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 if TYPE_CHECKING:
     from .layout import RunDir
 
 UNKNOWN = "unknown (not a git checkout)"
+IDENTITY_NAME = "identity.json"  # in a reusable run folder: what it trains (`check_or_record_identity`)
 
 
 def _git(source: Path, *args: str) -> bytes:
@@ -92,3 +95,27 @@ def trained_data_seed(run: "RunDir") -> Optional[str]:
             seed = json.loads(manifest.read_text()).get("seed")
             return None if seed is None else str(seed)
     return None
+
+
+def training_identity(recipe: str, seed: int, data_seed: Any) -> Dict[str, Any]:
+    """What a run that others reuse trains: its recipe, seed, data seed, and this process's code."""
+    return {"recipe": recipe, "seed": seed, "data_seed": data_seed, "code": code_version()}
+
+
+def check_or_record_identity(run_path: Path, identity: Mapping[str, Any]) -> None:
+    """Record `identity` in a new run folder, or check that an existing one recorded exactly it, so that its
+    checkpoints (or a resume of it) are reused only for the training they came from. ValueError naming what
+    differs, or that nothing was recorded, and the fix."""
+    record = Path(run_path) / IDENTITY_NAME
+    if not Path(run_path).exists():
+        Path(run_path).mkdir(parents=True)
+        record.write_text(json.dumps(dict(identity), sort_keys=True) + "\n")
+        return
+    if not record.is_file():
+        raise ValueError(f"{run_path} records no {IDENTITY_NAME} (trained before runs recorded one), so what it "
+                         f"trained cannot be checked; remove it to train again")
+    recorded = json.loads(record.read_text())
+    differences = [f"{key} {recorded.get(key)!r} there, {value!r} here" for key, value in identity.items()
+                   if recorded.get(key) != value]
+    if differences:
+        raise ValueError(f"{run_path} was trained otherwise ({'; '.join(differences)}); remove it to train again")

@@ -100,7 +100,7 @@ def comparison_full() -> Dict[str, Any]:
                 device="cuda", log_every_n_steps=10)
 
 
-# The clone study's regimes (scripts/clone_study.py, docs/adacl.md §5): the quick budget at the steps where
+# The clone study's settings (scripts/clone_study.py, docs/adacl.md §5): the quick budget at the steps where
 # `clip` learns the clones (docs/results/learnability.md), on batches of whole families of one-edit siblings.
 @recipe("clone-scratch")
 def clone_scratch() -> Dict[str, Any]:
@@ -110,7 +110,7 @@ def clone_scratch() -> Dict[str, Any]:
 
 @recipe("clone-pseudo")
 def clone_pseudo() -> Dict[str, Any]:
-    """The scratch regime on a generic captioner's pseudo captions, validated on gold ones."""
+    """The scratch setting on a generic captioner's pseudo captions, validated on gold ones."""
     return {**clone_scratch(), "caption_key": "txt_pseudo", "val_caption_key": "txt"}
 
 
@@ -131,7 +131,7 @@ def glyphs_scratch_weak() -> Dict[str, Any]:
 
 @recipe("glyphs-pretrain")
 def glyphs_pretrain() -> Dict[str, Any]:
-    """The fine-tuning regimes' common checkpoint: `clip` 16 epochs (1536 steps) on the weak captions."""
+    """The fine-tuning settings' common checkpoint: `clip` 16 epochs (1536 steps) on the weak captions."""
     return {**glyphs_scratch_weak(), "loss": "clip", "epochs": 16}
 
 
