@@ -53,7 +53,7 @@ setup(
         "console_scripts": [
             "adacl-train=training.main:cli",
             "adacl-export=training.export:cli",
-            "adacl-evaluate=training.evaluation.zero_shot:cli",
+            "adacl-evaluate=training.evaluation.__main__:cli",
             "adacl-scenes=training.synthetic_scenes.cli:main",
             "adacl-glyphs=training.glyphs.cli:main",
             "adacl-compare=training.loss_comparison.cli:cli",

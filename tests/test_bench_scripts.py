@@ -379,3 +379,31 @@ def test_bench_threads_times_the_loss_with_its_threads_and_without(tmp_path, mon
         assert row in report, row
     assert re.search(r"\| adacl-calibrated \| in turn \| [\d.]+ \| [\d.]+ \[[\d.]+, [\d.]+\] \| 1\.000 \[1\.000, "
                      r"1\.000\] \|", report)
+
+
+def test_redrawn_plots_keep_each_reports_verdicts_margin_and_reference(tmp_path, monkeypatch):
+    """scripts/redraw_plots.py draws a report's plot from its CSV with the runs judged as the report judged them."""
+    import csv
+    import shutil
+
+    _clone_study()  # reassess_study, whose CSV reader it uses, imports it
+    sys.modules.setdefault("reassess_study", _script_module("reassess_study"))
+    redraw_plots = _script_module("redraw_plots")
+    for name in ("controls_paper.md", "controls_paper_runs.csv"):
+        shutil.copy(REPO / "docs" / "results" / name, tmp_path / name)
+    drawn = {}
+    monkeypatch.setattr(redraw_plots, "write_plot", lambda summaries, records, reference, path, margin: drawn.update(
+        verdicts=[record["verdict"] for record in records], reference=reference, path=path, margin=margin))
+    redraw_plots.redraw(tmp_path / "controls_paper.md")
+    with (tmp_path / "controls_paper_runs.csv").open() as rows:
+        assert drawn["verdicts"] == [row["verdict"] for row in csv.DictReader(rows)]
+    assert (drawn["reference"], drawn["margin"], drawn["path"]) == ("clip", 0.02, tmp_path / "controls_paper.png")
+
+
+def _script_module(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -39,7 +39,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
 
 def _config(argv: Optional[Sequence[str]]) -> RunConfig:
     """The checked run config of a command line; from here on nothing reads args."""
-    return params.checked_config(params.parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = params.parse_args(argv)
+    params.check_named_device(argv, args.device)
+    return params.checked_config(args)
 
 
 def run(cfg: RunConfig) -> Optional[RunSummary]:

@@ -114,12 +114,12 @@ def digest(state_dict):
 
 def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32, epochs=2, save_every=3):
     """A single-process AdaCL run (its queue on) on the demo shards with validation: `samples` / `batch_size`
-    steps per epoch, step_N.pt every `save_every` steps."""
+    steps per epoch, step_N.pt every `save_every` steps, each kept (the resume tests start from early ones)."""
     return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples",
             str(samples), "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--model", "adacl-tiny",
             "--loss", "adacl", "--adacl-queue-size", "40", "--batch-size", str(batch_size), "--epochs", str(epochs),
             "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name,
-            "--log-every-n-steps", "1", "--save-every-n-steps", str(save_every), *extra]
+            "--log-every-n-steps", "1", "--save-every-n-steps", str(save_every), "--keep-step-checkpoints", "0", *extra]
 
 
 def flip_bits(path, count=64):

@@ -191,3 +191,19 @@ def test_a_run_from_python_takes_its_log_handlers_with_it(demo_shards, tmp_path,
     logging.getLogger().warning("a line after the run")
     assert out_log.read_text() == written
     assert "Logging error" not in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_loss_options_that_differ_from_their_defaults_one_a_line(demo_shards, tmp_path, capsys):
+    from open_clip_adacl import get_loss_class
+
+    main([*train_argv(demo_shards, tmp_path, "r", "--loss", "adacl", "--adacl-preset", "paper"), "--dry-run"])
+    out = capsys.readouterr().out.splitlines()
+    plan = out.index(next(line for line in out if line.startswith("dry run OK: ")))
+    assert out[plan].startswith("dry run OK: --model adacl-tiny --loss adacl; 1 rank(s)") and "{" not in out[plan]
+    listed = out[plan + 1:]
+    options = get_loss_class("adacl").Options
+    expected = {spec.name: spec.default for spec in options.specs()
+                if getattr(options.build(preset="paper"), spec.name) != spec.default}
+    assert len(expected) >= 3 and [line.split(":")[0] for line in listed] == [
+        f"  loss option {name}" for name in expected]
+    assert all(line.endswith(f"(default {expected[line.split(':')[0].split()[-1]]})") for line in listed)

@@ -174,7 +174,7 @@ def add_kept_metrics(summary: Dict[str, object], output: Path) -> None:
         summary["label_names"] = {label: text for label, text in TRUTHS.items() if label in used}
 
 
-# The console table's columns: (title, summary key); the family precision's columns carry FAMILY_NOTE's mark.
+# The console table's rows: (title, summary key); the family precision's rows carry FAMILY_NOTE's mark.
 FAMILY_COLUMNS = [("family precision*", "family_precision"), ("family recall", "family_recall"),
                   ("sibling rate", "sibling_fraction"), ("kept family precision*", "kept_family_precision")]
 FACTS_COLUMNS = [("+ paraphrases*", "family_precision_with_paraphrases"),
@@ -186,27 +186,32 @@ FAMILY_NOTE = ("* precision against the data's families, a proxy: a pair of one 
 FACTS_NOTE = "kept <=1 fact apart: the kept pairs whose captions differ in at most 1 fact (paraphrases: 0)"
 
 
+# The console table's widest line, so that it reads without wrapping in a terminal 800 px wide (about 100 columns).
+TABLE_WIDTH = 88
+
+
 def console_table(summary: Dict[str, object]) -> str:
-    """The per-direction metrics as a fixed-width table, what the family precision measures, and the kept
-    pairs per label (pooled)."""
+    """The per-direction metrics as a fixed-width table, one metric a row and one direction a column (a column per
+    metric would run past TABLE_WIDTH), what the family precision measures, and the kept pairs per label (pooled)."""
     pooled = summary["directions"].get(POOLED, {})
-    columns = [("direction", None), ("flagged", "flagged_fraction"), ("per row", "candidates_per_row")]
+    rows = [("flagged", "flagged_fraction"), ("per row", "candidates_per_row")]
     if "family_precision" in pooled:
-        columns += FAMILY_COLUMNS
+        rows += FAMILY_COLUMNS
     if "family_precision_with_paraphrases" in pooled:
-        columns += [column for column in FACTS_COLUMNS if column[1] in pooled]
-    widths = [max(9, len(title)) for title, _ in columns]
-    lines = ["  ".join(f"{title:>{width}}" for (title, _), width in zip(columns, widths))]
-    for name, metrics in summary["directions"].items():
-        cells = [name] + [_format(metrics.get(key)) for _, key in columns[1:]]
-        lines.append("  ".join(f"{cell:>{width}}" for cell, width in zip(cells, widths)))
+        rows += [row for row in FACTS_COLUMNS if row[1] in pooled]
+    directions = list(summary["directions"])
+    title_width = max(len(title) for title, _ in rows)
+    lines = [f"{'':<{title_width}}" + "".join(f"  {name:>9}" for name in directions)]
+    for title, key in rows:
+        lines.append(f"{title:<{title_width}}" + "".join(f"  {_format(summary['directions'][name].get(key)):>9}"
+                                                         for name in directions))
     if "family_precision" in pooled:
-        lines += ["", *textwrap.wrap(FAMILY_NOTE, 110)]
+        lines += ["", *textwrap.wrap(FAMILY_NOTE, TABLE_WIDTH)]
     if "kept_within_one_fact" in pooled:
-        lines += textwrap.wrap(FACTS_NOTE, 110)
+        lines += textwrap.wrap(FACTS_NOTE, TABLE_WIDTH)
     if pooled.get("kept_labels"):
         shares = [f"{count / pooled['kept_pairs']:.1%} {TRUTHS[label]}" for label, count in pooled["kept_labels"].items()]
-        lines += textwrap.wrap(f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), 110)
+        lines += textwrap.wrap(f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), TABLE_WIDTH)
     return "\n".join(lines)
 
 
@@ -263,6 +268,11 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
         if values and values[0].get("siblings") is not None:
             axis.plot(batches, [d["flagged_siblings"] / d["flagged"] if d["flagged"] else math.nan for d in values],
                       "x:", label=f"{name}: family precision (a proxy)")
+    empty = [record["batch"] for record in records
+             if record["directions"] and not sum(d["flagged"] for d in record["directions"])]
+    if empty:  # a drop to 0 is a batch where no negative reached the candidate region, not a plotting gap
+        axis.plot(empty, [0] * len(empty), "v", color="tab:red", markersize=8,
+                  label=f"no candidates in the batch ({len(empty)} of {len(batches)})")
     if records and records[0]["directions"] and records[0]["directions"][0].get("siblings") is not None:
         rate = sum(d["siblings"] for r in records for d in r["directions"]) / \
             sum(d["negatives"] for r in records for d in r["directions"])
@@ -321,8 +331,27 @@ PER_QUERY = 1
 PER_BATCH = 10
 
 
+# The labels in the order a reader looks for them: the data's own clones (siblings) first, the pairs of two families
+# that differ in 2 or more facts (which AdaCL should not flag) last.
+LABEL_ORDER = ("sibling-1", "sibling-0", "sibling-2", "sibling-3", "sibling", "paraphrase", "other-1", "none", "other",
+               "other-2")
+
+
+def reading_order(pairs: Sequence[dict]) -> List[dict]:
+    """The page's rows: by label (LABEL_ORDER), then each batch's best pair before any batch's second, so that the
+    first screen spans the batches instead of one batch's tied posteriors; ties by posterior, then the smaller gap."""
+    place: Dict[int, int] = {}
+    per_batch: Dict[Tuple[str, int], int] = {}
+    for pair in sorted(pairs, key=lambda pair: (-pair["posterior"], pair["gap"])):
+        key = (pair_label(pair), pair["batch"])
+        place[id(pair)] = per_batch[key] = per_batch.get(key, -1) + 1
+    return sorted(pairs, key=lambda pair: (LABEL_ORDER.index(pair_label(pair)), place[id(pair)], -pair["posterior"],
+                                           pair["gap"]))
+
+
 def write_page(output: Path, summary: Dict[str, object], settings: Dict[str, object], pairs: Sequence[dict],
                plots: Sequence[str], table: str) -> None:
+    pairs = reading_order(pairs)
     rows = "\n".join(_pair_row(rank, pair) for rank, pair in enumerate(pairs, start=1))
     plot_tags = "\n".join(f'<img class="plot" src="{path}" alt="{path}">' for path in plots)
     description = (f"{settings['model']} on {settings['data']}, global batch {settings['global_batch_size']}, "

@@ -226,23 +226,24 @@ class PairedDifference:
         return self.n > 1 and not self.zero_variance
 
     def interval(self, confidence: float) -> Optional[Tuple[float, float]]:
-        """The two-sided paired-t interval at `confidence`; None when not `testable`."""
+        """The two-sided paired-t interval at `confidence` (scipy's one-sample t test of the differences); None when
+        not `testable`."""
         if not self.testable:
             return None
-        from scipy import stats
-
-        half = float(stats.t.ppf((1 + confidence) / 2, self.n - 1)) * self.sd / math.sqrt(self.n)
-        return self.mean - half, self.mean + half
+        interval = self._t_test().confidence_interval(confidence)
+        return float(interval.low), float(interval.high)
 
     @property
     def p_value(self) -> Optional[float]:
-        """Two-sided paired-t p value of `mean == 0`; None when not `testable`."""
+        """Two-sided paired-t p value of `mean == 0` (scipy's); None when not `testable`."""
         if not self.testable:
             return None
+        return float(self._t_test().pvalue)
+
+    def _t_test(self):
         from scipy import stats
 
-        t = self.mean / (self.sd / math.sqrt(self.n))
-        return float(2 * stats.t.sf(abs(t), self.n - 1))
+        return stats.ttest_1samp(self.differences, 0.0)
 
     def interval_text(self, confidence: float) -> str:
         if self.n < 2:

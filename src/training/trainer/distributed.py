@@ -178,6 +178,16 @@ def resolved_device_type(device: str) -> str:
     return "cpu" if known and not available else device_type
 
 
+def unavailable_device(device: str) -> Optional[str]:
+    """The error line for a `device` this machine lacks (None: it has it, or torch does not know the name)."""
+    device_type = device.split(":", 1)[0]
+    available, known = is_device_available(device_type)
+    if not known or available:
+        return None
+    return (f"--device {device}: no {device_type} device is available on this machine; pass --device cpu to train on "
+            "the CPU, or leave --device out to use a GPU when there is one")
+
+
 def wrap_ddp(model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool = False,
              sync_batchnorm: bool = False) -> torch.nn.Module:
     """DistributedDataParallel for several ranks (no device_ids on CPU); the model itself otherwise."""

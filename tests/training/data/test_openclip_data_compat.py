@@ -34,3 +34,17 @@ def test_open_clip_train_and_ours_yield_the_same_first_batch_from_the_same_shard
     theirs = next(iter(get_wds_dataset(args, preprocess_train, is_train=True, tokenizer=tokenizer).dataloader))
     ours = next(iter(build_train_data(cfg, preprocess_train, tokenizer).dataloader))
     assert theirs[0].shape == ours[0].shape == (16, 3, 32, 32) and theirs[1].shape == ours[1].shape
+
+
+def test_the_public_shuffle_filter_draws_as_the_buffer_shuffle_the_stream_used_before():
+    """The stream shuffles with webdataset's public `shuffle` filter; before, it called the private function that
+    filter wraps. Their draws are the same for the same seed, so checkpoints written before the change resume
+    at the same samples (a parity check: exact resume is tested in test_data.py and test_checkpoint.py)."""
+    import random
+
+    import webdataset
+    from webdataset.filters import _shuffle
+
+    for units, initial, seed in ((16, 4, 0), (64, 64, 1), (5, 1, 2)):
+        before = list(_shuffle(iter(range(300)), units, initial, random.Random(seed)))
+        assert list(webdataset.shuffle(units, initial, rng=random.Random(seed))(iter(range(300)))) == before

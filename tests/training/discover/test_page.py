@@ -231,3 +231,42 @@ def test_the_header_names_the_weights_of_an_export_or_a_hub_model():
     assert weights_description("hf-hub:org/model", None) == "(the hub repository's weights)"
     assert weights_description("ViT-B-32", "laion2b_s34b_b79k") == "--pretrained laion2b_s34b_b79k"
     assert weights_description("ViT-B-32", None) == "(random weights)"
+
+
+def test_the_page_opens_on_siblings_and_spans_the_batches_before_the_far_apart_pairs():
+    tied = [pair(batch, "i2t", 10 + batch, 0.99, "a red circle", "a blue square", same_family=False, facts_apart=2)
+            for batch in (0, 0, 0)]  # one batch's tied pairs of two families, the least useful rows
+    across = [pair(batch, "i2t", 20 + index, posterior, "a red circle", "a red square", same_family=True,
+                   facts_apart=1) for index, (batch, posterior) in enumerate(((3, 0.97), (4, 0.98), (3, 0.99)))]
+    ordered = report.reading_order([*tied, *PAIRS, *across])
+    labels = [report.pair_label(row) for row in ordered]
+    assert labels == sorted(labels, key=report.LABEL_ORDER.index) and labels[0].startswith("sibling")
+    assert labels[-4:] == ["other-2"] * 4  # the tied ones and PAIRS' last
+    siblings_1 = [(row["batch"], row["posterior"]) for row in ordered if report.pair_label(row) == "sibling-1"]
+    # each batch's best before any batch's second, by posterior: batch 0 (0.99), 3 (0.99), 4 (0.98), then 3 again
+    assert siblings_1 == [(0, 0.99), (3, 0.99), (4, 0.98), (3, 0.97)]
+
+
+def test_the_console_table_fits_800_pixels_with_a_row_per_metric():
+    summary = {**SUMMARY, "directions": {name: SUMMARY["directions"]["both"] for name in ("i2t", "t2i", "both")}}
+    lines = report.console_table(summary).splitlines()
+    assert max(map(len, lines)) <= report.TABLE_WIDTH
+    assert lines[0].split() == ["i2t", "t2i", "both"]
+    assert lines[3].startswith("family precision*") and lines[3].split()[-3:] == ["0.200"] * 3
+
+
+def test_the_per_batch_plot_labels_the_batches_without_candidates(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    def direction(flagged):
+        return {"flagged": flagged, "negatives": 100, "histogram": [0] * 8, "fits": None}
+
+    records = [{"batch": batch, "directions": [direction(flagged), direction(flagged)]}
+               for batch, flagged in ((0, 5), (1, 0), (2, 7), (3, 0))]
+    labels = []
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda axis, *args, **kwargs: (
+        labels.append((kwargs.get("label"), list(args[0]))), plot(axis, *args, **kwargs))[1])
+    monkeypatch.setattr(report, "_plot_fits", lambda *args: None)
+    report.write_plots(tmp_path, records, {"candidate_region": "upper"})
+    assert ("no candidates in the batch (2 of 4)", [1, 3]) in labels

@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 
+from helpers.cli_errors import one_line_error
 from training.evaluation.zero_shot import (cli, closest_dataset, format_markdown, infer_task, known_datasets, main,
                                            table_rows, worker_count)
 from training.main import main as train_main
@@ -133,12 +134,7 @@ def test_table_rows_skip_nan_and_format(tmp_path):
 
 def evaluation_cli_error(argv, monkeypatch, capsys) -> str:
     """What `python -m training.evaluation ARGV` prints when it refuses: exit status 2, one line, nothing else."""
-    monkeypatch.setattr(sys, "argv", ["adacl-evaluate", *map(str, argv)])
-    with pytest.raises(SystemExit) as exit_info:
-        cli()
-    captured = capsys.readouterr()
-    assert exit_info.value.code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
-    return captured.err.strip()
+    return one_line_error(cli, "adacl-evaluate", argv, monkeypatch, capsys)
 
 
 def test_an_unknown_dataset_name_is_one_line_with_the_closest_known_one(tmp_path, monkeypatch, capsys):

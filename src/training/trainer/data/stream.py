@@ -15,7 +15,7 @@ import torch
 from open_clip_train.data import SharedEpoch
 from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
-from webdataset.filters import _shuffle
+import webdataset
 
 from .config import DataConfig, DataError
 from .samples import Candidate, SkipCounter, decode_image, describe_counts, seeded, stable_hash
@@ -110,13 +110,14 @@ class ShardStream(IterableDataset):
     def _shuffled(self, candidates: Iterator[Candidate], rng: random.Random) -> Iterator[Candidate]:
         """The sample shuffle buffer, over runs of `group_size` consecutive samples of a shard as units.
 
-        With group_size 1 this is webdataset's `_shuffle` over single samples, draw for draw.
+        With group_size 1 this is webdataset's public `shuffle` filter over single samples, draw for draw (the
+        filter is its buffer shuffle applied to a stream, so the data order, and exact resume, are unchanged).
         """
         group_size = self.cfg.group_size
         runs = (list(run) for _, run in itertools.groupby(candidates, key=lambda candidate: candidate.shard_run))
         units = max(1, self.shuffle_size // group_size)
         initial = max(1, min(_SHUFFLE_INITIAL, self.shuffle_size) // group_size)
-        for run in _shuffle(runs, units, initial, rng):
+        for run in webdataset.shuffle(units, initial, rng=rng)(runs):
             yield from run
 
     def _resampled_shards(self, epoch: int, reader: int) -> Iterator[tuple[str, bool]]:

@@ -101,7 +101,8 @@ class LoggingConfig:
 class DistributedConfig:
     FLAG_GROUP: ClassVar[str] = HelpGroup.DEVICES
 
-    device: str = flag("cuda", "Accelerator to use (falls back to cpu with a warning when unavailable).")
+    device: str = flag("cuda", "Accelerator to use (the default falls back to cpu with a warning when unavailable; "
+                               "a device given by name that is unavailable is refused).")
     dist_url: Optional[str] = flag(None, "url used to set up distributed training")
     dist_backend: Optional[str] = flag(None, "distributed backend (default: nccl on CUDA, gloo on CPU)")
     use_bn_sync: bool = flag(False, "Whether to use batch norm sync.")
@@ -157,8 +158,9 @@ class RunConfig:
 
     def check(self, world_size: int) -> None:
         """Each part's own checks, then those spanning parts; raises ConfigError saying what to change."""
-        if self.epochs < 0:
-            raise ConfigError(f"--epochs must be >= 0, got {self.epochs}")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}: such a run trains nothing (to evaluate a "
+                              "checkpoint: python -m training.evaluation --checkpoint CKPT)")
         for name in RUN_PARTS:
             part = getattr(self, name)
             if hasattr(part, "check"):

@@ -31,7 +31,7 @@ from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from .config import RUN_PARTS, RunConfig, run_flags, with_canonical_names
-from ..distributed import resolved_device_type
+from ..distributed import resolved_device_type, unavailable_device
 from ..flags import ConfigError, HelpGroup, config_from_args
 from ..engine.precision import resolve_precision
 from ..data.registry import resolve_dataset_type
@@ -241,9 +241,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         argv = argv[1:]
     parser = build_parser()
     recipe = _recipe_named_in(argv)
-    recipe_defaults = apply_recipe(parser, recipe, batch_size_given=any(
-        arg == "--batch-size" or arg.startswith("--batch-size=") for arg in argv)) if recipe else {}
+    recipe_defaults = apply_recipe(parser, recipe, batch_size_given=_gives(argv, "--batch-size")) if recipe else {}
     return _completed(parser.parse_args(argv), recipe_defaults)
+
+
+def check_named_device(argv: Sequence[str], device: str) -> None:
+    """A `--device` the command line names that this machine lacks is refused (ConfigError): only OpenCLIP's
+    default falls back to the CPU, since a device asked for by name would otherwise train on the CPU unnoticed."""
+    problem = unavailable_device(device) if _gives(argv, "--device") else None
+    if problem:
+        raise ConfigError(problem)
+
+
+def _gives(argv: Sequence[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
 
 
 def args_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) -> argparse.Namespace:

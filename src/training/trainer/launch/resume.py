@@ -16,6 +16,7 @@ from .config import RESUME_LATEST, RunConfig, run_flags, with_canonical_names
 from .folder import RunPaths, is_inside, start_over
 from ..run_folder.checkpoint_files import (checkpoint_candidates, first_line, load_checkpoint, roll_back,
                                            saved_world_size)
+from ..run_folder.layout import CHECKPOINT_DIR_NAME
 from ..run_folder.records import trim_to_resume_point
 from ..data import DataPosition, global_batch
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
@@ -208,18 +209,53 @@ RUN_CHANGING_ARGS = {
 }
 
 
+# Recorded arguments that are this launch's decisions, not the run's settings: where it resumes from and writes to
+# (a --resume PATH into a new --name), and `loss_options`, what the loss flags (each named on its own) resolve to.
+LAUNCH_ARGS = ("resume", "resume_anyway", "reset_loss_state", "dry_run", "recipe_overrides", "loss_options", "name",
+               "logs")
+
+
 def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
-    """The RUN_CHANGING_ARGS whose recorded value differs (a checkpoint that recorded none: none)."""
-    return {name: (old[name], new.get(name)) for name in RUN_CHANGING_ARGS
-            if name in old and old[name] != new.get(name)}
+    """Every recorded argument whose value differs (a checkpoint that recorded none: none), RUN_CHANGING_ARGS first,
+    but those `check_resume` rules on (architecture, sample order) and this launch's own decisions (LAUNCH_ARGS)."""
+    ruled = {*flags_fixing(run_flags(), MODEL_SHAPE), *flags_fixing(run_flags(), SAMPLE_ORDER), *LAUNCH_ARGS}
+    names = [*RUN_CHANGING_ARGS, *sorted(set(old) - set(RUN_CHANGING_ARGS))]  # the explained ones first
+    return {name: (old[name], new.get(name)) for name in names
+            if name in old and name not in ruled and name in new and old[name] != new[name]}
+
+
+def run_change_lines(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> List[str]:
+    """One line per flag this resume of `checkpoint` changes, saying what it alters (RUN_CHANGING_ARGS) where known."""
+    step = checkpoint.get("step", "?")
+    changes = run_changes(with_canonical_names(checkpoint.get("args") or {}), new_args)
+    return [f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on "
+            + (f"this changes {RUN_CHANGING_ARGS[name]}" if name in RUN_CHANGING_ARGS else "the run goes on with the "
+               "new value") + " (the run no longer matches the one the checkpoint began)"
+            for name, (old, new) in changes.items()]
 
 
 def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> None:
-    """One warning line per RUN_CHANGING_ARGS flag this resume of `checkpoint` changes."""
-    step = checkpoint.get("step", "?")
-    for name, (old, new) in run_changes(with_canonical_names(checkpoint.get("args") or {}), new_args).items():
-        logging.warning(f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on this "
-                        f"changes {RUN_CHANGING_ARGS[name]} (the run no longer matches the one the checkpoint began)")
+    """One warning line per flag this resume of `checkpoint` changes (`run_change_lines`)."""
+    for line in run_change_lines(checkpoint, path, new_args):
+        logging.warning(line)
+
+
+def dry_run_changes(cfg: RunConfig) -> List[str]:
+    """What the run's resume would warn of (`run_change_lines`), for the dry run: its checkpoint read (--resume
+    PATH, or with --resume latest the newest of <logs>/<name>/checkpoints) and its arguments compared."""
+    if cfg.resume is None or (cfg.resume == RESUME_LATEST and (cfg.logging.logs is None or cfg.logging.name is None)):
+        return []
+    path = cfg.resume
+    if cfg.resume == RESUME_LATEST:
+        candidates = checkpoint_candidates(os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME))
+        if not candidates:
+            return []
+        path = str(candidates[0])
+    try:
+        checkpoint = load_checkpoint(path)
+    except Exception as error:  # noqa: BLE001 - the run itself skips or refuses it, with its own line
+        return [f"could not read {path} to compare its arguments ({first_line(error)})"]
+    return run_change_lines(checkpoint, path, {**cfg.recorded_args, "name": cfg.logging.name})
 
 
 def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: RunPaths, components: Dict[str, Any],

@@ -3,7 +3,7 @@ the data, --pretrained, --imagenet-val and the schedule's length (`--dry-run` st
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import List, Optional
 
 import torchvision
@@ -63,10 +63,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs
     batch_size = cfg.data.batch_size
-    text = (f"--model {cfg.model.name} --loss {cfg.loss.name} {asdict(cfg.loss.options)}; {world_size} rank(s) x "
+    text = (f"--model {cfg.model.name} --loss {cfg.loss.name}; {world_size} rank(s) x "
             f"batch {batch_size} x accum {accum_freq} = {samples_per_step(batch_size, world_size, accum_freq)} samples "
             f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
             f"{total_steps} steps in {cfg.epochs} epochs")
+    text += "".join(f"\n  {line}" for line in changed_option_lines(cfg.loss.options))
     warnings = []
     if cfg.schedule.warmup >= total_steps > 0:
         warnings.append(f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
@@ -74,6 +75,13 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
                         "the steps)")
     warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
+
+
+def changed_option_lines(options) -> List[str]:
+    """One line per loss option whose value is not its declared default ("mode: calibrated (default literal)"):
+    the plan says what this run sets, params.txt every value."""
+    return [f"loss option {spec.name}: {getattr(options, spec.name)} (default {spec.default})"
+            for spec in options.specs() if getattr(options, spec.name) != spec.default]
 
 
 # Autocast precisions, which run slower than fp32 on the CPU: adacl-tiny's 64 steps at batch 32 took 27 s with amp

@@ -26,7 +26,7 @@ from . import params
 from .config import RESUME_LATEST, LossConfig, RunConfig
 from .folder import (LossRecords, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
                      hold_run_dir, launch_note, recorded_args, run_dir_collision, run_folder_warnings, write_params)
-from .resume import resume_or_start_over
+from .resume import dry_run_changes, resume_or_start_over
 from .startup import StartupPlan, check_startup, resume_note
 from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data, samples_per_step
 from ..distributed import (DistributedEnv, DistributedStartError, any_rank, init_distributed, shutdown, unwrap_model,
@@ -122,7 +122,7 @@ class Trainer:
                 raise ConfigError(collision)
         if cfg.logging.logs is not None:
             check_dry_run_checkpoint_space(cfg, loss_fn, cfg.checkpoints.files_kept(plan.total_steps))
-        for warning in plan.warnings:
+        for warning in plan.warnings + dry_run_changes(cfg):
             print(f"warning: {warning}", file=sys.stderr)
         note = resume_note(cfg)
         print(f"dry run OK: {plan.text}" + (f"\n{note}" if note else ""))

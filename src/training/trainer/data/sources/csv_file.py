@@ -12,10 +12,12 @@ row (OpenCLIP's len(dataset)), in a seeded per-epoch permutation split over rank
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import os
 import random
 import stat
+import tarfile
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Iterator
 
@@ -32,6 +34,15 @@ from ..stream import ShardStream
 _FIELD_SIZE_LIMIT = 2**31 - 1  # the largest csv accepts
 
 
+def csv_delimiter(separator: str) -> str:
+    """--csv-separator as csv reads it: one character, where an escape typed in a shell ('\\t', a backslash and
+    a t, as bash passes '\t') means the character it names."""
+    delimiter = codecs.decode(separator, "unicode_escape") if "\\" in separator else separator
+    if len(delimiter) != 1:
+        raise ValueError("a separator is one character (a tab: --csv-separator '\\t'; a comma: --csv-separator ,)")
+    return delimiter
+
+
 @register_data_source("csv")
 class CsvFile(DataSource):
     description = "a csv/tsv file of image paths and captions (--csv-img-key, --csv-caption-key)"
@@ -41,7 +52,9 @@ class CsvFile(DataSource):
     class Options:
         FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
 
-        csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER)
+        # An escape as typed in a shell ('\\t') means the character it names (`csv_delimiter`).
+        csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER,
+                                  convert=csv_delimiter)
         csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.",
                                 resume=SAMPLE_ORDER)
         csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.",
@@ -63,6 +76,13 @@ class CsvFile(DataSource):
                            shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
         num_samples = cfg.val_num_samples or len(rows)
         return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
+
+    def check_fields(self, cfg: DataConfig) -> None:
+        """Up to CHECKED_ROWS rows spread over each file are read as training reads them: a file none of whose
+        sampled rows is usable (image paths relative to another folder, say) stops the dry run, not epoch 0."""
+        for data, data_flag in ((cfg.train_data, "train_data (--train-data)"), (cfg.val_data, "val_data (--val-data)")):
+            if data is not None:
+                check_sampled_rows(read_csv_rows(data, self.options(cfg), data_flag), data, data_flag, cfg)
 
     def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
         options = self.options(cfg)
@@ -91,23 +111,54 @@ def read_csv_rows(path: str | None, options: CsvFile.Options, data_flag: str) ->
         raise FileNotFoundError(f"{data_flag}: {path} does not exist; --dataset-type csv reads one csv/tsv file")
     previous_limit = csv.field_size_limit(_FIELD_SIZE_LIMIT)
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.reader(f, delimiter=options.csv_separator)
-            header = next(reader, [])
-            missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
-                                                                       (options.csv_caption_key, "--csv-caption-key"))
-                       if column not in header]
-            if missing:
-                raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
-                                 f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
-            image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
-            rows = tuple(CsvRow(row[image_column] if len(row) > image_column else None,
-                                row[caption_column] if len(row) > caption_column else None) for row in reader)
+        rows = _rows(path, options, data_flag)
+    except UnicodeDecodeError as error:
+        if tarfile.is_tarfile(path):
+            raise ValueError(f"{data_flag}: {path} is a tar archive, not a csv file: pass --dataset-type webdataset "
+                             "(or auto)") from None
+        raise ValueError(f"{data_flag}: {path} is not utf-8 text ({error.reason} at byte {error.start}); "
+                         "--dataset-type csv reads a utf-8 csv/tsv file") from None
     finally:
         csv.field_size_limit(previous_limit)
     if not rows:
         raise ValueError(f"{data_flag}: {path} has a header but no rows")
     return rows
+
+
+def _rows(path: str, options: CsvFile.Options, data_flag: str) -> tuple[CsvRow, ...]:
+    """The file's data rows, after its header names the two columns."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter=options.csv_separator)
+        header = next(reader, [])
+        missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
+                                                                   (options.csv_caption_key, "--csv-caption-key"))
+                   if column not in header]
+        if missing:
+            raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                             f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
+        image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
+        return tuple(CsvRow(row[image_column] if len(row) > image_column else None,
+                            row[caption_column] if len(row) > caption_column else None) for row in reader)
+
+
+CHECKED_ROWS = 16
+
+
+def check_sampled_rows(rows: tuple[CsvRow, ...], path: str, data_flag: str, cfg: DataConfig) -> None:
+    """Raise ValueError when none of up to CHECKED_ROWS rows spread evenly over `rows` passes training's checks."""
+    sampled = sorted({index * len(rows) // CHECKED_ROWS for index in range(CHECKED_ROWS)})
+    reasons = {}
+    for index in sampled:
+        reason, _ = check_row(rows[index], index, max_image_bytes=cfg.max_image_bytes,
+                              max_caption_bytes=cfg.max_caption_bytes)
+        if reason is None:
+            return
+        reasons[reason] = reasons.get(reason, 0) + 1
+    first = rows[sampled[0]]
+    raise ValueError(f"{data_flag}: none of {len(sampled)} rows sampled from {path} is usable "
+                     f"({', '.join(f'{reason} {count}' for reason, count in reasons.items())}); row {sampled[0]} "
+                     f"has image {first.image_path!r} (relative paths are read from {os.getcwd()}); fix the paths "
+                     "or run from the folder they are relative to")
 
 
 class CsvStream(ShardStream):
