@@ -9,8 +9,10 @@ launches racing for a stale lock, a diverging loss, a read-only run folder), pri
 
 Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
 of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
-The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount (root only; skipped
-otherwise).
+The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount, the other-host row
+makes two host names with `unshare --uts` and the bad-input rows an immutable folder with `chattr +i` (root only;
+skipped otherwise). The huge-member row writes a sparse shard whose image member has FAULT_TABLE_HUGE_MEMBER_BYTES
+(default 6 GiB; it takes no disk) and compares the runs' peak RSS (`os.wait4`).
 """
 from __future__ import annotations
 
@@ -695,7 +697,7 @@ class Bench:
         finally:
             subprocess.run(["chattr", "-i", str(self.run_dir(name))], check=True)
         self.add("`--resume latest` into an immutable run folder (`chattr +i`) holding a dead launch's `run.lock`",
-                 f"rc {result.returncode}: `{last_line(result.stderr)[:170]}...`; traceback: "
+                 f"rc {result.returncode}: `{last_line(result.stderr).split(' | ')[-1][:170]}...`; traceback: "
                  f"{'Traceback' in result.stderr}", "nothing")
 
     def same_second_launches(self) -> None:
