@@ -9,8 +9,10 @@ launches racing for a stale lock, a diverging loss, a read-only run folder), pri
 
 Every run: adacl-tiny, --loss adacl, the demo set (512 samples, 32 px), 256 samples per epoch, 2 epochs
 of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, signals sent at step 11.
-The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount (root only; skipped
-otherwise).
+The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount, the other-host row
+makes two host names with `unshare --uts` and the bad-input rows an immutable folder with `chattr +i` (root only;
+skipped otherwise). The huge-member row writes a sparse shard whose image member has FAULT_TABLE_HUGE_MEMBER_BYTES
+(default 6 GiB; it takes no disk) and compares the runs' peak RSS (`os.wait4`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -31,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
 
 from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
@@ -659,6 +664,56 @@ class Bench:
                  f"`{message(self.log(name), 'has not refreshed its heartbeat')[:150]}...`",
                  "nothing (refused, then taken over)")
 
+    def one_line_errors(self) -> None:
+        """Bad input that ended in a traceback or misleading words: each command's status and last line."""
+        checkpoint = RunDir(self.base_run(1)).epoch_checkpoint(2)
+        fifo, pickle_file = self.work / "fifo.pt", self.work / "code.pt"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        torch.save({"state_dict": CallsPrint()}, pickle_file)
+        evaluation = [sys.executable, "-m", "training.evaluation", "--demo-root", str(self.data), "--output-dir",
+                      str(self.work / "evaluation"), "--in-process", "--model"]
+        cases = [
+            ("`--lr -1`", self.command(1, self.values("lr", 1, lr=-1))),
+            ("`--model ViT-B-32 --pretrained` an adacl-tiny `epoch_2.pt`",
+             self.command(1, self.values("arch", 1, model="ViT-B-32", pretrained=str(checkpoint)))),
+            ("`training.evaluation --in-process --pretrained` a file that is no checkpoint",
+             [*evaluation, "adacl-tiny", "--pretrained", str(self.work / "bin" / "scontrol")]),
+            ("`--pretrained` a pickle that would call `print`",
+             self.command(1, self.values("code", 1, pretrained=str(pickle_file)))),
+            *[(f"`--resume {label}`", self.command(1, self.values("resume-odd", 1, resume=str(path))))
+              for label, path in (("/dev/zero", "/dev/zero"), ("a FIFO", fifo), ("a folder", self.work))],
+        ]
+        for label, command in cases:
+            result = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=900)
+            self.add(label, f"rc {result.returncode}: `{last_line(result.stderr)[:170]}...`; traceback: "
+                            f"{'Traceback' in result.stderr}", "nothing")
+        name = "immutable-1"
+        shutil.copytree(self.base_run(1), self.run_dir(name))
+        (self.run_dir(name) / "run.lock").write_text('{"pid": 999999999, "host": "%s"}' % socket.gethostname())
+        subprocess.run(["chattr", "+i", str(self.run_dir(name))], check=True)
+        try:
+            result, _ = self.run(1, self.values(name, 1, resume="latest"))
+        finally:
+            subprocess.run(["chattr", "-i", str(self.run_dir(name))], check=True)
+        self.add("`--resume latest` into an immutable run folder (`chattr +i`) holding a dead launch's `run.lock`",
+                 f"rc {result.returncode}: `{last_line(result.stderr).split(' | ')[-1][:170]}...`; traceback: "
+                 f"{'Traceback' in result.stderr}", "nothing")
+
+    def same_second_launches(self) -> None:
+        """Two launches without --name started together (a job array's tasks), outside SLURM: their folders."""
+        logs = self.work / "logs-same-second"
+        env = {key: value for key, value in self.env.items() if key != "SLURM_JOB_ID"}
+        values = {**self.values(None, 1, logs=str(logs), epochs=1, train_num_samples=64), "name": None}
+        launches = [subprocess.Popen(self.command(1, values), env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outcomes = [(proc.wait(timeout=900), last_line(proc.stderr.read())) for proc in launches]
+        folders = sorted(path.name for path in logs.iterdir()) if logs.is_dir() else []
+        self.add("two launches without `--name` started at the same moment (a job array), outside SLURM",
+                 f"rc {[rc for rc, _ in outcomes]}; folders {[re.sub(r'-model_.*-p_fp32', '-...', f) for f in folders]}"
+                 f"{'; ' + next(line for rc, line in outcomes if rc) if any(rc for rc, _ in outcomes) else ''}",
+                 "nothing")
+
     def read_only_resume(self, ranks: int) -> None:
         name = f"read-only-{ranks}"
         shutil.copytree(self.base_run(ranks), self.run_dir(name))
@@ -700,6 +755,13 @@ class Bench:
         self.add("a first shard of captions only (no images) before 4 good shards",
                  f"rc {result.returncode}; trained {len(self.steps(name))} steps; "
                  f"`{line[line.find('skipped samples'):line.rindex(',')]}`", "that shard's samples")
+
+
+class CallsPrint:
+    """Pickled as a call of `print`: what a malicious checkpoint holds in place of tensors."""
+
+    def __reduce__(self):
+        return print, ("this ran while loading",)
 
 
 @contextlib.contextmanager
@@ -799,6 +861,8 @@ def main() -> None:
         "cut_shards": bench.cut_shards,
         "killed_during_a_save": bench.killed_during_a_save,
         "lock_of_another_host": bench.lock_of_another_host,
+        "one_line_errors": bench.one_line_errors,
+        "same_second_launches": bench.same_second_launches,
         "read_only_resume": on_1_and_2_ranks(bench.read_only_resume),
         "surprising_names": bench.surprising_names,
         "empty_checkpoint": bench.empty_checkpoint,
@@ -806,7 +870,7 @@ def main() -> None:
         "rank_dies": bench.rank_dies,
     }
     needs_root = {"records_on_a_full_disk", "checkpoints_on_a_full_disk", "dashboards_on_a_full_disk",
-                  "read_only_resume", "lock_of_another_host"}  # they mount a folder, or name a host
+                  "read_only_resume", "lock_of_another_host", "one_line_errors"}  # they mount a folder, or name a host
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
     for name in args.cases or cases:
         if name in needs_root and os.geteuid() != 0:

@@ -9,7 +9,8 @@ launcher inserts it when it is missing and is torchrun otherwise (same options, 
 except for its endings: workers that all stopped for a preemption (exit status 75, a step checkpoint
 saved; `training.trainer.preemption`) end it with status 75 and one line instead of torchrun's failure report;
 a worker that failed ends it with that worker's status (2: a configuration error, whose `error:` line
-the worker printed above; 1: stopped by the data, a diverged loss or a failed final checkpoint; 128 +
+the worker printed above; 1: stopped by the data, a diverged loss, a failed final checkpoint or a collective
+that failed or timed out; 128 +
 the signal that killed it) and one line naming it, instead of torchrun's traceback; and a signal that
 stops torchrun itself (it passes SIGTERM on to the workers, which save and stop) ends it with 128 + the
 signal and one line.
@@ -36,7 +37,8 @@ def with_separator(argv: Sequence[str]) -> List[str]:
                      f"after torchrun's options (e.g. --nproc_per_node 8 -m {TRAINER_MODULE} --train-data ...)")
 
 
-_STATUS_MEANINGS = {1: "stopped by the data, a diverged loss or a failed final checkpoint: its log says which",
+_STATUS_MEANINGS = {1: "stopped by the data, a diverged loss, a failed final checkpoint, or a collective that failed "
+                       "or timed out (another rank died or stalled past --dist-timeout): its log says which",
                     2: "a configuration error: its `error:` line above says what to change"}
 
 

@@ -491,3 +491,33 @@ def test_a_lock_of_another_host_is_taken_over_only_once_its_heartbeat_is_older_t
     assert owner["host"] == "node-b" and owner["pid"] == os.getpid()
     assert re.search(r"Taking over .*run.lock: its owner, PID \d+ on node-a .*, another host, has not refreshed its "
                      r"heartbeat for \d+ s \(more than 1.0 s\): that run is over", caplog.text)
+
+
+class _CallsPrint:
+    def __reduce__(self):
+        return print, ("this ran while loading",)
+
+
+@pytest.mark.parametrize("case", ["lr", "beta2", "dev_zero", "fifo", "folder", "architecture", "pickle"])
+def test_bad_input_is_one_line_in_plain_words(demo_shards, base_run, tmp_path, case):
+    """Each refused before any step in one line naming the problem: AdamW's rules, a --resume that is no regular
+    file, weights of another architecture, and a pickle, whose refusal never quotes torch's advice to load it anyway."""
+    os.mkfifo(tmp_path / "fifo")
+    torch.save({"state_dict": _CallsPrint()}, tmp_path / "code.pt")
+    extra, expected = {
+        "lr": (["--lr", "-1"], r"^--lr must be >= 0 \(AdamW's rule\), got -1.0$"),
+        "beta2": (["--beta2", "1"], r"^--beta2 must be in \[0, 1\) \(AdamW's rule\), got 1.0$"),
+        "dev_zero": (["--resume", "/dev/zero"], r"^--resume /dev/zero: not a regular file \(a device or a pipe\)"),
+        "fifo": (["--resume", str(tmp_path / "fifo")], r": not a regular file \(a device or a pipe\), not a checkpoint"),
+        "folder": (["--resume", str(tmp_path)], r": a folder, not a checkpoint file; pass an existing checkpoint"),
+        "architecture": (["--model", "ViT-B-32", "--pretrained", str(base_run / "checkpoints" / "epoch_2.pt")],
+                         r"was trained as --model adacl-tiny, and --model is ViT-B-32: its weights do not fit that "
+                         r"architecture; pass --model adacl-tiny, or weights of ViT-B-32$"),
+        "pickle": (["--pretrained", str(tmp_path / "code.pt")],
+                   r"\(UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as \(a "
+                   r"pickle's code never runs here\): Unsupported global: GLOBAL print was not an allowed "
+                   r"global by default\); pass an epoch_N.pt"),
+    }[case]
+    with pytest.raises(ConfigError, match=expected) as refusal:
+        main(argv(demo_shards, tmp_path, "bad", *extra))
+    assert "weights_only" not in str(refusal.value) and "\n" not in str(refusal.value)

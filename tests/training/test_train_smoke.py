@@ -2,6 +2,7 @@
 import logging
 import math
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -337,3 +338,11 @@ def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_pat
     assert (recorded["batch_size"], recorded["lr"], recorded["loss_options"]["mode"]) == (32, 2e-3, "literal")
     assert config_from_record(recorded) == config
     assert recorded == load_checkpoint(summary.checkpoint)["args"]
+
+
+def test_a_wall_clock_that_jumps_back_gives_no_negative_durations(tmp_path, monkeypatch):
+    readings = iter(range(10**6, 0, -1))  # the wall clock goes back a second at each reading (an NTP step)
+    monkeypatch.setattr(time, "time", lambda: float(next(readings)))
+    result, *_ = _run_epoch(_batches(poisoned=set()), tmp_path)
+    records = RunDir(tmp_path).metrics("train")
+    assert result.seconds >= 0 and all(r["batch_time"] >= 0 and r["data_time"] >= 0 for r in records)

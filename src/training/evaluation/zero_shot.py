@@ -42,6 +42,7 @@ from clip_benchmark.metrics import image_caption_selection, zeroshot_classificat
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
 from training.export import CONFIG_NAME, export, markdown_table
+from training.trainer.engine.model import check_pretrained
 from training.trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
@@ -300,7 +301,13 @@ def demo_datasets(demo_root: Path) -> list[str]:
 
 
 def load_model(model: str, pretrained: str, device: str):
-    """(model, preprocess, tokenizer) as clip-benchmark loads them; `pretrained` "none" means random init."""
+    """(model, preprocess, tokenizer) as clip-benchmark loads them; `pretrained` "none" means random init. A
+    `pretrained` file that does not load, or records another architecture, is a one-line ValueError."""
+    if pretrained.lower() != "none":
+        try:
+            check_pretrained(model, pretrained)
+        except ValueError as error:
+            raise ValueError(f"--pretrained {pretrained}: {error}") from None
     clip, _, preprocess = open_clip.create_model_and_transforms(
         model, pretrained=None if pretrained.lower() == "none" else pretrained, device=device)
     return clip.eval(), preprocess, open_clip.get_tokenizer(model)

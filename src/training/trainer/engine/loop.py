@@ -258,7 +258,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     steps_per_epoch = num_batches // cfg.accum_freq
     step_in_epoch = first_step = position.batches_in_epoch // cfg.accum_freq
     num_nonfinite_at_start = state.num_nonfinite_steps
-    epoch_start = end = time.time()
+    epoch_start = end = time.monotonic()
 
     batches = iter(dataloader)
     # Restored here, after the loader's iterator drew its seed, so the next batch and step see
@@ -274,7 +274,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         position.batches_in_epoch += 1
         if len(micro_batches) < cfg.accum_freq:
             continue
-        data_time = time.time() - end
+        data_time = time.monotonic() - end
         step_samples = sum(len(b.images) for b in micro_batches) * env.world_size
         if not state.samples_per_schedule_step:
             state.samples_per_schedule_step = step_samples
@@ -283,8 +283,8 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         if loop.keep_loss_records is not None:
             loop.keep_loss_records()
 
-        batch_time = time.time() - end
-        end = time.time()
+        batch_time = time.monotonic() - end
+        end = time.monotonic()
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
             _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
@@ -299,7 +299,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         if preempted:
             return EpochResult(loss=sums.mean_loss, num_steps=step_in_epoch,
                                num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
-                               seconds=time.time() - epoch_start, preempted=True)
+                               seconds=time.monotonic() - epoch_start, preempted=True)
         # Not during a non-finite streak: those weights led into it, and --resume latest would resume them.
         if checkpointer is not None and state.consecutive_nonfinite_steps == 0:
             checkpointer.maybe_save_step()
@@ -310,7 +310,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         num_steps=step_in_epoch,
         num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
         skipped=dict(zip(skip_reasons, skipped)),
-        seconds=time.time() - epoch_start,
+        seconds=time.monotonic() - epoch_start,
     )
     _log_epoch(metrics, state, result, env)
     return result

@@ -24,6 +24,7 @@ from ..flags import MODEL_SHAPE, ConfigError, HelpGroup, OneOrSeveral, flag
 from ..run_folder.checkpoint_digest import CheckpointDamaged
 from ..run_folder.checkpoint_files import load_checkpoint
 from .precision import PRECISIONS
+from ..run_folder.checkpoint_files import first_line
 
 
 def _image_size(size: Union[None, int, List[int]]) -> Union[None, int, Tuple[int, int]]:
@@ -180,10 +181,15 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
     except CheckpointDamaged as error:
         raise ValueError(f"{error}; copy it again from where it was written, or pass another checkpoint") from None
     except Exception as error:  # any unreadable file gets the same advice
-        raise ValueError(f"cannot be read as a checkpoint ({type(error).__name__}: {error}); pass an epoch_N.pt, "
+        raise ValueError(f"cannot be read as a checkpoint ({first_line(error)}); pass an epoch_N.pt, "
                          f"an exported open_clip_model.safetensors or an open_clip state dict") from error
     if not isinstance(state_dict, dict) or not state_dict:
         raise ValueError("holds no state dict (expected a dict of tensors or a checkpoint with 'state_dict')")
+    args = checkpoint.get("args") if not pretrained.endswith(".safetensors") else None  # training.main's record
+    recorded = args.get("model") if isinstance(args, dict) else None
+    if isinstance(recorded, str) and recorded.replace("/", "-") != model_name.replace("/", "-"):
+        raise ValueError(f"was trained as --model {recorded}, and --model is {model_name}: its weights do not fit that "
+                         f"architecture; pass --model {recorded}, or weights of {model_name}")
     return pretrained
 
 

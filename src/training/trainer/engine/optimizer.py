@@ -24,6 +24,13 @@ class OptimizerConfig:
     opt: str = flag("adamw", "Optimizer; only adamw is supported.")
 
     def check(self) -> None:
+        for name, value, valid, rule in (("--lr", self.lr, lambda v: v >= 0, ">= 0"),
+                                         ("--beta1", self.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
+                                         ("--beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
+                                         ("--eps", self.eps, lambda v: v >= 0, ">= 0"),
+                                         ("--wd", self.wd, lambda v: v >= 0, ">= 0")):
+            if value is not None and not valid(value):  # AdamW's own checks, as one line before any work
+                raise ConfigError(f"{name} must be {rule} (AdamW's rule), got {value}")
         if self.opt.lower() != "adamw":
             raise ConfigError(f"--opt {self.opt} is not supported by open_clip_adacl; only --opt adamw is implemented")
 

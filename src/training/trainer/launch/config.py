@@ -170,7 +170,9 @@ class RunConfig:
                               "rank's loss then ignores how its features act as other ranks' negatives); add "
                               "--gather-with-grad")
         if self.resume not in (None, RESUME_LATEST) and not os.path.isfile(self.resume):
-            raise ConfigError(f"--resume {self.resume}: no such file; pass an existing checkpoint or --resume latest")
+            problem = ("no such file" if not os.path.exists(self.resume) else "a folder, not a checkpoint file"
+                       if os.path.isdir(self.resume) else "not a regular file (a device or a pipe), not a checkpoint")
+            raise ConfigError(f"--resume {self.resume}: {problem}; pass an existing checkpoint or --resume latest")
         for given, flag_name in ((self.reset_loss_state, "--reset-loss-state"), (self.resume_anyway, "--resume-anyway")):
             if given and self.resume is None:
                 raise ConfigError(f"{flag_name} only applies when resuming; add --resume latest or --resume PATH")

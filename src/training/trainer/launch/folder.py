@@ -180,10 +180,13 @@ def state_bytes(module: torch.nn.Module) -> int:
 
 
 def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
-    """OpenCLIP's name for a run without --name: rank 0's start time and the main settings."""
-    date = broadcast_object(datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), env)
+    """OpenCLIP's name for a run without --name: rank 0's start time and the main settings, then the SLURM job
+    (each task of a job array has its own) or rank 0's PID, so that launches in the same second differ."""
+    job = os.environ.get("SLURM_JOB_ID")
+    date, launch = broadcast_object((datetime.now().strftime("%Y_%m_%d-%H_%M_%S"),
+                                     f"job_{job}" if job else f"pid_{os.getpid()}"), env)
     return "-".join([date, f"model_{cfg.model.name.replace('/', '-')}", f"lr_{cfg.optimizer.lr}",
-                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}"])
+                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}", launch])
 
 
 def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:

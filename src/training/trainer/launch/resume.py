@@ -293,7 +293,7 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
         try:
             checkpoint = load_checkpoint(path)
         except Exception as load_error:  # noqa: BLE001 - any unreadable file: a truncated zip, a wrong format
-            error = f"{type(load_error).__name__}: {str(load_error).strip().splitlines()[0][:300]}"
+            error = first_line(load_error)
         if any_rank(error is not None, env):  # every rank moves on to the same candidate
             if resume_arg != RESUME_LATEST:
                 raise ConfigError(f"--resume {path}: cannot read the checkpoint ({error or 'failed on another rank'}); "

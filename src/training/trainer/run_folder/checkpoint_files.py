@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -227,5 +228,11 @@ def check_checkpoint_space(checkpoint_dir: os.PathLike, needed_bytes: int) -> No
 
 
 def first_line(error: BaseException) -> str:
+    """The error in one line for a message. torch's refusal of a pickle under weights_only is told in our words:
+    its advice to load the file with weights_only=False (which runs any code a pickle holds) is never passed on."""
+    if isinstance(error, pickle.UnpicklingError):
+        found = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", str(error))  # the cause, not torch's advice
+        return ("UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as (a pickle's "
+                f"code never runs here){f': {found.group(1)[:200]}' if found else ''}")
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
