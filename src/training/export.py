@@ -13,13 +13,14 @@ local-dir and hf-hub loaders read: the architecture, forced image size / context
 logit-bias init included, and the image preprocessing); DIR/open_clip_model.safetensors holds the
 weights (no DDP 'module.' prefix). The export is checked by loading it back with open_clip before
 returning. `--hf-dir` writes the same files plus what a hub model repository holds: README.md, a
-model card (open_clip's `generate_readme`) with the training command, the checkpoint's progress and
-the run's validation results, and the tokenizer's files for Hugging Face tokenizers (open_clip's
-default tokenizer is fully described by the config's text_cfg, which is why open_clip's own
+model card (huggingface_hub's `ModelCard`: library, license and tags in its metadata) with the training
+command, the checkpoint's progress and the run's validation results, and the tokenizer's files for
+Hugging Face tokenizers (open_clip's default tokenizer is fully described by the config's text_cfg, which is why open_clip's own
 `save_for_hf`, calling `tokenizer.save_pretrained`, fails for it). The card's license is `--license`
 (the training data's terms decide it); local paths in the training command are cut to their last
 component (`.../{00000..00099}.tar`), URLs and `pipe:` commands kept; `--eval-dir` adds the
-clip-benchmark table that `python -m training.evaluation --output-dir` wrote there (results.csv).
+clip-benchmark table that `python -m training.evaluation --output-dir` wrote there (results.csv), in the
+card's text and as its metadata's model-index, which the hub shows as the model's evaluation results.
 
 Files are written atomically with the umask's mode, as checkpoints are, into an empty (or new) folder: one
 that holds something is refused unless `--overwrite`, so an export never sits beside another model's files.
@@ -35,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import open_clip
 import torch
-from open_clip.push_to_hf_hub import generate_readme
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors.torch import save
 
 from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
@@ -87,7 +88,7 @@ def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: 
         tokenizer.save_pretrained(str(hf_dir))
     results = read_records(Path(checkpoint_path).parent / RESULTS_NAME)
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
-    _write_text(hf_dir / README_NAME, generate_readme(card, repo_id.split("/")[-1]))
+    _write_text(hf_dir / README_NAME, str(card))
     return hf_dir
 
 
@@ -151,10 +152,23 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# clip-benchmark's task names as the hub's task ids, where the hub has one (model-index task.type)
+HUB_TASK_TYPES = {"zeroshot_classification": "zero-shot-image-classification"}
+
+
+def eval_result(row: Dict[str, str]) -> EvalResult:
+    """One row of training.evaluation's table as the hub's model-index entry."""
+    return EvalResult(task_type=HUB_TASK_TYPES.get(row["task"], row["task"]), task_name=row["task"],
+                      dataset_type=row["dataset"], dataset_name=row["dataset"], metric_type=row["metric"],
+                      metric_value=float(row["value"]))
+
+
 def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str, *, license: str = "other",
-               evaluation: Sequence[Dict[str, str]] = ()) -> Dict[str, Any]:
-    """open_clip's model-card dict: what was trained how (the exact command, local paths cut), its validation
-    results and, when given, the clip-benchmark table of `evaluation` rows."""
+               evaluation: Sequence[Dict[str, str]] = ()) -> ModelCard:
+    """The hub model card: metadata (library, license, tags and, when given, the clip-benchmark `evaluation`
+    rows as model-index results) over what was trained how (the exact command, local paths cut), its
+    validation results and the clip-benchmark table."""
+    model_name = repo_id.split("/")[-1]
     args = {name: public_value(value) for name, value in checkpoint.get("args", {}).items()}
     details = {
         "Architecture": args.get("model", "see open_clip_config.json"),
@@ -180,15 +194,17 @@ def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str, *, licen
                        markdown_table(["dataset", "task", "metric", "value"],
                                       [(row["dataset"], row["task"], row["metric"], float(row["value"]))
                                        for row in evaluation]))
-    return {
-        "description": "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable "
-                       "contrastive losses), exported from its checkpoint.",
-        "details": details,
-        "usage": usage,
-        "comparison": comparison,
-        "license": license,
-        "tags": ("clip", "open_clip", "open_clip_adacl"),
-    }
+    eval_results = [eval_result(row) for row in evaluation]
+    data = ModelCardData(library_name="open_clip", pipeline_tag="zero-shot-image-classification", license=license,
+                         tags=["clip", "open_clip", "open_clip_adacl"],
+                         # model_name names the model-index; without one it would be a stray metadata key
+                         model_name=model_name if eval_results else None, eval_results=eval_results or None)
+    body = (f"# Model card for {model_name}\n\n"
+            "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable contrastive losses), "
+            "exported from its checkpoint.\n\n## Model Details\n" +
+            "".join(f"- **{key}:** {value}\n" for key, value in details.items()) +
+            f"\n## Model Usage\n{usage}\n## Model Comparison\n{comparison}\n")
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 
 def _write_text(path: Path, text: str) -> None:

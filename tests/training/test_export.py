@@ -165,4 +165,5 @@ def test_model_card_cuts_relative_paths_too(tmp_path):
         "logs": ".../logs", "train_data": ".../{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
         "val_data": "https://host/val.tar", "pretrained": "hf-hub:org/model", "model": "adacl-tiny"}
     card = model_card({"args": {"logs": "demo/logs", "model": "adacl-tiny"}, "epoch": 1, "step": 2}, [], "org/m")
-    assert "--logs .../logs" in card["details"]["Training command"] and "demo/logs" not in str(card)
+    assert "- **Training command:** `python -m training.main --model adacl-tiny --logs .../logs`" in str(card)
+    assert "demo/logs" not in str(card)

@@ -6,6 +6,7 @@ from pathlib import Path
 import open_clip
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
 from open_clip_adacl import fused
@@ -64,8 +65,10 @@ def test_hub_folder_loads_through_open_clip_local_dir(pretrained):
 def test_model_card_has_the_training_command_and_results(pretrained, demo_shards):
     checkpoint, hub = pretrained
     card = (hub / README_NAME).read_text()
-    assert card.startswith("---\ntags:\n- clip\n") and "library_name: open_clip" in card
-    assert "license: other\n" in card
+    data = ModelCard.load(hub / README_NAME).data  # the metadata as the hub parses it
+    assert (data.library_name, data.license, data.pipeline_tag) == ("open_clip", "other", "zero-shot-image-classification")
+    assert data.tags == ["clip", "open_clip", "open_clip_adacl"]
+    assert data.eval_results is None and "model-index" not in card and "model_name" not in card  # no --eval-dir
     args = load_checkpoint(checkpoint)["args"]
     public = {**args, "train_data": ".../shard-{000000..000003}.tar", "val_data": ".../shard-000000.tar",
               "logs": f".../{Path(args['logs']).name}"}
@@ -86,7 +89,14 @@ def test_model_card_takes_the_license_and_the_evaluation_table(pretrained, tmp_p
     output = export_main(["--checkpoint", str(checkpoint), "--hf-dir", str(tmp_path / "hub"), "--license",
                           "cc-by-4.0", "--eval-dir", str(tmp_path / "eval")])
     card = (output / README_NAME).read_text()
-    assert "license: cc-by-4.0\n" in card
+    data = ModelCard.load(output / README_NAME).data
+    assert (data.library_name, data.license, data.model_name) == ("open_clip", "cc-by-4.0", "NAME")
+    # the model-index: one result per table row, its number as written; the hub's task id where it has one
+    assert [(result.task_type, result.task_name, result.dataset_type, result.metric_type, result.metric_value)
+            for result in data.eval_results] == [
+        ("zero-shot-image-classification", "zeroshot_classification", "wds/scenes_shape", "acc1", rows[0]["value"]),
+        ("zeroshot_retrieval", "zeroshot_retrieval", "wds/scenes_retrieval", "image_retrieval_recall@5",
+         rows[1]["value"])]
     assert "| dataset | task | metric | value |\n|---|---|---|---|\n" \
            "| wds/scenes_shape | zeroshot_classification | acc1 | 0.6250 |\n" \
            "| wds/scenes_retrieval | zeroshot_retrieval | image_retrieval_recall@5 | 0.5000 |\n" in card
