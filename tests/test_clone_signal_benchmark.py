@@ -61,9 +61,9 @@ def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
     assert text_row["base_rate"] == pytest.approx(7 / 63)
     curves = {cell: {name: (*bench.precision_recall_curve(v["standardized"], v["sibling"])[:2], 7 / 63)
                      for name, v in scored.items()} for cell in bench.CELLS}
-    bench.write_report({cell: rows for cell in bench.CELLS}, curves, tmp_path, "cmd", len(batches), 1.5)
-    report = (tmp_path / "clone_signals.md").read_text()
+    bench.write_report({cell: rows for cell in bench.CELLS}, curves, tmp_path, "cmd", len(batches), 1.5, report_name="look")
+    report = (tmp_path / "look.md").read_text()
     assert f"| `text` | {text_row['flagged']:.3f} | **{text_row['precision']:.3f}** |" in report
-    assert (tmp_path / "clone_signals_pr.png").stat().st_size > 0
-    lines = (tmp_path / "clone_signals_pr.csv").read_text().splitlines()
+    assert (tmp_path / "look_pr.png").stat().st_size > 0 and "[look_pr.png](look_pr.png)" in report
+    lines = (tmp_path / "look_pr.csv").read_text().splitlines()
     assert lines[0] == "cell,signal,recall,precision" and len(lines) == 1 + 2 * len(SIGNALS) * 101

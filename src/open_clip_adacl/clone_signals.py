@@ -97,32 +97,42 @@ def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN):
     few captions (the detail that tells a caption apart) weighs most. Computed over the global batch, so every
     rank gets the same weights."""
     present = torch.unique(all_tokens[all_tokens != pad_token])
-    holds = token_presence(all_tokens, present)
-    document_frequency = holds.sum(0).clamp(min=1)
-    return present, torch.log(all_tokens.shape[0] / document_frequency)
+    document_frequency = torch.sparse.sum(token_presence(all_tokens, present), 0).to_dense() if present.numel() else \
+        torch.zeros(0, device=all_tokens.device)
+    return present, torch.log(all_tokens.shape[0] / document_frequency.clamp(min=1))
 
 
 def token_presence(tokens: torch.Tensor, vocabulary: torch.Tensor) -> torch.Tensor:
-    """rows x V float: 1 where a caption holds the (sorted) vocabulary's token; a set of tokens, not counts."""
-    holds = torch.zeros(tokens.shape[0], vocabulary.numel(), dtype=torch.float32, device=tokens.device)
+    """rows x V, sparse: 1 where a caption holds the (sorted) vocabulary's token; a set of tokens, not counts.
+    Sparse because a caption holds a few dozen of the batch's thousands of distinct tokens."""
+    size = (tokens.shape[0], vocabulary.numel())
     if vocabulary.numel() == 0:
-        return holds
+        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long, device=tokens.device),
+                                       torch.zeros(0, device=tokens.device), size)
     flat = tokens.reshape(-1)
     position = torch.searchsorted(vocabulary, flat).clamp(max=vocabulary.numel() - 1)
     found = vocabulary[position] == flat
     row = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(tokens.shape[1])
-    holds[row[found], position[found]] = 1.0
-    return holds
+    entry = torch.unique(row[found] * vocabulary.numel() + position[found])  # a token held twice counts once
+    indices = torch.stack([entry // vocabulary.numel(), entry % vocabulary.numel()])
+    return torch.sparse_coo_tensor(indices, torch.ones(entry.numel(), device=tokens.device), size,
+                                   check_invariants=False, is_coalesced=True)
 
 
 def weighted_token_overlap(query_tokens: torch.Tensor, all_tokens: torch.Tensor,
                            pad_token: int = PAD_TOKEN) -> torch.Tensor:
     """rows x N weighted Jaccard of the token sets: the idf of the tokens both captions hold over the idf of
-    the tokens either holds (1: the same words; 0: nothing rare in common); 0 where neither holds any."""
+    the tokens either holds (1: the same words; 0: nothing rare in common); 0 where neither holds any.
+    One sparse product: each caption meets only the captions that share a token with it."""
     vocabulary, idf = token_idf(all_tokens, pad_token)
-    query, candidates = token_presence(query_tokens, vocabulary) * idf, token_presence(all_tokens, vocabulary) * idf
-    shared = query @ (candidates > 0).float().T
-    either = query.sum(1, keepdim=True) + candidates.sum(1)[None, :] - shared
+    query, candidates = token_presence(query_tokens, vocabulary), token_presence(all_tokens, vocabulary)
+    weighted = torch.sparse_coo_tensor(query.indices(), idf[query.indices()[1]], query.shape, check_invariants=False,
+                                       is_coalesced=True)
+    shared = torch.sparse.mm(weighted, candidates.t()).to_dense()
+    query_mass = torch.zeros(query.shape[0], device=idf.device).index_add_(0, query.indices()[0], weighted.values())
+    candidate_mass = torch.zeros(candidates.shape[0], device=idf.device).index_add_(
+        0, candidates.indices()[0], idf[candidates.indices()[1]])
+    either = query_mass[:, None] + candidate_mass[None, :] - shared
     return torch.where(either > 0, shared / either.clamp(min=1e-12), torch.zeros_like(shared))
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Dict, List, Optional
+from typing import Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
+from open_clip_adacl.clone_signals import STANDARD_THRESHOLD, PairInputs, clone_scores, flag_clones
 from open_clip_adacl.discovery import clone_pairs
 from open_clip_adacl.distributed import RowGroup, gather_no_grad
 from open_clip_adacl.losses.adacl import MIN_ROWS
@@ -42,6 +43,8 @@ class DiscoveryOptions:
     prior_ratio: float
     std_floor: float           # cosine units, as the loss's option
     pairs_per_row: int         # pairs.jsonl keeps each row's most probable ones; 0: all
+    clone_signals: Tuple[str, ...] = ()  # other clone signals to count (open_clip_adacl.clone_signals)
+    signal_threshold: float = STANDARD_THRESHOLD  # their operating point (clone_signals.flag_clones)
 
 
 @dataclass
@@ -58,6 +61,8 @@ class DirectionResult:
     siblings: Optional[int] = None
     kept_siblings: Optional[int] = None     # among the pairs kept for pairs.jsonl
     flagged_paraphrases: Optional[int] = None  # with families and facts: other family, same facts
+    # per --clone-signals name: its flagged pairs and, with families, its flagged siblings
+    signals: Dict[str, Dict[str, int]] = field(default_factory=dict)
     kept_paraphrases: Optional[int] = None
     pairs: List[dict] = field(default_factory=list)  # rank 0: the kept pairs, as pairs.jsonl lines
 
@@ -120,14 +125,21 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
     logit_scale, logit_bias = encoder.scale_and_bias()
     families, facts = _families(samples, env.device), _fact_ids(samples, env.device)
 
-    results = []
+    logits = {}
     for direction in DIRECTIONS:
         queries, candidates = (image_features, all_text) if direction == "i2t" else (text_features, all_image)
-        logits = logit_scale * queries @ candidates.T  # the loss's logits (ContrastiveLoss.build_batch)
+        logits[direction] = logit_scale * queries @ candidates.T  # the loss's logits (ContrastiveLoss.build_batch)
         if logit_bias is not None:
-            logits = logits + logit_bias
-        results.append(_direction(direction, logits, positive_col, logit_scale, logit_bias, families, facts,
-                                  samples, local.index, options, env))
+            logits[direction] = logits[direction] + logit_bias
+    results = [_direction(direction, logits[direction], positive_col, logit_scale, logit_bias, families, facts,
+                          samples, local.index, options, env) for direction in DIRECTIONS]
+    if options.clone_signals:
+        texts = local.texts.to(env.device) if rows else torch.zeros(0, local.texts.shape[1], dtype=torch.long,
+                                                                    device=env.device)
+        inputs = PairInputs(logits, positive_col, image_features, text_features, all_image, all_text, logit_scale,
+                            RowGroup(split_across_ranks=env.distributed), texts, _gather_rows(texts, counts, env))
+        for result in results:
+            result.signals = _signal_counts(inputs, result.direction, families, options, env)
     return BatchResult(local.index, total, raw_samples, skip_counts, results, samples) if env.is_master else None
 
 
@@ -219,6 +231,22 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
     if env.is_master:
         result.pairs = [line for part in kept_pairs for line in _pair_lines(part, direction, samples, batch_index)]
     return result
+
+
+def _signal_counts(inputs: PairInputs, direction: str, families: Optional[torch.Tensor], options: DiscoveryOptions,
+                   env: DistributedEnv) -> Dict[str, Dict[str, int]]:
+    """Per --clone-signals name, the pairs it flags at its operating point over the global batch and, with
+    ground-truth families, how many of them are siblings."""
+    negatives = torch.arange(inputs.all_image.shape[0], device=env.device)[None, :] != inputs.positive_col[:, None]
+    found = {}
+    for name in options.clone_signals:
+        flagged = flag_clones(name, clone_scores(inputs, name, direction), negatives, options.signal_threshold)
+        counts = [flagged.sum()]
+        if families is not None:
+            counts.append((flagged & (families[inputs.positive_col][:, None] == families[None, :])).sum())
+        totals = all_reduce_sum(torch.stack(counts).long(), env).tolist()
+        found[name] = dict(zip(("flagged", "flagged_siblings"), totals))
+    return found
 
 
 def _kept(row: torch.Tensor, posterior: torch.Tensor, gap: torch.Tensor, per_row: int) -> torch.Tensor:

@@ -9,10 +9,11 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
+from open_clip_adacl.clone_signals import SIGNALS, STANDARD_THRESHOLD
 from open_clip_adacl.losses.adacl import AdaCLLoss
 
 from ..trainer.launch.config import run_flags, source_option_flags
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_trainer_flags(parser.add_argument_group("the loss's discovery (default: the checkpoint's --adacl-* options if "
                                                 "it trained with AdaCL, else AdaCL's defaults)"),
                       [f"adacl_{name}" for name in DISCOVERY_OPTIONS])
+    signals = parser.add_argument_group("other clone signals, counted beside the loss's discovery (docs/clone_signals.md)")
+    signals.add_argument("--clone-signals", default="",
+                         help=f"comma-separated, of {', '.join(SIGNALS)}: each one's flagged pairs and, with "
+                              "ground-truth families, its family precision and recall in the summary")
+    signals.add_argument("--clone-signal-threshold", type=float, default=STANDARD_THRESHOLD,
+                         help="a score signal flags a negative this many standard deviations above its row's negatives")
     output = parser.add_argument_group("output")
     output.add_argument("--output", required=True, type=Path, help="folder for pairs.jsonl, index.html, summary.json")
     output.add_argument("--continue", dest="continue_run", action="store_true",
@@ -95,9 +102,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         raise ValueError("--pretrained loads weights into --model; --checkpoint brings its own: pass one of them")
     if args.data is None and not makes_its_own_samples(args.dataset_type):
         raise ValueError("--data is required: webdataset shards, a csv/tsv file, or the data of --dataset-type")
+    unknown = [name for name in signal_names(args) if name not in SIGNALS]
+    if unknown:
+        raise ValueError(f"--clone-signals: unknown {', '.join(unknown)}; choose from {', '.join(SIGNALS)}")
     if "," in args.caption_key:
         raise ValueError(f"--caption-key {args.caption_key}: discovery reads one caption field; pass one of them")
     return args
+
+
+def signal_names(args: argparse.Namespace) -> Tuple[str, ...]:
+    return tuple(name.strip() for name in args.clone_signals.split(",") if name.strip())
 
 
 def discovery_options(args: argparse.Namespace) -> DiscoveryOptions:
@@ -113,7 +127,8 @@ def discovery_options(args: argparse.Namespace) -> DiscoveryOptions:
              if getattr(args, f"adacl_{name}") is not None}
     options = AdaCLLoss.Options(**{**recorded, **given})
     return DiscoveryOptions(**{name: getattr(options, name) for name in DISCOVERY_OPTIONS},
-                            pairs_per_row=args.pairs_per_row)
+                            pairs_per_row=args.pairs_per_row, clone_signals=signal_names(args),
+                            signal_threshold=args.clone_signal_threshold)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -141,7 +156,7 @@ def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
     options = discovery_options(args)
     settings = {"model": loaded.description, "data": args.data, "dataset_type": kind,
                 "caption_key": ordered.caption_field, "global_batch_size": global_batch(args.batch_size, env.world_size),
-                **asdict(options)}
+                **asdict(options), "clone_signals": list(options.clone_signals)}  # as run.json reads it back
     store = _open_store(args, settings, env)
     start_batch = broadcast_object(store.start_batch if store else None, env)
     page = report.page_selection_from(args.output, args.page_pairs) if store else None

@@ -104,6 +104,10 @@ def summarize(records: Sequence[dict]) -> Dict[str, object]:
                               "flagged_paraphrases", "kept_paraphrases"):
                     if direction.get(field) is not None:
                         totals[field] = totals.get(field, 0) + direction[field]
+                for signal, counts in direction.get("signals", {}).items():
+                    signal_totals = totals.setdefault("signals", {}).setdefault(signal, {})
+                    for field, count in counts.items():
+                        signal_totals[field] = signal_totals.get(field, 0) + count
                 totals["batches"] = totals.get("batches", 0) + 1
                 totals["empty_batches"] = totals.get("empty_batches", 0) + (direction["flagged"] == 0)
                 totals["flat_reference_batches"] = (totals.get("flat_reference_batches", 0)
@@ -131,6 +135,12 @@ def _metrics(totals: Dict[str, float]) -> Dict[str, float]:
                        family_recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
                        sibling_fraction=_ratio(totals["siblings"], totals["negatives"]),
                        kept_family_precision=None, kept_siblings=totals["kept_siblings"])
+    if totals.get("signals"):  # --clone-signals: each one's flags at its operating point
+        metrics["signals"] = {name: {"flagged_fraction": _ratio(counts["flagged"], totals["negatives"]),
+                                     **({"family_precision": _ratio(counts["flagged_siblings"], counts["flagged"]),
+                                         "family_recall": _ratio(counts["flagged_siblings"], totals["siblings"])}
+                                        if "flagged_siblings" in counts else {})}
+                              for name, counts in totals["signals"].items()}
     if "flagged_paraphrases" in totals:  # facts known: other-family pairs that say the same thing are clones too
         metrics.update(paraphrases=totals["flagged_paraphrases"],
                        family_precision_with_paraphrases=_ratio(
@@ -209,6 +219,11 @@ def console_table(summary: Dict[str, object]) -> str:
         lines += ["", *textwrap.wrap(FAMILY_NOTE, TABLE_WIDTH)]
     if "kept_within_one_fact" in pooled:
         lines += textwrap.wrap(FACTS_NOTE, TABLE_WIDTH)
+    for name, metrics in pooled.get("signals", {}).items():
+        lines += textwrap.wrap(f"clone signal {name} (both directions): flagged {_format(metrics['flagged_fraction'])}"
+                               + (f", family precision {_format(metrics['family_precision'])}, recall "
+                                  f"{_format(metrics['family_recall'])}" if "family_precision" in metrics else ""),
+                               TABLE_WIDTH)
     if pooled.get("kept_labels"):
         shares = [f"{count / pooled['kept_pairs']:.1%} {TRUTHS[label]}" for label, count in pooled["kept_labels"].items()]
         lines += textwrap.wrap(f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), TABLE_WIDTH)

@@ -26,6 +26,7 @@ from training.main import main as train_main
 from helpers import REPO
 
 FAMILY = 8
+SIGNALS = "text,tokens,gda_both"  # a feature, a token and a posterior signal
 SRC = REPO / "src"
 
 
@@ -185,14 +186,14 @@ def _damaged_shards(directory):
 
 def _discover_on_rank(rank, world_size, data, output, weights):
     return main(["--model", "adacl-tiny", "--pretrained", weights, "--data", data, "--output", output, "--device",
-                 "cpu", "--workers", "0", "--batch-size", "8", "--adacl-salient", "mean"])
+                 "cpu", "--workers", "0", "--batch-size", "8", "--adacl-salient", "mean", "--clone-signals", SIGNALS])
 
 
 def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
     data = _damaged_shards(tmp_path / "shards")
     # One rank with 2 data workers (each takes every other batch), 2 ranks reading in their main process.
     one = run(data, tmp_path / "one", "--pretrained", weights, "--batch-size", "16", "--adacl-salient", "mean",
-              "--workers", "2")
+              "--workers", "2", "--clone-signals", SIGNALS)
     assert one["skipped"] == {"bad_image": 1, "empty_caption": 1, "duplicate_key": 1}
     two = run_on_ranks(_discover_on_rank, 2, data, str(tmp_path / "two"), weights, init_group=False)
     assert two[1] == {} and two[0]["skipped"] == one["skipped"] and two[0]["samples"] == one["samples"] == 78
@@ -204,6 +205,26 @@ def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
             assert pair[name] == (pytest.approx(value, abs=1e-5) if isinstance(value, float) else value), name
     for record, reference in zip(lines(tmp_path / "two" / BATCHES_FILE), lines(tmp_path / "one" / BATCHES_FILE)):
         assert [d["flagged"] for d in record["directions"]] == [d["flagged"] for d in reference["directions"]]
+        # the other signals too, the token ids gathered from slices of unequal lengths
+        assert [d["signals"] for d in record["directions"]] == [d["signals"] for d in reference["directions"]]
+        assert all(d["signals"]["text"]["flagged"] > 0 for d in record["directions"])
+
+
+def test_other_clone_signals_are_counted_against_the_families(family_data, checkpoint, tmp_path, capsys):
+    summary = run(family_data, tmp_path / "report", "--batch-size", "32", "--clone-signals", "text,text_image_tokens",
+                  model=("--checkpoint", checkpoint))
+    both, table = summary["directions"]["both"], capsys.readouterr().out
+    records = lines(tmp_path / "report" / BATCHES_FILE)
+    for name in ("text", "text_image_tokens"):
+        flagged = sum(d["signals"][name]["flagged"] for r in records for d in r["directions"])
+        siblings = sum(d["signals"][name]["flagged_siblings"] for r in records for d in r["directions"])
+        assert 0 < siblings <= flagged
+        assert both["signals"][name] == {"flagged_fraction": pytest.approx(flagged / both["negatives"]),
+                                         "family_precision": pytest.approx(siblings / flagged),
+                                         "family_recall": pytest.approx(siblings / (both["sibling_fraction"] * both["negatives"]))}
+        assert f"clone signal {name} (both directions): flagged {flagged / both['negatives']:.3f}" in table
+    with pytest.raises(ValueError, match="--clone-signals: unknown nope; choose from gda, gda_both"):
+        run(family_data, tmp_path / "bad", "--clone-signals", "text,nope", model=("--checkpoint", checkpoint))
 
 
 def test_a_checkpoint_of_another_architecture_is_one_line(family_data, weights, checkpoint, tmp_path):
