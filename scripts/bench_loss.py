@@ -22,11 +22,12 @@ measured loss still allocates its own buffers; tracemalloc does not see torch's 
 gloo) each case also runs on W fresh processes with OpenCLIP's `--local-loss --gather-with-grad` at
 the same global N, each rank holding N / W rows, and the table gives the highest rank's peak and every
 rank's (memory only: W processes on a few cores time nothing a GPU rank would see). The memory table
-gives each case's ratio to ClipLoss's peak in the same setting. Everything is reported relative to ClipLoss measured in the
-same run, and `auto / best` compares auto with the faster of fused and eager (by their medians). In one
-process, each ratio also comes paired: the geometric mean over rounds of the two cases' times in the
-same round, with its 95% interval, which leaves out the drift between rounds (with `--processes`, the
-geometric mean over the processes of each one's ratio to its own ClipLoss). The report names the
+gives each case's ratio to ClipLoss's peak in the same setting. Everything is reported relative to
+ClipLoss measured in the same run, and `auto / best` compares auto with the faster of fused and eager
+(by their medians). In one process, each ratio also comes paired (wall clock, and CPU time): the
+geometric mean over rounds of the two cases' times in the same round, with its 95% interval, which
+leaves out the drift between rounds (with `--processes`, the geometric mean over the processes of each
+one's ratio to its own ClipLoss). The report names the
 machine (CPU model and family from /proc/cpuinfo, cores, GPU), auto's choices, and the load average
 before and after the run, which on a shared machine says how far to trust the times.
 
@@ -264,19 +265,22 @@ def markdown_table(rows: Sequence[dict]) -> str:
     eager in that mode (wall clock, and CPU time)."""
     spread = any("processes" in row for row in rows)
     paired = any("paired_ratio" in row for row in rows)
+    paired_cpu = any("paired_cpu_ratio" in row for row in rows)
     lines = ["| inputs | N | loss | path | time (ms) | time ratio | " + ("ratio range | " if spread else "") +
              ("paired ratio (95%) | " if paired else "") +
-             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") + "auto / best | " +
+             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") +
+             ("paired CPU time ratio (95%) | " if paired_cpu else "") + "auto / best | " +
              ("paired auto / best (95%) | " if paired else "") +
              "auto / best, CPU time |",
              "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + ("---:|" if paired else "") + "---:|---:|" +
-             ("---:|" if spread else "") + "---:|" + ("---:|" if paired else "") + "---:|"]
+             ("---:|" if spread else "") + ("---:|" if paired_cpu else "") + "---:|" + ("---:|" if paired else "") + "---:|"]
     for row in rows:
         lines.append(f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
                 f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
                 (f"{ratio_text(row.get('paired_ratio'))} | " if paired else "") +
                 f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
                 (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "") +
+                (f"{ratio_text(row.get('paired_cpu_ratio'))} | " if paired_cpu else "") +
                 f"{_optional(row.get('auto_over_best'))} | " +
                 (f"{_against(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
                 f"{_optional(row.get('auto_over_best_cpu'))} |")
@@ -371,6 +375,7 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_
                        "auto_over_best_cpu": auto_over_best(cpu_seconds, mode) if path == "auto" else None}
                 if case != "clip":
                     row["paired_ratio"] = paired_ratio(rounds[case], rounds["clip"])
+                    row["paired_cpu_ratio"] = paired_ratio(cpu_rounds[case], cpu_rounds["clip"])
                     best = best_path(seconds, mode) if path == "auto" else None
                     if best is not None:
                         row.update(best_path=best, paired_auto_over_best=paired_ratio(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU throughput of AdaCL against CLIP, one command, at most 8 minutes (two parts of at most 4), one table:
+# GPU throughput and peak memory of AdaCL against CLIP, one command, at most 12 minutes (three parts of at most 4):
 #   bash scripts/gpu_bench.sh [OUTPUT_DIR]            on a CUDA machine; OUTPUT_DIR defaults to docs/gpu_bench
 #   bash scripts/gpu_bench.sh --smoke OUTPUT_DIR      the same steps on the CPU at toy sizes (a check, seconds)
 # Needs the project installed (e.g. `source scripts/setup_env.sh`).
@@ -7,9 +7,11 @@
 #      batch 256, --loss clip and --loss adacl: time and their ratio (scripts/bench_step.py);
 #   2. the loss alone, forward + backward at N = 32768, D = 512, on bench_loss.py's three inputs (random
 #      features at logit scale 14.3, trained-like ones at 50 and 100): ClipLoss and AdaCL's two modes on
-#      each selection path, auto (the default), fused (Triton kernels) and eager (scripts/bench_loss.py).
-# Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md and summary.md (device, commit, commands, the
-# one table of both parts, then each part's own report); paste summary.md where docs/THROUGHPUT.md says.
+#      each selection path, auto (the default), fused (Triton kernels) and eager (scripts/bench_loss.py);
+#   3. the loss's peak memory at N = 32768, D = 512 (torch.cuda.max_memory_allocated, each case in a fresh
+#      process; trained-like inputs at 50, the default path) and its ratio to ClipLoss's.
+# Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md, memory.md and summary.md (device, commit, commands,
+# the one table of the first two parts, then each part's own report); paste summary.md where docs/THROUGHPUT.md says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0
@@ -30,6 +32,7 @@ fi
 if (( SMOKE )); then
     STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
+    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --device cpu --inputs trained-50 --paths auto --memory-only)
 else
     if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
@@ -37,10 +40,12 @@ else
     fi
     STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup-steps 5 --repeats 20)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 5)
+    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --inputs trained-50 --paths auto --memory-only)
 fi
 mkdir -p "$OUT_DIR"
 timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"
 timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" --json "$OUT_DIR/loss.json" > /dev/null
+timeout 240 "${MEMORY[@]}" --output "$OUT_DIR/memory.md" > /dev/null
 {
     echo "# GPU benchmarks, $(date -u +%Y-%m-%d)"
     echo
@@ -49,6 +54,8 @@ timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" --json "$OUT_DIR/loss.json"
     echo "\`${STEP[*]}\`"
     echo
     echo "\`${LOSS[*]}\`"
+    echo
+    echo "\`${MEMORY[*]}\`"
     echo
     "$PYTHON" scripts/bench_loss.py --combine "$OUT_DIR/step.json" "$OUT_DIR/loss.json"
     echo
@@ -59,5 +66,9 @@ timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" --json "$OUT_DIR/loss.json"
     echo "## Loss only"
     echo
     cat "$OUT_DIR/loss.md"
+    echo
+    echo "## Loss only, peak memory"
+    echo
+    cat "$OUT_DIR/memory.md"
 } > "$OUT_DIR/summary.md"
 cat "$OUT_DIR/summary.md"

@@ -346,8 +346,8 @@ class AdaCLLoss(ContrastiveLoss):
         rows, its anchor (docs/method.md §3.1-3.5). Reads the batch and the options only.
 
         The text-to-image logits may be the image-to-text ones transposed (`ContrastiveLoss.build_batch`); the
-        selection's row passes then read a contiguous copy, freed when it returns: on the transposed view they
-        took about three times as long (measured: docs/THROUGHPUT.md)."""
+        selection's row passes then read a contiguous copy, freed when it returns: on the transposed view a row's
+        entries lie N apart, and the passes' chunks no longer stay in the cache they are sized for (row_passes.py)."""
         logits, labels, options = batch.logits(direction).detach().contiguous(), batch.labels, self.options
         summary = summarize_rows(logits, labels, with_mean=options.salient == "mean")
         if batch.all_image_features.shape[0] < MIN_ROWS:

@@ -298,6 +298,8 @@ def test_bench_loss_measures_every_case(monkeypatch):
     paired = {**row, "paired_ratio": (1.1, 1.0, 1.2), "paired_auto_over_best": (1.01, 0.98, 1.04), "best_path": "fused"}
     assert ("| 1.000 | 1.100 [1.000, 1.200] | 20.0 | 1.000 | 1.250 | 1.010 [0.980, 1.040] vs fused | 0.500 |"
             in bench.markdown_table([paired]))
+    assert ("| 1.100 [1.000, 1.200] | 20.0 | 1.000 | 0.900 [0.800, 1.000] | 1.250 |"
+            in bench.markdown_table([{**paired, "paired_cpu_ratio": (0.9, 0.8, 1.0)}]))
     assert [bench.rotated(["a", "b", "c"], index) for index in (0, 1, 5)] == [["a", "b", "c"], ["b", "c", "a"],
                                                                           ["c", "a", "b"]]
     machine = bench.describe_machine("cpu", 2)
