@@ -20,6 +20,7 @@ ratio (the two ran back to back, so load drift on a shared machine cancels), and
 CPU-second of the trainer process and its workers together (what the pipeline costs, whatever
 else the machine runs; on a dedicated machine with CPU-bound workers it sets the samples/s).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,11 @@ def write_shards(directory: Path, num_shards: int, shard_size: int, seed: int = 
                 key = f"{shard * 10000 + row:09d}"
                 buffer = io.BytesIO()
                 Image.fromarray(smooth_image(rng, IMAGE_SIDE)).save(buffer, format="JPEG", quality=90)
-                members = {"jpg": buffer.getvalue(), "txt": f"a photo of item {key} in a generated scene".encode(),
-                           "json": json.dumps({"key": key, "status": "success"}).encode()}
+                members = {
+                    "jpg": buffer.getvalue(),
+                    "txt": f"a photo of item {key} in a generated scene".encode(),
+                    "json": json.dumps({"key": key, "status": "success"}).encode(),
+                }
                 for extension, data in members.items():
                     info = tarfile.TarInfo(f"{key}.{extension}")
                     info.size = len(data)
@@ -88,13 +92,24 @@ def openclip_webdataset(cache_dir: Path) -> Path:
     if (target / "webdataset" / "__init__.py").is_file():
         return target
     print(f"installing webdataset=={OPENCLIP_WEBDATASET} into {target} (OpenCLIP's side needs it)", file=sys.stderr)
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-               f"webdataset=={OPENCLIP_WEBDATASET}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--target",
+        str(target),
+        f"webdataset=={OPENCLIP_WEBDATASET}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        sys.exit(f"error: could not install webdataset=={OPENCLIP_WEBDATASET} (needed to run OpenCLIP's pipeline, "
-                 f"which fails with newer webdataset): {result.stderr.strip()[-500:]}\nInstall it yourself with "
-                 f"`{' '.join(command)}` or pass --shard-cache pointing at a folder that has it.")
+        sys.exit(
+            f"error: could not install webdataset=={OPENCLIP_WEBDATASET} (needed to run OpenCLIP's pipeline, "
+            f"which fails with newer webdataset): {result.stderr.strip()[-500:]}\nInstall it yourself with "
+            f"`{' '.join(command)}` or pass --shard-cache pointing at a folder that has it."
+        )
     return target
 
 
@@ -135,18 +150,28 @@ def measure_epoch(build_loader: Callable[[], Iterable], batch_size: int) -> Dict
     del loader
     gc.collect()  # shuts down persistent workers (OpenCLIP's), so that their CPU time is counted
     cpu = cpu_seconds() - cpu_before
-    return {"batches": num_batches, "seconds": end - start, "first_batch_seconds": first - start,
-            "samples_per_second": num_batches * batch_size / (end - start),
-            "steady_samples_per_second": (num_batches - 1) * batch_size / (end - first),
-            "samples_per_cpu_second": num_batches * batch_size / cpu}
+    return {
+        "batches": num_batches,
+        "seconds": end - start,
+        "first_batch_seconds": first - start,
+        "samples_per_second": num_batches * batch_size / (end - start),
+        "steady_samples_per_second": (num_batches - 1) * batch_size / (end - first),
+        "samples_per_cpu_second": num_batches * batch_size / cpu,
+    }
 
 
 def run_ours(args: argparse.Namespace) -> Dict[str, float]:
     from training.trainer.data import DataConfig, build_train_data
 
     preprocess, tokenizer = transforms(args.model)
-    cfg = DataConfig(train_data=args.shards, train_num_samples=args.num_samples, dataset_type="webdataset",
-                     batch_size=args.batch_size, workers=args.workers, seed=0)
+    cfg = DataConfig(
+        train_data=args.shards,
+        train_num_samples=args.num_samples,
+        dataset_type="webdataset",
+        batch_size=args.batch_size,
+        workers=args.workers,
+        seed=0,
+    )
     return measure_epoch(lambda: build_train_data(cfg, preprocess, tokenizer, epoch=0).dataloader, args.batch_size)
 
 
@@ -158,10 +183,24 @@ def run_openclip(args: argparse.Namespace) -> Dict[str, float]:
         raise RuntimeError(f"OpenCLIP's side imported webdataset {webdataset.__version__}, not {OPENCLIP_WEBDATASET}")
     preprocess, tokenizer = transforms(args.model)
     openclip_args = argparse.Namespace(
-        train_data=args.shards, val_data=None, train_num_samples=args.num_samples, dataset_resampled=False,
-        train_data_upsampling_factors=None, seed=0, batch_size=args.batch_size, workers=args.workers, world_size=1)
-    return measure_epoch(lambda: get_wds_dataset(openclip_args, preprocess, is_train=True, epoch=0, floor=True,
-                                                 tokenizer=tokenizer).dataloader, args.batch_size)
+        train_data=args.shards,
+        val_data=None,
+        train_num_samples=args.num_samples,
+        dataset_resampled=False,
+        train_data_upsampling_factors=None,
+        seed=0,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        world_size=1,
+    )
+    return measure_epoch(
+        lambda: (
+            get_wds_dataset(
+                openclip_args, preprocess, is_train=True, epoch=0, floor=True, tokenizer=tokenizer
+            ).dataloader
+        ),
+        args.batch_size,
+    )
 
 
 def run_pipeline(pipeline: str, args: argparse.Namespace, webdataset_dir: Path) -> Dict[str, float]:
@@ -169,9 +208,22 @@ def run_pipeline(pipeline: str, args: argparse.Namespace, webdataset_dir: Path) 
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if pipeline == "openclip":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(webdataset_dir), env.get("PYTHONPATH")]))
-    command = [sys.executable, os.path.abspath(__file__), "--run", pipeline, "--shards", args.shards,
-               "--num-samples", str(args.num_samples), "--batch-size", str(args.batch_size),
-               "--workers", str(args.workers), "--model", args.model]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--run",
+        pipeline,
+        "--shards",
+        args.shards,
+        "--num-samples",
+        str(args.num_samples),
+        "--batch-size",
+        str(args.batch_size),
+        "--workers",
+        str(args.workers),
+        "--model",
+        args.model,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"the {pipeline} pipeline failed:\n{result.stderr[-3000:]}")
@@ -191,35 +243,54 @@ def benchmark(args: argparse.Namespace, webdataset_dir: Path) -> Dict[str, objec
     for pipeline, runs in rounds.items():
         if len({run["batches"] for run in runs}) != 1:
             raise RuntimeError(f"{pipeline} gave different epoch lengths: {runs}")
-        summary[pipeline] = {key: statistics.median(run[key] for run in runs)
-                             for key in ("samples_per_second", "steady_samples_per_second", "first_batch_seconds",
-                                         "samples_per_cpu_second")}
+        summary[pipeline] = {
+            key: statistics.median(run[key] for run in runs)
+            for key in (
+                "samples_per_second",
+                "steady_samples_per_second",
+                "first_batch_seconds",
+                "samples_per_cpu_second",
+            )
+        }
         summary[pipeline]["batches"] = runs[0]["batches"]
     summary["ratio"] = summary["ours"]["samples_per_second"] / summary["openclip"]["samples_per_second"]
     # Per round, the two pipelines ran back to back: the median of those ratios discounts slow drift.
-    summary["paired_ratio"] = statistics.median(ours["samples_per_second"] / theirs["samples_per_second"]
-                                                for ours, theirs in zip(rounds["ours"], rounds["openclip"]))
-    summary["steady_ratio"] = (summary["ours"]["steady_samples_per_second"]
-                               / summary["openclip"]["steady_samples_per_second"])
+    summary["paired_ratio"] = statistics.median(
+        ours["samples_per_second"] / theirs["samples_per_second"]
+        for ours, theirs in zip(rounds["ours"], rounds["openclip"])
+    )
+    summary["steady_ratio"] = (
+        summary["ours"]["steady_samples_per_second"] / summary["openclip"]["steady_samples_per_second"]
+    )
     summary["cpu_ratio"] = summary["ours"]["samples_per_cpu_second"] / summary["openclip"]["samples_per_cpu_second"]
     return {"rounds": rounds, "summary": summary}
 
 
 def report(args: argparse.Namespace, summary: Dict[str, Dict[str, float]]) -> str:
-    lines = [f"Data pipeline, {args.model} training transform, batch {args.batch_size}, {args.workers} worker(s), "
-             f"{args.num_samples} samples per epoch from {args.shards}; median of {args.repeats} alternating rounds.",
-             "", "| pipeline | batches | samples/s (epoch) | samples/s (after 1st batch) | 1st batch (s) | "
-                 "samples per CPU-second |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for pipeline, name in (("ours", "training.trainer.data.build_train_data"),
-                           ("openclip", f"open_clip_train get_wds_dataset (webdataset {OPENCLIP_WEBDATASET})")):
+    lines = [
+        f"Data pipeline, {args.model} training transform, batch {args.batch_size}, {args.workers} worker(s), "
+        f"{args.num_samples} samples per epoch from {args.shards}; median of {args.repeats} alternating rounds.",
+        "",
+        "| pipeline | batches | samples/s (epoch) | samples/s (after 1st batch) | 1st batch (s) | "
+        "samples per CPU-second |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for pipeline, name in (
+        ("ours", "training.trainer.data.build_train_data"),
+        ("openclip", f"open_clip_train get_wds_dataset (webdataset {OPENCLIP_WEBDATASET})"),
+    ):
         row = summary[pipeline]
-        lines.append(f"| {name} | {row['batches']} | {row['samples_per_second']:.1f} | "
-                     f"{row['steady_samples_per_second']:.1f} | {row['first_batch_seconds']:.2f} | "
-                     f"{row['samples_per_cpu_second']:.1f} |")
-    lines += ["", f"ratio ours / OpenCLIP: {summary['ratio']:.3f} (epoch), {summary['steady_ratio']:.3f} "
-                  f"(after the first batch), {summary['paired_ratio']:.3f} (median of the rounds' epoch ratios), "
-                  f"{summary['cpu_ratio']:.3f} (samples per CPU-second, all processes)"]
+        lines.append(
+            f"| {name} | {row['batches']} | {row['samples_per_second']:.1f} | "
+            f"{row['steady_samples_per_second']:.1f} | {row['first_batch_seconds']:.2f} | "
+            f"{row['samples_per_cpu_second']:.1f} |"
+        )
+    lines += [
+        "",
+        f"ratio ours / OpenCLIP: {summary['ratio']:.3f} (epoch), {summary['steady_ratio']:.3f} "
+        f"(after the first batch), {summary['paired_ratio']:.3f} (median of the rounds' epoch ratios), "
+        f"{summary['cpu_ratio']:.3f} (samples per CPU-second, all processes)",
+    ]
     return "\n".join(lines)
 
 
@@ -230,14 +301,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shards", help="brace pattern of existing shards (default: generated ones)")
     parser.add_argument("--num-shards", type=int, default=8, help="generated shards")
     parser.add_argument("--shard-size", type=int, default=512, help="samples per generated shard")
-    parser.add_argument("--num-samples", type=int, default=None,
-                        help="samples per epoch (default: all generated samples, rounded to batch x workers)")
-    add_trainer_flags(parser.add_argument_group("the trainer's flags"), ("batch_size", "workers", "model"),
-                      defaults={"batch_size": 64, "workers": 2, "model": "ViT-B-32"},
-                      notes={"model": "Here: whose image size and tokenizer to use."})
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        help="samples per epoch (default: all generated samples, rounded to batch x workers)",
+    )
+    add_trainer_flags(
+        parser.add_argument_group("the trainer's flags"),
+        ("batch_size", "workers", "model"),
+        defaults={"batch_size": 64, "workers": 2, "model": "ViT-B-32"},
+        notes={"model": "Here: whose image size and tokenizer to use."},
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds per pipeline (median reported)")
-    parser.add_argument("--shard-cache", dest="cache_dir", type=Path, default=DEFAULT_CACHE,
-                        help="where generated shards and webdataset 0.2.86 are kept")
+    parser.add_argument(
+        "--shard-cache",
+        dest="cache_dir",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help="where generated shards and webdataset 0.2.86 are kept",
+    )
     parser.add_argument("--output", help="also write the measurements as JSON to this file")
     parser.add_argument("--run", choices=("ours", "openclip"), help=argparse.SUPPRESS)  # one epoch, in a subprocess
     args = parser.parse_args(argv)

@@ -39,6 +39,7 @@ process per path cannot rank them. Each row then gives the median over the K pro
 ratios to ClipLoss (each process's own ClipLoss) with the lowest and highest, and `auto / best`
 compares the medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,10 @@ INPUTS = {"random": 14.3, "trained-50": 50.0, "trained-100": 100.0}
 TRAINED_PARTS = (0.15, 0.16, 0.04, 2.51)
 CLUSTER_SIZE = 8
 # How a peak is measured, by device (see the docstring).
-MEMORY_MEASURE = {"cpu": "peak resident set (VmHWM) over the resident set once the inputs exist",
-                  "cuda": "torch.cuda.max_memory_allocated over the allocation before the steps"}
+MEMORY_MEASURE = {
+    "cpu": "peak resident set (VmHWM) over the resident set once the inputs exist",
+    "cuda": "torch.cuda.max_memory_allocated over the allocation before the steps",
+}
 # The fused passes compile for matrices from 2048 x 2048 entries (open_clip_adacl.fused.AUTO_MIN_ELEMENTS).
 COMPILE_WARMUP_SIZE = 2048
 
@@ -83,13 +86,17 @@ def cases(paths: Sequence[str]) -> List[str]:
 def build_loss(case: str, rank: int = 0, world_size: int = 1):
     """`case`'s loss; on several ranks with OpenCLIP's `--local-loss --gather-with-grad`."""
     import open_clip
+
     from open_clip_adacl import DistributedSetup, create_loss
 
     local = world_size > 1
     if case == "clip":
         return open_clip.ClipLoss(local_loss=local, gather_with_grad=local, rank=rank, world_size=world_size)
-    return create_loss("adacl", mode=case.split("/")[0].split("-", 1)[1],
-                       dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local))
+    return create_loss(
+        "adacl",
+        mode=case.split("/")[0].split("-", 1)[1],
+        dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local),
+    )
 
 
 def make_features(num: int, dim: int, device: str, inputs: str = "random", seed: int = 0):
@@ -102,7 +109,7 @@ def make_features(num: int, dim: int, device: str, inputs: str = "random", seed:
     if inputs == "random":
         image = unit(num)
         return image.to(device), F.normalize(image + unit(num), dim=-1).to(device)
-    shared, cluster, sample, caption = (part ** 0.5 for part in TRAINED_PARTS)
+    shared, cluster, sample, caption = (part**0.5 for part in TRAINED_PARTS)
     clusters = unit(-(-num // CLUSTER_SIZE)).repeat_interleave(CLUSTER_SIZE, dim=0)[:num]
     image = shared * unit(1) + cluster * clusters + sample * unit(num)
     text = image + caption * unit(num)
@@ -133,8 +140,9 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_cases(num: int, dim: int, device: str, repeats: int, inputs: str,
-               paths: Sequence[str]) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
+def time_cases(
+    num: int, dim: int, device: str, repeats: int, inputs: str, paths: Sequence[str]
+) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
     """Wall-clock seconds and CPU seconds (this process, all threads) of each round's forward+backward of
     each case, rounds interleaved (in an order rotated each round) so drift and order hit all alike. On a
     machine shared with other jobs the CPU time moves less than the wall clock: it leaves out the time the
@@ -166,8 +174,9 @@ def _resident_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str, rank: int = 0,
-                       world_size: int = 1) -> int:
+def peak_memory_worker(
+    case: str, num: int, dim: int, device: str, inputs: str, rank: int = 0, world_size: int = 1
+) -> int:
     """Peak bytes of two training steps above what the inputs already take (this process only). On several
     ranks (the process group from torchrun's environment variables) this rank's rows of the global batch."""
     if world_size > 1:
@@ -177,7 +186,7 @@ def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str, 
 
     def own_rows(features: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         rows = features[0].shape[0] // world_size
-        return tuple(part[rank * rows:(rank + 1) * rows].clone() for part in features)
+        return tuple(part[rank * rows : (rank + 1) * rows].clone() for part in features)
 
     scale = INPUTS[inputs]
     warmup_image, warmup_text = own_rows(make_features(min(num, COMPILE_WARMUP_SIZE), dim, device, inputs))
@@ -201,22 +210,46 @@ def peak_memory_worker(case: str, num: int, dim: int, device: str, inputs: str, 
     return _resident_bytes("VmHWM") - base
 
 
-def measure_peak_memory(case: str, num: int, dim: int, device: str, threads: int, inputs: str,
-                        world_size: int = 1) -> List[int]:
+def measure_peak_memory(
+    case: str, num: int, dim: int, device: str, threads: int, inputs: str, world_size: int = 1
+) -> List[int]:
     """`peak_memory_worker` in fresh interpreters, so no earlier case's memory counts: one per rank (gloo, on
     this machine, each with threads / ranks torch threads); each rank's peak."""
-    command = [sys.executable, os.path.abspath(__file__), "--memory-worker", case, "--sizes", str(num),
-               "--dim", str(dim), "--device", device, "--threads", str(max(1, threads // world_size)),
-               "--inputs", inputs]
-    environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-                   "WORLD_SIZE": str(world_size)}
-    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**environment, "RANK": str(rank)}) for rank in range(world_size)]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--memory-worker",
+        case,
+        "--sizes",
+        str(num),
+        "--dim",
+        str(dim),
+        "--device",
+        device,
+        "--threads",
+        str(max(1, threads // world_size)),
+        "--inputs",
+        inputs,
+    ]
+    environment = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world_size),
+    }
+    workers = [
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**environment, "RANK": str(rank)}
+        )
+        for rank in range(world_size)
+    ]
     outputs = [worker.communicate() for worker in workers]
     for worker, (_, errors) in zip(workers, outputs):
         if worker.returncode:
-            raise SystemExit(f"error: the memory measurement of {case} at N = {num} on {world_size} rank(s) failed "
-                             f"(exit status {worker.returncode}): {errors.strip().splitlines()[-1:]}")
+            raise SystemExit(
+                f"error: the memory measurement of {case} at N = {num} on {world_size} rank(s) failed "
+                f"(exit status {worker.returncode}): {errors.strip().splitlines()[-1:]}"
+            )
     return [int(json.loads(out.strip().splitlines()[-1])["peak_bytes"]) for out, _ in outputs]
 
 
@@ -228,35 +261,57 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def memory_rows(sizes: Sequence[int], dim: int, device: str, threads: int, inputs_kinds: Sequence[str],
-                paths: Sequence[str], ranks: Sequence[int]) -> List[dict]:
+def memory_rows(
+    sizes: Sequence[int],
+    dim: int,
+    device: str,
+    threads: int,
+    inputs_kinds: Sequence[str],
+    paths: Sequence[str],
+    ranks: Sequence[int],
+) -> List[dict]:
     """Peak memory of each case (each rank's, on several ranks) and its ratio to ClipLoss's in the same setting."""
     rows = []
     for inputs in inputs_kinds:
         for num in sizes:
             for world_size in [1, *ranks]:
-                peaks = {case: measure_peak_memory(case, num, dim, device, threads, inputs, world_size)
-                         for case in cases(paths)}
+                peaks = {
+                    case: measure_peak_memory(case, num, dim, device, threads, inputs, world_size)
+                    for case in cases(paths)
+                }
                 for case, per_rank in peaks.items():
                     loss, _, path = case.partition("/")
                     # Tiny batches can reuse freed heap memory, leaving nothing to compare.
                     clip = max(peaks["clip"])
-                    rows.append({"inputs": inputs, "N": num, "ranks": world_size, "loss": loss, "path": path or "-",
-                                 "peak_bytes": max(per_rank), "rank_peak_bytes": per_rank,
-                                 "memory_ratio": max(per_rank) / clip if clip > 0 else float("nan")})
+                    rows.append(
+                        {
+                            "inputs": inputs,
+                            "N": num,
+                            "ranks": world_size,
+                            "loss": loss,
+                            "path": path or "-",
+                            "peak_bytes": max(per_rank),
+                            "rank_peak_bytes": per_rank,
+                            "memory_ratio": max(per_rank) / clip if clip > 0 else float("nan"),
+                        }
+                    )
     return rows
 
 
 def memory_table(rows: Sequence[dict]) -> str:
     """One row per input kind, N, ranks, loss and path: the peak (on several ranks the highest rank's, then each
     rank's) and its ratio to ClipLoss's, with the extra peak in percent."""
-    lines = ["| inputs | N | ranks | loss | path | peak memory (MiB) | each rank (MiB) | memory ratio | extra peak |",
-             "|---|---:|---:|---|---|---:|---|---:|---:|"]
+    lines = [
+        "| inputs | N | ranks | loss | path | peak memory (MiB) | each rank (MiB) | memory ratio | extra peak |",
+        "|---|---:|---:|---|---|---:|---|---:|---:|",
+    ]
     for row in rows:
-        each = " / ".join(f"{peak / 2 ** 20:.0f}" for peak in row["rank_peak_bytes"]) if row["ranks"] > 1 else "-"
-        lines.append(f"| {row['inputs']} | {row['N']} | {row['ranks']} | {row['loss']} | {row['path']} | "
-                     f"{row['peak_bytes'] / 2 ** 20:.1f} | {each} | {row['memory_ratio']:.3f} | "
-                     f"{(row['memory_ratio'] - 1) * 100:+.1f}% |")
+        each = " / ".join(f"{peak / 2**20:.0f}" for peak in row["rank_peak_bytes"]) if row["ranks"] > 1 else "-"
+        lines.append(
+            f"| {row['inputs']} | {row['N']} | {row['ranks']} | {row['loss']} | {row['path']} | "
+            f"{row['peak_bytes'] / 2**20:.1f} | {each} | {row['memory_ratio']:.3f} | "
+            f"{(row['memory_ratio'] - 1) * 100:+.1f}% |"
+        )
     return "\n".join(lines)
 
 
@@ -266,24 +321,39 @@ def markdown_table(rows: Sequence[dict]) -> str:
     spread = any("processes" in row for row in rows)
     paired = any("paired_ratio" in row for row in rows)
     paired_cpu = any("paired_cpu_ratio" in row for row in rows)
-    lines = ["| inputs | N | loss | path | time (ms) | time ratio | " + ("ratio range | " if spread else "") +
-             ("paired ratio (95%) | " if paired else "") +
-             "CPU time (ms) | CPU time ratio | " + ("CPU ratio range | " if spread else "") +
-             ("paired CPU time ratio (95%) | " if paired_cpu else "") + "auto / best | " +
-             ("paired auto / best (95%) | " if paired else "") +
-             "auto / best, CPU time |",
-             "|---|---:|---|---|---:|---:|" + ("---:|" if spread else "") + ("---:|" if paired else "") + "---:|---:|" +
-             ("---:|" if spread else "") + ("---:|" if paired_cpu else "") + "---:|" + ("---:|" if paired else "") + "---:|"]
+    lines = [
+        "| inputs | N | loss | path | time (ms) | time ratio | "
+        + ("ratio range | " if spread else "")
+        + ("paired ratio (95%) | " if paired else "")
+        + "CPU time (ms) | CPU time ratio | "
+        + ("CPU ratio range | " if spread else "")
+        + ("paired CPU time ratio (95%) | " if paired_cpu else "")
+        + "auto / best | "
+        + ("paired auto / best (95%) | " if paired else "")
+        + "auto / best, CPU time |",
+        "|---|---:|---|---|---:|---:|"
+        + ("---:|" if spread else "")
+        + ("---:|" if paired else "")
+        + "---:|---:|"
+        + ("---:|" if spread else "")
+        + ("---:|" if paired_cpu else "")
+        + "---:|"
+        + ("---:|" if paired else "")
+        + "---:|",
+    ]
     for row in rows:
-        lines.append(f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
-                f"{row['time_ratio']:.3f} | " + (f"{_range(row.get('time_ratio_range'))} | " if spread else "") +
-                (f"{ratio_text(row.get('paired_ratio'))} | " if paired else "") +
-                f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | " +
-                (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "") +
-                (f"{ratio_text(row.get('paired_cpu_ratio'))} | " if paired_cpu else "") +
-                f"{_optional(row.get('auto_over_best'))} | " +
-                (f"{_against(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "") +
-                f"{_optional(row.get('auto_over_best_cpu'))} |")
+        lines.append(
+            f"| {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | {row['seconds'] * 1e3:.1f} | "
+            f"{row['time_ratio']:.3f} | "
+            + (f"{_range(row.get('time_ratio_range'))} | " if spread else "")
+            + (f"{ratio_text(row.get('paired_ratio'))} | " if paired else "")
+            + f"{row['cpu_seconds'] * 1e3:.1f} | {row['cpu_ratio']:.3f} | "
+            + (f"{_range(row.get('cpu_ratio_range'))} | " if spread else "")
+            + (f"{ratio_text(row.get('paired_cpu_ratio'))} | " if paired_cpu else "")
+            + f"{_optional(row.get('auto_over_best'))} | "
+            + (f"{_against(row.get('paired_auto_over_best'), row.get('best_path'))} | " if paired else "")
+            + f"{_optional(row.get('auto_over_best_cpu'))} |"
+        )
     return "\n".join(lines)
 
 
@@ -316,9 +386,22 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
     rows with the median over the processes and their range; and the decisions of every `auto` process."""
     runs: Dict[str, List[dict]] = {path: [] for path in args.paths}
     choices: List[dict] = []
-    base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--dim", str(args.dim),
-            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads),
-            "--inputs", *args.inputs]
+    base = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--sizes",
+        *map(str, args.sizes),
+        "--dim",
+        str(args.dim),
+        "--device",
+        args.device,
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+        "--inputs",
+        *args.inputs,
+    ]
     for index in range(args.processes):
         for path in rotated(args.paths, index):
             output = Path(args.scratch) / f"{path}-{index}.json"
@@ -346,7 +429,9 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
                 merged["paired_ratio"] = paired_ratio(ratios, [1.0] * len(ratios))
             rows.append(merged)
     order = {case: index for index, case in enumerate(cases(args.paths))}
-    rows.sort(key=lambda row: (row["inputs"], row["N"], order["/".join(filter(None, (row["loss"], row["path"].strip("-"))))]))
+    rows.sort(
+        key=lambda row: (row["inputs"], row["N"], order["/".join(filter(None, (row["loss"], row["path"].strip("-"))))])
+    )
     for row in rows:
         if row["path"] == "auto":
             medians = {(r["loss"], r["path"]): r for r in rows if r["inputs"] == row["inputs"] and r["N"] == row["N"]}
@@ -357,8 +442,9 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
     return rows, choices
 
 
-def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_kinds: Sequence[str],
-              paths: Sequence[str]) -> List[dict]:
+def benchmark(
+    sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_kinds: Sequence[str], paths: Sequence[str]
+) -> List[dict]:
     rows = []
     for inputs in inputs_kinds:
         for num in sizes:
@@ -368,18 +454,27 @@ def benchmark(sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_
             for case in seconds:
                 loss, _, path = case.partition("/")
                 mode = loss.partition("-")[2]  # "" for clip
-                row = {"inputs": inputs, "N": num, "loss": loss, "path": path or "-", "seconds": seconds[case],
-                       "time_ratio": seconds[case] / seconds["clip"], "cpu_seconds": cpu_seconds[case],
-                       "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
-                       "auto_over_best": auto_over_best(seconds, mode) if path == "auto" else None,
-                       "auto_over_best_cpu": auto_over_best(cpu_seconds, mode) if path == "auto" else None}
+                row = {
+                    "inputs": inputs,
+                    "N": num,
+                    "loss": loss,
+                    "path": path or "-",
+                    "seconds": seconds[case],
+                    "time_ratio": seconds[case] / seconds["clip"],
+                    "cpu_seconds": cpu_seconds[case],
+                    "cpu_ratio": cpu_seconds[case] / cpu_seconds["clip"],
+                    "auto_over_best": auto_over_best(seconds, mode) if path == "auto" else None,
+                    "auto_over_best_cpu": auto_over_best(cpu_seconds, mode) if path == "auto" else None,
+                }
                 if case != "clip":
                     row["paired_ratio"] = paired_ratio(rounds[case], rounds["clip"])
                     row["paired_cpu_ratio"] = paired_ratio(cpu_rounds[case], cpu_rounds["clip"])
                     best = best_path(seconds, mode) if path == "auto" else None
                     if best is not None:
-                        row.update(best_path=best, paired_auto_over_best=paired_ratio(
-                            rounds[case], rounds[case_name(mode, best)]))
+                        row.update(
+                            best_path=best,
+                            paired_auto_over_best=paired_ratio(rounds[case], rounds[case_name(mode, best)]),
+                        )
                 rows.append(row)
     return rows
 
@@ -390,14 +485,21 @@ def combined_table(step_json: str, loss_json: str) -> str:
         with open(step_json) as step_file, open(loss_json) as loss_file:
             step, loss = json.load(step_file), json.load(loss_file)
         lines = ["| part | inputs | N | loss | path | time (ms) | ratio to clip |", "|---|---|---:|---|---|---:|---:|"]
-        lines += [f"| training step, {row['model']} | - | {row['batch_size']} | {row['loss']} | "
-                  f"{'auto' if row['loss'] != 'clip' else '-'} | {row['seconds'] * 1e3:.1f} | {row['ratio']:.3f} |"
-                  for row in step["rows"]]
-        lines += [f"| loss | {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | "
-                  f"{row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} |" for row in loss["rows"]]
+        lines += [
+            f"| training step, {row['model']} | - | {row['batch_size']} | {row['loss']} | "
+            f"{'auto' if row['loss'] != 'clip' else '-'} | {row['seconds'] * 1e3:.1f} | {row['ratio']:.3f} |"
+            for row in step["rows"]
+        ]
+        lines += [
+            f"| loss | {row['inputs']} | {row['N']} | {row['loss']} | {row['path']} | "
+            f"{row['seconds'] * 1e3:.1f} | {row['time_ratio']:.3f} |"
+            for row in loss["rows"]
+        ]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise SystemExit(f"error: cannot combine {step_json} and {loss_json} ({type(error).__name__}: {error}); "
-                         f"pass a bench_step.py --output and a bench_loss.py --json file")
+        raise SystemExit(
+            f"error: cannot combine {step_json} and {loss_json} ({type(error).__name__}: {error}); "
+            f"pass a bench_step.py --output and a bench_loss.py --json file"
+        )
     return "\n".join(lines) + f"\n\n{step['settings']}\n\n{loss['settings']}"
 
 
@@ -406,9 +508,11 @@ def auto_choices(decisions: Optional[List[dict]] = None) -> str:
     timings of the selection passes)."""
     from open_clip_adacl import fused
 
-    return "\n".join(f"- {d['passes']} passes, {d['rows']} x {d['cols']} {d['dtype']} on {d['device']}: {d['choice']} "
-                     f"(fused {'-' if d['fused_ms'] is None else format(d['fused_ms'], '.1f')} ms, eager {d['eager_ms']:.1f} ms)"
-                     for d in (fused.decisions() if decisions is None else decisions))
+    return "\n".join(
+        f"- {d['passes']} passes, {d['rows']} x {d['cols']} {d['dtype']} on {d['device']}: {d['choice']} "
+        f"(fused {'-' if d['fused_ms'] is None else format(d['fused_ms'], '.1f')} ms, eager {d['eager_ms']:.1f} ms)"
+        for d in (fused.decisions() if decisions is None else decisions)
+    )
 
 
 def describe_machine(device: str, threads: int) -> str:
@@ -417,7 +521,9 @@ def describe_machine(device: str, threads: int) -> str:
     from training.loss_comparison.report import machine_info
 
     info = machine_info(device)
-    return f"CPU {info['cpu']}, {info['cores']} cores, {threads} torch thread(s){info.get('gpu', '')}; code {info['code']}"
+    return (
+        f"CPU {info['cpu']}, {info['cores']} cores, {threads} torch thread(s){info.get('gpu', '')}; code {info['code']}"
+    )
 
 
 def load_average() -> str:
@@ -433,36 +539,64 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_trainer_flags(parser, ("device",), defaults={"device": "cpu"}, notes={"device": "Here: cpu or cuda."})
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per case (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--inputs", nargs="+", choices=tuple(INPUTS), default=list(INPUTS),
-                        help="input kinds (see the docstring; default all)")
-    parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=list(PATHS),
-                        help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        choices=tuple(INPUTS),
+        default=list(INPUTS),
+        help="input kinds (see the docstring; default all)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=tuple(PATHS),
+        default=list(PATHS),
+        help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)",
+    )
     parser.add_argument("--memory", action="store_true", help="also measure peak memory (a fresh process per case)")
     parser.add_argument("--memory-only", action="store_true", help="measure peak memory only, no timed rounds")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[],
-                        help="with --memory: also each rank's peak on this many gloo ranks (CPU), OpenCLIP's "
-                             "--local-loss --gather-with-grad at the same global N (see the docstring)")
-    parser.add_argument("--processes", type=int, default=0,
-                        help="run each path alone in this many fresh processes and report the median and range of "
-                             "their ratios (see the docstring; 0: every path in this one process)")
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[],
+        help="with --memory: also each rank's peak on this many gloo ranks (CPU), OpenCLIP's "
+        "--local-loss --gather-with-grad at the same global N (see the docstring)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="run each path alone in this many fresh processes and report the median and range of "
+        "their ratios (see the docstring; 0: every path in this one process)",
+    )
     parser.add_argument("--output", help="also write the report to this file")
     parser.add_argument("--json", help="also write the settings, rows and auto's choices as JSON to this file")
-    parser.add_argument("--combine", nargs=2, metavar=("STEP_JSON", "LOSS_JSON"),
-                        help="print one table of a bench_step.py --output and a bench_loss.py --json, nothing else")
+    parser.add_argument(
+        "--combine",
+        nargs=2,
+        metavar=("STEP_JSON", "LOSS_JSON"),
+        help="print one table of a bench_step.py --output and a bench_loss.py --json, nothing else",
+    )
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1 or min(args.sizes) < 3 or args.dim < 1 or args.threads < 1 or args.processes < 0:
-        parser.error("--repeats, --dim and --threads must be at least 1, --processes at least 0 and every --sizes "
-                     "value at least 3")
+        parser.error(
+            "--repeats, --dim and --threads must be at least 1, --processes at least 0 and every --sizes "
+            "value at least 3"
+        )
     args.memory = args.memory or args.memory_only
     if args.processes and args.memory:
         parser.error("--memory runs its own fresh process per case; measure it without --processes")
     if args.ranks and not args.memory:
         parser.error("--ranks measures peak memory per rank: add --memory (or --memory-only)")
     if any(world_size < 2 or any(num % world_size for num in args.sizes) for world_size in args.ranks) or (
-            args.ranks and args.device != "cpu"):
-        parser.error("every --ranks value must be at least 2 and divide every --sizes value, on --device cpu "
-                     "(the ranks are gloo processes on this machine)")
+        args.ranks and args.device != "cpu"
+    ):
+        parser.error(
+            "every --ranks value must be at least 2 and divide every --sizes value, on --device cpu "
+            "(the ranks are gloo processes on this machine)"
+        )
     return args
 
 
@@ -473,8 +607,15 @@ def main(argv=None) -> None:
         return
     torch.set_num_threads(args.threads)
     if args.memory_worker:
-        peak = peak_memory_worker(args.memory_worker, args.sizes[0], args.dim, args.device, args.inputs[0],
-                                  int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+        peak = peak_memory_worker(
+            args.memory_worker,
+            args.sizes[0],
+            args.dim,
+            args.device,
+            args.inputs[0],
+            int(os.environ.get("RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)),
+        )
         print(json.dumps({"peak_bytes": peak}))
         return
     load_before = load_average()
@@ -484,26 +625,36 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             args.scratch = scratch
             rows, decisions = benchmark_in_processes(args)
-        how = (f"each path alone in {args.processes} fresh processes (median of {args.repeats} rounds in each; "
-               f"the row: the median over the processes and their range); ratios against ClipLoss in the same process")
+        how = (
+            f"each path alone in {args.processes} fresh processes (median of {args.repeats} rounds in each; "
+            f"the row: the median over the processes and their range); ratios against ClipLoss in the same process"
+        )
     elif args.memory_only:
         rows, decisions, how = [], None, "peak memory only"
     else:
         rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.inputs, args.paths)
         decisions, how = None, f"median of {args.repeats} rounds; ratios against ClipLoss in the same run"
-    peaks = memory_rows(args.sizes, args.dim, args.device, args.threads, args.inputs, args.paths,
-                        args.ranks) if args.memory else []
-    report = (f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, "
-              f"{describe_machine(args.device, args.threads)}; load average {load_before} before, {load_average()} "
-              f"after; {how}.\n\n")
+    peaks = (
+        memory_rows(args.sizes, args.dim, args.device, args.threads, args.inputs, args.paths, args.ranks)
+        if args.memory
+        else []
+    )
+    report = (
+        f"Loss forward+backward, D={args.dim}, torch {torch.__version__}, "
+        f"{describe_machine(args.device, args.threads)}; load average {load_before} before, {load_average()} "
+        f"after; {how}.\n\n"
+    )
     if rows:
-        report += (f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
-                   f"{auto_choices(decisions) or '- none (auto not run, or no AdaCL step)'}\n")
+        report += (
+            f"{markdown_table(rows)}\n\nauto's choices (its own timing of the selection passes):\n"
+            f"{auto_choices(decisions) or '- none (auto not run, or no AdaCL step)'}\n"
+        )
     if peaks:
         report += ("\n" if rows else "") + (
             f"Peak memory of two steps above the inputs, each case in fresh processes ({MEMORY_MEASURE[args.device]}); "
             f"ranks > 1: OpenCLIP's --local-loss --gather-with-grad on gloo, the highest rank's peak; ratios against "
-            f"ClipLoss's peak in the same setting:\n\n{memory_table(peaks)}\n")
+            f"ClipLoss's peak in the same setting:\n\n{memory_table(peaks)}\n"
+        )
     print(report)
     from training.discover.store import write_atomically
 
@@ -512,8 +663,12 @@ def main(argv=None) -> None:
     if args.json:
         from open_clip_adacl import fused
 
-        payload = {"settings": report.split("\n\n")[0], "rows": rows, "memory_rows": peaks,
-                   "auto_choices": fused.decisions() if decisions is None else decisions}
+        payload = {
+            "settings": report.split("\n\n")[0],
+            "rows": rows,
+            "memory_rows": peaks,
+            "auto_choices": fused.decisions() if decisions is None else decisions,
+        }
         write_atomically(Path(args.json), json.dumps(payload, indent=1) + "\n")
 
 

@@ -16,6 +16,7 @@ Each round also times every loss alone (forward and backward on the model's feat
 batch, detached): the loss's share is its median over the step's, what a faster or slower loss
 can change in the step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,12 @@ from typing import Dict, List, Sequence
 import torch
 
 from open_clip_adacl import create_loss
+from training.loss_comparison.stats import paired_ratio, ratio_text
+from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
-from training.loss_comparison.stats import paired_ratio, ratio_text
-from training.trainer.launch.tool_flags import add_trainer_flags
 from training.trainer.engine.precision import build_precision, resolve_precision
-from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
+from training.trainer.launch.tool_flags import add_trainer_flags
 
 DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")
 OPTIMIZER = OptimizerConfig(lr=1e-4, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6)
@@ -58,12 +59,12 @@ def parse_case(case: str) -> tuple:
 def random_batch(model: torch.nn.Module, batch_size: int, device: torch.device, dtype) -> MicroBatch:
     """Images at the model's input size and token ids at its context length (fixed seed)."""
     generator = torch.Generator().manual_seed(0)
-    height, width = model.visual.image_size if isinstance(model.visual.image_size, tuple) else (
-        model.visual.image_size,) * 2
+    height, width = (
+        model.visual.image_size if isinstance(model.visual.image_size, tuple) else (model.visual.image_size,) * 2
+    )
     images = torch.randn(batch_size, 3, height, width, generator=generator)
     texts = torch.randint(1, model.vocab_size, (batch_size, model.context_length), generator=generator)
-    return MicroBatch(images.to(device=device, dtype=dtype), texts.to(device),
-                      torch.arange(batch_size, device=device))
+    return MicroBatch(images.to(device=device, dtype=dtype), texts.to(device), torch.arange(batch_size, device=device))
 
 
 def build_trainees(model_name: str, losses: Sequence[str], precision: str, device: torch.device) -> Dict[str, Trainee]:
@@ -104,8 +105,16 @@ def loss_seconds(trainee: Trainee, features: tuple, device: torch.device) -> flo
     return time.perf_counter() - start
 
 
-def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, device: torch.device, precision: str,
-               warmup: int, repeats: int) -> List[dict]:
+def bench_case(
+    model_name: str,
+    batch_size: int,
+    losses: Sequence[str],
+    *,
+    device: torch.device,
+    precision: str,
+    warmup: int,
+    repeats: int,
+) -> List[dict]:
     """One row per loss: median step seconds, samples/s, the ratio to the first loss and the loss's share."""
     trainees = build_trainees(model_name, losses, precision, device)
     first = next(iter(trainees.values())).model
@@ -127,22 +136,36 @@ def bench_case(model_name: str, batch_size: int, losses: Sequence[str], *, devic
             alone[loss].append(loss_seconds(trainees[loss], features, device))
     medians = {loss: statistics.median(values) for loss, values in seconds.items()}
     baseline = losses[0]
-    return [{"model": model_name, "batch_size": batch_size, "loss": loss, "seconds": medians[loss],
-             "samples_per_second": batch_size / medians[loss], "ratio": medians[loss] / medians[baseline],
-             # Within a round the losses ran back to back: pairing their times removes the drift between rounds.
-             "paired_ratio": paired_ratio(seconds[loss], seconds[baseline]),
-             "loss_seconds": statistics.median(alone[loss]),
-             "loss_share": statistics.median(alone[loss]) / medians[loss],
-             "rounds": seconds[loss]} for loss in losses]
+    return [
+        {
+            "model": model_name,
+            "batch_size": batch_size,
+            "loss": loss,
+            "seconds": medians[loss],
+            "samples_per_second": batch_size / medians[loss],
+            "ratio": medians[loss] / medians[baseline],
+            # Within a round the losses ran back to back: pairing their times removes the drift between rounds.
+            "paired_ratio": paired_ratio(seconds[loss], seconds[baseline]),
+            "loss_seconds": statistics.median(alone[loss]),
+            "loss_share": statistics.median(alone[loss]) / medians[loss],
+            "rounds": seconds[loss],
+        }
+        for loss in losses
+    ]
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    lines = ["| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio (95%) | loss alone (ms) | "
-             "loss's share of the step |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | batch | loss | step time (ms) | samples/s | ratio | paired ratio (95%) | loss alone (ms) | "
+        "loss's share of the step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
-        lines.append(f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
-                     f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {ratio_text(row['paired_ratio'])} | "
-                     f"{row['loss_seconds'] * 1e3:.1f} | {row['loss_share']:.1%} |")
+        lines.append(
+            f"| {row['model']} | {row['batch_size']} | {row['loss']} | {row['seconds'] * 1e3:.1f} | "
+            f"{row['samples_per_second']:.1f} | {row['ratio']:.3f} | {ratio_text(row['paired_ratio'])} | "
+            f"{row['loss_seconds'] * 1e3:.1f} | {row['loss_share']:.1%} |"
+        )
     return "\n".join(lines)
 
 
@@ -151,18 +174,27 @@ def describe_device(device: torch.device, threads: int) -> str:
     from training.loss_comparison.report import machine_info
 
     info = machine_info(device.type)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
-        f"CPU {info['cpu']}, {info['cores']} cores, {threads} thread(s), load average {info['load']}")
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else (f"CPU {info['cpu']}, {info['cores']} cores, {threads} thread(s), load average {info['load']}")
+    )
     return f"{where}; code {info['code']}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=parse_case, nargs="+", default=[parse_case(c) for c in DEFAULT_CASES],
-                        help="MODEL:BATCH cases (per-process batch)")
+    parser.add_argument(
+        "--cases",
+        type=parse_case,
+        nargs="+",
+        default=[parse_case(c) for c in DEFAULT_CASES],
+        help="MODEL:BATCH cases (per-process batch)",
+    )
     parser.add_argument("--losses", nargs="+", default=["clip", "adacl"], help="the first is the ratios' baseline")
-    add_trainer_flags(parser.add_argument_group("the trainer's flags"), ("device", "precision"),
-                      defaults={"device": "cpu"})
+    add_trainer_flags(
+        parser.add_argument_group("the trainer's flags"), ("device", "precision"), defaults={"device": "cpu"}
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--warmup-steps", dest="warmup", type=int, default=2, help="untimed steps per loss first")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
@@ -181,11 +213,20 @@ def main(argv=None) -> List[dict]:
     precision = resolve_precision(args.precision, device.type)
     rows = []
     for model_name, batch_size in args.cases:
-        rows += bench_case(model_name, batch_size, args.losses, device=device, precision=precision,
-                           warmup=args.warmup, repeats=args.repeats)
-    settings = (f"Training step (forward, loss, backward, AdamW), {precision}, torch {torch.__version__}, "
-                f"{describe_device(device, args.threads)}; median of {args.repeats} interleaved rounds after "
-                f"{args.warmup} warm-up steps; ratio against --loss {args.losses[0]} in the same run.")
+        rows += bench_case(
+            model_name,
+            batch_size,
+            args.losses,
+            device=device,
+            precision=precision,
+            warmup=args.warmup,
+            repeats=args.repeats,
+        )
+    settings = (
+        f"Training step (forward, loss, backward, AdamW), {precision}, torch {torch.__version__}, "
+        f"{describe_device(device, args.threads)}; median of {args.repeats} interleaved rounds after "
+        f"{args.warmup} warm-up steps; ratio against --loss {args.losses[0]} in the same run."
+    )
     print(f"{settings}\n\n{markdown_table(rows)}")
     if args.output:
         with open(args.output, "w") as handle:

@@ -16,6 +16,7 @@ ways: its rows split between threads (the default), in turn with each op on torc
 one thread. `--busy K` starts K processes that keep a core busy for the whole run, as other jobs on a
 shared machine do. The report names the machine, the code and the load average before and after.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List
 
 import torch
-
 from bench_loss import INPUTS, build_loss, describe_machine, load_average, make_features, rotated, train_step
+
 from training.loss_comparison.stats import paired_ratio, ratio_text
 
 CASES = ("clip", "side by side", "in turn")
@@ -67,8 +68,11 @@ def loss_steps(size: int, dim: int, inputs: str, mode: str) -> Dict[str, Callabl
     """One forward+backward of each of `CASES`."""
     image, text = make_features(size, dim, "cpu", inputs)
     scale = INPUTS[inputs]
-    losses = {"clip": build_loss("clip"), "side by side": build_loss(f"adacl-{mode}/auto"),
-              "in turn": build_loss(f"adacl-{mode}/auto")}
+    losses = {
+        "clip": build_loss("clip"),
+        "side by side": build_loss(f"adacl-{mode}/auto"),
+        "in turn": build_loss(f"adacl-{mode}/auto"),
+    }
 
     def step(case: str) -> None:
         with without_own_threads() if case == "in turn" else nullcontext():
@@ -85,8 +89,11 @@ def summary_steps(size: int, dim: int, inputs: str) -> Dict[str, Callable[[], No
     image, text = make_features(size, dim, "cpu", inputs)
     logits = INPUTS[inputs] * image @ text.T
     positive_col = torch.arange(size)
-    context = {"rows split": nullcontext, "in turn": without_own_threads,
-               "one thread": lambda: one_cpu_thread(logits.device)}
+    context = {
+        "rows split": nullcontext,
+        "in turn": without_own_threads,
+        "one thread": lambda: one_cpu_thread(logits.device),
+    }
 
     def step(case: str) -> None:
         with context[case]():
@@ -99,16 +106,21 @@ def loss_rows(seconds: Dict[str, List[float]], mode: str) -> List[str]:
     """Each case's median time, and its paired ratios to ClipLoss and to `in turn`."""
     rows = [f"| clip | - | {statistics.median(seconds['clip']) * 1e3:.1f} | 1.000 | - |"]
     for case in CASES[1:]:
-        rows.append(f"| adacl-{mode} | {case} | {statistics.median(seconds[case]) * 1e3:.1f} | "
-                    f"{ratio_text(paired_ratio(seconds[case], seconds['clip']))} | "
-                    f"{ratio_text(paired_ratio(seconds[case], seconds['in turn']))} |")
+        rows.append(
+            f"| adacl-{mode} | {case} | {statistics.median(seconds[case]) * 1e3:.1f} | "
+            f"{ratio_text(paired_ratio(seconds[case], seconds['clip']))} | "
+            f"{ratio_text(paired_ratio(seconds[case], seconds['in turn']))} |"
+        )
     return rows
 
 
 def summary_rows(seconds: Dict[str, List[float]]) -> List[str]:
     """Each way's median time, and its paired ratio to `one thread`."""
-    return [f"| {case} | {statistics.median(seconds[case]) * 1e3:.1f} | "
-            f"{ratio_text(paired_ratio(seconds[case], seconds['one thread']))} |" for case in SUMMARY_CASES]
+    return [
+        f"| {case} | {statistics.median(seconds[case]) * 1e3:.1f} | "
+        f"{ratio_text(paired_ratio(seconds[case], seconds['one thread']))} |"
+        for case in SUMMARY_CASES
+    ]
 
 
 def _busy() -> None:
@@ -128,8 +140,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", help="also write the report to this file")
     args = parser.parse_args(argv)
     if args.threads < 2 or args.repeats < 2 or args.size < 3 or args.dim < 1 or args.busy < 0:
-        parser.error("--threads and --repeats must be at least 2 (with one thread both cases are the same code), "
-                     "--size at least 3, --dim at least 1, --busy at least 0")
+        parser.error(
+            "--threads and --repeats must be at least 2 (with one thread both cases are the same code), "
+            "--size at least 3, --dim at least 1, --busy at least 0"
+        )
     return args
 
 
@@ -142,21 +156,30 @@ def main(argv=None) -> None:
         process.start()
     try:
         before = load_average()
-        rows = ["| loss | threads | time (ms) | paired ratio to ClipLoss (95%) | paired ratio to in turn (95%) |",
-                "|---|---|---:|---:|---:|"]
+        rows = [
+            "| loss | threads | time (ms) | paired ratio to ClipLoss (95%) | paired ratio to in turn (95%) |",
+            "|---|---|---:|---:|---:|",
+        ]
         for mode in args.modes:
             rows += loss_rows(interleaved(loss_steps(args.size, args.dim, args.inputs, mode), args.repeats), mode)
-        rows += ["", "The summary pass alone (one direction):", "",
-                 "| summary pass | time (ms) | paired ratio to one thread (95%) |", "|---|---:|---:|"]
+        rows += [
+            "",
+            "The summary pass alone (one direction):",
+            "",
+            "| summary pass | time (ms) | paired ratio to one thread (95%) |",
+            "|---|---:|---:|",
+        ]
         rows += summary_rows(interleaved(summary_steps(args.size, args.dim, args.inputs), args.repeats))
         after = load_average()
     finally:
         for process in busy:
             process.terminate()
-    text = (f"AdaCL's threads, forward+backward, N={args.size}, D={args.dim}, {args.inputs} inputs, torch "
-            f"{torch.__version__}, {describe_machine('cpu', args.threads)}; {args.busy} busy process(es) beside it; "
-            f"load average {before} before, {after} after; medians of {args.repeats} rounds, ratios paired by "
-            f"round.\n\n" + "\n".join(rows) + "\n")
+    text = (
+        f"AdaCL's threads, forward+backward, N={args.size}, D={args.dim}, {args.inputs} inputs, torch "
+        f"{torch.__version__}, {describe_machine('cpu', args.threads)}; {args.busy} busy process(es) beside it; "
+        f"load average {before} before, {after} after; medians of {args.repeats} rounds, ratios paired by "
+        f"round.\n\n" + "\n".join(rows) + "\n"
+    )
     print(text)
     if args.output:
         from training.discover.store import write_atomically

@@ -15,6 +15,7 @@ above its row's negatives), the same at neighbouring cuts, the best a single thr
 and on the row-standardized scores (read off their precision-recall curves, with the labels), and the sibling
 base rate: <results-dir>/clone_signals.md, clone_signals_pr.csv and clone_signals_pr.png (standardized scores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,29 +26,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import glyph_benchmark
 import numpy as np
 import torch
 import webdataset as wds
 from PIL import Image
 
-import glyph_benchmark
-from open_clip_adacl.clone_signals import (POSTERIORS, SIGNALS, STANDARD_THRESHOLD, clone_scores, flag_clones, pair_inputs,
-                                           standardized_over_negatives)
+from open_clip_adacl.clone_signals import (
+    POSTERIORS,
+    SIGNALS,
+    STANDARD_THRESHOLD,
+    clone_scores,
+    flag_clones,
+    pair_inputs,
+    standardized_over_negatives,
+)
 from open_clip_adacl.distributed import RowGroup
 from training.discover.model import load_discovery_model
 
 CELLS = {"finetune-gold": "txt", "finetune-weak": "txt_weak"}  # cell -> the captions it trains on
-FAMILIES_PER_BATCH = 8            # --train-group-size 8 at batch 64 (recipes glyphs-*)
-GOAL = (0.8, 0.5)                 # precision at recall
-CUTS = (1.0, 1.25, 1.75, 2.0)     # neighbouring operating points, in standard deviations
+FAMILIES_PER_BATCH = 8  # --train-group-size 8 at batch 64 (recipes glyphs-*)
+GOAL = (0.8, 0.5)  # precision at recall
+CUTS = (1.0, 1.25, 1.75, 2.0)  # neighbouring operating points, in standard deviations
 
 
 @dataclass
 class EncodedSamples:
-    family: torch.Tensor                 # S
-    image: torch.Tensor                  # S x D, normalized
-    text: Dict[str, torch.Tensor]        # caption key -> S x D, normalized
-    tokens: Dict[str, torch.Tensor]      # caption key -> S x L
+    family: torch.Tensor  # S
+    image: torch.Tensor  # S x D, normalized
+    text: Dict[str, torch.Tensor]  # caption key -> S x D, normalized
+    tokens: Dict[str, torch.Tensor]  # caption key -> S x L
     logit_scale: torch.Tensor
 
 
@@ -74,13 +82,16 @@ def training_batches(family: torch.Tensor, seed: int, limit: Optional[int]) -> L
     """Sample indices of batches of FAMILIES_PER_BATCH whole families, in a seeded random order of families."""
     families = torch.unique(family)
     order = families[torch.randperm(families.numel(), generator=torch.Generator().manual_seed(seed))]
-    batches = [torch.cat([torch.nonzero(family == f).flatten() for f in order[start:start + FAMILIES_PER_BATCH]])
-               for start in range(0, order.numel() - FAMILIES_PER_BATCH + 1, FAMILIES_PER_BATCH)]
+    batches = [
+        torch.cat([torch.nonzero(family == f).flatten() for f in order[start : start + FAMILIES_PER_BATCH]])
+        for start in range(0, order.numel() - FAMILIES_PER_BATCH + 1, FAMILIES_PER_BATCH)
+    ]
     return batches[:limit] if limit else batches
 
 
-def score_cell(encoded: EncodedSamples, caption_key: str, batches: Sequence[torch.Tensor],
-               threshold: float) -> Dict[str, dict]:
+def score_cell(
+    encoded: EncodedSamples, caption_key: str, batches: Sequence[torch.Tensor], threshold: float
+) -> Dict[str, dict]:
     """Per signal, every negative (both directions pooled): its raw and row-standardized score, its family label,
     and its flags at the operating point (`flagged`) and at the neighbouring cuts."""
     found = {name: {} for name in SIGNALS}
@@ -88,8 +99,18 @@ def score_cell(encoded: EncodedSamples, caption_key: str, batches: Sequence[torc
         image, text = encoded.image[index], encoded.text[caption_key][index]
         logits = encoded.logit_scale * image @ text.T
         positive_col = torch.arange(index.numel())
-        inputs = pair_inputs(logits, logits.T, positive_col, image, text, image, text, encoded.logit_scale,
-                             RowGroup(False), local_tokens=encoded.tokens[caption_key][index])
+        inputs = pair_inputs(
+            logits,
+            logits.T,
+            positive_col,
+            image,
+            text,
+            image,
+            text,
+            encoded.logit_scale,
+            RowGroup(False),
+            local_tokens=encoded.tokens[caption_key][index],
+        )
         family = encoded.family[index]
         negative = positive_col[:, None] != positive_col[None, :]
         sibling = (family[:, None] == family[None, :]) & negative
@@ -97,9 +118,13 @@ def score_cell(encoded: EncodedSamples, caption_key: str, batches: Sequence[torc
             for direction in ("i2t", "t2i"):
                 scores = clone_scores(inputs, name, direction)
                 standardized = standardized_over_negatives(scores, negative)
-                parts = {"score": scores, "standardized": standardized, "sibling": sibling,
-                         "flagged": flag_clones(name, scores, negative, threshold),
-                         **{cut: (standardized > cut) & negative for cut in CUTS}}
+                parts = {
+                    "score": scores,
+                    "standardized": standardized,
+                    "sibling": sibling,
+                    "flagged": flag_clones(name, scores, negative, threshold),
+                    **{cut: (standardized > cut) & negative for cut in CUTS},
+                }
                 for key, value in parts.items():
                     found[name].setdefault(key, []).append(value[negative])
     return {name: {key: torch.cat(parts) for key, parts in values.items()} for name, values in found.items()}
@@ -129,52 +154,84 @@ def best_precision_at_half_recall(score: torch.Tensor, sibling: torch.Tensor) ->
 def signal_row(values: dict) -> dict:
     sibling = values["sibling"]
     precision, recall = precision_and_recall(values["flagged"], sibling)
-    return {"flagged": values["flagged"].float().mean().item(), "precision": precision, "recall": recall,
-            "cuts": {cut: precision_and_recall(values[cut], sibling) for cut in CUTS},
-            "raw_best": best_precision_at_half_recall(values["score"], sibling),
-            "standardized_best": best_precision_at_half_recall(values["standardized"], sibling),
-            "base_rate": sibling.float().mean().item()}
+    return {
+        "flagged": values["flagged"].float().mean().item(),
+        "precision": precision,
+        "recall": recall,
+        "cuts": {cut: precision_and_recall(values[cut], sibling) for cut in CUTS},
+        "raw_best": best_precision_at_half_recall(values["score"], sibling),
+        "standardized_best": best_precision_at_half_recall(values["standardized"], sibling),
+        "base_rate": sibling.float().mean().item(),
+    }
 
 
-def write_report(results: Dict[str, Dict[str, dict]], curves: Dict[str, Dict[str, tuple]], results_dir: Path,
-                 command: str, batches: int, threshold: float, checkpoint: Optional[Path] = None,
-                 report_name: str = "clone_signals") -> None:
+def write_report(
+    results: Dict[str, Dict[str, dict]],
+    curves: Dict[str, Dict[str, tuple]],
+    results_dir: Path,
+    command: str,
+    batches: int,
+    threshold: float,
+    checkpoint: Optional[Path] = None,
+    report_name: str = "clone_signals",
+) -> None:
     cut_names = " | ".join(f"z > {cut}" for cut in CUTS)
-    lines = ["# Results: label-free clone signals against the glyph families", "",
-             f"Generated by `{command}` (the signals: `open_clip_adacl.clone_signals`, described in "
-             "[clone_signals.md](../clone_signals.md)). Model: "
-             + (f"`{checkpoint}`; " if checkpoint else "the glyph fine-tuning cells' common checkpoint (`clip`, recipe "
-                "glyphs-pretrain, seed 1000), the features every fine-tuning run starts from; ")
-             + f"{batches} batches of 64 training samples (8 whole families in a seeded random order, so 7 of a row's "
-             "63 negatives are siblings), both directions pooled. Each cell is read with the captions it trains on. "
-             "Operating point (`flag_clones`): for `gda` and `gda_both` a posterior above 1/2 (AdaCL's candidates "
-             f"at prior ratio 1, what `adaclw` weights); for the others a score more than z = {threshold} standard "
-             "deviations above the mean of its row's negatives. Precision / recall at neighbouring cuts beside it. "
-             "The `best` columns read the precision-recall curve of one threshold over all scored negatives, on the "
-             "raw scores and on the row-standardized ones: they use the labels to place the threshold (what a "
-             f"signal could reach, not what it reaches). Goal: precision >= {GOAL[0]} at recall >= {GOAL[1]}.", ""]
+    lines = [
+        "# Results: label-free clone signals against the glyph families",
+        "",
+        f"Generated by `{command}` (the signals: `open_clip_adacl.clone_signals`, described in "
+        "[clone_signals.md](../clone_signals.md)). Model: "
+        + (
+            f"`{checkpoint}`; "
+            if checkpoint
+            else "the glyph fine-tuning cells' common checkpoint (`clip`, recipe "
+            "glyphs-pretrain, seed 1000), the features every fine-tuning run starts from; "
+        )
+        + f"{batches} batches of 64 training samples (8 whole families in a seeded random order, so 7 of a row's "
+        "63 negatives are siblings), both directions pooled. Each cell is read with the captions it trains on. "
+        "Operating point (`flag_clones`): for `gda` and `gda_both` a posterior above 1/2 (AdaCL's candidates "
+        f"at prior ratio 1, what `adaclw` weights); for the others a score more than z = {threshold} standard "
+        "deviations above the mean of its row's negatives. Precision / recall at neighbouring cuts beside it. "
+        "The `best` columns read the precision-recall curve of one threshold over all scored negatives, on the "
+        "raw scores and on the row-standardized ones: they use the labels to place the threshold (what a "
+        f"signal could reach, not what it reaches). Goal: precision >= {GOAL[0]} at recall >= {GOAL[1]}.",
+        "",
+    ]
     for cell, rows in results.items():
-        lines += [f"## `{cell}` (captions `{CELLS[cell]}`)", "",
-                  "| signal | flagged | precision | recall | sibling base rate | " + cut_names
-                  + " | best precision at recall >= 0.5, raw | the same, row-standardized |",
-                  "|---" * (7 + len(CUTS)) + "|"]
+        lines += [
+            f"## `{cell}` (captions `{CELLS[cell]}`)",
+            "",
+            "| signal | flagged | precision | recall | sibling base rate | "
+            + cut_names
+            + " | best precision at recall >= 0.5, raw | the same, row-standardized |",
+            "|---" * (7 + len(CUTS)) + "|",
+        ]
         for name, row in rows.items():
-            cuts = " | ".join("-" if name in POSTERIORS else f"{precision:.2f} / {recall:.2f}"
-                              for precision, recall in row["cuts"].values())
-            lines.append(f"| `{name}` | {row['flagged']:.3f} | **{row['precision']:.3f}** | **{row['recall']:.3f}** | "
-                         f"{row['base_rate']:.3f} | {cuts} | {row['raw_best']:.3f} | {row['standardized_best']:.3f} |")
+            cuts = " | ".join(
+                "-" if name in POSTERIORS else f"{precision:.2f} / {recall:.2f}"
+                for precision, recall in row["cuts"].values()
+            )
+            lines.append(
+                f"| `{name}` | {row['flagged']:.3f} | **{row['precision']:.3f}** | **{row['recall']:.3f}** | "
+                f"{row['base_rate']:.3f} | {cuts} | {row['raw_best']:.3f} | {row['standardized_best']:.3f} |"
+            )
         lines.append("")
-    lines += [f"Curves (row-standardized scores): [{report_name}_pr.png]({report_name}_pr.png) (data: "
-              f"[{report_name}_pr.csv]({report_name}_pr.csv), 101 recall levels per cell and signal, the best "
-              "precision at or above each).", ""]
+    lines += [
+        f"Curves (row-standardized scores): [{report_name}_pr.png]({report_name}_pr.png) (data: "
+        f"[{report_name}_pr.csv]({report_name}_pr.csv), 101 recall levels per cell and signal, the best "
+        "precision at or above each).",
+        "",
+    ]
     (results_dir / f"{report_name}.md").write_text("\n".join(lines))
     write_curves(curves, results_dir, report_name)
 
 
 def write_curves(curves: Dict[str, Dict[str, tuple]], results_dir: Path, name: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     levels = np.linspace(0, 1, 101)
     figure, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 5), squeeze=False)
     with (results_dir / f"{name}_pr.csv").open("w", newline="") as handle:
@@ -183,8 +240,7 @@ def write_curves(curves: Dict[str, Dict[str, tuple]], results_dir: Path, name: s
         for axis, (cell, signals) in zip(axes[0], curves.items()):
             for number, (signal, (precision, recall, base_rate)) in enumerate(signals.items()):
                 # the interpolated curve: the best precision at recall >= each level
-                best = [precision[recall >= level].max().item() if (recall >= level).any() else 0.0
-                        for level in levels]
+                best = [precision[recall >= level].max().item() if (recall >= level).any() else 0.0 for level in levels]
                 writer.writerows([cell, signal, f"{level:.2f}", f"{value:.4f}"] for level, value in zip(levels, best))
                 axis.plot(levels, best, label=signal, color=plt.cm.tab20(number))
             axis.axhline(base_rate, color="grey", linestyle=":", label="sibling base rate")
@@ -197,18 +253,31 @@ def write_curves(curves: Dict[str, Dict[str, tuple]], results_dir: Path, name: s
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"),
-                        help="where the glyph data and the pretraining checkpoint are written once")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("runs/glyphs"),
+        help="where the glyph data and the pretraining checkpoint are written once",
+    )
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--batches", type=int, default=None, help="score only the first N batches (default: all 96)")
     parser.add_argument("--batch-order-seed", type=int, default=0, help="the order of families into batches")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="score another model state (a trainer checkpoint of adacl-tiny on this data, e.g. a "
-                             "fine-tuned run's) instead of the common pretraining checkpoint")
-    parser.add_argument("--report-name", default="clone_signals",
-                        help="<results-dir>/<name>.md, <name>_pr.csv and <name>_pr.png")
-    parser.add_argument("--threshold", type=float, default=STANDARD_THRESHOLD,
-                        help="the operating point of a score, in standard deviations of its row's negatives")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="score another model state (a trainer checkpoint of adacl-tiny on this data, e.g. a "
+        "fine-tuned run's) instead of the common pretraining checkpoint",
+    )
+    parser.add_argument(
+        "--report-name", default="clone_signals", help="<results-dir>/<name>.md, <name>_pr.csv and <name>_pr.png"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=STANDARD_THRESHOLD,
+        help="the operating point of a score, in standard deviations of its row's negatives",
+    )
     args = parser.parse_args(argv)
     manifest = glyph_benchmark.prepare_data(args.output_dir)
     checkpoint = args.checkpoint or glyph_benchmark.pretrain(args.output_dir, manifest)
@@ -218,18 +287,28 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for cell, caption_key in CELLS.items():
         scored = score_cell(encoded, caption_key, batches, args.threshold)
         results[cell] = {name: signal_row(values) for name, values in scored.items()}
-        curves[cell] = {name: (*precision_recall_curve(values["standardized"], values["sibling"])[:2],
-                               values["sibling"].float().mean().item()) for name, values in scored.items()}
+        curves[cell] = {
+            name: (
+                *precision_recall_curve(values["standardized"], values["sibling"])[:2],
+                values["sibling"].float().mean().item(),
+            )
+            for name, values in scored.items()
+        }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     command = "python scripts/clone_signal_benchmark.py" + "".join(
-        f" --{flag} {value}" for flag, value, default in (("batches", args.batches, None),
-                                                          ("batch-order-seed", args.batch_order_seed, 0),
-                                                          ("threshold", args.threshold, STANDARD_THRESHOLD),
-                                                          ("checkpoint", args.checkpoint, None),
-                                                          ("report-name", args.report_name, "clone_signals"))
-        if value != default)
-    write_report(results, curves, args.results_dir, command, len(batches), args.threshold, args.checkpoint,
-                 args.report_name)
+        f" --{flag} {value}"
+        for flag, value, default in (
+            ("batches", args.batches, None),
+            ("batch-order-seed", args.batch_order_seed, 0),
+            ("threshold", args.threshold, STANDARD_THRESHOLD),
+            ("checkpoint", args.checkpoint, None),
+            ("report-name", args.report_name, "clone_signals"),
+        )
+        if value != default
+    )
+    write_report(
+        results, curves, args.results_dir, command, len(batches), args.threshold, args.checkpoint, args.report_name
+    )
     print((args.results_dir / f"{args.report_name}.md").read_text())
 
 

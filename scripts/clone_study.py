@@ -23,6 +23,7 @@ below the comparison's marker. Regimes (docs/adacl.md §5):
 - transfer: `clip` pretrained on scenes of one half of the colour x shape combinations, then each
   loss fine-tunes it on the clone-dense scenes of the other half, where it is also evaluated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,43 +61,60 @@ POSITIVE_CONTROLS = "clip,oracle:weight=16,hnnce"
 class Regime:
     title: str
     losses: str
-    recipe: str                            # every run's trainer flags (training.trainer.launch.recipes: clone-<regime>)
-    combinations: str = "all"              # the scenes' colour-shape combinations (SceneConfig.combinations)
+    recipe: str  # every run's trainer flags (training.trainer.launch.recipes: clone-<regime>)
+    combinations: str = "all"  # the scenes' colour-shape combinations (SceneConfig.combinations)
     pretrain_combinations: Optional[str] = None  # transfer: `clip` is first pretrained on these (clone-scratch)
     controls: Optional[str] = None  # the variants of `--controls`, positive controls first
 
 
 REGIMES = {
     "scratch": Regime("Scratch: clone-dense batches, gold captions", f"{CONTROLS},glofnd,fne", "clone-scratch"),
-    "pseudo": Regime("Pseudo captions: training on a generic captioner's captions, evaluation on gold captions",
-                     CONTROLS, "clone-pseudo", controls=f"{POSITIVE_CONTROLS},adacl"),
-    "transfer": Regime("Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones", CONTROLS,
-                       "clone-transfer", combinations="odd", pretrain_combinations="even",
-                       controls=f"{POSITIVE_CONTROLS},adacl,adacl:paper"),
+    "pseudo": Regime(
+        "Pseudo captions: training on a generic captioner's captions, evaluation on gold captions",
+        CONTROLS,
+        "clone-pseudo",
+        controls=f"{POSITIVE_CONTROLS},adacl",
+    ),
+    "transfer": Regime(
+        "Transfer: CLIP pretrained on other scenes, fine-tuned on clone-dense ones",
+        CONTROLS,
+        "clone-transfer",
+        combinations="odd",
+        pretrain_combinations="even",
+        controls=f"{POSITIVE_CONTROLS},adacl,adacl:paper",
+    ),
 }
 # Where the regime reports stand: the controls and the amended judgments come first (docs/preregistration.md).
-READ_FIRST = ("**Read first:** the positive controls (an oracle and HN-NCE) from scratch, on pseudo captions and "
-              "when fine-tuning ([results/controls.md](results/controls.md), "
-              "[results/controls_scratch2.md](results/controls_scratch2.md), "
-              "[results/controls_pseudo.md](results/controls_pseudo.md), "
-              "[results/controls_transfer.md](results/controls_transfer.md)), the registered fine-tuning study of "
-              "the clone cosine margin and shape accuracy on ten new seeds "
-              "([results/margins_transfer.md](results/margins_transfer.md), "
-              "[results/margins_transfer_shape.md](results/margins_transfer_shape.md)), the readings of our Algorithm 1 "
-              "([results/controls_readings.md](results/controls_readings.md), "
-              "[results/controls_paper.md](results/controls_paper.md), "
-              "[results/controls_mechanism.md](results/controls_mechanism.md), "
-              "[results/controls_more_mechanism.md](results/controls_more_mechanism.md); the cells that ran across "
-              "commits re-run on one, [results/cells_one_commit.md](results/cells_one_commit.md)), and every regime's "
-              "runs "
-              "judged by the "
-              "amended collapse rule and registered secondary family ([results/reassessed.md](results/reassessed.md)). "
-              "The regime reports below hold their runs as first run, judged again by that rule and family "
-              "(`python scripts/reassess_study.py` rewrites them from their per-run CSVs); their "
-              "`adacl:preset=paper` runs ran our first reading of Algorithm 1, now `--adacl-preset first-reading`.")
+READ_FIRST = (
+    "**Read first:** the positive controls (an oracle and HN-NCE) from scratch, on pseudo captions and "
+    "when fine-tuning ([results/controls.md](results/controls.md), "
+    "[results/controls_scratch2.md](results/controls_scratch2.md), "
+    "[results/controls_pseudo.md](results/controls_pseudo.md), "
+    "[results/controls_transfer.md](results/controls_transfer.md)), the registered fine-tuning study of "
+    "the clone cosine margin and shape accuracy on ten new seeds "
+    "([results/margins_transfer.md](results/margins_transfer.md), "
+    "[results/margins_transfer_shape.md](results/margins_transfer_shape.md)), the readings of our Algorithm 1 "
+    "([results/controls_readings.md](results/controls_readings.md), "
+    "[results/controls_paper.md](results/controls_paper.md), "
+    "[results/controls_mechanism.md](results/controls_mechanism.md), "
+    "[results/controls_more_mechanism.md](results/controls_more_mechanism.md); the cells that ran across "
+    "commits re-run on one, [results/cells_one_commit.md](results/cells_one_commit.md)), and every regime's "
+    "runs "
+    "judged by the "
+    "amended collapse rule and registered secondary family ([results/reassessed.md](results/reassessed.md)). "
+    "The regime reports below hold their runs as first run, judged again by that rule and family "
+    "(`python scripts/reassess_study.py` rewrites them from their per-run CSVs); their "
+    "`adacl:preset=paper` runs ran our first reading of Algorithm 1, now `--adacl-preset first-reading`."
+)
 # The sections of each regime's report that RESULTS.md repeats (the rest stays in the regime's page).
-KEPT_SECTIONS = ("Summary", "Primary endpoint", "Paired against `clip`", "Clone-negative selection",
-                 "AdaCL mechanism", "Clone detection")
+KEPT_SECTIONS = (
+    "Summary",
+    "Primary endpoint",
+    "Paired against `clip`",
+    "Clone-negative selection",
+    "AdaCL mechanism",
+    "Clone detection",
+)
 
 
 def endpoint_argv(study: str) -> List[str]:
@@ -133,11 +151,20 @@ def write_scenes(data_dir: Path, combinations: str, seed: int = 0) -> None:
         manifest = json.loads((data_dir / "manifest.json").read_text())
         written = (manifest["scene_config"]["combinations"], manifest["seed"])
         if written != (combinations, seed):
-            raise ValueError(f"{data_dir} holds scenes of combinations {written[0]!r} and data seed {written[1]}, "
-                             f"not {combinations!r} and {seed}: remove it")
+            raise ValueError(
+                f"{data_dir} holds scenes of combinations {written[0]!r} and data seed {written[1]}, "
+                f"not {combinations!r} and {seed}: remove it"
+            )
         return
-    write_demo_dataset(data_dir, seed=seed, num_train=QUICK.num_train, num_val=QUICK.num_val, num_test=QUICK.num_test,
-                       shard_size=QUICK.shard_size, config=replace(SceneConfig(), combinations=combinations))
+    write_demo_dataset(
+        data_dir,
+        seed=seed,
+        num_train=QUICK.num_train,
+        num_val=QUICK.num_val,
+        num_test=QUICK.num_test,
+        shard_size=QUICK.shard_size,
+        config=replace(SceneConfig(), combinations=combinations),
+    )
 
 
 def pretrain(regime: Regime, output_root: Path) -> Path:
@@ -150,17 +177,27 @@ def pretrain(regime: Regime, output_root: Path) -> Path:
     epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
     run_dir = RunDir(logs / name)
     try:
-        check_or_record_identity(run_dir.path, training_identity(PRETRAIN_RECIPE, TRANSFER_PRETRAIN_SEED,
-                                                                 manifest["seed"]))
+        check_or_record_identity(
+            run_dir.path, training_identity(PRETRAIN_RECIPE, TRANSFER_PRETRAIN_SEED, manifest["seed"])
+        )
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     checkpoint = run_dir.epoch_checkpoint(epochs)
     if checkpoint.is_file():
         return checkpoint
     splits = manifest["splits"]
-    values = {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
-              "dataset_type": "webdataset", "loss": "clip", "seed": TRANSFER_PRETRAIN_SEED, "save_frequency": epochs,
-              "log_every_n_steps": 64, "logs": str(logs), "name": name, "resume": "latest"}
+    values = {
+        "train_data": str(data_dir / splits["train"]["data"]),
+        "val_data": str(data_dir / splits["val"]["data"]),
+        "dataset_type": "webdataset",
+        "loss": "clip",
+        "seed": TRANSFER_PRETRAIN_SEED,
+        "save_frequency": epochs,
+        "log_every_n_steps": 64,
+        "logs": str(logs),
+        "name": name,
+        "resume": "latest",
+    }
     print(f"== pretraining {name} on {data_dir} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
     run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
@@ -180,17 +217,42 @@ def regime_losses(regime: Regime, only: Optional[str], controls: bool = False) -
     return ",".join(label for label in labels if label in wanted)
 
 
-def regime_argv(name: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str],
-                losses: Optional[str] = None, controls: bool = False, margins: bool = False) -> List[str]:
+def regime_argv(
+    name: str,
+    seeds: str,
+    output_root: Path,
+    results_dir: Path,
+    extra: Sequence[str],
+    losses: Optional[str] = None,
+    controls: bool = False,
+    margins: bool = False,
+) -> List[str]:
     regime, study = REGIMES[name], study_name(name, controls, margins)
     controls = controls or margins  # the margin study runs the controls' variants
     data_dir = scenes_dir(output_root, regime.combinations)
     if regime.combinations != "all":  # the comparison writes the default scenes itself
         write_scenes(data_dir, regime.combinations)
-    pretrained = ["--train-args", f"--pretrained {pretrain(regime, output_root)}"] if regime.pretrain_combinations else []
-    return ["--quick", "--recipe", regime.recipe, "--losses", regime_losses(regime, losses, controls), "--seeds", seeds,
-            "--output-dir", str(output_root / study), "--data-dir", str(data_dir),
-            "--results-md", str(results_dir / f"{study}.md"), *pretrained, *endpoint_argv(study), *extra]
+    pretrained = (
+        ["--train-args", f"--pretrained {pretrain(regime, output_root)}"] if regime.pretrain_combinations else []
+    )
+    return [
+        "--quick",
+        "--recipe",
+        regime.recipe,
+        "--losses",
+        regime_losses(regime, losses, controls),
+        "--seeds",
+        seeds,
+        "--output-dir",
+        str(output_root / study),
+        "--data-dir",
+        str(data_dir),
+        "--results-md",
+        str(results_dir / f"{study}.md"),
+        *pretrained,
+        *endpoint_argv(study),
+        *extra,
+    ]
 
 
 def sections(markdown: str) -> dict:
@@ -232,11 +294,14 @@ def caption_likeness_lines(data_dir: Path, keys: Sequence[str]) -> List[str]:
     if not manifest_path.is_file():
         return []
     likeness = json.loads(manifest_path.read_text())["train_caption_likeness"]
-    return [f"- training captions `{key}`: {value['shared_in_split']:.1%} of training images share their exact "
-            f"caption with another image, {value['shared_in_family']:.1%} with another of their own family (so in "
-            f"their batch); a sibling's caption is {value['sibling_word_distance']:.2f} words from its base's on "
-            f"average, within one word for {value['sibling_within_one_word']:.1%}"
-            for key, value in likeness.items() if key in keys]
+    return [
+        f"- training captions `{key}`: {value['shared_in_split']:.1%} of training images share their exact "
+        f"caption with another image, {value['shared_in_family']:.1%} with another of their own family (so in "
+        f"their batch); a sibling's caption is {value['sibling_word_distance']:.2f} words from its base's on "
+        f"average, within one word for {value['sibling_within_one_word']:.1%}"
+        for key, value in likeness.items()
+        if key in keys
+    ]
 
 
 def missing_variants(regime: Regime, output_dir: Path) -> List[str]:
@@ -272,25 +337,39 @@ def assemble(regimes: Sequence[str], results_dir: Path, results_md: Path, output
         page = results_dir / f"{name}.md"
         regime = REGIMES[name]
         if not page.is_file():
-            lines += [f"## {regime.title} (`{name}`)", "",
-                      f"Not run yet: `python scripts/clone_study.py --regimes {name}` runs it.", ""]
+            lines += [
+                f"## {regime.title} (`{name}`)",
+                "",
+                f"Not run yet: `python scripts/clone_study.py --regimes {name}` runs it.",
+                "",
+            ]
             continue
         report = page.read_text()
         data_dir = scenes_dir(output_root, regime.combinations)
-        lines += [f"## {regime.title} (`{name}`)", "", f"Full report: [results/{name}.md](results/{name}.md).",
-                  "", *map(linked_from_results_md, setup_lines(report)), *caption_likeness_lines(data_dir, regime_caption_keys(regime))]
+        lines += [
+            f"## {regime.title} (`{name}`)",
+            "",
+            f"Full report: [results/{name}.md](results/{name}.md).",
+            "",
+            *map(linked_from_results_md, setup_lines(report)),
+            *caption_likeness_lines(data_dir, regime_caption_keys(regime)),
+        ]
         if regime.pretrain_combinations:
             epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
-            lines.append(f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {epochs} epochs (recipe "
-                         f"{PRETRAIN_RECIPE}) on "
-                         f"4096 scenes (data seed {TRANSFER_PRETRAIN_DATA_SEED}) whose objects use only the "
-                         f"`{regime.pretrain_combinations}` half of the "
-                         f"colour x shape combinations; fine-tuning and evaluation scenes use only the "
-                         f"`{regime.combinations}` half (no evaluation image holds a pair seen in pretraining)")
+            lines.append(
+                f"- pretraining: `clip`, seed {TRANSFER_PRETRAIN_SEED}, {epochs} epochs (recipe "
+                f"{PRETRAIN_RECIPE}) on "
+                f"4096 scenes (data seed {TRANSFER_PRETRAIN_DATA_SEED}) whose objects use only the "
+                f"`{regime.pretrain_combinations}` half of the "
+                f"colour x shape combinations; fine-tuning and evaluation scenes use only the "
+                f"`{regime.combinations}` half (no evaluation image holds a pair seen in pretraining)"
+            )
         missing = missing_variants(regime, output_root / name)
         if missing:
-            lines.append(f"- not run yet in this regime: {', '.join(f'`{label}`' for label in missing)} "
-                         f"(`python scripts/clone_study.py --regimes {name}` runs them, reusing the finished runs)")
+            lines.append(
+                f"- not run yet in this regime: {', '.join(f'`{label}`' for label in missing)} "
+                f"(`python scripts/clone_study.py --regimes {name}` runs them, reusing the finished runs)"
+            )
         lines += ["", *kept_section_lines(report)]
     text = "\n".join(lines)
     results_md.write_text(text + kept_tail(results_md))
@@ -301,30 +380,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--regimes", default=",".join(REGIMES), help=f"comma-separated, of {', '.join(REGIMES)}")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--losses", default=None,
-                        help="run only these of each regime's variants (comma-separated labels; the report then "
-                             "covers them only until a call with all of them)")
+    parser.add_argument(
+        "--losses",
+        default=None,
+        help="run only these of each regime's variants (comma-separated labels; the report then "
+        "covers them only until a call with all of them)",
+    )
     parser.add_argument("--output-dir", type=Path, default=Path("runs/clone_study"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--results-md", type=Path, default=Path("docs/RESULTS.md"))
     parser.add_argument("--report-only", action="store_true", help="rewrite every report from the finished runs")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's)")
-    parser.add_argument("--controls", action="store_true",
-                        help="run (or report) each regime's positive controls instead of its study: "
-                             "<output-dir>/controls_<regime>, <results-dir>/controls_<regime>.md")
-    parser.add_argument("--margins", action="store_true",
-                        help="run (or report) the registered fine-tuning margin study (docs/preregistration_margins.md) "
-                             "instead: --regimes transfer, the transfer controls' variants, <output-dir>/margins_transfer, "
-                             "<results-dir>/margins_transfer.md and margins_transfer_shape.md")
+    parser.add_argument(
+        "--controls",
+        action="store_true",
+        help="run (or report) each regime's positive controls instead of its study: "
+        "<output-dir>/controls_<regime>, <results-dir>/controls_<regime>.md",
+    )
+    parser.add_argument(
+        "--margins",
+        action="store_true",
+        help="run (or report) the registered fine-tuning margin study (docs/preregistration_margins.md) "
+        "instead: --regimes transfer, the transfer controls' variants, <output-dir>/margins_transfer, "
+        "<results-dir>/margins_transfer.md and margins_transfer_shape.md",
+    )
     args = parser.parse_args(argv)
     regimes = [name.strip() for name in args.regimes.split(",") if name.strip()]
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
         parser.error(f"unknown regime(s) {unknown}; choose from {', '.join(REGIMES)}")
     if args.controls and any(REGIMES[name].controls is None for name in regimes):
-        parser.error("the scratch regime's positive controls are the controls study (docs/results/controls.md, "
-                     "docs/preregistration.md#controls); give --regimes " +
-                     ",".join(name for name, regime in REGIMES.items() if regime.controls))
+        parser.error(
+            "the scratch regime's positive controls are the controls study (docs/results/controls.md, "
+            "docs/preregistration.md#controls); give --regimes "
+            + ",".join(name for name, regime in REGIMES.items() if regime.controls)
+        )
     if args.margins and (regimes != ["transfer"] or args.controls):
         parser.error("--margins is the transfer regime's study: give --regimes transfer, without --controls")
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -333,12 +423,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         study = study_name(name, args.controls, args.margins)
         if not args.report_only:
             print(f"== {study}: {REGIMES[name].title}", flush=True)
-            compare_losses(regime_argv(name, args.seeds, args.output_dir, args.results_dir, extra, args.losses,
-                                       args.controls, args.margins))
-        for report in (MARGIN_ENDPOINTS if args.margins else (study,)):
+            compare_losses(
+                regime_argv(
+                    name, args.seeds, args.output_dir, args.results_dir, extra, args.losses, args.controls, args.margins
+                )
+            )
+        for report in MARGIN_ENDPOINTS if args.margins else (study,):
             if args.report_only or report != study:  # a run writes its own study's report
-                compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
-                                "--results-md", str(args.results_dir / f"{report}.md"), *endpoint_argv(report)])
+                compare_losses(
+                    [
+                        "--report-only",
+                        "--output-dir",
+                        str(args.output_dir / study),
+                        "--results-md",
+                        str(args.results_dir / f"{report}.md"),
+                        *endpoint_argv(report),
+                    ]
+                )
     if args.margins:
         print(f"wrote {', '.join(str(args.results_dir / report) + '.md' for report in MARGIN_ENDPOINTS)}")
         return

@@ -5,6 +5,7 @@ OUTPUT_DIR/results.md unless --results-md names another file), e.g.
 
     python scripts/compare_losses.py --quick --losses clip,siglip,adacl:mode=literal,adacl:mode=calibrated,glofnd,fne
 """
+
 from training.loss_comparison.cli import cli
 
 if __name__ == "__main__":

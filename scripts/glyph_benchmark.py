@@ -14,6 +14,7 @@ One `python -m training.loss_comparison` call per cell, into <output-dir>/<study
 pre-registered ones (docs/preregistration_glyphs.md#<study>). The summary is computed from those committed
 per-run CSVs alone (the run folders are not committed), so it regenerates from a fresh clone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,11 @@ def prepare_data(output_root: Path) -> dict:
 def data_values(output_root: Path, manifest: dict) -> dict:
     data_dir = output_root / "data"
     splits = manifest["splits"]
-    return {"train_data": str(data_dir / splits["train"]["data"]), "val_data": str(data_dir / splits["val"]["data"]),
-            "train_num_samples": splits["train"]["num_samples"]}
+    return {
+        "train_data": str(data_dir / splits["train"]["data"]),
+        "val_data": str(data_dir / splits["val"]["data"]),
+        "train_num_samples": splits["train"]["num_samples"],
+    }
 
 
 def pretrain(output_root: Path, manifest: dict) -> Path:
@@ -88,26 +92,61 @@ def pretrain(output_root: Path, manifest: dict) -> Path:
     checkpoint = run_dir.epoch_checkpoint(epochs)
     if checkpoint.is_file():
         return checkpoint
-    values = {**data_values(output_root, manifest), "dataset_type": "webdataset", "seed": PRETRAIN_SEED,
-              "save_frequency": epochs, "log_every_n_steps": 32, "logs": str(logs), "name": name, "resume": "latest"}
+    values = {
+        **data_values(output_root, manifest),
+        "dataset_type": "webdataset",
+        "seed": PRETRAIN_SEED,
+        "save_frequency": epochs,
+        "log_every_n_steps": 32,
+        "logs": str(logs),
+        "name": name,
+        "resume": "latest",
+    }
     print(f"== pretraining {name} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
     run(config_from_values(values, recipe=PRETRAIN_RECIPE))
     return checkpoint
 
 
-def cell_argv(cell: str, study: str, losses: str, seeds: str, output_root: Path, results_dir: Path,
-              extra: Sequence[str]) -> List[str]:
+def cell_argv(
+    cell: str, study: str, losses: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str]
+) -> List[str]:
     manifest = prepare_data(output_root)
     data = data_values(output_root, manifest)
     data_dir = output_root / "data"
-    pretrained = ["--train-args", f"--pretrained {pretrain(output_root, manifest)}"] if cell.startswith("finetune") else []
-    return ["--quick", "--recipe", f"glyphs-{cell}", "--losses", losses, "--seeds", seeds,
-            "--train-data", data["train_data"], "--train-num-samples", str(data["train_num_samples"]),
-            "--val-data", data["val_data"], "--data-size", str(data["train_num_samples"]),
-            "--benchmark-datasets", f"wds/{RETRIEVAL_SET}", "--benchmark-root", str(data_dir / "benchmark" / "{dataset}"),
-            "--clone-selection-dir", str(data_dir / manifest["clone_selection"]),
-            "--output-dir", str(output_root / study), "--results-md", str(results_dir / f"{study}.md"),
-            "--preregistration", f"{PREREGISTRATION}#{study}", *pretrained, *extra]
+    pretrained = (
+        ["--train-args", f"--pretrained {pretrain(output_root, manifest)}"] if cell.startswith("finetune") else []
+    )
+    return [
+        "--quick",
+        "--recipe",
+        f"glyphs-{cell}",
+        "--losses",
+        losses,
+        "--seeds",
+        seeds,
+        "--train-data",
+        data["train_data"],
+        "--train-num-samples",
+        str(data["train_num_samples"]),
+        "--val-data",
+        data["val_data"],
+        "--data-size",
+        str(data["train_num_samples"]),
+        "--benchmark-datasets",
+        f"wds/{RETRIEVAL_SET}",
+        "--benchmark-root",
+        str(data_dir / "benchmark" / "{dataset}"),
+        "--clone-selection-dir",
+        str(data_dir / manifest["clone_selection"]),
+        "--output-dir",
+        str(output_root / study),
+        "--results-md",
+        str(results_dir / f"{study}.md"),
+        "--preregistration",
+        f"{PREREGISTRATION}#{study}",
+        *pretrained,
+        *extra,
+    ]
 
 
 def study_records(results_dir: Path, study: str) -> List[Dict[str, Any]]:
@@ -121,7 +160,8 @@ def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
     """The variants in the registered order, then any others (exploratory looks), in the order of their records."""
     found = list(dict.fromkeys(record["label"] for record in records))
     return [label for label in VARIANTS.split(",") if label in found] + [
-        label for label in found if label not in VARIANTS.split(",")]
+        label for label in found if label not in VARIANTS.split(",")
+    ]
 
 
 def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
@@ -132,7 +172,9 @@ def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) 
 
 
 def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
-    values = [r["metrics"][key] for r in records if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]]
+    values = [
+        r["metrics"][key] for r in records if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]
+    ]
     if not values:
         return "n/a"
     spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
@@ -159,7 +201,10 @@ def verdict_text(records: Sequence[Mapping[str, Any]], label: str, margin: float
 
 def oracle_share(records: Sequence[Mapping[str, Any]], label: str) -> str:
     """(variant - clip) / (oracle - clip) on the paired means of the endpoint: the share of the oracle's gain."""
-    oracle, mine = paired_difference(records, ORACLE, "clip", ENDPOINT), paired_difference(records, label, "clip", ENDPOINT)
+    oracle, mine = (
+        paired_difference(records, ORACLE, "clip", ENDPOINT),
+        paired_difference(records, label, "clip", ENDPOINT),
+    )
     if oracle is None or mine is None or oracle.mean <= 0:
         return "n/a"
     return f"{mine.mean / oracle.mean:.0%}"
@@ -168,58 +213,74 @@ def oracle_share(records: Sequence[Mapping[str, Any]], label: str) -> str:
 def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
     """docs/results/glyphs.md: the calibration grid, then each frozen cell's variants, from the committed
     per-run CSVs in `results_dir` alone."""
-    lines = ["# Results: the glyph benchmark", "",
-             "Generated by `python scripts/glyph_benchmark.py --summary` from the committed per-run CSVs "
-             "(`<study>_runs.csv` beside each report; the run folders are not committed); the design, "
-             "endpoints and freezing rule were committed first in [preregistration_glyphs.md](../preregistration_glyphs.md); "
-             "the data and endpoints are described in [glyphs.md](../glyphs.md). Differences are paired by seed (same "
-             "initialisation and data order) against `clip`, with their 95% paired-t interval and the number of "
-             "pairs; the endpoint is held-out family accuracy (`clone/family`, chance about 0.125).", "",
-             "## Calibration grid: the positive controls", "",
-             "| cell | `clip` family acc. | oracle - clip | HN-NCE - clip | `clip` pairwise acc. | oracle - clip, pairwise | "
-             "HN-NCE - clip, pairwise | report |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Results: the glyph benchmark",
+        "",
+        "Generated by `python scripts/glyph_benchmark.py --summary` from the committed per-run CSVs "
+        "(`<study>_runs.csv` beside each report; the run folders are not committed); the design, "
+        "endpoints and freezing rule were committed first in [preregistration_glyphs.md](../preregistration_glyphs.md); "
+        "the data and endpoints are described in [glyphs.md](../glyphs.md). Differences are paired by seed (same "
+        "initialisation and data order) against `clip`, with their 95% paired-t interval and the number of "
+        "pairs; the endpoint is held-out family accuracy (`clone/family`, chance about 0.125).",
+        "",
+        "## Calibration grid: the positive controls",
+        "",
+        "| cell | `clip` family acc. | oracle - clip | HN-NCE - clip | `clip` pairwise acc. | oracle - clip, pairwise | "
+        "HN-NCE - clip, pairwise | report |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for cell in CELLS:
         study = study_name(cell, True)
         records = study_records(results_dir, study)
         if not records:
             lines.append(f"| `{cell}` | not run | | | | | | |")
             continue
-        lines.append(f"| `{cell}` | {mean_text(records, 'clip', ENDPOINT)} | {difference_text(records, ORACLE, ENDPOINT)} | "
-                     f"{difference_text(records, 'hnnce', ENDPOINT)} | {mean_text(records, 'clip', 'clone/overall')} | "
-                     f"{difference_text(records, ORACLE, 'clone/overall')} | "
-                     f"{difference_text(records, 'hnnce', 'clone/overall')} | [{study}.md]({study}.md) |")
+        lines.append(
+            f"| `{cell}` | {mean_text(records, 'clip', ENDPOINT)} | {difference_text(records, ORACLE, ENDPOINT)} | "
+            f"{difference_text(records, 'hnnce', ENDPOINT)} | {mean_text(records, 'clip', 'clone/overall')} | "
+            f"{difference_text(records, ORACLE, 'clone/overall')} | "
+            f"{difference_text(records, 'hnnce', 'clone/overall')} | [{study}.md]({study}.md) |"
+        )
     for cell in cells:
         study = study_name(cell, False)
         records = study_records(results_dir, study)
         if not records:
             continue
         margin = from_file(f"{ROOT / PREREGISTRATION}#{study}").margin
-        lines += ["", f"## The frozen benchmark: `{cell}`", "",
-                  f"Full report with every secondary test (Holm-corrected): [{study}.md]({study}.md); per-run "
-                  f"numbers: [{study}_runs.csv]({study}_runs.csv). Two readings of the verdict: *outside 0* "
-                  "(helps when the 95% interval lies above 0, hurts below 0; the loss comparison's rule, which "
-                  f"judged the runs' report) and *outside ±{margin:g}* (helps only when it lies above +{margin:g}, "
-                  f"hurts below -{margin:g}: \"above 0 and outside the margin\", as the pre-registration words "
-                  "it); both call a 90% interval inside the margin no effect (TOST). Mechanism: AdaCL's guard and "
-                  "bound rates, the share of logged steps, from the per-run CSV; the other losses' per-step stats "
-                  "are not in the committed records.", "",
-                  "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict, outside 0 | "
-                  f"verdict, outside ±{margin:g} (registered) | share of the oracle's gain | "
-                  + " | ".join(f"{key} - clip" for key in SECONDARY) + " | mechanism (share of steps) |",
-                  "|---" * (7 + len(SECONDARY) + 1) + "|"]
+        lines += [
+            "",
+            f"## The frozen benchmark: `{cell}`",
+            "",
+            f"Full report with every secondary test (Holm-corrected): [{study}.md]({study}.md); per-run "
+            f"numbers: [{study}_runs.csv]({study}_runs.csv). Two readings of the verdict: *outside 0* "
+            "(helps when the 95% interval lies above 0, hurts below 0; the loss comparison's rule, which "
+            f"judged the runs' report) and *outside ±{margin:g}* (helps only when it lies above +{margin:g}, "
+            f'hurts below -{margin:g}: "above 0 and outside the margin", as the pre-registration words '
+            "it); both call a 90% interval inside the margin no effect (TOST). Mechanism: AdaCL's guard and "
+            "bound rates, the share of logged steps, from the per-run CSV; the other losses' per-step stats "
+            "are not in the committed records.",
+            "",
+            "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict, outside 0 | "
+            f"verdict, outside ±{margin:g} (registered) | share of the oracle's gain | "
+            + " | ".join(f"{key} - clip" for key in SECONDARY)
+            + " | mechanism (share of steps) |",
+            "|---" * (7 + len(SECONDARY) + 1) + "|",
+        ]
         for label in labels_of(records):
             runs = [r for r in records if r["label"] == label]
             ok = sum(r["verdict"] == OK for r in runs)
             reference = label == "clip"
             registered = "" if label in VARIANTS.split(",") else " (exploratory)"
-            verdicts = ["", ""] if reference else [verdict_text(records, label, margin, beyond)
-                                                    for beyond in (False, True)]
+            verdicts = (
+                ["", ""] if reference else [verdict_text(records, label, margin, beyond) for beyond in (False, True)]
+            )
             lines.append(
                 f"| `{label}`{registered} | {ok}/{len(runs)} | {mean_text(records, label, ENDPOINT)} | "
                 f"{'(reference)' if reference else difference_text(records, label, ENDPOINT)} | "
                 f"{verdicts[0]} | {verdicts[1]} | {'' if reference else oracle_share(records, label)} | "
-                + " | ".join('' if reference else difference_text(records, label, key) for key in SECONDARY)
-                + f" | {mechanism_text(records, label)} |")
+                + " | ".join("" if reference else difference_text(records, label, key) for key in SECONDARY)
+                + f" | {mechanism_text(records, label)} |"
+            )
     return lines
 
 
@@ -236,13 +297,18 @@ def render_reports_again(results_dir: Path) -> List[Path]:
                 continue
             spec = f"{PREREGISTRATION}#{study}"
             registration = replace(from_file(f"{ROOT / spec}"), source=spec)
-            rule = (f"the verdict rule as registered (helps or hurts only outside ±{registration.margin:g}) and "
-                    if registration.helps_beyond_margin else "")
-            note = (f"the lines above are as first written; every section below is rendered again from "
-                    f"[{runs_csv.name}]({runs_csv.name}) (the run folders are not committed) by `python "
-                    f"scripts/glyph_benchmark.py --summary`, under {rule}the registered secondary family "
-                    "(docs/preregistration_glyphs.md, amendment after the runs); the runs' verdicts are the CSV's, "
-                    "as first judged (none collapsed).")
+            rule = (
+                f"the verdict rule as registered (helps or hurts only outside ±{registration.margin:g}) and "
+                if registration.helps_beyond_margin
+                else ""
+            )
+            note = (
+                f"the lines above are as first written; every section below is rendered again from "
+                f"[{runs_csv.name}]({runs_csv.name}) (the run folders are not committed) by `python "
+                f"scripts/glyph_benchmark.py --summary`, under {rule}the registered secondary family "
+                "(docs/preregistration_glyphs.md, amendment after the runs); the runs' verdicts are the CSV's, "
+                "as first judged (none collapsed)."
+            )
             rendered_again(page, read_runs_csv(runs_csv), registration, note)
             pages.append(page)
     return pages
@@ -250,20 +316,28 @@ def render_reports_again(results_dir: Path) -> List[Path]:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calibrate", action="store_true",
-                        help=f"the calibration grid: the positive controls ({CONTROLS}) in every cell")
-    parser.add_argument("--cells", default=None, help=f"comma-separated, of {', '.join(CELLS)} (default: all with "
-                                                      "--calibrate)")
-    parser.add_argument("--losses", default=None,
-                        help=f"variants (default: with --calibrate the controls {CONTROLS}; else {VARIANTS})")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help=f"the calibration grid: the positive controls ({CONTROLS}) in every cell",
+    )
+    parser.add_argument(
+        "--cells", default=None, help=f"comma-separated, of {', '.join(CELLS)} (default: all with --calibrate)"
+    )
+    parser.add_argument(
+        "--losses", default=None, help=f"variants (default: with --calibrate the controls {CONTROLS}; else {VARIANTS})"
+    )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's, 2)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the reports from the finished runs")
-    parser.add_argument("--summary", action="store_true",
-                        help="from the per-run CSVs in <results-dir>: render each glyph report's sections again and "
-                             "write glyphs.md (the calibration grid and the frozen --cells' variants)")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="from the per-run CSVs in <results-dir>: render each glyph report's sections again and "
+        "write glyphs.md (the calibration grid and the frozen --cells' variants)",
+    )
     args = parser.parse_args(argv)
     cells = [cell.strip() for cell in (args.cells or ",".join(CELLS)).split(",") if cell.strip()]
     unknown = sorted(set(cells) - set(CELLS))
@@ -280,10 +354,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for cell in cells:
         study = study_name(cell, args.calibrate)
         if args.report_only:
-            compare_losses(["--report-only", "--output-dir", str(args.output_dir / study),
-                            "--results-md", str(args.results_dir / f"{study}.md"),
-                            "--preregistration", f"{PREREGISTRATION}#{study}",
-                            *(["--losses", args.losses] if args.losses else [])])
+            compare_losses(
+                [
+                    "--report-only",
+                    "--output-dir",
+                    str(args.output_dir / study),
+                    "--results-md",
+                    str(args.results_dir / f"{study}.md"),
+                    "--preregistration",
+                    f"{PREREGISTRATION}#{study}",
+                    *(["--losses", args.losses] if args.losses else []),
+                ]
+            )
             continue
         print(f"== {study}", flush=True)
         losses = args.losses or (CONTROLS if args.calibrate else VARIANTS)

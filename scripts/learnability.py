@@ -10,6 +10,7 @@ with the clone-selection evaluation (`training.evaluation.clone_selection`, test
 Markdown page with the table, the plot (beside it) and the command. An edit type whose accuracy stays
 near 0.5 at the budget is one no loss can be compared on at that budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,6 @@ from typing import Dict, List
 from training.trainer.launch.tool_flags import add_trainer_flags
 from training.trainer.run_folder.layout import RunDir, step_checkpoint_number
 
-
 # The trainer's flags this script takes (training.trainer.launch.tool_flags.add_trainer_flags), with the comparison's values.
 TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
 
@@ -38,12 +38,23 @@ def train(args: argparse.Namespace, manifest: dict) -> RunDir:
     steps_per_epoch = splits["train"]["num_samples"] // args.batch_size
     epochs = -(-args.steps // steps_per_epoch)
     run_dir = RunDir(args.output / "run")
-    values = {**{dest: getattr(args, dest) for dest in TRAINER_FLAGS},
-              "train_data": str(args.data_dir / splits["train"]["data"]),
-              "val_data": str(args.data_dir / splits["val"]["data"]), "dataset_type": "webdataset",
-              "epochs": epochs, "wd": 0.1, "workers": 0, "device": "cpu", "log_every_n_steps": 64,
-              "train_group_size": 8, "save_every_n_steps": args.every, "logs": str(args.output), "name": "run",
-              **given_values(shlex.split(args.train_args)), **({"resume": "latest"} if run_dir.path.exists() else {})}
+    values = {
+        **{dest: getattr(args, dest) for dest in TRAINER_FLAGS},
+        "train_data": str(args.data_dir / splits["train"]["data"]),
+        "val_data": str(args.data_dir / splits["val"]["data"]),
+        "dataset_type": "webdataset",
+        "epochs": epochs,
+        "wd": 0.1,
+        "workers": 0,
+        "device": "cpu",
+        "log_every_n_steps": 64,
+        "train_group_size": 8,
+        "save_every_n_steps": args.every,
+        "logs": str(args.output),
+        "name": "run",
+        **given_values(shlex.split(args.train_args)),
+        **({"resume": "latest"} if run_dir.path.exists() else {}),
+    }
     if not run_dir.epoch_checkpoint(epochs).is_file():
         run(config_from_values(values))
     return run_dir
@@ -57,22 +68,32 @@ def score(run: RunDir, data_dir: Path, output: Path) -> List[Dict[str, float]]:
     for path in run.step_checkpoints():
         model_name = export_checkpoint(path, output / "exports" / path.stem)
         model, preprocess, tokenizer = load_model(model_name, "none", "cpu")
-        metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir / "clone_selection",
-                                           margins=True)
+        metrics = evaluate_clone_selection(model, preprocess, tokenizer, data_dir / "clone_selection", margins=True)
         scale = float(model.logit_scale.exp())
         for name, value in sorted(metrics.items()):
             if name.endswith("_acc"):
                 edit = name.removesuffix("_acc")
-                rows.append({"step": step_checkpoint_number(path), "edit": edit, "accuracy": value,
-                             "cosine_margin": metrics[f"{edit}_margin"] / scale})
-        print(f"step {step_checkpoint_number(path):5d}: " + ", ".join(
-            f"{row['edit']} {row['accuracy']:.3f}" for row in rows if row["step"] == step_checkpoint_number(path)),
-            flush=True)
+                rows.append(
+                    {
+                        "step": step_checkpoint_number(path),
+                        "edit": edit,
+                        "accuracy": value,
+                        "cosine_margin": metrics[f"{edit}_margin"] / scale,
+                    }
+                )
+        print(
+            f"step {step_checkpoint_number(path):5d}: "
+            + ", ".join(
+                f"{row['edit']} {row['accuracy']:.3f}" for row in rows if row["step"] == step_checkpoint_number(path)
+            ),
+            flush=True,
+        )
     return rows
 
 
 def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -120,8 +141,13 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
         "|---|" + "---|" * len(edits),
     ]
     for step in steps:
-        lines.append(f"| {step} | " + " | ".join(
-            f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits) + " |")
+        lines.append(
+            f"| {step} | "
+            + " | ".join(
+                f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits
+            )
+            + " |"
+        )
     lines += ["", f"![clone-selection accuracy against steps]({plot_name})", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
@@ -129,14 +155,20 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
 
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", type=Path, required=True, help="demo data written by python -m training.synthetic_scenes")
+    parser.add_argument(
+        "--data-dir", type=Path, required=True, help="demo data written by python -m training.synthetic_scenes"
+    )
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=1536, help="at least this many steps (whole epochs)")
     parser.add_argument("--every", type=int, default=128, help="checkpoint and score every this many steps")
     add_trainer_flags(parser.add_argument_group("the trainer's flags"), list(TRAINER_FLAGS), defaults=TRAINER_FLAGS)
     parser.add_argument("--train-args", default="", help="extra trainer flags, one string")
-    parser.add_argument("--results-md", type=Path, default=None,
-                        help="Markdown page to write; its plot goes beside it (default: only OUTPUT/curve.png)")
+    parser.add_argument(
+        "--results-md",
+        type=Path,
+        default=None,
+        help="Markdown page to write; its plot goes beside it (default: only OUTPUT/curve.png)",
+    )
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((args.data_dir / "manifest.json").read_text())

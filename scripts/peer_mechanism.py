@@ -6,6 +6,7 @@ GloFND: the fraction of negatives masked as false negatives (`stats/<direction>/
 fraction down-weighted (`downweighted_frac`) and the mean negative weight (`weight_mean`, 1 = CLIP). Both
 directions pooled; mean over the run's logged steps and the largest single step.
 """
+
 import argparse
 import json
 import statistics
@@ -21,11 +22,17 @@ def main() -> None:
     print("| run | logged steps | statistic | mean over steps | largest step |\n|---|---|---|---|---|")
     for loss, names in STATS.items():
         for metrics in sorted(args.runs.glob(f"{loss}-seed*/metrics.jsonl")):
-            steps = [record for record in map(json.loads, metrics.read_text().splitlines()) if record["kind"] == "train"]
+            steps = [
+                record for record in map(json.loads, metrics.read_text().splitlines()) if record["kind"] == "train"
+            ]
             for name in names:
-                values = [step[f"stats/{d}/{name}"] for step in steps for d in ("i2t", "t2i") if f"stats/{d}/{name}" in step]
-                print(f"| `{metrics.parent.name}` | {len(steps)} | `{name}` | {statistics.fmean(values):.5f} | "
-                      f"{max(values):.4f} |")
+                values = [
+                    step[f"stats/{d}/{name}"] for step in steps for d in ("i2t", "t2i") if f"stats/{d}/{name}" in step
+                ]
+                print(
+                    f"| `{metrics.parent.name}` | {len(steps)} | `{name}` | {statistics.fmean(values):.5f} | "
+                    f"{max(values):.4f} |"
+                )
 
 
 if __name__ == "__main__":

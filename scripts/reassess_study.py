@@ -11,13 +11,16 @@ those sections (scripts/clone_study.py). reassessed.md lists the runs whose verd
 recorded no code version per run (their reports name one source tree with uncommitted changes), so their
 pairs are made across unknown code, and every table says so.
 """
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from clone_study import READ_FIRST, REGIMES as STUDY_REGIMES, kept_section_lines
+from clone_study import READ_FIRST, kept_section_lines
+from clone_study import REGIMES as STUDY_REGIMES
+
 from training.loss_comparison.findings import paired_section, primary_table
 from training.loss_comparison.preregistration import Preregistration, from_file
 from training.loss_comparison.report import KEEP_MARKER, read_runs_csv, rendered_again
@@ -36,12 +39,23 @@ def records_from_csv(path: Path) -> List[Dict[str, Any]]:
     for row in read_runs_csv(path):
         status = row["verdict"] if row["verdict"] in ("failed", "nonfinite") else "ok"
         reasons = "; ".join(row["reasons"])
-        records.append({
-            "label": row["label"], "loss": row["loss"], "options": row["options"], "seed": row["seed"],
-            "name": row["name"], "code": row["code"], "status": status, "error": reasons or None,
-            "batch_size": BATCH_SIZE, "val_num_samples": VAL_SAMPLES, "previous_verdict": row["verdict"],
-            "previous_reasons": reasons, "metrics": row["metrics"],
-        })
+        records.append(
+            {
+                "label": row["label"],
+                "loss": row["loss"],
+                "options": row["options"],
+                "seed": row["seed"],
+                "name": row["name"],
+                "code": row["code"],
+                "status": status,
+                "error": reasons or None,
+                "batch_size": BATCH_SIZE,
+                "val_num_samples": VAL_SAMPLES,
+                "previous_verdict": row["verdict"],
+                "previous_reasons": reasons,
+                "metrics": row["metrics"],
+            }
+        )
     return records
 
 
@@ -52,15 +66,16 @@ def judged_records(results: Path, regime: str) -> Tuple[List[Dict[str, Any]], Pr
     return with_endpoint(records, preregistration.metrics, preregistration.key), preregistration
 
 
-def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]],
-                   preregistration: Preregistration) -> str:
+def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> str:
     """The regime's report with its header as first written and every section rendered again from its judged
     `records` (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
-    note = (f"the lines above are as first written, but for the runs' summed time, added from the "
-            f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
-            "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
-            "(docs/preregistration.md); the CSV's verdict column is the first judgment "
-            "([reassessed.md](reassessed.md) lists the runs it changed).")
+    note = (
+        f"the lines above are as first written, but for the runs' summed time, added from the "
+        f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
+        "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
+        "(docs/preregistration.md); the CSV's verdict column is the first judgment "
+        "([reassessed.md](reassessed.md) lists the runs it changed)."
+    )
     return rendered_again(results / f"{regime}.md", records, preregistration, note)
 
 
@@ -69,13 +84,15 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     from the rewritten reports; its setup lines, which need the run folders, stay as they are."""
     text = results_md.read_text()
     start = text.index("**Read first:**")
-    text = text[:start] + READ_FIRST + text[text.index("\n", start):]
+    text = text[:start] + READ_FIRST + text[text.index("\n", start) :]
     for regime, report in reports.items():
         heading = text.index(f"## {STUDY_REGIMES[regime].title} (`{regime}`)\n")
         first = text.index("\n### ", heading) + 1
         # up to the next section, or to the part below KEEP_MARKER that clone_study.py keeps
-        end = min((index + 1 for index in (text.find("\n## ", first), text.find("\n" + KEEP_MARKER, first))
-                   if index >= 0), default=len(text))
+        end = min(
+            (index + 1 for index in (text.find("\n## ", first), text.find("\n" + KEEP_MARKER, first)) if index >= 0),
+            default=len(text),
+        )
         text = text[:first] + "\n".join(kept_section_lines(report)) + "\n" + text[end:]
     results_md.write_text(text)
 
@@ -83,44 +100,71 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
 def regime_lines(regime: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
     """The regime's part of reassessed.md: its collapse counts, the runs whose verdict changed, its pairs."""
     labels = list(dict.fromkeys(record["label"] for record in records))
-    changed = [f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
-               f"{'; '.join(r['reasons']) or '-'} | {r['metrics'].get('train/final_loss', float('nan')):.3f} | "
-               f"{r['metrics']['val/clip_loss']:.3f} |"
-               for r in records if r["verdict"] != r["previous_verdict"]]
+    changed = [
+        f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
+        f"{'; '.join(r['reasons']) or '-'} | {r['metrics'].get('train/final_loss', float('nan')):.3f} | "
+        f"{r['metrics']['val/clip_loss']:.3f} |"
+        for r in records
+        if r["verdict"] != r["previous_verdict"]
+    ]
     collapsed = {label: sum(r["verdict"] == "collapsed" for r in records if r["label"] == label) for label in labels}
-    lines = [f"## {regime}", "",
-             f"From [{regime}_runs.csv]({regime}_runs.csv); the report itself, [{regime}.md]({regime}.md), is "
-             "rendered again from it. Collapsed runs per variant under the amended rule: "
-             + ", ".join(f"`{label}` {count}/{sum(r['label'] == label for r in records)}"
-                         for label, count in collapsed.items()) + ".", ""]
+    lines = [
+        f"## {regime}",
+        "",
+        f"From [{regime}_runs.csv]({regime}_runs.csv); the report itself, [{regime}.md]({regime}.md), is "
+        "rendered again from it. Collapsed runs per variant under the amended rule: "
+        + ", ".join(
+            f"`{label}` {count}/{sum(r['label'] == label for r in records)}" for label, count in collapsed.items()
+        )
+        + ".",
+        "",
+    ]
     if changed:
-        lines += ["Runs whose verdict changed:", "",
-                  "| variant | seed | earlier verdict | amended verdict | why | training loss | val CLIP loss |",
-                  "|---|---|---|---|---|---|---|", *changed, ""]
+        lines += [
+            "Runs whose verdict changed:",
+            "",
+            "| variant | seed | earlier verdict | amended verdict | why | training loss | val CLIP loss |",
+            "|---|---|---|---|---|---|---|",
+            *changed,
+            "",
+        ]
     else:
         lines += ["No run's verdict changed.", ""]
-    lines += ["### Primary endpoint, pairs made again", "",
-              f"`{preregistration.definition}`, margin ±{preregistration.margin:g}, reference `clip`; each pair's "
-              "code is unknown (recorded per report, not per run).", "",
-              *primary_table(records, labels, "clip", preregistration), ""]
+    lines += [
+        "### Primary endpoint, pairs made again",
+        "",
+        f"`{preregistration.definition}`, margin ±{preregistration.margin:g}, reference `clip`; each pair's "
+        "code is unknown (recorded per report, not per run).",
+        "",
+        *primary_table(records, labels, "clip", preregistration),
+        "",
+    ]
     paired = paired_section(records, summarize(records), "clip", preregistration)
     return lines + ["#" + line if line.startswith("## ") else line for line in paired]
 
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results-dir", type=Path, default=RESULTS,
-                        help="the regime reports and their per-run CSVs (rewritten in place)")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS,
+        help="the regime reports and their per-run CSVs (rewritten in place)",
+    )
     parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
     args = parser.parse_args(argv)
-    lines = ["# The clone study's runs, judged by the amended rules", "",
-             "Generated by `python scripts/reassess_study.py` from the committed per-run CSVs. Collapse, one rule for "
-             "every regime: mean val R@1 below 2 x chance (1/512), or the final val CLIP loss within 5% of ln(64) "
-             "(its chance value at the study's val batch of 64) with mean val R@1 below 3 x chance (a model at "
-             "chance reaches 3 x in under 2% of runs), whatever the training loss (docs/preregistration.md, second "
-             "amendment). Secondary tests: exactly the registered "
-             "family (per edit type accuracy, cosine margin and its 10th percentile; val R@1), Holm-corrected per "
-             "regime (docs/preregistration.md, amendment).", ""]
+    lines = [
+        "# The clone study's runs, judged by the amended rules",
+        "",
+        "Generated by `python scripts/reassess_study.py` from the committed per-run CSVs. Collapse, one rule for "
+        "every regime: mean val R@1 below 2 x chance (1/512), or the final val CLIP loss within 5% of ln(64) "
+        "(its chance value at the study's val batch of 64) with mean val R@1 below 3 x chance (a model at "
+        "chance reaches 3 x in under 2% of runs), whatever the training loss (docs/preregistration.md, second "
+        "amendment). Secondary tests: exactly the registered "
+        "family (per edit type accuracy, cosine margin and its 10th percentile; val R@1), Holm-corrected per "
+        "regime (docs/preregistration.md, amendment).",
+        "",
+    ]
     reports = {}
     for regime in REGIMES:
         records, preregistration = judged_records(args.results_dir, regime)

@@ -4,6 +4,7 @@ showed the equivalence band, whose run folders are not in the repository (so `--
 
     python scripts/redraw_plots.py docs/results/controls.md docs/results/glyphs_finetune_gold.md ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from reassess_study import records_from_csv
+
 from training.loss_comparison.report import write_plot
 from training.loss_comparison.stats import summarize
 

@@ -4,31 +4,45 @@ real loader delivers them, for each --train-group-size in --group-sizes. See doc
     python scripts/sibling_fraction.py --train-data 'demo/data/train/shard-{000000..000015}.tar' \\
         --batch-size 128 --group-sizes 1,8
 """
+
 import argparse
 
+from training.synthetic_scenes.families import measure_siblings
 from training.trainer.data import DataConfig
 from training.trainer.launch.tool_flags import add_trainer_flags
-from training.synthetic_scenes.families import measure_siblings
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_trainer_flags(parser.add_argument_group("the trainer's flags"),
-                      ("train_data", "train_num_samples", "batch_size", "workers", "seed", "epochs"),
-                      defaults={"batch_size": 128, "workers": 0, "epochs": 1},
-                      notes={"epochs": "Here: epochs of batches averaged."})
-    parser.add_argument("--world-size", type=int, default=1, help="ranks the shards are split over (rank 0 is measured)")
+    add_trainer_flags(
+        parser.add_argument_group("the trainer's flags"),
+        ("train_data", "train_num_samples", "batch_size", "workers", "seed", "epochs"),
+        defaults={"batch_size": 128, "workers": 0, "epochs": 1},
+        notes={"epochs": "Here: epochs of batches averaged."},
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=1, help="ranks the shards are split over (rank 0 is measured)"
+    )
     parser.add_argument("--group-sizes", default="1,8", help="comma list of --train-group-size values to measure")
     args = parser.parse_args(argv)
     if not args.train_data:
         parser.error("give --train-data (the training shards)")
     for group_size in (int(size) for size in args.group_sizes.split(",")):
-        cfg = DataConfig(train_data=args.train_data, train_num_samples=args.train_num_samples,
-                         batch_size=args.batch_size, world_size=args.world_size, workers=args.workers,
-                         seed=args.seed, group_size=group_size, dataset_type="webdataset")
+        cfg = DataConfig(
+            train_data=args.train_data,
+            train_num_samples=args.train_num_samples,
+            batch_size=args.batch_size,
+            world_size=args.world_size,
+            workers=args.workers,
+            seed=args.seed,
+            group_size=group_size,
+            dataset_type="webdataset",
+        )
         stats = measure_siblings(cfg, epochs=args.epochs)
-        print(f"--train-group-size {group_size:3d}: {stats.siblings_per_row:.2f} siblings per row at batch "
-              f"{stats.batch_size} ({stats.sibling_fraction:.2%} of in-batch negatives), {stats.num_batches} batches")
+        print(
+            f"--train-group-size {group_size:3d}: {stats.siblings_per_row:.2f} siblings per row at batch "
+            f"{stats.batch_size} ({stats.sibling_fraction:.2%} of in-batch negatives), {stats.num_batches} batches"
+        )
 
 
 if __name__ == "__main__":

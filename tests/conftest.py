@@ -1,4 +1,5 @@
 """Shared fixtures: the demo dataset, generated once per test session, and folders for a module's shared runs."""
+
 import shutil
 
 import pytest

@@ -1,4 +1,5 @@
 """The throughput scripts stay runnable: gpu_bench.sh parses and its Python steps run on the CPU at toy sizes."""
+
 import json
 import os
 import re
@@ -20,8 +21,9 @@ def test_gpu_bench_parses():
 @pytest.mark.slow
 def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
-    result = subprocess.run(["bash", str(GPU_BENCH), "--smoke", str(tmp_path)], env=env, capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run(
+        ["bash", str(GPU_BENCH), "--smoke", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "step.json").read_text())["rows"]
     assert [(row["model"], row["loss"]) for row in rows] == [("adacl-tiny", "clip"), ("adacl-tiny", "adacl")]
@@ -44,13 +46,23 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
 def test_gpu_bench_refuses_unexpected_arguments_in_one_line():
     result = subprocess.run(["bash", str(GPU_BENCH), "--fast"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: unexpected arguments '--fast'; usage: bash scripts/gpu_bench.sh [--smoke] [OUTPUT_DIR]"]
+        "error: unexpected arguments '--fast'; usage: bash scripts/gpu_bench.sh [--smoke] [OUTPUT_DIR]"
+    ]
 
 
 def test_combining_files_that_are_not_benchmark_output_is_one_line(tmp_path):
     (tmp_path / "step.json").write_text("{}")
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--combine",
-                             str(tmp_path / "step.json"), str(tmp_path / "missing.json")], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_loss.py"),
+            "--combine",
+            str(tmp_path / "step.json"),
+            str(tmp_path / "missing.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("error: cannot combine") and "pass a bench_step.py --output" in result.stderr
 
@@ -90,8 +102,15 @@ def test_the_transfer_regime_pretrains_on_other_geometry_than_it_fine_tunes_on(t
 
     def scenes(seed, combinations):
         root = tmp_path / f"{combinations}-{seed}"
-        write_demo_dataset(root, seed=seed, num_train=64, num_val=8, num_test=8, shard_size=64,
-                           config=replace(SceneConfig(), combinations=combinations))
+        write_demo_dataset(
+            root,
+            seed=seed,
+            num_train=64,
+            num_val=8,
+            num_test=8,
+            shard_size=64,
+            config=replace(SceneConfig(), combinations=combinations),
+        )
         return _train_geometries(root)
 
     fine_tuning = scenes(0, transfer.combinations)
@@ -111,17 +130,24 @@ def test_clone_study_assembles_results_from_the_regime_reports(tmp_path):
         "# Loss comparison results\n\n- seeds 0, 1\n- every run also gets `--train-group-size 8`\n\n"
         "## Summary\n\n| variant | runs |\n|---|---|\n| `clip` | 2/2 ok |\n\n![plot](scratch.png)\n\n"
         "## Paired against `clip`\n\n`adacl` vs `clip`: no paired difference excludes 0.\n\n"
-        "## Flagged runs\n\nNone.\n")
+        "## Flagged runs\n\nNone.\n"
+    )
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text(f"old\n\n{KEEP_MARKER}\n\n## Hand-written\n")
     runs = tmp_path / "runs"
     (runs / "scratch").mkdir(parents=True)
     (runs / "scratch" / "comparison.json").write_text(json.dumps({"labels": ["clip", "adacl"]}))
     (runs / "data").mkdir()
-    likeness = {"shared_in_split": 1.0, "shared_in_family": 0.473, "family_duplicate_pairs": 0.167,
-                "sibling_word_distance": 0.83, "sibling_within_one_word": 0.931}
-    (runs / "data" / "manifest.json").write_text(json.dumps({"train_caption_likeness": {
-        "txt": {**likeness, "shared_in_split": 0.359}, "txt_pseudo": likeness}}))
+    likeness = {
+        "shared_in_split": 1.0,
+        "shared_in_family": 0.473,
+        "family_duplicate_pairs": 0.167,
+        "sibling_word_distance": 0.83,
+        "sibling_within_one_word": 0.931,
+    }
+    (runs / "data" / "manifest.json").write_text(
+        json.dumps({"train_caption_likeness": {"txt": {**likeness, "shared_in_split": 0.359}, "txt_pseudo": likeness}})
+    )
     text = study.assemble(list(study.REGIMES), results, results_md, runs, "python scripts/clone_study.py")
     assert "## Scratch: clone-dense batches, gold captions (`scratch`)" in text
     # what the regime registers but the comparison did not run, and the regimes not run at all, are said
@@ -174,8 +200,9 @@ def test_every_glyph_cell_has_its_recipe_and_registration():
         assert values["train_group_size"] == 8 and values["epochs"] == 4
         assert values["caption_key"] == ("txt" if cell.endswith("gold") else "txt_weak")
         for calibrate in (True, False):
-            registration = resolve(f"{REPO / bench.PREREGISTRATION}#{bench.study_name(cell, calibrate)}",
-                                   None, None, None)
+            registration = resolve(
+                f"{REPO / bench.PREREGISTRATION}#{bench.study_name(cell, calibrate)}", None, None, None
+            )
             assert registration.metrics == (bench.ENDPOINT,) and registration.margin == 0.02
     assert recipe_values(bench.PRETRAIN_RECIPE, world_size=1)["loss"] == "clip"
 
@@ -185,11 +212,25 @@ def test_the_glyph_summary_gives_both_verdicts_and_the_share_of_the_oracles_gain
 
     bench = _glyph_benchmark()
     family = {"clip": (0.20, 0.22, 0.21), bench.ORACLE: (0.24, 0.26, 0.25), "adaclw": (0.22, 0.24, 0.23)}
-    records = [{"label": label, "loss": label.split(":")[0], "options": {}, "seed": seed, "name": f"{label}-{seed}",
-                "code": "git 0123456789", "verdict": "ok", "reasons": [],
-                "metrics": {bench.ENDPOINT: value + 0.001 * seed * (label != "clip"), "clone/overall": 0.8,
-                            **({"adacl/modulated": 0.5} if label == "adaclw" else {})}}
-               for label, values in family.items() for seed, value in enumerate(values)]
+    records = [
+        {
+            "label": label,
+            "loss": label.split(":")[0],
+            "options": {},
+            "seed": seed,
+            "name": f"{label}-{seed}",
+            "code": "git 0123456789",
+            "verdict": "ok",
+            "reasons": [],
+            "metrics": {
+                bench.ENDPOINT: value + 0.001 * seed * (label != "clip"),
+                "clone/overall": 0.8,
+                **({"adacl/modulated": 0.5} if label == "adaclw" else {}),
+            },
+        }
+        for label, values in family.items()
+        for seed, value in enumerate(values)
+    ]
     write_runs_csv(records, tmp_path / f"{bench.study_name('finetune-gold', False)}_runs.csv")
     text = "\n".join(bench.summary_lines(tmp_path, ["finetune-gold"]))
     oracle_row = next(line for line in text.splitlines() if line.startswith(f"| `{bench.ORACLE}`"))
@@ -216,8 +257,10 @@ def test_the_committed_glyph_reports_regenerate_from_the_committed_csvs(tmp_path
         assert (tmp_path / name).read_text() == (results / name).read_text(), name
     written = (tmp_path / "glyphs.md").read_text()
     assert "all 102 rows of this table" in (tmp_path / "glyphs_finetune_gold.md").read_text()
-    assert "| `oracle:weight=16` | 10/10 | 0.225 ± 0.012 | +0.013 [+0.0033, +0.0228] (10) | helps | inconclusive |" \
+    assert (
+        "| `oracle:weight=16` | 10/10 | 0.225 ± 0.012 | +0.013 [+0.0033, +0.0228] (10) | helps | inconclusive |"
         in written
+    )
 
 
 def _script(name):
@@ -232,8 +275,10 @@ def _script(name):
 def test_bench_step_reports_the_ratio_and_the_loss_share_of_the_step(tmp_path, capsys):
     rows = _script("bench_step").main(["--smoke", "--threads", "1", "--output", str(tmp_path / "step.json")])
     assert [row["loss"] for row in rows] == ["clip", "adacl"] and rows[0]["ratio"] == 1.0
-    assert all(0 < row["loss_seconds"] < row["seconds"] and row["loss_share"] == row["loss_seconds"] / row["seconds"]
-               for row in rows)
+    assert all(
+        0 < row["loss_seconds"] < row["seconds"] and row["loss_share"] == row["loss_seconds"] / row["seconds"]
+        for row in rows
+    )
     printed = capsys.readouterr().out
     assert "loss's share of the step |" in printed and "; code " in printed and "(family " in printed
     # every loss steps the one model and AdamW, so where a copy lies in memory cannot count as the loss's cost
@@ -247,28 +292,58 @@ def test_bench_step_reports_the_ratio_and_the_loss_share_of_the_step(tmp_path, c
 @pytest.mark.slow
 def test_bench_loss_measures_each_cases_peak_memory_in_one_process_and_per_rank(tmp_path):
     output = tmp_path / "loss.json"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--sizes", "256", "--dim", "16",
-                             "--inputs", "trained-50", "--paths", "eager", "--memory-only", "--ranks", "2",
-                             "--threads", "1", "--json", str(output)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_loss.py"),
+            "--sizes",
+            "256",
+            "--dim",
+            "16",
+            "--inputs",
+            "trained-50",
+            "--paths",
+            "eager",
+            "--memory-only",
+            "--ranks",
+            "2",
+            "--threads",
+            "1",
+            "--json",
+            str(output),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| peak memory (MiB) | each rank (MiB) | memory ratio | extra peak |" in result.stdout
     rows = json.loads(output.read_text())["memory_rows"]
     assert [(row["ranks"], row["loss"]) for row in rows] == [
-        (ranks, loss) for ranks in (1, 2) for loss in ("clip", "adacl-literal", "adacl-calibrated")]
+        (ranks, loss) for ranks in (1, 2) for loss in ("clip", "adacl-literal", "adacl-calibrated")
+    ]
     for row in rows:  # a number per case, and on 2 ranks each rank's own
         assert row["peak_bytes"] >= 0 and len(row["rank_peak_bytes"]) == row["ranks"]
         assert row["peak_bytes"] == max(row["rank_peak_bytes"])
-        printed = f"| trained-50 | 256 | {row['ranks']} | {row['loss']} | {row['path']} | {row['peak_bytes'] / 2 ** 20:.1f} |"
+        printed = (
+            f"| trained-50 | 256 | {row['ranks']} | {row['loss']} | {row['path']} | {row['peak_bytes'] / 2**20:.1f} |"
+        )
         assert printed in result.stdout
 
 
 def test_bench_loss_refuses_ranks_it_cannot_measure_in_one_line():
     for extra in (["--ranks", "2"], ["--memory", "--ranks", "3"], ["--memory", "--ranks", "2", "--device", "cuda"]):
-        result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--sizes", "64", *extra],
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
-            "bench_loss.py: error: "), (extra, result.stderr)
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "bench_loss.py"), "--sizes", "64", *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("bench_loss.py: error: "), (
+            extra,
+            result.stderr,
+        )
 
 
 def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monkeypatch, tmp_path):
@@ -278,21 +353,60 @@ def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monke
     def fake_run(command, **kwargs):
         path, output = command[command.index("--paths") + 1], Path(command[command.index("--json") + 1])
         ratio = next(ratios)
-        rows = [{"inputs": "trained-50", "N": 64, "loss": "clip", "path": "-", "seconds": 1.0, "time_ratio": 1.0,
-                 "cpu_seconds": 2.0, "cpu_ratio": 1.0}]
-        rows += [{"inputs": "trained-50", "N": 64, "loss": f"adacl-{mode}", "path": path, "seconds": ratio,
-                  "time_ratio": ratio, "cpu_seconds": 2 * ratio, "cpu_ratio": ratio} for mode in bench.MODES]
-        decisions = [{"passes": "keys", "rows": 64, "cols": 64, "dtype": "float32", "device": "cpu", "choice": "eager",
-                      "fused_ms": None, "eager_ms": 1.0}] if path == "auto" else []
+        rows = [
+            {
+                "inputs": "trained-50",
+                "N": 64,
+                "loss": "clip",
+                "path": "-",
+                "seconds": 1.0,
+                "time_ratio": 1.0,
+                "cpu_seconds": 2.0,
+                "cpu_ratio": 1.0,
+            }
+        ]
+        rows += [
+            {
+                "inputs": "trained-50",
+                "N": 64,
+                "loss": f"adacl-{mode}",
+                "path": path,
+                "seconds": ratio,
+                "time_ratio": ratio,
+                "cpu_seconds": 2 * ratio,
+                "cpu_ratio": ratio,
+            }
+            for mode in bench.MODES
+        ]
+        decisions = (
+            [
+                {
+                    "passes": "keys",
+                    "rows": 64,
+                    "cols": 64,
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "choice": "eager",
+                    "fused_ms": None,
+                    "eager_ms": 1.0,
+                }
+            ]
+            if path == "auto"
+            else []
+        )
         output.write_text(json.dumps({"rows": rows, "auto_choices": decisions}))
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     args = bench.parse_args(["--sizes", "64", "--inputs", "trained-50", "--paths", "auto", "eager", "--processes", "3"])
     args.scratch = str(tmp_path)
     rows, decisions = bench.benchmark_in_processes(args)
-    assert [(row["loss"], row["path"]) for row in rows] == [("clip", "-"), ("adacl-literal", "auto"),
-                                                            ("adacl-literal", "eager"), ("adacl-calibrated", "auto"),
-                                                            ("adacl-calibrated", "eager")]
+    assert [(row["loss"], row["path"]) for row in rows] == [
+        ("clip", "-"),
+        ("adacl-literal", "auto"),
+        ("adacl-literal", "eager"),
+        ("adacl-calibrated", "auto"),
+        ("adacl-calibrated", "eager"),
+    ]
     auto, eager = rows[1], rows[2]  # auto ran 1.2, 1.1, 1.3; eager 1.0, 1.4, 1.2
     assert auto["time_ratio"] == 1.2 and auto["time_ratio_range"] == (1.1, 1.3) and auto["processes"] == 3
     assert eager["time_ratio"] == 1.2 and eager["time_ratio_range"] == (1.0, 1.4)
@@ -303,7 +417,8 @@ def test_bench_loss_in_processes_reports_the_median_and_range_of_each_path(monke
     assert len(decisions) == 3
     assert bench.auto_choices(decisions[:1] + [{**decisions[0], "choice": "fused", "fused_ms": 17.419}]) == (
         "- keys passes, 64 x 64 float32 on cpu: eager (fused - ms, eager 1.0 ms)\n"
-        "- keys passes, 64 x 64 float32 on cpu: fused (fused 17.4 ms, eager 1.0 ms)")
+        "- keys passes, 64 x 64 float32 on cpu: fused (fused 17.4 ms, eager 1.0 ms)"
+    )
     table = bench.markdown_table(rows)
     assert "| ratio range |" in table and "| 1.200 | 1.100-1.300 |" in table
 
@@ -317,7 +432,10 @@ def test_the_margin_study_reads_its_own_registration_and_runs_only_in_transfer(c
         argv = study.endpoint_argv(name)
         assert argv == ["--preregistration", f"docs/preregistration_margins.md#{name}"]
         assert from_file(str(REPO / argv[1])).reference == "clip"
-    assert study.endpoint_argv("controls_transfer") == ["--preregistration", "docs/preregistration.md#controls_transfer"]
+    assert study.endpoint_argv("controls_transfer") == [
+        "--preregistration",
+        "docs/preregistration.md#controls_transfer",
+    ]
     with pytest.raises(SystemExit):
         study.main(["--margins", "--regimes", "scratch"])
     assert "--margins is the transfer regime's study" in capsys.readouterr().err
@@ -357,8 +475,13 @@ def test_bench_threads_times_the_loss_with_its_threads_and_without(tmp_path, mon
     bench = _script("bench_threads")
     calls = []
     side_by_side = row_passes.side_by_side
-    monkeypatch.setattr(row_passes, "side_by_side", lambda device, run: calls.append(
-        (len(run), row_passes.can_run_side_by_side(device, len(run)))) or side_by_side(device, run))
+    monkeypatch.setattr(
+        row_passes,
+        "side_by_side",
+        lambda device, run: (
+            calls.append((len(run), row_passes.can_run_side_by_side(device, len(run)))) or side_by_side(device, run)
+        ),
+    )
     threads = torch.get_num_threads()
     try:
         with bench.without_own_threads():
@@ -371,18 +494,41 @@ def test_bench_threads_times_the_loss_with_its_threads_and_without(tmp_path, mon
         calls.clear()
         steps["side by side"]()
         assert calls == [(2, True)]  # the directions, each on one thread, its summary's rows with it
-        bench.main(["--size", "64", "--dim", "16", "--repeats", "2", "--modes", "calibrated", "--busy", "1",
-                    "--output", str(tmp_path / "threads.md")])
+        bench.main(
+            [
+                "--size",
+                "64",
+                "--dim",
+                "16",
+                "--repeats",
+                "2",
+                "--modes",
+                "calibrated",
+                "--busy",
+                "1",
+                "--output",
+                str(tmp_path / "threads.md"),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     report = (tmp_path / "threads.md").read_text()
     assert report == capsys.readouterr().out.rstrip("\n") + "\n"
     assert "1 busy process(es) beside it" in report and "(family " in report and "; code " in report
-    for row in ("| clip | - |", "| adacl-calibrated | side by side |", "| adacl-calibrated | in turn |",
-                "| rows split |", "| in turn |", "| one thread |"):
+    for row in (
+        "| clip | - |",
+        "| adacl-calibrated | side by side |",
+        "| adacl-calibrated | in turn |",
+        "| rows split |",
+        "| in turn |",
+        "| one thread |",
+    ):
         assert row in report, row
-    assert re.search(r"\| adacl-calibrated \| in turn \| [\d.]+ \| [\d.]+ \[[\d.]+, [\d.]+\] \| 1\.000 \[1\.000, "
-                     r"1\.000\] \|", report)
+    assert re.search(
+        r"\| adacl-calibrated \| in turn \| [\d.]+ \| [\d.]+ \[[\d.]+, [\d.]+\] \| 1\.000 \[1\.000, "
+        r"1\.000\] \|",
+        report,
+    )
 
 
 def test_redrawn_plots_keep_each_reports_verdicts_margin_and_reference(tmp_path, monkeypatch):
@@ -396,8 +542,13 @@ def test_redrawn_plots_keep_each_reports_verdicts_margin_and_reference(tmp_path,
     for name in ("controls_paper.md", "controls_paper_runs.csv"):
         shutil.copy(REPO / "docs" / "results" / name, tmp_path / name)
     drawn = {}
-    monkeypatch.setattr(redraw_plots, "write_plot", lambda summaries, records, reference, path, margin: drawn.update(
-        verdicts=[record["verdict"] for record in records], reference=reference, path=path, margin=margin))
+    monkeypatch.setattr(
+        redraw_plots,
+        "write_plot",
+        lambda summaries, records, reference, path, margin: drawn.update(
+            verdicts=[record["verdict"] for record in records], reference=reference, path=path, margin=margin
+        ),
+    )
     redraw_plots.redraw(tmp_path / "controls_paper.md")
     with (tmp_path / "controls_paper_runs.csv").open() as rows:
         assert drawn["verdicts"] == [row["verdict"] for row in csv.DictReader(rows)]

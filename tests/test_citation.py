@@ -1,5 +1,6 @@
 """CITATION.cff credits people and says what to cite: the project's holders by name, its version as setup.py
 states it with a release date, the AdaCL paper's full title and authors, and OpenCLIP upstream."""
+
 import ast
 import datetime
 from pathlib import Path
@@ -18,8 +19,13 @@ def citation() -> dict:
 def setup_version() -> str:
     """The version= keyword of setup.py's setup() call, read without running it."""
     tree = ast.parse((ROOT / "setup.py").read_text())
-    [version] = [keyword.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 for keyword in node.keywords if keyword.arg == "version"]
+    [version] = [
+        keyword.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for keyword in node.keywords
+        if keyword.arg == "version"
+    ]
     return version
 
 

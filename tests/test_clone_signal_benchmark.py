@@ -1,5 +1,6 @@
 """scripts/clone_signal_benchmark.py: batches of whole families, the precision-recall curve, and a report whose
 numbers are those of the flags it scored (on encoded samples made here, no training)."""
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _benchmark(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("clone_signal_benchmark", REPO / "scripts" / "clone_signal_benchmark.py")
+    spec = importlib.util.spec_from_file_location(
+        "clone_signal_benchmark", REPO / "scripts" / "clone_signal_benchmark.py"
+    )
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "clone_signal_benchmark", module)  # its dataclass looks itself up there
     spec.loader.exec_module(module)
@@ -49,8 +52,13 @@ def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
     image = F.normalize(centre + 0.4 * torch.randn(128, 8, generator=g), dim=-1)
     text = F.normalize(centre + 0.4 * torch.randn(128, 8, generator=g), dim=-1)
     tokens = torch.stack([torch.tensor([49406, 300 + int(f), 400 + int(i) % 3, 49407]) for i, f in enumerate(family)])
-    encoded = bench.EncodedSamples(family, image, {key: text for key in bench.CELLS.values()},
-                                   {key: tokens for key in bench.CELLS.values()}, torch.tensor(14.3))
+    encoded = bench.EncodedSamples(
+        family,
+        image,
+        {key: text for key in bench.CELLS.values()},
+        {key: tokens for key in bench.CELLS.values()},
+        torch.tensor(14.3),
+    )
     batches = bench.training_batches(family, 0, None)
     scored = bench.score_cell(encoded, "txt", batches, 1.5)
     assert set(scored) == set(SIGNALS)
@@ -59,9 +67,16 @@ def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
     flagged, sibling = scored["text"]["flagged"], scored["text"]["sibling"]
     assert text_row["precision"] == (flagged & sibling).sum().item() / flagged.sum().item()
     assert text_row["base_rate"] == pytest.approx(7 / 63)
-    curves = {cell: {name: (*bench.precision_recall_curve(v["standardized"], v["sibling"])[:2], 7 / 63)
-                     for name, v in scored.items()} for cell in bench.CELLS}
-    bench.write_report({cell: rows for cell in bench.CELLS}, curves, tmp_path, "cmd", len(batches), 1.5, report_name="look")
+    curves = {
+        cell: {
+            name: (*bench.precision_recall_curve(v["standardized"], v["sibling"])[:2], 7 / 63)
+            for name, v in scored.items()
+        }
+        for cell in bench.CELLS
+    }
+    bench.write_report(
+        {cell: rows for cell in bench.CELLS}, curves, tmp_path, "cmd", len(batches), 1.5, report_name="look"
+    )
     report = (tmp_path / "look.md").read_text()
     assert f"| `text` | {text_row['flagged']:.3f} | **{text_row['precision']:.3f}** |" in report
     assert (tmp_path / "look_pr.png").stat().st_size > 0 and "[look_pr.png](look_pr.png)" in report

@@ -7,6 +7,7 @@ open_clip_adacl (the library) <- training.trainer's foundations (flags, distribu
 training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison. Checkpoints are read
 in one place.
 """
+
 import ast
 import os
 import subprocess
@@ -41,8 +42,18 @@ ALLOWED = {
     "training.loss_comparison": {LIBRARY, *TRAINER, ENTRY, "training.evaluation", "training.synthetic_scenes"},
 }
 # src/training lists the entry point, the trainer's layers (one package) and the tools, each a command.
-TOP_LEVEL = {"__init__.py", "main.py", "trainer", "export.py", "torchrun.py", "evaluation", "synthetic_scenes",
-             "glyphs", "discover", "loss_comparison"}
+TOP_LEVEL = {
+    "__init__.py",
+    "main.py",
+    "trainer",
+    "export.py",
+    "torchrun.py",
+    "evaluation",
+    "synthetic_scenes",
+    "glyphs",
+    "discover",
+    "loss_comparison",
+}
 
 
 def part_of(module: str) -> str:
@@ -68,7 +79,10 @@ def imported_parts(path: Path) -> set:
             if node.level == 0:
                 base = node.module
             else:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([node.module] if node.module else [])
+                )
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)  # `from training import evaluation`
     return {part_of(name) for name in names}
@@ -113,14 +127,23 @@ def test_dependencies_point_one_way(part):
 def torch_load_calls(path: Path) -> list:
     """The lines of `path` that call torch.load (as `torch.load(...)`, or `load` imported from torch)."""
     tree = ast.parse(path.read_text())
-    loads = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and node.module in ("torch", "torch.serialization") for alias in node.names if alias.name == "load"}
+    loads = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in ("torch", "torch.serialization")
+        for alias in node.names
+        if alias.name == "load"
+    }
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
-            if (isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name)
-                    and func.value.id == "torch") or (isinstance(func, ast.Name) and func.id in loads):
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "load"
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "torch"
+            ) or (isinstance(func, ast.Name) and func.id in loads):
                 lines.append(node.lineno)
     return lines
 
@@ -130,7 +153,8 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
     `load_checkpoint` (weights_only, the content digest checked, an earlier layout converted)."""
     readers = {str(path.relative_to(SRC)): torch_load_calls(path) for path in sorted(SRC.rglob("*.py"))}
     assert {path: lines for path, lines in readers.items() if lines} == {
-        "training/trainer/run_folder/checkpoint_files.py": readers["training/trainer/run_folder/checkpoint_files.py"]}
+        "training/trainer/run_folder/checkpoint_files.py": readers["training/trainer/run_folder/checkpoint_files.py"]
+    }
     assert len(readers["training/trainer/run_folder/checkpoint_files.py"]) == 2  # load_checkpoint, checkpoint_step
 
 
@@ -138,7 +162,7 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
 RETIRED_WORDS = {
     r"(?i)\bregimes?\b": "a study's *setting*; for how ranks hold the similarities, full logits / local_loss",
     r"\bopen_clip_adacl\.adacl\b|\bfrom (\.\.?|open_clip_adacl) import (\w+, )*adacl\b": "the AdaCL math module is "
-                                                                                     "open_clip_adacl.adacl_math",
+    "open_clip_adacl.adacl_math",
 }
 
 
@@ -146,9 +170,14 @@ def test_no_retired_word_is_left_in_src():
     """One meaning per word: a word the glossary retired appears nowhere under src/ (code, docstrings, help)."""
     import re
 
-    found = [f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
-             for path in sorted(SRC.rglob("*.py")) for number, line in enumerate(path.read_text().splitlines(), 1)
-             for pattern, instead in RETIRED_WORDS.items() for match in [re.search(pattern, line)] if match]
+    found = [
+        f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
+        for path in sorted(SRC.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for pattern, instead in RETIRED_WORDS.items()
+        for match in [re.search(pattern, line)]
+        if match
+    ]
     assert found == []
 
 
@@ -157,8 +186,9 @@ def test_no_retired_word_is_left_in_src():
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith(f"usage: python -m {package}")
 
@@ -174,9 +204,11 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
     trainer_flags -= {"-h", "--help"}
     repeated = []
     for path in [*SRC.rglob("*.py"), *(SRC.parent / "scripts").rglob("*.py")]:
-        if path.relative_to(SRC.parent).as_posix() in ("src/training/trainer/launch/params.py",
-                                                       "src/training/trainer/flags.py",
-                                                       "src/training/trainer/launch/tool_flags.py"):
+        if path.relative_to(SRC.parent).as_posix() in (
+            "src/training/trainer/launch/params.py",
+            "src/training/trainer/flags.py",
+            "src/training/trainer/launch/tool_flags.py",
+        ):
             continue  # the trainer's own declarations, and how a tool mounts them
         for match in re.finditer(r'add_argument\(\s*f?["\'](--[A-Za-z0-9-]+)["\']', path.read_text()):
             if match.group(1) in trainer_flags:
@@ -193,15 +225,28 @@ def test_training_exports_its_public_face_from_the_layers_that_define_it():
 
     for name, module in training.PUBLIC_FACE.items():
         assert getattr(training, name) is getattr(importlib.import_module(module, "training"), name), name
-    assert set(training.__all__) >= {"run", "Trainer", "RunConfig", "RunDir", "LOSSES", "SCHEDULES", "SOURCES",
-                                     "RECIPES"}
+    assert set(training.__all__) >= {
+        "run",
+        "Trainer",
+        "RunConfig",
+        "RunDir",
+        "LOSSES",
+        "SCHEDULES",
+        "SOURCES",
+        "RECIPES",
+    }
     assert "adacl" in training.LOSSES and "cosine" in training.SCHEDULES and "webdataset" in training.SOURCES
     with pytest.raises(AttributeError, match="has no attribute 'Trainr'"):
         training.Trainr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     for first in ("Trainer", "RunDir, SOURCES, LOSSES"):  # the deepest layer first, then the light ones alone
-        fresh = subprocess.run([sys.executable, "-c", f"from training import {first}"], capture_output=True, text=True,
-                               env=env, timeout=300)
+        fresh = subprocess.run(
+            [sys.executable, "-c", f"from training import {first}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert fresh.returncode == 0, (first, fresh.stderr[-2000:])
 
 
@@ -213,6 +258,15 @@ def test_training_run_is_the_trainers_run_and_import_training_stays_light():
 
     assert run is main_run
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    loaded = subprocess.run([sys.executable, "-c", "import sys, training; print(sorted({'training.main', 'torch', "
-                             "'open_clip'} & set(sys.modules)))"], capture_output=True, text=True, env=env, timeout=60)
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, training; print(sorted({'training.main', 'torch', 'open_clip'} & set(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]

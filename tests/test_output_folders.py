@@ -1,5 +1,6 @@
 """Every command writes only under the folders its flags name (`--logs`, `--output`, `--output-dir`, ...): each is
 run here from an empty current folder, with those flags pointing elsewhere, and the current folder stays empty."""
+
 import json
 from pathlib import Path
 
@@ -33,11 +34,36 @@ def trained_run(demo_shards, module_tmp):
     logs, cwd = module_tmp("logs"), module_tmp("train-cwd")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
-        summary = train_main([
-            "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--model", "adacl-tiny",
-            "--loss", "adacl", "--batch-size", "64", "--epochs", "1", "--workers", "0", "--device", "cpu",
-            "--precision", "fp32", "--val-data", str(demo_shards / "val" / "shard-000000.tar"),
-            "--logs", str(logs), "--name", "run", "--save-every-n-steps", "4", "--report-to", "tensorboard"])
+        summary = train_main(
+            [
+                "--train-data",
+                str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+                "--model",
+                "adacl-tiny",
+                "--loss",
+                "adacl",
+                "--batch-size",
+                "64",
+                "--epochs",
+                "1",
+                "--workers",
+                "0",
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+                "--val-data",
+                str(demo_shards / "val" / "shard-000000.tar"),
+                "--logs",
+                str(logs),
+                "--name",
+                "run",
+                "--save-every-n-steps",
+                "4",
+                "--report-to",
+                "tensorboard",
+            ]
+        )
     return summary, logs / "run", sorted(path.name for path in cwd.iterdir())
 
 
@@ -52,18 +78,58 @@ def test_export_evaluation_discovery_and_margins_write_only_where_named(trained_
     out = tmp_path / "out"
     export_main(["--checkpoint", str(summary.checkpoint), "--output", str(out / "export")])
     export_main(["--checkpoint", str(summary.checkpoint), "--hf-dir", str(out / "hub")])
-    evaluation_main(["--checkpoint", str(summary.checkpoint), "--demo-root", str(demo_shards), "--output-dir",
-                     str(out / "eval"), "--num-workers", "0", "--in-process"])
-    discover_main(["--checkpoint", str(summary.checkpoint), "--data", str(demo_shards / "train" / "shard-000000.tar"),
-                   "--max-batches", "1", "--batch-size", "64", "--workers", "0", "--device", "cpu",
-                   "--output", str(out / "discover")])
+    evaluation_main(
+        [
+            "--checkpoint",
+            str(summary.checkpoint),
+            "--demo-root",
+            str(demo_shards),
+            "--output-dir",
+            str(out / "eval"),
+            "--num-workers",
+            "0",
+            "--in-process",
+        ]
+    )
+    discover_main(
+        [
+            "--checkpoint",
+            str(summary.checkpoint),
+            "--data",
+            str(demo_shards / "train" / "shard-000000.tar"),
+            "--max-batches",
+            "1",
+            "--batch-size",
+            "64",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--output",
+            str(out / "discover"),
+        ]
+    )
     margins_main([str(run_dir)])
     assert {path.name for path in out.iterdir()} == {"export", "hub", "eval", "discover"}
 
 
 def test_data_writers_write_only_under_output(tmp_path, empty_cwd):
-    scenes_main(["--output", str(tmp_path / "scenes"), "--num-train", "16", "--num-val", "8", "--num-test", "8",
-                 "--shard-size", "8", "--family-size", "4"])
+    scenes_main(
+        [
+            "--output",
+            str(tmp_path / "scenes"),
+            "--num-train",
+            "16",
+            "--num-val",
+            "8",
+            "--num-test",
+            "8",
+            "--shard-size",
+            "8",
+            "--family-size",
+            "4",
+        ]
+    )
     glyphs_main(["--output", str(tmp_path / "glyphs"), "--num-train", "48", "--shard-size", "24", "--family-size", "4"])
     assert (tmp_path / "scenes" / "manifest.json").is_file() and any((tmp_path / "glyphs").iterdir())
 
@@ -72,9 +138,24 @@ def test_the_loss_comparison_writes_its_report_under_output_dir(demo_shards, tmp
     """Without --results-md the report goes into --output-dir: run from a checkout, the committed docs/RESULTS.md
     stays as it is."""
     output_dir = tmp_path / "comparison"
-    comparison_main(["--losses", "clip,adacl", "--seeds", "0", "--emit-jobs", str(tmp_path / "jobs"),
-                     "--output-dir", str(output_dir), "--train-data", str(demo_shards / "train" / "shard-000000.tar"),
-                     "--train-num-samples", "128", "--val-data", str(demo_shards / "val" / "shard-000000.tar")])
+    comparison_main(
+        [
+            "--losses",
+            "clip,adacl",
+            "--seeds",
+            "0",
+            "--emit-jobs",
+            str(tmp_path / "jobs"),
+            "--output-dir",
+            str(output_dir),
+            "--train-data",
+            str(demo_shards / "train" / "shard-000000.tar"),
+            "--train-num-samples",
+            "128",
+            "--val-data",
+            str(demo_shards / "val" / "shard-000000.tar"),
+        ]
+    )
     machine = report_context(tmp_path).machine  # what a finished job records about where it ran
     for label in ("clip", "adacl"):
         path = record_file(output_dir, f"{label}-seed0")

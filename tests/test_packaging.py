@@ -1,6 +1,7 @@
 """What `pip install .` puts into site-packages: only the project's own top-level names, so that
 installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`; and
 `pip install -r requirements.txt` keeps the torch that stack has and a webdataset stock open_clip_train runs with."""
+
 import ast
 import importlib.metadata
 import json
@@ -22,9 +23,23 @@ def test_the_wheel_installs_only_open_clip_adacl_and_training(tmp_path):
     source = tmp_path / "source"
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(ROOT / "setup.py", source / "setup.py")
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                             "--wheel-dir", str(tmp_path / "wheel"), str(source)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path / "wheel"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     [wheel] = (tmp_path / "wheel").glob("open_clip_adacl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -44,21 +59,47 @@ def installed_metadata(site: Path, name: str, version: str, requires=()) -> None
     """A distribution's metadata as pip sees an installed one (name-version.dist-info/METADATA)."""
     info = site / f"{name}-{version}.dist-info"
     info.mkdir(parents=True)
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
     (info / "METADATA").write_text("\n".join(lines) + "\n")
     (info / "RECORD").write_text("")
 
 
-def resolve_offline(requirements: Sequence[str], shadowing_site: Path, source: Path,
-                    find_links: str = "") -> subprocess.CompletedProcess:
+def resolve_offline(
+    requirements: Sequence[str], shadowing_site: Path, source: Path, find_links: str = ""
+) -> subprocess.CompletedProcess:
     """pip's resolver, dry run and offline, for `pip install REQUIREMENTS` from `source` into this environment
     with `shadowing_site`'s distributions installed ahead of its own (as another stack's torch would be); the
     only index is the folder `find_links` (none by default)."""
-    env = {**os.environ, "PYTHONPATH": str(shadowing_site), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": find_links,
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
-                           "--report", str(source / "report.json"), *requirements],
-                          cwd=source, capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(shadowing_site),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": find_links,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-build-isolation",
+            "--report",
+            str(source / "report.json"),
+            *requirements,
+        ],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
@@ -88,8 +129,11 @@ def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
 def install_requires() -> List[Requirement]:
     """setup.py's INSTALL_REQUIRES, read without running setup()."""
     tree = ast.parse((ROOT / "setup.py").read_text())
-    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
-               and getattr(node.targets[0], "id", None) == "INSTALL_REQUIRES"]
+    [value] = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "INSTALL_REQUIRES"
+    ]
     return [Requirement(text) for text in ast.literal_eval(value)]
 
 
@@ -105,8 +149,11 @@ WEBDATASET_RELEASES = ("0.2.5", "0.2.79", "0.2.86", "0.2.88", "0.2.90", "0.2.96"
 
 def test_the_webdataset_range_is_one_stock_open_clip_train_runs_with():
     ours = requirement_of(install_requires(), "webdataset")
-    training_extra = [Requirement(text) for text in importlib.metadata.requires("open_clip_torch")
-                      if "training" in text.split(";", 1)[-1]]
+    training_extra = [
+        Requirement(text)
+        for text in importlib.metadata.requires("open_clip_torch")
+        if "training" in text.split(";", 1)[-1]
+    ]
     theirs = requirement_of(training_extra, "webdataset")
     allowed = [version for version in WEBDATASET_RELEASES if ours.specifier.contains(version)]
     assert allowed == ["0.2.86"]
@@ -123,7 +170,9 @@ def metadata_wheel(folder: Path, name: str, version: str) -> Path:
     info = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         archive.writestr(f"{info}/RECORD", "")
     return wheel
 
@@ -150,15 +199,23 @@ def test_requirements_txt_replaces_a_webdataset_1_by_the_one_open_clip_train_run
 
 # `python -m TOOL` in an environment without clip_benchmark (`pip install -e .`, the extras left out): an import of
 # it fails as it would there.
-WITHOUT_CLIP_BENCHMARK = ("import runpy, sys; sys.modules['clip_benchmark'] = None; sys.argv = [sys.argv[1], '--help']; "
-                          "runpy.run_module(sys.argv[0], run_name='__main__')")
+WITHOUT_CLIP_BENCHMARK = (
+    "import runpy, sys; sys.modules['clip_benchmark'] = None; sys.argv = [sys.argv[1], '--help']; "
+    "runpy.run_module(sys.argv[0], run_name='__main__')"
+)
 
 
 def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
-    result = subprocess.run([sys.executable, "-c", WITHOUT_CLIP_BENCHMARK, "training.evaluation"], capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CLIP_BENCHMARK, "training.evaluation"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert (result.returncode, result.stdout) == (2, ""), result.stderr[-2000:]
-    assert result.stderr == ("error: python -m training.evaluation needs clip_benchmark, part of the [eval] extra: pip "
-                             "install 'open_clip_adacl[eval]' (from the repository: pip install -r requirements.txt)\n")
+    assert result.stderr == (
+        "error: python -m training.evaluation needs clip_benchmark, part of the [eval] extra: pip "
+        "install 'open_clip_adacl[eval]' (from the repository: pip install -r requirements.txt)\n"
+    )
     # the console script starts where the command does
     assert '"adacl-evaluate=training.evaluation.__main__:cli"' in (ROOT / "setup.py").read_text()

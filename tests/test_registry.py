@@ -1,17 +1,17 @@
 """The one registry helper behind losses, LR schedules and data sources: names and old names (aliases), refused
 twice, and an old name that selects its component on the command line and in a resumed run's checkpoint."""
+
 import pytest
 
+from helpers.registries import scratch_entries
 from open_clip_adacl.losses.clip import ClipLoss
 from open_clip_adacl.losses.registry import LOSSES, register_loss
 from open_clip_adacl.registry import Registry
 from training.trainer.data.registry import SOURCES
-from training.trainer.launch.params import parse_args
-from training.trainer.launch.resume import ResumeRequest, check_resume
-from training.trainer.launch.resume import run_changes
 from training.trainer.engine.schedule import SCHEDULES
 from training.trainer.launch.config import with_canonical_names
-from helpers.registries import scratch_entries
+from training.trainer.launch.params import parse_args
+from training.trainer.launch.resume import ResumeRequest, check_resume, run_changes
 
 
 def test_a_name_or_an_alias_resolves_and_neither_is_taken_twice():

@@ -1,5 +1,6 @@
 """The suite's temporary folders go as soon as their tests pass (pytest.ini's retention policy and the
 `module_tmp` fixture of tests/conftest.py), and stay where a test failed, to be looked at."""
+
 from pathlib import Path
 
 from helpers import REPO, TESTS
@@ -29,11 +30,13 @@ def test_passing_tests_leave_no_folder_and_a_failing_one_keeps_its_own(pytester)
     pytester.makeconftest((TESTS / "conftest.py").read_text())
     paths = pytester.path / "paths.txt"
     pytester.makepyfile(
-        test_passes=RECORD.format(paths=str(paths)) + """
+        test_passes=RECORD.format(paths=str(paths))
+        + """
 def test_one(tmp_path, shared):
     record(tmp_path, shared, "passes")
 """,
-        test_fails=RECORD.format(paths=str(paths)) + """
+        test_fails=RECORD.format(paths=str(paths))
+        + """
 def test_one(tmp_path, shared):
     record(tmp_path, shared, "fails")
     assert False, "this module fails"
@@ -41,8 +44,10 @@ def test_one(tmp_path, shared):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=1, failed=1)
-    given = {f"{name} {kind}": path for name, kind, path in (line.split(" ", 2) for line in paths.read_text().split("\n")
-                                                              if line)}
+    given = {
+        f"{name} {kind}": path
+        for name, kind, path in (line.split(" ", 2) for line in paths.read_text().split("\n") if line)
+    }
     assert len(given) == 4
     assert not any(Path(given[f"passes {kind}"]).exists() for kind in ("tmp_path", "module"))
     assert all(Path(given[f"fails {kind}"]).exists() for kind in ("tmp_path", "module"))

@@ -2,8 +2,18 @@
 
 The library never imports the trainer (`training`); it only needs torch and open_clip.
 """
-from .losses import DistributedSetup, Loss, LossOption, LossOptions, create_loss, get_loss_class, list_losses, \
-    option, register_loss
+
+from .losses import (
+    DistributedSetup,
+    Loss,
+    LossOption,
+    LossOptions,
+    create_loss,
+    get_loss_class,
+    list_losses,
+    option,
+    register_loss,
+)
 from .models import MODEL_CONFIG_DIR, register_model_configs
 
 register_model_configs()

@@ -12,6 +12,7 @@ loss against: tests/helpers/adacl_reference.py.
 
 Section numbers refer to docs/method.md; "Eq." to the paper (Pan, Dong, Yang, ICLR 2025).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple, Union
@@ -42,8 +43,10 @@ def negative_mask(num_rows: int, num_cols: int, positive_col: torch.Tensor) -> t
 
 # --- 3.3-3.4: Gaussian discriminant analysis and the clone candidates --------------------------
 
-def gaussian_fit(values: torch.Tensor, weights: Optional[torch.Tensor] = None,
-                 std_floor: Scalar = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+
+def gaussian_fit(
+    values: torch.Tensor, weights: Optional[torch.Tensor] = None, std_floor: Scalar = 0.0
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Maximum-likelihood 1-D Gaussian (mean, population std) of `values` (section 3.3), in float64.
 
     `weights` (same shape, 0/1) selects the entries, e.g. a row's negatives. The std is floored at
@@ -58,8 +61,9 @@ def gaussian_fit(values: torch.Tensor, weights: Optional[torch.Tensor] = None,
     return mean, torch.maximum(variance.sqrt(), _f64(std_floor).to(values.device))
 
 
-def gda_log_odds(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
-                 prior_ratio: Scalar = 1.0) -> torch.Tensor:
+def gda_log_odds(
+    s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar, prior_ratio: Scalar = 1.0
+) -> torch.Tensor:
     """log p(C|s) - log p(not C|s) for two 1-D Gaussians (section 3.3, Eq. 8-9), elementwise.
 
     log-odds = -log(pi_n/pi_c) - log sigma_c + log sigma_n - (s-mu_c)^2/(2 sigma_c^2)
@@ -69,13 +73,18 @@ def gda_log_odds(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, s
     s64 = s.double()
     z_c = (s64 - _f64(mu_c)) / _f64(sigma_c)
     z_n = (s64 - _f64(mu_n)) / _f64(sigma_n)
-    log_odds = (-torch.log(_f64(prior_ratio)) - torch.log(_f64(sigma_c)) + torch.log(_f64(sigma_n))
-                + 0.5 * (z_n - z_c) * (z_n + z_c))
+    log_odds = (
+        -torch.log(_f64(prior_ratio))
+        - torch.log(_f64(sigma_c))
+        + torch.log(_f64(sigma_n))
+        + 0.5 * (z_n - z_c) * (z_n + z_c)
+    )
     return log_odds.to(s.dtype)
 
 
-def gda_posterior(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
-                  prior_ratio: Scalar = 1.0) -> torch.Tensor:
+def gda_posterior(
+    s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar, prior_ratio: Scalar = 1.0
+) -> torch.Tensor:
     """p(C|s) = 1 / (1 + (pi_n/pi_c)(sigma_c/sigma_n) exp[(s-mu_c)^2/(2 sigma_c^2) - (s-mu_n)^2/(2 sigma_n^2)])
 
     (section 3.3, Eq. 9; `prior_ratio` = pi_n / pi_c). The sigmoid of `gda_log_odds`: no overflow
@@ -84,8 +93,9 @@ def gda_posterior(s: torch.Tensor, mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, 
     return torch.sigmoid(gda_log_odds(s.double(), mu_c, sigma_c, mu_n, sigma_n, prior_ratio)).to(s.dtype)
 
 
-def gda_log_odds_coefficients(mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
-                              prior_ratio: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gda_log_odds_coefficients(
+    mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar, prior_ratio: Scalar = 1.0
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(A, B, C) with gda_log_odds(s) = A s^2 + B s + C, in float64.
 
     The expanded quadratic lets the selection test millions of entries with one Horner evaluation;
@@ -96,13 +106,19 @@ def gda_log_odds_coefficients(mu_c: Scalar, sigma_c: Scalar, mu_n: Scalar, sigma
     mu_c, mu_n = _f64(mu_c), _f64(mu_n)
     quadratic = inv_n - inv_c
     linear = 2 * (mu_c * inv_c - mu_n * inv_n)
-    constant = (-torch.log(_f64(prior_ratio)) - torch.log(_f64(sigma_c)) + torch.log(_f64(sigma_n))
-                + mu_n ** 2 * inv_n - mu_c ** 2 * inv_c)
+    constant = (
+        -torch.log(_f64(prior_ratio))
+        - torch.log(_f64(sigma_c))
+        + torch.log(_f64(sigma_n))
+        + mu_n**2 * inv_n
+        - mu_c**2 * inv_c
+    )
     return quadratic, linear, constant
 
 
-def positive_quadratic_intervals(quadratic: Scalar, linear: Scalar, constant: Scalar,
-                                 lower: Optional[Scalar] = None) -> torch.Tensor:
+def positive_quadratic_intervals(
+    quadratic: Scalar, linear: Scalar, constant: Scalar, lower: Optional[Scalar] = None
+) -> torch.Tensor:
     """{s : A s^2 + B s + C > 0} (and s > `lower`) as the union of two open intervals, float64 (2, 2).
 
     Row k is (a_k, b_k), the interval a_k < s < b_k; a_k >= b_k is empty, and the bounds may be
@@ -120,13 +136,20 @@ def positive_quadratic_intervals(quadratic: Scalar, linear: Scalar, constant: Sc
     low, high = torch.minimum(first, second), torch.maximum(first, second)
     real_roots = discriminant >= 0
     # a > 0: outside the roots (everything without real roots); a < 0: between them (nothing).
-    outside = torch.stack([torch.stack([-inf, torch.where(real_roots, low, inf)]),
-                           torch.stack([torch.where(real_roots, high, inf), inf])])
+    outside = torch.stack(
+        [torch.stack([-inf, torch.where(real_roots, low, inf)]), torch.stack([torch.where(real_roots, high, inf), inf])]
+    )
     between = torch.stack([torch.stack([low, torch.where(real_roots, high, -inf)]), torch.stack([inf, -inf])])
     # a = 0: the line b s + c > 0 (everything or nothing when b = 0 too).
     root = -c / b
-    line = torch.stack([torch.stack([torch.where(b > 0, root, torch.where((b < 0) | (c > 0), -inf, inf)),
-                                     torch.where(b < 0, root, inf)]), torch.stack([inf, -inf])])
+    line = torch.stack(
+        [
+            torch.stack(
+                [torch.where(b > 0, root, torch.where((b < 0) | (c > 0), -inf, inf)), torch.where(b < 0, root, inf)]
+            ),
+            torch.stack([inf, -inf]),
+        ]
+    )
     intervals = torch.where(a > 0, outside, torch.where(a < 0, between, line))
     parameters = [a, b, c]
     if lower is not None:
@@ -137,9 +160,16 @@ def positive_quadratic_intervals(quadratic: Scalar, linear: Scalar, constant: Sc
     return torch.where(finite, intervals, empty)
 
 
-def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor, mu_c: Scalar,
-                         sigma_c: Scalar, mu_n: Scalar, sigma_n: Scalar,
-                         prior_ratio: Scalar = 1.0, region: str = "gda") -> torch.Tensor:
+def clone_candidate_mask(
+    similarities: torch.Tensor,
+    positive_col: torch.Tensor,
+    mu_c: Scalar,
+    sigma_c: Scalar,
+    mu_n: Scalar,
+    sigma_n: Scalar,
+    prior_ratio: Scalar = 1.0,
+    region: str = "gda",
+) -> torch.Tensor:
     """S~ = {(i, j): j negative of i, p(C|s_ij) > 1/2} (section 3.4). rows x C -> rows x C bool.
 
     Uses log-odds > 0, which is the same set as posterior > 1/2 without the sigmoid's rounding.
@@ -162,8 +192,14 @@ def clone_candidate_mask(similarities: torch.Tensor, positive_col: torch.Tensor,
 
 # --- 3.6: the anchor probability ----------------------------------------------------------------
 
-def anchor_log_odds(anchor: Scalar, log_z_u: Scalar, scale: Scalar, previous_m1: Optional[Scalar] = None,
-                    previous_m2: Optional[Scalar] = None) -> torch.Tensor:
+
+def anchor_log_odds(
+    anchor: Scalar,
+    log_z_u: Scalar,
+    scale: Scalar,
+    previous_m1: Optional[Scalar] = None,
+    previous_m2: Optional[Scalar] = None,
+) -> torch.Tensor:
     """logit(p_u) for the anchor pair (section 3.6), float64 0-dim.
 
     `vanilla` (no previous margins): p_u = exp(t a) / (exp(t a) + Z_u), so logit(p_u) = t a - log Z_u.
@@ -179,8 +215,10 @@ def anchor_log_odds(anchor: Scalar, log_z_u: Scalar, scale: Scalar, previous_m1:
 
 # --- 3.7: the margins in closed form ------------------------------------------------------------
 
-def margins_from_log_odds(anchor: Scalar, anchor_log_odds: Scalar, log_z_u: Scalar, eps_log_odds: Scalar,
-                          boundary: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+
+def margins_from_log_odds(
+    anchor: Scalar, anchor_log_odds: Scalar, log_z_u: Scalar, eps_log_odds: Scalar, boundary: Scalar = 1.0
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1's closed forms with p_u and eps given by their log-odds (section 3.7, Eq. 4 and 6).
 
     m1 = (logit(eps) + logit(p_u)) / (a - b), i.e. log(eps p_u / ((1-eps)(1-p_u))) / (a - b);
@@ -195,18 +233,30 @@ def margins_from_log_odds(anchor: Scalar, anchor_log_odds: Scalar, log_z_u: Scal
     return m1, m2
 
 
-def margins_valid(m1: torch.Tensor, m2: torch.Tensor, anchor: Scalar, anchor_log_odds: Scalar,
-                  eps_log_odds: Scalar, boundary: Scalar = 1.0) -> torch.Tensor:
+def margins_valid(
+    m1: torch.Tensor,
+    m2: torch.Tensor,
+    anchor: Scalar,
+    anchor_log_odds: Scalar,
+    eps_log_odds: Scalar,
+    boundary: Scalar = 1.0,
+) -> torch.Tensor:
     """Guard "bad_margins" (section 3, Guards): the closed forms are usable.
 
     False when m1 or m2 is non-finite, m1 <= 0, the anchor is not below the boundary, or
     p_u >= 1 - eps (the anchor already beats the boundary requirement). 0-dim bool.
     """
-    return (torch.isfinite(m1) & torch.isfinite(m2) & (m1 > 0) & (_f64(anchor) < _f64(boundary))
-            & (_f64(anchor_log_odds) + _f64(eps_log_odds) < 0))
+    return (
+        torch.isfinite(m1)
+        & torch.isfinite(m2)
+        & (m1 > 0)
+        & (_f64(anchor) < _f64(boundary))
+        & (_f64(anchor_log_odds) + _f64(eps_log_odds) < 0)
+    )
 
 
 # --- 4 and 4b: the calibrated variant and its bounds --------------------------------------------
+
 
 def calibrated_eps_log_odds(log_z_u: Scalar, scale: Scalar, rho: Scalar, boundary: Scalar = 1.0) -> torch.Tensor:
     """logit(eps) for eps = rho (1 - p_vanilla(b)) (section 4): the boundary error relative to the
@@ -264,8 +314,7 @@ def bound_offset(m2: torch.Tensor, max_offset: float) -> torch.Tensor:
     return torch.clamp(m2, 0.0, max_offset)
 
 
-def ema_update(average: torch.Tensor, value: torch.Tensor, momentum: float,
-               initialized: torch.Tensor) -> torch.Tensor:
+def ema_update(average: torch.Tensor, value: torch.Tensor, momentum: float, initialized: torch.Tensor) -> torch.Tensor:
     """Smoothing across steps (section 4b): momentum * average + (1 - momentum) * value, or `value`
     itself on the first update. Damps the feedback loop between the margins and the batch they are
     computed on; costs the per-batch closed-form conditions. Same shapes in and out."""
@@ -275,23 +324,30 @@ def ema_update(average: torch.Tensor, value: torch.Tensor, momentum: float,
 class Margins(NamedTuple):
     """One direction's margins for one batch (float64 0-dim tensors)."""
 
-    m1: torch.Tensor           # applied scale of the positive logit
-    m2: torch.Tensor           # applied offset of the positive similarity
-    closed_m1: torch.Tensor    # Algorithm 1's m1 before any bound (diagnostic)
+    m1: torch.Tensor  # applied scale of the positive logit
+    m2: torch.Tensor  # applied offset of the positive similarity
+    closed_m1: torch.Tensor  # Algorithm 1's m1 before any bound (diagnostic)
     closed_m2: torch.Tensor
-    anchor: torch.Tensor       # the anchor the closed forms used (clamped in calibrated mode)
+    anchor: torch.Tensor  # the anchor the closed forms used (clamped in calibrated mode)
     p_u: torch.Tensor
-    valid: torch.Tensor        # bool: the closed forms passed `margins_valid`
-    boundary: torch.Tensor     # the boundary b the closed forms used
+    valid: torch.Tensor  # bool: the closed forms passed `margins_valid`
+    boundary: torch.Tensor  # the boundary b the closed forms used
     # Which of section 4b's bounds changed the result (bool; always False in literal mode).
     anchor_clamped: torch.Tensor
     scale_bounded: torch.Tensor
     offset_bounded: torch.Tensor
 
 
-def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, boundary: Scalar = 1.0,
-                    previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None,
-                    gap: Optional[Scalar] = None) -> Margins:
+def literal_margins(
+    anchor: Scalar,
+    log_z_u: Scalar,
+    scale: Scalar,
+    eps: float,
+    boundary: Scalar = 1.0,
+    previous_m1: Optional[Scalar] = None,
+    previous_m2: Optional[Scalar] = None,
+    gap: Optional[Scalar] = None,
+) -> Margins:
     """Section 3.7 exactly: Algorithm 1's m1, m2 with a fixed eps and boundary b (with `gap` given,
     b = `gap_boundary(a, gap)`, docs/adacl.md §4)."""
     # On the anchor's device: the boundary is returned in `Margins` and stacked with the other diagnostics.
@@ -301,14 +357,24 @@ def literal_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, eps: float, 
     m1, m2 = margins_from_log_odds(anchor, log_odds, log_z_u, eps_log_odds, boundary)
     valid = margins_valid(m1, m2, anchor, log_odds, eps_log_odds, boundary)
     inactive = torch.zeros((), dtype=torch.bool, device=m1.device)
-    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid, boundary,
-                   inactive, inactive, inactive)
+    return Margins(m1, m2, m1, m2, _f64(anchor), torch.sigmoid(log_odds), valid, boundary, inactive, inactive, inactive)
 
 
-def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: float, boundary: Scalar = 1.0, *,
-                       anchor_min: float, anchor_max: float, max_scale_ratio: float, max_offset: float,
-                       previous_m1: Optional[Scalar] = None, previous_m2: Optional[Scalar] = None,
-                       gap: Optional[Scalar] = None) -> Margins:
+def calibrated_margins(
+    anchor: Scalar,
+    log_z_u: Scalar,
+    scale: Scalar,
+    rho: float,
+    boundary: Scalar = 1.0,
+    *,
+    anchor_min: float,
+    anchor_max: float,
+    max_scale_ratio: float,
+    max_offset: float,
+    previous_m1: Optional[Scalar] = None,
+    previous_m2: Optional[Scalar] = None,
+    gap: Optional[Scalar] = None,
+) -> Margins:
     """Section 4's calibrated variant with section 4b's bounds (a project extension, not the paper).
 
     1. clamp the anchor (`clamp_anchor`); 2. the boundary: `boundary`, or with `gap` given,
@@ -328,8 +394,19 @@ def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: floa
     m1 = bound_scale(closed_m1, scale, max_scale_ratio)
     unbounded_m2 = anchor_offset(clamped, log_odds + _f64(log_z_u), m1)
     m2 = bound_offset(unbounded_m2, max_offset)
-    return Margins(m1, m2, closed_m1, closed_m2, clamped, torch.sigmoid(log_odds), valid, boundary,
-                   clamped != _f64(anchor), m1 != closed_m1, m2 != unbounded_m2)
+    return Margins(
+        m1,
+        m2,
+        closed_m1,
+        closed_m2,
+        clamped,
+        torch.sigmoid(log_odds),
+        valid,
+        boundary,
+        clamped != _f64(anchor),
+        m1 != closed_m1,
+        m2 != unbounded_m2,
+    )
 
 
 # --- 3.8: the loss's positive logit -------------------------------------------------------------
@@ -337,8 +414,9 @@ def calibrated_margins(anchor: Scalar, log_z_u: Scalar, scale: Scalar, rho: floa
 POSITIVE_GRADS = ("scaled", "fixed", "balanced")
 
 
-def modulated_positive(similarity: torch.Tensor, scale: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
-                       positive_grad: str = "balanced") -> torch.Tensor:
+def modulated_positive(
+    similarity: torch.Tensor, scale: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, positive_grad: str = "balanced"
+) -> torch.Tensor:
     """The positive logit m1 (s - m2) (section 3.8), margins without gradient.
 
     All three forms have that value; they differ in the gradient the positive passes on:
@@ -371,8 +449,9 @@ def closed_form_positive(similarity: torch.Tensor, m1: torch.Tensor, m2: torch.T
     return m1.to(similarity.dtype) * (similarity - m2.to(similarity.dtype))
 
 
-def anchor_row_terms(query: torch.Tensor, candidates: torch.Tensor, positive_col: torch.Tensor,
-                     scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def anchor_row_terms(
+    query: torch.Tensor, candidates: torch.Tensor, positive_col: torch.Tensor, scale: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(a, log Z_u) of one anchor row from its features, differentiable (sections 3.5-3.6):
     a = q_u . c_u, log Z_u = log sum_{k != u} exp(t q_u . c_k) (no logit bias). query (D,), candidates
     C x D, positive_col 0-dim -> two 0-dim float64 tensors. The `closed_form` margins take their gradient

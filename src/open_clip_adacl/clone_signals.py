@@ -17,6 +17,7 @@ collective except through `RowGroup`, as the selection does), so a rank's rows s
 rows of one process holding the whole batch. `SIGNALS` names them for the loss (`adaclw:discovery=...`),
 and `scripts/clone_signal_benchmark.py` (their precision and recall against known families).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,33 +46,52 @@ class PairInputs:
     image j), so a pair (i, j) of samples is at the same place in both.
     """
 
-    logits: Dict[str, torch.Tensor]       # "i2t", "t2i": rows x N, logit_scale * cos (+ bias)
-    positive_col: torch.Tensor            # rows, each row's own column
-    query_image: torch.Tensor             # rows x D, normalized
-    query_text: torch.Tensor              # rows x D, normalized
-    all_image: torch.Tensor               # N x D, normalized
-    all_text: torch.Tensor                # N x D, normalized
-    logit_scale: torch.Tensor             # 0-dim, exponentiated (the GDA's std floor is in cosine units)
-    rows: RowGroup                        # reductions over the ranks sharing the rows
+    logits: Dict[str, torch.Tensor]  # "i2t", "t2i": rows x N, logit_scale * cos (+ bias)
+    positive_col: torch.Tensor  # rows, each row's own column
+    query_image: torch.Tensor  # rows x D, normalized
+    query_text: torch.Tensor  # rows x D, normalized
+    all_image: torch.Tensor  # N x D, normalized
+    all_text: torch.Tensor  # N x D, normalized
+    logit_scale: torch.Tensor  # 0-dim, exponentiated (the GDA's std floor is in cosine units)
+    rows: RowGroup  # reductions over the ranks sharing the rows
     query_tokens: Optional[torch.Tensor] = None  # rows x L token ids (0: padding), or None
-    all_tokens: Optional[torch.Tensor] = None    # N x L
+    all_tokens: Optional[torch.Tensor] = None  # N x L
 
 
-def pair_inputs(logits_per_image: torch.Tensor, logits_per_text: torch.Tensor, positive_col: torch.Tensor,
-                query_image: torch.Tensor, query_text: torch.Tensor, all_image: torch.Tensor,
-                all_text: torch.Tensor, logit_scale: torch.Tensor, rows: RowGroup,
-                local_tokens: Optional[torch.Tensor] = None, world_size: int = 1) -> PairInputs:
+def pair_inputs(
+    logits_per_image: torch.Tensor,
+    logits_per_text: torch.Tensor,
+    positive_col: torch.Tensor,
+    query_image: torch.Tensor,
+    query_text: torch.Tensor,
+    all_image: torch.Tensor,
+    all_text: torch.Tensor,
+    logit_scale: torch.Tensor,
+    rows: RowGroup,
+    local_tokens: Optional[torch.Tensor] = None,
+    world_size: int = 1,
+) -> PairInputs:
     """The signals' inputs from what a loss holds (features already gathered), detached. `local_tokens` are this
     rank's samples' token ids; they are gathered here, once per step (every rank holds the same number of
     samples, as for the features); a rank that holds every row (no `--local-loss`) queries with all of them."""
     all_tokens = gather_no_grad(local_tokens, world_size)
     query_tokens = local_tokens if rows.split_across_ranks else all_tokens
-    return PairInputs({"i2t": logits_per_image.detach(), "t2i": logits_per_text.detach()}, positive_col,
-                      query_image.detach(), query_text.detach(), all_image.detach(), all_text.detach(),
-                      logit_scale.detach(), rows, query_tokens, all_tokens)
+    return PairInputs(
+        {"i2t": logits_per_image.detach(), "t2i": logits_per_text.detach()},
+        positive_col,
+        query_image.detach(),
+        query_text.detach(),
+        all_image.detach(),
+        all_text.detach(),
+        logit_scale.detach(),
+        rows,
+        query_tokens,
+        all_tokens,
+    )
 
 
 # --- the signals' math: small pure functions ----------------------------------------------------------------
+
 
 def cosine_pairs(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """rows x N cosines of normalized features (intra-modal when both are one modality's)."""
@@ -97,8 +117,11 @@ def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN):
     few captions (the detail that tells a caption apart) weighs most. Computed over the global batch, so every
     rank gets the same weights."""
     present = torch.unique(all_tokens[all_tokens != pad_token])
-    document_frequency = torch.sparse.sum(token_presence(all_tokens, present), 0).to_dense() if present.numel() else \
-        torch.zeros(0, device=all_tokens.device)
+    document_frequency = (
+        torch.sparse.sum(token_presence(all_tokens, present), 0).to_dense()
+        if present.numel()
+        else torch.zeros(0, device=all_tokens.device)
+    )
     return present, torch.log(all_tokens.shape[0] / document_frequency.clamp(min=1))
 
 
@@ -107,37 +130,50 @@ def token_presence(tokens: torch.Tensor, vocabulary: torch.Tensor) -> torch.Tens
     Sparse because a caption holds a few dozen of the batch's thousands of distinct tokens."""
     size = (tokens.shape[0], vocabulary.numel())
     if vocabulary.numel() == 0:
-        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long, device=tokens.device),
-                                       torch.zeros(0, device=tokens.device), size)
+        return torch.sparse_coo_tensor(
+            torch.zeros(2, 0, dtype=torch.long, device=tokens.device), torch.zeros(0, device=tokens.device), size
+        )
     flat = tokens.reshape(-1)
     position = torch.searchsorted(vocabulary, flat).clamp(max=vocabulary.numel() - 1)
     found = vocabulary[position] == flat
     row = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(tokens.shape[1])
     entry = torch.unique(row[found] * vocabulary.numel() + position[found])  # a token held twice counts once
     indices = torch.stack([entry // vocabulary.numel(), entry % vocabulary.numel()])
-    return torch.sparse_coo_tensor(indices, torch.ones(entry.numel(), device=tokens.device), size,
-                                   check_invariants=False, is_coalesced=True)
+    return torch.sparse_coo_tensor(
+        indices, torch.ones(entry.numel(), device=tokens.device), size, check_invariants=False, is_coalesced=True
+    )
 
 
-def weighted_token_overlap(query_tokens: torch.Tensor, all_tokens: torch.Tensor,
-                           pad_token: int = PAD_TOKEN) -> torch.Tensor:
+def weighted_token_overlap(
+    query_tokens: torch.Tensor, all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN
+) -> torch.Tensor:
     """rows x N weighted Jaccard of the token sets: the idf of the tokens both captions hold over the idf of
     the tokens either holds (1: the same words; 0: nothing rare in common); 0 where neither holds any.
     One sparse product: each caption meets only the captions that share a token with it."""
     vocabulary, idf = token_idf(all_tokens, pad_token)
     query, candidates = token_presence(query_tokens, vocabulary), token_presence(all_tokens, vocabulary)
-    weighted = torch.sparse_coo_tensor(query.indices(), idf[query.indices()[1]], query.shape, check_invariants=False,
-                                       is_coalesced=True)
+    weighted = torch.sparse_coo_tensor(
+        query.indices(), idf[query.indices()[1]], query.shape, check_invariants=False, is_coalesced=True
+    )
     shared = torch.sparse.mm(weighted, candidates.t()).to_dense()
     query_mass = torch.zeros(query.shape[0], device=idf.device).index_add_(0, query.indices()[0], weighted.values())
     candidate_mass = torch.zeros(candidates.shape[0], device=idf.device).index_add_(
-        0, candidates.indices()[0], idf[candidates.indices()[1]])
+        0, candidates.indices()[0], idf[candidates.indices()[1]]
+    )
     either = query_mass[:, None] + candidate_mass[None, :] - shared
     return torch.where(either > 0, shared / either.clamp(min=1e-12), torch.zeros_like(shared))
 
 
-def gda_clone_posterior(logits: torch.Tensor, positive_col: torch.Tensor, rows: RowGroup, logit_scale: torch.Tensor,
-                        *, salient: str = "max", prior_ratio: float = 1.0, std_floor: float = 1e-4) -> torch.Tensor:
+def gda_clone_posterior(
+    logits: torch.Tensor,
+    positive_col: torch.Tensor,
+    rows: RowGroup,
+    logit_scale: torch.Tensor,
+    *,
+    salient: str = "max",
+    prior_ratio: float = 1.0,
+    std_floor: float = 1e-4,
+) -> torch.Tensor:
     """rows x N p(clone | logit) under AdaCL's two Gaussians fitted over the global batch (docs/method.md
     §3.1-3.3; `std_floor` in cosine units, as the loss's option)."""
     summary = summarize_rows(logits, positive_col, with_mean=salient == "mean")
@@ -160,6 +196,7 @@ def register_signal(name: str, needs_tokens: bool = False):
         if needs_tokens:
             NEEDS_TOKENS.add(name)
         return fn
+
     return add
 
 
@@ -178,8 +215,9 @@ def gda_both_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
 @register_signal("cross")
 def cross_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     """This direction's cosine (the query's image against the negative's caption, or the other way)."""
-    query, candidates = ((inputs.query_image, inputs.all_text) if direction == "i2t"
-                         else (inputs.query_text, inputs.all_image))
+    query, candidates = (
+        (inputs.query_image, inputs.all_text) if direction == "i2t" else (inputs.query_text, inputs.all_image)
+    )
     return cosine_pairs(query, candidates)
 
 
@@ -213,13 +251,18 @@ def mean_of_standardized(inputs: PairInputs, direction: str, names: Tuple[str, .
     """The mean of the named signals, each standardized over its row's negatives first (so a cosine, an overlap
     and a posterior count alike): a negative that several views place far above its row's other negatives."""
     negative = negative_mask(inputs)
-    return sum(standardized_over_negatives(SIGNALS[name](inputs, direction).float(), negative)
-               for name in names) / len(names)
+    return sum(standardized_over_negatives(SIGNALS[name](inputs, direction).float(), negative) for name in names) / len(
+        names
+    )
 
 
 # Combinations: the views that need no token ids, and with them.
-COMBINATIONS = {"text_image": ("text", "image"), "features": ("text", "image", "cross_both"),
-                "text_image_tokens": ("text", "image", "tokens"), "all": ("text", "image", "cross_both", "tokens")}
+COMBINATIONS = {
+    "text_image": ("text", "image"),
+    "features": ("text", "image", "cross_both"),
+    "text_image_tokens": ("text", "image", "tokens"),
+    "all": ("text", "image", "cross_both", "tokens"),
+}
 for _name, _parts in COMBINATIONS.items():
     register_signal(_name, needs_tokens="tokens" in _parts)(partial(mean_of_standardized, names=_parts))
 

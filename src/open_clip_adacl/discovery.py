@@ -9,6 +9,7 @@ each pair's posterior p(clone | score). Row chunks keep the temporaries at the s
 size, so memory is that of the scores plus the pairs. Ranks holding different rows of one global
 batch (`RowGroup` over them) get the pairs of their own rows, selected over the global batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,28 +26,46 @@ from .selection import AnchorSelection, select_anchor, summarize_rows
 class ClonePairs:
     """One direction's clone candidates on this rank, in (row, column) order."""
 
-    row: torch.Tensor        # K int64: the query's global row (its positive column)
-    col: torch.Tensor        # K int64: the candidate negative's column
-    score: torch.Tensor      # K float64: the pair's score, in the units the scores were given in
-    gap: torch.Tensor        # K float64: the row's positive score minus the pair's (section 3.5's d_ij)
+    row: torch.Tensor  # K int64: the query's global row (its positive column)
+    col: torch.Tensor  # K int64: the candidate negative's column
+    score: torch.Tensor  # K float64: the pair's score, in the units the scores were given in
+    gap: torch.Tensor  # K float64: the row's positive score minus the pair's (section 3.5's d_ij)
     posterior: torch.Tensor  # K float64: p(clone | score) under the batch's two Gaussians
     selection: AnchorSelection  # the loss's own selection: reference fits, candidate count, anchor
 
 
 @torch.no_grad()
-def clone_pairs(scores: torch.Tensor, positive_col: torch.Tensor, rows: RowGroup, *, salient: str, region: str,
-                prior_ratio: float, std_floor: float) -> ClonePairs:
+def clone_pairs(
+    scores: torch.Tensor,
+    positive_col: torch.Tensor,
+    rows: RowGroup,
+    *,
+    salient: str,
+    region: str,
+    prior_ratio: float,
+    std_floor: float,
+) -> ClonePairs:
     """The clone candidates of this rank's rows x C `scores` (cosines, or logits t cos + b with
     `std_floor` scaled alike, as the loss passes them); `positive_col` is each row's global index.
     The median anchor is computed as the loss's default computes it; it costs one pass."""
     summary = summarize_rows(scores, positive_col, with_mean=salient == "mean")
-    selection = select_anchor(scores, summary, positive_col, rows, salient=salient, anchor_stat="median",
-                              prior_ratio=prior_ratio, std_floor=std_floor, region=region)
+    selection = select_anchor(
+        scores,
+        summary,
+        positive_col,
+        rows,
+        salient=salient,
+        anchor_stat="median",
+        prior_ratio=prior_ratio,
+        std_floor=std_floor,
+        region=region,
+    )
     fits = selection.reference.to(scores.device)
     found_rows, found_cols = [], []
     for start, stop in row_chunks(*scores.shape, scores.device):
-        mask = adacl_math.clone_candidate_mask(scores[start:stop], positive_col[start:stop], *fits,
-                                          prior_ratio=prior_ratio, region=region)
+        mask = adacl_math.clone_candidate_mask(
+            scores[start:stop], positive_col[start:stop], *fits, prior_ratio=prior_ratio, region=region
+        )
         local_row, col = mask.nonzero(as_tuple=True)
         found_rows.append(local_row + start)
         found_cols.append(col)

@@ -6,6 +6,7 @@ reductions are the identity and cost nothing; with `--local-loss` each rank hold
 the reductions are all-reduces over the default process group. Every method is a tensor op with no
 host synchronisation.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -93,5 +94,5 @@ def check_equal_local_rows(num_rows: int, device: torch.device) -> None:
         raise ValueError(
             f"the ranks hold different local batch sizes (between {smallest} and {largest} rows); the loss "
             f"gathers features across ranks and needs the same number of rows on every rank: drop the last "
-            f"partial batch on each rank (the trainer's data loader always does)")
-
+            f"partial batch on each rank (the trainer's data loader always does)"
+        )

@@ -20,6 +20,7 @@ dynamic shapes, so a new batch size does not recompile it; the compile time is l
 pass that fails to compile (no C++ compiler, no Triton, an inductor error) is logged once and
 runs eagerly from then on: never an error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -108,8 +109,9 @@ def wanted(logits: torch.Tensor, passes: str, compiled: Callable[[], object], ea
     return _decisions[key]["choice"] == "fused"
 
 
-def decide(key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Callable[[], object]],
-           eager: Callable[[], object]) -> Dict[str, object]:
+def decide(
+    key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Callable[[], object]], eager: Callable[[], object]
+) -> Dict[str, object]:
     """`auto`'s choice for `key`: each way timed `DECISION_ROUNDS` times (alternating, the fastest time
     kept: the least disturbed by other jobs) after `DECISION_WARMUPS` untimed calls; the fused passes when
     their time is below `FUSED_MARGIN` times the eager passes', else the eager ones; eager without timing
@@ -128,15 +130,42 @@ def decide(key: Tuple[str, str, torch.dtype, int, int], compiled: Optional[Calla
             times[name].append(_timed(path, device_type))
     best = {name: min(values) * 1e3 for name, values in times.items()}
     choice = "fused" if "fused" in best and best["fused"] < FUSED_MARGIN * best["eager"] else "eager"
-    fused_text = (f"fused {best['fused']:.1f} ms" if "fused" in best else "fused not compiled (" + (
-        f"below {math.isqrt(AUTO_MIN_ELEMENTS)} squared entries, where compiling costs more than the passes can save"
-        if compiled is None else "cannot be compiled here") + ")")
-    _log.info("AdaCL: %s selection passes for %d x %d %s on %s: %s, eager %.1f ms; using the %s passes "
-              "(%s=auto, which keeps the fused passes only when they take under %.0f%% of the eager ones' time; "
-              "on or off forces one)", passes, rows, cols, str(dtype).replace("torch.", ""), device_type,
-              fused_text, best["eager"], choice, ENV_VARIABLE, FUSED_MARGIN * 100)
-    return {"passes": passes, "device": device_type, "dtype": str(dtype).replace("torch.", ""), "rows": rows,
-            "cols": cols, "fused_ms": best.get("fused"), "eager_ms": best["eager"], "choice": choice}
+    fused_text = (
+        f"fused {best['fused']:.1f} ms"
+        if "fused" in best
+        else "fused not compiled ("
+        + (
+            f"below {math.isqrt(AUTO_MIN_ELEMENTS)} squared entries, where compiling costs more than the passes can save"
+            if compiled is None
+            else "cannot be compiled here"
+        )
+        + ")"
+    )
+    _log.info(
+        "AdaCL: %s selection passes for %d x %d %s on %s: %s, eager %.1f ms; using the %s passes "
+        "(%s=auto, which keeps the fused passes only when they take under %.0f%% of the eager ones' time; "
+        "on or off forces one)",
+        passes,
+        rows,
+        cols,
+        str(dtype).replace("torch.", ""),
+        device_type,
+        fused_text,
+        best["eager"],
+        choice,
+        ENV_VARIABLE,
+        FUSED_MARGIN * 100,
+    )
+    return {
+        "passes": passes,
+        "device": device_type,
+        "dtype": str(dtype).replace("torch.", ""),
+        "rows": rows,
+        "cols": cols,
+        "fused_ms": best.get("fused"),
+        "eager_ms": best["eager"],
+        "choice": choice,
+    }
 
 
 def _timed(path: Callable[[], object], device_type: str) -> float:
@@ -175,8 +204,7 @@ def _first_run(function: Callable, key: Tuple[str, str, torch.dtype], args: Tupl
     compiled = _compiled.get((function, key[1]))
     if compiled is None:
         options = {**_INDUCTOR_OPTIONS, **(_CPU_OPTIONS if key[1] == "cpu" else {})}
-        compiled = _compiled[function, key[1]] = torch.compile(function, dynamic=True, fullgraph=True,
-                                                               options=options)
+        compiled = _compiled[function, key[1]] = torch.compile(function, dynamic=True, fullgraph=True, options=options)
     start = time.perf_counter()
     try:
         result = compiled(*args)
@@ -185,14 +213,27 @@ def _first_run(function: Callable, key: Tuple[str, str, torch.dtype], args: Tupl
     except Exception as error:  # whatever the compiler raises, the eager passes give the same result
         _failed.add(key[1])
         reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        _log.warning("AdaCL: cannot compile the fused selection pass %s for %s %s (%s: %s); using the eager "
-                     "passes on %s from now on (set %s=off to skip the attempt)", key[0], key[1], key[2],
-                     type(error).__name__, reason[:200], key[1], ENV_VARIABLE)
+        _log.warning(
+            "AdaCL: cannot compile the fused selection pass %s for %s %s (%s: %s); using the eager "
+            "passes on %s from now on (set %s=off to skip the attempt)",
+            key[0],
+            key[1],
+            key[2],
+            type(error).__name__,
+            reason[:200],
+            key[1],
+            ENV_VARIABLE,
+        )
         raise Unavailable(key) from error
     if key not in _ready:
         _ready.add(key)
-        _log.info("AdaCL: compiled the fused selection pass %s for %s %s in %.1f s", key[0], key[1], key[2],
-                  time.perf_counter() - start)
+        _log.info(
+            "AdaCL: compiled the fused selection pass %s for %s %s in %.1f s",
+            key[0],
+            key[1],
+            key[2],
+            time.perf_counter() - start,
+        )
     return result
 
 
@@ -201,4 +242,3 @@ def prepare(function: Callable, *args: torch.Tensor) -> None:
     raises `Unavailable` when it cannot be compiled."""
     if _key(function, args) not in _ready:
         run(function, *args)
-

@@ -1,4 +1,5 @@
 """Model configs shipped with the library, registered with open_clip by name (e.g. `adacl-tiny`)."""
+
 from pathlib import Path
 
 import open_clip

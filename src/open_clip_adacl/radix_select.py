@@ -13,6 +13,7 @@ a caller that computes the histograms its own way (`selection._lower_median_from
 writes the keys). Everything here runs under `torch.no_grad()`, with tensor ops only where reading
 back would make a device wait (`row_passes.reading_back_is_free`); every rank ends with the same bits.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -62,6 +63,7 @@ def _scatter_histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
 
 # --- the two passes' histograms --------------------------------------------------------------------
 
+
 def high_histogram(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys; `out` (int32, keys'
     shape) receives the bin indices."""
@@ -110,6 +112,7 @@ def _low_bins(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
 
 # --- the select -------------------------------------------------------------------------------------
 
+
 def _locate(counts: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(bin holding the k-th element (0-based) of a histogram in value order, k's rank inside it)."""
     cumulative = counts.cumsum(0)
@@ -119,8 +122,9 @@ def _locate(counts: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
-def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
-                 high_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def radix_select(
+    keys: torch.Tensor, k: torch.Tensor, rows: RowGroup, high_counts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """The exact k-th smallest (0-based) of the finite floats whose bits `keys` (rows x C int32) holds, over
     all ranks; returned as its key (0-dim int32).
 
@@ -131,12 +135,16 @@ def radix_select(keys: torch.Tensor, k: torch.Tensor, rows: RowGroup,
     otherwise the result is meaningless but no index is out of range.
     """
     if high_counts is None:
-        high_counts = sum((high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device)),
-                          torch.zeros(_RADIX, dtype=torch.int64, device=keys.device))
+        high_counts = sum(
+            (high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device)),
+            torch.zeros(_RADIX, dtype=torch.int64, device=keys.device),
+        )
         drop_non_finite(high_counts)
     high, rank_in_bin = high_bin(high_counts, k, rows)
-    low_counts = sum((_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device)),
-                     torch.zeros(_LOW_BINS, dtype=torch.int64, device=keys.device))
+    low_counts = sum(
+        (_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device)),
+        torch.zeros(_LOW_BINS, dtype=torch.int64, device=keys.device),
+    )
     return key_in_bin(low_counts, high, rank_in_bin, rows)
 
 
@@ -148,11 +156,10 @@ def high_bin(high_counts: torch.Tensor, k: torch.Tensor, rows: RowGroup) -> Tupl
     return torch.where(position < _HALF, -1 - position, position - _HALF), rank_in_bin
 
 
-def key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor,
-               rows: RowGroup) -> torch.Tensor:
+def key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """The key of rank `rank_in_bin` among those with high bits `high`, from this rank's second-pass
     histogram (`_low_histogram`; one all-reduce)."""
-    low_counts = rows.sum(low_counts)[_LOW_OFFSET:_LOW_OFFSET + _RADIX]
+    low_counts = rows.sum(low_counts)[_LOW_OFFSET : _LOW_OFFSET + _RADIX]
     negative = high < 0
     low_position, _ = _locate(torch.where(negative, low_counts.flip(0), low_counts), rank_in_bin)
     low = torch.where(negative, _LOW_MASK - low_position, low_position)
@@ -160,8 +167,9 @@ def key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.
 
 
 @torch.no_grad()
-def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Tensor, row_index: torch.Tensor,
-                 rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+def lower_median(
+    keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(key of the lower median, the (count - 1) // 2-th smallest of all ranks; the lowest global row
     holding it). `count`: the global number of finite keys; `high_counts`: this rank's first-pass
     histogram, its non-finite bins dropped. `row_index`: the global index of each of this rank's rows.
@@ -180,8 +188,12 @@ def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Ten
     # `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing differently
     # still run the same collectives.
     alone = RowGroup(split_across_ranks=False)
-    if fused.wanted(keys, "median", lambda: _compiled_key_in_bin(keys, high, rank_in_bin, row_index, alone),
-                    lambda: _eager_key_in_bin(keys, high, rank_in_bin, row_index, alone)):
+    if fused.wanted(
+        keys,
+        "median",
+        lambda: _compiled_key_in_bin(keys, high, rank_in_bin, row_index, alone),
+        lambda: _eager_key_in_bin(keys, high, rank_in_bin, row_index, alone),
+    ):
         try:
             return _compiled_key_in_bin(keys, high, rank_in_bin, row_index, rows)
         except fused.Unavailable:
@@ -189,8 +201,9 @@ def lower_median(keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Ten
     return _eager_key_in_bin(keys, high, rank_in_bin, row_index, rows)
 
 
-def _compiled_key_in_bin(keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor,
-                         rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+def _compiled_key_in_bin(
+    keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """`lower_median`'s (key, row) from its high bin by two compiled passes over all the keys (the bin's low
     histogram, the owner search); raises `fused.Unavailable` before any collective."""
     low_counts = fused.run(low_histogram_pass, keys, high)
@@ -199,8 +212,9 @@ def _compiled_key_in_bin(keys: torch.Tensor, high: torch.Tensor, rank_in_bin: to
     return key, first_row_holding(fused.run(row_min_xor_pass, keys, key ^ INT32_MIN), row_index, rows)
 
 
-def _eager_key_in_bin(keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor,
-                      rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+def _eager_key_in_bin(
+    keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """The same from the keys of the high bin, collected by one chunked pass (a small fraction of the keys)."""
     bin_keys, bin_rows = _keys_with_high_bits(keys, int(high), row_index)
     key = key_in_bin(_low_histogram(bin_keys, high), high, rank_in_bin, rows)
@@ -232,6 +246,7 @@ def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor)
 
 # --- the owner ----------------------------------------------------------------------------------------
 
+
 def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Lowest global row holding `key` (one all-reduce)."""
     return first_row_holding(_row_min_xor(keys, key.to(torch.int32) ^ INT32_MIN), row_index, rows)
@@ -257,6 +272,7 @@ def _row_min_xor(keys: torch.Tensor, mask) -> torch.Tensor:
 
 
 # --- the compiled passes (fused.py) ---------------------------------------------------------------------
+
 
 def high_histogram_pass(keys: torch.Tensor) -> torch.Tensor:
     """`high_histogram` of the keys."""

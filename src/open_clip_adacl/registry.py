@@ -2,6 +2,7 @@
 the trainer. Registering a name (or an alias) twice is refused, so two modules cannot silently shadow each
 other; an alias is an old name that still resolves to its component, so that params.txt files and
 checkpoints written under it keep loading after a rename."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar

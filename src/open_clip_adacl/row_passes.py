@@ -6,6 +6,7 @@ back to the host only where that makes no device wait (`reading_back_is_free`); 
 that a rank holding no rows still takes part in (`min_or`). `selection.py`, `radix_select.py` and the AdaCL
 loss share them; the results never depend on the chunk size or the number of threads.
 """
+
 from __future__ import annotations
 
 import os

@@ -29,6 +29,7 @@ reads its input once. On the CPU they write the keys and histogram them in two c
 GPU the median needs no keys at all (three passes over the logits: `_lower_median_from_logits`). They
 give the same bits as the eager passes, which remain the reference and the fallback (see fused.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,9 +39,20 @@ import torch
 
 from . import adacl_math, fused, row_passes
 from .distributed import RowGroup
-from .radix_select import (HIGH_BINS, INT32_MIN, drop_non_finite, first_row_holding, first_row_with_key, high_bin,
-                           high_histogram, high_histogram_pass, key_in_bin, low_histogram_pass, lower_median,
-                           row_min_xor_pass)
+from .radix_select import (
+    HIGH_BINS,
+    INT32_MIN,
+    drop_non_finite,
+    first_row_holding,
+    first_row_with_key,
+    high_bin,
+    high_histogram,
+    high_histogram_pass,
+    key_in_bin,
+    low_histogram_pass,
+    lower_median,
+    row_min_xor_pass,
+)
 from .row_passes import NO_ROW, ChunkScratch, min_or, one_cpu_thread, row_chunks
 
 
@@ -51,14 +63,15 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # --- per-row summaries ----------------------------------------------------------------------------
 
+
 @dataclass
 class RowSummary:
     """Per-row quantities of this rank's rows, from one pass over the logits."""
 
-    positive: torch.Tensor       # rows: the positive logit, working dtype
-    negative_max: torch.Tensor   # rows: max over the row's negatives (-inf without negatives)
+    positive: torch.Tensor  # rows: the positive logit, working dtype
+    negative_max: torch.Tensor  # rows: max over the row's negatives (-inf without negatives)
     negative_mean: torch.Tensor  # rows, float64: mean over the negatives (NaN unless requested)
-    negative_lse: torch.Tensor   # rows: log sum_{j negative} exp(logit_ij) (-inf without negatives)
+    negative_lse: torch.Tensor  # rows: log sum_{j negative} exp(logit_ij) (-inf without negatives)
 
 
 @torch.no_grad()
@@ -99,6 +112,7 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
 
 # --- global reductions over rows ------------------------------------------------------------------
 
+
 def _owned_row(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(values[local position of global `row`], whether this rank holds that row). `row_index`
     (contiguous) is the global index of each local row; a rank that does not hold the row gets some
@@ -109,14 +123,16 @@ def _owned_row(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor)
     return values.index_select(0, local).squeeze(0), row_index.index_select(0, local).squeeze(0) == row
 
 
-def row_value_from_owner(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor,
-                         rows: RowGroup) -> torch.Tensor:
+def row_value_from_owner(
+    values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> torch.Tensor:
     """values[global row] on every rank, bit-exactly, from this rank's per-row vector `values`."""
     return rows.from_owner(*_owned_row(values, row, row_index))
 
 
-def global_reference_rows(salient: torch.Tensor, row_index: torch.Tensor,
-                          rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+def global_reference_rows(
+    salient: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Global (most salient, least salient) row, ties to the lowest global row: the max/min of the
     value, then the min of the indices attaining it (two all-reduces for both)."""
     extremes = rows.max(torch.stack([-min_or(-salient, float("inf")), -min_or(salient, float("inf"))]))
@@ -127,8 +143,14 @@ def global_reference_rows(salient: torch.Tensor, row_index: torch.Tensor,
     return index[0], index[1]
 
 
-def reference_fits(logits: torch.Tensor, positive_col: torch.Tensor, clone_row: torch.Tensor,
-                   salient_row: torch.Tensor, rows: RowGroup, std_floor) -> torch.Tensor:
+def reference_fits(
+    logits: torch.Tensor,
+    positive_col: torch.Tensor,
+    clone_row: torch.Tensor,
+    salient_row: torch.Tensor,
+    rows: RowGroup,
+    std_floor,
+) -> torch.Tensor:
     """(mu_c, sigma_c, mu_n, sigma_n), float64 (4,): Gaussians of the least salient row's negatives
     (class clone) and of the most salient row's (class not clone), fitted by each row's owner and
     shared bit-exactly (one all-reduce)."""
@@ -227,9 +249,13 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
 
 
 @torch.no_grad()
-def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                   coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   lower: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def candidate_keys(
+    logits: torch.Tensor,
+    positive: torch.Tensor,
+    positive_col: torch.Tensor,
+    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lower: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
 
     keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
@@ -258,8 +284,9 @@ def candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: t
     return _eager_candidate_keys(*args)
 
 
-def _compiled_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                             bounds: torch.Tensor, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _compiled_candidate_keys(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, keys: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`candidate_keys` by the two compiled passes; raises `fused.Unavailable`."""
     with one_cpu_thread(logits.device):
         fused.run(_keys_pass, logits, positive, positive_col, bounds, keys)
@@ -267,8 +294,9 @@ def _compiled_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, posit
     return keys, _count_candidates(high_counts, keys.numel()), high_counts
 
 
-def _eager_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                          bounds: torch.Tensor, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _eager_candidate_keys(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, keys: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`candidate_keys` by the chunked eager passes."""
     num_rows, num_cols = logits.shape
     dtype = working_dtype(logits.dtype)
@@ -290,8 +318,9 @@ def _eager_candidate_keys(logits: torch.Tensor, positive: torch.Tensor, positive
     return keys, _count_candidates(high_counts, keys.numel()), high_counts
 
 
-def _candidate_bounds(coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor],
-                      dtype: torch.dtype) -> torch.Tensor:
+def _candidate_bounds(
+    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor], dtype: torch.dtype
+) -> torch.Tensor:
     """`candidate_bounds` of the GDA log-odds' positive set (above `lower` when given)."""
     return candidate_bounds(adacl_math.positive_quadratic_intervals(*coefficients, lower=lower), dtype)
 
@@ -316,8 +345,10 @@ def candidate_gaps(keys: torch.Tensor, fill: float) -> torch.Tensor:
 
 # --- the compiled passes over the logits (fused.py), and the median without a key matrix ----------
 
-def _fused_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                bounds: torch.Tensor) -> torch.Tensor:
+
+def _fused_keys(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor
+) -> torch.Tensor:
     """`candidate_keys`'s keys as one elementwise expression that a compiler fuses into the pass that
     consumes them. `bounds`: `candidate_bounds`, both intervals tested as they are (no read-back).
 
@@ -334,32 +365,37 @@ def _fused_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torc
     return torch.where(positive_entry, NOT_CANDIDATE_BITS, keys)
 
 
-def _keys_pass(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor,
-               out: torch.Tensor) -> None:
+def _keys_pass(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor
+) -> None:
     """Writes the keys into `out` (rows x C int32)."""
     out.copy_(_fused_keys(logits, positive, positive_col, bounds))
 
 
-def _high_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                              bounds: torch.Tensor) -> torch.Tensor:
+def _high_histogram_of_logits(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor
+) -> torch.Tensor:
     """`high_histogram` of the keys, computed on the fly from the logits."""
     return high_histogram_pass(_fused_keys(logits, positive, positive_col, bounds))
 
 
-def _low_histogram_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                             bounds: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+def _low_histogram_of_logits(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, high: torch.Tensor
+) -> torch.Tensor:
     """`low_histogram_pass` of the keys, computed on the fly from the logits."""
     return low_histogram_pass(_fused_keys(logits, positive, positive_col, bounds), high)
 
 
-def _row_min_xor_of_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                           bounds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _row_min_xor_of_logits(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """`row_min_xor_pass` of the keys, computed on the fly from the logits."""
     return row_min_xor_pass(_fused_keys(logits, positive, positive_col, bounds), mask)
 
 
-def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                              bounds: torch.Tensor, rows: RowGroup) -> Optional[Tuple[torch.Tensor, ...]]:
+def _lower_median_from_logits(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, rows: RowGroup
+) -> Optional[Tuple[torch.Tensor, ...]]:
     """(global candidate count, key of the lower median, its lowest global row) as `candidate_keys` and
     the device path of `lower_median` give them, by three compiled passes over the logits (high
     histogram, low histogram of the median's high bin, owner search) and no key matrix: where reading
@@ -382,9 +418,14 @@ def _lower_median_from_logits(logits: torch.Tensor, positive: torch.Tensor, posi
     return count, key, first_row_holding(row_min, positive_col, rows)
 
 
-def _median_without_keys(logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor,
-                         coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], lower: Optional[torch.Tensor],
-                         rows: RowGroup) -> Optional[Tuple[torch.Tensor, ...]]:
+def _median_without_keys(
+    logits: torch.Tensor,
+    positive: torch.Tensor,
+    positive_col: torch.Tensor,
+    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lower: Optional[torch.Tensor],
+    rows: RowGroup,
+) -> Optional[Tuple[torch.Tensor, ...]]:
     """`_lower_median_from_logits` where the fused passes are wanted, else None (the caller writes keys).
     `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing
     differently still run the same collectives."""
@@ -397,8 +438,9 @@ def _median_without_keys(logits: torch.Tensor, positive: torch.Tensor, positive_
 
     def eager():  # its keys are freed after the timing: the fused median needs none
         keys = torch.empty(logits.shape, dtype=torch.int32, device=logits.device)
-        _anchor_from_keys(_eager_candidate_keys(logits, positive, positive_col, bounds, keys), "median",
-                          positive_col, alone)
+        _anchor_from_keys(
+            _eager_candidate_keys(logits, positive, positive_col, bounds, keys), "median", positive_col, alone
+        )
 
     if not fused.wanted(logits, "median", compiled, eager):
         return None
@@ -407,25 +449,33 @@ def _median_without_keys(logits: torch.Tensor, positive: torch.Tensor, positive_
 
 # --- the anchor among the candidates by mean, min or max (the median: radix_select.lower_median) ---
 
+
 def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
     """Key of the global max (or min) candidate gap."""
     fill = float("-inf") if largest else float("inf")
-    extremes = torch.stack([torch.full((), fill, device=keys.device)] + [
-        candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
-        for start, stop in row_chunks(*keys.shape, keys.device)])
+    extremes = torch.stack(
+        [torch.full((), fill, device=keys.device)]
+        + [
+            candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
+            for start, stop in row_chunks(*keys.shape, keys.device)
+        ]
+    )
     extreme = rows.max(extremes.max()) if largest else rows.min(extremes.min())
     return extreme.view(torch.int32)
 
 
 def masked_mean(keys: torch.Tensor, count: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Global mean of the candidate gaps, float64 (per-rank sums all-reduced)."""
-    total = sum((candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device)),
-                torch.zeros((), dtype=torch.float64, device=keys.device))
+    total = sum(
+        (candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device)),
+        torch.zeros((), dtype=torch.float64, device=keys.device),
+    )
     return rows.sum(total) / count.clamp(min=1)
 
 
-def nearest_key(keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tensor,
-                rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor]:
+def nearest_key(
+    keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(row, key) of the candidate gap nearest to `target` (float64 distances), the lowest
     (row, column) among equally near ones."""
     distance = torch.empty(keys.shape[0], dtype=torch.float64, device=keys.device)
@@ -441,19 +491,24 @@ def nearest_key(keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tenso
 
 # --- the whole selection --------------------------------------------------------------------------
 
+
 @dataclass
 class AnchorSelection:
     """One direction's anchor, identical on every rank. Logit units."""
 
-    row: torch.Tensor             # 0-dim int64: global row u owning the anchor element (-1: no candidate)
-    gap: torch.Tensor             # 0-dim float32: the anchor element's gap, positive - negative logit (NaN: none)
+    row: torch.Tensor  # 0-dim int64: global row u owning the anchor element (-1: no candidate)
+    gap: torch.Tensor  # 0-dim float32: the anchor element's gap, positive - negative logit (NaN: none)
     num_candidates: torch.Tensor  # 0-dim int64: |S~|
-    reference: torch.Tensor       # (4,) float64: mu_c, sigma_c, mu_n, sigma_n
+    reference: torch.Tensor  # (4,) float64: mu_c, sigma_c, mu_n, sigma_n
     flat_reference: torch.Tensor  # 0-dim bool: a reference fit is at the std floor
 
 
-def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], anchor_stat: str,
-                      row_index: torch.Tensor, rows: RowGroup) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _anchor_from_keys(
+    candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    anchor_stat: str,
+    row_index: torch.Tensor,
+    rows: RowGroup,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(global candidate count, anchor key, its lowest global row) from this rank's `candidate_keys`."""
     keys, count, high_counts = candidates
     count = rows.sum(count)
@@ -468,8 +523,9 @@ def _anchor_from_keys(candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 @torch.no_grad()
-def batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
-                    salient: str, std_floor) -> torch.Tensor:
+def batch_reference(
+    logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *, salient: str, std_floor
+) -> torch.Tensor:
     """docs/method.md §3.1-3.2 over the global batch: (mu_c, sigma_c, mu_n, sigma_n), float64 (4,), the Gaussians
     of the least and the most salient row's negatives, exactly as `select_anchor` fits them (its first step)."""
     if salient not in adacl_math.SALIENT_KINDS:
@@ -478,16 +534,26 @@ def batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: tor
         return _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
 
 
-def _batch_reference(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup,
-                     salient: str, std_floor) -> torch.Tensor:
+def _batch_reference(
+    logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, salient: str, std_floor
+) -> torch.Tensor:
     negative_term = summary.negative_max if salient == "max" else summary.negative_mean
     salient_row, clone_row = global_reference_rows(summary.positive - negative_term, positive_col, rows)
     return reference_fits(logits, positive_col, clone_row, salient_row, rows, std_floor)
 
 
-def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch.Tensor, rows: RowGroup, *,
-                  salient: str, anchor_stat: str, prior_ratio: float, std_floor,
-                  region: str = "gda") -> AnchorSelection:
+def select_anchor(
+    logits: torch.Tensor,
+    summary: RowSummary,
+    positive_col: torch.Tensor,
+    rows: RowGroup,
+    *,
+    salient: str,
+    anchor_stat: str,
+    prior_ratio: float,
+    std_floor,
+    region: str = "gda",
+) -> AnchorSelection:
     """docs/method.md §3.1-3.5 over the global batch: salient scores, reference rows, GDA, candidates, and
     the anchor element (median / mean / min / max of the candidate gaps) with its owner row.
     `region`: the candidate region (`adacl_math.clone_candidate_mask`).
@@ -518,8 +584,13 @@ def select_anchor(logits: torch.Tensor, summary: RowSummary, positive_col: torch
         if anchor_stat == "median" and not row_passes.reading_back_is_free(logits.device):
             median = _median_without_keys(logits, summary.positive, positive_col, coefficients, lower, rows)
         count, key, row = median or _anchor_from_keys(
-            candidate_keys(logits, summary.positive, positive_col, coefficients, lower), anchor_stat,
-            row_index, rows)
+            candidate_keys(logits, summary.positive, positive_col, coefficients, lower), anchor_stat, row_index, rows
+        )
     found = count > 0
-    return AnchorSelection(torch.where(found, row, -1), torch.where(found, key.view(torch.float32), float("nan")),
-                           count, reference, flat_reference)
+    return AnchorSelection(
+        torch.where(found, row, -1),
+        torch.where(found, key.view(torch.float32), float("nan")),
+        count,
+        reference,
+        flat_reference,
+    )

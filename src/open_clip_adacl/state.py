@@ -10,6 +10,7 @@ Duplicate indices in one `update` (a sample drawn twice into one global batch): 
 the *last* position wins, deterministically on every device (CUDA's plain `index_put_` leaves the
 winner unspecified). `gather` returns the stored row for every occurrence.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple

@@ -18,6 +18,7 @@ and nothing else in the trainer imports them: evaluation after training (`traini
 demo data (`training.synthetic_scenes`), the loss comparison (`training.loss_comparison`) and clone
 discovery over a dataset (`training.discover`).
 """
+
 from importlib import import_module
 from typing import Any, List
 

@@ -26,6 +26,7 @@ Files are written atomically with the umask's mode, as checkpoints are, into an 
 that holds something is refused unless `--overwrite`, so an export never sits beside another model's files.
 A --checkpoint that is a folder, missing or not a weights file is one line saying so.
 """
+
 from __future__ import annotations
 
 import csv
@@ -39,10 +40,11 @@ import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors.torch import save
 
-from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
-from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from .trainer.launch.params import command_line
 from .trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
+from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
+from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
+
 # the trainer's validation results, next to the checkpoints:
 from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records
 
@@ -67,17 +69,25 @@ def _configs(checkpoint: Dict[str, Any], model_name: Optional[str]) -> Dict[str,
     return {"model_cfg": model_cfg, "preprocess_cfg": dict(open_clip.get_model_preprocess_cfg(model))}
 
 
-def export(checkpoint_path: str | Path, output_dir: str | Path, *, model_name: Optional[str] = None,
-           overwrite: bool = False) -> Path:
+def export(
+    checkpoint_path: str | Path, output_dir: str | Path, *, model_name: Optional[str] = None, overwrite: bool = False
+) -> Path:
     """Write DIR/open_clip_config.json and DIR/open_clip_model.safetensors; returns DIR. DIR must be empty
     (or new) unless `overwrite`."""
     check_output_folder(Path(output_dir), overwrite)
     return _export_loaded(read_checkpoint(checkpoint_path), output_dir, model_name)
 
 
-def export_for_hub(checkpoint_path: str | Path, hf_dir: str | Path, *, repo_id: str,
-                   model_name: Optional[str] = None, license: str = "other",
-                   eval_dir: Optional[str | Path] = None, overwrite: bool = False) -> Path:
+def export_for_hub(
+    checkpoint_path: str | Path,
+    hf_dir: str | Path,
+    *,
+    repo_id: str,
+    model_name: Optional[str] = None,
+    license: str = "other",
+    eval_dir: Optional[str | Path] = None,
+    overwrite: bool = False,
+) -> Path:
     """`export` plus the model card (README.md) and tokenizer files of a hub model repository; returns DIR."""
     check_output_folder(Path(hf_dir), overwrite)  # before reading anything
     evaluation = read_eval_table(Path(eval_dir)) if eval_dir is not None else []  # before writing anything
@@ -111,23 +121,29 @@ def read_checkpoint(path: str | Path) -> Dict[str, Any]:
         newest = f" (the newest there: {candidates[0]})" if candidates else ""
         raise ValueError(f"--checkpoint {path} is a folder: pass a .pt inside it{newest}")
     if not path.exists():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file; pass a checkpoint training.main wrote "
-                                "(<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)")
+        raise FileNotFoundError(
+            f"--checkpoint {path}: no such file; pass a checkpoint training.main wrote "
+            "(<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)"
+        )
     try:
         return load_checkpoint(path)
     except CheckpointDamaged:
         raise
     except Exception as error:  # noqa: BLE001 - any unreadable file: a truncated zip, a pickle of objects, text
-        raise ValueError(f"--checkpoint {path} is not a weights file torch can read ({type(error).__name__}: "
-                         "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote") from None
+        raise ValueError(
+            f"--checkpoint {path} is not a weights file torch can read ({type(error).__name__}: "
+            "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote"
+        ) from None
 
 
 def read_eval_table(eval_dir: Path) -> List[Dict[str, str]]:
     """The rows of EVAL_DIR/results.csv (dataset, task, metric, value), as training.evaluation wrote them."""
     table = eval_dir / EVAL_TABLE_NAME
     if not table.is_file():
-        raise FileNotFoundError(f"--eval-dir {eval_dir}: no {EVAL_TABLE_NAME} there (write it with python -m "
-                                f"training.evaluation --output-dir {eval_dir})")
+        raise FileNotFoundError(
+            f"--eval-dir {eval_dir}: no {EVAL_TABLE_NAME} there (write it with python -m "
+            f"training.evaluation --output-dir {eval_dir})"
+        )
     with table.open(newline="") as f:
         return list(csv.DictReader(f))
 
@@ -140,8 +156,10 @@ def public_value(value: Any) -> Any:
         return type(value)(public_value(item) for item in value)
     if not isinstance(value, str) or "/" not in value:
         return value
-    return "::".join(part if "://" in part or part.startswith(("pipe:", "hf-hub:")) or "/" not in part
-                     else f".../{Path(part).name}" for part in value.split("::"))
+    return "::".join(
+        part if "://" in part or part.startswith(("pipe:", "hf-hub:")) or "/" not in part else f".../{Path(part).name}"
+        for part in value.split("::")
+    )
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -158,13 +176,24 @@ HUB_TASK_TYPES = {"zeroshot_classification": "zero-shot-image-classification"}
 
 def eval_result(row: Dict[str, str]) -> EvalResult:
     """One row of training.evaluation's table as the hub's model-index entry."""
-    return EvalResult(task_type=HUB_TASK_TYPES.get(row["task"], row["task"]), task_name=row["task"],
-                      dataset_type=row["dataset"], dataset_name=row["dataset"], metric_type=row["metric"],
-                      metric_value=float(row["value"]))
+    return EvalResult(
+        task_type=HUB_TASK_TYPES.get(row["task"], row["task"]),
+        task_name=row["task"],
+        dataset_type=row["dataset"],
+        dataset_name=row["dataset"],
+        metric_type=row["metric"],
+        metric_value=float(row["value"]),
+    )
 
 
-def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str, *, license: str = "other",
-               evaluation: Sequence[Dict[str, str]] = ()) -> ModelCard:
+def model_card(
+    checkpoint: Dict[str, Any],
+    results: list,
+    repo_id: str,
+    *,
+    license: str = "other",
+    evaluation: Sequence[Dict[str, str]] = (),
+) -> ModelCard:
     """The hub model card: metadata (library, license, tags and, when given, the clip-benchmark `evaluation`
     rows as model-index results) over what was trained how (the exact command, local paths cut), its
     validation results and the clip-benchmark table."""
@@ -177,33 +206,46 @@ def model_card(checkpoint: Dict[str, Any], results: list, repo_id: str, *, licen
         "Trained": f"{checkpoint.get('epoch', '?')} epochs, {checkpoint.get('step', '?')} steps",
         "Training command": f"`{command_line(args)}`" if args else "not recorded (not written by training.main)",
     }
-    usage = ("```python\nimport open_clip\n\n"
-             f"model, _, preprocess = open_clip.create_model_and_transforms('hf-hub:{repo_id}')\n"
-             f"tokenizer = open_clip.get_tokenizer('hf-hub:{repo_id}')\n```\n")
+    usage = (
+        "```python\nimport open_clip\n\n"
+        f"model, _, preprocess = open_clip.create_model_and_transforms('hf-hub:{repo_id}')\n"
+        f"tokenizer = open_clip.get_tokenizer('hf-hub:{repo_id}')\n```\n"
+    )
     # The last record of the checkpoint's own epoch: a later one belongs to training it does not hold.
     own = [record for record in results if record.get("epoch") == checkpoint.get("epoch")]
     if own:
-        comparison = (f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n" +
-                      markdown_table(["metric", "value"], [(name, value) for name, value in own[-1].items()
-                                                           if name != "epoch"]))
+        comparison = f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n" + markdown_table(
+            ["metric", "value"], [(name, value) for name, value in own[-1].items() if name != "epoch"]
+        )
     else:
-        comparison = (f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this "
-                      "checkpoint's.")
+        comparison = (
+            f"No validation results were recorded after epoch {checkpoint.get('epoch', '?')}, this checkpoint's."
+        )
     if evaluation:
-        comparison += ("\nZero-shot evaluation with clip-benchmark (python -m training.evaluation):\n\n" +
-                       markdown_table(["dataset", "task", "metric", "value"],
-                                      [(row["dataset"], row["task"], row["metric"], float(row["value"]))
-                                       for row in evaluation]))
+        comparison += (
+            "\nZero-shot evaluation with clip-benchmark (python -m training.evaluation):\n\n"
+            + markdown_table(
+                ["dataset", "task", "metric", "value"],
+                [(row["dataset"], row["task"], row["metric"], float(row["value"])) for row in evaluation],
+            )
+        )
     eval_results = [eval_result(row) for row in evaluation]
-    data = ModelCardData(library_name="open_clip", pipeline_tag="zero-shot-image-classification", license=license,
-                         tags=["clip", "open_clip", "open_clip_adacl"],
-                         # model_name names the model-index; without one it would be a stray metadata key
-                         model_name=model_name if eval_results else None, eval_results=eval_results or None)
-    body = (f"# Model card for {model_name}\n\n"
-            "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable contrastive losses), "
-            "exported from its checkpoint.\n\n## Model Details\n" +
-            "".join(f"- **{key}:** {value}\n" for key, value in details.items()) +
-            f"\n## Model Usage\n{usage}\n## Model Comparison\n{comparison}\n")
+    data = ModelCardData(
+        library_name="open_clip",
+        pipeline_tag="zero-shot-image-classification",
+        license=license,
+        tags=["clip", "open_clip", "open_clip_adacl"],
+        # model_name names the model-index; without one it would be a stray metadata key
+        model_name=model_name if eval_results else None,
+        eval_results=eval_results or None,
+    )
+    body = (
+        f"# Model card for {model_name}\n\n"
+        "A CLIP model trained with open_clip_adacl (OpenCLIP's trainer with pluggable contrastive losses), "
+        "exported from its checkpoint.\n\n## Model Details\n"
+        + "".join(f"- **{key}:** {value}\n" for key, value in details.items())
+        + f"\n## Model Usage\n{usage}\n## Model Comparison\n{comparison}\n"
+    )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 
@@ -215,8 +257,9 @@ def _write_text(path: Path, text: str) -> None:
 def _export_loaded(checkpoint: Dict[str, Any], output_dir: str | Path, model_name: Optional[str]) -> Path:
     config = _configs(checkpoint, model_name)
     state_dict = checkpoint.get("state_dict", checkpoint)
-    state_dict = {(k[len("module."):] if k.startswith("module.") else k): v.contiguous()
-                  for k, v in state_dict.items()}
+    state_dict = {
+        (k[len("module.") :] if k.startswith("module.") else k): v.contiguous() for k, v in state_dict.items()
+    }
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     _write_text(output_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
@@ -240,28 +283,54 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--checkpoint", required=True, help="training checkpoint (epoch_N.pt, step_N.pt)")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--output", help="folder to write (loadable as local-dir:FOLDER)")
-    target.add_argument("--hf-dir", help="hub model folder to write: --output's files plus README.md (model card) "
-                                         "and tokenizer files; upload it with hf upload ORG/NAME FOLDER")
-    parser.add_argument("--repo-id", default="ORG/NAME",
-                        help="with --hf-dir: the hub repository the model card's usage example names")
-    parser.add_argument("--license", default="other",
-                        help="with --hf-dir: the model card's license id (mit, apache-2.0, cc-by-4.0, ...; the training "
-                             "data's terms decide it) (default: other)")
-    parser.add_argument("--eval-dir", default=None,
-                        help="with --hf-dir: a python -m training.evaluation --output-dir folder; its clip-benchmark "
-                             "table goes into the model card")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write into a folder that is not empty, replacing the export's files there (others stay)")
-    add_trainer_flags(parser, ("model",), defaults={"model": None},
-                      notes={"model": "Here: only for checkpoints not written by training.main."})
+    target.add_argument(
+        "--hf-dir",
+        help="hub model folder to write: --output's files plus README.md (model card) "
+        "and tokenizer files; upload it with hf upload ORG/NAME FOLDER",
+    )
+    parser.add_argument(
+        "--repo-id", default="ORG/NAME", help="with --hf-dir: the hub repository the model card's usage example names"
+    )
+    parser.add_argument(
+        "--license",
+        default="other",
+        help="with --hf-dir: the model card's license id (mit, apache-2.0, cc-by-4.0, ...; the training "
+        "data's terms decide it) (default: other)",
+    )
+    parser.add_argument(
+        "--eval-dir",
+        default=None,
+        help="with --hf-dir: a python -m training.evaluation --output-dir folder; its clip-benchmark "
+        "table goes into the model card",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that is not empty, replacing the export's files there (others stay)",
+    )
+    add_trainer_flags(
+        parser,
+        ("model",),
+        defaults={"model": None},
+        notes={"model": "Here: only for checkpoints not written by training.main."},
+    )
     args = parser.parse_args(argv)
     if not args.hf_dir and (args.eval_dir or args.license != "other"):
         parser.error("--license and --eval-dir go into the model card: use them with --hf-dir")
     if args.hf_dir:
-        output = export_for_hub(args.checkpoint, args.hf_dir, repo_id=args.repo_id, model_name=args.model,
-                                license=args.license, eval_dir=args.eval_dir, overwrite=args.overwrite)
-        print(f"exported {args.checkpoint} to {output} for the hub (upload: hf upload "
-              f"{args.repo_id} {output}; load locally with open_clip: 'local-dir:{output}')")
+        output = export_for_hub(
+            args.checkpoint,
+            args.hf_dir,
+            repo_id=args.repo_id,
+            model_name=args.model,
+            license=args.license,
+            eval_dir=args.eval_dir,
+            overwrite=args.overwrite,
+        )
+        print(
+            f"exported {args.checkpoint} to {output} for the hub (upload: hf upload "
+            f"{args.repo_id} {output}; load locally with open_clip: 'local-dir:{output}')"
+        )
         return output
     output = export(args.checkpoint, args.output, model_name=args.model, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} to {output} (load with open_clip: 'local-dir:{output}')")

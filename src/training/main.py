@@ -9,6 +9,7 @@ tensorboard/. Exit status: 0 done, 1 stopped by the data, a diverged loss, a fai
 another rank's failure, 2 a configuration error (one line), 75 preempted (a step checkpoint saved;
 docs/cluster.md).
 """
+
 from __future__ import annotations
 
 if __name__ == "__main__":  # before the imports below (seconds): a preemption signal meanwhile is not fatal
@@ -28,8 +29,8 @@ from .trainer.flags import ConfigError
 from .trainer.launch import params
 from .trainer.launch.config import RunConfig
 from .trainer.launch.trainer import FinalCheckpointError, RunSummary, Trainer
-from .trainer.run_folder.logger import end_logging
 from .trainer.preemption import Preempted
+from .trainer.run_folder.logger import end_logging
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:
@@ -82,9 +83,11 @@ def cli() -> None:
         if reason is None:
             raise
         rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "0")
-        logging.error(f"rank {rank}: a collective with the other ranks failed ({reason}): another rank died or did not "
-                      "answer within --dist-timeout (its log says why); stopping, --resume latest continues from the "
-                      "last checkpoint")
+        logging.error(
+            f"rank {rank}: a collective with the other ranks failed ({reason}): another rank died or did not "
+            "answer within --dist-timeout (its log says why); stopping, --resume latest continues from the "
+            "last checkpoint"
+        )
         sys.exit(1)
 
 

@@ -15,6 +15,7 @@ the signal that killed it) and one line naming it, instead of torchrun's traceba
 stops torchrun itself (it passes SIGTERM on to the workers, which save and stop) ends it with 128 + the
 signal and one line.
 """
+
 from __future__ import annotations
 
 import signal
@@ -30,16 +31,20 @@ def with_separator(argv: Sequence[str]) -> List[str]:
     for position in range(len(argv) - 1):
         if argv[position] in ("-m", "--module") and argv[position + 1] == TRAINER_MODULE:
             after = position + 2
-            if argv[after:after + 1] != ["--"]:
+            if argv[after : after + 1] != ["--"]:
                 argv.insert(after, "--")
             return argv
-    raise SystemExit(f"error: python -m training.torchrun launches the trainer: give -m {TRAINER_MODULE} "
-                     f"after torchrun's options (e.g. --nproc_per_node 8 -m {TRAINER_MODULE} --train-data ...)")
+    raise SystemExit(
+        f"error: python -m training.torchrun launches the trainer: give -m {TRAINER_MODULE} "
+        f"after torchrun's options (e.g. --nproc_per_node 8 -m {TRAINER_MODULE} --train-data ...)"
+    )
 
 
-_STATUS_MEANINGS = {1: "stopped by the data, a diverged loss, a failed final checkpoint, or a collective that failed "
-                       "or timed out (another rank died or stalled past --dist-timeout): its log says which",
-                    2: "a configuration error: its `error:` line above says what to change"}
+_STATUS_MEANINGS = {
+    1: "stopped by the data, a diverged loss, a failed final checkpoint, or a collective that failed "
+    "or timed out (another rank died or stalled past --dist-timeout): its log says which",
+    2: "a configuration error: its `error:` line above says what to change",
+}
 
 
 def failed_worker(rank: int, exit_code: int) -> str:
@@ -63,15 +68,21 @@ def cli(argv: Optional[Sequence[str]] = None) -> None:
         # one exits, so a rank may end killed (-SIGTERM) while finishing its own stop.
         exit_codes = {failure.exitcode for failure in error.failures.values()}
         if PREEMPTED_EXIT_CODE in exit_codes and exit_codes <= {PREEMPTED_EXIT_CODE, -signal.SIGTERM}:
-            print(f"torchrun: the workers stopped for a preemption (exit status {PREEMPTED_EXIT_CODE}) after saving "
-                  "a step checkpoint; --resume latest continues the run", file=sys.stderr)
+            print(
+                f"torchrun: the workers stopped for a preemption (exit status {PREEMPTED_EXIT_CODE}) after saving "
+                "a step checkpoint; --resume latest continues the run",
+                file=sys.stderr,
+            )
             sys.exit(PREEMPTED_EXIT_CODE)
         rank, failure = error.get_first_failure()
         print(f"torchrun: {failed_worker(rank, failure.exitcode)}; the other workers were stopped", file=sys.stderr)
         sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
     except SignalException as error:
-        print(f"torchrun: stopped by {error.sigval.name}, which it passed on to the workers (they save a step "
-              "checkpoint at their next step when it is one of --preempt-signal; see out.log)", file=sys.stderr)
+        print(
+            f"torchrun: stopped by {error.sigval.name}, which it passed on to the workers (they save a step "
+            "checkpoint at their next step when it is one of --preempt-signal; see out.log)",
+            file=sys.stderr,
+        )
         sys.exit(128 + int(error.sigval))
 
 

@@ -3,12 +3,20 @@ probabilities where the paper has them. The loss never calls these: it computes 
 ranks (`open_clip_adacl.selection`) and through the log-odds forms of `open_clip_adacl.adacl_math`; the tests
 check it against them.
 """
+
 from typing import Optional, Tuple
 
 import torch
 
-from open_clip_adacl.adacl_math import (ANCHOR_STATS, SALIENT_KINDS, Scalar, anchor_log_odds, calibrated_eps_log_odds,
-                                   margins_from_log_odds, negative_mask)
+from open_clip_adacl.adacl_math import (
+    ANCHOR_STATS,
+    SALIENT_KINDS,
+    Scalar,
+    anchor_log_odds,
+    calibrated_eps_log_odds,
+    margins_from_log_odds,
+    negative_mask,
+)
 
 
 def _f64(value: Scalar) -> torch.Tensor:
@@ -49,8 +57,9 @@ def positive_gaps(similarities: torch.Tensor, positive_col: torch.Tensor) -> tor
     return positive - similarities
 
 
-def anchor_statistic(gaps: torch.Tensor, candidates: torch.Tensor,
-                     stat: str = "median") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def anchor_statistic(
+    gaps: torch.Tensor, candidates: torch.Tensor, stat: str = "median"
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The anchor element of the candidate gaps (section 3.5): (gap value, row u, column).
 
     `median` is the lower median ((K-1)//2-th smallest of the K candidate gaps, an actual element);
@@ -76,8 +85,13 @@ def anchor_statistic(gaps: torch.Tensor, candidates: torch.Tensor,
     return values[position], element // gaps.shape[1], element % gaps.shape[1]
 
 
-def anchor_probability(anchor: Scalar, log_z_u: Scalar, scale: Scalar, previous_m1: Optional[Scalar] = None,
-                       previous_m2: Optional[Scalar] = None) -> torch.Tensor:
+def anchor_probability(
+    anchor: Scalar,
+    log_z_u: Scalar,
+    scale: Scalar,
+    previous_m1: Optional[Scalar] = None,
+    previous_m2: Optional[Scalar] = None,
+) -> torch.Tensor:
     """p_u (section 3.6): the sigmoid of `anchor_log_odds`, which the loss uses instead (exact near 1)."""
     return torch.sigmoid(anchor_log_odds(anchor, log_z_u, scale, previous_m1, previous_m2))
 
@@ -89,8 +103,9 @@ def modulated_probability(s: Scalar, m1: Scalar, m2: Scalar, log_z_u: Scalar) ->
     return torch.sigmoid(_f64(m1) * (_f64(s) - _f64(m2)) - _f64(log_z_u))
 
 
-def margins_from_anchor(anchor: Scalar, p_u: Scalar, log_z_u: Scalar, eps: Scalar,
-                        boundary: Scalar = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+def margins_from_anchor(
+    anchor: Scalar, p_u: Scalar, log_z_u: Scalar, eps: Scalar, boundary: Scalar = 1.0
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(m1, m2) from Algorithm 1 (section 3.7) given the anchor a = s_uu, its probability p_u,
     log Z_u and the boundary error eps; 0-dim float64 tensors. The loss: `margins_from_log_odds`."""
     return margins_from_log_odds(anchor, torch.logit(_f64(p_u)), log_z_u, torch.logit(_f64(eps)), boundary)

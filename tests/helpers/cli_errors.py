@@ -1,4 +1,5 @@
 """What a command's console entry point prints when it refuses its arguments."""
+
 import sys
 
 import pytest

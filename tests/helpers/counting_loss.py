@@ -1,5 +1,6 @@
 """A clip loss with state that depends on every batch and epoch seen: what a resume must restore.
 Registered on demand, also in the training subprocesses the checkpoint tests start and kill."""
+
 import torch
 
 from open_clip_adacl import DistributedSetup, list_losses, register_loss
@@ -26,12 +27,14 @@ class CountingClip(ContrastiveLoss):
         # Called again when a run resumes inside an epoch, so it sets rather than accumulates.
         self.epoch.fill_(epoch)
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None,
-                output_dict=False):
+    def forward(
+        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+    ):
         self.num_calls += 1
         self.index_sum += sample_index.double().sum()
-        return super().forward(image_features, text_features, logit_scale, logit_bias,
-                               sample_index=sample_index, output_dict=output_dict)
+        return super().forward(
+            image_features, text_features, logit_scale, logit_bias, sample_index=sample_index, output_dict=output_dict
+        )
 
 
 def register_counting_loss():

@@ -1,5 +1,6 @@
 """Helpers the data pipeline's tests share: a tokenizer that decodes back, the demo shards' config,
 batch comparisons, and small shards written sample by sample (with every kind of damage)."""
+
 import io
 import json
 import os
@@ -49,8 +50,12 @@ def png(size=8, colour=(200, 30, 30)):
 
 
 def good(key):
-    return {"__key__": f"{key:09d}", "png": png(), "txt": f"caption {key}".encode(),
-            "json": json.dumps({"key": f"{key:09d}"}).encode()}
+    return {
+        "__key__": f"{key:09d}",
+        "png": png(),
+        "txt": f"caption {key}".encode(),
+        "json": json.dumps({"key": f"{key:09d}"}).encode(),
+    }
 
 
 def write_tar(path, samples):
@@ -91,17 +96,28 @@ def write_hostile_shards(directory):
         {**good(105), "json": b"{not json"},
         {**good(106), "png": png(size=40)},  # 1600 pixels, over the test's max_image_pixels
     ]
-    write_tar(directory / "a.tar", [good(0), good(1), *damaged[:4], good(2), {**good(1), "txt": b"again"},
-                                    *damaged[4:], good(3)])
+    write_tar(
+        directory / "a.tar",
+        [good(0), good(1), *damaged[:4], good(2), {**good(1), "txt": b"again"}, *damaged[4:], good(3)],
+    )
     write_tar(directory / "full.tar", [good(10), good(11), good(12)])
     data = (directory / "full.tar").read_bytes()
     with tarfile.open(directory / "full.tar") as tar:
         last_png = next(m for m in tar.getmembers() if m.name == "000000012.png")
-    (directory / "b.tar").write_bytes(data[:last_png.offset_data + last_png.size // 2])  # truncated mid-image
+    (directory / "b.tar").write_bytes(data[: last_png.offset_data + last_png.size // 2])  # truncated mid-image
     (directory / "full.tar").unlink()
     (directory / "c.tar").mkdir()  # exists, but cannot be read as a file
     urls = "::".join(str(directory / name) for name in ("a.tar", "b.tar", "c.tar"))
-    expected = {"bad_image": 1, "empty_caption": 1, "non_utf8_caption": 1, "missing_caption": 1,
-                "missing_image": 2, "bad_json": 1, "huge_image": 1, "duplicate_key": 1, "bad_tar": 1,
-                "unreadable_shard": 1}  # missing_image 2: sample 104 and the truncated sample 12
+    expected = {
+        "bad_image": 1,
+        "empty_caption": 1,
+        "non_utf8_caption": 1,
+        "missing_caption": 1,
+        "missing_image": 2,
+        "bad_json": 1,
+        "huge_image": 1,
+        "duplicate_key": 1,
+        "bad_tar": 1,
+        "unreadable_shard": 1,
+    }  # missing_image 2: sample 104 and the truncated sample 12
     return urls, [0, 1, 2, 3, 10, 11], expected

@@ -8,6 +8,7 @@ spawned rank imports them again (about 8 s of CPU, more than most of these tests
 the test process cannot run autograd after the parent has. Each rank gets the caller's environment as it is
 at the call (the fork server's is that of its start), so a test's `monkeypatch.setenv` reaches the ranks.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-            init_group: bool, environ: dict) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple, init_group: bool, environ: dict
+) -> None:
     os.environ.clear()
     os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -54,6 +56,11 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, init_group: bool = T
     """
     with tempfile.TemporaryDirectory() as out_dir:
         mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
-        mp.start_processes(_worker, args=(world_size, free_port(), out_dir, fn, args, init_group, dict(os.environ)),
-                           nprocs=world_size, join=True, start_method="forkserver")
+        mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), out_dir, fn, args, init_group, dict(os.environ)),
+            nprocs=world_size,
+            join=True,
+            start_method="forkserver",
+        )
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]

@@ -4,6 +4,7 @@ Stateful losses (per-sample thresholds, running statistics) must match the singl
 concatenated batch at every step (value and gradients, with OpenCLIP's gradient-scale semantics of
 each regime; see tests/open_clip_adacl/losses/test_clip_loss.py) and leave the same state on every rank.
 """
+
 from __future__ import annotations
 
 import io
@@ -12,8 +13,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import DistributedSetup, create_loss
 from helpers.distributed_utils import run_on_ranks
+from open_clip_adacl import DistributedSetup, create_loss
 
 LOGIT_SCALE = 14.3
 REGIMES = ((False, False), (True, True))  # (local_loss, gather_with_grad): full logits, local loss
@@ -35,8 +36,9 @@ def make_batches(num_steps: int, n: int, d: int, *, data_size: int, noise: float
     return batches
 
 
-def value_and_grads(loss_fn, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
-                    scale: float = LOGIT_SCALE, **inputs) -> Tuple[torch.Tensor, ...]:
+def value_and_grads(
+    loss_fn, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, scale: float = LOGIT_SCALE, **inputs
+) -> Tuple[torch.Tensor, ...]:
     """Loss value and gradients with respect to both features and the logit scale; `inputs` (e.g.
     `family`) go to the loss with `sample_index`."""
     x = x.clone().requires_grad_()
@@ -83,8 +85,9 @@ def assert_resume_is_exact(name: str, options: Dict, batches: Sequence[Batch], r
 def _rank_steps(rank: int, world_size: int, name: str, options: Dict, batches: Sequence[Batch]):
     results = {}
     for local_loss, gather_with_grad in REGIMES:
-        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
-                                gather_with_grad=gather_with_grad)
+        dist = DistributedSetup(
+            rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad
+        )
         loss_fn = create_loss(name, dist=dist, **options)
         results[local_loss] = run_steps(loss_fn, batches, rank, world_size)
     return results
@@ -116,5 +119,6 @@ def assert_ranks_match_single_process(name: str, options: Dict, batches: Sequenc
         for key, reference in reference_state.items():
             for rank_state in states[1:]:
                 assert torch.equal(rank_state[key], states[0][key]), f"{key} differs between ranks ({name})"
-            torch.testing.assert_close(states[0][key], reference, atol=1e-5, rtol=1e-5,
-                                       msg=f"{key}: {name}, local_loss={local_loss}")
+            torch.testing.assert_close(
+                states[0][key], reference, atol=1e-5, rtol=1e-5, msg=f"{key}: {name}, local_loss={local_loss}"
+            )

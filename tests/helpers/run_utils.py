@@ -1,6 +1,7 @@
 """Helpers for tests that run the trainer as a process and interrupt it: torchrun commands, waiting for a
 logged step, killing a run with its workers, comparing a resumed run's end with an uninterrupted one, and two
 launches racing for a stale run lock."""
+
 import hashlib
 import json
 import os
@@ -14,24 +15,47 @@ from pathlib import Path
 import torch
 
 from helpers.distributed_utils import free_port
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.trainer.launch.params import argv_from_values
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.trainer.run_folder.layout import RunDir
 
 
 def torchrun_command(demo_shards, logs, *extra, name="ddp"):
     """(command, environment) of `torchrun --nproc_per_node 2 -m training.main -- ...` on the CPU: run
     `name` under `logs`, 8 steps per epoch (`--` keeps --logs ours)."""
-    values = {"train_data": str(demo_shards / "train" / "shard-{000000..000003}.tar"), "train_num_samples": 256,
-              "model": "adacl-tiny", "batch_size": 16, "lr": 1e-3, "warmup": 2, "workers": 0, "device": "cpu",
-              "logs": str(logs), "name": name, "log_every_n_steps": 1, "save_every_n_steps": 5, "local_loss": True,
-              "gather_with_grad": True}
+    values = {
+        "train_data": str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "train_num_samples": 256,
+        "model": "adacl-tiny",
+        "batch_size": 16,
+        "lr": 1e-3,
+        "warmup": 2,
+        "workers": 0,
+        "device": "cpu",
+        "logs": str(logs),
+        "name": name,
+        "log_every_n_steps": 1,
+        "save_every_n_steps": 5,
+        "local_loss": True,
+        "gather_with_grad": True,
+    }
     argv = [*argv_from_values(values), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(variable, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), "-m", "training.main", "--", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "training.main",
+        "--",
+        *argv,
+    ]
     return command, env
 
 
@@ -115,11 +139,43 @@ def digest(state_dict):
 def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32, epochs=2, save_every=3):
     """A single-process AdaCL run (its queue on) on the demo shards with validation: `samples` / `batch_size`
     steps per epoch, step_N.pt every `save_every` steps, each kept (the resume tests start from early ones)."""
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples",
-            str(samples), "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--model", "adacl-tiny",
-            "--loss", "adacl", "--adacl-queue-size", "40", "--batch-size", str(batch_size), "--epochs", str(epochs),
-            "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name,
-            "--log-every-n-steps", "1", "--save-every-n-steps", str(save_every), "--keep-step-checkpoints", "0", *extra]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        str(samples),
+        "--val-data",
+        str(demo_shards / "val" / "shard-000000.tar"),
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--adacl-queue-size",
+        "40",
+        "--batch-size",
+        str(batch_size),
+        "--epochs",
+        str(epochs),
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "3",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
+        "--save-every-n-steps",
+        str(save_every),
+        "--keep-step-checkpoints",
+        "0",
+        *extra,
+    ]
 
 
 def flip_bits(path, count=64):
@@ -170,8 +226,9 @@ sys.stdin.read()
 
 def dead_pid():
     """The PID of a process that has ended (a stale lock's owner)."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(proc.stdout)
 
 
@@ -183,12 +240,20 @@ def race_for_a_stale_lock(run_dir, trials, env=None):
     go = Path(run_dir) / "go"
     for _ in range(trials):
         go.unlink(missing_ok=True)
-        (Path(run_dir) / "run.lock").write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(),
-                                                            "since": "2026-01-01T00:00:00"}))
-        contenders = [subprocess.Popen([sys.executable, "-c", _LOCK_CONTENDER, str(run_dir), str(go)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       text=True, env=env)
-                      for _ in range(2)]
+        (Path(run_dir) / "run.lock").write_text(
+            json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "since": "2026-01-01T00:00:00"})
+        )
+        contenders = [
+            subprocess.Popen(
+                [sys.executable, "-c", _LOCK_CONTENDER, str(run_dir), str(go)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+            )
+            for _ in range(2)
+        ]
         for proc in contenders:
             assert proc.stdout.readline() == "ready\n"
         go.touch()

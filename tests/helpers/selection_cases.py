@@ -1,4 +1,5 @@
 """Logits and one anchor selection, shared by the selection tests (eager and fused passes)."""
+
 import torch
 import torch.nn.functional as F
 
@@ -18,24 +19,32 @@ def random_logits(n=48, d=16, seed=2, noise=0.8):
 
 def select_anchor(logits, positive_col, rows=LOCAL, salient="max", anchor_stat="median", prior_ratio=1.0, region="gda"):
     summary = selection.summarize_rows(logits, positive_col, with_mean=salient == "mean")
-    return selection.select_anchor(logits, summary, positive_col, rows, salient=salient, anchor_stat=anchor_stat,
-                                   prior_ratio=prior_ratio, std_floor=1e-3, region=region)
+    return selection.select_anchor(
+        logits,
+        summary,
+        positive_col,
+        rows,
+        salient=salient,
+        anchor_stat=anchor_stat,
+        prior_ratio=prior_ratio,
+        std_floor=1e-3,
+        region=region,
+    )
 
 
 def algorithm_1_anchor_row(logits, std_floor):
     """Row u of Algorithm 1's median-gap anchor on one process, from the method's dense definitions
     (`helpers.adacl_reference`; docs/method.md §3.1-3.5: max salient score, GDA candidates), without gradient.
     `logits`: rows x C, row i's positive in column i (extra negative columns after the batch's)."""
-    from open_clip_adacl import adacl_math
-
     from helpers import adacl_reference as reference
+    from open_clip_adacl import adacl_math
 
     with torch.no_grad():
         logits = logits.detach()
         labels = torch.arange(logits.shape[0])
         negatives = adacl_math.negative_mask(*logits.shape, labels)
         most, least = reference.reference_rows(reference.salient_scores(logits, labels, "max"))
-        mu_n, sigma_n = adacl_math.gaussian_fit(logits[most], negatives[most], std_floor)   # S_sln: not clone
+        mu_n, sigma_n = adacl_math.gaussian_fit(logits[most], negatives[most], std_floor)  # S_sln: not clone
         mu_c, sigma_c = adacl_math.gaussian_fit(logits[least], negatives[least], std_floor)  # S_cln: clone
         candidates = adacl_math.clone_candidate_mask(logits, labels, mu_c, sigma_c, mu_n, sigma_n, 1.0, "gda")
         assert candidates.any()

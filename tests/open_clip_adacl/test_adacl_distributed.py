@@ -1,14 +1,15 @@
 """`adacl` on 2 and 4 gloo ranks equals one process on the concatenated batch, in OpenCLIP's two
 regimes, with bit-identical margins and stats on every rank (and, with a queue or a memory bank, the same
 state); the radix select is exact across ranks."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss, fused, selection
 from open_clip_adacl.distributed import RowGroup
 from open_clip_adacl.radix_select import radix_select
-from helpers.distributed_utils import run_on_ranks
 
 SCALE = 14.3
 NUM = 32  # global batch
@@ -49,8 +50,14 @@ def _step(loss_fn, x, y, index, bias):
     value = loss_fn(x, y, scale, None if bias is None else torch.tensor(bias), sample_index=index)
     value.backward()
     loss_fn.commit()
-    return {"value": value.detach(), "gx": x.grad, "gy": y.grad, "gs": scale.grad, "stats": dict(loss_fn.stats),
-            "state": {key: value.clone() for key, value in loss_fn.state_dict().items()}}
+    return {
+        "value": value.detach(),
+        "gx": x.grad,
+        "gy": y.grad,
+        "gs": scale.grad,
+        "stats": dict(loss_fn.stats),
+        "state": {key: value.clone() for key, value in loss_fn.state_dict().items()},
+    }
 
 
 def _bias(name):
@@ -66,19 +73,22 @@ def _run(loss_fn, batches, bias, rank=0, world_size=1):
 def _rank_fn(rank, world_size, batches, radix_values, radix_mask):
     results = {}
     for regime, (local_loss, gather_with_grad) in REGIMES.items():
-        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
-                                gather_with_grad=gather_with_grad)
+        dist = DistributedSetup(
+            rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad
+        )
         for name, options in CONFIGS.items():
-            results[regime, name] = _run(create_loss("adacl", dist=dist, **options), batches[:1], _bias(name), rank,
-                                         world_size)
+            results[regime, name] = _run(
+                create_loss("adacl", dist=dist, **options), batches[:1], _bias(name), rank, world_size
+            )
         for name, options in STATEFUL.items():
             results[regime, name] = _run(create_loss("adacl", dist=dist, **options), batches, None, rank, world_size)
     rows = radix_values.shape[0] // world_size
     part = slice(rank * rows, (rank + 1) * rows)
     keys = selection.masked_keys(radix_values[part], radix_mask[part])
     count = int(radix_mask.sum())
-    results["radix"] = [radix_select(keys, torch.tensor(k), RowGroup(split_across_ranks=True))
-                        for k in (0, (count - 1) // 2, count - 1)]
+    results["radix"] = [
+        radix_select(keys, torch.tensor(k), RowGroup(split_across_ranks=True)) for k in (0, (count - 1) // 2, count - 1)
+    ]
     return results
 
 
@@ -136,9 +146,15 @@ def _assert_matches_single_process(world_size):
 
 # 4 ranks and the fused passes are slow here; the default run keeps 2 ranks, eager passes (the fused
 # passes meet several ranks in test_host_syncs.py and are bit-identical to the eager ones, test_fused_selection.py).
-@pytest.mark.parametrize("world_size, fused_passes", [(2, "off"), pytest.param(4, "off", marks=pytest.mark.slow),
-                                                      pytest.param(2, "on", marks=pytest.mark.slow),
-                                                      pytest.param(4, "on", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "world_size, fused_passes",
+    [
+        (2, "off"),
+        pytest.param(4, "off", marks=pytest.mark.slow),
+        pytest.param(2, "on", marks=pytest.mark.slow),
+        pytest.param(4, "on", marks=pytest.mark.slow),
+    ],
+)
 def test_ranks_match_single_process_with_identical_margins(world_size, fused_passes, monkeypatch):
     # Through the fused passes too (docs/adacl.md §6.1); the spawned ranks inherit the variable.
     monkeypatch.setenv(fused.ENV_VARIABLE, fused_passes)

@@ -1,4 +1,5 @@
 """open_clip_adacl.adacl_math: every function against a naive loop or an independent formula."""
+
 import math
 
 import pytest
@@ -52,8 +53,10 @@ def test_posterior_is_bayes_rule_with_two_gaussians(prior_ratio):
     s = torch.linspace(-1, 1, 101, dtype=torch.float64)
     mu_c, sigma_c, mu_n, sigma_n = 0.35, 0.08, 0.05, 0.12
     pi_c = 1 / (1 + prior_ratio)
+
     def density(mu, sigma):
         return torch.distributions.Normal(torch.tensor(mu, dtype=torch.float64), sigma).log_prob(s).exp()
+
     clone = density(mu_c, sigma_c) * pi_c
     not_clone = density(mu_n, sigma_n) * (1 - pi_c)
     posterior = adacl_math.gda_posterior(s, mu_c, sigma_c, mu_n, sigma_n, prior_ratio)
@@ -92,8 +95,11 @@ def test_positive_quadratic_intervals_are_where_the_quadratic_is_positive(quadra
 
 
 def test_positive_quadratic_intervals_of_non_finite_coefficients_are_empty():
-    for coefficients, lower in (((float("nan"), 1.0, 0.0), None), ((1.0, float("inf"), 0.0), None),
-                                ((1.0, 0.0, -1.0), float("nan"))):
+    for coefficients, lower in (
+        ((float("nan"), 1.0, 0.0), None),
+        ((1.0, float("inf"), 0.0), None),
+        ((1.0, 0.0, -1.0), float("nan")),
+    ):
         intervals = adacl_math.positive_quadratic_intervals(*coefficients, lower)
         assert (intervals[:, 0] >= intervals[:, 1]).all()
 
@@ -164,12 +170,15 @@ def test_closed_forms_meet_both_conditions_on_random_inputs():
         torch.testing.assert_close(reference.modulated_probability(1.0, m1, m2, log_z_u), 1 - eps, rtol=1e-9, atol=0)
 
 
-@pytest.mark.parametrize("scale,anchor,log_z,eps,ratio,m2", [
-    (14.3, 0.02, 5.5, 1e-2, 0.70, -0.008),
-    (14.3, 0.02, 5.5, 1e-4, 1.03, 0.001),
-    (100.0, 0.30, 27.9, 1e-4, 0.10, -2.65),
-    (100.0, 0.30, 27.9, 1e-8, 0.23, -0.99),
-])
+@pytest.mark.parametrize(
+    "scale,anchor,log_z,eps,ratio,m2",
+    [
+        (14.3, 0.02, 5.5, 1e-2, 0.70, -0.008),
+        (14.3, 0.02, 5.5, 1e-4, 1.03, 0.001),
+        (100.0, 0.30, 27.9, 1e-4, 0.10, -2.65),
+        (100.0, 0.30, 27.9, 1e-8, 0.23, -0.99),
+    ],
+)
 def test_literal_margins_reproduce_the_clip_regime_table(scale, anchor, log_z, eps, ratio, m2):
     """docs/method.md §4's table: the literal closed forms flatten the positive at CLIP temperatures."""
     margins = adacl_math.literal_margins(anchor, log_z, scale, eps)
@@ -191,8 +200,9 @@ def test_calibrated_eps_is_relative_to_the_vanilla_boundary_error():
     assert reference.calibrated_eps(log_z, scale, rho).item() == pytest.approx(rho * (1 - vanilla_boundary), rel=1e-12)
     # With Z_u << exp(t b): m1 ~ t + log(1/rho) / (b - a) and m2 = a (1 - t / m1).
     anchor = 0.3
-    margins = adacl_math.calibrated_margins(anchor, log_z, scale, rho, anchor_min=0.0, anchor_max=0.9,
-                                       max_scale_ratio=100.0, max_offset=1.0)
+    margins = adacl_math.calibrated_margins(
+        anchor, log_z, scale, rho, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=100.0, max_offset=1.0
+    )
     expected_m1 = scale + math.log(1 / rho) / (1 - anchor)
     assert margins.m1.item() == pytest.approx(expected_m1, rel=1e-3)
     assert margins.m2.item() == pytest.approx(anchor * (1 - scale / margins.m1.item()), rel=1e-9)
@@ -204,12 +214,23 @@ def test_calibrated_margins_are_never_weaker_than_vanilla():
         scale = torch.rand((), generator=g, dtype=torch.float64) * 99 + 1
         anchor = torch.rand((), generator=g, dtype=torch.float64) * 2.4 - 1.2
         log_z = torch.rand((), generator=g, dtype=torch.float64) * 40 - 5
-        previous = (scale * (1 + torch.rand((), generator=g, dtype=torch.float64)),
-                    torch.rand((), generator=g, dtype=torch.float64) * 0.2)
+        previous = (
+            scale * (1 + torch.rand((), generator=g, dtype=torch.float64)),
+            torch.rand((), generator=g, dtype=torch.float64) * 0.2,
+        )
         for prev_m1, prev_m2 in [(None, None), previous]:
-            margins = adacl_math.calibrated_margins(anchor, log_z, scale, 0.1, anchor_min=0.0, anchor_max=0.9,
-                                               max_scale_ratio=1.1, max_offset=0.1,
-                                               previous_m1=prev_m1, previous_m2=prev_m2)
+            margins = adacl_math.calibrated_margins(
+                anchor,
+                log_z,
+                scale,
+                0.1,
+                anchor_min=0.0,
+                anchor_max=0.9,
+                max_scale_ratio=1.1,
+                max_offset=0.1,
+                previous_m1=prev_m1,
+                previous_m2=prev_m2,
+            )
             assert scale <= margins.m1 <= 1.1 * scale * (1 + 1e-12)
             assert 0 <= margins.m2 <= 0.1
             assert torch.isfinite(margins.m1) and torch.isfinite(margins.m2)
@@ -280,7 +301,8 @@ def test_gap_boundary_makes_the_slope_follow_the_clone_gap():
         assert p_anchor.item() == pytest.approx(margins.p_u.item(), rel=1e-9)
         eps = reference.calibrated_eps(log_z, scale, rho, margins.boundary)
         assert reference.modulated_probability(margins.boundary, margins.m1, margins.m2, log_z).item() == pytest.approx(
-            1 - eps.item(), rel=1e-9)
+            1 - eps.item(), rel=1e-9
+        )
     # Close clones sharpen more; about 1 + log(1/rho) / (t d) when Z_u << exp(t b).
     assert close.m1.item() / scale > far.m1.item() / scale > 1.0
     assert far.m1.item() / scale == pytest.approx(1 + math.log(1 / rho) / (scale * 0.2), rel=0.05)
@@ -290,10 +312,12 @@ def test_gap_boundary_makes_the_slope_follow_the_clone_gap():
 
 
 def test_bound_flags_say_which_bound_changed_the_margins():
-    free = adacl_math.calibrated_margins(0.5, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=10.0,
-                                    max_offset=1.0)
+    free = adacl_math.calibrated_margins(
+        0.5, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=10.0, max_offset=1.0
+    )
     assert not (free.anchor_clamped or free.scale_bounded or free.offset_bounded)
-    bound = adacl_math.calibrated_margins(0.95, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=1.1,
-                                     max_offset=0.01)
+    bound = adacl_math.calibrated_margins(
+        0.95, 3.0, 14.3, 0.1, anchor_min=0.0, anchor_max=0.9, max_scale_ratio=1.1, max_offset=0.01
+    )
     assert bound.anchor_clamped and bound.scale_bounded and bound.offset_bounded
     assert bound.anchor.item() == 0.9 and bound.m1.item() == pytest.approx(1.1 * 14.3) and bound.m2.item() == 0.01

@@ -1,13 +1,23 @@
 """`open_clip_adacl.clone_signals`: each signal's math on cases worked by hand, and every registered signal exact
 across 2 and 3 gloo ranks (each holding its own rows) against one process holding the whole batch."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from helpers.distributed_utils import run_on_ranks
-from open_clip_adacl.clone_signals import (COMBINATIONS, DIRECTIONS, NEEDS_TOKENS, POSTERIORS, SIGNALS, clone_scores,
-                                           flag_clones, pair_inputs, standardized_over_negatives,
-                                           weighted_token_overlap)
+from open_clip_adacl.clone_signals import (
+    COMBINATIONS,
+    DIRECTIONS,
+    NEEDS_TOKENS,
+    POSTERIORS,
+    SIGNALS,
+    clone_scores,
+    flag_clones,
+    pair_inputs,
+    standardized_over_negatives,
+    weighted_token_overlap,
+)
 from open_clip_adacl.distributed import RowGroup, gather_no_grad
 
 N, DIM, LENGTH, SCALE = 24, 8, 6, 14.3
@@ -55,8 +65,9 @@ def test_a_combination_is_the_mean_of_its_standardized_parts():
     image, text, tokens = _batch()
     inputs = _inputs(image, text, tokens, rows=slice(0, N))
     negative = inputs.positive_col[:, None] != torch.arange(N)[None, :]
-    parts = [standardized_over_negatives(clone_scores(inputs, name, "t2i"), negative)
-             for name in COMBINATIONS["features"]]
+    parts = [
+        standardized_over_negatives(clone_scores(inputs, name, "t2i"), negative) for name in COMBINATIONS["features"]
+    ]
     expected = (sum(parts) / 3).masked_fill(~negative, float("-inf"))
     assert torch.allclose(clone_scores(inputs, "features", "t2i"), expected)
 
@@ -84,8 +95,9 @@ def test_scores_never_flag_the_rows_own_pair_and_unknown_names_say_what_exists()
 
 def test_the_token_signals_say_they_need_token_ids():
     image, text, tokens = _batch()
-    inputs = pair_inputs(image @ text.T, text @ image.T, torch.arange(N), image, text, image, text,
-                         torch.tensor(SCALE), RowGroup(False))
+    inputs = pair_inputs(
+        image @ text.T, text @ image.T, torch.arange(N), image, text, image, text, torch.tensor(SCALE), RowGroup(False)
+    )
     assert NEEDS_TOKENS == {"tokens", "text_image_tokens", "all"}
     with pytest.raises(ValueError, match="needs the captions' token ids"):
         clone_scores(inputs, "tokens", "i2t")
@@ -112,9 +124,19 @@ def _inputs(image, text, tokens, rows: slice, world_size: int = 1):
     all_image, all_text = gather_no_grad(query_image, world_size), gather_no_grad(query_text, world_size)
     positive_col = torch.arange(rows.start, rows.stop)
     scale = torch.tensor(SCALE)
-    return pair_inputs(scale * query_image @ all_text.T, scale * query_text @ all_image.T, positive_col,
-                       query_image, query_text, all_image, all_text, scale, RowGroup(world_size > 1),
-                       local_tokens=tokens[rows], world_size=world_size)
+    return pair_inputs(
+        scale * query_image @ all_text.T,
+        scale * query_text @ all_image.T,
+        positive_col,
+        query_image,
+        query_text,
+        all_image,
+        all_text,
+        scale,
+        RowGroup(world_size > 1),
+        local_tokens=tokens[rows],
+        world_size=world_size,
+    )
 
 
 def _all_scores(rank: int, world_size: int):

@@ -1,5 +1,6 @@
 """`open_clip_adacl.discovery.clone_pairs`: the pairs the loss's own selection flags, listed (ranks holding
 unequal rows of a global batch: tests/training/discover/test_discover.py runs the command on 2 gloo ranks)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,14 @@ def test_scores_in_cosine_or_logit_units_flag_the_same_pairs():
     logits = _logits(seed=5)
     positive_col = torch.arange(N)
     in_logits = _pairs(logits, positive_col)
-    in_cosines = clone_pairs(logits.double() / SCALE, positive_col, LOCAL, salient="max", region="upper",
-                             prior_ratio=1.0, std_floor=1e-3 / SCALE)
+    in_cosines = clone_pairs(
+        logits.double() / SCALE,
+        positive_col,
+        LOCAL,
+        salient="max",
+        region="upper",
+        prior_ratio=1.0,
+        std_floor=1e-3 / SCALE,
+    )
     assert torch.equal(in_logits.row, in_cosines.row) and torch.equal(in_logits.col, in_cosines.col)
     assert torch.allclose(in_logits.posterior, in_cosines.posterior)

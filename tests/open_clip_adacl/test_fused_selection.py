@@ -1,6 +1,7 @@
 """The compiled (fused) selection passes of fused.py: bit-identical to the eager passes on random and
 adversarial cases, on both code paths and every dtype; the mode variable; and the fallback to the eager
 passes when nothing can be compiled. (The multi-rank tests run through them in their own modules.)"""
+
 import json
 import os
 import re
@@ -39,8 +40,10 @@ def path(request, monkeypatch):
 
 def _random_cases():
     """Random batches of several sizes and spreads, one with NaN, infinite and signed-zero logits."""
-    cases = [random_logits(n=n, d=d, seed=seed, noise=noise)
-             for n, d, seed, noise in ((48, 16, 2, 0.8), (37, 8, 11, 0.3), (64, 32, 5, 1.5), (20, 4, 7, 0.05))]
+    cases = [
+        random_logits(n=n, d=d, seed=seed, noise=noise)
+        for n, d, seed, noise in ((48, 16, 2, 0.8), (37, 8, 11, 0.3), (64, 32, 5, 1.5), (20, 4, 7, 0.05))
+    ]
     odd = random_logits(n=40, seed=9)
     odd[3, 7], odd[4, 9], odd[5, 11], odd[6, 2], odd[8, 8] = float("nan"), float("inf"), -float("inf"), -0.0, -0.0
     odd[10, :5] = odd[10, 10]  # ties with the positive: zero gaps
@@ -68,8 +71,9 @@ def _both_selections(monkeypatch, logits, **kwargs):
 def test_fused_selections_are_bit_identical_to_eager(anchor_stat, region, path, monkeypatch):
     for case, logits in enumerate(_random_cases()):
         for salient in adacl_math.SALIENT_KINDS:
-            eager, compiled = _both_selections(monkeypatch, logits, salient=salient, anchor_stat=anchor_stat,
-                                               region=region)
+            eager, compiled = _both_selections(
+                monkeypatch, logits, salient=salient, anchor_stat=anchor_stat, region=region
+            )
             for field in FIELDS:
                 assert _same_bits(getattr(eager, field), getattr(compiled, field)), (case, salient, field)
     passes = (DEVICE_MEDIAN_PASSES if path == "device" else CPU_PASSES) if anchor_stat == "median" else CPU_PASSES[:2]
@@ -92,15 +96,23 @@ def test_fused_keys_are_the_eager_keys_bit_for_bit(monkeypatch):
     logits = _random_cases()[-1]
     positive_col = torch.arange(logits.shape[0])
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
-    for coefficients, lower in (((0.3, -0.2, -1.0), None), ((0.3, -0.2, -1.0), 0.5), ((0.0, 0.0, 1.0), None),
-                                ((-1.0, 0.0, -1.0), None)):
+    for coefficients, lower in (
+        ((0.3, -0.2, -1.0), None),
+        ((0.3, -0.2, -1.0), 0.5),
+        ((0.0, 0.0, 1.0), None),
+        ((-1.0, 0.0, -1.0), None),
+    ):
         coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in coefficients)
         lower = None if lower is None else torch.tensor(lower, dtype=torch.float64)
         results = []
         for mode in ("off", "on"):
             monkeypatch.setenv(fused.ENV_VARIABLE, mode)
-            results.append([value.clone() for value in selection.candidate_keys(
-                logits, positive, positive_col, coefficients, lower=lower)])
+            results.append(
+                [
+                    value.clone()
+                    for value in selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
+                ]
+            )
         for eager, compiled in zip(*results):
             assert _same_bits(eager, compiled)
 
@@ -149,6 +161,7 @@ def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fr
         def run():
             calls[name] += 1
             time.sleep(seconds)
+
         return run
 
     large = torch.empty(2048, 2048)
@@ -161,12 +174,18 @@ def test_auto_times_both_passes_once_per_shape_keeps_the_faster_and_logs_both(fr
     assert calls == {"fused": 2 * per_decision, "eager": 3 * per_decision}
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 3 and lines[0].startswith("AdaCL: a selection passes for 2048 x 2048 float32 on cpu: fused ")
-    assert re.search(r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto, "
-                     r"which keeps the fused passes only when they take under 90% of the eager ones' time", lines[0])
+    assert re.search(
+        r"fused \d+\.\d ms, eager \d+\.\d ms; using the fused passes \(OPEN_CLIP_ADACL_FUSED=auto, "
+        r"which keeps the fused passes only when they take under 90% of the eager ones' time",
+        lines[0],
+    )
     assert "using the eager passes" in lines[1] and "fused not compiled (below 2048 squared entries" in lines[2]
     choices = fused.decisions()
-    assert [(c["passes"], c["rows"], c["choice"]) for c in choices] == [("a", 2048, "fused"), ("b", 2048, "eager"),
-                                                                        ("a", 64, "eager")]
+    assert [(c["passes"], c["rows"], c["choice"]) for c in choices] == [
+        ("a", 2048, "fused"),
+        ("b", 2048, "eager"),
+        ("a", 64, "eager"),
+    ]
     assert choices[0]["fused_ms"] < choices[0]["eager_ms"] and choices[2]["fused_ms"] is None
     assert json.loads(json.dumps(choices)) == choices
 
@@ -180,7 +199,9 @@ def test_auto_keeps_the_eager_passes_unless_the_fused_ones_win_by_the_margin(fre
     timings[:] = [0.085, 0.1] * fused.DECISION_ROUNDS  # at 85%: fused
     assert _wanted(torch.empty(2048, 2048), "b")
     assert [(d["fused_ms"], d["eager_ms"], d["choice"]) for d in fused.decisions()] == [
-        (pytest.approx(95.0), pytest.approx(100.0), "eager"), (pytest.approx(85.0), pytest.approx(100.0), "fused")]
+        (pytest.approx(95.0), pytest.approx(100.0), "eager"),
+        (pytest.approx(85.0), pytest.approx(100.0), "fused"),
+    ]
     assert not timings
 
 
@@ -204,9 +225,14 @@ def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):
         second = select_anchor(logits, torch.arange(48), anchor_stat="median")
         print("selected", first.row.item(), first.gap.item(), second.row.item(), second.gap.item())
     """)
-    env = {**os.environ, fused.ENV_VARIABLE: "on", "CXX": str(tmp_path / "no-such-compiler"),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        fused.ENV_VARIABLE: "on",
+        "CXX": str(tmp_path / "no-such-compiler"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if "cannot compile the fused selection pass" in line]
@@ -225,8 +251,10 @@ def test_the_compile_time_is_logged_once_per_pass(monkeypatch, caplog):
             select_anchor(random_logits(), torch.arange(48))
     lines = [record.getMessage() for record in caplog.records if record.name == fused.__name__]
     assert len(lines) == len(CPU_PASSES), lines
-    passes = [re.fullmatch(r"AdaCL: compiled the fused selection pass (\w+) for cpu torch\.\w+ in [\d.]+ s", line)
-              for line in lines]
+    passes = [
+        re.fullmatch(r"AdaCL: compiled the fused selection pass (\w+) for cpu torch\.\w+ in [\d.]+ s", line)
+        for line in lines
+    ]
     assert all(passes) and sorted(match.group(1) for match in passes) == sorted(CPU_PASSES), lines
 
 
@@ -244,15 +272,20 @@ def _step_values(loss_fn, image, text):
 
 
 @pytest.mark.parametrize("fused_mode", ["off", "on"])
-@pytest.mark.parametrize("options", [{}, {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 16}],
-                         ids=["median", "mean_gda_queue"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 16}],
+    ids=["median", "mean_gda_queue"],
+)
 def test_both_directions_selected_side_by_side_train_as_one_after_the_other(fused_mode, options, monkeypatch):
     # Two torch threads: the loss selects both directions' anchors at once, one thread each, the compiled
     # passes included (they release the GIL); with one thread, in turn. Every value agrees to the bit.
     monkeypatch.setenv(fused.ENV_VARIABLE, fused_mode)
     calls = []
     side_by_side = row_passes.side_by_side
-    monkeypatch.setattr(row_passes, "side_by_side", lambda device, run: calls.append(len(run)) or side_by_side(device, run))
+    monkeypatch.setattr(
+        row_passes, "side_by_side", lambda device, run: calls.append(len(run)) or side_by_side(device, run)
+    )
     g = torch.Generator().manual_seed(4)
     image = torch.nn.functional.normalize(torch.randn(48, 16, generator=g), dim=-1)
     text = torch.nn.functional.normalize(image + 0.8 * torch.randn(48, 16, generator=g), dim=-1)
@@ -283,6 +316,7 @@ def test_two_threads_meeting_a_new_shape_time_it_once(fresh_decisions):
             with lock:
                 calls[name] += 1
             time.sleep(0.001)
+
         return run
 
     large = torch.empty(2048, 2048)

@@ -3,6 +3,7 @@ on the GPU code path forced on the CPU: every read of a tensor's values into Pyt
 `.tolist()`, `bool()`, `int()`, ...), every op whose output size depends on values (`nonzero`,
 boolean-mask indexing, ...) and every tensor made from host values on a device (a copy that waits
 for the device's queue). docs/adacl.md §6 states the count; it must not grow with N or the ranks."""
+
 import contextlib
 import os
 import sys
@@ -18,8 +19,21 @@ from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss, fused, row_passes
 
 # Methods that read values back, or whose output shape depends on them.
-READING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero",
-                   "masked_select", "unique", "bincount", "repeat_interleave")
+READING_METHODS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "bincount",
+    "repeat_interleave",
+)
 READING_FUNCTIONS = ("nonzero", "masked_select", "unique", "bincount", "repeat_interleave", "argwhere")
 # The loss in one process reads nothing back; with several ranks, the check that every rank holds the
 # same number of rows reads its 2-element all-reduce once (distributed.check_equal_local_rows).
@@ -39,7 +53,8 @@ class _BooleanMaskIndexing(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in INDEXING_OPS and any(
-                index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]):
+            index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]
+        ):
             self.counts[f"aten.{func.overloadpacket.__name__} with a boolean mask"] += 1
         return func(*args, **(kwargs or {}))
 
@@ -60,6 +75,7 @@ def counting_host_reads(boolean_masks: bool = True):
             if counts_call(*args, **kwargs):
                 counts[f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"] += 1
             return original(*args, **kwargs)
+
         patched.append((owner, name, original, own))
         setattr(owner, name, counted)
 
@@ -69,8 +85,15 @@ def counting_host_reads(boolean_masks: bool = True):
     for name in READING_FUNCTIONS:
         wrap(torch, name)
     for name in ("tensor", "as_tensor"):  # host data copied to a device
-        wrap(torch, name, lambda data, *args, **kwargs: kwargs.get("device") is not None
-             and not isinstance(data, torch.Tensor) and not _generated_by_inductor(sys._getframe(2)))  # 1: `counted`, 2: its caller
+        wrap(
+            torch,
+            name,
+            lambda data, *args, **kwargs: (
+                kwargs.get("device") is not None
+                and not isinstance(data, torch.Tensor)
+                and not _generated_by_inductor(sys._getframe(2))
+            ),
+        )  # 1: `counted`, 2: its caller
     try:
         with _BooleanMaskIndexing(counts) if boolean_masks else contextlib.nullcontext():
             yield counts
@@ -110,8 +133,9 @@ def _counted_steps(rank, world_size, sizes, options, fused_mode):
     for num in sizes:
         image, text = _features(num)
         rows = slice(rank * num // world_size, (rank + 1) * num // world_size)
-        dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=world_size > 1,
-                                gather_with_grad=world_size > 1)
+        dist = DistributedSetup(
+            rank=rank, world_size=world_size, local_loss=world_size > 1, gather_with_grad=world_size > 1
+        )
         loss_fn = create_loss("adacl", dist=dist, **options)
         _step(loss_fn, image[rows], text[rows])
         with counting_host_reads(boolean_masks=fused_mode == "off") as reads:
@@ -120,8 +144,11 @@ def _counted_steps(rank, world_size, sizes, options, fused_mode):
     return counts, {name for name, _, _ in fused._ready}, set(fused._failed)
 
 
-OPTIONS = {"median": {}, "mean_gda_queue": {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 64},
-           "max_all": {"anchor_stat": "max", "candidate_region": "all", "mode": "literal"}}
+OPTIONS = {
+    "median": {},
+    "mean_gda_queue": {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 64},
+    "max_all": {"anchor_stat": "max", "candidate_region": "all", "mode": "literal"},
+}
 
 
 @pytest.mark.parametrize("fused_mode", ["off", "on"])

@@ -1,5 +1,6 @@
 """row_passes' threads: independent calls side by side, each on one torch thread, and passes over rows split
 between threads; torch's thread count as it was afterwards."""
+
 import threading
 
 import pytest

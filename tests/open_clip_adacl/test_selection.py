@@ -1,17 +1,17 @@
 """`selection.py`: the exact global anchor selection, against the dense single-process definitions of
 adacl_math.py (in fp64 for low-precision inputs), on NaN, signed zeros and empty candidate sets, and on
 3 gloo ranks holding unequal numbers of rows (one of them none)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import adacl_reference as reference
 from helpers.distributed_utils import run_on_ranks
 from helpers.selection_cases import LOCAL, SCALE, random_logits, select_anchor
-from helpers import adacl_reference as reference
 from open_clip_adacl import DistributedSetup, adacl_math, create_loss, fused, row_passes, selection
 from open_clip_adacl.distributed import RowGroup
 from open_clip_adacl.radix_select import first_row_with_key, radix_select
-
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
@@ -47,6 +47,7 @@ def path(request, monkeypatch):
 
 # --- per-row summaries and the radix select ---------------------------------------------------------
 
+
 def test_summarize_rows_matches_dense():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 11, generator=g) * 5
@@ -81,8 +82,12 @@ def _radix_cases():
     ties = (torch.randint(-6, 7, (9, 13), generator=g) / 8).float()  # duplicates and negatives
     signed_zeros = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 0.0]])
     wide = torch.randn(17, 23, generator=g) * torch.logspace(-20, 20, 23)
-    return [(ties, torch.rand(9, 13, generator=g) > 0.4), (signed_zeros, torch.ones(1, 7, dtype=torch.bool)),
-            (wide, torch.rand(17, 23, generator=g) > 0.5), (torch.tensor([[2.5]]), torch.tensor([[True]]))]
+    return [
+        (ties, torch.rand(9, 13, generator=g) > 0.4),
+        (signed_zeros, torch.ones(1, 7, dtype=torch.bool)),
+        (wide, torch.rand(17, 23, generator=g) > 0.5),
+        (torch.tensor([[2.5]]), torch.tensor([[True]])),
+    ]
 
 
 @pytest.mark.parametrize("values,mask", _radix_cases())
@@ -97,6 +102,7 @@ def test_radix_select_equals_sort(values, mask, path):
 
 # --- candidates: NaN, signed zeros, empty sets --------------------------------------------------------
 
+
 def _nan(sign_bit):
     """A quiet NaN with the sign bit set or clear (CPU and CUDA kernels produce either)."""
     return torch.tensor([-0x400000 if sign_bit else 0x7FC00000], dtype=torch.int32).view(torch.float32)[0]
@@ -106,13 +112,34 @@ def _nan(sign_bit):
 def test_candidate_bounds_are_the_open_intervals_exactly(dtype):
     g = torch.Generator().manual_seed(7)
     tiny = torch.finfo(dtype).tiny
-    ends = torch.tensor([[-0.3, 2.5], [0.0, 1.0], [-1.0, 0.0], [1e-300, 1e300], [-float("inf"), -7.25],
-                         [3.0, float("inf")], [2.0, 2.0], [5.0, -5.0], [-float("inf"), float("inf")]],
-                        dtype=torch.float64)
-    x = torch.cat([torch.randn(4000, generator=g, dtype=torch.float64) * 4, ends.flatten().clamp(-1e30, 1e30),
-                   torch.tensor([0.0, -0.0, tiny, -tiny, tiny / 4, 1e-40])]).to(dtype)
-    x = torch.cat([x, torch.nextafter(x, torch.tensor(float("inf"), dtype=dtype)),
-                   torch.nextafter(x, torch.tensor(-float("inf"), dtype=dtype))])
+    ends = torch.tensor(
+        [
+            [-0.3, 2.5],
+            [0.0, 1.0],
+            [-1.0, 0.0],
+            [1e-300, 1e300],
+            [-float("inf"), -7.25],
+            [3.0, float("inf")],
+            [2.0, 2.0],
+            [5.0, -5.0],
+            [-float("inf"), float("inf")],
+        ],
+        dtype=torch.float64,
+    )
+    x = torch.cat(
+        [
+            torch.randn(4000, generator=g, dtype=torch.float64) * 4,
+            ends.flatten().clamp(-1e30, 1e30),
+            torch.tensor([0.0, -0.0, tiny, -tiny, tiny / 4, 1e-40]),
+        ]
+    ).to(dtype)
+    x = torch.cat(
+        [
+            x,
+            torch.nextafter(x, torch.tensor(float("inf"), dtype=dtype)),
+            torch.nextafter(x, torch.tensor(-float("inf"), dtype=dtype)),
+        ]
+    )
     x = torch.cat([x, ends.to(dtype).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).flatten()])
     for pair in ends.split(2):
         bounds = selection.candidate_bounds(pair, dtype)
@@ -122,9 +149,18 @@ def test_candidate_bounds_are_the_open_intervals_exactly(dtype):
             assert torch.equal(~torch.signbit(margin), expected), (a, b)
 
 
-@pytest.mark.parametrize("coefficients,lower", [
-    ((0.3, -0.2, -1.0), None), ((0.3, -0.2, -1.0), 0.5), ((-0.3, 0.1, 2.0), -1.0), ((0.0, 0.0, 1.0), None),
-    ((-1.0, 0.0, -1.0), None), ((0.0, -2.0, 1.0), None), ((0.02, 0.0, -0.5), -30.0)])
+@pytest.mark.parametrize(
+    "coefficients,lower",
+    [
+        ((0.3, -0.2, -1.0), None),
+        ((0.3, -0.2, -1.0), 0.5),
+        ((-0.3, 0.1, 2.0), -1.0),
+        ((0.0, 0.0, 1.0), None),
+        ((-1.0, 0.0, -1.0), None),
+        ((0.0, -2.0, 1.0), None),
+        ((0.02, 0.0, -0.5), -30.0),
+    ],
+)
 def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lower, monkeypatch):
     logits = random_logits(seed=5)
     logits[3, 7], logits[4, 9], logits[5, 11], logits[6, 2] = float("nan"), float("inf"), -float("inf"), -0.0
@@ -149,8 +185,9 @@ def test_nan_and_zero_log_odds_are_never_candidates(path):
     # With coefficients (0, 1, 0) an entry's log-odds is its logit: only the strictly positive,
     # finite-gap negatives are candidates, exactly as the dense `log_odds > 0`.
     nan_pos, nan_neg, inf = _nan(False), _nan(True), float("inf")
-    logits = torch.tensor([[5.0, 0.0, -0.0, nan_pos, nan_neg, 1.0, -1.0, 1e-40],
-                           [nan_pos, 5.0, 2.0, -0.0, inf, 0.0, nan_neg, 3.0]])
+    logits = torch.tensor(
+        [[5.0, 0.0, -0.0, nan_pos, nan_neg, 1.0, -1.0, 1e-40], [nan_pos, 5.0, 2.0, -0.0, inf, 0.0, nan_neg, 3.0]]
+    )
     positive_col = torch.tensor([0, 1])
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 1.0, 0.0))
@@ -172,7 +209,9 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
     for anchor_stat, k in (("min", torch.tensor(0)), ("median", (count - 1) // 2)):
         key = radix_select(keys, k, LOCAL, high_counts)
         row = first_row_with_key(keys, key, positive_col, LOCAL)
-        dense_gap, dense_row, _ = reference.anchor_statistic(gaps, adacl_math.negative_mask(3, 3, positive_col), anchor_stat)
+        dense_gap, dense_row, _ = reference.anchor_statistic(
+            gaps, adacl_math.negative_mask(3, 3, positive_col), anchor_stat
+        )
         assert (row.item(), key.view(torch.float32).item()) == (dense_row.item(), dense_gap.item()), anchor_stat
     assert not torch.signbit(selection.candidate_gaps(keys, 1.0)[1, 0])  # stored as +0.0
 
@@ -185,6 +224,7 @@ def test_an_empty_candidate_set_has_no_owner_and_a_nan_gap(anchor_stat, path):
 
 
 # --- the whole selection against the dense pipeline ---------------------------------------------------
+
 
 @pytest.mark.parametrize("salient", adacl_math.SALIENT_KINDS)
 @pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)
@@ -220,10 +260,14 @@ def _rank_selects(rank, world_size, logits):
     start = sum(ROW_SPLIT[:rank])
     rows = slice(start, start + ROW_SPLIT[rank])
     positive_col = torch.arange(logits.shape[0])[rows]
-    results = {(salient, stat): select_anchor(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
-               for salient in adacl_math.SALIENT_KINDS for stat in adacl_math.ANCHOR_STATS}
-    loss_fn = create_loss("adacl", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=True,
-                                                         gather_with_grad=True))
+    results = {
+        (salient, stat): select_anchor(logits[rows], positive_col, RowGroup(split_across_ranks=True), salient, stat)
+        for salient in adacl_math.SALIENT_KINDS
+        for stat in adacl_math.ANCHOR_STATS
+    }
+    loss_fn = create_loss(
+        "adacl", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=True, gather_with_grad=True)
+    )
     features = F.normalize(torch.randn(ROW_SPLIT[rank], 8), dim=-1)
     try:
         loss_fn(features, features, torch.tensor(SCALE))

@@ -1,4 +1,5 @@
 """SampleStateBank: per-sample state by global sample index."""
+
 import io
 
 import pytest

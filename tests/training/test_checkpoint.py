@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, crash safety, finding the latest, and exact resume of a training run."""
+
 import logging
 import os
 import random
@@ -15,13 +16,17 @@ import torch
 
 from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
 from helpers.run_utils import assert_same_final_state, losses_by_step
+from training.main import main
+from training.trainer.distributed import DistributedEnv
 from training.trainer.engine import checkpoint as ckpt
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.trainer.run_folder.checkpoint_files import (checkpoint_candidates, load_checkpoint,
-                                                         remove_stale_temporary_files, save_atomic)
-from training.trainer.distributed import DistributedEnv
+from training.trainer.run_folder.checkpoint_files import (
+    checkpoint_candidates,
+    load_checkpoint,
+    remove_stale_temporary_files,
+    save_atomic,
+)
 from training.trainer.run_folder.layout import RunDir
-from training.main import main
 
 
 def test_rng_states_round_trip_and_load_weights_only(tmp_path):
@@ -101,13 +106,27 @@ def test_latest_checkpoint_is_the_one_with_most_steps(tmp_path):
 def test_checkpointer_names_files_like_openclip_and_prunes_with_delete_previous(tmp_path):
     model = torch.nn.Linear(2, 2)
     model.logit_scale = torch.nn.Parameter(torch.zeros(()))
-    cfg = CheckpointConfig(save_frequency=2, save_most_recent=True, save_every_n_steps=3, delete_previous=True,
-                           total_epochs=3)
+    cfg = CheckpointConfig(
+        save_frequency=2, save_most_recent=True, save_every_n_steps=3, delete_previous=True, total_epochs=3
+    )
     state = TrainState()
-    components = run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
-                                loss=torch.nn.Module(), state=state)
-    checkpointer = Checkpointer(cfg, checkpoint_dir=str(tmp_path), components=components, env=DistributedEnv(),
-                                name="n", args={"model": "m"}, model_cfg={}, preprocess_cfg={})
+    components = run_components(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        scaler=None,
+        loss=torch.nn.Module(),
+        state=state,
+    )
+    checkpointer = Checkpointer(
+        cfg,
+        checkpoint_dir=str(tmp_path),
+        components=components,
+        env=DistributedEnv(),
+        name="n",
+        args={"model": "m"},
+        model_cfg={},
+        preprocess_cfg={},
+    )
     state.start_epoch(num_skip_reasons=1)
     names = []
     for state.step in range(1, 10):  # 3 steps per epoch
@@ -141,36 +160,97 @@ def test_checkpoints_get_the_umask_mode_not_mkstemps(tmp_path, umask, mode):
 def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(demo_shards, tmp_path):
     previous = os.umask(0o022)
     try:
-        main(["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
-              "--model", "adacl-tiny", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--device", "cpu",
-              "--logs", str(tmp_path), "--name", "keep", "--epochs", "3", "--save-every-n-steps", "1",
-              "--keep-step-checkpoints", "2"])
+        main(
+            [
+                "--train-data",
+                str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+                "--train-num-samples",
+                "64",
+                "--model",
+                "adacl-tiny",
+                "--batch-size",
+                "32",
+                "--warmup",
+                "1",
+                "--workers",
+                "0",
+                "--device",
+                "cpu",
+                "--logs",
+                str(tmp_path),
+                "--name",
+                "keep",
+                "--epochs",
+                "3",
+                "--save-every-n-steps",
+                "1",
+                "--keep-step-checkpoints",
+                "2",
+            ]
+        )
     finally:
         os.umask(previous)
     checkpoints = tmp_path / "keep" / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
-        "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "epoch_3.pt",
+        "step_5.pt",
+        "step_6.pt",
+    ]  # 2 steps per epoch
     assert {p.stat().st_mode & 0o777 for p in checkpoints.glob("*.pt")} == {0o644}
     assert checkpoint_candidates(checkpoints)[0].name in ("epoch_3.pt", "step_6.pt")
 
 
 def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_needs(demo_shards, tmp_path, capsys):
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
-            "--model", "adacl-tiny", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--device", "cpu",
-            "--logs", str(tmp_path), "--name", "bounded", "--epochs", "3", "--save-every-n-steps", "1"]
+    argv = [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "64",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "32",
+        "--warmup",
+        "1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path),
+        "--name",
+        "bounded",
+        "--epochs",
+        "3",
+        "--save-every-n-steps",
+        "1",
+    ]
     main([*argv, "--dry-run"])
     planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints: ")]
     main(argv)
     checkpoints = tmp_path / "bounded" / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
-        "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "step_4.pt", "step_5.pt", "step_6.pt"]  # 2 steps per epoch
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "epoch_3.pt",
+        "step_4.pt",
+        "step_5.pt",
+        "step_6.pt",
+    ]  # 2 steps per epoch
     size = max(p.stat().st_size for p in checkpoints.glob("*.pt")) / 1e9
-    logged = [line.split(" | ")[-1] for line in (tmp_path / "bounded" / "out.log").read_text().splitlines()
-              if " | checkpoints: " in line]
+    logged = [
+        line.split(" | ")[-1]
+        for line in (tmp_path / "bounded" / "out.log").read_text().splitlines()
+        if " | checkpoints: " in line
+    ]
     assert len(planned) == 1 and logged[0].split(" in ")[0] == planned[0].split(" in ")[0]
-    assert re.fullmatch(r"checkpoints: about (\d+\.\d\d) GB each, up to 7 at once \(3 epoch_N\.pt, 3 step_N\.pt, one "
-                        rf"being written\): about \d+\.\d GB in {re.escape(str(checkpoints))}, \d+\.\d GB free there",
-                        logged[0])
+    assert re.fullmatch(
+        r"checkpoints: about (\d+\.\d\d) GB each, up to 7 at once \(3 epoch_N\.pt, 3 step_N\.pt, one "
+        rf"being written\): about \d+\.\d GB in {re.escape(str(checkpoints))}, \d+\.\d GB free there",
+        logged[0],
+    )
     estimate = float(re.search(r"about (\S+) GB each", logged[0]).group(1))
     assert size / 2 <= max(estimate, 0.005) and estimate <= 2 * size + 0.005  # the estimate sizes the real files
 
@@ -179,13 +259,42 @@ def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_need
 # Resuming a training run
 # ---------------------------------------------------------------------------------------------
 
+
 def run_argv(demo_shards, logs, name, *extra):
     # 2 epochs of 8 steps (256 samples per epoch, batch 32).
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--loss", COUNTING_LOSS, "--batch-size", "32", "--epochs", "2",
-            "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs),
-            "--name", name, "--log-every-n-steps", "1", "--save-every-n-steps", "3", "--keep-step-checkpoints", "0",
-            *extra]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "256",
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        COUNTING_LOSS,
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "3",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
+        "--save-every-n-steps",
+        "3",
+        "--keep-step-checkpoints",
+        "0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +309,12 @@ def reference_run(demo_shards, module_tmp):
 def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path):
     reference_dir, reference = reference_run
     assert reference.step == 16 and sorted(p.name for p in (reference_dir / "checkpoints").glob("step_*")) == [
-        "step_12.pt", "step_15.pt", "step_3.pt", "step_6.pt", "step_9.pt"]
+        "step_12.pt",
+        "step_15.pt",
+        "step_3.pt",
+        "step_6.pt",
+        "step_9.pt",
+    ]
     resume_from = reference_dir / "checkpoints" / "step_6.pt"  # 6 of epoch 0's 8 batches consumed
     position = load_checkpoint(resume_from)["data"]
     assert (position["epoch"], position["batches_in_epoch"]) == (0, 6)
@@ -232,8 +346,12 @@ def test_sigkill_mid_epoch_then_resume_latest_finishes_the_run(demo_shards, refe
     reference_dir, _ = reference_run
     argv = run_argv(demo_shards, tmp_path, "killed")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", KILLABLE_RUN, TESTS_DIR, *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_RUN, TESTS_DIR, *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoints = tmp_path / "killed" / "checkpoints"
     deadline = time.time() + 240
     while not (checkpoints / "step_9.pt").exists():  # mid-epoch 1
@@ -273,8 +391,12 @@ def test_the_temporary_files_of_killed_writes_are_removed_and_nothing_else(tmp_p
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     stale = [checkpoints / ".step_5.pt.ny40rcg1.tmp", tmp_path / ".params.txt.a_b3c4d5.tmp"]
-    kept = [checkpoints / "step_5.pt", checkpoints / ".notes.tmp", tmp_path / "scratch.tmp",
-            checkpoints / ".step_5.pt.short.tmp"]
+    kept = [
+        checkpoints / "step_5.pt",
+        checkpoints / ".notes.tmp",
+        tmp_path / "scratch.tmp",
+        checkpoints / ".step_5.pt.short.tmp",
+    ]
     for path in stale + kept:
         path.write_bytes(b"x" * 1000)
     with caplog.at_level(logging.INFO):

@@ -1,6 +1,7 @@
 """Checkpoints hold the run's stateful components by name; a checkpoint of the earlier layout (a real one,
 tests/training/fixtures/legacy_checkpoint/, written by the trainer before the change) is converted on load, and
 resumes and exports as the run that wrote it would have gone on."""
+
 import logging
 from pathlib import Path
 
@@ -9,14 +10,14 @@ import pytest
 import torch
 
 from helpers.run_utils import losses_by_step
-from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
-from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
-from training.trainer.launch.resume import resume
+from training.export import export
+from training.main import main
 from training.trainer.data import DataPosition
 from training.trainer.distributed import DistributedEnv
-from training.export import export
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
+from training.trainer.launch.resume import resume
+from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
 from training.trainer.run_folder.layout import RunDir
-from training.main import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
 LEGACY_CHECKPOINT = FIXTURE / "step_3.pt"
@@ -30,12 +31,21 @@ def fixture_model():
 
 
 def test_the_run_state_round_trips_through_its_state_dicts():
-    state = TrainState(position=DataPosition(epoch=2, batches_in_epoch=5), step=21, num_nonfinite_steps=1,
-                       consecutive_nonfinite_steps=1, samples_seen=672, samples_per_schedule_step=32)
+    state = TrainState(
+        position=DataPosition(epoch=2, batches_in_epoch=5),
+        step=21,
+        num_nonfinite_steps=1,
+        consecutive_nonfinite_steps=1,
+        samples_seen=672,
+        samples_per_schedule_step=32,
+    )
     state.epoch_sums.load_state_dict({"skip_counts": torch.tensor([1, 0, 2]), "loss_sum": 3.5, "num_loss_steps": 5})
     restored = TrainState()
-    for original, copy in [(state, restored), (state.position, restored.position),
-                           (state.epoch_sums, restored.epoch_sums)]:
+    for original, copy in [
+        (state, restored),
+        (state.position, restored.position),
+        (state.epoch_sums, restored.epoch_sums),
+    ]:
         copy.load_state_dict(original.state_dict())
     assert restored.state_dict() == state.state_dict() and restored.position == state.position
     assert torch.equal(restored.epoch_sums.skip_counts, state.epoch_sums.skip_counts)
@@ -43,8 +53,10 @@ def test_the_run_state_round_trips_through_its_state_dicts():
 
 
 def test_epoch_sums_of_another_world_size_merge_for_rank_0():
-    states = [{"skip_counts": torch.tensor([1, 2]), "loss_sum": 4.0, "num_loss_steps": 2},
-              {"skip_counts": torch.tensor([0, 5]), "loss_sum": 4.5, "num_loss_steps": 2}]
+    states = [
+        {"skip_counts": torch.tensor([1, 2]), "loss_sum": 4.0, "num_loss_steps": 2},
+        {"skip_counts": torch.tensor([0, 5]), "loss_sum": 4.5, "num_loss_steps": 2},
+    ]
     merged = EpochSums.merge_rank_states(states)
     assert torch.equal(merged["skip_counts"], torch.tensor([1, 7])) and merged["loss_sum"] == 4.0
 
@@ -58,11 +70,18 @@ def test_a_checkpoint_in_the_earlier_layout_is_converted_on_load(caplog):
     assert "earlier checkpoint layout" in message and "\n" not in message
     old = raw["data"]
     assert converted["format"] == CHECKPOINT_FORMAT
-    assert converted["data"] == {"epoch": old["epoch"], "batches_in_epoch": old["batches_in_epoch"]} == {
-        "epoch": 0, "batches_in_epoch": 3}
-    assert converted["train"] == {"step": raw["step"], "num_nonfinite_steps": old["num_nonfinite_steps"],
-                                  "consecutive_nonfinite_steps": 0, "samples_seen": old["samples_seen"],
-                                  "samples_per_schedule_step": old["samples_per_schedule_step"]}
+    assert (
+        converted["data"]
+        == {"epoch": old["epoch"], "batches_in_epoch": old["batches_in_epoch"]}
+        == {"epoch": 0, "batches_in_epoch": 3}
+    )
+    assert converted["train"] == {
+        "step": raw["step"],
+        "num_nonfinite_steps": old["num_nonfinite_steps"],
+        "consecutive_nonfinite_steps": 0,
+        "samples_seen": old["samples_seen"],
+        "samples_per_schedule_step": old["samples_per_schedule_step"],
+    }
     [sums] = converted["epoch_sums"]  # written by one rank
     assert torch.equal(sums["skip_counts"], old["skip_counts"])
     assert (sums["loss_sum"], sums["num_loss_steps"]) == (old["loss_sum"], old["num_loss_steps"])
@@ -80,11 +99,45 @@ def test_a_checkpoint_in_the_earlier_layout_is_converted_on_load(caplog):
 def test_a_run_resumed_from_the_earlier_layout_goes_on_as_the_run_that_wrote_it(fixture_model, tmp_path):
     """The fixture's run trained 16 steps; resumed from its step 3 in the earlier layout, the steps 4..16
     and both epoch summaries (epoch 0's counts the 3 steps before the checkpoint) are the ones it logged."""
-    summary = main(["--dataset-type", "synthetic", "--train-num-samples", "64", "--batch-size", "8", "--epochs", "2",
-                    "--model", fixture_model, "--loss", "adacl", "--adacl-queue-size", "16", "--lock-text",
-                    "--lock-text-unlocked-layers", "2", "--lr", "1e-3", "--warmup", "2", "--save-every-n-steps", "3",
-                    "--workers", "0", "--device", "cpu", "--log-every-n-steps", "1", "--logs", str(tmp_path),
-                    "--name", "resumed", "--resume", str(LEGACY_CHECKPOINT)])
+    summary = main(
+        [
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "64",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--model",
+            fixture_model,
+            "--loss",
+            "adacl",
+            "--adacl-queue-size",
+            "16",
+            "--lock-text",
+            "--lock-text-unlocked-layers",
+            "2",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "2",
+            "--save-every-n-steps",
+            "3",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--log-every-n-steps",
+            "1",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "resumed",
+            "--resume",
+            str(LEGACY_CHECKPOINT),
+        ]
+    )
     assert (summary.epoch, summary.step) == (2, 16)
     log = (tmp_path / "resumed" / "out.log").read_text()
     assert "converted on load" in log and "Resumed from" in log and "3 batches into the epoch" in log
@@ -92,8 +145,9 @@ def test_a_run_resumed_from_the_earlier_layout_goes_on_as_the_run_that_wrote_it(
     assert sorted(resumed) == list(range(4, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    for theirs, ours in zip(RunDir(FIXTURE).metrics("epoch"),
-                            RunDir(tmp_path / "resumed").metrics("epoch"), strict=True):
+    for theirs, ours in zip(
+        RunDir(FIXTURE).metrics("epoch"), RunDir(tmp_path / "resumed").metrics("epoch"), strict=True
+    ):
         assert (ours["epoch"], ours["num_steps"]) == (theirs["epoch"], theirs["num_steps"])
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
     # The checkpoints it writes are in today's layout.
@@ -112,15 +166,29 @@ def test_a_checkpoint_in_the_earlier_layout_exports_to_stock_open_clip(tmp_path)
 def test_per_rank_components_of_another_world_size(tmp_path, caplog):
     """Saved by 2 ranks, resumed on 1: the RNG streams start afresh (with a warning), the epoch sums
     merge into rank 0 (skip counts summed), every other component loads as saved."""
+
     def components(state):
         model = torch.nn.Linear(2, 2)
-        return run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
-                              loss=torch.nn.Module(), state=state)
+        return run_components(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            scaler=None,
+            loss=torch.nn.Module(),
+            state=state,
+        )
 
     saved_state = TrainState(position=DataPosition(epoch=1, batches_in_epoch=4), step=12)
     saved_state.epoch_sums.load_state_dict({"skip_counts": torch.tensor([2, 0]), "loss_sum": 6.0, "num_loss_steps": 4})
-    checkpointer = Checkpointer(CheckpointConfig(), checkpoint_dir=str(tmp_path), components=components(saved_state),
-                                env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
+    checkpointer = Checkpointer(
+        CheckpointConfig(),
+        checkpoint_dir=str(tmp_path),
+        components=components(saved_state),
+        env=DistributedEnv(),
+        name="n",
+        args={},
+        model_cfg={},
+        preprocess_cfg={},
+    )
     checkpoint = checkpointer.payload()
     other_rank = {"skip_counts": torch.tensor([1, 3]), "loss_sum": 6.0, "num_loss_steps": 4}
     checkpoint.update(world_size=2, rng=checkpoint["rng"] * 2, epoch_sums=checkpoint["epoch_sums"] + [other_rank])

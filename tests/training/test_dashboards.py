@@ -1,23 +1,61 @@
 """Dashboards: tensorboard tags (and wandb keys) named as OpenCLIP 3.3.0's trainer names them."""
+
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
+from training.trainer.run_folder.layout import RunDir
 
 # The scalars open_clip_train.train logs (train_one_epoch's log_data and evaluate's metrics).
-OPENCLIP_TRAIN_TAGS = {"train/loss", "train/scale", "train/lr", "train/data_time", "train/batch_time",
-                       "train/samples_per_second", "train/samples_per_second_per_gpu"}
-OPENCLIP_VAL_TAGS = {"val/clip_val_loss", "val/num_samples", "val/image_to_text_R@1", "val/text_to_image_R@10",
-                     "val/image_to_text_mean_rank"}
+OPENCLIP_TRAIN_TAGS = {
+    "train/loss",
+    "train/scale",
+    "train/lr",
+    "train/data_time",
+    "train/batch_time",
+    "train/samples_per_second",
+    "train/samples_per_second_per_gpu",
+}
+OPENCLIP_VAL_TAGS = {
+    "val/clip_val_loss",
+    "val/num_samples",
+    "val/image_to_text_R@1",
+    "val/text_to_image_R@10",
+    "val/image_to_text_mean_rank",
+}
 
 
 def run_argv(demo_shards, logs, name, *extra):
     return [
-        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "128",
-        "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--model", "adacl-tiny", "--loss", "adacl",
-        "--batch-size", "32", "--lr", "1e-3", "--warmup", "1", "--workers", "0", "--device", "cpu",
-        "--logs", str(logs), "--name", name, "--epochs", "2", "--log-every-n-steps", "2", *extra,
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "128",
+        "--val-data",
+        str(demo_shards / "val" / "shard-000000.tar"),
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--batch-size",
+        "32",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--epochs",
+        "2",
+        "--log-every-n-steps",
+        "2",
+        *extra,
     ]
 
 
@@ -52,16 +90,36 @@ def test_wandb_runs_offline_with_the_same_keys(demo_shards, tmp_path, monkeypatc
     wandb = pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    main(run_argv(demo_shards, tmp_path, "wb", "--report-to", "tensorboard,wandb", "--wandb-project-name", "adacl-test",
-                  "--wandb-notes", "offline test", "--epochs", "1"))
+    main(
+        run_argv(
+            demo_shards,
+            tmp_path,
+            "wb",
+            "--report-to",
+            "tensorboard,wandb",
+            "--wandb-project-name",
+            "adacl-test",
+            "--wandb-notes",
+            "offline test",
+            "--epochs",
+            "1",
+        )
+    )
     # run.finish() returns before wandb's service has written the run file (it did so 60 ms later under load);
     # teardown waits for the service, as the atexit hook does when the trainer's process ends.
     wandb.teardown()
     [run_file] = (tmp_path / "wb" / "wandb").glob("offline-run-*-wb/run-wb.wandb")  # the run's name is its id
     # wandb 0.31 has no Python reader for its record log; history keys are stored as plain protobuf strings.
     records = run_file.read_bytes()
-    for key in ("train/loss", "train/scale", "val/clip_val_loss", "loss_stats/i2t/m1", "epoch/loss", "adacl-test",
-                "offline test"):
+    for key in (
+        "train/loss",
+        "train/scale",
+        "val/clip_val_loss",
+        "loss_stats/i2t/m1",
+        "epoch/loss",
+        "adacl-test",
+        "offline test",
+    ):
         assert key.encode() in records, key
     assert b"train/logit_scale" not in records and b"val/val/" not in records
     assert list((tmp_path / "wb" / "tensorboard").iterdir())  # both dashboards at once

@@ -1,4 +1,5 @@
 """Distributed training: DDP gradients vs one process, SLURM/torchrun detection, a 2-rank torchrun run."""
+
 import os
 import subprocess
 import sys
@@ -8,12 +9,12 @@ import pytest
 import torch
 
 from helpers.distributed_utils import free_port, run_on_ranks
-from open_clip_adacl import DistributedSetup, create_loss
 from helpers.run_utils import torchrun_command
+from open_clip_adacl import DistributedSetup, create_loss
 from training.trainer.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
+from training.trainer.engine.loop import MicroBatch, forward_backward
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.precision import build_precision
-from training.trainer.engine.loop import MicroBatch, forward_backward
 
 BATCH = 8
 
@@ -27,8 +28,12 @@ def _batch(seed=0):
 
 def _trainer_step(model, world_size=1, rank=0, local_loss=False, gather_with_grad=False, batch=None):
     """One trainer step's loss and gradients (the trainer's own model builder and forward/backward)."""
-    loss_fn = create_loss("clip", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
-                                                        gather_with_grad=gather_with_grad))
+    loss_fn = create_loss(
+        "clip",
+        dist=DistributedSetup(
+            rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad
+        ),
+    )
     out = forward_backward(model, loss_fn, [batch], build_precision("fp32", torch.device("cpu")))
     grads = {name: p.grad.clone() for name, p in unwrap_model(model).named_parameters() if p.grad is not None}
     return {"loss": out.loss, **grads}
@@ -52,8 +57,13 @@ def _ddp_rank(rank, world_size):
     for local_loss, gather_with_grad in REGIMES:
         model = wrap_ddp(_fresh_model(), DistributedEnv(rank=rank, world_size=world_size))
         results[local_loss, gather_with_grad] = _trainer_step(
-            model, world_size, rank, local_loss, gather_with_grad,
-            MicroBatch(full.images[own], full.texts[own], full.sample_index[own]))
+            model,
+            world_size,
+            rank,
+            local_loss,
+            gather_with_grad,
+            MicroBatch(full.images[own], full.texts[own], full.sample_index[own]),
+        )
     return results
 
 
@@ -101,9 +111,15 @@ def test_gradient_accumulation_matches_one_large_batch():
         torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("nodelist, host", [
-    ("gpu[003-005,9],cpu1", "gpu003"), ("node7", "node7"), ("a[1,2]", "a1"), ("localhost", "localhost"),
-])
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [
+        ("gpu[003-005,9],cpu1", "gpu003"),
+        ("node7", "node7"),
+        ("a[1,2]", "a1"),
+        ("localhost", "localhost"),
+    ],
+)
 def test_first_slurm_host(nodelist, host):
     assert first_slurm_host(nodelist) == host
 
@@ -122,15 +138,28 @@ SLURM_RANK = textwrap.dedent("""
 
 def test_slurm_environment_is_detected():
     """Two processes with srun's variables (no RANK/WORLD_SIZE; MASTER_ADDR from SLURM_NODELIST) form a group."""
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+    }
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
-               "SLURM_NODELIST": "localhost", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", SLURM_RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODELIST": "localhost",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", SLURM_RANK], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     for rank, output in enumerate(outputs):
@@ -176,17 +205,45 @@ def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
 
 def test_ranks_announced_by_slurm_that_never_arrive_stop_the_run_within_dist_timeout(demo_shards, tmp_path):
     """`SLURM_NTASKS=2 SLURM_PROCID=0 python -m training.main` without srun: rank 1 never comes."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
-    env.update(SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODELIST="localhost",
-               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--batch-size", "16", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path),
-            "--name", "alone", "--dist-timeout", "2"]
-    result = subprocess.run([sys.executable, "-m", "training.main", *argv], env=env, capture_output=True, text=True,
-                            timeout=120)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+    }
+    env.update(
+        SLURM_NTASKS="2",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        SLURM_NODELIST="localhost",
+        MASTER_PORT=str(free_port()),
+        OMP_NUM_THREADS="1",
+    )
+    argv = [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "256",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path),
+        "--name",
+        "alone",
+        "--dist-timeout",
+        "2",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "training.main", *argv], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.startswith("error: rank 0 of 2 (SLURM_NTASKS=2): the other ranks did not join the rendezvous "
-                                    "at localhost:"), result.stderr
+    assert result.stderr.startswith(
+        "error: rank 0 of 2 (SLURM_NTASKS=2): the other ranks did not join the rendezvous at localhost:"
+    ), result.stderr
     assert "within --dist-timeout 2 s" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

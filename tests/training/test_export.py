@@ -1,4 +1,5 @@
 """Export: stock open_clip loads `local-dir:DIR` in a fresh process (no open_clip_adacl) with identical embeddings."""
+
 import json
 import os
 import subprocess
@@ -10,13 +11,14 @@ import pytest
 import torch
 
 from open_clip_adacl import create_loss
-from training.trainer.launch import params
-from training.trainer.engine.checkpoint import Checkpointer, TrainState, run_components
+from training.export import CONFIG_NAME, WEIGHTS_NAME, export, model_card, public_value
+from training.export import cli as export_cli
 from training.trainer.data import DataPosition
 from training.trainer.distributed import DistributedEnv
-from training.export import CONFIG_NAME, WEIGHTS_NAME, cli as export_cli, export, model_card, public_value
+from training.trainer.engine.checkpoint import Checkpointer, TrainState, run_components
 from training.trainer.engine.model import build_model, open_clip_model_config, preprocess_config
 from training.trainer.engine.optimizer import build_optimizer
+from training.trainer.launch import params
 
 STOCK_OPEN_CLIP = textwrap.dedent("""
     import sys, torch, open_clip
@@ -44,12 +46,19 @@ def _write_checkpoint(tmp_path, argv):
             p.add_(0.01 * torch.randn_like(p))
     loss = create_loss("clip")  # the loss only contributes its (empty) state here
     state = TrainState(position=DataPosition(epoch=1), step=3)
-    components = run_components(model=bundle.model, optimizer=build_optimizer(bundle.model, cfg.optimizer),
-                                scaler=None, loss=loss, state=state)
+    components = run_components(
+        model=bundle.model, optimizer=build_optimizer(bundle.model, cfg.optimizer), scaler=None, loss=loss, state=state
+    )
     checkpointer = Checkpointer(
-        cfg.checkpoints, checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
-        env=DistributedEnv(), name="export-test", args=dict(cfg.recorded_args),
-        model_cfg=open_clip_model_config(cfg.model), preprocess_cfg=preprocess_config(bundle.model))
+        cfg.checkpoints,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        components=components,
+        env=DistributedEnv(),
+        name="export-test",
+        args=dict(cfg.recorded_args),
+        model_cfg=open_clip_model_config(cfg.model),
+        preprocess_cfg=preprocess_config(bundle.model),
+    )
     state.start_epoch(num_skip_reasons=2)
     [path] = checkpointer.save(["epoch_1.pt"])
     return path, bundle, args
@@ -67,8 +76,20 @@ def test_export_loads_in_stock_open_clip_with_identical_embeddings(tmp_path, arg
     captions = ["a red cube left of a blue ball", "two green cones", "a small star", "nothing"]
     torch.save((images, captions), tmp_path / "inputs.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-c", STOCK_OPEN_CLIP, str(export_dir), str(tmp_path / "inputs.pt"),
-                    str(tmp_path / "outputs.pt")], check=True, env=env, cwd=tmp_path, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STOCK_OPEN_CLIP,
+            str(export_dir),
+            str(tmp_path / "inputs.pt"),
+            str(tmp_path / "outputs.pt"),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     stock = torch.load(tmp_path / "outputs.pt")
 
     model = bundle.model.eval()
@@ -96,14 +117,28 @@ def test_export_files_get_the_umask_mode(tmp_path, umask, mode):
         export_dir = export(checkpoint, tmp_path / "export")
     finally:
         os.umask(previous)
-    assert {path.name: path.stat().st_mode & 0o777 for path in export_dir.iterdir()} == \
-        {CONFIG_NAME: mode, WEIGHTS_NAME: mode}
+    assert {path.name: path.stat().st_mode & 0o777 for path in export_dir.iterdir()} == {
+        CONFIG_NAME: mode,
+        WEIGHTS_NAME: mode,
+    }
 
 
 def test_export_cli_reports_a_checkpoint_without_config(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "bare.pt")
-    result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "bare.pt"),
-                             "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.export",
+            "--checkpoint",
+            str(tmp_path / "bare.pt"),
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "pass --model NAME" in result.stderr
 
 
@@ -127,16 +162,23 @@ def test_export_mistakes_are_one_line_each_and_write_nothing(tmp_path, monkeypat
     checkpoint, _, _ = _write_checkpoint(tmp_path, [])
     out = tmp_path / "out"
     folder_error = export_cli_error(["--checkpoint", tmp_path, "--output", out], monkeypatch, capsys)
-    assert folder_error == f"error: --checkpoint {tmp_path} is a folder: pass a .pt inside it (the newest there: {checkpoint})"
+    assert (
+        folder_error
+        == f"error: --checkpoint {tmp_path} is a folder: pass a .pt inside it (the newest there: {checkpoint})"
+    )
     missing_error = export_cli_error(["--checkpoint", tmp_path / "epoch_9.pt", "--output", out], monkeypatch, capsys)
-    assert missing_error == (f"error: --checkpoint {tmp_path / 'epoch_9.pt'}: no such file; pass a checkpoint "
-                             "training.main wrote (<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)")
+    assert missing_error == (
+        f"error: --checkpoint {tmp_path / 'epoch_9.pt'}: no such file; pass a checkpoint "
+        "training.main wrote (<logs>/<name>/checkpoints/epoch_N.pt or step_N.pt)"
+    )
     (tmp_path / "notes.pt").write_text("not a checkpoint\n")
     torch.save({"model": NotWeights()}, tmp_path / "pickled.pt")
     for name, kind in (("notes.pt", "UnpicklingError"), ("pickled.pt", "UnpicklingError")):
         error = export_cli_error(["--checkpoint", tmp_path / name, "--output", out], monkeypatch, capsys)
-        assert error == (f"error: --checkpoint {tmp_path / name} is not a weights file torch can read ({kind}: "
-                         "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote")
+        assert error == (
+            f"error: --checkpoint {tmp_path / name} is not a weights file torch can read ({kind}: "
+            "truncated, or not a checkpoint); pass an epoch_N.pt or step_N.pt training.main wrote"
+        )
         assert "weights_only" not in error
     usage_error = export_cli_error(["--checkpoint", checkpoint], monkeypatch, capsys)  # no usage screen before it
     assert usage_error == "error: one of the arguments --output --hf-dir is required"
@@ -152,18 +194,28 @@ def test_export_refuses_a_folder_that_is_not_empty_unless_overwrite(tmp_path, mo
     error = export_cli_error(["--checkpoint", checkpoint, target, out], monkeypatch, capsys)
     assert error == f"error: {out}: folder not empty: pass an empty one or --overwrite"
     assert [path.name for path in out.iterdir()] == ["other_model.safetensors"]
-    monkeypatch.setattr(sys, "argv", ["python -m training.export", "--checkpoint", str(checkpoint), target, str(out),
-                                      "--overwrite"])
+    monkeypatch.setattr(
+        sys, "argv", ["python -m training.export", "--checkpoint", str(checkpoint), target, str(out), "--overwrite"]
+    )
     export_cli()
     assert {CONFIG_NAME, WEIGHTS_NAME, "other_model.safetensors"} <= {path.name for path in out.iterdir()}
 
 
 def test_model_card_cuts_relative_paths_too(tmp_path):
-    values = {"logs": "demo/logs", "train_data": "data/train/{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
-              "val_data": "https://host/val.tar", "pretrained": "hf-hub:org/model", "model": "adacl-tiny"}
+    values = {
+        "logs": "demo/logs",
+        "train_data": "data/train/{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
+        "val_data": "https://host/val.tar",
+        "pretrained": "hf-hub:org/model",
+        "model": "adacl-tiny",
+    }
     assert {name: public_value(value) for name, value in values.items()} == {
-        "logs": ".../logs", "train_data": ".../{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
-        "val_data": "https://host/val.tar", "pretrained": "hf-hub:org/model", "model": "adacl-tiny"}
+        "logs": ".../logs",
+        "train_data": ".../{0..3}.tar::pipe:aws s3 cp s3://b/x.tar -",
+        "val_data": "https://host/val.tar",
+        "pretrained": "hf-hub:org/model",
+        "model": "adacl-tiny",
+    }
     card = model_card({"args": {"logs": "demo/logs", "model": "adacl-tiny"}, "epoch": 1, "step": 2}, [], "org/m")
     assert "- **Training command:** `python -m training.main --model adacl-tiny --logs .../logs`" in str(card)
     assert "demo/logs" not in str(card)

@@ -2,6 +2,7 @@
 (records held back and retried, the final checkpoint written), a full disk named as such when a checkpoint
 save fails, damaged checkpoints refused by their digest, a second launch of one run, a restart from
 scratch that keeps each step recorded once, and a `pipe:` shard whose command stalls."""
+
 import errno
 import io
 import json
@@ -22,17 +23,26 @@ import torch.distributed.run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 import training.torchrun
-
-from helpers.run_utils import (catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock,
-                               single_rank_argv, torchrun_command, wait_for_step)
-from training.trainer.run_folder import lock as lock_module, safe_write
-from training.trainer.run_folder.lock import RunInUse, RunLock
-from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
-from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
+from helpers.run_utils import (
+    catches,
+    children,
+    flip_bits,
+    kill_run,
+    processes_running,
+    race_for_a_stale_lock,
+    single_rank_argv,
+    torchrun_command,
+    wait_for_step,
+)
 from training.export import model_card
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.trainer.launch.params import ConfigError
+from training.trainer.run_folder import lock as lock_module
+from training.trainer.run_folder import safe_write
+from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
+from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
+from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.lock import RunInUse, RunLock
 
 STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
@@ -63,8 +73,9 @@ def result_epochs(run_dir):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_full_disk_and_a_revoked_permission_for_the_records_do_not_stop_training(demo_shards, tmp_path,
-                                                                                    monkeypatch, caplog):
+def test_a_full_disk_and_a_revoked_permission_for_the_records_do_not_stop_training(
+    demo_shards, tmp_path, monkeypatch, caplog
+):
     """metrics.jsonl meets a full disk for its writes 3..6, results.jsonl a permission error for good: training
     goes on, each failure is one line naming the file and the cause, the held-back steps reach metrics.jsonl
     once the disk has room, and the run ends with its final checkpoint, naming what was never written."""
@@ -134,16 +145,20 @@ def test_a_checkpoint_save_on_a_full_disk_is_reported_as_disk_full(tmp_path, mon
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_bit_flipped_checkpoint_is_refused_and_resume_latest_falls_back_past_it(demo_shards, base_run, tmp_path,
-                                                                                   caplog):
+def test_a_bit_flipped_checkpoint_is_refused_and_resume_latest_falls_back_past_it(
+    demo_shards, base_run, tmp_path, caplog
+):
     run_dir = tmp_path / "flipped"
     shutil.copytree(base_run, run_dir)
     newest = run_dir / "checkpoints" / "epoch_2.pt"
     flip_bits(newest)
     with pytest.raises(CheckpointDamaged, match="contents do not match the digest written with it"):
         load_checkpoint(newest)
-    with pytest.raises(ConfigError, match=rf"--resume {newest}: cannot read the checkpoint \(CheckpointDamaged: its "
-                                          "contents do not match the digest"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--resume {newest}: cannot read the checkpoint \(CheckpointDamaged: its "
+        "contents do not match the digest",
+    ):
         main(argv(demo_shards, tmp_path, "flipped", "--resume", str(newest)))
 
     summary = main(argv(demo_shards, tmp_path, "flipped", "--resume", "latest"))
@@ -160,8 +175,13 @@ def test_a_checkpoint_without_a_digest_loads_with_one_line(caplog):
     with caplog.at_level(logging.INFO):
         checkpoint = load_checkpoint(FIXTURE / "step_3.pt")
     assert checkpoint["step"] == 3
-    assert caplog.text.count("carries no content digest (written before checkpoints had one, or by OpenCLIP); "
-                             "loaded without verifying its contents") == 1
+    assert (
+        caplog.text.count(
+            "carries no content digest (written before checkpoints had one, or by OpenCLIP); "
+            "loaded without verifying its contents"
+        )
+        == 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,8 +189,10 @@ def test_a_checkpoint_without_a_digest_loads_with_one_line(caplog):
 # ---------------------------------------------------------------------------------------------
 
 
-HOLD_THE_RUN = ("import sys, time; from training.trainer.run_folder.lock import RunLock; "
-                "RunLock().acquire(sys.argv[1]); print(flush=True); time.sleep(600)")
+HOLD_THE_RUN = (
+    "import sys, time; from training.trainer.run_folder.lock import RunLock; "
+    "RunLock().acquire(sys.argv[1]); print(flush=True); time.sleep(600)"
+)
 
 
 def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, base_run, tmp_path):
@@ -181,9 +203,12 @@ def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, ba
     holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_RUN, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
         holder.stdout.readline()  # the lock is taken
-        with pytest.raises(ConfigError, match=rf"^{run_dir} is in use by PID {holder.pid} on .* \(since .*\): this run "
-                                              "is already training there; wait for that launch to end, or stop it, "
-                                              "before launching the run again$"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^{run_dir} is in use by PID {holder.pid} on .* \(since .*\): this run "
+            "is already training there; wait for that launch to end, or stop it, "
+            "before launching the run again$",
+        ):
             main(argv(demo_shards, tmp_path, "twice", "--resume", "latest"))
     finally:
         kill_run(holder)
@@ -204,8 +229,14 @@ def test_a_restart_from_scratch_records_each_step_once(demo_shards, base_run, tm
     assert train_steps(run_dir) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert result_epochs(run_dir) == [1, 2]
     [aside] = run_dir.glob("started_over_*")
-    assert sorted(p.name for p in aside.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "metrics.jsonl", "results.jsonl",
-                                                       "step_3.pt", "step_6.pt"]
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "metrics.jsonl",
+        "results.jsonl",
+        "step_3.pt",
+        "step_6.pt",
+    ]
     assert train_steps(aside) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
 
 
@@ -240,14 +271,32 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
     train = demo_shards / "train"
     shards = [f"pipe:cat {train}/shard-00000{k}.tar" for k in range(2)] + ["pipe:sleep 617"]
     start = time.time()
-    summary = main(argv(demo_shards, tmp_path, "stalled", "--train-data", "::".join(shards), "--dataset-type",
-                        "webdataset", "--train-num-samples", "256", "--epochs", "1", "--shard-timeout", "2",
-                        "--val-data", str(demo_shards / "val" / "shard-000000.tar")))
+    summary = main(
+        argv(
+            demo_shards,
+            tmp_path,
+            "stalled",
+            "--train-data",
+            "::".join(shards),
+            "--dataset-type",
+            "webdataset",
+            "--train-num-samples",
+            "256",
+            "--epochs",
+            "1",
+            "--shard-timeout",
+            "2",
+            "--val-data",
+            str(demo_shards / "val" / "shard-000000.tar"),
+        )
+    )
     seconds = time.time() - start
     assert summary.step == 2 * STEPS_PER_EPOCH
     log = (tmp_path / "stalled" / "out.log").read_text()
-    assert ("shard pipe:sleep 617 ended early (unreadable_shard): ShardStalled('`sleep 617` sent no data for 2 s "
-            "(--shard-timeout); it was ended and the shard skipped')") in log
+    assert (
+        "shard pipe:sleep 617 ended early (unreadable_shard): ShardStalled('`sleep 617` sent no data for 2 s "
+        "(--shard-timeout); it was ended and the shard skipped')"
+    ) in log
     [epoch] = RunDir(tmp_path / "stalled").metrics("epoch")
     assert epoch["skipped/unreadable_shard"] == 1
     assert processes_running(b"sleep 617") == []
@@ -260,25 +309,50 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
 
 
 def test_a_resume_that_changes_the_schedule_epochs_or_clipping_names_each_change(demo_shards, base_run, tmp_path):
-    summary = main(argv(demo_shards, tmp_path, "changed", "--lr", "1e-2", "--epochs", "3", "--grad-clip-norm", "1.0",
-                        "--resume", str(base_run / "checkpoints" / "step_3.pt")))
+    summary = main(
+        argv(
+            demo_shards,
+            tmp_path,
+            "changed",
+            "--lr",
+            "1e-2",
+            "--epochs",
+            "3",
+            "--grad-clip-norm",
+            "1.0",
+            "--resume",
+            str(base_run / "checkpoints" / "step_3.pt"),
+        )
+    )
     assert summary.step == 3 * STEPS_PER_EPOCH
-    warnings = [line.split(" | ")[-1] for line in (tmp_path / "changed" / "out.log").read_text().splitlines()
-                if "| WARNING | Resuming " in line]
+    warnings = [
+        line.split(" | ")[-1]
+        for line in (tmp_path / "changed" / "out.log").read_text().splitlines()
+        if "| WARNING | Resuming " in line
+    ]
     checkpoint = base_run / "checkpoints" / "step_3.pt"
-    changes = [("--lr 0.002 -> 0.01", "the learning-rate schedule"),
-               ("--epochs 2 -> 3", "the run's length and its learning-rate schedule"),
-               ("--grad-clip-norm None -> 1.0", "gradient clipping")]
-    assert warnings == [f"Resuming {checkpoint} with {change}: from step 3 on this changes {what} (the run no longer "
-                        "matches the one the checkpoint began)" for change, what in changes]
+    changes = [
+        ("--lr 0.002 -> 0.01", "the learning-rate schedule"),
+        ("--epochs 2 -> 3", "the run's length and its learning-rate schedule"),
+        ("--grad-clip-norm None -> 1.0", "gradient clipping"),
+    ]
+    assert warnings == [
+        f"Resuming {checkpoint} with {change}: from step 3 on this changes {what} (the run no longer "
+        "matches the one the checkpoint began)"
+        for change, what in changes
+    ]
 
 
 @pytest.mark.slow  # 12 s: the trainer's imports, in a process of its own
 def test_a_signal_during_startup_stops_the_run_after_its_first_step_with_status_75(demo_shards, tmp_path):
     """SIGTERM while `python -m training.main` still imports torch: remembered, not fatal."""
-    proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv(demo_shards, tmp_path, "early")],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.main", *argv(demo_shards, tmp_path, "early")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not catches(proc.pid, signal.SIGTERM):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.01)
@@ -291,8 +365,13 @@ def test_a_signal_during_startup_stops_the_run_after_its_first_step_with_status_
 
 def test_torchrun_ends_with_the_failed_workers_status_in_one_line(monkeypatch, capsys):
     def workers_fail(config):
-        raise ChildFailedError("training.main", {1: ProcessFailure(local_rank=1, pid=7, exitcode=2, error_file=""),
-                                                 0: ProcessFailure(local_rank=0, pid=8, exitcode=-15, error_file="")})
+        raise ChildFailedError(
+            "training.main",
+            {
+                1: ProcessFailure(local_rank=1, pid=7, exitcode=2, error_file=""),
+                0: ProcessFailure(local_rank=0, pid=8, exitcode=-15, error_file=""),
+            },
+        )
 
     monkeypatch.setattr(torch.distributed.run, "run", workers_fail)
     with pytest.raises(SystemExit) as stop:
@@ -300,7 +379,8 @@ def test_torchrun_ends_with_the_failed_workers_status_in_one_line(monkeypatch, c
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "torchrun: rank 1 exited with status 2 (a configuration error: its `error:` line above says what to change); "
-        "the other workers were stopped")
+        "the other workers were stopped"
+    )
 
 
 @pytest.mark.slow  # 17 s: two workers import torch
@@ -314,7 +394,8 @@ def test_torchrun_keeps_a_workers_configuration_error_status_in_one_line(demo_sh
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("torchrun: rank ") and last.endswith(
         "exited with status 2 (a configuration error: its `error:` line above says what to change); the other "
-        "workers were stopped")
+        "workers were stopped"
+    )
 
 
 @pytest.mark.slow  # 25 s: a 2-rank run under torchrun
@@ -345,12 +426,29 @@ def test_a_stalled_pipe_shard_listed_first_is_skipped_by_the_startup_check(demo_
     shards = f"pipe:sleep 619::{demo_shards / 'train' / 'shard-000000.tar'}"
     start = time.time()
     with caplog.at_level(logging.WARNING):  # the check runs before out.log exists
-        summary = main(argv(demo_shards, tmp_path, "first", "--train-data", shards, "--dataset-type", "webdataset",
-                            "--train-num-samples", "128", "--epochs", "1", "--shard-timeout", "3"))
+        summary = main(
+            argv(
+                demo_shards,
+                tmp_path,
+                "first",
+                "--train-data",
+                shards,
+                "--dataset-type",
+                "webdataset",
+                "--train-num-samples",
+                "128",
+                "--epochs",
+                "1",
+                "--shard-timeout",
+                "3",
+            )
+        )
     assert summary.step == STEPS_PER_EPOCH
     assert time.time() - start < 120  # the stall cost the timeout, not the command's 619 s
-    assert ("shard pipe:sleep 619 ended early (unreadable_shard): ShardStalled('`sleep 619` sent no data for 3 s "
-            "(--shard-timeout); it was ended and the shard skipped')") in caplog.text
+    assert (
+        "shard pipe:sleep 619 ended early (unreadable_shard): ShardStalled('`sleep 619` sent no data for 3 s "
+        "(--shard-timeout); it was ended and the shard skipped')"
+    ) in caplog.text
     assert processes_running(b"sleep 619") == []
 
 
@@ -359,11 +457,30 @@ def test_sigterm_during_a_stalled_startup_read_stops_the_run_with_status_75(demo
     """SIGTERM while the start-up check waits on a stalled `pipe:` shard (default --shard-timeout, 300 s): the
     read is ended within seconds, the run takes its first step, saves it and exits with 75."""
     shards = f"pipe:sleep 623::{demo_shards / 'train' / 'shard-000000.tar'}"
-    proc = subprocess.Popen([sys.executable, "-m", "training.main",
-                             *argv(demo_shards, tmp_path, "term", "--train-data", shards, "--dataset-type",
-                                   "webdataset", "--train-num-samples", "128", "--epochs", "1")],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "training.main",
+            *argv(
+                demo_shards,
+                tmp_path,
+                "term",
+                "--train-data",
+                shards,
+                "--dataset-type",
+                "webdataset",
+                "--train-num-samples",
+                "128",
+                "--epochs",
+                "1",
+            ),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not processes_running(b"sleep 623"):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.05)
@@ -373,15 +490,17 @@ def test_sigterm_during_a_stalled_startup_read_stops_the_run_with_status_75(demo
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stderr[-3000:]
     assert time.time() - signalled < 60
-    assert ("ShardInterrupted('`sleep 623` was ended while the run waited for its data, for a preemption signal"
-            in stderr)  # the check runs before out.log exists
+    assert (
+        "ShardInterrupted('`sleep 623` was ended while the run waited for its data, for a preemption signal" in stderr
+    )  # the check runs before out.log exists
     assert "Preempted by SIGTERM at step 1 " in (tmp_path / "term" / "out.log").read_text()
     assert "Traceback" not in stderr
     assert processes_running(b"sleep 623") == []
 
 
-def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(demo_shards, tmp_path, monkeypatch, caplog,
-                                                                     capsys):
+def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(
+    demo_shards, tmp_path, monkeypatch, caplog, capsys
+):
     """TensorBoard's writer thread meets a full disk at its 20th record and out.log is /dev/full (every write:
     ENOSPC): one line each naming the file and the cause, training goes on to its final checkpoint, and the
     run's last lines list what was not written."""
@@ -403,8 +522,13 @@ def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(demo_shards
         summary = main(argv(demo_shards, tmp_path, "full", "--report-to", "tensorboard"))
     assert summary.step == 2 * STEPS_PER_EPOCH and (run_dir / "checkpoints" / "epoch_2.pt").exists()
     tensorboard = run_dir / "tensorboard"
-    assert caplog.text.count(f"Could not write {tensorboard} (disk full ([Errno 28] No space left on device)); "
-                             "training goes on without it, the TensorBoard events from step ") == 1
+    assert (
+        caplog.text.count(
+            f"Could not write {tensorboard} (disk full ([Errno 28] No space left on device)); "
+            "training goes on without it, the TensorBoard events from step "
+        )
+        == 1
+    )
     assert caplog.text.count(f"Could not write {run_dir / 'out.log'} (disk full") == 1
     assert "--- Logging error ---" not in caplog.text
     [tensorboard_line, log_line] = summary.unwritten
@@ -426,17 +550,22 @@ def test_a_run_folder_that_takes_no_lock_file_is_one_error_line(demo_shards, bas
     run_dir = tmp_path / "locked"
     shutil.copytree(base_run, run_dir)
     (run_dir / "run.lock").mkdir()
-    with pytest.raises(ConfigError, match=rf"^cannot write the run's lock {run_dir / 'run.lock'} \(IsADirectoryError: "
-                                          r".*\): a run writes into its folder; make it writable, or choose another "
-                                          r"--logs or --name$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^cannot write the run's lock {run_dir / 'run.lock'} \(IsADirectoryError: "
+        r".*\): a run writes into its folder; make it writable, or choose another "
+        r"--logs or --name$",
+    ):
         main(argv(demo_shards, tmp_path, "locked", "--resume", "latest"))
 
 
 def test_a_name_outside_logs_is_warned_about_and_an_empty_name_refused(demo_shards, tmp_path, capsys):
     logs = tmp_path / "logs"
     assert main(argv(demo_shards, logs, "../outside", "--dry-run")) is None
-    assert (f"warning: --name ../outside puts the run outside --logs {logs}: it writes to {tmp_path / 'outside'}; "
-            "pass a name inside --logs") in capsys.readouterr().err
+    assert (
+        f"warning: --name ../outside puts the run outside --logs {logs}: it writes to {tmp_path / 'outside'}; "
+        "pass a name inside --logs"
+    ) in capsys.readouterr().err
     for name in ("", " ", "."):
         with pytest.raises(ConfigError, match=rf"^--name '{name}' names the --logs folder itself"):
             main(argv(demo_shards, logs, name, "--dry-run"))
@@ -446,13 +575,18 @@ def test_an_empty_checkpoint_is_named_in_plain_words(demo_shards, base_run, tmp_
     run_dir = tmp_path / "empty"
     shutil.copytree(base_run, run_dir)
     (run_dir / "checkpoints" / "epoch_2.pt").write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"cannot read the checkpoint \(CheckpointEmpty: it is empty \(0 bytes\): a "
-                                          r"save or a copy that stopped before writing anything\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot read the checkpoint \(CheckpointEmpty: it is empty \(0 bytes\): a "
+        r"save or a copy that stopped before writing anything\)",
+    ):
         main(argv(demo_shards, tmp_path, "empty", "--resume", str(run_dir / "checkpoints" / "epoch_2.pt")))
     with caplog.at_level(logging.WARNING):
         assert main(argv(demo_shards, tmp_path, "empty", "--resume", "latest")).step == 2 * STEPS_PER_EPOCH
-    assert (f"Ignoring unreadable checkpoint {run_dir / 'checkpoints' / 'epoch_2.pt'}: CheckpointEmpty: it is empty (0 "
-            "bytes)") in caplog.text
+    assert (
+        f"Ignoring unreadable checkpoint {run_dir / 'checkpoints' / 'epoch_2.pt'}: CheckpointEmpty: it is empty (0 "
+        "bytes)"
+    ) in caplog.text
 
 
 _HOST_A = """
@@ -467,15 +601,20 @@ time.sleep(600)
 """
 
 
-def test_a_lock_of_another_host_is_taken_over_only_once_its_heartbeat_is_older_than_the_bound(tmp_path, monkeypatch,
-                                                                                             caplog):
+def test_a_lock_of_another_host_is_taken_over_only_once_its_heartbeat_is_older_than_the_bound(
+    tmp_path, monkeypatch, caplog
+):
     """Two fake hosts: node-a holds the run (its heartbeat every 0.2 s) on a file system without shared OS locks;
     node-b is refused while the heartbeat is fresh, and takes the run over, in one line, once node-a's process is
     killed (its node dies) and the heartbeat is older than STALE_AFTER_S (here 1 s)."""
     monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
     monkeypatch.setattr(lock_module, "STALE_AFTER_S", 1.0)
-    host_a = subprocess.Popen([sys.executable, "-c", _HOST_A, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    host_a = subprocess.Popen(
+        [sys.executable, "-c", _HOST_A, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         assert host_a.stdout.readline() == "held\n"
         time.sleep(1.5)  # longer than the bound: only the heartbeat keeps the lock young
@@ -489,8 +628,11 @@ def test_a_lock_of_another_host_is_taken_over_only_once_its_heartbeat_is_older_t
         held.acquire(tmp_path)
         owner = json.loads((tmp_path / "run.lock").read_text())
     assert owner["host"] == "node-b" and owner["pid"] == os.getpid()
-    assert re.search(r"Taking over .*run.lock: its owner, PID \d+ on node-a .*, another host, has not refreshed its "
-                     r"heartbeat for \d+ s \(more than 1.0 s\): that run is over", caplog.text)
+    assert re.search(
+        r"Taking over .*run.lock: its owner, PID \d+ on node-a .*, another host, has not refreshed its "
+        r"heartbeat for \d+ s \(more than 1.0 s\): that run is over",
+        caplog.text,
+    )
 
 
 class _CallsPrint:
@@ -508,15 +650,22 @@ def test_bad_input_is_one_line_in_plain_words(demo_shards, base_run, tmp_path, c
         "lr": (["--lr", "-1"], r"^--lr must be >= 0 \(AdamW's rule\), got -1.0$"),
         "beta2": (["--beta2", "1"], r"^--beta2 must be in \[0, 1\) \(AdamW's rule\), got 1.0$"),
         "dev_zero": (["--resume", "/dev/zero"], r"^--resume /dev/zero: not a regular file \(a device or a pipe\)"),
-        "fifo": (["--resume", str(tmp_path / "fifo")], r": not a regular file \(a device or a pipe\), not a checkpoint"),
+        "fifo": (
+            ["--resume", str(tmp_path / "fifo")],
+            r": not a regular file \(a device or a pipe\), not a checkpoint",
+        ),
         "folder": (["--resume", str(tmp_path)], r": a folder, not a checkpoint file; pass an existing checkpoint"),
-        "architecture": (["--model", "ViT-B-32", "--pretrained", str(base_run / "checkpoints" / "epoch_2.pt")],
-                         r"was trained as --model adacl-tiny, and --model is ViT-B-32: its weights do not fit that "
-                         r"architecture; pass --model adacl-tiny, or weights of ViT-B-32$"),
-        "pickle": (["--pretrained", str(tmp_path / "code.pt")],
-                   r"\(UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as \(a "
-                   r"pickle's code never runs here\): Unsupported global: GLOBAL print was not an allowed "
-                   r"global by default\); pass an epoch_N.pt"),
+        "architecture": (
+            ["--model", "ViT-B-32", "--pretrained", str(base_run / "checkpoints" / "epoch_2.pt")],
+            r"was trained as --model adacl-tiny, and --model is ViT-B-32: its weights do not fit that "
+            r"architecture; pass --model adacl-tiny, or weights of ViT-B-32$",
+        ),
+        "pickle": (
+            ["--pretrained", str(tmp_path / "code.pt")],
+            r"\(UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as \(a "
+            r"pickle's code never runs here\): Unsupported global: GLOBAL print was not an allowed "
+            r"global by default\); pass an epoch_N.pt",
+        ),
     }[case]
     with pytest.raises(ConfigError, match=expected) as refusal:
         main(argv(demo_shards, tmp_path, "bad", *extra))

@@ -1,13 +1,14 @@
 """Trainer flags are declared once, on the config dataclasses: a second declaration of a flag, or a
 reference to a flag no config declares, fails when the configs are collected."""
+
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import pytest
 
-from training.trainer.launch.config import CONFIGS, component_options, run_flags
 from training.trainer.data import DataConfig
 from training.trainer.flags import HelpGroup, declared_flags, flag, from_flag
+from training.trainer.launch.config import CONFIGS, component_options, run_flags
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,11 @@ def test_a_flag_declared_by_two_configs_is_refused():
         FLAG_GROUP: ClassVar[str] = HelpGroup.OPTIMISATION
         total: int = flag(1, "epochs again", name="--epochs")
 
-    with pytest.raises(TypeError, match=r"--epochs is declared by both _Epochs.epochs and AlsoEpochs.total; declare "
-                                        r"it once and give the other field from_flag\('epochs'\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"--epochs is declared by both _Epochs.epochs and AlsoEpochs.total; declare "
+        r"it once and give the other field from_flag\('epochs'\)",
+    ):
         declared_flags([_Epochs, AlsoEpochs])
 
 
@@ -32,8 +36,11 @@ def test_a_reference_to_no_flag_is_refused():
     class Schedule:
         steps: int = from_flag("num_steps", default=1)
 
-    with pytest.raises(TypeError, match=r"Schedule.steps takes from_flag\('num_steps'\), but no config declares "
-                                        r"--num-steps"):
+    with pytest.raises(
+        TypeError,
+        match=r"Schedule.steps takes from_flag\('num_steps'\), but no config declares "
+        r"--num-steps",
+    ):
         declared_flags([_Epochs, Schedule])
 
 

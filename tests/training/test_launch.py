@@ -1,5 +1,6 @@
 """Launch recipes (scripts/launch/*) and SLURM launches: dry runs on img2dataset-named shards, clear
 failures on bad input, the srun line, and ranks started with srun's variables training together."""
+
 import json
 import os
 import random
@@ -14,15 +15,31 @@ import pytest
 from open_clip_train.data import expand_urls
 from torch.distributed.run import parse_args as torchrun_parse_args
 
-from helpers.run_utils import digest
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.launch.params import parse_args, validate_args
 from helpers import REPO, TESTS
+from helpers.run_utils import digest
+from training.trainer.launch.params import parse_args, validate_args
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
 LAUNCH = REPO / "scripts" / "launch"
 NUM_SHARDS = 4
-LAUNCHER_VARIABLES = ("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "GPUS", "NNODES", "DATA_DIR",
-                      "GLOBAL_BATCH", "RECIPE", "WORKERS", "NUM_SAMPLES", "VAL_", "IMAGENET_VAL", "LOGS", "NAME")
+LAUNCHER_VARIABLES = (
+    "SLURM_",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_",
+    "GPUS",
+    "NNODES",
+    "DATA_DIR",
+    "GLOBAL_BATCH",
+    "RECIPE",
+    "WORKERS",
+    "NUM_SAMPLES",
+    "VAL_",
+    "IMAGENET_VAL",
+    "LOGS",
+    "NAME",
+)
 
 
 def clean_env(**variables):
@@ -33,8 +50,9 @@ def clean_env(**variables):
 
 
 def run_recipe(script, env, *args):
-    return subprocess.run(["bash", str(LAUNCH / script), *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["bash", str(LAUNCH / script), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -51,7 +69,7 @@ def img2dataset_dir(demo_shards, tmp_path):
 def launch_command(stdout):
     """The command a dry run prints after "launch command: ", split as the shell would."""
     [line] = [line for line in stdout.splitlines() if line.startswith("launch command: ")]
-    return shlex.split(line[len("launch command: "):])
+    return shlex.split(line[len("launch command: ") :])
 
 
 def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, world_size, logs):
@@ -66,15 +84,24 @@ def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, worl
     assert urls == [str(shards_dir / f"{index:05d}.tar") for index in range(NUM_SHARDS)]
 
 
-@pytest.mark.parametrize("script, variables, model, batch_size, rendezvous", [
-    ("cc3m_rn50_torchrun.sh", {"GPUS": "2"}, "RN50", 512, {"standalone": True}),
-    # The two-node rendezvous (about 20 s on 2 cores, as the first): in the slow tests.
-    pytest.param("cc12m_vitb32_torchrun.sh", {"GPUS": "1", "NNODES": "2", "MASTER_ADDR": "node0"}, "ViT-B-32", 1024,
-                 {"rdzv_backend": "c10d", "rdzv_endpoint": "node0:29500", "rdzv_id": "cc12m-vitb32"},
-                 marks=pytest.mark.slow),
-])
-def test_torchrun_recipe_dry_run_checks_arguments_and_shards(img2dataset_dir, tmp_path, script, variables, model,
-                                                             batch_size, rendezvous):
+@pytest.mark.parametrize(
+    "script, variables, model, batch_size, rendezvous",
+    [
+        ("cc3m_rn50_torchrun.sh", {"GPUS": "2"}, "RN50", 512, {"standalone": True}),
+        # The two-node rendezvous (about 20 s on 2 cores, as the first): in the slow tests.
+        pytest.param(
+            "cc12m_vitb32_torchrun.sh",
+            {"GPUS": "1", "NNODES": "2", "MASTER_ADDR": "node0"},
+            "ViT-B-32",
+            1024,
+            {"rdzv_backend": "c10d", "rdzv_endpoint": "node0:29500", "rdzv_id": "cc12m-vitb32"},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_torchrun_recipe_dry_run_checks_arguments_and_shards(
+    img2dataset_dir, tmp_path, script, variables, model, batch_size, rendezvous
+):
     env = clean_env(DATA_DIR=str(img2dataset_dir), WORKERS="1", LOGS=str(tmp_path / "logs"), **variables)
     result = run_recipe(script, env, "--device", "cpu", "--dry-run")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -91,13 +118,20 @@ def test_torchrun_recipe_dry_run_checks_arguments_and_shards(img2dataset_dir, tm
     for name, value in rendezvous.items():
         assert getattr(launch, name) == value, name
     # Every trainer flag reached the trainer (torchrun claims none of them, e.g. --logs).
-    assert_recipe_arguments(launch.training_script_args, shards_dir=img2dataset_dir, model=model,
-                            batch_size=batch_size, world_size=2, logs=tmp_path / "logs")
+    assert_recipe_arguments(
+        launch.training_script_args,
+        shards_dir=img2dataset_dir,
+        model=model,
+        batch_size=batch_size,
+        world_size=2,
+        logs=tmp_path / "logs",
+    )
 
 
 def test_slurm_recipe_dry_run_plans_for_slurm_ntasks(img2dataset_dir, tmp_path):
-    env = clean_env(DATA_DIR=str(img2dataset_dir), RECIPE="cc3m", SLURM_NTASKS="2", WORKERS="1",
-                    LOGS=str(tmp_path / "logs"))
+    env = clean_env(
+        DATA_DIR=str(img2dataset_dir), RECIPE="cc3m", SLURM_NTASKS="2", WORKERS="1", LOGS=str(tmp_path / "logs")
+    )
     result = run_recipe("slurm.sbatch", env, "--dry-run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "dry run OK: --model RN50 --loss adacl" in result.stdout and "2 rank(s) x batch 512" in result.stdout
@@ -122,32 +156,54 @@ def test_slurm_recipe_runs_srun_with_the_first_host_as_master(img2dataset_dir, t
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     record = tmp_path / "srun.txt"
-    env = clean_env(DATA_DIR=str(img2dataset_dir), RECIPE="cc12m", SLURM_NTASKS="16", SLURM_JOB_ID="4242",
-                    SLURM_JOB_NODELIST="gpu[003-004]", SLURM_SUBMIT_DIR=str(REPO), SRUN_RECORD=str(record),
-                    LOGS=str(tmp_path / "logs"))
+    env = clean_env(
+        DATA_DIR=str(img2dataset_dir),
+        RECIPE="cc12m",
+        SLURM_NTASKS="16",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="gpu[003-004]",
+        SLURM_SUBMIT_DIR=str(REPO),
+        SRUN_RECORD=str(record),
+        LOGS=str(tmp_path / "logs"),
+    )
     env["PATH"] = os.pathsep.join([str(stubs), env["PATH"]])
-    result = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch"), "--epochs", "1"], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "slurm.sbatch"), "--epochs", "1"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     master_addr, master_port, *srun_argv = record.read_text().splitlines()
     # MASTER_PORT is left to training.trainer.distributed, which derives it from SLURM_JOB_ID.
     assert (master_addr, master_port) == ("MASTER_ADDR=gpu003", "MASTER_PORT=")
     assert srun_argv[:5] == ["--cpu-bind=none", "--kill-on-bad-exit=1", sys.executable, "-u", "-m"]
     trainer_argv = srun_argv[6:]
-    assert_recipe_arguments(trainer_argv, shards_dir=img2dataset_dir, model="ViT-B-32", batch_size=128,
-                            world_size=16, logs=tmp_path / "logs")
+    assert_recipe_arguments(
+        trainer_argv,
+        shards_dir=img2dataset_dir,
+        model="ViT-B-32",
+        batch_size=128,
+        world_size=16,
+        logs=tmp_path / "logs",
+    )
     assert parse_args(trainer_argv).epochs == 1  # extra flags come last, so they override
 
 
-@pytest.mark.parametrize("script, variables, message", [
-    ("cc3m_rn50_torchrun.sh", {"DATA_DIR": None}, "set DATA_DIR to the img2dataset output folder"),
-    ("cc3m_rn50_torchrun.sh", {"DATA_DIR": "/no/such/dir"}, "DATA_DIR=/no/such/dir is not a directory"),
-    ("cc12m_vitb32_torchrun.sh", {"DATA_DIR": "{empty}"}, "no NNNNN.tar shards in"),
-    ("cc3m_rn50_torchrun.sh", {"GPUS": "3"}, "the global batch 1024 does not split evenly over 3 ranks"),
-    ("cc12m_vitb32_torchrun.sh", {"GPUS": "2", "NNODES": "2"}, "NNODES=2: set MASTER_ADDR"),
-    ("slurm.sbatch", {}, "SLURM_NTASKS is not set"),
-    ("slurm.sbatch", {"SLURM_NTASKS": "2", "RECIPE": "cc15m"}, "RECIPE must be cc3m or cc12m"),
-])
+@pytest.mark.parametrize(
+    "script, variables, message",
+    [
+        ("cc3m_rn50_torchrun.sh", {"DATA_DIR": None}, "set DATA_DIR to the img2dataset output folder"),
+        ("cc3m_rn50_torchrun.sh", {"DATA_DIR": "/no/such/dir"}, "DATA_DIR=/no/such/dir is not a directory"),
+        ("cc12m_vitb32_torchrun.sh", {"DATA_DIR": "{empty}"}, "no NNNNN.tar shards in"),
+        ("cc3m_rn50_torchrun.sh", {"GPUS": "3"}, "the global batch 1024 does not split evenly over 3 ranks"),
+        ("cc12m_vitb32_torchrun.sh", {"GPUS": "2", "NNODES": "2"}, "NNODES=2: set MASTER_ADDR"),
+        ("slurm.sbatch", {}, "SLURM_NTASKS is not set"),
+        ("slurm.sbatch", {"SLURM_NTASKS": "2", "RECIPE": "cc15m"}, "RECIPE must be cc3m or cc12m"),
+    ],
+)
 def test_recipes_refuse_bad_settings_before_launching(img2dataset_dir, tmp_path, script, variables, message):
     variables = {"DATA_DIR": str(img2dataset_dir), **variables}  # None: unset; {empty}: a folder without shards
     env = clean_env(**{name: value.format(empty=tmp_path) for name, value in variables.items() if value is not None})
@@ -158,8 +214,13 @@ def test_recipes_refuse_bad_settings_before_launching(img2dataset_dir, tmp_path,
 
 def test_recipe_dry_run_names_a_missing_shard(img2dataset_dir):
     (img2dataset_dir / "00002.tar").unlink()  # a shard img2dataset failed to write
-    result = run_recipe("cc3m_rn50_torchrun.sh", clean_env(DATA_DIR=str(img2dataset_dir), GPUS="1", WORKERS="1"),
-                        "--device", "cpu", "--dry-run")
+    result = run_recipe(
+        "cc3m_rn50_torchrun.sh",
+        clean_env(DATA_DIR=str(img2dataset_dir), GPUS="1", WORKERS="1"),
+        "--device",
+        "cpu",
+        "--dry-run",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: training data: 1 of the 4 shards")
     assert "00002.tar" in result.stderr and "Traceback" not in result.stderr
@@ -210,21 +271,59 @@ def test_ranks_started_by_srun_train_together(demo_shards, tmp_path):
     """Two processes with only srun's variables (SLURM_JOB_NODELIST, no MASTER_ADDR/PORT) run
     `training.main` with --loss adacl as ranks 0 and 1 of one DDP job."""
     job_id = _slurm_job_id_with_free_port()
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "128",
-            "--model", "adacl-tiny", "--loss", "adacl", "--local-loss", "--gather-with-grad", "--batch-size", "16",
-            "--lr", "1e-3", "--warmup", "1", "--workers", "1", "--device", "cpu", "--logs", str(tmp_path),
-            "--name", "srun", "--log-every-n-steps", "1", "--epochs", "1"]
+    argv = [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "128",
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--local-loss",
+        "--gather-with-grad",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path),
+        "--name",
+        "srun",
+        "--log-every-n-steps",
+        "1",
+        "--epochs",
+        "1",
+    ]
     base = clean_env()
     procs = []
     for rank in range(2):
-        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
-               "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": str(job_id)}
-        procs.append(subprocess.Popen([sys.executable, "-c", SLURM_TASK, str(TESTS), *argv], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_JOB_ID": str(job_id),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", SLURM_TASK, str(TESTS), *argv],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-               for out in outputs]
+    results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]) for out in outputs]
     # 128 samples / (2 ranks x 16) = 4 steps: the world has 2 ranks (alone, each would take 8).
     assert results[0]["step"] == results[1]["step"] == 4
     # DDP kept the replicas identical, and AdaCL's state (from global statistics) is the same on both.

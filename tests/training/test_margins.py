@@ -1,5 +1,6 @@
 """margins.png: an AdaCL run draws it at each epoch end, fallback steps are gaps in the margin traces (as many as
 the loss counted), and the fallback share per window adds up to the loss's counters."""
+
 import logging
 import math
 import sys
@@ -8,25 +9,61 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.main import main
-from training.trainer.run_folder.margins import (DIRECTIONS, MARGIN_PANELS, fallback_windows, margin_traces,
-                                                 window_size, write_margins_plot)
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
 from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.margins import (
+    DIRECTIONS,
+    MARGIN_PANELS,
+    fallback_windows,
+    margin_traces,
+    window_size,
+    write_margins_plot,
+)
 
 
 def adacl_run(demo_shards, logs, name, *extra):
     """The demo's recipe (families of 8 kept whole in a batch, AdaCL) on the test shards, 2 epochs of 16 steps."""
-    return main(["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--model", "adacl-tiny",
-                 "--loss", "adacl", "--batch-size", "32", "--epochs", "2", "--lr", "2e-3", "--warmup", "4",
-                 "--workers", "0", "--device", "cpu", "--precision", "fp32", "--seed", "0", "--train-group-size", "8",
-                 "--logs", str(logs), "--name", name, *extra])
+    return main(
+        [
+            "--train-data",
+            str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+            "--model",
+            "adacl-tiny",
+            "--loss",
+            "adacl",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "2",
+            "--lr",
+            "2e-3",
+            "--warmup",
+            "4",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--seed",
+            "0",
+            "--train-group-size",
+            "8",
+            "--logs",
+            str(logs),
+            "--name",
+            name,
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
 def every_step_logged(demo_shards, module_tmp):
-    return adacl_run(demo_shards, module_tmp("margins"), "every-step", "--log-every-n-steps", "1",
-                     "--report-to", "tensorboard")
+    return adacl_run(
+        demo_shards, module_tmp("margins"), "every-step", "--log-every-n-steps", "1", "--report-to", "tensorboard"
+    )
 
 
 def counted_fallbacks(summary):
@@ -92,12 +129,16 @@ def test_the_fallback_share_is_drawn_over_windows_of_the_usual_logging_gap():
     assert edges == [0, 5, 10, 15, 20, 25, 32]
     assert shares == [1.0, 0.0, 0.0, pytest.approx(0.2), 0.0, pytest.approx(1 / 7)]
     assert sum(share * (end - start) for share, start, end in zip(shares, edges, edges[1:])) == counts[-1]
-    assert fallback_windows(list(range(1, 5)), [1, 1, 2, 2], window_size(list(range(1, 5)))) == \
-        ([0, 1, 2, 3, 4], [1.0, 0.0, 1.0, 0.0])  # every step logged: windows of one step, as logged
+    assert fallback_windows(list(range(1, 5)), [1, 1, 2, 2], window_size(list(range(1, 5)))) == (
+        [0, 1, 2, 3, 4],
+        [1.0, 0.0, 1.0, 0.0],
+    )  # every step logged: windows of one step, as logged
 
 
 def test_the_console_line_keeps_adacls_stats_short(every_step_logged):
-    lines = [line for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines() if "Train Epoch" in line]
+    lines = [
+        line for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines() if "Train Epoch" in line
+    ]
     stats = [line.rsplit(" | ", 1)[-1] for line in lines]  # after OpenCLIP's line and the progress
     assert all(text.startswith("i2t/t2i m2: ") and " fallbacks: " in text and len(text) < 120 for text in stats)
     assert any("m2: -/" in line or "/-" in line for line in lines)  # a fallback step's margin: no value
@@ -109,5 +150,6 @@ def test_without_matplotlib_the_plot_is_one_log_line(every_step_logged, tmp_path
     with caplog.at_level(logging.INFO):
         assert write_margins_plot(tmp_path) is None
     assert [record.getMessage() for record in caplog.records] == [
-        "margins.png not drawn: matplotlib is missing (pip install 'open_clip_adacl[eval]')"]
+        "margins.png not drawn: matplotlib is missing (pip install 'open_clip_adacl[eval]')"
+    ]
     assert not (tmp_path / "margins.png").exists()

@@ -1,5 +1,6 @@
 """The command line: OpenCLIP's flags and defaults, generated loss flags, clear errors before any work,
 the run's typed config."""
+
 import dataclasses
 
 import pytest
@@ -30,19 +31,95 @@ def test_defaults_match_openclip():
 
 
 def test_every_issue_flag_is_accepted():
-    args = parse_args(_valid(
-        "--train-data-upsampling-factors", "1", "--train-num-samples", "100", "--dataset-type", "webdataset",
-        "--dataset-resampled", "--val-data", "v.tar", "--val-num-samples", "10", "--batch-size", "8",
-        "--epochs", "2", "--lr", "1e-3", "--wd", "0.1", "--beta1", "0.8", "--beta2", "0.9", "--eps", "1e-7",
-        "--warmup", "5", "--lr-scheduler", "const", "--precision", "fp32", "--workers", "0", "--pretrained", "",
-        "--seed", "3", "--logs", "L", "--name", "N", "--save-frequency", "2", "--save-most-recent",
-        "--report-to", "tensorboard", "--local-loss", "--gather-with-grad", "--grad-checkpointing",
-        "--accum-freq", "2", "--grad-clip-norm", "1.0", "--log-every-n-steps", "5", "--device", "cpu",
-        "--force-image-size", "48", "--lock-image", "--lock-text", "--val-frequency", "1", "--zeroshot-frequency", "1",
-        "--imagenet-val", "iv", "--epochs-cooldown", "1", "--lr-cooldown-end", "0.0", "--lr-cooldown-power", "2",
-        "--dist-url", "env://", "--dist-backend", "gloo", "--delete-previous-checkpoint", "--log-local",
-        "--caption-key", "txt,alt", "--save-every-n-steps", "10", "--max-nonfinite-steps", "3",
-    ))
+    args = parse_args(
+        _valid(
+            "--train-data-upsampling-factors",
+            "1",
+            "--train-num-samples",
+            "100",
+            "--dataset-type",
+            "webdataset",
+            "--dataset-resampled",
+            "--val-data",
+            "v.tar",
+            "--val-num-samples",
+            "10",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--wd",
+            "0.1",
+            "--beta1",
+            "0.8",
+            "--beta2",
+            "0.9",
+            "--eps",
+            "1e-7",
+            "--warmup",
+            "5",
+            "--lr-scheduler",
+            "const",
+            "--precision",
+            "fp32",
+            "--workers",
+            "0",
+            "--pretrained",
+            "",
+            "--seed",
+            "3",
+            "--logs",
+            "L",
+            "--name",
+            "N",
+            "--save-frequency",
+            "2",
+            "--save-most-recent",
+            "--report-to",
+            "tensorboard",
+            "--local-loss",
+            "--gather-with-grad",
+            "--grad-checkpointing",
+            "--accum-freq",
+            "2",
+            "--grad-clip-norm",
+            "1.0",
+            "--log-every-n-steps",
+            "5",
+            "--device",
+            "cpu",
+            "--force-image-size",
+            "48",
+            "--lock-image",
+            "--lock-text",
+            "--val-frequency",
+            "1",
+            "--zeroshot-frequency",
+            "1",
+            "--imagenet-val",
+            "iv",
+            "--epochs-cooldown",
+            "1",
+            "--lr-cooldown-end",
+            "0.0",
+            "--lr-cooldown-power",
+            "2",
+            "--dist-url",
+            "env://",
+            "--dist-backend",
+            "gloo",
+            "--delete-previous-checkpoint",
+            "--log-local",
+            "--caption-key",
+            "txt,alt",
+            "--save-every-n-steps",
+            "10",
+            "--max-nonfinite-steps",
+            "3",
+        )
+    )
     validate_args(args, world_size=2)
     assert (args.lr, args.beta1, args.beta2, args.eps) == (1e-3, 0.8, 0.9, 1e-7)
     assert args.force_image_size == 48 and args.accum_freq == 2 and args.caption_key == "txt,alt"
@@ -61,17 +138,27 @@ def test_unsupported_openclip_flag_is_named(flag):
         parse_args(_valid(flag, "x"))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--report-to", "mlflow"], "--report-to 'mlflow': choose tensorboard, wandb"),
-    (["--opt", "timm/lamb"], "--opt timm/lamb is not supported by open_clip_adacl"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--report-to", "mlflow"], "--report-to 'mlflow': choose tensorboard, wandb"),
+        (["--opt", "timm/lamb"], "--opt timm/lamb is not supported by open_clip_adacl"),
+    ],
+)
 def test_unsupported_openclip_values_are_named(argv, message):
     with pytest.raises(ConfigError, match=message):
         validate_args(parse_args(_valid(*argv)), world_size=1)
 
 
-@pytest.mark.parametrize("flag, closest", [("--no-such-flag", None), ("--batchsize", "--batch-size"),
-                                           ("--lr-shceduler=cosine", "--lr-scheduler"), ("--wandb-projct-name", "--wandb-project-name")])
+@pytest.mark.parametrize(
+    "flag, closest",
+    [
+        ("--no-such-flag", None),
+        ("--batchsize", "--batch-size"),
+        ("--lr-shceduler=cosine", "--lr-scheduler"),
+        ("--wandb-projct-name", "--wandb-project-name"),
+    ],
+)
 def test_an_unknown_flag_is_one_line_naming_the_closest_flag(flag, closest):
     with pytest.raises(ConfigError) as error:
         parse_args(_valid(flag))
@@ -79,15 +166,25 @@ def test_an_unknown_flag_is_one_line_naming_the_closest_flag(flag, closest):
     assert str(error.value) == expected + " (python -m training.main --help lists them all)"
 
 
-@pytest.mark.parametrize("argv", [["--train-data", "/data/a/0.tar", "/data/a/1.tar"],  # a glob the shell expanded
-                                  ["--train-data", "a.tar", "b.tar", "--batch-size", "8"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--train-data", "/data/a/0.tar", "/data/a/1.tar"],  # a glob the shell expanded
+        ["--train-data", "a.tar", "b.tar", "--batch-size", "8"],
+    ],
+)
 def test_an_unquoted_second_path_gets_a_hint_to_quote_the_list(argv):
     with pytest.raises(ConfigError) as error:
         parse_args(argv)
     message = str(error.value)
-    assert message.startswith(f"unrecognized arguments: {argv[2]}; a second path after a flag that takes one? "
-                              "Quote the list, with braces for a range ('dir/{00000..00099}.tar') or '::' between "
-                              "sources") and "\n" not in message
+    assert (
+        message.startswith(
+            f"unrecognized arguments: {argv[2]}; a second path after a flag that takes one? "
+            "Quote the list, with braces for a range ('dir/{00000..00099}.tar') or '::' between "
+            "sources"
+        )
+        and "\n" not in message
+    )
     with pytest.raises(ConfigError) as error:  # a stray word that is no path gets no such hint
         parse_args(["--train-data", "a.tar", "oops"])
     assert str(error.value) == "unrecognized arguments: oops (python -m training.main --help lists the flags)"
@@ -97,18 +194,21 @@ def test_a_leading_double_dash_is_ignored():
     assert parse_args(["--", *_valid("--batch-size", "8")]).batch_size == 8
 
 
-@pytest.mark.parametrize("argv, world_size, message", [
-    (["--local-loss"], 2, "--local-loss without --gather-with-grad gives wrong gradients.*add --gather-with-grad"),
-    (["--accum-freq", "0"], 1, "--accum-freq must be >= 1"),
-    (["--batch-size", "0"], 1, "--batch-size must be >= 1"),
-    (["--save-every-n-steps", "-1"], 1, "--save-every-n-steps must be >= 0"),
-    (["--max-nonfinite-steps", "0"], 1, "--max-nonfinite-steps must be >= 1"),
-    (["--resume", "/no/such/checkpoint.pt"], 1, "--resume /no/such/checkpoint.pt: no such file"),
-    (["--lr-scheduler", "const-cooldown"], 1, "needs --epochs-cooldown"),
-    (["--lr-scheduler", "linear"], 1, "--lr-scheduler 'linear' is unknown"),
-    (["--model", "ViT-B-33"], 1, "--model 'ViT-B-33' is not a known model config; did you mean ViT-B-32"),
-    (["--model", "coca_ViT-B-32"], 1, "CoCa"),
-])
+@pytest.mark.parametrize(
+    "argv, world_size, message",
+    [
+        (["--local-loss"], 2, "--local-loss without --gather-with-grad gives wrong gradients.*add --gather-with-grad"),
+        (["--accum-freq", "0"], 1, "--accum-freq must be >= 1"),
+        (["--batch-size", "0"], 1, "--batch-size must be >= 1"),
+        (["--save-every-n-steps", "-1"], 1, "--save-every-n-steps must be >= 0"),
+        (["--max-nonfinite-steps", "0"], 1, "--max-nonfinite-steps must be >= 1"),
+        (["--resume", "/no/such/checkpoint.pt"], 1, "--resume /no/such/checkpoint.pt: no such file"),
+        (["--lr-scheduler", "const-cooldown"], 1, "needs --epochs-cooldown"),
+        (["--lr-scheduler", "linear"], 1, "--lr-scheduler 'linear' is unknown"),
+        (["--model", "ViT-B-33"], 1, "--model 'ViT-B-33' is not a known model config; did you mean ViT-B-32"),
+        (["--model", "coca_ViT-B-32"], 1, "CoCa"),
+    ],
+)
 def test_invalid_combinations_are_rejected_with_a_fix(argv, world_size, message):
     args = parse_args(_valid(*argv))
     with pytest.raises(ConfigError, match=message):
@@ -174,16 +274,19 @@ def test_cli_prints_config_errors_and_exits_with_status_2():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "training.main", "--horovod"], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.main", "--horovod"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --horovod is not supported by open_clip_adacl")
-    result = subprocess.run([sys.executable, "-m", "training.main", "--batchsize", "8"], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.main", "--batchsize", "8"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown flag --batchsize; the closest supported flag is --batch-size "
-        "(python -m training.main --help lists them all)"]
+        "(python -m training.main --help lists them all)"
+    ]
 
 
 def test_the_chosen_loss_flags_record_the_values_the_run_uses():
@@ -194,8 +297,9 @@ def test_the_chosen_loss_flags_record_the_values_the_run_uses():
 
 
 def test_grouping_and_validation_caption_flags_reach_the_data_config():
-    args = parse_args(["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt,txt_alt",
-                       "--val-caption-key", "txt"])
+    args = parse_args(
+        ["--train-data", "t.tar", "--train-group-size", "8", "--caption-key", "txt,txt_alt", "--val-caption-key", "txt"]
+    )
     cfg = params.run_config(args).data
     assert (cfg.group_size, cfg.caption_key, cfg.val_caption_key) == (8, "txt,txt_alt", "txt")
     defaults = params.run_config(parse_args(["--train-data", "t.tar"])).data
@@ -217,21 +321,41 @@ def test_the_run_config_is_built_once_and_leaves_the_arguments_alone():
 
 
 def test_python_states_a_run_as_flag_values_and_gets_the_command_lines_run():
-    argv = ["--train-data", "x.tar", "--recipe", "demo", "--loss", "adacl", "--adacl-mode", "literal",
-            "--train-group-size", "8", "--no-adacl-modulate"]
+    argv = [
+        "--train-data",
+        "x.tar",
+        "--recipe",
+        "demo",
+        "--loss",
+        "adacl",
+        "--adacl-mode",
+        "literal",
+        "--train-group-size",
+        "8",
+        "--no-adacl-modulate",
+    ]
     values = params.given_values(argv)
-    assert values == {"train_data": "x.tar", "recipe": "demo", "loss": "adacl", "adacl_mode": "literal",
-                      "train_group_size": 8, "adacl_modulate": False}
+    assert values == {
+        "train_data": "x.tar",
+        "recipe": "demo",
+        "loss": "adacl",
+        "adacl_mode": "literal",
+        "train_group_size": 8,
+        "adacl_modulate": False,
+    }
     assert vars(params.args_from_values(values)) == vars(parse_args(argv))
     assert params.config_from_values(values) == params.checked_config(parse_args(argv))
     assert vars(parse_args(params.argv_from_values(values))) == vars(parse_args(argv))
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"batch_sise": 8}, r"\['batch_sise'\] are no flags of the trainer; the closest is 'batch_size'"),
-    ({"train_data": "x.tar", "precision": "fp64"}, r"--precision 'fp64': choose one of"),
-    ({"train_data": "x.tar", "loss": "clip", "adacl_eps": 0.1}, "is an option of --loss adacl"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"batch_sise": 8}, r"\['batch_sise'\] are no flags of the trainer; the closest is 'batch_size'"),
+        ({"train_data": "x.tar", "precision": "fp64"}, r"--precision 'fp64': choose one of"),
+        ({"train_data": "x.tar", "loss": "clip", "adacl_eps": 0.1}, "is an option of --loss adacl"),
+    ],
+)
 def test_bad_flag_values_are_named(values, message):
     with pytest.raises(ConfigError, match=message):
         params.config_from_values(values)

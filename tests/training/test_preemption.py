@@ -3,6 +3,7 @@ requeue the SLURM job (stub scontrol), exit with status 75, and `--resume latest
 uninterrupted run ends; torchrun's workers never outlive it; the SLURM recipe forwards the warning signal.
 (On 2 ranks, one run takes both signals in turn: SIGUSR1 on one rank, then SIGTERM from the kernel when
 torchrun dies.)"""
+
 import os
 import signal
 import subprocess
@@ -12,13 +13,19 @@ import time
 
 import pytest
 
-from helpers.run_utils import (assert_same_final_state, children, losses_by_step, torchrun_command, wait_for_step,
-                               wait_until_gone)
-from training.trainer.run_folder.layout import RunDir
-from training.main import main
-from training.trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag, parse_preempt_signals
-from training.trainer.launch.recipes import recipe_values
 from helpers import REPO
+from helpers.run_utils import (
+    assert_same_final_state,
+    children,
+    losses_by_step,
+    torchrun_command,
+    wait_for_step,
+    wait_until_gone,
+)
+from training.main import main
+from training.trainer.launch.recipes import recipe_values
+from training.trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag, parse_preempt_signals
+from training.trainer.run_folder.layout import RunDir
 
 JOB_ID = "4242"
 STEPS_PER_EPOCH = 8
@@ -32,8 +39,12 @@ def slurm_job(tmp_path):
     record = tmp_path / "scontrol.txt"
     (stubs / "scontrol").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {record}\n')
     (stubs / "scontrol").chmod(0o755)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": JOB_ID,
-           "PATH": os.pathsep.join([str(stubs), os.environ["PATH"]])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SLURM_JOB_ID": JOB_ID,
+        "PATH": os.pathsep.join([str(stubs), os.environ["PATH"]]),
+    }
     return env, record
 
 
@@ -67,10 +78,37 @@ def assert_resumed_without_loss(run_dir, reference_dir, stopped_at, total_steps,
 
 def single_argv(demo_shards, logs, name, *extra):
     """AdaCL with its queue, 2 epochs of 8 steps, no periodic step checkpoints (a preemption must lose nothing)."""
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--loss", "adacl", "--adacl-queue-size", "40", "--batch-size", "32",
-            "--epochs", "2", "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs),
-            "--name", name, "--log-every-n-steps", "1", *extra]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "256",
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--adacl-queue-size",
+        "40",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "3",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +120,16 @@ def single_reference(demo_shards, module_tmp):
 
 # SIGUSR1 takes the same path as SIGTERM (about 17 s each on 2 cores): in the slow tests.
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)])
-def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothing(demo_shards, single_reference,
-                                                                                  slurm_job, tmp_path, sig):
+def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothing(
+    demo_shards, single_reference, slurm_job, tmp_path, sig
+):
     env, scontrol_record = slurm_job
     argv = single_argv(demo_shards, tmp_path, "preempted", "--slurm-requeue")
     run_dir = tmp_path / "preempted"
     with open(tmp_path / "run.log", "w") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv], env=env, stdout=output,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "training.main", *argv], env=env, stdout=output, stderr=subprocess.STDOUT
+        )
         wait_for_step(run_dir, proc, STEPS_PER_EPOCH + 3)  # mid-epoch 1
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
@@ -103,15 +143,26 @@ def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothin
     assert_resumed_without_loss(run_dir, single_reference, stopped_at, 2 * STEPS_PER_EPOCH, "epoch_2.pt")
     params_txt = (run_dir / "params.txt").read_text()
     assert params_txt.count("# launch at ") == 2
-    assert f"resumed from {run_dir / 'checkpoints' / f'step_{stopped_at}.pt'} at epoch 1, step {stopped_at}" in params_txt
+    assert (
+        f"resumed from {run_dir / 'checkpoints' / f'step_{stopped_at}.pt'} at epoch 1, step {stopped_at}" in params_txt
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Two ranks under torchrun (our launcher, which reports a preemption as status 75)
 # ---------------------------------------------------------------------------------------------
 
-TWO_RANK_ARGS = ("--loss", "adacl", "--adacl-queue-size", "48", "--epochs", "2", "--save-every-n-steps", "100",
-                 "--slurm-requeue")
+TWO_RANK_ARGS = (
+    "--loss",
+    "adacl",
+    "--adacl-queue-size",
+    "48",
+    "--epochs",
+    "2",
+    "--save-every-n-steps",
+    "100",
+    "--slurm-requeue",
+)
 
 
 def two_rank_command(demo_shards, logs, *extra):
@@ -145,8 +196,9 @@ def interrupt_two_ranks(demo_shards, tmp_path, slurm_env, at_step, target, sig, 
 
 
 @pytest.mark.slow  # about 75 s on 2 cores: four 2-rank torchrun launches, the reference included
-def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(demo_shards, two_rank_reference,
-                                                                              slurm_job, tmp_path):
+def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(
+    demo_shards, two_rank_reference, slurm_job, tmp_path
+):
     env, scontrol_record = slurm_job
     slurm_env = {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}
     run_dir = tmp_path / "ddp"
@@ -157,8 +209,9 @@ def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(de
     assert first_stop < STEPS_PER_EPOCH
     # Resumed, then SIGUSR1 to torchrun alone, mid-epoch 1: torchrun has no handler and dies; the kernel
     # sends its workers SIGTERM (parent-death signal), so they save and stop instead of training on.
-    returncode = interrupt_two_ranks(demo_shards, tmp_path, slurm_env, STEPS_PER_EPOCH + 3, "torchrun",
-                                     signal.SIGUSR1, "--resume", "latest")
+    returncode = interrupt_two_ranks(
+        demo_shards, tmp_path, slurm_env, STEPS_PER_EPOCH + 3, "torchrun", signal.SIGUSR1, "--resume", "latest"
+    )
     assert returncode == -signal.SIGUSR1
     second_stop = assert_preempted(run_dir, "SIGTERM", stops=2)
     assert STEPS_PER_EPOCH < second_stop < 2 * STEPS_PER_EPOCH
@@ -175,8 +228,9 @@ def test_two_ranks_stop_together_at_signals_and_end_like_an_uninterrupted_run(de
 def test_sigterm_to_torchrun_reaches_both_workers(demo_shards, two_rank_reference, slurm_job, tmp_path):
     """torchrun passes SIGTERM on to its workers, which save and stop; it ends with 128 + 15, in one line."""
     env, _ = slurm_job
-    returncode = interrupt_two_ranks(demo_shards, tmp_path, {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}, 3,
-                                     "torchrun", signal.SIGTERM)
+    returncode = interrupt_two_ranks(
+        demo_shards, tmp_path, {"SLURM_JOB_ID": JOB_ID, "PATH": env["PATH"]}, 3, "torchrun", signal.SIGTERM
+    )
     assert returncode == 128 + signal.SIGTERM
     stopped_at = assert_preempted(tmp_path / "ddp", "SIGTERM")
     command, env = two_rank_command(demo_shards, tmp_path, "--resume", "latest")
@@ -231,10 +285,23 @@ def test_slurm_recipe_passes_the_signal_on_to_srun_and_its_status_back(tmp_path,
     data.mkdir()
     (data / "00000.tar").write_bytes(b"")
     record = tmp_path / "record.txt"
-    env = {**os.environ, "PATH": os.pathsep.join([str(stubs), os.environ["PATH"]]), "SLURM_NTASKS": "1",
-           "SLURM_SUBMIT_DIR": str(REPO), "DATA_DIR": str(data), "SRUN_RECORD": str(record), "MASTER_ADDR": "x"}
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch" / "slurm.sbatch")], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(stubs), os.environ["PATH"]]),
+        "SLURM_NTASKS": "1",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "DATA_DIR": str(data),
+        "SRUN_RECORD": str(record),
+        "MASTER_ADDR": "x",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "launch" / "slurm.sbatch")],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not (record.exists() and "srun started" in record.read_text()):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
@@ -248,8 +315,10 @@ def test_slurm_recipe_passes_the_signal_on_to_srun_and_its_status_back(tmp_path,
 def test_ctrl_c_and_a_closed_terminal_stop_as_a_preemption_without_requeue_and_a_second_ctrl_c_quits(capfd):
     """Whatever --preempt-signal says: the first Ctrl-C sets the flag and says so in one line, after which SIGINT
     has its default action (a second one ends the process at once); SIGHUP sets the flag; neither requeues."""
-    for sig, first_line in ((signal.SIGINT, "Ctrl-C: the run stops after this step with a checkpoint (status 75"),
-                            (signal.SIGHUP, "")):
+    for sig, first_line in (
+        (signal.SIGINT, "Ctrl-C: the run stops after this step with a checkpoint (status 75"),
+        (signal.SIGHUP, ""),
+    ):
         before = signal.getsignal(sig)
         with PreemptionFlag().watching(parse_preempt_signals("TERM")) as flag:
             signal.raise_signal(sig)

@@ -1,21 +1,23 @@
 """What a run records of the code it ran and of the checkpoint it starts from, on real git repositories and
 real run folders."""
+
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from training.trainer.run_folder import provenance
 from training.loss_comparison.jobs import pretrained_identity
+from training.trainer.run_folder import provenance
 from training.trainer.run_folder.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True, capture_output=True
+    )
 
 
 def test_dirty_files_names_each_changed_path_with_the_hash_of_its_content(tmp_path):
@@ -31,8 +33,11 @@ def test_dirty_files_names_each_changed_path_with_the_hash_of_its_content(tmp_pa
     (tmp_path / "new.py").write_text("c = 4\n")
     provenance.dirty_files.cache_clear()
     dirty = provenance.dirty_files(tmp_path)
-    assert dirty == {"gone.py": "deleted", "kept.py": provenance.file_digest(tmp_path / "kept.py"),
-                     "new.py": provenance.file_digest(tmp_path / "new.py")}
+    assert dirty == {
+        "gone.py": "deleted",
+        "kept.py": provenance.file_digest(tmp_path / "kept.py"),
+        "new.py": provenance.file_digest(tmp_path / "new.py"),
+    }
     assert len(dirty["kept.py"]) == 12 and dirty["kept.py"] != dirty["new.py"]
     provenance.code_version.cache_clear()
     assert "+ diff" in provenance.code_version(tmp_path)
@@ -47,8 +52,9 @@ def _pretraining_run(root: Path, seed) -> Path:
     (data / "manifest.json").write_text(json.dumps({"seed": seed}))
     run = root / "pretrain" / "clip"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "params.json").write_text(json.dumps({"train_data": f"{data}/train/shard-{{000000..000003}}.tar",
-                                                  "seed": 1}))  # the last launch's (params.txt keeps every one)
+    (run / "params.json").write_text(
+        json.dumps({"train_data": f"{data}/train/shard-{{000000..000003}}.tar", "seed": 1})
+    )  # the last launch's (params.txt keeps every one)
     checkpoint = run / "checkpoints" / "epoch_2.pt"
     checkpoint.write_bytes(b"weights")
     return checkpoint
@@ -86,13 +92,21 @@ def test_a_study_does_not_reuse_a_pretraining_that_recorded_no_identity(tmp_path
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     study = __import__(script)
     if script == "glyph_benchmark":
-        run, pretrain = tmp_path / "pretrain" / f"clip-seed{study.PRETRAIN_SEED}", lambda: study.pretrain(
-            tmp_path, {"seed": study.DATA_SEED})
+        run, pretrain = (
+            tmp_path / "pretrain" / f"clip-seed{study.PRETRAIN_SEED}",
+            lambda: study.pretrain(tmp_path, {"seed": study.DATA_SEED}),
+        )
     else:
         regime = study.REGIMES["transfer"]
         run = tmp_path / "pretrain" / f"clip-{regime.pretrain_combinations}-seed{study.TRANSFER_PRETRAIN_SEED}"
-        monkeypatch.setattr(study, "write_scenes", lambda folder, *args: (folder.mkdir(parents=True), (
-            folder / "manifest.json").write_text(json.dumps({"seed": study.TRANSFER_PRETRAIN_DATA_SEED}))))
+        monkeypatch.setattr(
+            study,
+            "write_scenes",
+            lambda folder, *args: (
+                folder.mkdir(parents=True),
+                (folder / "manifest.json").write_text(json.dumps({"seed": study.TRANSFER_PRETRAIN_DATA_SEED})),
+            ),
+        )
         pretrain = lambda: study.pretrain(regime, tmp_path)  # noqa: E731
     epochs = study.recipe_values(study.PRETRAIN_RECIPE, world_size=1)["epochs"]
     checkpoint = RunDir(run).epoch_checkpoint(epochs)
@@ -113,12 +127,17 @@ def test_study_traces_name_every_run_uniquely_across_comparisons(tmp_path, monke
     for study in ("controls", "bank"):
         run = tmp_path / study / "runs" / "clip-seed0"
         run.mkdir(parents=True)
-        (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": step, "loss": 4.0 - step,
-                                                               "stats/mean_cosine": 0.1}) + "\n" for step in (1, 2)))
+        (run / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"kind": "train", "step": step, "loss": 4.0 - step, "stats/mean_cosine": 0.1}) + "\n"
+                for step in (1, 2)
+            )
+        )
         runs_dirs.append(tmp_path / study / "runs")
     traces = tmp_path / "traces.csv.gz"
-    study_traces.main(["--runs-dir", *map(str, runs_dirs), "--traces", str(traces),
-                       "--mechanism", str(tmp_path / "mechanism.md")])
+    study_traces.main(
+        ["--runs-dir", *map(str, runs_dirs), "--traces", str(traces), "--mechanism", str(tmp_path / "mechanism.md")]
+    )
     with gzip.open(traces, "rt") as handle:
         names = [row["run"] for row in csv.DictReader(handle)]
     assert names == ["controls/clip-seed0"] * 2 + ["bank/clip-seed0"] * 2

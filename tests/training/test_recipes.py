@@ -1,5 +1,6 @@
 """Recipes in code (`training.trainer.launch.recipes`): `--recipe NAME` sets its flags, flags beside it override them,
 its global batch is split over the ranks, and params.txt records the recipe and what was overridden."""
+
 import subprocess
 import sys
 from unittest import mock
@@ -35,7 +36,9 @@ def test_the_global_batch_is_split_over_the_ranks_the_environment_announces():
     with mock.patch.dict("os.environ", {"WORLD_SIZE": "8", "RANK": "0", "LOCAL_RANK": "0"}):
         assert parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar"]).batch_size == 128
     with mock.patch.dict("os.environ", {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}):
-        with pytest.raises(ConfigError, match="global batch 1024 does not split evenly over 3 ranks; give --batch-size"):
+        with pytest.raises(
+            ConfigError, match="global batch 1024 does not split evenly over 3 ranks; give --batch-size"
+        ):
             parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar"])
         args = parse_args(["--recipe", "cc3m-rn50", "--train-data", "x.tar", "--batch-size=300"])
         assert args.batch_size == 300 and args.recipe_overrides == []  # the split was never the recipe's value
@@ -45,18 +48,22 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
     recipes = [sys.executable, "-m", "training.trainer.launch.recipes"]
     check = subprocess.run([*recipes, "cc12m-vitb32", "--world-size", "3", "--check"], capture_output=True, text=True)
     assert check.returncode == 2 and "the global batch 2048 does not split evenly over 3 ranks" in check.stderr
-    printed = subprocess.run([*recipes, "cc12m-vitb32", "--world-size", "16"], capture_output=True, text=True,
-                             check=True).stdout.split()
+    printed = subprocess.run(
+        [*recipes, "cc12m-vitb32", "--world-size", "16"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert printed[printed.index("--batch-size") + 1] == "128" and "--grad-checkpointing" in printed
     with mock.patch.dict("os.environ", {"WORLD_SIZE": "16", "RANK": "0", "LOCAL_RANK": "0"}):
         by_recipe = vars(parse_args(["--recipe", "cc12m-vitb32", "--train-data", "x.tar"]))
         by_flags = vars(parse_args([*printed, "--train-data", "x.tar"]))  # the printed flags mean the same
     assert {k: v for k, v in by_recipe.items() if k not in ("recipe", "recipe_overrides")} == {
-        k: v for k, v in by_flags.items() if k not in ("recipe", "recipe_overrides")}
+        k: v for k, v in by_flags.items() if k not in ("recipe", "recipe_overrides")
+    }
     # The check runs before every launch: it reads the recipes without importing torch (the trainer's parser).
-    check_imports = ("import runpy, sys; sys.argv = ['recipes', 'demo', '--check']; "
-                     "runpy.run_module('training.trainer.launch.recipes', run_name='__main__'); print(sorted({'torch', "
-                     "'open_clip'} & set(sys.modules)))")
+    check_imports = (
+        "import runpy, sys; sys.argv = ['recipes', 'demo', '--check']; "
+        "runpy.run_module('training.trainer.launch.recipes', run_name='__main__'); print(sorted({'torch', "
+        "'open_clip'} & set(sys.modules)))"
+    )
     imported = subprocess.run([sys.executable, "-c", check_imports], capture_output=True, text=True, check=True)
     assert imported.stdout.strip() == "[]"
     unknown = subprocess.run([*recipes, "cc15m", "--check"], capture_output=True, text=True)
@@ -71,7 +78,11 @@ def test_the_comparisons_budgets_and_the_studys_regimes_are_recipes():
     scratch = QUICK.with_recipe("clone-scratch")
     assert (scratch.epochs, scratch.trainer_values, scratch.num_train) == (24, {"train_group_size": 8}, 4096)
     pseudo = parse_args(["--train-data", "x.tar", "--recipe", "clone-pseudo"])  # one regime's run, by hand
-    assert (pseudo.epochs, pseudo.train_group_size, pseudo.caption_key, pseudo.val_caption_key) == (24, 8, "txt_pseudo",
-                                                                                                     "txt")
+    assert (pseudo.epochs, pseudo.train_group_size, pseudo.caption_key, pseudo.val_caption_key) == (
+        24,
+        8,
+        "txt_pseudo",
+        "txt",
+    )
     transfer = parse_args(["--train-data", "x.tar", "--recipe", "clone-transfer"])
     assert (transfer.epochs, transfer.lr, transfer.warmup) == (8, 1e-3, 10)

@@ -1,5 +1,6 @@
 """Reliability end to end: a 2-rank AdaCL run that crashes, resumes and exports; SIGKILL at any step
 loses less than --save-every-n-steps and restores AdaCL's state exactly; hostile shards; clear stops."""
+
 import os
 import struct
 import subprocess
@@ -11,10 +12,10 @@ import pytest
 
 from helpers.data_utils import good, png, write_hostile_shards, write_tar
 from helpers.run_utils import assert_same_final_state, kill_run, losses_by_step, torchrun_command, wait_for_step
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.trainer.launch.params import ConfigError
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 
 STEPS_PER_EPOCH = 8  # in both kinds of killed runs: 256 samples per epoch, global batch 32
 SAVE_EVERY = {"torchrun": 5, "single": 3}  # their --save-every-n-steps
@@ -52,8 +53,9 @@ def test_two_rank_adacl_run_crashes_resumes_and_exports(demo_shards, tmp_path):
     """CI's multi-rank run: torchrun, 2 CPU ranks, --loss adacl with its feature queue; the node dies
     mid-epoch 2 (SIGKILL), `--resume latest` finishes the run, and the export loads in stock open_clip."""
     queue_size = 48
-    command, env = torchrun_command(demo_shards, tmp_path, "--loss", "adacl", "--adacl-queue-size",
-                                    str(queue_size), "--epochs", "2")
+    command, env = torchrun_command(
+        demo_shards, tmp_path, "--loss", "adacl", "--adacl-queue-size", str(queue_size), "--epochs", "2"
+    )
     run_dir = tmp_path / "ddp"
     with open(tmp_path / "killed.log", "w") as output:
         proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
@@ -64,8 +66,18 @@ def test_two_rank_adacl_run_crashes_resumes_and_exports(demo_shards, tmp_path):
     killed_at = RunDir(run_dir).steps()[-1]
     assert not (run_dir / "checkpoints" / "epoch_2.pt").exists()
 
-    resume_command, env = torchrun_command(demo_shards, tmp_path, "--loss", "adacl", "--adacl-queue-size",
-                                           str(queue_size), "--epochs", "2", "--resume", "latest")
+    resume_command, env = torchrun_command(
+        demo_shards,
+        tmp_path,
+        "--loss",
+        "adacl",
+        "--adacl-queue-size",
+        str(queue_size),
+        "--epochs",
+        "2",
+        "--resume",
+        "latest",
+    )
     result = subprocess.run(resume_command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_bounded_loss_of_work(run_dir, killed_at, SAVE_EVERY["torchrun"])
@@ -84,22 +96,63 @@ def test_two_rank_adacl_run_crashes_resumes_and_exports(demo_shards, tmp_path):
     assert int(loss_state["queue_filled"]) == queue_size
 
     export_dir = tmp_path / "export"
-    exported = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(final), "--output",
-                               str(export_dir)], env=env, capture_output=True, text=True, timeout=300)
+    exported = subprocess.run(
+        [sys.executable, "-m", "training.export", "--checkpoint", str(final), "--output", str(export_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
-    loaded = subprocess.run([sys.executable, "-c", STOCK_OPEN_CLIP_LOAD, str(export_dir), str(final)], env=env,
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    loaded = subprocess.run(
+        [sys.executable, "-c", STOCK_OPEN_CLIP_LOAD, str(export_dir), str(final)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert "loaded (1, 64)" in loaded.stdout
 
 
 def adacl_argv(demo_shards, logs, name, *extra):
     """A single-process AdaCL run with its stateful options on: 2 epochs of 8 steps, step_N.pt every 3."""
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--loss", "adacl", "--adacl-queue-size", "40", "--adacl-anchor-prob",
-            "progressive", "--batch-size", "32", "--epochs", "2", "--lr", "2e-3", "--warmup", "3", "--workers", "0",
-            "--device", "cpu", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
-            "--save-every-n-steps", str(SAVE_EVERY["single"]), *extra]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "256",
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--adacl-queue-size",
+        "40",
+        "--adacl-anchor-prob",
+        "progressive",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "3",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
+        "--save-every-n-steps",
+        str(SAVE_EVERY["single"]),
+        *extra,
+    ]
 
 
 @pytest.mark.slow  # about 25 s on 2 cores: an uninterrupted run, a killed process and its resume
@@ -114,8 +167,9 @@ def test_sigkill_between_checkpoints_loses_less_than_n_steps_and_restores_adacl_
     run_dir = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "killed.log", "w") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "training.main", *argv], env=env, stdout=output,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "training.main", *argv], env=env, stdout=output, stderr=subprocess.STDOUT
+        )
         try:
             # Step 11: two steps after step_9.pt (--save-every-n-steps 3), in epoch 1.
             wait_for_step(run_dir, proc, 3 * SAVE_EVERY["single"] + 2)
@@ -154,8 +208,9 @@ def write_hostile_set(directory):
     urls, good_keys, expected = write_hostile_shards(directory)
     # At the trainer's default limit (PIL's MAX_IMAGE_PIXELS) write_hostile_shards' 40 x 40 "huge"
     # image is a good sample; the bombs: over 2x the limit (PIL raises), and between 1x and 2x (PIL warns).
-    write_tar(directory / "d.tar", [{**good(200), "png": bomb_png(30000)}, {**good(201), "png": bomb_png(10000)},
-                                    good(202)])
+    write_tar(
+        directory / "d.tar", [{**good(200), "png": bomb_png(30000)}, {**good(201), "png": bomb_png(10000)}, good(202)]
+    )
     (directory / "e.tar").write_bytes(b"\x00garbage, not a tar" * 64)
     expected = {**expected, "huge_image": 2, "bad_tar": expected["bad_tar"] + 1}
     urls = "::".join([urls, str(directory / "d.tar"), str(directory / "e.tar")])
@@ -170,15 +225,39 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
     # Each epoch takes every good sample, so it reads every shard to its end: the counts are one pass's.
     # (Only a damaged image that the shuffle buffer happens to hold back until after the last good
     # sample would go unread; with this seed none is.)
-    summary = main(["--train-data", f"{demo_shards}/train/shard-{{000000..000003}}.tar::{urls}",
-                    "--train-num-samples", str(num_samples), "--dataset-type", "webdataset", "--model", "adacl-tiny",
-                    "--loss", "adacl", "--batch-size", str(batch_size), "--epochs", "2", "--lr", "1e-3",
-                    "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "hostile"])
+    summary = main(
+        [
+            "--train-data",
+            f"{demo_shards}/train/shard-{{000000..000003}}.tar::{urls}",
+            "--train-num-samples",
+            str(num_samples),
+            "--dataset-type",
+            "webdataset",
+            "--model",
+            "adacl-tiny",
+            "--loss",
+            "adacl",
+            "--batch-size",
+            str(batch_size),
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "hostile",
+        ]
+    )
     assert (summary.epoch, summary.step) == (2, 2 * num_samples // batch_size)
     epochs = RunDir(tmp_path / "hostile").metrics("epoch")
     log = (tmp_path / "hostile" / "out.log").read_text()
     for epoch, record in enumerate(epochs):
-        reported = {name[len("skipped/"):]: count for name, count in record.items() if name.startswith("skipped/")}
+        reported = {name[len("skipped/") :]: count for name, count in record.items() if name.startswith("skipped/")}
         assert reported == {reason: expected.get(reason, 0) for reason in reported}, epoch
         line = next(line for line in log.splitlines() if f"Epoch {epoch} done" in line)
         assert all(f"{reason} {count}" in line for reason, count in expected.items()), line
@@ -190,13 +269,35 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
 
 
 def run_cli(*argv):
-    return subprocess.run([sys.executable, "-m", "training.main", *argv], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "training.main", *argv],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def cli_argv(train_data, logs, *extra):
-    return ["--train-data", train_data, "--train-num-samples", "16", "--model", "adacl-tiny", "--batch-size", "4",
-            "--epochs", "1", "--device", "cpu", "--logs", str(logs), "--name", "stop", *extra]
+    return [
+        "--train-data",
+        train_data,
+        "--train-num-samples",
+        "16",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        "stop",
+        *extra,
+    ]
 
 
 def test_no_readable_shard_stops_before_training(tmp_path):
@@ -205,8 +306,11 @@ def test_no_readable_shard_stops_before_training(tmp_path):
     (directory / "0.tar").write_bytes(b"garbage" * 100)
     (directory / "1.tar").mkdir()
     # A ConfigError: the command line prints it as one line and exits with status 2 (test_params).
-    with pytest.raises(ConfigError, match=r"training data: none of the 2 shards given by train_data \(--train-data\) "
-                                          "can be read as a tar"):
+    with pytest.raises(
+        ConfigError,
+        match=r"training data: none of the 2 shards given by train_data \(--train-data\) "
+        "can be read as a tar",
+    ):
         main(cli_argv(f"{directory}/{{0..1}}.tar", tmp_path, "--workers", "1"))
     assert not (tmp_path / "stop").exists()
 
@@ -224,30 +328,69 @@ def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_pa
     assert "none of its shards yielded a usable sample" in (tmp_path / "stop" / "out.log").read_text()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--train-num-samples", "40", "--batch-size", "32", "--workers", "2"],
-     "40 samples per epoch do not fill one batch per reader"),
-    (["--train-num-samples", "64", "--batch-size", "32", "--accum-freq", "4"],
-     "an epoch has 2 batches per rank, fewer than --accum-freq 4"),
-    (["--loss", "glofnd", "--data-size", "100"], "--data-size 100 is smaller than --train-num-samples 512"),
-    (["--loss", "glofnd", "--dry-run"], "--loss glofnd: .*data_size"),  # the dry run builds the loss
-    (["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"],
-     "--loss adacl: a fixed boundary must lie above anchor_max"),
-    (["--loss", "adacl", "--adacl-bank-size", "64", "--data-size", "100"],
-     "--data-size 100 is smaller than --train-num-samples 512"),
-    (["--loss", "adacl", "--adacl-bank-size", "64", "--dry-run"], "--loss adacl: data_size"),
-    (["--loss", "adacl", "--adacl-bank-size", "64", "--adacl-queue-size", "64", "--data-size", "512", "--dry-run"],
-     "--loss adacl: queue_size and bank_size are two kinds of extra negatives; set one of them, not both"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--train-num-samples", "40", "--batch-size", "32", "--workers", "2"],
+            "40 samples per epoch do not fill one batch per reader",
+        ),
+        (
+            ["--train-num-samples", "64", "--batch-size", "32", "--accum-freq", "4"],
+            "an epoch has 2 batches per rank, fewer than --accum-freq 4",
+        ),
+        (["--loss", "glofnd", "--data-size", "100"], "--data-size 100 is smaller than --train-num-samples 512"),
+        (["--loss", "glofnd", "--dry-run"], "--loss glofnd: .*data_size"),  # the dry run builds the loss
+        (
+            ["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"],
+            "--loss adacl: a fixed boundary must lie above anchor_max",
+        ),
+        (
+            ["--loss", "adacl", "--adacl-bank-size", "64", "--data-size", "100"],
+            "--data-size 100 is smaller than --train-num-samples 512",
+        ),
+        (["--loss", "adacl", "--adacl-bank-size", "64", "--dry-run"], "--loss adacl: data_size"),
+        (
+            [
+                "--loss",
+                "adacl",
+                "--adacl-bank-size",
+                "64",
+                "--adacl-queue-size",
+                "64",
+                "--data-size",
+                "512",
+                "--dry-run",
+            ],
+            "--loss adacl: queue_size and bank_size are two kinds of extra negatives; set one of them, not both",
+        ),
+    ],
+)
 def test_invalid_settings_are_rejected_before_any_work(demo_shards, tmp_path, extra, message):
-    argv = ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "512",
-            "--model", "adacl-tiny", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "bad",
-            *extra]
+    argv = [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "512",
+        "--model",
+        "adacl-tiny",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path),
+        "--name",
+        "bad",
+        *extra,
+    ]
     with pytest.raises(ConfigError, match=message):
         main(argv)
     assert not (tmp_path / "bad").exists()
 
 
 def test_an_unknown_loss_is_named_with_the_choices():
-    with pytest.raises(ConfigError, match=r"argument --loss: invalid choice: 'adcl' \(choose from 'adacl', 'adaclw', 'clip'"):
+    with pytest.raises(
+        ConfigError, match=r"argument --loss: invalid choice: 'adcl' \(choose from 'adacl', 'adaclw', 'clip'"
+    ):
         main(["--train-data", "x.tar", "--loss", "adcl"])

@@ -1,6 +1,7 @@
 """Resumes that refuse what they cannot honour (data order, model, loss), the LR schedule across a batch
 change, and checkpoints that never crash-loop or fake success: fallback past unreadable files, a clear
 error for an unreadable --resume PATH, retried saves, a failing final save, space checks, roll-back."""
+
 import logging
 import shutil
 import sys
@@ -10,28 +11,58 @@ import pytest
 import torch
 
 from helpers.run_utils import assert_same_final_state, losses_by_step
-from training.trainer.engine import checkpoint as ckpt
 from training import main as entry
-from training.trainer.run_folder import safe_write
-from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.launch.resume import ResumeError, ResumeRequest, check_resume, translated_position
+from training.main import main
 from training.trainer.data import DataPosition
 from training.trainer.distributed import DistributedEnv
-from training.trainer.run_folder.layout import RunDir
-from training.main import main
+from training.trainer.engine import checkpoint as ckpt
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
 from training.trainer.launch.params import ConfigError
+from training.trainer.launch.resume import ResumeError, ResumeRequest, check_resume, translated_position
+from training.trainer.run_folder import safe_write
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 
 STEPS_PER_EPOCH = 8
 
 
 def argv(demo_shards, logs, name, *extra):
     """AdaCL with a 40-feature queue, 2 epochs of 8 steps (batch 32), step_N.pt every 3 steps, each kept."""
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "256",
-            "--model", "adacl-tiny", "--loss", "adacl", "--adacl-queue-size", "40", "--batch-size", "32",
-            "--epochs", "2", "--lr", "2e-3", "--warmup", "3", "--workers", "0", "--device", "cpu", "--logs", str(logs),
-            "--name", name, "--log-every-n-steps", "1", "--save-every-n-steps", "3", "--keep-step-checkpoints", "0",
-            *extra]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "256",
+        "--model",
+        "adacl-tiny",
+        "--loss",
+        "adacl",
+        "--adacl-queue-size",
+        "40",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "3",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
+        "--save-every-n-steps",
+        "3",
+        "--keep-step-checkpoints",
+        "0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,28 +82,42 @@ def step_checkpoint(base_run, step):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--batch-size", "16"], r"step_3.pt is 3 batches into epoch 0 and this run changes --batch-size 32 -> 16: the "
-                             r"rest of the epoch would see some samples twice and others never; resume with the "
-                             r"checkpoint's settings, or from a checkpoint at an epoch boundary \(epoch_N.pt\), or "
-                             r"pass --resume-anyway"),
-    (["--workers", "1"], r"changes --workers 0 -> 1: the rest of the epoch"),
-    (["--train-num-samples", "384"], r"changes --train-num-samples 256 -> 384: the rest"),
-    (["--seed", "1"], r"changes --seed 0 -> 1: the rest"),
-    (["--force-context-length", "16"], r"holds weights of another architecture \(--force-context-length None -> 16\): "
-                                       r"they cannot load; resume with the checkpoint's values"),
-    (["--loss", "clip", "--adacl-queue-size", None],
-     r"was trained with --loss adacl, this run has --loss clip: the loss's state cannot carry over; add "
-     r"--reset-loss-state to start it afresh \(weights and optimizer are restored\), or resume with --loss adacl"),
-    (["--adacl-queue-size", "48"], r"its loss state does not fit this run's loss: the loss options changed "
-                                   r"\(queue_size 40 -> 48\); add --reset-loss-state"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--batch-size", "16"],
+            r"step_3.pt is 3 batches into epoch 0 and this run changes --batch-size 32 -> 16: the "
+            r"rest of the epoch would see some samples twice and others never; resume with the "
+            r"checkpoint's settings, or from a checkpoint at an epoch boundary \(epoch_N.pt\), or "
+            r"pass --resume-anyway",
+        ),
+        (["--workers", "1"], r"changes --workers 0 -> 1: the rest of the epoch"),
+        (["--train-num-samples", "384"], r"changes --train-num-samples 256 -> 384: the rest"),
+        (["--seed", "1"], r"changes --seed 0 -> 1: the rest"),
+        (
+            ["--force-context-length", "16"],
+            r"holds weights of another architecture \(--force-context-length None -> 16\): "
+            r"they cannot load; resume with the checkpoint's values",
+        ),
+        (
+            ["--loss", "clip", "--adacl-queue-size", None],
+            r"was trained with --loss adacl, this run has --loss clip: the loss's state cannot carry over; add "
+            r"--reset-loss-state to start it afresh \(weights and optimizer are restored\), or resume with --loss adacl",
+        ),
+        (
+            ["--adacl-queue-size", "48"],
+            r"its loss state does not fit this run's loss: the loss options changed "
+            r"\(queue_size 40 -> 48\); add --reset-loss-state",
+        ),
+    ],
+)
 def test_a_resume_that_cannot_be_honoured_is_refused_in_one_line(demo_shards, base_run, tmp_path, extra, message):
     args = argv(demo_shards, tmp_path, "changed", "--resume", step_checkpoint(base_run, 3))
     for flag, value in zip(extra[::2], extra[1::2]):
         position = args.index(flag) if flag in args else None
         if value is None:
-            del args[position:position + 2]
+            del args[position : position + 2]
         elif position is not None:
             args[position + 1] = value
         else:
@@ -84,22 +129,39 @@ def test_a_resume_that_cannot_be_honoured_is_refused_in_one_line(demo_shards, ba
 
 
 def test_reset_loss_state_accepts_another_loss_or_loss_options(demo_shards, base_run, tmp_path):
-    summary = main(argv(demo_shards, tmp_path, "reset", "--adacl-queue-size", "48", "--reset-loss-state",
-                        "--resume", step_checkpoint(base_run, 15)))
+    summary = main(
+        argv(
+            demo_shards,
+            tmp_path,
+            "reset",
+            "--adacl-queue-size",
+            "48",
+            "--reset-loss-state",
+            "--resume",
+            step_checkpoint(base_run, 15),
+        )
+    )
     assert summary.step == 2 * STEPS_PER_EPOCH
     assert "The loss's state starts afresh (--reset-loss-state)" in (tmp_path / "reset" / "out.log").read_text()
 
 
 def fake_checkpoint(world_size, batches_in_epoch, **args):
     base = {"batch_size": 32, "workers": 0, "model": "adacl-tiny", "loss": "clip", "loss_options": {}}
-    return {"args": {**base, **args}, "world_size": world_size, "epoch": 1,
-            "data": {"epoch": 1, "batches_in_epoch": batches_in_epoch}}
+    return {
+        "args": {**base, **args},
+        "world_size": world_size,
+        "epoch": 1,
+        "data": {"epoch": 1, "batches_in_epoch": batches_in_epoch},
+    }
 
 
 def test_a_world_size_change_is_refused_mid_epoch_and_allowed_at_an_epoch_boundary():
     request = ResumeRequest(args=fake_checkpoint(1, 0)["args"], world_size=1)
-    with pytest.raises(ResumeError, match="step_40.pt is 40 batches into epoch 1 and this run changes the world size "
-                                          "2 -> 1: the rest of the epoch would see some samples twice"):
+    with pytest.raises(
+        ResumeError,
+        match="step_40.pt is 40 batches into epoch 1 and this run changes the world size "
+        "2 -> 1: the rest of the epoch would see some samples twice",
+    ):
         check_resume(fake_checkpoint(2, 40), "step_40.pt", request)
     assert check_resume(fake_checkpoint(2, 0), "epoch_1.pt", request) == {"world_size": (2, 1)}
     anyway = ResumeRequest(args=request.args, world_size=1, resume_anyway=True)
@@ -109,8 +171,18 @@ def test_a_world_size_change_is_refused_mid_epoch_and_allowed_at_an_epoch_bounda
 
 
 def test_resume_anyway_continues_at_the_same_number_of_samples_into_the_epoch(demo_shards, base_run, tmp_path):
-    summary = main(argv(demo_shards, tmp_path, "anyway", "--batch-size", "16", "--resume-anyway",
-                        "--resume", step_checkpoint(base_run, 3)))
+    summary = main(
+        argv(
+            demo_shards,
+            tmp_path,
+            "anyway",
+            "--batch-size",
+            "16",
+            "--resume-anyway",
+            "--resume",
+            step_checkpoint(base_run, 3),
+        )
+    )
     # 3 batches of 32 = 96 samples into epoch 0: batch 6 of 16 samples; 16 batches per epoch now.
     log = (tmp_path / "anyway" / "out.log").read_text()
     assert "continues at batch 6, in its own sample order" in log
@@ -120,8 +192,17 @@ def test_resume_anyway_continues_at_the_same_number_of_samples_into_the_epoch(de
 def test_an_epoch_boundary_batch_change_keeps_the_lr_schedule_of_the_samples_trained(demo_shards, base_run, tmp_path):
     """Batch 32 -> 64 after epoch 1: the schedule goes on from the 256 samples trained (OpenCLIP's
     schedule in units of the first launch's global batch), each step now moving it by two units."""
-    main(argv(demo_shards, tmp_path, "bigger", "--batch-size", "64", "--resume",
-              str(base_run / "checkpoints" / "epoch_1.pt")))
+    main(
+        argv(
+            demo_shards,
+            tmp_path,
+            "bigger",
+            "--batch-size",
+            "64",
+            "--resume",
+            str(base_run / "checkpoints" / "epoch_1.pt"),
+        )
+    )
     reference = {r["step"]: r["lr"] for r in RunDir(base_run).metrics("train")}
     resumed = [r["lr"] for r in RunDir(tmp_path / "bigger").metrics("train")]
     assert len(resumed) == 4  # 256 samples / 64
@@ -159,8 +240,11 @@ def test_resume_latest_falls_back_past_unreadable_checkpoints_naming_them(demo_s
 def test_an_unreadable_resume_path_is_one_error_naming_it(demo_shards, tmp_path):
     broken = tmp_path / "step_5.pt"
     broken.write_bytes(b"PK\x03\x04 not a whole checkpoint")
-    with pytest.raises(ConfigError, match=rf"--resume {broken}: cannot read the checkpoint \(RuntimeError: .*\); "
-                                          "pass another checkpoint, or --resume latest"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--resume {broken}: cannot read the checkpoint \(RuntimeError: .*\); "
+        "pass another checkpoint, or --resume latest",
+    ):
         main(argv(demo_shards, tmp_path, "broken", "--resume", str(broken)))
 
 
@@ -169,10 +253,17 @@ def test_resume_path_into_its_own_run_rolls_back_and_keeps_the_newer_files(demo_
     summary = main(argv(demo_shards, tmp_path, "rolled", "--resume", str(run_dir / "checkpoints" / "step_6.pt")))
     assert summary.step == 2 * STEPS_PER_EPOCH
     [folder] = (run_dir / "checkpoints").glob("rolled_back_after_step_6_*")
-    assert sorted(p.name for p in folder.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "step_12.pt", "step_15.pt",
-                                                         "step_9.pt"]
-    assert f"moved the newer checkpoints (epoch_1.pt, epoch_2.pt, step_12.pt, step_15.pt, step_9.pt) to {folder}" in (
-        run_dir / "out.log").read_text()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "step_12.pt",
+        "step_15.pt",
+        "step_9.pt",
+    ]
+    assert (
+        f"moved the newer checkpoints (epoch_1.pt, epoch_2.pt, step_12.pt, step_15.pt, step_9.pt) to {folder}"
+        in (run_dir / "out.log").read_text()
+    )
     # metrics.jsonl: each step once, the replayed ones with the same losses; params.txt: both launches.
     assert sorted(losses_by_step(run_dir)) == list(range(1, 17))
     assert losses_by_step(run_dir) == pytest.approx(losses_by_step(base_run), rel=1e-5, abs=1e-6)
@@ -183,10 +274,23 @@ def test_resume_path_into_its_own_run_rolls_back_and_keeps_the_newer_files(demo_
 
 def tiny_checkpointer(tmp_path, state, **cfg):
     model = torch.nn.Linear(2, 2)
-    components = run_components(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scaler=None,
-                                loss=torch.nn.Module(), state=state)
-    return Checkpointer(CheckpointConfig(**cfg), checkpoint_dir=str(tmp_path), components=components,
-                        env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
+    components = run_components(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        scaler=None,
+        loss=torch.nn.Module(),
+        state=state,
+    )
+    return Checkpointer(
+        CheckpointConfig(**cfg),
+        checkpoint_dir=str(tmp_path),
+        components=components,
+        env=DistributedEnv(),
+        name="n",
+        args={},
+        model_cfg={},
+        preprocess_cfg={},
+    )
 
 
 def test_a_failed_save_is_retried_once(tmp_path, monkeypatch, caplog):
@@ -241,8 +345,11 @@ Usage = namedtuple("Usage", "total used free")
 def test_the_checkpoint_folder_must_take_one_checkpoint(demo_shards, tmp_path, monkeypatch, dry_run):
     """12 bytes per parameter of adacl-tiny (3.4 M) plus the queue: about 41 MB; 10 MB free is too little."""
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**7, 10**7))
-    with pytest.raises(ConfigError, match=r"checkpoints go to .*/space/checkpoints: one checkpoint needs about "
-                                          r"0.04 GB, 0.01 GB are free there; free space or choose another --logs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoints go to .*/space/checkpoints: one checkpoint needs about "
+        r"0.04 GB, 0.01 GB are free there; free space or choose another --logs",
+    ):
         main(argv(demo_shards, tmp_path, "space", *(["--dry-run"] if dry_run else [])))
     assert not (tmp_path / "space" / "metrics.jsonl").exists()
 
@@ -257,11 +364,12 @@ def test_logs_that_cannot_hold_a_folder_are_refused_before_training(demo_shards,
 def test_a_run_with_the_adacl_memory_bank_resumes_exactly(demo_shards, tmp_path):
     """The memory bank (docs/adacl.md §7) in place of the queue, 2 epochs of 4 steps: resumed from step_6.pt, in
     epoch 1, the run logs the uninterrupted run's losses and ends with its state, the bank's included."""
+
     def bank_argv(name, *extra):
         args = argv(demo_shards, tmp_path, name, *extra)
         args[args.index("--train-num-samples") + 1] = "128"
         position = args.index("--adacl-queue-size")
-        args[position:position + 2] = ["--adacl-bank-size", "48", "--data-size", "512"]
+        args[position : position + 2] = ["--adacl-bank-size", "48", "--data-size", "512"]
         return args
 
     main(bank_argv("reference"))

@@ -5,12 +5,12 @@ import sys
 import pytest
 
 from open_clip_adacl import get_loss_class
-from training.trainer.launch.config import LossConfig
 from training.trainer.distributed import DistributedEnv
 from training.trainer.flags import ConfigError
+from training.trainer.launch.config import LossConfig
+from training.trainer.launch.folder import LossRecords, RunPaths
 from training.trainer.launch.trainer import build_loss
 from training.trainer.run_folder.layout import RunDir
-from training.trainer.launch.folder import LossRecords, RunPaths
 
 ClipLoss = get_loss_class("clip")
 
@@ -34,23 +34,33 @@ def test_a_run_without_epoch_checkpoints_names_its_folder_and_log(tmp_path):
     run = _run_folder(tmp_path, epochs=())
     with pytest.raises(FileNotFoundError, match=r"left no epoch_N\.pt checkpoint .*out\.log"):
         run.final_checkpoint()
-    result = subprocess.run([sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path),
-                             "--final-checkpoint"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path), "--final-checkpoint"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and "left no epoch_N.pt checkpoint" in result.stderr and not result.stdout
 
 
 def test_the_shell_form_prints_the_final_checkpoint(tmp_path):
     run = _run_folder(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path),
-                             "--final-checkpoint"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.trainer.run_folder.layout", str(run.path), "--final-checkpoint"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert result.stdout.strip() == str(run.checkpoint_dir / "epoch_10.pt")
 
 
 def test_records_by_kind_leave_out_a_line_still_being_written(tmp_path):
     run = RunDir(tmp_path)
     assert run.metrics() == [] and run.results() == []  # nothing logged yet
-    lines = [{"kind": "train", "step": 1, "epoch": 0}, {"kind": "val", "step": 1, "epoch": 1},
-             {"kind": "train", "step": 2, "epoch": 1}]
+    lines = [
+        {"kind": "train", "step": 1, "epoch": 0},
+        {"kind": "val", "step": 1, "epoch": 1},
+        {"kind": "train", "step": 2, "epoch": 1},
+    ]
     run.metrics_path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "tra')
     assert run.metrics("train") == [lines[0], lines[2]] and run.steps() == [1, 2]
     assert run.metrics() == lines
@@ -98,6 +108,9 @@ def test_a_loss_record_that_cannot_be_written_is_logged_not_raised(tmp_path, cap
 
 def test_a_loss_that_asks_for_a_plot_the_trainer_does_not_draw_is_refused(monkeypatch):
     monkeypatch.setattr(ClipLoss, "plots", ("histogram",))
-    with pytest.raises(ConfigError, match=r"--loss clip asks for the plot\(s\) histogram, which the trainer does not "
-                                          r"draw \(it draws: margins\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--loss clip asks for the plot\(s\) histogram, which the trainer does not "
+        r"draw \(it draws: margins\)",
+    ):
         build_loss(LossConfig(name="clip", options=ClipLoss.Options()), DistributedEnv())

@@ -1,23 +1,44 @@
 """Mistakes fail in the first minute: `--dry-run` and a run's startup check --pretrained, --imagenet-val,
 the run directory and the warmup before any training step."""
+
 import huggingface_hub
 import pytest
 import torch
 from PIL import Image
 
-from training.trainer.run_folder.checkpoint_digest import with_digest
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.launch.params import ConfigError
+from training.trainer.run_folder.checkpoint_digest import with_digest
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 
 
 def train_argv(demo_shards, logs, name, *extra):
     return [
-        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "64",
-        "--model", "adacl-tiny", "--batch-size", "32", "--lr", "2e-3", "--warmup", "1", "--workers", "0",
-        "--device", "cpu", "--logs", str(logs), "--name", name, "--epochs", "1", *extra,
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "64",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "32",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--epochs",
+        "1",
+        *extra,
     ]
 
 
@@ -50,7 +71,9 @@ def test_dry_run_names_a_missing_or_unreadable_pretrained_file(demo_shards, tmp_
 
 
 def test_dry_run_refuses_a_pretrained_checkpoint_whose_contents_do_not_match_its_digest(demo_shards, tmp_path):
-    payload = with_digest({"state_dict": build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model.state_dict()})
+    payload = with_digest(
+        {"state_dict": build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model.state_dict()}
+    )
     payload["state_dict"]["logit_scale"] += 1  # changed after the digest was taken, as a bad copy would
     damaged = tmp_path / "damaged.pt"
     torch.save(payload, damaged)
@@ -68,8 +91,9 @@ def test_dry_run_accepts_a_state_dict_file(demo_shards, tmp_path, capsys):
 
 def test_dry_run_refuses_an_uncached_pretrained_tag_offline(demo_shards, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    argv = train_argv(demo_shards, tmp_path, "r", "--model", "RN50", "--pretrained", "openai",
-                      "--cache-dir", str(tmp_path / "cache"))
+    argv = train_argv(
+        demo_shards, tmp_path, "r", "--model", "RN50", "--pretrained", "openai", "--cache-dir", str(tmp_path / "cache")
+    )
     message = dry_run_error(argv)
     assert message.startswith("--pretrained openai: the weights of RN50 openai")
     assert "not in the download cache and HF_HUB_OFFLINE is set" in message
@@ -94,11 +118,22 @@ def test_a_bad_imagenet_folder_stops_a_run_before_training(demo_shards, tmp_path
 
 def test_dry_run_names_a_caption_key_the_samples_lack_and_the_fields_they_have(demo_shards, tmp_path):
     message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--caption-key", "txt,nope"))
-    assert message == ("--caption-key nope: none of the first 64 samples of --train-data has a field 'nope' (in any of "
-                       "its first 4 readable shards); their fields are ['json', 'png', 'txt', 'txt_alt', 'txt_pseudo']: "
-                       "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']")
-    message = dry_run_error(train_argv(demo_shards, tmp_path, "r", "--val-data",
-                                       str(demo_shards / "val" / "shard-000000.tar"), "--val-caption-key", "caption"))
+    assert message == (
+        "--caption-key nope: none of the first 64 samples of --train-data has a field 'nope' (in any of "
+        "its first 4 readable shards); their fields are ['json', 'png', 'txt', 'txt_alt', 'txt_pseudo']: "
+        "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']"
+    )
+    message = dry_run_error(
+        train_argv(
+            demo_shards,
+            tmp_path,
+            "r",
+            "--val-data",
+            str(demo_shards / "val" / "shard-000000.tar"),
+            "--val-caption-key",
+            "caption",
+        )
+    )
     assert message.startswith("--val-caption-key caption: none of the first 64 samples of --val-data has a field")
 
 
@@ -112,8 +147,10 @@ def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp
     summary = main(train_argv(demo_shards, tmp_path, "taken"))
     assert load_checkpoint(summary.checkpoint)["step"] == 2
     message = dry_run_error(train_argv(demo_shards, tmp_path, "taken"))
-    assert message == (f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest, roll it back "
-                       f"with --resume {tmp_path / 'taken' / 'checkpoints'}/<checkpoint>, or choose another --name")
+    assert message == (
+        f"{tmp_path / 'taken'} already holds a run; continue it with --resume latest, roll it back "
+        f"with --resume {tmp_path / 'taken' / 'checkpoints'}/<checkpoint>, or choose another --name"
+    )
     assert main([*train_argv(demo_shards, tmp_path, "taken", "--resume", "latest"), "--dry-run"]) is None
     out = capsys.readouterr().out
     assert "dry run OK" in out and f"--resume latest: the run continues from {summary.checkpoint}" in out
@@ -122,23 +159,26 @@ def test_dry_run_refuses_a_run_directory_in_use_unless_resuming(demo_shards, tmp
 def test_dry_run_of_resume_latest_without_a_run_says_it_starts_from_scratch(demo_shards, tmp_path, capsys):
     assert main([*train_argv(demo_shards, tmp_path, "new", "--resume", "latest"), "--dry-run"]) is None
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == (f"--resume latest: no checkpoint in {tmp_path / 'new' / 'checkpoints'} "
-                                             "yet, so the run starts from scratch")
+    assert captured.out.splitlines()[-1] == (
+        f"--resume latest: no checkpoint in {tmp_path / 'new' / 'checkpoints'} yet, so the run starts from scratch"
+    )
     assert "warning" not in captured.err
 
 
 def without_name(argv):
     index = argv.index("--name")
-    return argv[:index] + argv[index + 2:]
+    return argv[:index] + argv[index + 2 :]
 
 
 def test_resume_latest_without_a_name_is_warned_about(demo_shards, tmp_path, capsys):
     argv = without_name(train_argv(demo_shards, tmp_path, "unused", "--resume", "latest"))
     assert main([*argv, "--dry-run"]) is None
     captured = capsys.readouterr()
-    assert captured.err == ("warning: --resume latest without --name: each launch gets a new name (its start time), "
-                            "so a relaunch starts from scratch in a new folder; add --name NAME to continue this run "
-                            "when it is launched again\n")
+    assert captured.err == (
+        "warning: --resume latest without --name: each launch gets a new name (its start time), "
+        "so a relaunch starts from scratch in a new folder; add --name NAME to continue this run "
+        "when it is launched again\n"
+    )
     assert captured.out.splitlines()[-1] == "--resume latest: no --name, so a new run: it starts from scratch"
     # A run logs it too.
     summary = main(argv)
@@ -149,7 +189,8 @@ def test_amp_on_the_cpu_is_warned_about(demo_shards, tmp_path, capsys):
     assert main([*train_argv(demo_shards, tmp_path, "amp", "--precision", "amp"), "--dry-run"]) is None
     assert capsys.readouterr().err == (
         "warning: --precision amp on the CPU: autocast trains slower there than fp32 (3x for adacl-tiny on 2 "
-        "cores); drop --precision (fp32 is the CPU's default) unless you are testing it\n")
+        "cores); drop --precision (fp32 is the CPU's default) unless you are testing it\n"
+    )
     assert main([*train_argv(demo_shards, tmp_path, "fp32"), "--dry-run"]) is None
     assert capsys.readouterr().err == ""
 
@@ -200,10 +241,14 @@ def test_dry_run_lists_the_loss_options_that_differ_from_their_defaults_one_a_li
     out = capsys.readouterr().out.splitlines()
     plan = out.index(next(line for line in out if line.startswith("dry run OK: ")))
     assert out[plan].startswith("dry run OK: --model adacl-tiny --loss adacl; 1 rank(s)") and "{" not in out[plan]
-    listed = out[plan + 1:]
+    listed = out[plan + 1 :]
     options = get_loss_class("adacl").Options
-    expected = {spec.name: spec.default for spec in options.specs()
-                if getattr(options.build(preset="paper"), spec.name) != spec.default}
+    expected = {
+        spec.name: spec.default
+        for spec in options.specs()
+        if getattr(options.build(preset="paper"), spec.name) != spec.default
+    }
     assert len(expected) >= 3 and [line.split(":")[0] for line in listed] == [
-        f"  loss option {name}" for name in expected]
+        f"  loss option {name}" for name in expected
+    ]
     assert all(line.endswith(f"(default {expected[line.split(':')[0].split()[-1]]})") for line in listed)

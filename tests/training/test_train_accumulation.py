@@ -12,6 +12,7 @@ gradients instead of taking one also rounds differently; for weights whose gradi
 rounding (the attention's key bias) Adam turns that noise into full-size steps, hence a tolerance
 on the relative difference of all weights together rather than per tensor.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,9 +25,9 @@ import torch
 
 from helpers.distributed_utils import free_port, run_on_ranks
 from open_clip_adacl import create_loss, get_loss_class, list_losses
+from training.main import main
 from training.trainer.launch import params
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.main import main
 
 MICRO_BATCH = 4
 NUM_SAMPLES = 64  # one process: 8 steps of 8 samples; 2 ranks: 4 steps of 16
@@ -49,12 +50,43 @@ ACCUM_FREQS = (2, 1)
 def _argv(demo_shards, logs, run: str, accum_freq: int):
     loss, flags = RUNS[run]
     batch_size = MICRO_BATCH * max(ACCUM_FREQS) // accum_freq
-    return ["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-            "--train-num-samples", str(NUM_SAMPLES), "--model", "adacl-tiny", "--batch-size", str(batch_size),
-            "--accum-freq", str(accum_freq), "--lr", "2e-3", "--warmup", "1", "--wd", "0.1", "--epochs", "1",
-            "--seed", "0", "--workers", "0", "--device", "cpu", "--aug-cfg", "scale=(1.0, 1.0)",
-            "--local-loss", "--gather-with-grad", "--loss", loss, *flags,
-            "--logs", str(logs), "--name", f"{run}-accum{accum_freq}"]
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        str(NUM_SAMPLES),
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        str(batch_size),
+        "--accum-freq",
+        str(accum_freq),
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "1",
+        "--wd",
+        "0.1",
+        "--epochs",
+        "1",
+        "--seed",
+        "0",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--aug-cfg",
+        "scale=(1.0, 1.0)",
+        "--local-loss",
+        "--gather-with-grad",
+        "--loss",
+        loss,
+        *flags,
+        "--logs",
+        str(logs),
+        "--name",
+        f"{run}-accum{accum_freq}",
+    ]
 
 
 def _train_every_loss(rank, world_size, demo_shards, logs, ports=None):
@@ -85,8 +117,9 @@ def trained(demo_shards, module_tmp):
                 results[1] = _train_every_loss(0, 1, demo_shards, module_tmp("single"))
             else:
                 ports = [free_port() for _ in range(len(RUNS) * len(ACCUM_FREQS))]
-                results[world_size] = run_on_ranks(_train_every_loss, world_size, demo_shards, module_tmp("ranks"),
-                                                   ports, init_group=False)[0]
+                results[world_size] = run_on_ranks(
+                    _train_every_loss, world_size, demo_shards, module_tmp("ranks"), ports, init_group=False
+                )[0]
         return results[world_size]
 
     return on
@@ -102,7 +135,8 @@ def _relative_difference(state: Dict[str, torch.Tensor], reference: Dict[str, to
 @pytest.mark.parametrize("run", list(RUNS))
 def test_accumulated_micro_batches_train_like_one_large_batch(trained, run, world_size):
     (weights, loss_state), (reference_weights, reference_state) = (
-        trained(world_size)[run, accum_freq] for accum_freq in ACCUM_FREQS)
+        trained(world_size)[run, accum_freq] for accum_freq in ACCUM_FREQS
+    )
     loss = RUNS[run][0]
     assert weights.keys() == reference_weights.keys()
     assert _relative_difference(weights, reference_weights) < MAX_WEIGHT_DIFFERENCE

@@ -1,4 +1,5 @@
 """The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
+
 import logging
 import math
 import re
@@ -10,23 +11,42 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
-from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.distributed import DistributedEnv
-from training.trainer.run_folder.logger import MetricsWriter
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
+from training.trainer.distributed import DistributedEnv
+from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
+from training.trainer.engine.loop import EpochLoop, NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
 from training.trainer.engine.precision import build_precision
-from training.trainer.engine.loop import EpochLoop, NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.logger import MetricsWriter
 
 
 def train_argv(demo_shards, logs, name, *extra):
     return [
-        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--model", "adacl-tiny", "--batch-size", "32", "--lr", "2e-3", "--warmup", "4", "--wd", "0.1",
-        "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "32",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "4",
+        "--wd",
+        "0.1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--log-every-n-steps",
+        "1",
         *extra,
     ]
 
@@ -38,12 +58,17 @@ OPENCLIP_LINE = re.compile(
     r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<samples>\d+)/(?P<samples_per_epoch>\d+) \((?P<percent>\d+)%\)\] "
     r"Data \(t\): (?P<data_time>[\d.]+) Batch \(t\): (?P<batch_time>[\d.]+), (?P<throughput>[\d.e+]+)/s, "
     r"(?P<throughput_per_gpu>[\d.e+]+)/s/gpu LR: (?P<lr>[\d.]+) Logit Scale: (?P<logit_scale>[\d.]+) "
-    r"(?:\w+: [\d.]+ \([\d.]+\) )*Loss: (?P<loss>[\d.]+) \((?P<loss_mean>[\d.]+)\)")
+    r"(?:\w+: [\d.]+ \([\d.]+\) )*Loss: (?P<loss>[\d.]+) \((?P<loss_mean>[\d.]+)\)"
+)
 # What OpenCLIP 3.3.0 prints for a CLIP loss, as its f-string formats it.
-OPENCLIP_EXAMPLE = ("Train Epoch: 0 [ 4096/10000 (41%)] Data (t): 0.123 Batch (t): 0.456, 8982.46/s, 1122.81/s/gpu "
-                    "LR: 0.000500 Logit Scale: 14.286 Contrastive_loss: 5.1234 (5.3456) Loss: 5.1234 (5.3456)")
-PROGRESS = re.compile(r" \| step (?P<step>\d+), samples seen (?P<seen>\d+), time left: epoch (?P<epoch_left>[^,]+), "
-                      r"run (?P<run_left>\d+ s|\d+ min|\d+ h \d\d min)")
+OPENCLIP_EXAMPLE = (
+    "Train Epoch: 0 [ 4096/10000 (41%)] Data (t): 0.123 Batch (t): 0.456, 8982.46/s, 1122.81/s/gpu "
+    "LR: 0.000500 Logit Scale: 14.286 Contrastive_loss: 5.1234 (5.3456) Loss: 5.1234 (5.3456)"
+)
+PROGRESS = re.compile(
+    r" \| step (?P<step>\d+), samples seen (?P<seen>\d+), time left: epoch (?P<epoch_left>[^,]+), "
+    r"run (?P<run_left>\d+ s|\d+ min|\d+ h \d\d min)"
+)
 
 
 def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
@@ -57,10 +82,12 @@ def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
         parsed, progress = OPENCLIP_LINE.match(line), PROGRESS.search(line)
         assert parsed and progress, line
         step_in_epoch = (record["step"] - 1) % steps_per_epoch + 1
-        epoch_losses = epoch_losses[:step_in_epoch - 1] + [record["loss"]]
+        epoch_losses = epoch_losses[: step_in_epoch - 1] + [record["loss"]]
         assert int(parsed["epoch"]) == record["epoch"]
-        assert (int(parsed["samples"]), int(parsed["samples_per_epoch"])) == (step_in_epoch * batch_size,
-                                                                              steps_per_epoch * batch_size)
+        assert (int(parsed["samples"]), int(parsed["samples_per_epoch"])) == (
+            step_in_epoch * batch_size,
+            steps_per_epoch * batch_size,
+        )
         assert float(parsed["loss"]) == pytest.approx(record["loss"], rel=1e-4)
         assert float(parsed["loss_mean"]) == pytest.approx(sum(epoch_losses) / len(epoch_losses), rel=1e-4)
         assert float(parsed["throughput"]) == pytest.approx(record["samples_per_second"], rel=1e-4)
@@ -70,9 +97,19 @@ def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
 
 
 def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
-    summary = main(train_argv(demo_shards, tmp_path, "smoke", "--epochs", "3",
-                              "--val-data", str(demo_shards / "val" / "shard-000000.tar"),
-                              "--report-to", "tensorboard"))
+    summary = main(
+        train_argv(
+            demo_shards,
+            tmp_path,
+            "smoke",
+            "--epochs",
+            "3",
+            "--val-data",
+            str(demo_shards / "val" / "shard-000000.tar"),
+            "--report-to",
+            "tensorboard",
+        )
+    )
     run = tmp_path / "smoke"
     steps = RunDir(run).metrics("train")
     assert [r["step"] for r in steps] == list(range(1, 49)) and summary.step == 48 and summary.epoch == 3
@@ -119,8 +156,22 @@ def test_missing_shards_are_a_clear_error_before_training(tmp_path):
     from training.trainer.launch.params import ConfigError
 
     with pytest.raises(ConfigError, match="do not exist"):
-        main(["--train-data", str(tmp_path / "nowhere-{000..003}.tar"), "--model", "adacl-tiny",
-              "--device", "cpu", "--workers", "0", "--logs", str(tmp_path), "--name", "missing"])
+        main(
+            [
+                "--train-data",
+                str(tmp_path / "nowhere-{000..003}.tar"),
+                "--model",
+                "adacl-tiny",
+                "--device",
+                "cpu",
+                "--workers",
+                "0",
+                "--logs",
+                str(tmp_path),
+                "--name",
+                "missing",
+            ]
+        )
     assert not (tmp_path / "missing").exists()
 
 
@@ -186,8 +237,14 @@ def _batches(poisoned, num=6, batch=4):
         index = torch.arange(batch) + batch * i
         if i in poisoned:
             index = -index - 1
-        out.append((torch.randn(batch, 3, 32, 32, generator=g), torch.randint(1, 500, (batch, 24), generator=g),
-                    index, torch.tensor([i, 1])))
+        out.append(
+            (
+                torch.randn(batch, 3, 32, 32, generator=g),
+                torch.randint(1, 500, (batch, 24), generator=g),
+                index,
+                torch.tensor([i, 1]),
+            )
+        )
     return out
 
 
@@ -211,12 +268,29 @@ def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0
     checkpointer = None
     if save_every:
         components = run_components(model=model, optimizer=optimizer, scaler=None, loss=loss_fn, state=state)
-        checkpointer = Checkpointer(CheckpointConfig(save_every_n_steps=save_every),
-                                    checkpoint_dir=str(tmp_path / "checkpoints"), components=components,
-                                    env=DistributedEnv(), name="n", args={}, model_cfg={}, preprocess_cfg={})
-    trainer = EpochLoop(model, loss_fn, optimizer, None, build_precision("fp32", torch.device("cpu")), state,
-                      TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
-                      DistributedEnv(), metrics, skip_reasons=("bad_image", "empty_caption"), checkpointer=checkpointer)
+        checkpointer = Checkpointer(
+            CheckpointConfig(save_every_n_steps=save_every),
+            checkpoint_dir=str(tmp_path / "checkpoints"),
+            components=components,
+            env=DistributedEnv(),
+            name="n",
+            args={},
+            model_cfg={},
+            preprocess_cfg={},
+        )
+    trainer = EpochLoop(
+        model,
+        loss_fn,
+        optimizer,
+        None,
+        build_precision("fp32", torch.device("cpu")),
+        state,
+        TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
+        DistributedEnv(),
+        metrics,
+        skip_reasons=("bad_image", "empty_caption"),
+        checkpointer=checkpointer,
+    )
     return trainer, snapshots
 
 
@@ -242,8 +316,10 @@ def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
 def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes_and_the_last_good_checkpoint(tmp_path):
     """No step checkpoint is written during the streak (steps 3 to 5, as metrics.jsonl numbers them): the stop
     names step_2.pt."""
-    stop = (r"3 consecutive steps.*the last at step 5 .*learning rate.*precision.*; resume from the last checkpoint "
-            r"written at a finite step, .*/step_2.pt, with --resume ")
+    stop = (
+        r"3 consecutive steps.*the last at step 5 .*learning rate.*precision.*; resume from the last checkpoint "
+        r"written at a finite step, .*/step_2.pt, with --resume "
+    )
     with pytest.raises(NonFiniteLossError, match=stop):
         _run_epoch(_batches(poisoned={2, 3, 4}), tmp_path, max_nonfinite=3, save_every=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_1.pt", "step_2.pt"]
@@ -262,8 +338,10 @@ def test_a_streak_at_the_end_of_an_epoch_writes_no_checkpoint_and_names_the_last
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2.pt", "step_4.pt"]
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert [w.split(":")[0] for w in warnings if "non-finite loss (" in w] == ["Step 5", "Step 6"]
-    assert warnings[-1] == ("Not writing step_6.pt, epoch_1.pt: the loss of the last 2 step(s) was non-finite; the "
-                            f"last checkpoint written at a finite step is {checkpoints / 'step_4.pt'}")
+    assert warnings[-1] == (
+        "Not writing step_6.pt, epoch_1.pt: the loss of the last 2 step(s) was non-finite; the "
+        f"last checkpoint written at a finite step is {checkpoints / 'step_4.pt'}"
+    )
     assert [r["step"] for r in RunDir(tmp_path).metrics("train")] == [1, 2, 3, 4, 5, 6]
 
 
@@ -283,9 +361,11 @@ def test_a_state_made_nonfinite_by_the_update_of_a_finite_step_is_never_written_
     with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteLossError, match=r"step_1\.pt, with --resume "):
         train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["step_1.pt"]
-    assert (f"Not writing step_2.pt: the state after step 2's update holds non-finite values (1 tensors, e.g. "
-            f"state_dict.{weight_name}); the last checkpoint written at a finite step is "
-            f"{tmp_path / 'checkpoints' / 'step_1.pt'}") in caplog.text
+    assert (
+        f"Not writing step_2.pt: the state after step 2's update holds non-finite values (1 tensors, e.g. "
+        f"state_dict.{weight_name}); the last checkpoint written at a finite step is "
+        f"{tmp_path / 'checkpoints' / 'step_1.pt'}"
+    ) in caplog.text
     saved = load_checkpoint(tmp_path / "checkpoints" / "step_1.pt")
     assert all(torch.isfinite(value).all() for value in saved["state_dict"].values() if value.is_floating_point())
 
@@ -307,7 +387,8 @@ def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
     _, _, _, reference = _run_epoch(clean, tmp_path / "clean", loss_fn=create_loss("adacl", queue_size=8))
     assert result.num_nonfinite_steps == 1 and math.isfinite(result.loss)
     assert [r["loss"] for r in RunDir(tmp_path / "poisoned").metrics("train")][2:] == [
-        r["loss"] for r in RunDir(tmp_path / "clean").metrics("train")][1:]  # the next steps: finite, as if clean
+        r["loss"] for r in RunDir(tmp_path / "clean").metrics("train")
+    ][1:]  # the next steps: finite, as if clean
     for key, value in reference.state_dict().items():
         assert torch.equal(loss_fn.state_dict()[key], value), key
     assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()
@@ -325,8 +406,19 @@ def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_pat
     from training.trainer.launch.params import config_from_record, config_from_values, given_values
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
-    argv = train_argv(demo_shards, tmp_path, "from-python", "--epochs", "1", "--train-num-samples", "64",
-                      "--loss", "adacl", "--adacl-preset", "paper")
+    argv = train_argv(
+        demo_shards,
+        tmp_path,
+        "from-python",
+        "--epochs",
+        "1",
+        "--train-num-samples",
+        "64",
+        "--loss",
+        "adacl",
+        "--adacl-preset",
+        "paper",
+    )
     config = config_from_values(given_values(argv))
     summary = run(config)
     record = summary.record

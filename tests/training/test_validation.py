@@ -1,4 +1,5 @@
 """In-training validation: retrieval and loss against brute force, zero-shot on a fake ImageFolder."""
+
 import json
 import math
 
@@ -48,8 +49,8 @@ def brute_force_clip_loss(image_features, text_features, logit_scale, batch_size
     """Per-batch symmetric cross-entropy with the diagonal as targets, averaged over samples."""
     total = 0.0
     for start in range(0, len(image_features), batch_size):
-        x = F.normalize(image_features[start:start + batch_size], dim=-1).double()
-        y = F.normalize(text_features[start:start + batch_size], dim=-1).double()
+        x = F.normalize(image_features[start : start + batch_size], dim=-1).double()
+        y = F.normalize(text_features[start : start + batch_size], dim=-1).double()
         logits = logit_scale * x @ y.T
         for i in range(len(x)):
             total += 0.5 * (torch.logsumexp(logits[i], 0) - logits[i, i]).item()
@@ -64,8 +65,10 @@ def test_run_validation_matches_brute_force():
     # Texts correlated with their image so recall lies strictly between chance and 1.
     text_features = image_features + 1.5 * torch.randn(num_samples, dim, generator=generator)
     metrics = run_validation(
-        FeatureClip(logit_scale), list(feature_batches(image_features, text_features, batch_size)),
-        device="cpu", epoch=1,
+        FeatureClip(logit_scale),
+        list(feature_batches(image_features, text_features, batch_size)),
+        device="cpu",
+        epoch=1,
     )
     similarity = F.normalize(image_features, dim=-1) @ F.normalize(text_features, dim=-1).T
     assert metrics["val/num_samples"] == num_samples
@@ -81,8 +84,12 @@ def test_run_validation_on_tiny_clip_accepts_tuple_outputs():
     model = open_clip.create_model("adacl-tiny", output_dict=False)
     generator = torch.Generator().manual_seed(1)
     batches = [
-        (torch.rand(6, 3, 32, 32, generator=generator), torch.randint(1, 400, (6, 24), generator=generator),
-         torch.arange(6) + 6 * b, torch.zeros(2, dtype=torch.long))
+        (
+            torch.rand(6, 3, 32, 32, generator=generator),
+            torch.randint(1, 400, (6, 24), generator=generator),
+            torch.arange(6) + 6 * b,
+            torch.zeros(2, dtype=torch.long),
+        )
         for b in range(2)
     ]
     metrics = run_validation(model, batches, device="cpu", epoch=3)
@@ -116,32 +123,45 @@ def write_fake_image_folder(root, layout):
 
 def test_zero_shot_on_fake_image_folder_has_the_known_accuracy(tmp_path):
     # Folders sort as n0 < n1 < n2 (synset-like ids), named by the classnames list in that order.
-    write_fake_image_folder(tmp_path, {
-        "n0": ["red", "red", "blue"],  # one image in the wrong folder
-        "n1": ["green", "green"],
-        "n2": ["blue", "blue", "blue"],
-    })
+    write_fake_image_folder(
+        tmp_path,
+        {
+            "n0": ["red", "red", "blue"],  # one image in the wrong folder
+            "n1": ["green", "green"],
+            "n2": ["blue", "blue", "blue"],
+        },
+    )
     classnames = ["red", "green", "blue"]
 
     def tokenizer(texts):
         return torch.tensor([[classnames.index(text.split()[-1])] for text in texts])
 
     metrics = zero_shot_imagenet(
-        ColorClip(), tokenizer, imagenet_folder(tmp_path, to_tensor, num_classes=3), device="cpu", batch_size=3,
-        classnames=classnames, templates=["a photo of {}", "a drawing of {}"],
+        ColorClip(),
+        tokenizer,
+        imagenet_folder(tmp_path, to_tensor, num_classes=3),
+        device="cpu",
+        batch_size=3,
+        classnames=classnames,
+        templates=["a photo of {}", "a drawing of {}"],
     )
     assert metrics == {"val/imagenet-zeroshot-val-top1": pytest.approx(7 / 8)}
 
 
 def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
-    write_fake_image_folder(tmp_path, {f"n{c}": [color] * 2 for c, color in enumerate(
-        ["red", "green", "blue", "red", "green", "blue"])})
+    write_fake_image_folder(
+        tmp_path, {f"n{c}": [color] * 2 for c, color in enumerate(["red", "green", "blue", "red", "green", "blue"])}
+    )
     model, _, preprocess = open_clip.create_model_and_transforms("adacl-tiny")
     classnames = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     metrics = zero_shot_imagenet(
-        model, open_clip.get_tokenizer("adacl-tiny"), imagenet_folder(tmp_path, preprocess, num_classes=6),
-        device="cpu", batch_size=4,
-        classnames=classnames, templates=["a photo of a {}."],
+        model,
+        open_clip.get_tokenizer("adacl-tiny"),
+        imagenet_folder(tmp_path, preprocess, num_classes=6),
+        device="cpu",
+        batch_size=4,
+        classnames=classnames,
+        templates=["a photo of a {}."],
     )
     assert set(metrics) == {"val/imagenet-zeroshot-val-top1", "val/imagenet-zeroshot-val-top5"}
     assert 0.0 <= metrics["val/imagenet-zeroshot-val-top1"] <= metrics["val/imagenet-zeroshot-val-top5"] <= 1.0
@@ -150,8 +170,13 @@ def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
 def test_zero_shot_refuses_mismatched_classnames(tmp_path):
     write_fake_image_folder(tmp_path, {"n0": ["red"], "n1": ["blue"]})
     with pytest.raises(ValueError, match="2 class folders but 3 class names"):
-        zero_shot_imagenet(ColorClip(), None, imagenet_folder(tmp_path, to_tensor, num_classes=2), device="cpu",
-                           classnames=["a", "b", "c"])
+        zero_shot_imagenet(
+            ColorClip(),
+            None,
+            imagenet_folder(tmp_path, to_tensor, num_classes=2),
+            device="cpu",
+            classnames=["a", "b", "c"],
+        )
 
 
 def test_imagenet_folder_names_what_is_wrong(tmp_path):

@@ -4,6 +4,7 @@ A new loss is one module in this package: a `Loss` subclass with its `Options` d
 capabilities, decorated with `@register_loss("name")`. Every module here is imported below, which
 registers its losses; the trainer derives `--<name>-<option>` flags from the options.
 """
+
 import importlib
 import pkgutil
 
@@ -14,6 +15,19 @@ from .registry import create_loss, get_loss_class, list_losses, register_loss
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["ContrastiveLoss", "DistributedSetup", "EpochGatedLoss", "EpochGatedOptions", "GlobalBatch", "Loss",
-           "LossOption", "LossOptions", "SampleStateOptions", "create_loss", "get_loss_class", "list_losses",
-           "option", "register_loss"]
+__all__ = [
+    "ContrastiveLoss",
+    "DistributedSetup",
+    "EpochGatedLoss",
+    "EpochGatedOptions",
+    "GlobalBatch",
+    "Loss",
+    "LossOption",
+    "LossOptions",
+    "SampleStateOptions",
+    "create_loss",
+    "get_loss_class",
+    "list_losses",
+    "option",
+    "register_loss",
+]

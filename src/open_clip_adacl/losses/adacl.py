@@ -16,6 +16,7 @@ log-sum-exp taken from one pass over the logits that the selection shares; no mo
 logit matrix is ever built. `modulate=False` skips all that and trains with ClipLoss's exact code
 path while still computing and logging the margins.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import adacl_math, fused, row_passes
-from ..selection import (AnchorSelection, RowSummary, row_value_from_owner, select_anchor,
-                         summarize_rows)
+from ..selection import AnchorSelection, RowSummary, row_value_from_owner, select_anchor, summarize_rows
 from ..state import last_occurrence
 from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
 from .options import DistributedSetup, SampleStateOptions, option
@@ -38,9 +38,17 @@ MODES = ("literal", "calibrated")
 # Why a direction fell back to vanilla CL this step (first failing guard wins; docs/method.md §3 "Guards").
 FALLBACK_REASONS = ("few_rows", "flat_reference", "no_candidates", "bad_margins")
 MIN_ROWS = 3  # two reference rows with at least two negatives each
-ALGORITHM_1 = {"mode": "literal", "salient": "max", "prior_ratio": 1.0, "candidate_region": "gda",
-               "anchor_stat": "median", "positive_grad": "fixed", "boundary": 1.0, "boundary_kind": "fixed",
-               "modulate": True}
+ALGORITHM_1 = {
+    "mode": "literal",
+    "salient": "max",
+    "prior_ratio": 1.0,
+    "candidate_region": "gda",
+    "anchor_stat": "median",
+    "positive_grad": "fixed",
+    "boundary": 1.0,
+    "boundary_kind": "fixed",
+    "modulate": True,
+}
 # Per-step 0/1 stats: which of calibrated mode's bounds changed the closed forms (docs/adacl.md).
 BOUND_STATS = ("anchor_clamped", "scale_bounded", "offset_bounded")
 
@@ -79,13 +87,13 @@ class DirectionSelection(NamedTuple):
 class DirectionMargins(NamedTuple):
     """What `_margins` decided for one direction (0-dim, no gradient, identical on every rank)."""
 
-    m1: torch.Tensor        # the applied margins (vanilla's on a fallback step)
+    m1: torch.Tensor  # the applied margins (vanilla's on a fallback step)
     m2: torch.Tensor
     modulated: torch.Tensor  # bool: no guard failed
-    row: torch.Tensor        # global anchor row u (-1: none)
-    anchor: torch.Tensor     # a, as the closed forms took it (before any clamp)
+    row: torch.Tensor  # global anchor row u (-1: none)
+    anchor: torch.Tensor  # a, as the closed forms took it (before any clamp)
     log_z_u: torch.Tensor
-    gap: torch.Tensor        # the anchor element's gap, cosine units
+    gap: torch.Tensor  # the anchor element's gap, cosine units
 
 
 @register_loss("adacl")
@@ -103,83 +111,130 @@ class AdaCLLoss(ContrastiveLoss):
         # `first-reading` to our first reading (detached margins, progressive p_u, the positive as anchor).
         PRESETS = {
             "algorithm1": ALGORITHM_1,
-            "paper": {**ALGORITHM_1, "anchor_prob": "vanilla", "margin_grad": "closed_form", "anchor_value": "positive",
-                      "eps": 1e-4},
-            "first-reading": {**ALGORITHM_1, "anchor_prob": "progressive", "margin_grad": "detached",
-                              "anchor_value": "positive"},
+            "paper": {
+                **ALGORITHM_1,
+                "anchor_prob": "vanilla",
+                "margin_grad": "closed_form",
+                "anchor_value": "positive",
+                "eps": 1e-4,
+            },
+            "first-reading": {
+                **ALGORITHM_1,
+                "anchor_prob": "progressive",
+                "margin_grad": "detached",
+                "anchor_value": "positive",
+            },
         }
 
         preset: Optional[str] = option(
-            None, "'algorithm1': every choice the method text fixes set to our reconstruction of Algorithm 1 "
+            None,
+            "'algorithm1': every choice the method text fixes set to our reconstruction of Algorithm 1 "
             "(docs/method.md §3: literal closed forms, GDA candidates, median anchor, the steep positive, boundary "
             "1), the open readings left to --adacl-anchor-prob, --adacl-margin-grad and --adacl-anchor-value; "
             "'paper': algorithm1 with the one reading of ours that trained without collapsing (closed-form "
             "margins, vanilla p_u, the positive as anchor, eps 1e-4; docs/adacl.md §5.0); 'first-reading': "
             "algorithm1 with our first reading (progressive p_u, detached margins, the owning row's positive as "
             "anchor), which collapses; options given with a preset that contradict it are refused",
-            choices=(None, "algorithm1", "paper", "first-reading"))
+            choices=(None, "algorithm1", "paper", "first-reading"),
+        )
         mode: str = option(
-            "calibrated", "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
+            "calibrated",
+            "'literal': Algorithm 1's closed forms exactly (docs/method.md §3.7); 'calibrated': our "
             "extension: m1 >= logit_scale and m2 >= 0, bounded and smoothed; the positive logit is below vanilla's "
-            "for pairs less similar than the anchor and above it for the others (docs/adacl.md)", choices=MODES)
+            "for pairs less similar than the anchor and above it for the others (docs/adacl.md)",
+            choices=MODES,
+        )
         eps: float = option(
-            1e-3, "literal mode: boundary error eps, the modulated probability at the boundary similarity is 1 - eps")
+            1e-3, "literal mode: boundary error eps, the modulated probability at the boundary similarity is 1 - eps"
+        )
         rho: float = option(
-            0.1, "calibrated mode: eps = rho * (1 - p_vanilla(boundary)), the boundary error relative to vanilla "
-            "CL's, in (0, 1); smaller sharpens more")
+            0.1,
+            "calibrated mode: eps = rho * (1 - p_vanilla(boundary)), the boundary error relative to vanilla "
+            "CL's, in (0, 1); smaller sharpens more",
+        )
         anchor_stat: str = option(
-            "median", "statistic of the clone candidates' gaps s_ii - s_ij that picks the anchor (the paper's "
-            "ablation: median best, max worst)", choices=adacl_math.ANCHOR_STATS)
+            "median",
+            "statistic of the clone candidates' gaps s_ii - s_ij that picks the anchor (the paper's "
+            "ablation: median best, max worst)",
+            choices=adacl_math.ANCHOR_STATS,
+        )
         salient: str = option(
-            "max", "salient score of a query: s_ii - max (or mean) of its negatives", choices=adacl_math.SALIENT_KINDS)
+            "max", "salient score of a query: s_ii - max (or mean) of its negatives", choices=adacl_math.SALIENT_KINDS
+        )
         anchor_prob: str = option(
-            "vanilla", "p_u of the anchor pair: its vanilla probability, or 'progressive': its probability under "
-            "the previous step's margins", choices=adacl_math.ANCHOR_PROBS)
+            "vanilla",
+            "p_u of the anchor pair: its vanilla probability, or 'progressive': its probability under "
+            "the previous step's margins",
+            choices=adacl_math.ANCHOR_PROBS,
+        )
         margin_grad: str = option(
-            "detached", "literal mode: 'detached': m1, m2 are constants of each step; 'closed_form': the loss's "
+            "detached",
+            "literal mode: 'detached': m1, m2 are constants of each step; 'closed_form': the loss's "
             "gradient flows through the closed forms m1(a, log Z_u), m2(a, log Z_u) to the anchor row's "
             "features and the temperature (the selection stays non-differentiable; docs/method.md §3.7)",
-            choices=adacl_math.MARGIN_GRADS)
+            choices=adacl_math.MARGIN_GRADS,
+        )
         anchor_value: str = option(
-            "positive", "the anchor a of the closed forms: 'positive': the owning row's positive cosine s_uu; "
+            "positive",
+            "the anchor a of the closed forms: 'positive': the owning row's positive cosine s_uu; "
             "'gap': the selected candidate gap itself, as the method text names the anchor (docs/method.md §3.5)",
-            choices=adacl_math.ANCHOR_VALUES)
+            choices=adacl_math.ANCHOR_VALUES,
+        )
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         boundary: float = option(
-            1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by --adacl-boundary-kind fixed")
+            1.0, "boundary similarity b of Algorithm 1 (the paper: 1), used by --adacl-boundary-kind fixed"
+        )
         boundary_kind: str = option(
-            "fixed", "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the anchor plus the anchor's "
+            "fixed",
+            "'fixed': the boundary is --adacl-boundary; 'gap': b = a + d, the anchor plus the anchor's "
             "clone gap, so the sharpening follows how close clone negatives sit (docs/adacl.md)",
-            choices=adacl_math.BOUNDARY_KINDS)
+            choices=adacl_math.BOUNDARY_KINDS,
+        )
         candidate_region: str = option(
-            "upper", "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' (its part above the "
-            "not-clone mean), 'all' (no discovery: every negative; a control)", choices=adacl_math.CANDIDATE_REGIONS)
+            "upper",
+            "clone candidates: 'gda' (posterior > 1/2, as the paper), 'upper' (its part above the "
+            "not-clone mean), 'all' (no discovery: every negative; a control)",
+            choices=adacl_math.CANDIDATE_REGIONS,
+        )
         queue_size: int = option(
-            0, "FIFO of past batches' (detached, gathered) features used as extra negatives, in the anchor "
-            "statistics and in the denominator; 0 disables it")
+            0,
+            "FIFO of past batches' (detached, gathered) features used as extra negatives, in the anchor "
+            "statistics and in the denominator; 0 disables it",
+        )
         bank_size: int = option(
-            0, "momentum memory bank (docs/method.md §6): one image and one text feature per training sample; the "
+            0,
+            "momentum memory bank (docs/method.md §6): one image and one text feature per training sample; the "
             "M most recently written entries of samples outside the global batch are extra negatives, in the "
-            "anchor statistics and in the denominator (the paper: 4096); needs --data-size; 0 disables it")
+            "anchor statistics and in the denominator (the paper: 4096); needs --data-size; 0 disables it",
+        )
         bank_momentum: float = option(
-            0.99, "memory bank: a seen sample's entry moves as v <- normalize(m v + (1 - m) f), m this momentum")
+            0.99, "memory bank: a seen sample's entry moves as v <- normalize(m v + (1 - m) f), m this momentum"
+        )
         modulate: bool = option(
-            True, "apply the margins; --no-adacl-modulate computes and logs them but trains with ClipLoss exactly")
+            True, "apply the margins; --no-adacl-modulate computes and logs them but trains with ClipLoss exactly"
+        )
         positive_grad: Optional[str] = option(
-            None, "gradient of the modulated positive m1 (s - m2): 'fixed' (slope m1, none to logit_scale, as "
+            None,
+            "gradient of the modulated positive m1 (s - m2): 'fixed' (slope m1, none to logit_scale, as "
             "Algorithm 1 reads), 'scaled' (slope m1, keeps its gradient to logit_scale), 'balanced' (vanilla's "
             "gradient; the margins act as a per-row logit offset); default: 'fixed' in literal mode, 'balanced' in "
-            "calibrated mode", choices=(None,) + adacl_math.POSITIVE_GRADS)
+            "calibrated mode",
+            choices=(None,) + adacl_math.POSITIVE_GRADS,
+        )
         max_scale_ratio: float = option(4.0, "calibrated mode: upper bound of m1 / logit_scale (>= 1)")
         max_offset: float = option(1.0, "calibrated mode: upper bound of m2 (lower bound 0)")
         anchor_min: float = option(0.0, "calibrated mode: the anchor similarity is clamped to at least this")
         anchor_max: float = option(0.9, "calibrated mode: ... and at most this (below the boundary)")
         ema: float = option(
-            0.9, "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) across steps; 0 uses "
-            "each batch's margins as they are")
+            0.9,
+            "calibrated mode: momentum of the moving average of (m1/logit_scale, m2) across steps; 0 uses "
+            "each batch's margins as they are",
+        )
         std_floor: float = option(
-            1e-4, "a reference row whose negatives' std (cosine units) is at most this is degenerate: the "
-            "direction falls back to vanilla")
+            1e-4,
+            "a reference row whose negatives' std (cosine units) is at most this is degenerate: the "
+            "direction falls back to vanilla",
+        )
 
         @property
         def keeps_sample_state(self) -> bool:
@@ -193,25 +248,35 @@ class AdaCLLoss(ContrastiveLoss):
             _check(self.queue_size >= 0, f"queue_size must be >= 0, got {self.queue_size}")
             _check(self.bank_size >= 0, f"bank_size must be >= 0, got {self.bank_size}")
             _check(0 <= self.bank_momentum < 1, f"bank_momentum must be in [0, 1), got {self.bank_momentum}")
-            _check(not (self.queue_size and self.bank_size),
-                   "queue_size and bank_size are two kinds of extra negatives; set one of them, not both")
+            _check(
+                not (self.queue_size and self.bank_size),
+                "queue_size and bank_size are two kinds of extra negatives; set one of them, not both",
+            )
             _check(self.max_scale_ratio >= 1, f"max_scale_ratio must be >= 1, got {self.max_scale_ratio}")
             _check(self.max_offset >= 0, f"max_offset must be >= 0, got {self.max_offset}")
-            _check(self.anchor_min <= self.anchor_max,
-                   f"need anchor_min <= anchor_max, got {self.anchor_min}, {self.anchor_max}")
-            _check(self.boundary_kind == "gap" or self.anchor_max < self.boundary,
-                   f"a fixed boundary must lie above anchor_max, got anchor_max {self.anchor_max}, "
-                   f"boundary {self.boundary}")
+            _check(
+                self.anchor_min <= self.anchor_max,
+                f"need anchor_min <= anchor_max, got {self.anchor_min}, {self.anchor_max}",
+            )
+            _check(
+                self.boundary_kind == "gap" or self.anchor_max < self.boundary,
+                f"a fixed boundary must lie above anchor_max, got anchor_max {self.anchor_max}, "
+                f"boundary {self.boundary}",
+            )
             _check(0 <= self.ema < 1, f"ema must be in [0, 1), got {self.ema}")
             _check(self.std_floor >= 0, f"std_floor must be >= 0, got {self.std_floor}")
             if self.margin_grad == "closed_form":
-                _check(self.mode == "literal" and self.positive_grad in (None, "fixed"),
-                       "margin_grad='closed_form' is a reading of Algorithm 1's closed forms: it needs mode='literal' "
-                       f"and the steep positive (positive_grad 'fixed'), got mode={self.mode!r}, "
-                       f"positive_grad={self.positive_grad!r}")
-                _check(self.anchor_value == "positive",
-                       "margin_grad='closed_form' differentiates the anchor row's positive cosine; with "
-                       "anchor_value='gap' the gap's negative column is not tracked: use anchor_value='positive'")
+                _check(
+                    self.mode == "literal" and self.positive_grad in (None, "fixed"),
+                    "margin_grad='closed_form' is a reading of Algorithm 1's closed forms: it needs mode='literal' "
+                    f"and the steep positive (positive_grad 'fixed'), got mode={self.mode!r}, "
+                    f"positive_grad={self.positive_grad!r}",
+                )
+                _check(
+                    self.anchor_value == "positive",
+                    "margin_grad='closed_form' differentiates the anchor row's positive cosine; with "
+                    "anchor_value='gap' the gap's negative column is not tracked: use anchor_value='positive'",
+                )
 
     keeps_state = True
     console_stats = ("m2", "anchor", "candidates", "fallbacks")  # fallbacks: cumulative
@@ -277,12 +342,18 @@ class AdaCLLoss(ContrastiveLoss):
     def _bank_rows(self) -> int:
         return self.options.data_size if self.options.bank_size else 0
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         options = self.options
-        what = {"queue": ("queue", options.queue_size, f"queue_size is {options.queue_size}"),
-                "bank": ("memory bank", self._bank_rows, f"this loss's holds {self._bank_rows} (data_size "
-                                                         f"{options.data_size}, bank_size {options.bank_size})")}
+        what = {
+            "queue": ("queue", options.queue_size, f"queue_size is {options.queue_size}"),
+            "bank": (
+                "memory bank",
+                self._bank_rows,
+                f"this loss's holds {self._bank_rows} (data_size {options.data_size}, bank_size {options.bank_size})",
+            ),
+        }
         for name in ("queue_image", "queue_text", "bank_image", "bank_text", "bank_stamp"):
             saved = state_dict.get(prefix + name)
             kind, rows, expected = what[name.split("_")[0]]
@@ -291,8 +362,9 @@ class AdaCLLoss(ContrastiveLoss):
                 raise ValueError(f"the checkpoint's AdaCL {kind} holds {saved.shape[0]} entries but {expected}")
             if saved is not None and saved.shape != getattr(self, name).shape:
                 setattr(self, name, torch.zeros(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         if not self.options.bank_size:  # a checkpoint written before the bank existed holds an empty bank
             missing_keys[:] = [key for key in missing_keys if not key.startswith(prefix + "bank_")]
         # Loading is not the hot path: reading these integers back once is fine.
@@ -302,8 +374,9 @@ class AdaCLLoss(ContrastiveLoss):
 
     # --- forward -----------------------------------------------------------------------------------
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
-                sample_index=None, output_dict=False):
+    def forward(
+        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+    ):
         if self.fallback_counts.device != image_features.device:
             self.to(image_features.device)  # the state follows the features (a Python-side check)
         # Only training steps stage a state update (applied by `commit`), not evaluation passes under no_grad.
@@ -333,8 +406,13 @@ class AdaCLLoss(ContrastiveLoss):
         apart = row_passes.can_run_side_by_side(device, len(DIRECTIONS)) and not batch.rows.split_across_ranks
         calls = [partial(self._select, batch, direction) for direction in DIRECTIONS]
         selections = row_passes.side_by_side(device, calls) if apart else [call() for call in calls]
-        return sum(self._direction_loss(batch, direction, selection)
-                   for direction, selection in zip(DIRECTIONS, selections)) / 2
+        return (
+            sum(
+                self._direction_loss(batch, direction, selection)
+                for direction, selection in zip(DIRECTIONS, selections)
+            )
+            / 2
+        )
 
     def direction_loss(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         """One direction's loss, its selection made alone (`symmetric_loss` makes both at once)."""
@@ -353,10 +431,20 @@ class AdaCLLoss(ContrastiveLoss):
         if batch.all_image_features.shape[0] < MIN_ROWS:
             return DirectionSelection(summary, None)
         scale = batch.logit_scale.detach().double()
-        return DirectionSelection(summary, select_anchor(
-            logits, summary, labels, batch.rows, salient=options.salient, anchor_stat=options.anchor_stat,
-            prior_ratio=options.prior_ratio, std_floor=options.std_floor * scale,
-            region=options.candidate_region))
+        return DirectionSelection(
+            summary,
+            select_anchor(
+                logits,
+                summary,
+                labels,
+                batch.rows,
+                salient=options.salient,
+                anchor_stat=options.anchor_stat,
+                prior_ratio=options.prior_ratio,
+                std_floor=options.std_floor * scale,
+                region=options.candidate_region,
+            ),
+        )
 
     def _direction_loss(self, batch: GlobalBatch, direction: str, selected: "DirectionSelection") -> torch.Tensor:
         logits, labels = batch.logits(direction), batch.labels
@@ -368,8 +456,9 @@ class AdaCLLoss(ContrastiveLoss):
         # CLIP's loss on the same logits, beside the trained one: a loss far below it with recall at chance is
         # a positive logit that stopped tracking the features (docs/adacl.md §5).
         clip_terms = torch.logaddexp(summary.negative_lse, vanilla.detach()) - vanilla.detach()
-        self.stats[f"{direction}/clip_loss"] = (batch.rows.sum(clip_terms.double().sum())
-                                                / batch.all_image_features.shape[0])
+        self.stats[f"{direction}/clip_loss"] = (
+            batch.rows.sum(clip_terms.double().sum()) / batch.all_image_features.shape[0]
+        )
         if not self.options.modulate:
             return super().direction_loss(batch, direction)
         m1, m2 = margins.m1, margins.m2
@@ -386,8 +475,9 @@ class AdaCLLoss(ContrastiveLoss):
         negative_lse = _NegativeLogSumExp.apply(logits, labels, summary.negative_lse)
         return (torch.logaddexp(negative_lse, positive) - positive).mean()
 
-    def _differentiable_margins(self, batch: GlobalBatch, direction: str,
-                                margins: "DirectionMargins") -> Tuple[torch.Tensor, torch.Tensor]:
+    def _differentiable_margins(
+        self, batch: GlobalBatch, direction: str, margins: "DirectionMargins"
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(m1, m2) of the `closed_form` reading: the values `_margins` applied, with the gradient of the closed
         forms through the anchor row's a and log Z_u (from the gathered features, so every rank differentiates
         the same global row) and the temperature. A fallback step gets vanilla's margins and no such gradient."""
@@ -396,8 +486,9 @@ class AdaCLLoss(ContrastiveLoss):
         columns = batch.candidate_features(direction)
         if direction in self._extra_columns:  # log Z_u sums over the extra negatives too
             columns = torch.cat([columns, self._extra_columns[direction]])
-        anchor, log_z_u = adacl_math.anchor_row_terms(queries.index_select(0, row.view(1))[0], columns, row,
-                                                 batch.logit_scale)
+        anchor, log_z_u = adacl_math.anchor_row_terms(
+            queries.index_select(0, row.view(1))[0], columns, row, batch.logit_scale
+        )
         modulated = margins.modulated
         zero = torch.zeros((), dtype=torch.float64, device=anchor.device)
         # Inputs of a fallback step are replaced, not only its outputs: the closed forms of a degenerate row may
@@ -411,8 +502,9 @@ class AdaCLLoss(ContrastiveLoss):
     # --- margins -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _margins(self, batch: GlobalBatch, direction: str, selected: "DirectionSelection",
-                 similarity: torch.Tensor) -> "DirectionMargins":
+    def _margins(
+        self, batch: GlobalBatch, direction: str, selected: "DirectionSelection", similarity: torch.Tensor
+    ) -> "DirectionMargins":
         """One direction's applied margins and the anchor they came from, all 0-dim and identical on every
         rank; logs stats."""
         summary, selection = selected
@@ -424,22 +516,49 @@ class AdaCLLoss(ContrastiveLoss):
         zero = torch.zeros((), dtype=torch.float64, device=logits.device)
         if selection is None:  # fewer than MIN_ROWS rows
             failed = torch.tensor([True, False, False, False], device=logits.device)
-            self._record(index, failed, vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
-                         {"anchor": zero, "anchor_used": zero, "p_u": zero, "log_z_u": zero, "candidates": zero,
-                          "anchor_gap": zero, "closed_m1_over_scale": zero, "closed_m2": zero, "boundary": zero,
-                          **{name: zero for name in BOUND_STATS}}, scale)
+            self._record(
+                index,
+                failed,
+                vanilla_m1,
+                vanilla_m2,
+                torch.zeros((), dtype=torch.bool, device=logits.device),
+                {
+                    "anchor": zero,
+                    "anchor_used": zero,
+                    "p_u": zero,
+                    "log_z_u": zero,
+                    "candidates": zero,
+                    "anchor_gap": zero,
+                    "closed_m1_over_scale": zero,
+                    "closed_m2": zero,
+                    "boundary": zero,
+                    **{name: zero for name in BOUND_STATS},
+                },
+                scale,
+            )
             no_row = torch.full((), -1, dtype=torch.long, device=logits.device)
-            return DirectionMargins(vanilla_m1, vanilla_m2, torch.zeros((), dtype=torch.bool, device=logits.device),
-                                    no_row, zero, zero, zero)
+            return DirectionMargins(
+                vanilla_m1,
+                vanilla_m2,
+                torch.zeros((), dtype=torch.bool, device=logits.device),
+                no_row,
+                zero,
+                zero,
+                zero,
+            )
 
         options = self.options
         gap = selection.gap.double() / scale  # cosine units
-        anchor = (gap if options.anchor_value == "gap" else
-                  row_value_from_owner(similarity, selection.row, labels, batch.rows).double())
+        anchor = (
+            gap
+            if options.anchor_value == "gap"
+            else row_value_from_owner(similarity, selection.row, labels, batch.rows).double()
+        )
         log_z_u = row_value_from_owner(summary.negative_lse, selection.row, labels, batch.rows).double() - bias
         margins = self._closed_forms(index, anchor, log_z_u, scale, gap)
-        failed = torch.stack([torch.zeros_like(margins.valid), selection.flat_reference,
-                              selection.num_candidates == 0, ~margins.valid])
+        failed = torch.stack(
+            [torch.zeros_like(margins.valid), selection.flat_reference, selection.num_candidates == 0, ~margins.valid]
+        )
         modulated = ~failed.any()
         m1, m2 = margins.m1, margins.m2
         if options.mode == "calibrated" and options.ema > 0:
@@ -447,16 +566,33 @@ class AdaCLLoss(ContrastiveLoss):
             m1 = m1 * scale
         m1 = torch.where(modulated, m1, vanilla_m1)
         m2 = torch.where(modulated, m2, vanilla_m2)
-        self._record(index, failed, m1, m2, modulated, {
-            "anchor": anchor, "anchor_used": margins.anchor, "p_u": margins.p_u, "log_z_u": log_z_u,
-            "candidates": selection.num_candidates.double(), "anchor_gap": gap,
-            "closed_m1_over_scale": margins.closed_m1 / scale, "closed_m2": margins.closed_m2,
-            "boundary": margins.boundary, "anchor_clamped": margins.anchor_clamped,
-            "scale_bounded": margins.scale_bounded, "offset_bounded": margins.offset_bounded}, scale)
+        self._record(
+            index,
+            failed,
+            m1,
+            m2,
+            modulated,
+            {
+                "anchor": anchor,
+                "anchor_used": margins.anchor,
+                "p_u": margins.p_u,
+                "log_z_u": log_z_u,
+                "candidates": selection.num_candidates.double(),
+                "anchor_gap": gap,
+                "closed_m1_over_scale": margins.closed_m1 / scale,
+                "closed_m2": margins.closed_m2,
+                "boundary": margins.boundary,
+                "anchor_clamped": margins.anchor_clamped,
+                "scale_bounded": margins.scale_bounded,
+                "offset_bounded": margins.offset_bounded,
+            },
+            scale,
+        )
         return DirectionMargins(m1, m2, modulated, selection.row, anchor, log_z_u, gap)
 
-    def _closed_forms(self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor,
-                      gap: torch.Tensor) -> adacl_math.Margins:
+    def _closed_forms(
+        self, index: int, anchor: torch.Tensor, log_z_u: torch.Tensor, scale: torch.Tensor, gap: torch.Tensor
+    ) -> adacl_math.Margins:
         """Literal or calibrated margins; `gap` (cosine) sets the boundary when boundary_kind is 'gap'."""
         options = self.options
         previous_m1: Optional[torch.Tensor] = None
@@ -468,29 +604,51 @@ class AdaCLLoss(ContrastiveLoss):
             previous_m2 = torch.where(valid, self.previous_margins[index, 1], 0.0)
         gap_or_none = gap if options.boundary_kind == "gap" else None
         if options.mode == "literal":
-            return adacl_math.literal_margins(anchor, log_z_u, scale, options.eps, options.boundary, previous_m1,
-                                         previous_m2, gap=gap_or_none)
+            return adacl_math.literal_margins(
+                anchor, log_z_u, scale, options.eps, options.boundary, previous_m1, previous_m2, gap=gap_or_none
+            )
         return adacl_math.calibrated_margins(
-            anchor, log_z_u, scale, options.rho, options.boundary, anchor_min=options.anchor_min,
-            anchor_max=options.anchor_max, max_scale_ratio=options.max_scale_ratio, max_offset=options.max_offset,
-            previous_m1=previous_m1, previous_m2=previous_m2, gap=gap_or_none)
+            anchor,
+            log_z_u,
+            scale,
+            options.rho,
+            options.boundary,
+            anchor_min=options.anchor_min,
+            anchor_max=options.anchor_max,
+            max_scale_ratio=options.max_scale_ratio,
+            max_offset=options.max_offset,
+            previous_m1=previous_m1,
+            previous_m2=previous_m2,
+            gap=gap_or_none,
+        )
 
-    def _smoothed(self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor,
-                  modulated: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _smoothed(
+        self, index: int, scale_ratio: torch.Tensor, m2: torch.Tensor, modulated: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Moving average of (m1/t, m2) over modulated steps; a fallback step leaves it untouched."""
-        average = adacl_math.ema_update(self.ema_margins[index], torch.stack([scale_ratio, m2]), self.options.ema,
-                                   self.ema_valid[index])
+        average = adacl_math.ema_update(
+            self.ema_margins[index], torch.stack([scale_ratio, m2]), self.options.ema, self.ema_valid[index]
+        )
         if self._update_state:
             kept = torch.where(modulated, average, self.ema_margins[index])
 
             def write_average() -> None:
                 self.ema_margins[index] = kept
                 self.ema_valid[index] |= modulated
+
             self.stage_update(write_average)
         return average[0], average[1]
 
-    def _record(self, index: int, failed: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor,
-                modulated: torch.Tensor, diagnostics: Dict[str, torch.Tensor], scale: torch.Tensor) -> None:
+    def _record(
+        self,
+        index: int,
+        failed: torch.Tensor,
+        m1: torch.Tensor,
+        m2: torch.Tensor,
+        modulated: torch.Tensor,
+        diagnostics: Dict[str, torch.Tensor],
+        scale: torch.Tensor,
+    ) -> None:
         """Stage the counters' and the progressive state's update (training steps only) and fill `stats`
         (the counters as they are once this step is committed)."""
         fallback_counts = self.fallback_counts[index]
@@ -505,6 +663,7 @@ class AdaCLLoss(ContrastiveLoss):
                 self.modulated_steps[index] += modulated.long()
                 self.previous_margins[index] = margins
                 self.previous_valid[index] |= modulated
+
             self.stage_update(write_counters_and_margins)
         # The margins and everything computed from the anchor have no value at a fallback step (its inputs were
         # replaced, and vanilla's (t, 0) is not a margin the method chose): NaN, which the trainer leaves out of
@@ -513,8 +672,12 @@ class AdaCLLoss(ContrastiveLoss):
         candidates = anchored.pop("candidates")
         values = torch.stack([value.double() for value in anchored.values()])
         values = torch.where(modulated & values.isfinite(), values, torch.full_like(values, math.nan))
-        stats = {**dict(zip(anchored, values.unbind())), "modulated": modulated.double(),
-                 "candidates": candidates, "fallbacks": fallback_counts.sum().double()}
+        stats = {
+            **dict(zip(anchored, values.unbind())),
+            "modulated": modulated.double(),
+            "candidates": candidates,
+            "fallbacks": fallback_counts.sum().double(),
+        }
         stats.update({f"fallback_{reason}": fallback_counts[i].double() for i, reason in enumerate(FALLBACK_REASONS)})
         self.stats.update({f"{DIRECTIONS[index]}/{name}": value for name, value in stats.items()})
 
@@ -528,7 +691,7 @@ class AdaCLLoss(ContrastiveLoss):
             entries = self.bank_selection(batch.sample_index)
             image, text = self.bank_image[entries], self.bank_text[entries]
         elif self._queue_filled:
-            image, text = self.queue_image[:self._queue_filled], self.queue_text[:self._queue_filled]
+            image, text = self.queue_image[: self._queue_filled], self.queue_text[: self._queue_filled]
         else:
             return batch
         if not image.shape[0]:
@@ -542,8 +705,11 @@ class AdaCLLoss(ContrastiveLoss):
         if batch.logit_bias is not None:
             extra_per_image = extra_per_image + batch.logit_bias
             extra_per_text = extra_per_text + batch.logit_bias
-        return replace(batch, logits_per_image=torch.cat([batch.logits_per_image, extra_per_image], dim=1),
-                       logits_per_text=torch.cat([batch.logits_per_text, extra_per_text], dim=1))
+        return replace(
+            batch,
+            logits_per_image=torch.cat([batch.logits_per_image, extra_per_image], dim=1),
+            logits_per_text=torch.cat([batch.logits_per_text, extra_per_text], dim=1),
+        )
 
     def bank_selection(self, sample_index: torch.Tensor) -> torch.Tensor:
         """The samples whose bank entries are this step's extra negatives: the bank_size most recently written
@@ -556,12 +722,13 @@ class AdaCLLoss(ContrastiveLoss):
         if self._bank_entries < self.options.bank_size + sample_index.shape[0]:
             # Fewer entries than a full step may qualify (the first steps, or data smaller than bank_size + N):
             # one read of how many do.
-            return recent.indices[:int((recent.values > 0).sum())]
+            return recent.indices[: int((recent.values > 0).sum())]
         return recent.indices
 
     @torch.no_grad()
-    def _write_bank(self, sample_index: torch.Tensor, image_features: torch.Tensor,
-                    text_features: torch.Tensor) -> None:
+    def _write_bank(
+        self, sample_index: torch.Tensor, image_features: torch.Tensor, text_features: torch.Tensor
+    ) -> None:
         """v <- normalize(m v + (1 - m) f) for every sample of the global batch (a sample drawn twice: its last
         occurrence), stamped in batch order; a first write stores f (v is 0). Identical on every rank."""
         if self.bank_image.shape != (self._bank_rows, image_features.shape[1]):
@@ -608,12 +775,13 @@ def _check_finite_entries(image_features: torch.Tensor, text_features: torch.Ten
     """Non-finite features would poison the queue's next queue_size steps, or the bank's entries for good: refuse
     to commit them."""
     if not bool(torch.isfinite(image_features).all() & torch.isfinite(text_features).all()):
-        raise ValueError("adacl: this step's features are not finite and cannot enter the feature queue or memory "
-                         "bank; do not commit a step whose loss is not finite (the trainer skips such steps without "
-                         "committing)")
+        raise ValueError(
+            "adacl: this step's features are not finite and cannot enter the feature queue or memory "
+            "bank; do not commit a step whose loss is not finite (the trainer skips such steps without "
+            "committing)"
+        )
 
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
-

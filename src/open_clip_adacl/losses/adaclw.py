@@ -19,6 +19,7 @@ the fits are `selection.batch_reference`'s, shared by every rank; the weights ar
 token signals read the captions' token ids, which the trainer passes to a loss that `takes_text_tokens`.
 docs/clone_signals.md measures each signal's precision and recall.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,18 +51,29 @@ class PosteriorWeightedLoss(ContrastiveLoss):
 
     @dataclass(frozen=True)
     class Options(LossOptions):
-        weight: float = option(16.0, "how many times a negative counts when its clone posterior is 1 (the oracle's "
-                                     "weight for a true clone; 1: exactly clip)")
-        salient: str = option("max", "salient score of a query for the reference rows: s_ii - max (or mean) of its "
-                                     "negatives", choices=adacl_math.SALIENT_KINDS)
+        weight: float = option(
+            16.0,
+            "how many times a negative counts when its clone posterior is 1 (the oracle's "
+            "weight for a true clone; 1: exactly clip)",
+        )
+        salient: str = option(
+            "max",
+            "salient score of a query for the reference rows: s_ii - max (or mean) of its negatives",
+            choices=adacl_math.SALIENT_KINDS,
+        )
         prior_ratio: float = option(1.0, "GDA prior ratio pi_not_clone / pi_clone")
         std_floor: float = option(1e-4, "floor of the reference fits' std, in cosine units")
-        discovery: str = option("gda", "the clone signal that gives p (docs/clone_signals.md): gda is AdaCL's "
-                                       "posterior under the options above (gda_both uses the default ones)",
-                                choices=tuple(clone_signals.SIGNALS))
-        threshold: float = option(clone_signals.STANDARD_THRESHOLD,
-                                  "a signal other than gda, gda_both flags a negative this many standard deviations "
-                                  "above its row's negatives")
+        discovery: str = option(
+            "gda",
+            "the clone signal that gives p (docs/clone_signals.md): gda is AdaCL's "
+            "posterior under the options above (gda_both uses the default ones)",
+            choices=tuple(clone_signals.SIGNALS),
+        )
+        threshold: float = option(
+            clone_signals.STANDARD_THRESHOLD,
+            "a signal other than gda, gda_both flags a negative this many standard deviations "
+            "above its row's negatives",
+        )
 
         def check(self) -> None:
             super().check()
@@ -77,18 +89,32 @@ class PosteriorWeightedLoss(ContrastiveLoss):
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, text_tokens=None, **inputs):
         if self.options.discovery in clone_signals.NEEDS_TOKENS and text_tokens is None:
-            raise ValueError(f"adaclw:discovery={self.options.discovery} reads the captions' token ids: pass "
-                             "text_tokens= (the trainer does)")
+            raise ValueError(
+                f"adaclw:discovery={self.options.discovery} reads the captions' token ids: pass "
+                "text_tokens= (the trainer does)"
+            )
         self._text_tokens = text_tokens
         return super().forward(image_features, text_features, logit_scale, logit_bias, **inputs)
 
     def symmetric_loss(self, batch: GlobalBatch) -> torch.Tensor:
         # The signals' inputs, gathered once per step for both directions.
-        self._pairs = None if self.options.discovery == "gda" else clone_signals.pair_inputs(
-            batch.logits_per_image, batch.logits_per_text, batch.labels, batch.image_features, batch.text_features,
-            batch.all_image_features, batch.all_text_features, batch.logit_scale, batch.rows,
-            self._text_tokens if self.options.discovery in clone_signals.NEEDS_TOKENS else None,
-            self.dist.world_size)
+        self._pairs = (
+            None
+            if self.options.discovery == "gda"
+            else clone_signals.pair_inputs(
+                batch.logits_per_image,
+                batch.logits_per_text,
+                batch.labels,
+                batch.image_features,
+                batch.text_features,
+                batch.all_image_features,
+                batch.all_text_features,
+                batch.logit_scale,
+                batch.rows,
+                self._text_tokens if self.options.discovery in clone_signals.NEEDS_TOKENS else None,
+                self.dist.world_size,
+            )
+        )
         try:
             return super().symmetric_loss(batch)
         finally:
@@ -104,44 +130,68 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         scores = logits.detach()
         summary = summarize_rows(scores, batch.labels, with_mean=options.salient == "mean")
         floor = options.std_floor * batch.logit_scale.detach().double()  # the fits are in logit units
-        reference = batch_reference(scores, summary, batch.labels, batch.rows, salient=options.salient,
-                                    std_floor=floor)
+        reference = batch_reference(scores, summary, batch.labels, batch.rows, salient=options.salient, std_floor=floor)
         positive = batch.positive_mask()
         posterior = adacl_math.gda_posterior(scores.double(), *reference, prior_ratio=options.prior_ratio)
         log_weight = posterior_log_weights(posterior, positive, options.weight).to(logits.dtype)
         with torch.no_grad():
-            self.stats.update(self._direction_stats(batch, direction, scores, posterior, log_weight, positive,
-                                                    reference, floor))
+            self.stats.update(
+                self._direction_stats(batch, direction, scores, posterior, log_weight, positive, reference, floor)
+            )
         return logits + log_weight
 
     def _signal_weighted(self, batch: GlobalBatch, direction: str, logits: torch.Tensor) -> torch.Tensor:
         """The weights of `discovery`'s p: a posterior as it is, any other score's flags as 0 or 1."""
         name, positive = self.options.discovery, batch.positive_mask()
         scores = clone_signals.clone_scores(self._pairs, name, direction)
-        clone = (scores.clamp(min=0).double() if name in clone_signals.POSTERIORS
-                 else clone_signals.flag_clones(name, scores, ~positive, self.options.threshold).double())
+        clone = (
+            scores.clamp(min=0).double()
+            if name in clone_signals.POSTERIORS
+            else clone_signals.flag_clones(name, scores, ~positive, self.options.threshold).double()
+        )
         log_weight = posterior_log_weights(clone, positive, self.options.weight).to(logits.dtype)
         with torch.no_grad():
             self.stats.update(self._weight_stats(batch, direction, logits.detach(), clone, log_weight, positive))
         return logits + log_weight
 
     @staticmethod
-    def _weight_stats(batch: GlobalBatch, direction: str, scores: torch.Tensor, posterior: torch.Tensor,
-                      log_weight: torch.Tensor, positive: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _weight_stats(
+        batch: GlobalBatch,
+        direction: str,
+        scores: torch.Tensor,
+        posterior: torch.Tensor,
+        log_weight: torch.Tensor,
+        positive: torch.Tensor,
+    ) -> Dict[str, torch.Tensor]:
         negative = ~positive
         negatives = scores.masked_fill(positive, float("-inf")).double()
         log_ratio = torch.logsumexp(negatives + log_weight.double(), dim=1) - torch.logsumexp(negatives, dim=1)
-        totals = batch.rows.sum(torch.stack([((posterior > 0.5) & negative).sum().double(),
-                                             (posterior * negative).sum(), log_ratio.exp().sum()]))
+        totals = batch.rows.sum(
+            torch.stack(
+                [((posterior > 0.5) & negative).sum().double(), (posterior * negative).sum(), log_ratio.exp().sum()]
+            )
+        )
         num_rows, num_negatives = scores.shape[1], scores.shape[1] * (scores.shape[1] - 1)
-        return {f"{direction}/clone_share": totals[0] / num_negatives,
-                f"{direction}/posterior_mean": totals[1] / num_negatives,
-                f"{direction}/weighted_mass": totals[2] / num_rows}
+        return {
+            f"{direction}/clone_share": totals[0] / num_negatives,
+            f"{direction}/posterior_mean": totals[1] / num_negatives,
+            f"{direction}/weighted_mass": totals[2] / num_rows,
+        }
 
     @classmethod
-    def _direction_stats(cls, batch: GlobalBatch, direction: str, scores: torch.Tensor, posterior: torch.Tensor,
-                         log_weight: torch.Tensor, positive: torch.Tensor, reference: torch.Tensor,
-                         floor: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _direction_stats(
+        cls,
+        batch: GlobalBatch,
+        direction: str,
+        scores: torch.Tensor,
+        posterior: torch.Tensor,
+        log_weight: torch.Tensor,
+        positive: torch.Tensor,
+        reference: torch.Tensor,
+        floor: torch.Tensor,
+    ) -> Dict[str, torch.Tensor]:
         flat = ((reference[1] <= floor) | (reference[3] <= floor)).double()
-        return {**cls._weight_stats(batch, direction, scores, posterior, log_weight, positive),
-                f"{direction}/flat_fit": flat}
+        return {
+            **cls._weight_stats(batch, direction, scores, posterior, log_weight, positive),
+            f"{direction}/flat_fit": flat,
+        }

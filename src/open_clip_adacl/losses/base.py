@@ -7,6 +7,7 @@ and what a loss declares about itself: its `Options` dataclass and its capabilit
 logits and with `local_loss`; losses that change the logits (AdaCL's positive margins, GloFND's masks,
 FNE's weights, the oracle's family weights) override `adjust_logits` only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,11 +45,11 @@ class Loss(nn.Module):
 
     # What a loss declares about itself (the registry checks the declarations).
     Options: ClassVar[Type[LossOptions]] = LossOptions  # its options, declared once
-    needs_logit_bias: ClassVar[bool] = False    # the model must have a logit_bias (built as OpenCLIP's --siglip)
+    needs_logit_bias: ClassVar[bool] = False  # the model must have a logit_bias (built as OpenCLIP's --siglip)
     needs_sample_index: ClassVar[bool] = False  # forward needs sample_index; Options derive SampleStateOptions
-    needs_family: ClassVar[bool] = False        # forward takes family= (each sample's family id, -1: none)
-    takes_text_tokens: ClassVar[bool] = False   # forward takes text_tokens= (this rank's captions' token ids)
-    keeps_state: ClassVar[bool] = False         # buffers that move across steps (checkpointed, `commit()`ed)
+    needs_family: ClassVar[bool] = False  # forward takes family= (each sample's family id, -1: none)
+    takes_text_tokens: ClassVar[bool] = False  # forward takes text_tokens= (this rank's captions' token ids)
+    keeps_state: ClassVar[bool] = False  # buffers that move across steps (checkpointed, `commit()`ed)
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: ClassVar[Optional[Tuple[str, ...]]] = None
@@ -108,18 +109,18 @@ class GlobalBatch:
     default) every rank holds all N rows; with `local_loss` a rank holds its own b rows.
     """
 
-    image_features: torch.Tensor      # rows x D, this rank's queries (image side)
-    text_features: torch.Tensor       # rows x D
+    image_features: torch.Tensor  # rows x D, this rank's queries (image side)
+    text_features: torch.Tensor  # rows x D
     all_image_features: torch.Tensor  # N x D
-    all_text_features: torch.Tensor   # N x D
-    logits_per_image: torch.Tensor    # rows x N, logit_scale * cos (+ logit_bias)
-    logits_per_text: torch.Tensor     # rows x N
-    labels: torch.Tensor              # rows, the positive column of each row (its global row index)
-    logit_scale: torch.Tensor         # 0-dim, already exponentiated
-    rows: RowGroup                    # reductions over the ranks sharing the rows
+    all_text_features: torch.Tensor  # N x D
+    logits_per_image: torch.Tensor  # rows x N, logit_scale * cos (+ logit_bias)
+    logits_per_text: torch.Tensor  # rows x N
+    labels: torch.Tensor  # rows, the positive column of each row (its global row index)
+    logit_scale: torch.Tensor  # 0-dim, already exponentiated
+    rows: RowGroup  # reductions over the ranks sharing the rows
     sample_index: Optional[torch.Tensor]  # N, global sample index of each column, or None
     logit_bias: Optional[torch.Tensor] = None  # 0-dim, or None
-    family: Optional[torch.Tensor] = None      # N, family id of each column (-1: none), or None
+    family: Optional[torch.Tensor] = None  # N, family id of each column (-1: none), or None
 
     def to_logits(self, similarity: torch.Tensor) -> torch.Tensor:
         """Cosine similarities mapped to this batch's logit space (`logit_scale * s + logit_bias`)."""
@@ -160,13 +161,18 @@ class ContrastiveLoss(Loss):
 
     shares_logit_matmul: ClassVar[bool] = False
 
-    def build_batch(self, image_features, text_features, logit_scale, logit_bias=None,
-                    sample_index=None, family=None) -> GlobalBatch:
+    def build_batch(
+        self, image_features, text_features, logit_scale, logit_bias=None, sample_index=None, family=None
+    ) -> GlobalBatch:
         dist = self.dist
         if dist.world_size > 1:
             all_image, all_text = gather_batch(
-                image_features, text_features, rank=dist.rank, world_size=dist.world_size,
-                local_loss=dist.local_loss, gather_with_grad=dist.gather_with_grad,
+                image_features,
+                text_features,
+                rank=dist.rank,
+                world_size=dist.world_size,
+                local_loss=dist.local_loss,
+                gather_with_grad=dist.gather_with_grad,
             )
             if dist.local_loss:
                 logits_per_image = logit_scale * image_features @ all_text.T
@@ -223,8 +229,17 @@ class ContrastiveLoss(Loss):
         """ClipLoss's average of the image-to-text and text-to-image losses."""
         return (self.direction_loss(batch, "i2t") + self.direction_loss(batch, "t2i")) / 2
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
-                sample_index=None, family=None, output_dict=False):
+    def forward(
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        logit_bias=None,
+        *,
+        sample_index=None,
+        family=None,
+        output_dict=False,
+    ):
         batch = self.build_batch(image_features, text_features, logit_scale, logit_bias, sample_index, family)
         self.stats = {}
         return self.wrap_output(self.symmetric_loss(batch), output_dict)

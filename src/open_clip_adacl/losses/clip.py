@@ -1,4 +1,5 @@
 """`clip`: OpenCLIP's ClipLoss (symmetric InfoNCE over the global batch)."""
+
 from .base import ContrastiveLoss
 from .registry import register_loss
 

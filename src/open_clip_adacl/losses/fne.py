@@ -31,6 +31,7 @@ the loss is plain InfoNCE and the statistics do not move. A step's weights use t
 its own batch folded in; the buffers take them at `commit()`. `unit_weights` keeps every weight at 1
 (the loss is then exactly `clip`) while the statistics and diagnostics still run.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ VAR_FLOOR = 1e-6  # a Gaussian fitted to (nearly) equal similarities keeps a usa
 DOWNWEIGHTED = 0.5  # diagnostics: a negative counts as down-weighted when w_ij < 0.5
 
 
-def update_moments(moments: torch.Tensor, num_seen: torch.Tensor, batch_sums: torch.Tensor,
-                   batch_count: torch.Tensor, momentum: float) -> torch.Tensor:
+def update_moments(
+    moments: torch.Tensor, num_seen: torch.Tensor, batch_sums: torch.Tensor, batch_count: torch.Tensor, momentum: float
+) -> torch.Tensor:
     """Exponential moving average of per-class moments; the first batch with samples is taken as is.
 
     moments: (classes, 2) running [mean, mean of squares]; batch_sums: (classes, 2) this batch's
@@ -69,8 +71,9 @@ def gaussians(moments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, variance.sqrt()
 
 
-def false_negative_log_odds(similarity: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                            prior: float) -> torch.Tensor:
+def false_negative_log_odds(
+    similarity: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, prior: float
+) -> torch.Tensor:
     """log P_FN / (1 - P_FN) of each similarity, by Bayes' rule on two Gaussians (FNE).
 
     similarity: any shape; mean, std: (2,) for [positive, negative]; prior: P(positive).
@@ -94,15 +97,19 @@ class FNELoss(EpochGatedLoss):
 
     @dataclass(frozen=True)
     class Options(EpochGatedOptions):
-        prior: float = option(1e-4, "prior probability that a negative is a false negative (the original's "
-                                    "1 / match_para)")
+        prior: float = option(
+            1e-4, "prior probability that a negative is a false negative (the original's 1 / match_para)"
+        )
         momentum: float = option(0.99, "momentum of the running Gaussian statistics")
-        start_epoch: int = option(1, "first epoch with statistics and weights; earlier epochs are plain InfoNCE "
-                                     "(the original's epoch-0 warm-up)")
-        min_matched: int = option(200, "matched pairs to see before weights apply (the original's "
-                                       "nums_right_sims)")
-        unit_weights: bool = option(False, "keep every weight at 1 (exactly the clip loss) while statistics and "
-                                           "diagnostics still run")
+        start_epoch: int = option(
+            1,
+            "first epoch with statistics and weights; earlier epochs are plain InfoNCE "
+            "(the original's epoch-0 warm-up)",
+        )
+        min_matched: int = option(200, "matched pairs to see before weights apply (the original's nums_right_sims)")
+        unit_weights: bool = option(
+            False, "keep every weight at 1 (exactly the clip loss) while statistics and diagnostics still run"
+        )
 
         def check(self) -> None:
             super().check()
@@ -144,24 +151,32 @@ class FNELoss(EpochGatedLoss):
             return logits
         return logits + log_weight
 
-    def _updated_statistics(self, batch: GlobalBatch,
-                            direction: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _updated_statistics(
+        self, batch: GlobalBatch, direction: str
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(matched fraction, moments, matched count) with this batch's matched rows folded into the
         running statistics; the update of the buffers is staged for `commit()`."""
         logits = batch.logits(direction).detach()
         rows = torch.arange(len(batch.labels), device=logits.device)
         positive = logits[rows, batch.labels]
-        hardest = logits.index_put((rows, batch.labels), torch.tensor(-math.inf, dtype=logits.dtype,
-                                                                      device=logits.device)).amax(dim=1)
+        hardest = logits.index_put(
+            (rows, batch.labels), torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
+        ).amax(dim=1)
         matched = positive > hardest
         zero = torch.zeros((), device=logits.device)
         s_positive = torch.where(matched, batch.to_similarity(positive).float(), zero)
         s_hardest = torch.where(matched, batch.to_similarity(hardest).float(), zero)
-        totals = batch.rows.sum(torch.stack([
-            matched.float().sum(),
-            s_positive.sum(), s_positive.square().sum(),
-            s_hardest.sum(), s_hardest.square().sum(),
-        ]))
+        totals = batch.rows.sum(
+            torch.stack(
+                [
+                    matched.float().sum(),
+                    s_positive.sum(),
+                    s_positive.square().sum(),
+                    s_hardest.sum(),
+                    s_hardest.square().sum(),
+                ]
+            )
+        )
         count, sums = totals[0], totals[1:].view(2, 2)
         moments_buffer = getattr(self, f"{direction}_moments")
         num_matched_buffer = getattr(self, f"{direction}_num_matched")
@@ -171,22 +186,34 @@ class FNELoss(EpochGatedLoss):
         def write_statistics() -> None:
             moments_buffer.copy_(moments)
             num_matched_buffer.copy_(num_matched)
+
         self.stage_update(write_statistics)
         return count / logits.shape[1], moments, num_matched
 
     @staticmethod
-    def _direction_stats(batch: GlobalBatch, direction: str, log_odds: torch.Tensor, log_weight: torch.Tensor,
-                         mean: torch.Tensor, std: torch.Tensor, matched_frac: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _direction_stats(
+        batch: GlobalBatch,
+        direction: str,
+        log_odds: torch.Tensor,
+        log_weight: torch.Tensor,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+        matched_frac: torch.Tensor,
+    ) -> Dict[str, torch.Tensor]:
         """Global-batch diagnostics of the weights (over negatives only) and the running Gaussians."""
         num_rows = log_odds.shape[1]
         num_negatives = num_rows * (num_rows - 1)
         weight = log_weight.exp()
         p_fn = torch.sigmoid(log_odds)  # 0 on positives, so sums run over negatives
-        totals = batch.rows.sum(torch.stack([
-            weight.sum() - len(batch.labels),  # positives carry weight 1
-            (weight < DOWNWEIGHTED).float().sum(),
-            p_fn.sum(),
-        ]))
+        totals = batch.rows.sum(
+            torch.stack(
+                [
+                    weight.sum() - len(batch.labels),  # positives carry weight 1
+                    (weight < DOWNWEIGHTED).float().sum(),
+                    p_fn.sum(),
+                ]
+            )
+        )
         return {
             f"{direction}/weight_mean": totals[0] / num_negatives,
             f"{direction}/downweighted_frac": totals[1] / num_negatives,

@@ -24,6 +24,7 @@ a B x B mask), so every rank runs the same Adam update on the same global rows.
 Updates and masking run in training mode from epoch `start_epoch` on (the trainer calls
 `on_epoch_start`); before that, or in eval mode, the loss is plain InfoNCE (`clip`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,8 @@ def quantile_adam_step(
     count = state["count"] + 1
     m = beta1 * state["m"] + (1 - beta1) * grad
     v = beta2 * state["v"] + (1 - beta2) * grad.square()
-    m_hat = m / (1 - beta1 ** count)
-    v_hat = v / (1 - beta2 ** count)
+    m_hat = m / (1 - beta1**count)
+    v_hat = v / (1 - beta2**count)
     threshold = (state["lambda"] - lr * m_hat / (v_hat.sqrt() + ADAM_EPS)).clamp(*THRESHOLD_RANGE)
     return {"lambda": threshold, "m": m, "v": v, "count": count}
 
@@ -79,11 +80,17 @@ class GloFNDLoss(EpochGatedLoss):
 
     @dataclass(frozen=True)
     class Options(SampleStateOptions, EpochGatedOptions):
-        alpha: float = option(1e-3, "fraction of each sample's negatives treated as false negatives (thresholds "
-                                    "learn the 1 - alpha quantile); 0 with init_lambda 1 filters nothing")
+        alpha: float = option(
+            1e-3,
+            "fraction of each sample's negatives treated as false negatives (thresholds "
+            "learn the 1 - alpha quantile); 0 with init_lambda 1 filters nothing",
+        )
         lambda_lr: float = option(0.05, "learning rate of the per-sample threshold Adam")
-        start_epoch: int = option(0, "first epoch that updates thresholds and masks negatives (the authors start "
-                                     "at about half of training, epoch 15-20 of ~30 on CC3M)")
+        start_epoch: int = option(
+            0,
+            "first epoch that updates thresholds and masks negatives (the authors start "
+            "at about half of training, epoch 15-20 of ~30 on CC3M)",
+        )
         beta1: float = option(0.9, "Adam beta1 of the threshold updates")
         beta2: float = option(0.98, "Adam beta2 of the threshold updates")
         init_lambda: float = option(1.0, "initial threshold of every sample (1 filters nothing)")
@@ -101,10 +108,12 @@ class GloFNDLoss(EpochGatedLoss):
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
         options = self.options
-        self.thresholds = torch.nn.ModuleDict({
-            direction: SampleStateBank(options.data_size, THRESHOLD_FIELDS, initial={"lambda": options.init_lambda})
-            for direction in DIRECTIONS
-        })
+        self.thresholds = torch.nn.ModuleDict(
+            {
+                direction: SampleStateBank(options.data_size, THRESHOLD_FIELDS, initial={"lambda": options.init_lambda})
+                for direction in DIRECTIONS
+            }
+        )
 
     def reset_state(self) -> None:
         """Every threshold back to `init_lambda`, its Adam moments and update count to 0."""
@@ -116,8 +125,10 @@ class GloFNDLoss(EpochGatedLoss):
         if not self.active:
             return logits
         if batch.sample_index is None:
-            raise ValueError("the glofnd loss needs sample_index (the data loader's global sample ids) "
-                             "to look up per-sample thresholds")
+            raise ValueError(
+                "the glofnd loss needs sample_index (the data loader's global sample ids) "
+                "to look up per-sample thresholds"
+            )
         bank = self.thresholds[direction]
         sample_index = batch.sample_index.to(logits.device)
         with torch.no_grad():
@@ -127,8 +138,15 @@ class GloFNDLoss(EpochGatedLoss):
             above[torch.arange(len(batch.labels), device=above.device), batch.labels] = False
             num_above = self._all_rows(batch, above.sum(dim=1))
             options = self.options
-            new_state = quantile_adam_step(state, num_above, logits.shape[1] - 1, alpha=options.alpha,
-                                           lr=options.lambda_lr, beta1=options.beta1, beta2=options.beta2)
+            new_state = quantile_adam_step(
+                state,
+                num_above,
+                logits.shape[1] - 1,
+                alpha=options.alpha,
+                lr=options.lambda_lr,
+                beta1=options.beta1,
+                beta2=options.beta2,
+            )
             self.stage_update(lambda: bank.update(sample_index, new_state))
             self.stats.update(self._direction_stats(direction, state["lambda"], num_above, bank, sample_index))
         return logits.masked_fill(above, float("-inf"))
@@ -140,8 +158,13 @@ class GloFNDLoss(EpochGatedLoss):
         return per_row
 
     @staticmethod
-    def _direction_stats(direction: str, thresholds: torch.Tensor, num_above: torch.Tensor,
-                         bank: SampleStateBank, sample_index: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _direction_stats(
+        direction: str,
+        thresholds: torch.Tensor,
+        num_above: torch.Tensor,
+        bank: SampleStateBank,
+        sample_index: torch.Tensor,
+    ) -> Dict[str, torch.Tensor]:
         """Global-batch diagnostics: the masked fraction and the thresholds used; data-set coverage
         once this step's update is committed."""
         num_rows = num_above.numel()

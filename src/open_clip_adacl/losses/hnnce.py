@@ -11,6 +11,7 @@ so alpha = 1, beta = 0 is InfoNCE. It is the cross-entropy over the logits `l_ij
 the logits and carry gradient, as in the paper's formula (our choice; docs/losses.md). Every row
 holds all N columns with full logits and with local_loss, so the loss is exact over the global batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,10 +43,14 @@ class HardNegativeNCELoss(ContrastiveLoss):
 
     @dataclass(frozen=True)
     class Options(LossOptions):
-        beta: float = option(0.5, "hardness: the weights are (N - 1) softmax(beta * logit) over the row's negatives, "
-                                  "on the temperature-scaled logits (0: InfoNCE's uniform weights)")
-        alpha: float = option(1.0, "weight of the positive's own term in the denominator (1: counted once, as in "
-                                   "InfoNCE; 0 drops it)")
+        beta: float = option(
+            0.5,
+            "hardness: the weights are (N - 1) softmax(beta * logit) over the row's negatives, "
+            "on the temperature-scaled logits (0: InfoNCE's uniform weights)",
+        )
+        alpha: float = option(
+            1.0, "weight of the positive's own term in the denominator (1: counted once, as in InfoNCE; 0 drops it)"
+        )
 
         def check(self) -> None:
             super().check()
@@ -70,11 +75,14 @@ class HardNegativeNCELoss(ContrastiveLoss):
         return (torch.logsumexp(weighted, dim=1) - positive_logit).mean()
 
     @staticmethod
-    def _direction_stats(batch: GlobalBatch, direction: str, logits: torch.Tensor, log_weight: torch.Tensor,
-                         positive: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _direction_stats(
+        batch: GlobalBatch, direction: str, logits: torch.Tensor, log_weight: torch.Tensor, positive: torch.Tensor
+    ) -> Dict[str, torch.Tensor]:
         negatives = logits.masked_fill(positive, -math.inf)
         log_ratio = torch.logsumexp(negatives + log_weight, dim=1) - torch.logsumexp(negatives, dim=1)
         totals = batch.rows.sum(torch.stack([log_weight.amax(dim=1).exp().sum(), log_ratio.exp().sum()]))
         num_rows = logits.shape[1]
-        return {f"{direction}/weight_max": totals[0] / num_rows,
-                f"{direction}/negative_mass_ratio": totals[1] / num_rows}
+        return {
+            f"{direction}/weight_max": totals[0] / num_rows,
+            f"{direction}/negative_mass_ratio": totals[1] / num_rows,
+        }

@@ -11,6 +11,7 @@ option (`--<loss>-preset NAME`). `Options.build(**given)` fills in the preset's 
 given ones and refuses a given value that contradicts the preset; an `Options` whose values
 disagree with its own preset is refused, so a preset is never silently half applied.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,7 @@ class DistributedSetup:
 
     rank: int = 0
     world_size: int = 1
-    local_loss: bool = False        # each rank computes the loss of its own rows only
+    local_loss: bool = False  # each rank computes the loss of its own rows only
     gather_with_grad: bool = False  # gathered features carry gradient back to their rank
 
     def __post_init__(self):
@@ -43,11 +44,11 @@ class LossOption:
     """One declared option, as the command line and the loss comparison see it."""
 
     name: str
-    type: type                          # bool, int, float or str
+    type: type  # bool, int, float or str
     default: Any
     help: str
     choices: Optional[Sequence[Any]] = None
-    flag: Optional[str] = None          # default: --<loss>-<name with dashes>
+    flag: Optional[str] = None  # default: --<loss>-<name with dashes>
 
 
 def option(default: Any, help: str, *, choices: Optional[Sequence[Any]] = None, flag: Optional[str] = None):
@@ -69,9 +70,11 @@ class LossOptions:
         if preset is not None:
             wrong = {name: value for name, value in self.PRESETS[preset].items() if getattr(self, name) != value}
             if wrong:
-                raise ValueError(f"preset {preset!r} sets " + ", ".join(
-                    f"{name}={value!r} (got {getattr(self, name)!r})" for name, value in wrong.items())
-                    + "; build the options with Options.build(preset=..., ...) to fill them in")
+                raise ValueError(
+                    f"preset {preset!r} sets "
+                    + ", ".join(f"{name}={value!r} (got {getattr(self, name)!r})" for name, value in wrong.items())
+                    + "; build the options with Options.build(preset=..., ...) to fill them in"
+                )
         self.check()
 
     @classmethod
@@ -90,12 +93,19 @@ class LossOptions:
             if preset not in cls.PRESETS:
                 raise ValueError(f"option preset must be one of {sorted(cls.PRESETS)}, got {preset!r}")
             fixed = cls.PRESETS[preset]
-            conflicts = {name: given[name] for name, value in fixed.items()
-                         if name in given and _checked_value(cls._spec(name), given[name]) != value}
+            conflicts = {
+                name: given[name]
+                for name, value in fixed.items()
+                if name in given and _checked_value(cls._spec(name), given[name]) != value
+            }
             if conflicts:
-                raise ValueError(f"preset {preset!r} sets " + ", ".join(f"{name}={fixed[name]!r}" for name in conflicts)
-                                 + "; drop " + ", ".join(f"{name}={value!r}" for name, value in conflicts.items())
-                                 + " or the preset")
+                raise ValueError(
+                    f"preset {preset!r} sets "
+                    + ", ".join(f"{name}={fixed[name]!r}" for name in conflicts)
+                    + "; drop "
+                    + ", ".join(f"{name}={value!r}" for name, value in conflicts.items())
+                    + " or the preset"
+                )
             values.update(fixed)
         values.update(given)
         return values
@@ -115,8 +125,14 @@ class LossOptions:
         if undeclared:
             raise TypeError(f"{cls.__qualname__}: declare {', '.join(undeclared)} with option(default, help)")
         return tuple(
-            LossOption(name=f.name, type=_value_type(hints[f.name]), default=f.default, help=f.metadata["help"],
-                       choices=f.metadata["choices"], flag=f.metadata["flag"])
+            LossOption(
+                name=f.name,
+                type=_value_type(hints[f.name]),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata["choices"],
+                flag=f.metadata["flag"],
+            )
             for f in dataclasses.fields(cls)
         )
 
@@ -125,8 +141,11 @@ class LossOptions:
 class SampleStateOptions(LossOptions):
     """Options of a loss that keeps state per training sample (`needs_sample_index`)."""
 
-    data_size: Optional[int] = option(None, "number of training samples: sample indices must lie in [0, data_size) "
-                                            "(sizes the per-sample state bank)", flag="--data-size")
+    data_size: Optional[int] = option(
+        None,
+        "number of training samples: sample indices must lie in [0, data_size) (sizes the per-sample state bank)",
+        flag="--data-size",
+    )
 
     @property
     def keeps_sample_state(self) -> bool:
@@ -138,16 +157,19 @@ class SampleStateOptions(LossOptions):
     def check(self) -> None:
         super().check()
         if self.keeps_sample_state and (self.data_size is None or self.data_size < 1):
-            raise ValueError(f"data_size (--data-size) must be the number of training samples, >= 1, got "
-                             f"{self.data_size}: it sizes the loss's per-sample state")
+            raise ValueError(
+                f"data_size (--data-size) must be the number of training samples, >= 1, got "
+                f"{self.data_size}: it sizes the loss's per-sample state"
+            )
 
 
 @dataclass(frozen=True)
 class EpochGatedOptions(LossOptions):
     """Options of a loss whose adjustment waits for a warm-up (`EpochGatedLoss`)."""
 
-    start_epoch: int = option(0, "first epoch (from 0) whose training steps adjust the loss; earlier ones are "
-                                 "plain InfoNCE")
+    start_epoch: int = option(
+        0, "first epoch (from 0) whose training steps adjust the loss; earlier ones are plain InfoNCE"
+    )
 
     def check(self) -> None:
         super().check()
@@ -171,6 +193,7 @@ def _checked_value(spec: LossOption, value: Any) -> Any:
         article = "an" if spec.type is int else "a"
         raise ValueError(f"option {spec.name} must be {article} {spec.type.__name__}, got {value!r}")
     if spec.choices is not None and value not in spec.choices:
-        raise ValueError(f"option {spec.name} must be one of {[c for c in spec.choices if c is not None]}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"option {spec.name} must be one of {[c for c in spec.choices if c is not None]}, got {value!r}"
+        )
     return value

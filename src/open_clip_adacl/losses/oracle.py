@@ -9,6 +9,7 @@ ceiling of what clone-aware reweighting can do on data written in families. Samp
 family (id -1) have none. Exact over the global batch: the family ids are gathered with the
 features, like the sample indices.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,9 +26,11 @@ from .registry import register_loss
 def family_negative_mask(batch: GlobalBatch) -> torch.Tensor:
     """rows x N, True where column j is a negative of row i from row i's own family (never for id -1)."""
     if batch.family is None:
-        raise ValueError("the oracle loss needs each sample's family id (family=): the trainer reads it from the "
-                         "json 'family' field of the training shards, which data written in families has "
-                         "(python -m training.synthetic_scenes)")
+        raise ValueError(
+            "the oracle loss needs each sample's family id (family=): the trainer reads it from the "
+            "json 'family' field of the training shards, which data written in families has "
+            "(python -m training.synthetic_scenes)"
+        )
     family = batch.family.to(batch.labels.device)
     row_family = family[batch.labels]
     same = (row_family[:, None] == family[None, :]) & (row_family[:, None] >= 0)
@@ -44,8 +47,11 @@ class OracleFamilyLoss(ContrastiveLoss):
 
     @dataclass(frozen=True)
     class Options(LossOptions):
-        weight: float = option(16.0, "how many times a negative from the query's own family counts in the softmax "
-                                     "denominator (1: exactly clip; 0: family negatives removed)")
+        weight: float = option(
+            16.0,
+            "how many times a negative from the query's own family counts in the softmax "
+            "denominator (1: exactly clip; 0: family negatives removed)",
+        )
 
         def check(self) -> None:
             super().check()
@@ -65,8 +71,9 @@ class OracleFamilyLoss(ContrastiveLoss):
         return adjusted
 
     @staticmethod
-    def _direction_stats(batch: GlobalBatch, direction: str, adjusted: torch.Tensor,
-                         family: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _direction_stats(
+        batch: GlobalBatch, direction: str, adjusted: torch.Tensor, family: torch.Tensor
+    ) -> Dict[str, torch.Tensor]:
         probability = torch.softmax(adjusted.float(), dim=1)
         totals = batch.rows.sum(torch.stack([family.sum().float(), (probability * family).sum()]))
         num_rows = adjusted.shape[1]

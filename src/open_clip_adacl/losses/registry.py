@@ -1,5 +1,6 @@
 """Name -> loss class. Registration checks what a loss declares; duplicate names are refused so two
 modules cannot silently shadow each other."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,19 +22,29 @@ def _check_declaration(name: str, cls: type) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Loss)):
         raise TypeError(f"loss {name!r}: {cls!r} is not a subclass of open_clip_adacl.losses.Loss")
     options = cls.Options
-    if not (isinstance(options, type) and issubclass(options, LossOptions) and dataclasses.is_dataclass(options)
-            and options.__dataclass_params__.frozen and "__dataclass_fields__" in vars(options)):
-        raise TypeError(f"loss {name!r}: {cls.__name__}.Options must be a @dataclass(frozen=True) deriving from "
-                        f"LossOptions")
+    if not (
+        isinstance(options, type)
+        and issubclass(options, LossOptions)
+        and dataclasses.is_dataclass(options)
+        and options.__dataclass_params__.frozen
+        and "__dataclass_fields__" in vars(options)
+    ):
+        raise TypeError(
+            f"loss {name!r}: {cls.__name__}.Options must be a @dataclass(frozen=True) deriving from LossOptions"
+        )
     if cls.needs_sample_index and not issubclass(options, SampleStateOptions):
-        raise TypeError(f"loss {name!r} needs sample indices, so its Options must derive from SampleStateOptions "
-                        f"(the data_size option)")
+        raise TypeError(
+            f"loss {name!r} needs sample indices, so its Options must derive from SampleStateOptions "
+            f"(the data_size option)"
+        )
     specs = {spec.name: spec for spec in options.specs()}  # every field made with option(): help, choices
     if options.PRESETS:
         preset = specs.get("preset")
         if preset is None or set(preset.choices or ()) - {None} != set(options.PRESETS):
-            raise TypeError(f"loss {name!r} declares PRESETS {sorted(options.PRESETS)}, so its Options needs a "
-                            f"'preset' option whose choices are None and exactly those names")
+            raise TypeError(
+                f"loss {name!r} declares PRESETS {sorted(options.PRESETS)}, so its Options needs a "
+                f"'preset' option whose choices are None and exactly those names"
+            )
         unknown = {key for values in options.PRESETS.values() for key in values} - set(specs) - {"preset"}
         if unknown:
             raise TypeError(f"loss {name!r}: PRESETS set undeclared option(s) {sorted(unknown)}")
@@ -62,7 +73,5 @@ def create_loss(name: str, *, dist: Optional[DistributedSetup] = None, **options
     accepted = {spec.name for spec in cls.Options.specs()}
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise TypeError(
-            f"loss {name!r} got unknown option(s) {unknown}; it accepts: {sorted(accepted) or 'none'}"
-        )
+        raise TypeError(f"loss {name!r} got unknown option(s) {unknown}; it accepts: {sorted(accepted) or 'none'}")
     return cls(cls.Options.build(**options), DistributedSetup() if dist is None else dist)

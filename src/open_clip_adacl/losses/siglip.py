@@ -1,12 +1,12 @@
 """`siglip`: OpenCLIP's SigLipLoss (pairwise sigmoid), behind our loss interface."""
+
 from __future__ import annotations
 
 import math
-
-from open_clip.loss import SigLipLoss as OpenClipSigLipLoss
-
 from dataclasses import dataclass
 from typing import Optional
+
+from open_clip.loss import SigLipLoss as OpenClipSigLipLoss
 
 from .base import Loss
 from .options import DistributedSetup, LossOptions, option
@@ -25,22 +25,27 @@ class SigLipLoss(Loss):
 
     @dataclass(frozen=True)
     class Options(LossOptions):
-        dist_impl: Optional[str] = option(None, "SigLIP's distributed exchange ('bidir', 'shift', 'reduce', "
-                                                "'gather')", choices=(None, "bidir", "shift", "reduce", "gather"),
-                                          flag="--loss-dist-impl")
+        dist_impl: Optional[str] = option(
+            None,
+            "SigLIP's distributed exchange ('bidir', 'shift', 'reduce', 'gather')",
+            choices=(None, "bidir", "shift", "reduce", "gather"),
+            flag="--loss-dist-impl",
+        )
 
     needs_logit_bias = True
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
-        self.siglip = OpenClipSigLipLoss(rank=dist.rank, world_size=dist.world_size,
-                                         dist_impl=self.options.dist_impl)
+        self.siglip = OpenClipSigLipLoss(rank=dist.rank, world_size=dist.world_size, dist_impl=self.options.dist_impl)
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *,
-                sample_index=None, output_dict=False):
+    def forward(
+        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+    ):
         if logit_bias is None:
-            raise ValueError("the siglip loss needs the model's logit_bias; build the model with init_logit_bias "
-                             "(the trainer does this for --loss siglip)")
+            raise ValueError(
+                "the siglip loss needs the model's logit_bias; build the model with init_logit_bias "
+                "(the trainer does this for --loss siglip)"
+            )
         self.stats = {}
         loss = self.siglip(image_features, text_features, logit_scale, logit_bias)
         return self.wrap_output(loss, output_dict)

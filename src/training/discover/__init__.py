@@ -19,6 +19,7 @@ Modules: `data` (in-order global batches), `model` (loading), `batch` (one batch
 discovery), `facts` (how many facts two captions differ in, and the words that say it), `store` (the
 output folder and resume), `report` (summary, plots, page), `cli`.
 """
+
 from .cli import main
 
 __all__ = ["main"]

@@ -13,6 +13,7 @@ families when every sample carries one), the fits, the anchor, histograms of the
 the pairs kept for `pairs.jsonl` (every row's most probable `pairs_per_row` candidates; all with 0),
 gathered on rank 0.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -41,8 +42,8 @@ class DiscoveryOptions:
     salient: str
     candidate_region: str
     prior_ratio: float
-    std_floor: float           # cosine units, as the loss's option
-    pairs_per_row: int         # pairs.jsonl keeps each row's most probable ones; 0: all
+    std_floor: float  # cosine units, as the loss's option
+    pairs_per_row: int  # pairs.jsonl keeps each row's most probable ones; 0: all
     clone_signals: Tuple[str, ...] = ()  # other clone signals to count (open_clip_adacl.clone_signals)
     signal_threshold: float = STANDARD_THRESHOLD  # their operating point (clone_signals.flag_clones)
 
@@ -53,13 +54,13 @@ class DirectionResult:
     rows: int
     negatives: int
     flat_reference: bool
-    fits: List[float]                     # mu_clone, sigma_clone, mu_not_clone, sigma_not_clone (cosine)
-    anchor_gap: Optional[float]           # the loss's median-anchor gap (cosine); None without candidates
-    histograms: Dict[str, List[int]]      # "negatives", "flagged" (and "siblings") over HISTOGRAM_BINS
+    fits: List[float]  # mu_clone, sigma_clone, mu_not_clone, sigma_not_clone (cosine)
+    anchor_gap: Optional[float]  # the loss's median-anchor gap (cosine); None without candidates
+    histograms: Dict[str, List[int]]  # "negatives", "flagged" (and "siblings") over HISTOGRAM_BINS
     flagged: int = 0
     flagged_siblings: Optional[int] = None  # with ground-truth families only
     siblings: Optional[int] = None
-    kept_siblings: Optional[int] = None     # among the pairs kept for pairs.jsonl
+    kept_siblings: Optional[int] = None  # among the pairs kept for pairs.jsonl
     flagged_paraphrases: Optional[int] = None  # with families and facts: other family, same facts
     # per --clone-signals name: its flagged pairs and, with families, its flagged siblings
     signals: Dict[str, Dict[str, int]] = field(default_factory=dict)
@@ -70,11 +71,11 @@ class DirectionResult:
 @dataclass
 class BatchResult:
     index: int
-    rows: int                             # samples that passed the checks
-    raw_samples: int                      # samples of the batch before the checks
+    rows: int  # samples that passed the checks
+    raw_samples: int  # samples of the batch before the checks
     skip_counts: List[int]
-    directions: List[DirectionResult]     # empty when the batch had fewer than MIN_ROWS rows
-    samples: List[SampleInfo]             # the rows in order (a pair's query_index / negative_index)
+    directions: List[DirectionResult]  # empty when the batch had fewer than MIN_ROWS rows
+    samples: List[SampleInfo]  # the rows in order (a pair's query_index / negative_index)
 
     def pairs_of_batch(self) -> List[dict]:
         return [pair for direction in self.directions for pair in direction.pairs]
@@ -83,8 +84,13 @@ class BatchResult:
 class Encoder:
     """The model's normalized features under the run's precision, and its logit scale and bias."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device,
-                 autocast: Callable[[], ContextManager] = nullcontext, input_dtype: Optional[torch.dtype] = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        autocast: Callable[[], ContextManager] = nullcontext,
+        input_dtype: Optional[torch.dtype] = None,
+    ):
         self.model, self.device, self.autocast, self.input_dtype = model, device, autocast, input_dtype
 
     @torch.no_grad()
@@ -101,8 +107,9 @@ class Encoder:
         return self.model.logit_scale.exp().float(), None if bias is None else bias.float()
 
 
-def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
-                   options: DiscoveryOptions) -> Optional[BatchResult]:
+def discover_batch(
+    local: LocalBatch, encoder: Encoder, env: DistributedEnv, options: DiscoveryOptions
+) -> Optional[BatchResult]:
     """The batch's result on rank 0 (None on the other ranks). Every rank must call it for every batch."""
     rows = len(local.samples)
     if rows:
@@ -120,7 +127,7 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
         image_features = text_features = torch.empty(0, max(width for _, width in shapes), device=env.device)
     all_image = _gather_rows(image_features, counts, env)
     all_text = _gather_rows(text_features, counts, env)
-    first = sum(counts[:env.rank])
+    first = sum(counts[: env.rank])
     positive_col = torch.arange(first, first + rows, device=env.device)
     logit_scale, logit_bias = encoder.scale_and_bias()
     families, facts = _families(samples, env.device), _fact_ids(samples, env.device)
@@ -131,13 +138,40 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
         logits[direction] = logit_scale * queries @ candidates.T  # the loss's logits (ContrastiveLoss.build_batch)
         if logit_bias is not None:
             logits[direction] = logits[direction] + logit_bias
-    results = [_direction(direction, logits[direction], positive_col, logit_scale, logit_bias, families, facts,
-                          samples, local.index, options, env) for direction in DIRECTIONS]
+    results = [
+        _direction(
+            direction,
+            logits[direction],
+            positive_col,
+            logit_scale,
+            logit_bias,
+            families,
+            facts,
+            samples,
+            local.index,
+            options,
+            env,
+        )
+        for direction in DIRECTIONS
+    ]
     if options.clone_signals:
-        texts = local.texts.to(env.device) if rows else torch.zeros(0, local.texts.shape[1], dtype=torch.long,
-                                                                    device=env.device)
-        inputs = PairInputs(logits, positive_col, image_features, text_features, all_image, all_text, logit_scale,
-                            RowGroup(split_across_ranks=env.distributed), texts, _gather_rows(texts, counts, env))
+        texts = (
+            local.texts.to(env.device)
+            if rows
+            else torch.zeros(0, local.texts.shape[1], dtype=torch.long, device=env.device)
+        )
+        inputs = PairInputs(
+            logits,
+            positive_col,
+            image_features,
+            text_features,
+            all_image,
+            all_text,
+            logit_scale,
+            RowGroup(split_across_ranks=env.distributed),
+            texts,
+            _gather_rows(texts, counts, env),
+        )
         for result in results:
             result.signals = _signal_counts(inputs, result.direction, families, options, env)
     return BatchResult(local.index, total, raw_samples, skip_counts, results, samples) if env.is_master else None
@@ -146,9 +180,12 @@ def discover_batch(local: LocalBatch, encoder: Encoder, env: DistributedEnv,
 def batch_thumbnails(local: LocalBatch, positions: List[int], env: DistributedEnv, size: int) -> Dict[int, bytes]:
     """PNG thumbnails of the global batch's samples at `positions`, each made by the rank holding it,
     on rank 0 ({} elsewhere)."""
-    first = sum(all_gather_object(len(local.samples), env)[:env.rank])
-    mine = {position: thumbnail_png(local.image_bytes[position - first], size) for position in positions
-            if first <= position < first + len(local.samples)}
+    first = sum(all_gather_object(len(local.samples), env)[: env.rank])
+    mine = {
+        position: thumbnail_png(local.image_bytes[position - first], size)
+        for position in positions
+        if first <= position < first + len(local.samples)
+    }
     gathered = all_gather_object(mine, env)
     return {position: png for part in gathered for position, png in part.items()} if env.is_master else {}
 
@@ -158,7 +195,7 @@ def _gather_rows(features: torch.Tensor, counts: List[int], env: DistributedEnv)
     if not env.distributed:
         return features
     padded = features.new_zeros(max(counts), features.shape[1])
-    padded[:features.shape[0]] = features
+    padded[: features.shape[0]] = features
     gathered = gather_no_grad(padded, env.world_size).view(env.world_size, max(counts), -1)
     return torch.cat([gathered[rank, :count] for rank, count in enumerate(counts)])
 
@@ -189,14 +226,29 @@ def _histogram(cosines: torch.Tensor) -> torch.Tensor:
     return torch.bincount(bins, minlength=HISTOGRAM_BINS)
 
 
-def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor, logit_scale: torch.Tensor,
-               logit_bias: Optional[torch.Tensor], families: Optional[torch.Tensor], facts: Optional[torch.Tensor],
-               samples: List[SampleInfo], batch_index: int, options: DiscoveryOptions,
-               env: DistributedEnv) -> DirectionResult:
+def _direction(
+    direction: str,
+    logits: torch.Tensor,
+    positive_col: torch.Tensor,
+    logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor],
+    families: Optional[torch.Tensor],
+    facts: Optional[torch.Tensor],
+    samples: List[SampleInfo],
+    batch_index: int,
+    options: DiscoveryOptions,
+    env: DistributedEnv,
+) -> DirectionResult:
     scale, bias = logit_scale.double(), None if logit_bias is None else logit_bias.double()
-    found = clone_pairs(logits, positive_col, RowGroup(split_across_ranks=env.distributed), salient=options.salient,
-                        region=options.candidate_region, prior_ratio=options.prior_ratio,
-                        std_floor=options.std_floor * scale)
+    found = clone_pairs(
+        logits,
+        positive_col,
+        RowGroup(split_across_ranks=env.distributed),
+        salient=options.salient,
+        region=options.candidate_region,
+        prior_ratio=options.prior_ratio,
+        std_floor=options.std_floor * scale,
+    )
     negatives = torch.ones_like(logits, dtype=torch.bool)
     negatives[torch.arange(logits.shape[0], device=logits.device), positive_col] = False
     cosines = _cosine(logits, logit_scale, logit_bias)
@@ -208,33 +260,48 @@ def _direction(direction: str, logits: torch.Tensor, positive_col: torch.Tensor,
         same_family = families[found.row] == families[found.col]
         siblings = (families[positive_col][:, None] == families[None, :]) & negatives
         histograms["siblings"] = _histogram(cosines[siblings])
-        counts.update(flagged_siblings=same_family.sum(), siblings=siblings.sum(),
-                      kept_siblings=same_family[kept].sum())
+        counts.update(
+            flagged_siblings=same_family.sum(), siblings=siblings.sum(), kept_siblings=same_family[kept].sum()
+        )
         if facts is not None:  # another family's caption that says the same thing: a clone, not a false positive
             paraphrase = ~same_family & (facts[found.row] == facts[found.col])
             counts.update(flagged_paraphrases=paraphrase.sum(), kept_paraphrases=paraphrase[kept].sum())
-    totals = dict(zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()], device=env.device),
-                                             env).tolist()))
+    totals = dict(
+        zip(counts, all_reduce_sum(torch.tensor([int(n) for n in counts.values()], device=env.device), env).tolist())
+    )
     histograms = {name: all_reduce_sum(values, env).tolist() for name, values in histograms.items()}
-    kept_pairs = all_gather_object({"row": found.row[kept].tolist(), "col": found.col[kept].tolist(),
-                                    "similarity": similarity[kept].tolist(), "gap": gap[kept].tolist(),
-                                    "posterior": found.posterior[kept].tolist()}, env)
+    kept_pairs = all_gather_object(
+        {
+            "row": found.row[kept].tolist(),
+            "col": found.col[kept].tolist(),
+            "similarity": similarity[kept].tolist(),
+            "gap": gap[kept].tolist(),
+            "posterior": found.posterior[kept].tolist(),
+        },
+        env,
+    )
     selection = found.selection
     reference = selection.reference.double()
     mu, sigma = _cosine(reference[[0, 2]], scale, bias), reference[[1, 3]] / scale
     has_anchor = bool(selection.num_candidates > 0)
     result = DirectionResult(
-        direction=direction, rows=len(samples), negatives=len(samples) * (len(samples) - 1),
+        direction=direction,
+        rows=len(samples),
+        negatives=len(samples) * (len(samples) - 1),
         flat_reference=bool(selection.flat_reference),
         fits=[mu[0].item(), sigma[0].item(), mu[1].item(), sigma[1].item()],
-        anchor_gap=(selection.gap.double() / scale).item() if has_anchor else None, histograms=histograms, **totals)
+        anchor_gap=(selection.gap.double() / scale).item() if has_anchor else None,
+        histograms=histograms,
+        **totals,
+    )
     if env.is_master:
         result.pairs = [line for part in kept_pairs for line in _pair_lines(part, direction, samples, batch_index)]
     return result
 
 
-def _signal_counts(inputs: PairInputs, direction: str, families: Optional[torch.Tensor], options: DiscoveryOptions,
-                   env: DistributedEnv) -> Dict[str, Dict[str, int]]:
+def _signal_counts(
+    inputs: PairInputs, direction: str, families: Optional[torch.Tensor], options: DiscoveryOptions, env: DistributedEnv
+) -> Dict[str, Dict[str, int]]:
     """Per --clone-signals name, the pairs it flags at its operating point over the global batch and, with
     ground-truth families, how many of them are siblings."""
     negatives = torch.arange(inputs.all_image.shape[0], device=env.device)[None, :] != inputs.positive_col[:, None]
@@ -270,13 +337,27 @@ def _pair_lines(kept: Dict[str, list], direction: str, samples: List[SampleInfo]
     lines = []
     for position, (row, col) in enumerate(zip(kept["row"], kept["col"])):
         query, negative = samples[row], samples[col]
-        line = {"batch": batch_index, "direction": direction, "query_index": row, "negative_index": col,
-                **{name: round(kept[name][position], 6) for name in ("posterior", "gap", "similarity")},
-                "query_key": query.key, "query_caption": query.caption, "query_source": query.source,
-                "negative_key": negative.key, "negative_caption": negative.caption, "negative_source": negative.source}
+        line = {
+            "batch": batch_index,
+            "direction": direction,
+            "query_index": row,
+            "negative_index": col,
+            **{name: round(kept[name][position], 6) for name in ("posterior", "gap", "similarity")},
+            "query_key": query.key,
+            "query_caption": query.caption,
+            "query_source": query.source,
+            "negative_key": negative.key,
+            "negative_caption": negative.caption,
+            "negative_source": negative.source,
+        }
         if query.family is not None and negative.family is not None:
-            line.update(query_family=query.family, query_family_edit=query.family_edit, negative_family=negative.family,
-                        negative_family_edit=negative.family_edit, same_family=query.family == negative.family)
+            line.update(
+                query_family=query.family,
+                query_family_edit=query.family_edit,
+                negative_family=negative.family,
+                negative_family_edit=negative.family_edit,
+                same_family=query.family == negative.family,
+            )
         if query.facts is not None and negative.facts is not None:
             line["same_facts"] = query.facts == negative.facts
             line["facts_apart"] = facts_apart(query.facts, negative.facts)

@@ -15,6 +15,7 @@ Each DataLoader worker handles every `workers`-th batch from the starting one, s
 the batches in order; a rank whose slice of a batch is empty still yields it (the ranks run the
 batch's collectives together).
 """
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,8 @@ from ..trainer.data.samples import decode_image
 class SampleInfo:
     """What the report shows of a sample besides its image."""
 
-    key: str                      # the tar member prefix (`__key__`), or a csv row's image path
-    source: str                   # its shard, or the csv file
+    key: str  # the tar member prefix (`__key__`), or a csv row's image path
+    source: str  # its shard, or the csv file
     caption: str
     family: Optional[int] = None  # the json's ground-truth family (the demo data's), if any
     family_edit: Optional[str] = None
@@ -47,20 +48,21 @@ class SampleInfo:
 class LocalBatch:
     """This rank's slice of one global batch, after the checks."""
 
-    index: int                 # the global batch's number, from 0
-    images: torch.Tensor       # rows x 3 x H x W, preprocessed
-    texts: torch.Tensor        # rows x context, tokenized
+    index: int  # the global batch's number, from 0
+    images: torch.Tensor  # rows x 3 x H x W, preprocessed
+    texts: torch.Tensor  # rows x context, tokenized
     samples: List[SampleInfo]
-    image_bytes: List[bytes]   # the encoded images, for the thumbnails of the pairs shown
+    image_bytes: List[bytes]  # the encoded images, for the thumbnails of the pairs shown
     skip_counts: torch.Tensor  # per SKIP_REASONS, this slice's (and, on rank 0, the shards' events)
-    raw_samples: int           # samples of the slice before the checks
+    raw_samples: int  # samples of the slice before the checks
 
 
 class GlobalBatches(IterableDataset):
     """This rank's slices of global batches `start_batch`, `start_batch` + 1, ... of an ordered pass."""
 
-    def __init__(self, ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
-                 start_batch: int):
+    def __init__(
+        self, ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, start_batch: int
+    ):
         super().__init__()
         self.ordered, self.cfg, self.preprocess, self.tokenizer = ordered, cfg, preprocess, tokenizer
         self.start_batch = start_batch
@@ -113,8 +115,15 @@ class GlobalBatches(IterableDataset):
             samples.append(SampleInfo(item.key, item.source, item.text, *_ground_truth(item.meta)))
             image_bytes.append(item.image_bytes)
         image_tensor = torch.stack(images) if images else torch.empty(0)
-        return LocalBatch(index, image_tensor, self.tokenizer(texts) if texts else torch.empty(0, dtype=torch.long),
-                          samples, image_bytes, counter.take() + file_events, len(items))
+        return LocalBatch(
+            index,
+            image_tensor,
+            self.tokenizer(texts) if texts else torch.empty(0, dtype=torch.long),
+            samples,
+            image_bytes,
+            counter.take() + file_events,
+            len(items),
+        )
 
 
 def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[str], Optional[Tuple[str, ...]]]:
@@ -135,12 +144,17 @@ def _ground_truth(meta_bytes: Optional[bytes]) -> Tuple[Optional[int], Optional[
 # Building the loader, and the checks before any work
 
 
-def discovery_loader(ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
-                     start_batch: int) -> DataLoader:
+def discovery_loader(
+    ordered: OrderedPass, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, start_batch: int
+) -> DataLoader:
     """The loader of this rank's slices of global batches `start_batch`, `start_batch` + 1, ... of the pass."""
     # batch_size=None: the stream yields whole batches; fresh workers see the stream as built here.
-    return DataLoader(GlobalBatches(ordered, cfg, preprocess, tokenizer, start_batch), batch_size=None,
-                      num_workers=cfg.workers, persistent_workers=False)
+    return DataLoader(
+        GlobalBatches(ordered, cfg, preprocess, tokenizer, start_batch),
+        batch_size=None,
+        num_workers=cfg.workers,
+        persistent_workers=False,
+    )
 
 
 def thumbnail_png(image_bytes: bytes, size: int) -> bytes:

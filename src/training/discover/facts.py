@@ -10,6 +10,7 @@ exchanged ("A above B" against "B above A") do not, which a plain word diff cann
 
 Both need the relation phrases and their converses, which are the demo data's own.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,12 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tupl
 # The relation phrases of the demo data's captions and facts, each with its converse: "A above B" says what "B below
 # A" says. They are training.synthetic_scenes.scenes.OPPOSITE_RELATION, written out since the tools do not import
 # each other (tests/test_layout.py); tests/training/discover/test_facts.py holds the two equal.
-CONVERSES: Mapping[str, str] = {"to the left of": "to the right of", "to the right of": "to the left of",
-                                "above": "below", "below": "above"}
+CONVERSES: Mapping[str, str] = {
+    "to the left of": "to the right of",
+    "to the right of": "to the left of",
+    "above": "below",
+    "below": "above",
+}
 # Descriptions with more objects than this are not compared (the object matching tries every permutation).
 MAX_OBJECTS = 6
 
@@ -31,8 +36,11 @@ def relation_span(words: Sequence[str], converses: Mapping[str, str] = CONVERSES
     spans = []
     for phrase in converses:
         phrase_words = phrase.split()
-        spans += [(start, start + len(phrase_words)) for start in range(1, len(words) - len(phrase_words))
-                  if list(words[start:start + len(phrase_words)]) == phrase_words]
+        spans += [
+            (start, start + len(phrase_words))
+            for start in range(1, len(words) - len(phrase_words))
+            if list(words[start : start + len(phrase_words)]) == phrase_words
+        ]
     return spans[0] if len(spans) == 1 else None
 
 
@@ -97,8 +105,10 @@ def facts_apart(facts: Sequence[str], other: Sequence[str], converses: Mapping[s
     for image in itertools.permutations(range(len(other_objects)), len(objects)):
         count = sum(_attributes_apart(objects[index], other_objects[target]) for index, target in enumerate(image))
         count += sum(len(other_objects[target]) for target in set(range(len(other_objects))) - set(image))
-        mapped = {frozenset(image[i] for i in pair): (image[first], relation, image[second])
-                  for pair, (first, relation, second) in relations.items()}
+        mapped = {
+            frozenset(image[i] for i in pair): (image[first], relation, image[second])
+            for pair, (first, relation, second) in relations.items()
+        }
         count += sum(mapped.get(pair) != other_relations.get(pair) for pair in set(mapped) | set(other_relations))
         best = count if best is None else min(best, count)
     return best
@@ -113,8 +123,9 @@ def _attributes_apart(attributes: Tuple[str, ...], other: Tuple[str, ...]) -> in
 # The words that differ
 
 
-def differing_positions(words: Sequence[str], other: Sequence[str],
-                        converses: Mapping[str, str] = CONVERSES) -> Set[int]:
+def differing_positions(
+    words: Sequence[str], other: Sequence[str], converses: Mapping[str, str] = CONVERSES
+) -> Set[int]:
     """The positions of `words` that say what `other` does not.
 
     `words` is read as written and, when it holds one relation phrase, the other way round ("A below B" read
@@ -130,8 +141,12 @@ def differing_positions(words: Sequence[str], other: Sequence[str],
         converse = converses[" ".join(words[start:end])].split()
         # Each word of the converse phrase stands for the word of the phrase at its place (the last one past it).
         relation_places = [min(start + index, end - 1) for index in range(len(converse))]
-        readings.append((list(words[end:]) + converse + list(words[:start]),
-                         list(range(end, len(words))) + relation_places + list(range(start))))
+        readings.append(
+            (
+                list(words[end:]) + converse + list(words[:start]),
+                list(range(end, len(words))) + relation_places + list(range(start)),
+            )
+        )
     best_common, best_marked = -1, set()
     for reading, places in readings:
         matched = _common_subsequence(reading, list(other))
@@ -148,8 +163,9 @@ def _common_subsequence(words: List[str], other: List[str]) -> Set[int]:
     lengths = [[0] * (columns + 1) for _ in range(rows + 1)]  # lengths[i][j]: of words[i:] and other[j:]
     for i in range(rows - 1, -1, -1):
         for j in range(columns - 1, -1, -1):
-            lengths[i][j] = (lengths[i + 1][j + 1] + 1 if words[i] == other[j]
-                             else max(lengths[i + 1][j], lengths[i][j + 1]))
+            lengths[i][j] = (
+                lengths[i + 1][j + 1] + 1 if words[i] == other[j] else max(lengths[i + 1][j], lengths[i][j + 1])
+            )
     matched, i, j = set(), 0, 0
     while i < rows and j < columns:
         if words[i] == other[j] and lengths[i][j] == lengths[i + 1][j + 1] + 1:

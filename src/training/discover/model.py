@@ -9,6 +9,7 @@
 A file whose tensors do not fit the named architecture is a one-line ValueError saying how many
 differ and which architecture the file was trained as, when it says so.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,7 +39,7 @@ class DiscoveryModel:
     model: torch.nn.Module
     preprocess: Callable  # the model's validation transform
     tokenizer: Callable
-    description: str      # what was loaded, for the report
+    description: str  # what was loaded, for the report
 
 
 @contextmanager
@@ -53,16 +54,20 @@ def quiet_logging(level: int) -> Iterator[None]:
         root.setLevel(previous)
 
 
-def load_discovery_model(model_name: Optional[str], pretrained: Optional[str], checkpoint: Optional[str],
-                         device: torch.device) -> DiscoveryModel:
+def load_discovery_model(
+    model_name: Optional[str], pretrained: Optional[str], checkpoint: Optional[str], device: torch.device
+) -> DiscoveryModel:
     if checkpoint is not None:
         return _from_checkpoint(Path(checkpoint), model_name, device)
     if model_name is None:
-        raise ValueError("no model given: pass --checkpoint epoch_N.pt, --model local-dir:EXPORT, or --model NAME "
-                         "with --pretrained TAG|FILE")
+        raise ValueError(
+            "no model given: pass --checkpoint epoch_N.pt, --model local-dir:EXPORT, or --model NAME "
+            "with --pretrained TAG|FILE"
+        )
     if model_name.startswith(LOCAL_DIR) and not (Path(model_name.removeprefix(LOCAL_DIR)) / CONFIG_NAME).is_file():
-        raise ValueError(f"--model {model_name}: no {CONFIG_NAME} there (write an export with python -m "
-                         "training.export)")
+        raise ValueError(
+            f"--model {model_name}: no {CONFIG_NAME} there (write an export with python -m training.export)"
+        )
     if pretrained:
         try:
             check_pretrained(model_name, pretrained)
@@ -89,31 +94,41 @@ def _from_checkpoint(path: Path, model_name: Optional[str], device: torch.device
     try:
         checkpoint = load_checkpoint(path, mmap=True)
     except CheckpointDamaged as error:
-        raise ValueError(f"--checkpoint {path}: {error}; copy it again from where it was written, or pass another "
-                         "checkpoint") from None
+        raise ValueError(
+            f"--checkpoint {path}: {error}; copy it again from where it was written, or pass another checkpoint"
+        ) from None
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ValueError(f"--checkpoint {path} cannot be read as a checkpoint ({type(error).__name__}); pass an "
-                         f"epoch_N.pt written by training.main") from None
+        raise ValueError(
+            f"--checkpoint {path} cannot be read as a checkpoint ({type(error).__name__}); pass an "
+            f"epoch_N.pt written by training.main"
+        ) from None
     recorded = checkpoint.get("args", {}).get("model") if isinstance(checkpoint, dict) else None
     if isinstance(checkpoint, dict) and "model_cfg" not in checkpoint:
         if model_name is None:
-            raise ValueError(f"--checkpoint {path} records no architecture (not written by training.main): pass "
-                             f"--model NAME --pretrained {path} instead")
+            raise ValueError(
+                f"--checkpoint {path} records no architecture (not written by training.main): pass "
+                f"--model NAME --pretrained {path} instead"
+            )
         return load_discovery_model(model_name, str(path), None, device)
     if model_name is not None and recorded is not None and model_name != recorded:
-        raise ValueError(f"--checkpoint {path} was trained as --model {recorded} but --model is {model_name}: drop "
-                         f"--model (the checkpoint names its architecture) or pass --model {recorded}")
+        raise ValueError(
+            f"--checkpoint {path} was trained as --model {recorded} but --model is {model_name}: drop "
+            f"--model (the checkpoint names its architecture) or pass --model {recorded}"
+        )
     with tempfile.TemporaryDirectory(prefix="discover-export-") as export_dir:
         export(path, export_dir)
-        return _open_clip_model(f"{LOCAL_DIR}{export_dir}", None, device,
-                                f"{path} ({recorded or 'its recorded architecture'})")
+        return _open_clip_model(
+            f"{LOCAL_DIR}{export_dir}", None, device, f"{path} ({recorded or 'its recorded architecture'})"
+        )
 
 
-def _open_clip_model(model_name: str, pretrained: Optional[str], device: torch.device,
-                     description: str) -> DiscoveryModel:
+def _open_clip_model(
+    model_name: str, pretrained: Optional[str], device: torch.device, description: str
+) -> DiscoveryModel:
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained or None,
-                                                                     device=device)
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            model_name, pretrained=pretrained or None, device=device
+        )
     except Exception as error:  # noqa: BLE001 - open_clip's loaders raise RuntimeError, AssertionError, ...
         if pretrained and Path(pretrained).is_file():
             raise ValueError(_mismatch(model_name, pretrained)) from None
@@ -129,11 +144,19 @@ def _mismatch(model_name: str, path: str) -> str:
     found = {name: t.shape for name, t in load_state_dict(path).items()}
     shapes = [name for name in expected if name in found and found[name] != expected[name]]
     missing = [name for name in expected if name not in found]
-    example = (f", e.g. {shapes[0]} is {list(found[shapes[0]])} in the file but {list(expected[shapes[0]])} in "
-               f"{model_name}" if shapes else "")
+    example = (
+        f", e.g. {shapes[0]} is {list(found[shapes[0]])} in the file but {list(expected[shapes[0]])} in {model_name}"
+        if shapes
+        else ""
+    )
     checkpoint = load_checkpoint(path, mmap=True) if path.endswith(".pt") else {}  # check_pretrained read it whole
     recorded = checkpoint.get("args", {}).get("model") if isinstance(checkpoint, dict) else None
-    fix = (f"it was trained as --model {recorded}: pass that, or --checkpoint {path} alone" if recorded
-           else "pass the --model it was trained as")
-    return (f"--pretrained {path} does not fit --model {model_name}: {len(shapes)} of {len(expected)} tensors "
-            f"differ in shape and {len(missing)} are missing{example}; {fix}")
+    fix = (
+        f"it was trained as --model {recorded}: pass that, or --checkpoint {path} alone"
+        if recorded
+        else "pass the --model it was trained as"
+    )
+    return (
+        f"--pretrained {path} does not fit --model {model_name}: {len(shapes)} of {len(expected)} tensors "
+        f"differ in shape and {len(missing)} are missing{example}; {fix}"
+    )

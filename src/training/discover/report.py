@@ -20,6 +20,7 @@ resumed run reports over all of its batches, those before the interruption inclu
   how many facts its captions differ in, `facts.facts_apart`); `kept_labels` counts the kept pairs
   per label and `kept_within_one_fact` is the share of kept pairs at most one fact apart.
 """
+
 from __future__ import annotations
 
 import collections
@@ -100,8 +101,16 @@ def summarize(records: Sequence[dict]) -> Dict[str, object]:
         for direction in record["directions"]:
             for name in (direction["direction"], POOLED):
                 totals = per_direction[name]
-                for field in ("rows", "negatives", "flagged", "flagged_siblings", "siblings", "kept_siblings",
-                              "flagged_paraphrases", "kept_paraphrases"):
+                for field in (
+                    "rows",
+                    "negatives",
+                    "flagged",
+                    "flagged_siblings",
+                    "siblings",
+                    "kept_siblings",
+                    "flagged_paraphrases",
+                    "kept_paraphrases",
+                ):
                     if direction.get(field) is not None:
                         totals[field] = totals.get(field, 0) + direction[field]
                 for signal, counts in direction.get("signals", {}).items():
@@ -110,8 +119,7 @@ def summarize(records: Sequence[dict]) -> Dict[str, object]:
                         signal_totals[field] = signal_totals.get(field, 0) + count
                 totals["batches"] = totals.get("batches", 0) + 1
                 totals["empty_batches"] = totals.get("empty_batches", 0) + (direction["flagged"] == 0)
-                totals["flat_reference_batches"] = (totals.get("flat_reference_batches", 0)
-                                                    + direction["flat_reference"])
+                totals["flat_reference_batches"] = totals.get("flat_reference_batches", 0) + direction["flat_reference"]
     skipped = {reason: sum(record["skipped"].get(reason, 0) for record in records) for reason in SKIP_REASONS}
     return {
         "batches": len(records),
@@ -126,26 +134,44 @@ def _metrics(totals: Dict[str, float]) -> Dict[str, float]:
     metrics = {
         "flagged_fraction": _ratio(totals["flagged"], totals["negatives"]),
         "candidates_per_row": _ratio(totals["flagged"], totals["rows"]),
-        "flagged": totals["flagged"], "negatives": totals["negatives"], "rows": totals["rows"],
-        "batches": totals["batches"], "batches_without_candidates": totals["empty_batches"],
+        "flagged": totals["flagged"],
+        "negatives": totals["negatives"],
+        "rows": totals["rows"],
+        "batches": totals["batches"],
+        "batches_without_candidates": totals["empty_batches"],
         "flat_reference_batches": totals["flat_reference_batches"],
     }
     if "siblings" in totals:  # ground-truth families
-        metrics.update(family_precision=_ratio(totals["flagged_siblings"], totals["flagged"]),
-                       family_recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
-                       sibling_fraction=_ratio(totals["siblings"], totals["negatives"]),
-                       kept_family_precision=None, kept_siblings=totals["kept_siblings"])
+        metrics.update(
+            family_precision=_ratio(totals["flagged_siblings"], totals["flagged"]),
+            family_recall=_ratio(totals["flagged_siblings"], totals["siblings"]),
+            sibling_fraction=_ratio(totals["siblings"], totals["negatives"]),
+            kept_family_precision=None,
+            kept_siblings=totals["kept_siblings"],
+        )
     if totals.get("signals"):  # --clone-signals: each one's flags at its operating point
-        metrics["signals"] = {name: {"flagged_fraction": _ratio(counts["flagged"], totals["negatives"]),
-                                     **({"family_precision": _ratio(counts["flagged_siblings"], counts["flagged"]),
-                                         "family_recall": _ratio(counts["flagged_siblings"], totals["siblings"])}
-                                        if "flagged_siblings" in counts else {})}
-                              for name, counts in totals["signals"].items()}
+        metrics["signals"] = {
+            name: {
+                "flagged_fraction": _ratio(counts["flagged"], totals["negatives"]),
+                **(
+                    {
+                        "family_precision": _ratio(counts["flagged_siblings"], counts["flagged"]),
+                        "family_recall": _ratio(counts["flagged_siblings"], totals["siblings"]),
+                    }
+                    if "flagged_siblings" in counts
+                    else {}
+                ),
+            }
+            for name, counts in totals["signals"].items()
+        }
     if "flagged_paraphrases" in totals:  # facts known: other-family pairs that say the same thing are clones too
-        metrics.update(paraphrases=totals["flagged_paraphrases"],
-                       family_precision_with_paraphrases=_ratio(
-                           totals["flagged_siblings"] + totals["flagged_paraphrases"], totals["flagged"]),
-                       kept_paraphrases=totals["kept_paraphrases"])
+        metrics.update(
+            paraphrases=totals["flagged_paraphrases"],
+            family_precision_with_paraphrases=_ratio(
+                totals["flagged_siblings"] + totals["flagged_paraphrases"], totals["flagged"]
+            ),
+            kept_paraphrases=totals["kept_paraphrases"],
+        )
     return metrics
 
 
@@ -172,7 +198,8 @@ def add_kept_metrics(summary: Dict[str, object], output: Path) -> None:
         metrics["kept_pairs"] = kept[name]
         if "kept_paraphrases" in metrics:
             metrics["kept_family_precision_with_paraphrases"] = _ratio(
-                metrics["kept_siblings"] + metrics.pop("kept_paraphrases"), metrics["kept_pairs"])
+                metrics["kept_siblings"] + metrics.pop("kept_paraphrases"), metrics["kept_pairs"]
+            )
         if "kept_siblings" in metrics:
             metrics["kept_family_precision"] = _ratio(metrics.pop("kept_siblings"), metrics["kept_pairs"])
         if set(labels[name]) - {"none"}:
@@ -185,14 +212,22 @@ def add_kept_metrics(summary: Dict[str, object], output: Path) -> None:
 
 
 # The console table's rows: (title, summary key); the family precision's rows carry FAMILY_NOTE's mark.
-FAMILY_COLUMNS = [("family precision*", "family_precision"), ("family recall", "family_recall"),
-                  ("sibling rate", "sibling_fraction"), ("kept family precision*", "kept_family_precision")]
-FACTS_COLUMNS = [("+ paraphrases*", "family_precision_with_paraphrases"),
-                 ("kept + paraphrases*", "kept_family_precision_with_paraphrases"),
-                 ("kept <=1 fact apart", "kept_within_one_fact")]
-FAMILY_NOTE = ("* precision against the data's families, a proxy: a pair of one family counts as a clone (also "
-               "siblings 2 facts apart), a pair of two families as a false positive (also paraphrases and pairs "
-               "1 fact apart); + paraphrases: other families' pairs with the same facts count as clones too")
+FAMILY_COLUMNS = [
+    ("family precision*", "family_precision"),
+    ("family recall", "family_recall"),
+    ("sibling rate", "sibling_fraction"),
+    ("kept family precision*", "kept_family_precision"),
+]
+FACTS_COLUMNS = [
+    ("+ paraphrases*", "family_precision_with_paraphrases"),
+    ("kept + paraphrases*", "kept_family_precision_with_paraphrases"),
+    ("kept <=1 fact apart", "kept_within_one_fact"),
+]
+FAMILY_NOTE = (
+    "* precision against the data's families, a proxy: a pair of one family counts as a clone (also "
+    "siblings 2 facts apart), a pair of two families as a false positive (also paraphrases and pairs "
+    "1 fact apart); + paraphrases: other families' pairs with the same facts count as clones too"
+)
 FACTS_NOTE = "kept <=1 fact apart: the kept pairs whose captions differ in at most 1 fact (paraphrases: 0)"
 
 
@@ -213,20 +248,31 @@ def console_table(summary: Dict[str, object]) -> str:
     title_width = max(len(title) for title, _ in rows)
     lines = [f"{'':<{title_width}}" + "".join(f"  {name:>9}" for name in directions)]
     for title, key in rows:
-        lines.append(f"{title:<{title_width}}" + "".join(f"  {_format(summary['directions'][name].get(key)):>9}"
-                                                         for name in directions))
+        lines.append(
+            f"{title:<{title_width}}"
+            + "".join(f"  {_format(summary['directions'][name].get(key)):>9}" for name in directions)
+        )
     if "family_precision" in pooled:
         lines += ["", *textwrap.wrap(FAMILY_NOTE, TABLE_WIDTH)]
     if "kept_within_one_fact" in pooled:
         lines += textwrap.wrap(FACTS_NOTE, TABLE_WIDTH)
     for name, metrics in pooled.get("signals", {}).items():
-        lines += textwrap.wrap(f"clone signal {name} (both directions): flagged {_format(metrics['flagged_fraction'])}"
-                               + (f", family precision {_format(metrics['family_precision'])}, recall "
-                                  f"{_format(metrics['family_recall'])}" if "family_precision" in metrics else ""),
-                               TABLE_WIDTH)
+        lines += textwrap.wrap(
+            f"clone signal {name} (both directions): flagged {_format(metrics['flagged_fraction'])}"
+            + (
+                f", family precision {_format(metrics['family_precision'])}, recall {_format(metrics['family_recall'])}"
+                if "family_precision" in metrics
+                else ""
+            ),
+            TABLE_WIDTH,
+        )
     if pooled.get("kept_labels"):
-        shares = [f"{count / pooled['kept_pairs']:.1%} {TRUTHS[label]}" for label, count in pooled["kept_labels"].items()]
-        lines += textwrap.wrap(f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), TABLE_WIDTH)
+        shares = [
+            f"{count / pooled['kept_pairs']:.1%} {TRUTHS[label]}" for label, count in pooled["kept_labels"].items()
+        ]
+        lines += textwrap.wrap(
+            f"kept pairs ({pooled['kept_pairs']}, both directions): " + "; ".join(shares), TABLE_WIDTH
+        )
     return "\n".join(lines)
 
 
@@ -249,14 +295,17 @@ def typical_batch(records: Sequence[dict]) -> Optional[dict]:
     discovered = [record for record in records if record["directions"]]
     if not discovered:
         return None
+
     def fraction(record):
         return sum(d["flagged"] for d in record["directions"]) / sum(d["negatives"] for d in record["directions"])
+
     return sorted(discovered, key=fraction)[(len(discovered) - 1) // 2]
 
 
 def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, object]) -> List[str]:
     """The fits of the typical batch and the flagged fraction per batch, as PNGs; their paths."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -269,8 +318,11 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
     for axis, direction in zip(axes[0], typical["directions"]):
         _plot_fits(axis, direction, edges, settings)
     figure.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=9)
-    figure.suptitle(f"batch {typical['batch']} (median flagged fraction): the loss's two Gaussian fits and its "
-                    f"candidate region ({settings['candidate_region']})", fontsize=11)
+    figure.suptitle(
+        f"batch {typical['batch']} (median flagged fraction): the loss's two Gaussian fits and its "
+        f"candidate region ({settings['candidate_region']})",
+        fontsize=11,
+    )
     figure.tight_layout(rect=(0, 0.12, 1, 1))
     figure.savefig(output / FITS_PLOT, dpi=110)
     plt.close(figure)
@@ -281,16 +333,30 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
         values = [record["directions"][index] for record in records if record["directions"]]
         axis.plot(batches, [d["flagged"] / d["negatives"] for d in values], ".-", label=f"{name}: flagged fraction")
         if values and values[0].get("siblings") is not None:
-            axis.plot(batches, [d["flagged_siblings"] / d["flagged"] if d["flagged"] else math.nan for d in values],
-                      "x:", label=f"{name}: family precision (a proxy)")
-    empty = [record["batch"] for record in records
-             if record["directions"] and not sum(d["flagged"] for d in record["directions"])]
+            axis.plot(
+                batches,
+                [d["flagged_siblings"] / d["flagged"] if d["flagged"] else math.nan for d in values],
+                "x:",
+                label=f"{name}: family precision (a proxy)",
+            )
+    empty = [
+        record["batch"]
+        for record in records
+        if record["directions"] and not sum(d["flagged"] for d in record["directions"])
+    ]
     if empty:  # a drop to 0 is a batch where no negative reached the candidate region, not a plotting gap
-        axis.plot(empty, [0] * len(empty), "v", color="tab:red", markersize=8,
-                  label=f"no candidates in the batch ({len(empty)} of {len(batches)})")
+        axis.plot(
+            empty,
+            [0] * len(empty),
+            "v",
+            color="tab:red",
+            markersize=8,
+            label=f"no candidates in the batch ({len(empty)} of {len(batches)})",
+        )
     if records and records[0]["directions"] and records[0]["directions"][0].get("siblings") is not None:
-        rate = sum(d["siblings"] for r in records for d in r["directions"]) / \
-            sum(d["negatives"] for r in records for d in r["directions"])
+        rate = sum(d["siblings"] for r in records for d in r["directions"]) / sum(
+            d["negatives"] for r in records for d in r["directions"]
+        )
         axis.axhline(rate, color="grey", linestyle="--", label=f"sibling base rate {rate:.3f}")
     axis.set_xlabel("batch")
     axis.set_ylim(0, 1)
@@ -309,29 +375,44 @@ def _plot_fits(axis, direction: dict, edges, settings: Dict[str, object]) -> Non
     axis.stairs((negatives / density).numpy(), edges, fill=True, color="#bbbbbb", label="negatives")
     if "siblings" in histograms:
         siblings = torch.tensor(histograms["siblings"], dtype=torch.float64)
-        axis.stairs((siblings / density).numpy(), edges, fill=True, color="#e69f00", alpha=0.8,
-                    label="siblings (same family)")
+        axis.stairs(
+            (siblings / density).numpy(), edges, fill=True, color="#e69f00", alpha=0.8, label="siblings (same family)"
+        )
     flagged = torch.tensor(histograms["flagged"], dtype=torch.float64)
     axis.stairs((flagged / density).numpy(), edges, color="#0072b2", linewidth=1.5, label="flagged")
     mu_c, sigma_c, mu_n, sigma_n = direction["fits"]
     grid = torch.linspace(-1, 1, 801, dtype=torch.float64)
-    for mu, sigma, color, name in ((mu_c, sigma_c, "#d55e00", "clone fit (least salient row)"),
-                                   (mu_n, sigma_n, "#009e73", "not-clone fit (most salient row)")):
+    for mu, sigma, color, name in (
+        (mu_c, sigma_c, "#d55e00", "clone fit (least salient row)"),
+        (mu_n, sigma_n, "#009e73", "not-clone fit (most salient row)"),
+    ):
         curve = torch.exp(-0.5 * ((grid - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
         axis.plot(grid.numpy(), curve.numpy(), color=color, linewidth=2, label=name)
     # The candidate region on the similarity axis: one query row over the grid, with no positive column.
-    region = adacl_math.clone_candidate_mask(grid[None, :], torch.tensor([-1]), mu_c, sigma_c, mu_n, sigma_n,
-                                        prior_ratio=settings["prior_ratio"], region=settings["candidate_region"])[0]
+    region = adacl_math.clone_candidate_mask(
+        grid[None, :],
+        torch.tensor([-1]),
+        mu_c,
+        sigma_c,
+        mu_n,
+        sigma_n,
+        prior_ratio=settings["prior_ratio"],
+        region=settings["candidate_region"],
+    )[0]
     top = axis.get_ylim()[1]
-    axis.fill_between(grid.numpy(), 0, top, where=region.numpy(), color="#56b4e9", alpha=0.15, step="mid",
-                      label="candidate region")
+    axis.fill_between(
+        grid.numpy(), 0, top, where=region.numpy(), color="#56b4e9", alpha=0.15, step="mid", label="candidate region"
+    )
     axis.set_ylim(0, top)
     occupied = negatives.nonzero()
     if len(occupied):  # the similarities' range, and a margin
         axis.set_xlim(max(-1.0, edges[int(occupied.min())] - 0.1), min(1.0, edges[int(occupied.max()) + 1] + 0.1))
     flagged_share = direction["flagged"] / direction["negatives"]
-    axis.set_title(f"{direction['direction']}: {direction['flagged']} of {direction['negatives']} negatives flagged "
-                   f"({flagged_share:.1%})", fontsize=10)
+    axis.set_title(
+        f"{direction['direction']}: {direction['flagged']} of {direction['negatives']} negatives flagged "
+        f"({flagged_share:.1%})",
+        fontsize=10,
+    )
     axis.set_xlabel("cosine similarity")
     axis.set_ylabel("density")
 
@@ -348,8 +429,18 @@ PER_BATCH = 10
 
 # The labels in the order a reader looks for them: the data's own clones (siblings) first, the pairs of two families
 # that differ in 2 or more facts (which AdaCL should not flag) last.
-LABEL_ORDER = ("sibling-1", "sibling-0", "sibling-2", "sibling-3", "sibling", "paraphrase", "other-1", "none", "other",
-               "other-2")
+LABEL_ORDER = (
+    "sibling-1",
+    "sibling-0",
+    "sibling-2",
+    "sibling-3",
+    "sibling",
+    "paraphrase",
+    "other-1",
+    "none",
+    "other",
+    "other-2",
+)
 
 
 def reading_order(pairs: Sequence[dict]) -> List[dict]:
@@ -360,44 +451,69 @@ def reading_order(pairs: Sequence[dict]) -> List[dict]:
     for pair in sorted(pairs, key=lambda pair: (-pair["posterior"], pair["gap"])):
         key = (pair_label(pair), pair["batch"])
         place[id(pair)] = per_batch[key] = per_batch.get(key, -1) + 1
-    return sorted(pairs, key=lambda pair: (LABEL_ORDER.index(pair_label(pair)), place[id(pair)], -pair["posterior"],
-                                           pair["gap"]))
+    return sorted(
+        pairs, key=lambda pair: (LABEL_ORDER.index(pair_label(pair)), place[id(pair)], -pair["posterior"], pair["gap"])
+    )
 
 
-def write_page(output: Path, summary: Dict[str, object], settings: Dict[str, object], pairs: Sequence[dict],
-               plots: Sequence[str], table: str) -> None:
+def write_page(
+    output: Path,
+    summary: Dict[str, object],
+    settings: Dict[str, object],
+    pairs: Sequence[dict],
+    plots: Sequence[str],
+    table: str,
+) -> None:
     pairs = reading_order(pairs)
     rows = "\n".join(_pair_row(rank, pair) for rank, pair in enumerate(pairs, start=1))
     plot_tags = "\n".join(f'<img class="plot" src="{path}" alt="{path}">' for path in plots)
-    description = (f"{settings['model']} on {settings['data']}, global batch {settings['global_batch_size']}, "
-                   f"--adacl-salient {settings['salient']} --adacl-candidate-region {settings['candidate_region']}")
+    description = (
+        f"{settings['model']} on {settings['data']}, global batch {settings['global_batch_size']}, "
+        f"--adacl-salient {settings['salient']} --adacl-candidate-region {settings['candidate_region']}"
+    )
     skipped = ", ".join(f"{reason} {count}" for reason, count in summary["skipped"].items()) or "none"
     truths = {pair_label(pair) for pair in pairs}
     page = string.Template(_PAGE).substitute(
-        description=html.escape(description), samples=summary["samples"], batches=summary["batches"],
-        skipped=html.escape(skipped), table=html.escape(table), plots=plot_tags, rows=rows, shown=len(pairs),
-        kept=summary["directions"].get(POOLED, {}).get("kept_pairs", 0), per_query=PER_QUERY, per_batch=PER_BATCH,
+        description=html.escape(description),
+        samples=summary["samples"],
+        batches=summary["batches"],
+        skipped=html.escape(skipped),
+        table=html.escape(table),
+        plots=plot_tags,
+        rows=rows,
+        shown=len(pairs),
+        kept=summary["directions"].get(POOLED, {}).get("kept_pairs", 0),
+        per_query=PER_QUERY,
+        per_batch=PER_BATCH,
         truth_options=_options(truth_options(truths)),
         edit_options=_options([(edit, f"{edit} edit") for edit in sorted({e for p in pairs for e in _edits(p)})]),
         batch_options=_options([(str(batch), f"batch {batch}") for batch in sorted({p["batch"] for p in pairs})]),
-        truth_counts=html.escape(_truth_counts(pairs)))
+        truth_counts=html.escape(_truth_counts(pairs)),
+    )
     write_atomically(output / PAGE_FILE, page)
 
 
 def page_thumbnails(pairs: Iterable[dict]) -> set:
-    return {thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"]) for pair in pairs
-            for side in ("query", "negative")}
+    return {
+        thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"]) for pair in pairs for side in ("query", "negative")
+    }
 
 
 # A pair's label: what the data's ground truth says of its two samples, when the data has one (the demo's
 # "family" and "facts"): one family or two, and how many facts the captions differ in (`facts.facts_apart`,
 # the pair's `facts_apart`). The page's legend defines them in the same words.
-TRUTHS = {"sibling-0": "sibling, same facts", "sibling-1": "sibling, 1 fact apart",
-          "sibling-2": "sibling, 2 facts apart", "sibling-3": "sibling, 3 or more facts apart",
-          "sibling": "sibling (facts apart not known)",
-          "paraphrase": "paraphrase (other family, same facts)", "other-1": "other family, 1 fact apart",
-          "other-2": "other family, 2 or more facts apart", "other": "other family (facts apart not known)",
-          "none": "no family known"}
+TRUTHS = {
+    "sibling-0": "sibling, same facts",
+    "sibling-1": "sibling, 1 fact apart",
+    "sibling-2": "sibling, 2 facts apart",
+    "sibling-3": "sibling, 3 or more facts apart",
+    "sibling": "sibling (facts apart not known)",
+    "paraphrase": "paraphrase (other family, same facts)",
+    "other-1": "other family, 1 fact apart",
+    "other-2": "other family, 2 or more facts apart",
+    "other": "other family (facts apart not known)",
+    "none": "no family known",
+}
 # The page's filter also offers each side as a whole: every pair of one family, every pair of two.
 TRUTH_GROUPS = {"sibling": "sibling, any", "other": "other family, any (paraphrases too)"}
 
@@ -430,8 +546,9 @@ def truth_options(labels: Iterable[str]) -> List[Tuple[str, str]]:
     whole, then each label (a facts-unknown one is its side's group already)."""
     labels = set(labels)
     groups = {token for label in labels for token in _label_tokens(label).split() if token in TRUTH_GROUPS}
-    return ([(group, text) for group, text in TRUTH_GROUPS.items() if group in groups]
-            + [(label, text) for label, text in TRUTHS.items() if label in labels and label not in TRUTH_GROUPS])
+    return [(group, text) for group, text in TRUTH_GROUPS.items() if group in groups] + [
+        (label, text) for label, text in TRUTHS.items() if label in labels and label not in TRUTH_GROUPS
+    ]
 
 
 def _edits(pair: dict) -> List[str]:
@@ -457,8 +574,11 @@ def differing_words(caption: str, other: str) -> str:
     words = caption.split()
     marked = differing_positions(words, other.split())
     runs = itertools.groupby(enumerate(words), key=lambda item: item[0] in marked)  # one <mark> per run of words
-    return " ".join(f"<mark>{text}</mark>" if is_marked else text
-                    for is_marked, run in runs for text in [" ".join(html.escape(word) for _, word in run)])
+    return " ".join(
+        f"<mark>{text}</mark>" if is_marked else text
+        for is_marked, run in runs
+        for text in [" ".join(html.escape(word) for _, word in run)]
+    )
 
 
 def _pair_row(rank: int, pair: dict) -> str:
@@ -469,21 +589,25 @@ def _pair_row(rank: int, pair: dict) -> str:
         caption = differing_words(pair[f"{side}_caption"], pair[f"{other}_caption"])
         confused = "image" if side == image_side else "caption"
         thumbnail = thumbnail_name(pair[f"{side}_source"], pair[f"{side}_key"])
-        cells.append(f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}" title="click to '
-                     f'enlarge"><div class="caption">{caption}</div>'
-                     f'<div class="key">{key}{_family_text(pair, side)}</div></td>')
+        cells.append(
+            f'<td class="sample {confused}-confused"><img src="{thumbnail}" alt="{key}" title="click to '
+            f'enlarge"><div class="caption">{caption}</div>'
+            f'<div class="key">{key}{_family_text(pair, side)}</div></td>'
+        )
     truth = pair_label(pair)
     badge = "" if truth == "none" else f'<span class="truth {truth}">{TRUTHS[truth]}</span>'
     what = "image &rarr; caption" if pair["direction"] == "i2t" else "caption &rarr; image"
     searchable = " ".join(pair[f"{side}_{field}"] for side in ("query", "negative") for field in ("key", "caption"))
-    query = f'{pair["batch"]}/{pair["direction"]}/{pair["query_index"]}'
-    return (f'<tr class="pair" data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}" '
-            f'data-direction="{pair["direction"]}" data-truth="{_label_tokens(truth)}" data-edits="{" ".join(_edits(pair))}" '
-            f'data-batch="{pair["batch"]}" data-query="{query}" data-text="{html.escape(searchable.lower())}">'
-            f'<td class="rank">{rank}</td>'
-            f'<td class="numbers"><b>posterior {pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'
-            f'sim {pair["similarity"]:.3f}<br><span class="direction">{what}</span><br>batch {pair["batch"]}<br>'
-            f'{badge}</td>' + "".join(cells) + "</tr>")
+    query = f"{pair['batch']}/{pair['direction']}/{pair['query_index']}"
+    return (
+        f'<tr class="pair" data-posterior="{pair["posterior"]:.6f}" data-gap="{pair["gap"]:.6f}" '
+        f'data-direction="{pair["direction"]}" data-truth="{_label_tokens(truth)}" data-edits="{" ".join(_edits(pair))}" '
+        f'data-batch="{pair["batch"]}" data-query="{query}" data-text="{html.escape(searchable.lower())}">'
+        f'<td class="rank">{rank}</td>'
+        f'<td class="numbers"><b>posterior {pair["posterior"]:.3f}</b><br>gap {pair["gap"]:.4f}<br>'
+        f'sim {pair["similarity"]:.3f}<br><span class="direction">{what}</span><br>batch {pair["batch"]}<br>'
+        f"{badge}</td>" + "".join(cells) + "</tr>"
+    )
 
 
 def _family_text(pair: dict, side: str) -> str:

@@ -11,6 +11,7 @@ last complete batches.jsonl line says exactly which batches are done and where p
 A run killed at any point leaves at most a partial batch past that; `--continue` cuts both files back
 to the last complete batch and continues with the next one, so no pair is lost or written twice.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,9 +20,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from ..trainer.run_folder.checkpoint_files import atomic_file
 from ..trainer.data import SKIP_REASONS
 from ..trainer.data.samples import stable_hash
+from ..trainer.run_folder.checkpoint_files import atomic_file
 from .batch import BatchResult
 
 RUN_FILE = "run.json"
@@ -52,9 +53,11 @@ class RunStore:
             recorded = json.loads(run_file.read_text())
             changed = sorted(name for name in settings if recorded.get(name) != settings[name])
             if changed:
-                raise ValueError(f"--continue: {output} holds a run with other settings ({', '.join(changed)}: "
-                                 f"{', '.join(f'{recorded.get(name)!r}' for name in changed)}); resume with the same "
-                                 f"flags, or write to a new --output")
+                raise ValueError(
+                    f"--continue: {output} holds a run with other settings ({', '.join(changed)}: "
+                    f"{', '.join(f'{recorded.get(name)!r}' for name in changed)}); resume with the same "
+                    f"flags, or write to a new --output"
+                )
             self.start_batch = self._cut_to_last_batch()
         else:
             if not resume and (self.pairs_path.exists() or self.batches_path.exists()):
@@ -91,11 +94,20 @@ class RunStore:
             for pair in direction.pairs:
                 self._pairs.write(json.dumps(pair) + "\n")
         _sync(self._pairs)
-        record = {"batch": result.index, "rows": result.rows,
-                  "skipped": {reason: count for reason, count in zip(SKIP_REASONS, result.skip_counts) if count},
-                  "pairs_end": self._pairs.tell(),
-                  "directions": [{field.name: getattr(direction, field.name) for field in dataclasses.fields(direction)
-                                  if field.name != "pairs"} for direction in result.directions]}
+        record = {
+            "batch": result.index,
+            "rows": result.rows,
+            "skipped": {reason: count for reason, count in zip(SKIP_REASONS, result.skip_counts) if count},
+            "pairs_end": self._pairs.tell(),
+            "directions": [
+                {
+                    field.name: getattr(direction, field.name)
+                    for field in dataclasses.fields(direction)
+                    if field.name != "pairs"
+                }
+                for direction in result.directions
+            ],
+        }
         self._batches.write(json.dumps(record) + "\n")
         _sync(self._batches)
 

@@ -17,6 +17,7 @@ Both directions (image-to-text rows, text-to-image rows) are pooled. Every (sali
 candidate region) pair is measured on the same batches, so the choice of default compares like
 with like (docs/adacl.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ from open_clip_adacl.distributed import RowGroup
 REGIONS = ("gda", "upper")
 
 
-def family_batches(shards: Sequence[str], batch_size: int, num_batches: int, caption_key: str = "txt"
-                   ) -> Iterator[Tuple[list, List[str], torch.Tensor]]:
+def family_batches(
+    shards: Sequence[str], batch_size: int, num_batches: int, caption_key: str = "txt"
+) -> Iterator[Tuple[list, List[str], torch.Tensor]]:
     """(images, captions, family ids) batches from `shards` in file order (no shuffle), so that
     contiguous families stay whole. Samples without a `family` in their json are an error."""
     dataset = wds.WebDataset(list(shards), shardshuffle=False).decode("pil")
@@ -47,8 +49,10 @@ def family_batches(shards: Sequence[str], batch_size: int, num_batches: int, cap
         for sample in chunk:
             meta = sample["json"] if isinstance(sample["json"], dict) else json.loads(sample["json"])
             if "family" not in meta:
-                raise ValueError(f"sample {sample['__key__']} has no 'family' in its json: clone detection needs "
-                                 "shards written in families (python -m training.synthetic_scenes --family-size K)")
+                raise ValueError(
+                    f"sample {sample['__key__']} has no 'family' in its json: clone detection needs "
+                    "shards written in families (python -m training.synthetic_scenes --family-size K)"
+                )
             families.append(int(meta["family"]))
         images = [sample.get("png") or sample.get("jpg") for sample in chunk]
         captions = [_text(sample[caption_key]) for sample in chunk]
@@ -59,32 +63,53 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def detection_counts(similarities: torch.Tensor, siblings: torch.Tensor, *, salient: str, region: str,
-                     std_floor: float = 1e-4) -> torch.Tensor:
+def detection_counts(
+    similarities: torch.Tensor, siblings: torch.Tensor, *, salient: str, region: str, std_floor: float = 1e-4
+) -> torch.Tensor:
     """(flagged, flagged siblings, siblings, negatives) of one direction's rows x N cosine matrix.
 
     `siblings` (N x N bool) marks true clone negatives; the diagonal holds the positives.
     """
     num_rows = similarities.shape[0]
     positive_col = torch.arange(num_rows)
-    flagged = clone_pairs(similarities, positive_col, RowGroup(split_across_ranks=False), salient=salient,
-                          region=region, prior_ratio=1.0, std_floor=std_floor)
+    flagged = clone_pairs(
+        similarities,
+        positive_col,
+        RowGroup(split_across_ranks=False),
+        salient=salient,
+        region=region,
+        prior_ratio=1.0,
+        std_floor=std_floor,
+    )
     negatives = adacl_math.negative_mask(num_rows, similarities.shape[1], positive_col)
-    return torch.tensor([flagged.row.numel(), siblings[flagged.row, flagged.col].sum(), (siblings & negatives).sum(),
-                         negatives.sum()], dtype=torch.float64)
+    return torch.tensor(
+        [flagged.row.numel(), siblings[flagged.row, flagged.col].sum(), (siblings & negatives).sum(), negatives.sum()],
+        dtype=torch.float64,
+    )
 
 
 @torch.no_grad()
-def evaluate_clone_detection(model: torch.nn.Module, preprocess: Callable, tokenizer: Callable,
-                             shards: Sequence[str], *, batch_size: int, num_batches: int = 8,
-                             device: str = "cpu", caption_key: str = "txt") -> Dict[str, float]:
+def evaluate_clone_detection(
+    model: torch.nn.Module,
+    preprocess: Callable,
+    tokenizer: Callable,
+    shards: Sequence[str],
+    *,
+    batch_size: int,
+    num_batches: int = 8,
+    device: str = "cpu",
+    caption_key: str = "txt",
+) -> Dict[str, float]:
     """Precision, recall and flagged fraction per `<salient>-<region>`, and the sibling fraction."""
     model.eval()
     totals: Dict[str, torch.Tensor] = {}
     batches = 0
     for images, captions, families in family_batches(shards, batch_size, num_batches, caption_key):
-        image_features = model.encode_image(torch.stack([preprocess(image) for image in images]).to(device),
-                                            normalize=True).float().cpu()
+        image_features = (
+            model.encode_image(torch.stack([preprocess(image) for image in images]).to(device), normalize=True)
+            .float()
+            .cpu()
+        )
         text_features = model.encode_text(tokenizer(captions).to(device), normalize=True).float().cpu()
         similarities = image_features @ text_features.T
         siblings = families[:, None] == families[None, :]

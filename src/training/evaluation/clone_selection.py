@@ -29,6 +29,7 @@ Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
 `{"caption": str, "clones": {edit_type: str or null}, "family": [str, ...] (optional)}` (written by
 `training.synthetic_scenes.writers` and `training.glyphs.writers`).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -60,7 +61,7 @@ def read_clone_selection(data_dir: str | Path) -> Iterator[CloneSample]:
 
 
 def clone_selection_accuracy(
-        true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor]
+    true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor]
 ) -> dict[str, float]:
     """Per-edit-type and pooled accuracy of preferring the true caption.
 
@@ -85,7 +86,7 @@ MARGIN_QUANTILE = 0.1  # the lower tail reported besides the mean margin (`_cos_
 
 
 def clone_selection_margins(
-        true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor], logit_scale: float
+    true_similarity: torch.Tensor, clone_similarity: Mapping[str, torch.Tensor], logit_scale: float
 ) -> dict[str, float]:
     """Per-edit-type and pooled margin of the true caption over its clone, cos(image, true) - cos(image, clone).
 
@@ -110,8 +111,10 @@ def model_logit_scale(model: torch.nn.Module) -> float:
     """exp(model.logit_scale), the scale OpenCLIP's CLIP multiplies cosines by to get logits."""
     logit_scale = getattr(model, "logit_scale", None)
     if not isinstance(logit_scale, torch.Tensor):
-        raise ValueError(f"{type(model).__name__} has no logit_scale tensor (an OpenCLIP CLIP model has one): "
-                         "clone-selection margins include logit margins and need it; evaluate with margins=False")
+        raise ValueError(
+            f"{type(model).__name__} has no logit_scale tensor (an OpenCLIP CLIP model has one): "
+            "clone-selection margins include logit margins and need it; evaluate with margins=False"
+        )
     return float(logit_scale.detach().exp())
 
 
@@ -125,13 +128,13 @@ def encode_normalized(encode: Callable, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def clone_similarities(
-        model: torch.nn.Module,
-        preprocess: Callable,
-        tokenizer: Callable,
-        samples: Iterator[CloneSample],
-        *,
-        device: str | torch.device,
-        batch_size: int,
+    model: torch.nn.Module,
+    preprocess: Callable,
+    tokenizer: Callable,
+    samples: Iterator[CloneSample],
+    *,
+    device: str | torch.device,
+    batch_size: int,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(true_similarity (N,), {edit: (N,) with NaN where absent}) as `clone_selection_accuracy` takes them."""
     true_similarity, clone_pairs, num_images, num_ties = [], [], 0, 0
@@ -145,20 +148,27 @@ def clone_similarities(
             true_similarity.append((image_features * true_features).sum(-1).cpu())
             # (row in batch, edit, clone caption) for every clone of every image, encoded in one call; a FAMILY
             # group contributes each of its captions, and the closest one counts
-            clones = [(row, edit, text) for row, (_, _, edits) in enumerate(batch) for edit, texts in edits.items()
-                      for text in ([texts] if isinstance(texts, str) else texts)]
+            clones = [
+                (row, edit, text)
+                for row, (_, _, edits) in enumerate(batch)
+                for edit, texts in edits.items()
+                for text in ([texts] if isinstance(texts, str) else texts)
+            ]
             if clones:
                 rows = torch.tensor([row for row, _, _ in clones], device=device)
                 clone_tokens = tokenizer([text for _, _, text in clones]).to(device)
                 clone_features = encode_normalized(model.encode_text, clone_tokens)
                 similarity = (image_features[rows] * clone_features).sum(-1).cpu()
                 num_ties += int((clone_tokens == true_tokens[rows]).all(dim=1).sum())
-                clone_pairs += [(num_images + row, edit, value)
-                                for (row, edit, _), value in zip(clones, similarity.tolist())]
+                clone_pairs += [
+                    (num_images + row, edit, value) for (row, edit, _), value in zip(clones, similarity.tolist())
+                ]
             num_images += len(batch)
     if num_ties:
-        warnings.warn(f"{num_ties} clone captions tokenize exactly like their true caption (truncated at the "
-                      "model's context length); they count as failures")
+        warnings.warn(
+            f"{num_ties} clone captions tokenize exactly like their true caption (truncated at the "
+            "model's context length); they count as failures"
+        )
     clone_similarity: dict[str, torch.Tensor] = {}
     for index, edit, value in clone_pairs:
         column = clone_similarity.setdefault(edit, torch.full((num_images,), float("nan")))
@@ -167,21 +177,22 @@ def clone_similarities(
 
 
 def evaluate_clone_selection(
-        model: torch.nn.Module,
-        preprocess: Callable,
-        tokenizer: Callable,
-        data_dir: str | Path,
-        *,
-        device: str | torch.device = "cpu",
-        batch_size: int = 64,
-        margins: bool = False,
+    model: torch.nn.Module,
+    preprocess: Callable,
+    tokenizer: Callable,
+    data_dir: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    batch_size: int = 64,
+    margins: bool = False,
 ) -> dict[str, float]:
     """Clone-selection accuracy per edit type (`<edit>_acc`) and pooled (`overall_acc`) on `data_dir`'s shards;
     with `margins`, also the margins (`clone_selection_margins`: `<edit>_cos_margin`, `<edit>_cos_margin_p10`,
     `<edit>_margin`, and the same for `overall`)."""
     logit_scale = model_logit_scale(model) if margins else None  # fail before encoding anything
     true_similarity, clone_similarity = clone_similarities(
-        model, preprocess, tokenizer, read_clone_selection(data_dir), device=device, batch_size=batch_size)
+        model, preprocess, tokenizer, read_clone_selection(data_dir), device=device, batch_size=batch_size
+    )
     metrics = clone_selection_accuracy(true_similarity, clone_similarity)
     if margins:
         metrics.update(clone_selection_margins(true_similarity, clone_similarity, logit_scale))

@@ -22,6 +22,7 @@ By default each task runs as a subprocess of the stock CLI, exactly what a user 
 `--in-process` calls clip-benchmark's own dataset builders and metrics on a model loaded once in
 this process instead (the same numbers, without a fresh interpreter per task).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ from typing import Callable, Sequence
 
 import open_clip
 import torch
-from clip_benchmark.datasets.builder import (build_dataset, dataset_collection, get_dataset_collate_fn,
-                                             get_dataset_default_task)
+from clip_benchmark.datasets.builder import (
+    build_dataset,
+    dataset_collection,
+    get_dataset_collate_fn,
+    get_dataset_default_task,
+)
 from clip_benchmark.metrics import image_caption_selection, zeroshot_classification, zeroshot_retrieval
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
@@ -58,11 +63,47 @@ TABLE_FIELDS = ("dataset", "task", "metric", "value")
 # clip-benchmark 1.6.2's dataset names (its builder's branches; its collections add the vtab/ ones), most used
 # first, so that the closest name to a mistyped one is the common one (imagenet -> imagenet1k, not imagenetv2).
 BENCHMARK_DATASETS = (
-    "imagenet1k", "cifar10", "cifar100", "mscoco_captions", "flickr30k", "flickr8k", "imagenetv2", "imagenet_sketch",
-    "imagenet-a", "imagenet-r", "objectnet", "babel_imagenet", "caltech101", "cars", "country211", "cub",
-    "dtd", "eurosat", "fer2013", "fgvc_aircraft", "flowers", "food101", "gtsrb", "inaturalist", "mnist", "pcam", "pets",
-    "renderedsst2", "resisc45", "stl10", "sun397", "svhn", "voc2007", "voc2007_multilabel", "winoground",
-    "multilingual_mscoco_captions", "flickr30k-200", "crossmodal3600", "xtd10", "xtd200", "dummy",
+    "imagenet1k",
+    "cifar10",
+    "cifar100",
+    "mscoco_captions",
+    "flickr30k",
+    "flickr8k",
+    "imagenetv2",
+    "imagenet_sketch",
+    "imagenet-a",
+    "imagenet-r",
+    "objectnet",
+    "babel_imagenet",
+    "caltech101",
+    "cars",
+    "country211",
+    "cub",
+    "dtd",
+    "eurosat",
+    "fer2013",
+    "fgvc_aircraft",
+    "flowers",
+    "food101",
+    "gtsrb",
+    "inaturalist",
+    "mnist",
+    "pcam",
+    "pets",
+    "renderedsst2",
+    "resisc45",
+    "stl10",
+    "sun397",
+    "svhn",
+    "voc2007",
+    "voc2007_multilabel",
+    "winoground",
+    "multilingual_mscoco_captions",
+    "flickr30k-200",
+    "crossmodal3600",
+    "xtd10",
+    "xtd200",
+    "dummy",
 )
 # Families of names clip-benchmark builds from a prefix: a local webdataset set, tfds and vtab tasks, SugarCrepe.
 DATASET_PREFIXES = (WDS_PREFIX, "tfds/", "vtab/", "sugar_crepe", "clevr_", "dsprites_", "kitti_", "smallnorb_")
@@ -116,8 +157,9 @@ def check_dataset_names(datasets: Sequence[str]) -> None:
             continue
         close = closest_dataset(name, known)
         hint = f", did you mean {close}?" if close else ""
-        raise ValueError(f"--datasets {name}: unknown dataset{hint} (clip-benchmark's names; wds/NAME for a local "
-                         "webdataset set)")
+        raise ValueError(
+            f"--datasets {name}: unknown dataset{hint} (clip-benchmark's names; wds/NAME for a local webdataset set)"
+        )
 
 
 def check_export(folder: Path) -> None:
@@ -126,16 +168,20 @@ def check_export(folder: Path) -> None:
     try:
         open_clip.create_model(f"{LOCAL_DIR}{folder}")
     except Exception as error:  # noqa: BLE001 - safetensors' and torch's errors, each its own type
-        raise ValueError(f"--model {LOCAL_DIR}{folder}: the export does not load ({load_problem(error)}); export it "
-                         "again with python -m training.export") from None
+        raise ValueError(
+            f"--model {LOCAL_DIR}{folder}: the export does not load ({load_problem(error)}); export it "
+            "again with python -m training.export"
+        ) from None
 
 
 def load_problem(error: Exception) -> str:
     """The line of a load failure that says what is wrong: load_state_dict's first size mismatch or missing key
     (after its header line), else the first line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    detail = next((line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
-                  lines[0] if lines else type(error).__name__)
+    detail = next(
+        (line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+        lines[0] if lines else type(error).__name__,
+    )
     return f"{type(error).__name__}: {detail[:300]}"
 
 
@@ -147,9 +193,11 @@ def check_distinct_roots(roots: dict[str, Path], root_template: str) -> None:
         by_folder.setdefault(root, []).append(dataset)
     shared = next((names for names in by_folder.values() if len(names) > 1), None)
     if shared:
-        raise ValueError(f"--dataset-root-dir {root_template}: {len(shared)} datasets ({', '.join(shared)}) would "
-                         f"all read {dataset_root(root_template, shared[0])}; put {{dataset}} in it (e.g. "
-                         "'/data/{dataset}') so that each reads its own folder, or evaluate them one at a time")
+        raise ValueError(
+            f"--dataset-root-dir {root_template}: {len(shared)} datasets ({', '.join(shared)}) would "
+            f"all read {dataset_root(root_template, shared[0])}; put {{dataset}} in it (e.g. "
+            "'/data/{dataset}') so that each reads its own folder, or evaluate them one at a time"
+        )
 
 
 def check_dataset_roots(roots: dict[str, Path]) -> None:
@@ -157,9 +205,11 @@ def check_dataset_roots(roots: dict[str, Path]) -> None:
     one and fail with a long traceback."""
     missing = [f"{dataset} ({root})" for dataset, root in roots.items() if not _holds_data(dataset, root)]
     if missing:
-        raise FileNotFoundError(f"{len(missing)} of the {len(roots)} datasets have no data in their folder: "
-                                f"{', '.join(missing)}; put them there first (clip-benchmark's layout; evaluation "
-                                f"runs offline) or point --dataset-root-dir at them")
+        raise FileNotFoundError(
+            f"{len(missing)} of the {len(roots)} datasets have no data in their folder: "
+            f"{', '.join(missing)}; put them there first (clip-benchmark's layout; evaluation "
+            f"runs offline) or point --dataset-root-dir at them"
+        )
 
 
 def _holds_data(dataset: str, root: Path) -> bool:
@@ -184,27 +234,44 @@ def result_path(results_dir: Path, dataset: str, task: str) -> Path:
 
 
 def run_stock_cli(
-        model: str,
-        pretrained: str,
-        datasets: Sequence[str],
-        root_template: str,
-        task: str,
-        results_dir: Path,
-        *,
-        batch_size: int,
-        num_workers: int,
-        amp: bool,
-        recall_k: Sequence[int],
+    model: str,
+    pretrained: str,
+    datasets: Sequence[str],
+    root_template: str,
+    task: str,
+    results_dir: Path,
+    *,
+    batch_size: int,
+    num_workers: int,
+    amp: bool,
+    recall_k: Sequence[int],
 ) -> list[Path]:
     """Run `python -m clip_benchmark.cli eval` for one task on `datasets`; return their result JSON paths."""
     results_dir.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "clip_benchmark.cli", "eval",
-        "--model", model, "--pretrained", pretrained,
-        "--dataset", *datasets, "--dataset_root", root_template, "--task", task,
-        "--batch_size", str(batch_size), "--num_workers", str(num_workers),
-        "--recall_k", *map(str, recall_k),
-        "--output", str(results_dir / "{dataset}_{task}.json"), "--quiet",
+        sys.executable,
+        "-m",
+        "clip_benchmark.cli",
+        "eval",
+        "--model",
+        model,
+        "--pretrained",
+        pretrained,
+        "--dataset",
+        *datasets,
+        "--dataset_root",
+        root_template,
+        "--task",
+        task,
+        "--batch_size",
+        str(batch_size),
+        "--num_workers",
+        str(num_workers),
+        "--recall_k",
+        *map(str, recall_k),
+        "--output",
+        str(results_dir / "{dataset}_{task}.json"),
+        "--quiet",
     ]
     if not amp:
         command.append("--no_amp")
@@ -213,38 +280,42 @@ def run_stock_cli(
 
 
 def evaluate_dataset(
-        model: torch.nn.Module,
-        preprocess: Callable,
-        tokenizer: Callable,
-        dataset: str,
-        root: Path,
-        task: str,
-        *,
-        device: str,
-        amp: bool = False,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        recall_k: Sequence[int] = (1, 5, 10),
+    model: torch.nn.Module,
+    preprocess: Callable,
+    tokenizer: Callable,
+    dataset: str,
+    root: Path,
+    task: str,
+    *,
+    device: str,
+    amp: bool = False,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    recall_k: Sequence[int] = (1, 5, 10),
 ) -> dict[str, float]:
     """One clip-benchmark task on an in-memory model, through clip-benchmark's own builders and metrics.
 
     Mirrors what `clip_benchmark eval` does for one dataset (same dataset, loader and metric
     calls), so it gives the stock CLI's numbers for a model that is not on disk.
     """
-    data = build_dataset(dataset_name=dataset, root=str(root), transform=preprocess, split=SPLIT,
-                         download=False, task=task)
+    data = build_dataset(
+        dataset_name=dataset, root=str(root), transform=preprocess, split=SPLIT, download=False, task=task
+    )
     if dataset.startswith(WDS_PREFIX):
         dataloader = torch.utils.data.DataLoader(data.batched(batch_size), batch_size=None, num_workers=num_workers)
     else:
-        dataloader = torch.utils.data.DataLoader(data, batch_size=batch_size, num_workers=num_workers,
-                                                 collate_fn=get_dataset_collate_fn(dataset))
+        dataloader = torch.utils.data.DataLoader(
+            data, batch_size=batch_size, num_workers=num_workers, collate_fn=get_dataset_collate_fn(dataset)
+        )
     model.eval()
     if task == CLASSIFICATION:
-        return zeroshot_classification.evaluate(model, dataloader, tokenizer, data.classes, data.templates,
-                                                device=device, amp=amp)
+        return zeroshot_classification.evaluate(
+            model, dataloader, tokenizer, data.classes, data.templates, device=device, amp=amp
+        )
     if task == RETRIEVAL:
-        return zeroshot_retrieval.evaluate(model, dataloader, tokenizer, device=device, amp=amp,
-                                           recall_k_list=list(recall_k))
+        return zeroshot_retrieval.evaluate(
+            model, dataloader, tokenizer, device=device, amp=amp, recall_k_list=list(recall_k)
+        )
     if task == CAPTION_SELECTION:
         return image_caption_selection.evaluate(model, dataloader, tokenizer, device=device, amp=amp)
     raise ValueError(f"unsupported task {task!r} for {dataset}")
@@ -253,8 +324,14 @@ def evaluate_dataset(
 def write_result(path: Path, dataset: str, model: str, pretrained: str, task: str, metrics: dict) -> Path:
     """Write a result JSON in the stock CLI's layout."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    dump = {"dataset": dataset, "model": model, "pretrained": pretrained, "task": task, "metrics": metrics,
-            "language": "en"}
+    dump = {
+        "dataset": dataset,
+        "model": model,
+        "pretrained": pretrained,
+        "task": task,
+        "metrics": metrics,
+        "language": "en",
+    }
     path.write_text(json.dumps(dump))
     return path
 
@@ -269,8 +346,9 @@ def table_rows(result_paths: Sequence[Path]) -> list[dict]:
         result = json.loads(Path(path).read_text())
         for metric, value in result["metrics"].items():
             if not math.isnan(value):
-                rows.append({"dataset": result["dataset"], "task": result["task"], "metric": metric,
-                             "value": float(value)})
+                rows.append(
+                    {"dataset": result["dataset"], "task": result["task"], "metric": metric, "value": float(value)}
+                )
     return rows
 
 
@@ -309,7 +387,8 @@ def load_model(model: str, pretrained: str, device: str):
         except ValueError as error:
             raise ValueError(f"--pretrained {pretrained}: {error}") from None
     clip, _, preprocess = open_clip.create_model_and_transforms(
-        model, pretrained=None if pretrained.lower() == "none" else pretrained, device=device)
+        model, pretrained=None if pretrained.lower() == "none" else pretrained, device=device
+    )
     return clip.eval(), preprocess, open_clip.get_tokenizer(model)
 
 
@@ -322,33 +401,62 @@ def export_checkpoint(checkpoint: Path, export_dir: Path) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = OneLineErrorParser(prog="python -m training.evaluation", description=__doc__.split("\n")[0])
     model = parser.add_mutually_exclusive_group(required=True)
-    add_trainer_flags(model, ("model",), defaults={"model": None},
-                      notes={"model": "Here also local-dir:EXPORT_DIR (python -m training.export)."})
-    model.add_argument("--checkpoint", type=Path, help="training checkpoint (epoch_N.pt), exported to OUTPUT_DIR/export")
-    add_trainer_flags(parser, ("pretrained", "batch_size"), defaults={"pretrained": "none", "batch_size": 64},
-                      notes={"pretrained": "Here: with a built-in --model name."})
+    add_trainer_flags(
+        model,
+        ("model",),
+        defaults={"model": None},
+        notes={"model": "Here also local-dir:EXPORT_DIR (python -m training.export)."},
+    )
+    model.add_argument(
+        "--checkpoint", type=Path, help="training checkpoint (epoch_N.pt), exported to OUTPUT_DIR/export"
+    )
+    add_trainer_flags(
+        parser,
+        ("pretrained", "batch_size"),
+        defaults={"pretrained": "none", "batch_size": 64},
+        notes={"pretrained": "Here: with a built-in --model name."},
+    )
     data = parser.add_mutually_exclusive_group(required=True)
     # clip-benchmark's own spellings (--dataset A B, --dataset_root) are aliases: argparse would otherwise call
     # them ambiguous abbreviations of --datasets and --dataset-root-dir.
-    data.add_argument("--datasets", "--dataset", nargs="+",
-                      help="clip-benchmark names, comma- or space-separated, e.g. imagenet1k,wds/scenes_shape")
-    data.add_argument("--demo-root", type=Path,
-                      help="demo data folder: evaluates every DEMO_ROOT/benchmark/<name> and DEMO_ROOT/clone_selection")
-    parser.add_argument("--dataset-root-dir", "--dataset_root", default="root",
-                        help="clip-benchmark --dataset_root (a template: {dataset} is the name without wds/)")
+    data.add_argument(
+        "--datasets",
+        "--dataset",
+        nargs="+",
+        help="clip-benchmark names, comma- or space-separated, e.g. imagenet1k,wds/scenes_shape",
+    )
+    data.add_argument(
+        "--demo-root",
+        type=Path,
+        help="demo data folder: evaluates every DEMO_ROOT/benchmark/<name> and DEMO_ROOT/clone_selection",
+    )
+    parser.add_argument(
+        "--dataset-root-dir",
+        "--dataset_root",
+        default="root",
+        help="clip-benchmark --dataset_root (a template: {dataset} is the name without wds/)",
+    )
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--num-workers", type=int, default=4, help="capped at the shard count of a wds set")
     parser.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--amp", action="store_true", help="mixed precision (GPU); fp32 by default")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run clip-benchmark's builders and metrics here instead of the stock CLI subprocess")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run clip-benchmark's builders and metrics here instead of the stock CLI subprocess",
+    )
     args = parser.parse_args(argv)
     if args.model in {path.stem for path in MODEL_CONFIG_DIR.glob("*.json")} and not args.in_process:
-        parser.error(f"the stock clip_benchmark CLI does not know --model {args.model} (an open_clip_adacl config): "
-                     "pass --checkpoint CKPT (exported for it first), an export as --model local-dir:DIR, "
-                     "or --in-process")
-    if args.model and args.model.startswith(LOCAL_DIR) and \
-            not (Path(args.model.removeprefix(LOCAL_DIR)) / CONFIG_NAME).is_file():
+        parser.error(
+            f"the stock clip_benchmark CLI does not know --model {args.model} (an open_clip_adacl config): "
+            "pass --checkpoint CKPT (exported for it first), an export as --model local-dir:DIR, "
+            "or --in-process"
+        )
+    if (
+        args.model
+        and args.model.startswith(LOCAL_DIR)
+        and not (Path(args.model.removeprefix(LOCAL_DIR)) / CONFIG_NAME).is_file()
+    ):
         parser.error(f"--model {args.model}: no {CONFIG_NAME} there (write one with python -m training.export)")
     return args
 
@@ -357,8 +465,11 @@ def select_datasets(args: argparse.Namespace) -> tuple[list[str], str, Path | No
     """(clip-benchmark dataset names, `--dataset_root` template, clone-selection folder or None)."""
     if args.demo_root:
         clone_dir = args.demo_root / "clone_selection"
-        return (demo_datasets(args.demo_root), str(args.demo_root / "benchmark" / "{dataset}"),
-                clone_dir if clone_dir.is_dir() else None)
+        return (
+            demo_datasets(args.demo_root),
+            str(args.demo_root / "benchmark" / "{dataset}"),
+            clone_dir if clone_dir.is_dir() else None,
+        )
     names = [name.strip() for names in args.datasets for name in names.split(",")]
     return [name for name in names if name], args.dataset_root_dir, None
 
@@ -387,21 +498,51 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for task, task_datasets in tasks.items():
         if not args.in_process:
             result_paths += run_stock_cli(
-                model_name, args.pretrained, task_datasets, root_template, task, results_dir,
-                batch_size=args.batch_size, num_workers=min(workers[name] for name in task_datasets),
-                amp=args.amp, recall_k=args.recall_k)
+                model_name,
+                args.pretrained,
+                task_datasets,
+                root_template,
+                task,
+                results_dir,
+                batch_size=args.batch_size,
+                num_workers=min(workers[name] for name in task_datasets),
+                amp=args.amp,
+                recall_k=args.recall_k,
+            )
             continue
         for dataset in task_datasets:
-            metrics = evaluate_dataset(model, preprocess, tokenizer, dataset, roots[dataset], task, device=device,
-                                       amp=args.amp, batch_size=args.batch_size, num_workers=workers[dataset],
-                                       recall_k=args.recall_k)
-            result_paths.append(write_result(result_path(results_dir, dataset, task), dataset, model_name,
-                                             args.pretrained, task, metrics))
+            metrics = evaluate_dataset(
+                model,
+                preprocess,
+                tokenizer,
+                dataset,
+                roots[dataset],
+                task,
+                device=device,
+                amp=args.amp,
+                batch_size=args.batch_size,
+                num_workers=workers[dataset],
+                recall_k=args.recall_k,
+            )
+            result_paths.append(
+                write_result(
+                    result_path(results_dir, dataset, task), dataset, model_name, args.pretrained, task, metrics
+                )
+            )
     if clone_dir:
-        metrics = evaluate_clone_selection(model, preprocess, tokenizer, clone_dir, device=device,
-                                           batch_size=args.batch_size)
-        result_paths.append(write_result(result_path(results_dir, CLONE_SELECTION, CLONE_SELECTION),
-                                         CLONE_SELECTION, model_name, args.pretrained, CLONE_SELECTION, metrics))
+        metrics = evaluate_clone_selection(
+            model, preprocess, tokenizer, clone_dir, device=device, batch_size=args.batch_size
+        )
+        result_paths.append(
+            write_result(
+                result_path(results_dir, CLONE_SELECTION, CLONE_SELECTION),
+                CLONE_SELECTION,
+                model_name,
+                args.pretrained,
+                CLONE_SELECTION,
+                metrics,
+            )
+        )
     rows = table_rows(result_paths)
     print(write_table(rows, args.output_dir))
     return rows
@@ -412,8 +553,10 @@ def cli() -> None:
     try:
         main()
     except subprocess.CalledProcessError as error:
-        print(f"error: clip_benchmark eval failed with exit status {error.returncode} (its output is above)",
-              file=sys.stderr)
+        print(
+            f"error: clip_benchmark eval failed with exit status {error.returncode} (its output is above)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except (OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -4,8 +4,19 @@ families of one-attribute siblings for the clone-negative benchmark (docs/glyphs
 `python -m training.glyphs --output DIR` writes it; `catalogue` (letters, faces, siblings), `rendering`,
 `writers` (the on-disk layout).
 """
+
 from .catalogue import ATTRIBUTE_KINDS, FACES, Face, Glyph, Letter, SiblingIndex, all_glyphs, covered_letters
 from .writers import GlyphDataset, write_glyph_dataset
 
-__all__ = ["ATTRIBUTE_KINDS", "FACES", "Face", "Glyph", "GlyphDataset", "Letter", "SiblingIndex", "all_glyphs",
-           "covered_letters", "write_glyph_dataset"]
+__all__ = [
+    "ATTRIBUTE_KINDS",
+    "FACES",
+    "Face",
+    "Glyph",
+    "GlyphDataset",
+    "Letter",
+    "SiblingIndex",
+    "all_glyphs",
+    "covered_letters",
+    "write_glyph_dataset",
+]

@@ -1,4 +1,5 @@
 """`python -m training.glyphs --output DIR [...]`: write the glyph benchmark (`training.glyphs.cli`)."""
+
 from .cli import main
 
 if __name__ == "__main__":

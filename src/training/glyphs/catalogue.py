@@ -14,6 +14,7 @@ Serif; the captions call both `italic`, so that two faces differ by exactly one 
 Siblings (clones) of a glyph differ from it in exactly one attribute kind (docs/glyphs.md):
 `mark` (same base letter and case, same face, other marks), `case`, `weight`, `slant`, `typeface`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,11 +31,16 @@ ATTRIBUTE_KINDS = ("mark", "case", "weight", "slant", "typeface")
 
 # matplotlib's file names of the DejaVu faces: (typeface, weight, slant) -> file.
 _FACE_FILES = {
-    ("sans", "regular", "upright"): "DejaVuSans.ttf", ("sans", "bold", "upright"): "DejaVuSans-Bold.ttf",
-    ("sans", "regular", "italic"): "DejaVuSans-Oblique.ttf", ("sans", "bold", "italic"): "DejaVuSans-BoldOblique.ttf",
-    ("serif", "regular", "upright"): "DejaVuSerif.ttf", ("serif", "bold", "upright"): "DejaVuSerif-Bold.ttf",
-    ("serif", "regular", "italic"): "DejaVuSerif-Italic.ttf", ("serif", "bold", "italic"): "DejaVuSerif-BoldItalic.ttf",
-    ("mono", "regular", "upright"): "DejaVuSansMono.ttf", ("mono", "bold", "upright"): "DejaVuSansMono-Bold.ttf",
+    ("sans", "regular", "upright"): "DejaVuSans.ttf",
+    ("sans", "bold", "upright"): "DejaVuSans-Bold.ttf",
+    ("sans", "regular", "italic"): "DejaVuSans-Oblique.ttf",
+    ("sans", "bold", "italic"): "DejaVuSans-BoldOblique.ttf",
+    ("serif", "regular", "upright"): "DejaVuSerif.ttf",
+    ("serif", "bold", "upright"): "DejaVuSerif-Bold.ttf",
+    ("serif", "regular", "italic"): "DejaVuSerif-Italic.ttf",
+    ("serif", "bold", "italic"): "DejaVuSerif-BoldItalic.ttf",
+    ("mono", "regular", "upright"): "DejaVuSansMono.ttf",
+    ("mono", "bold", "upright"): "DejaVuSansMono-Bold.ttf",
     ("mono", "regular", "italic"): "DejaVuSansMono-Oblique.ttf",
     ("mono", "bold", "italic"): "DejaVuSansMono-BoldOblique.ttf",
 }
@@ -62,9 +68,9 @@ FACES = tuple(Face(*key) for key in sorted(_FACE_FILES))
 @dataclass(frozen=True, order=True)
 class Letter:
     codepoint: int
-    case: str       # "small" or "capital"
-    base: str       # "e"
-    marks: str      # "circumflex and acute"; "" for the plain letter
+    case: str  # "small" or "capital"
+    base: str  # "e"
+    marks: str  # "circumflex and acute"; "" for the plain letter
 
     @property
     def name(self) -> str:
@@ -137,15 +143,24 @@ class SiblingIndex:
         """The present glyphs differing from `glyph` in attribute `kind` only, in a fixed order."""
         letter, face = glyph.letter, glyph.face
         if kind == "mark":
-            candidates = [Glyph(other, face) for other in self._same_base[(letter.case, letter.base)]
-                          if other.marks != letter.marks]
+            candidates = [
+                Glyph(other, face)
+                for other in self._same_base[(letter.case, letter.base)]
+                if other.marks != letter.marks
+            ]
         elif kind == "case":
-            candidates = [Glyph(other, face) for other in self._same_marks[(letter.base, letter.marks)]
-                          if other.case != letter.case]
+            candidates = [
+                Glyph(other, face)
+                for other in self._same_marks[(letter.base, letter.marks)]
+                if other.case != letter.case
+            ]
         elif kind in ("weight", "slant", "typeface"):
             values = {"weight": WEIGHTS, "slant": SLANTS, "typeface": TYPEFACES}[kind]
-            candidates = [Glyph(letter, Face(**{**face.__dict__, kind: value})) for value in values
-                          if value != getattr(face, kind)]
+            candidates = [
+                Glyph(letter, Face(**{**face.__dict__, kind: value}))
+                for value in values
+                if value != getattr(face, kind)
+            ]
         else:
             raise ValueError(f"unknown attribute kind {kind!r}; the kinds are {', '.join(ATTRIBUTE_KINDS)}")
         return [candidate for candidate in candidates if candidate in self._present]

@@ -4,6 +4,7 @@ Every glyph of one image size shares the font size and the baseline, so a capita
 hook below lands where the face puts it (no per-glyph centring that would hide case or marks); only the
 horizontal position centres the glyph's advance. Deterministic: no randomness, no noise.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +28,7 @@ def render_glyph(glyph: Glyph, image_size: int) -> Image.Image:
     """The glyph as an RGB image of `image_size` pixels."""
     image = Image.new("L", (image_size, image_size), 255)
     font = _font(glyph.face, round(FONT_SIZE * image_size))
-    ImageDraw.Draw(image).text((image_size / 2, BASELINE * image_size), glyph.letter.character, font=font,
-                               fill=0, anchor="ms")
+    ImageDraw.Draw(image).text(
+        (image_size / 2, BASELINE * image_size), glyph.letter.character, font=font, fill=0, anchor="ms"
+    )
     return image.convert("RGB")

@@ -22,6 +22,7 @@ weight word, the slant word, the typeface word) with probability `weak_drop`, pe
 weakly supervised setting, where siblings often share one caption. Evaluation always uses gold captions.
 Same arguments -> byte-identical files.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,8 +75,9 @@ def weak_caption(glyph: Glyph, rng: np.random.Generator, drop: float) -> str:
     return f"{name}, {' '.join(face)}" if face else name
 
 
-def family_around(base: Glyph, rng: np.random.Generator, siblings: SiblingIndex,
-                  family_size: int) -> List[Tuple[str, Glyph]]:
+def family_around(
+    base: Glyph, rng: np.random.Generator, siblings: SiblingIndex, family_size: int
+) -> List[Tuple[str, Glyph]]:
     """(kind, sibling) for up to `family_size - 1` distinct siblings of `base`: one of each attribute kind it
     has, then more of the most numerous kinds (marks) in random order."""
     by_kind = {kind: list(siblings.siblings(base, kind)) for kind in ATTRIBUTE_KINDS}
@@ -84,11 +86,12 @@ def family_around(base: Glyph, rng: np.random.Generator, siblings: SiblingIndex,
     chosen = [(kind, options[0]) for kind, options in by_kind.items() if options]
     rest = [(kind, glyph) for kind, options in by_kind.items() for glyph in options[1:]]
     rng.shuffle(rest)
-    return [*chosen, *rest][:family_size - 1]
+    return [*chosen, *rest][: family_size - 1]
 
 
-def sample_family(rng: np.random.Generator, bases: Sequence[Glyph], siblings: SiblingIndex,
-                  family_size: int) -> List[Tuple[Optional[str], Glyph]]:
+def sample_family(
+    rng: np.random.Generator, bases: Sequence[Glyph], siblings: SiblingIndex, family_size: int
+) -> List[Tuple[Optional[str], Glyph]]:
     """(kind, or None for the base; glyph): a random base and `family_size - 1` siblings of it
     (`family_around`); a base with too few siblings is redrawn."""
     while True:
@@ -98,12 +101,22 @@ def sample_family(rng: np.random.Generator, bases: Sequence[Glyph], siblings: Si
             return [(None, base), *members]
 
 
-def write_glyph_dataset(output_dir: str | Path, *, seed: int = 0, num_train: int = 6144, image_size: int = 32,
-                        family_size: int = 8, shard_size: int = 512, weak_drop: float = 0.5) -> GlyphDataset:
+def write_glyph_dataset(
+    output_dir: str | Path,
+    *,
+    seed: int = 0,
+    num_train: int = 6144,
+    image_size: int = 32,
+    family_size: int = 8,
+    shard_size: int = 512,
+    weak_drop: float = 0.5,
+) -> GlyphDataset:
     """Write the layout of the module docstring into `output_dir` (see there)."""
     if family_size < 2 or num_train < family_size or shard_size % family_size:
-        raise ValueError(f"need family_size >= 2, num_train >= family_size and shard_size a multiple of "
-                         f"family_size (got {family_size}, {num_train}, {shard_size})")
+        raise ValueError(
+            f"need family_size >= 2, num_train >= family_size and shard_size a multiple of "
+            f"family_size (got {family_size}, {num_train}, {shard_size})"
+        )
     if not 0 <= weak_drop <= 1:
         raise ValueError(f"weak_drop is a probability, got {weak_drop}")
     root = Path(output_dir)
@@ -116,30 +129,56 @@ def write_glyph_dataset(output_dir: str | Path, *, seed: int = 0, num_train: int
     train = list(_train_samples(seed, by_split["train"], train_siblings, num_train, family_size))
     weak_rng = np.random.default_rng([seed, _STREAMS["weak"]])
     weak = [weak_caption(glyph, weak_rng, weak_drop) for _, _, glyph in train]
-    train_pattern = write_shards(root / "train", _train_records(train, weak, image_size), shard_size,
-                                 "shard-{:06d}.tar", with_sizes=True)
+    train_pattern = write_shards(
+        root / "train", _train_records(train, weak, image_size), shard_size, "shard-{:06d}.tar", with_sizes=True
+    )
     first_val = num_train
-    val_pattern = write_shards(root / "val", _plain_records(by_split["val"], first_val, image_size), shard_size,
-                               "shard-{:06d}.tar", with_sizes=True)
+    val_pattern = write_shards(
+        root / "val",
+        _plain_records(by_split["val"], first_val, image_size),
+        shard_size,
+        "shard-{:06d}.tar",
+        with_sizes=True,
+    )
     first_test = first_val + len(by_split["val"])
     test = by_split["test"]
     retrieval = root / "benchmark" / RETRIEVAL_SET
-    write_shards(retrieval / "test", ({"__key__": f"{index:06d}", "png": encode_png(render_glyph(glyph, image_size)),
-                                       "txt": glyph.caption.encode()} for index, glyph in enumerate(test)),
-                 shard_size, "{}.tar", with_nshards=True)
+    write_shards(
+        retrieval / "test",
+        (
+            {
+                "__key__": f"{index:06d}",
+                "png": encode_png(render_glyph(glyph, image_size)),
+                "txt": glyph.caption.encode(),
+            }
+            for index, glyph in enumerate(test)
+        ),
+        shard_size,
+        "{}.tar",
+        with_nshards=True,
+    )
     (retrieval / "dataset_type.txt").write_text("retrieval\n")
-    write_shards(root / "clone_selection", _clone_records(test, all_siblings, seed, first_test, image_size,
-                                                          family_size), shard_size, "shard-{:06d}.tar")
+    write_shards(
+        root / "clone_selection",
+        _clone_records(test, all_siblings, seed, first_test, image_size, family_size),
+        shard_size,
+        "shard-{:06d}.tar",
+    )
     shutil.copyfile(font_dir() / "LICENSE_DEJAVU", root / "LICENSE_DEJAVU")
     (root / "ORIGIN.md").write_text(ORIGIN)
     manifest = {
-        "seed": seed, "image_size": image_size, "family_size": family_size, "weak_drop": weak_drop,
-        "faces": [face.file_name for face in FACES], "letters": len({glyph.letter for glyph in glyphs}),
+        "seed": seed,
+        "image_size": image_size,
+        "family_size": family_size,
+        "weak_drop": weak_drop,
+        "faces": [face.file_name for face in FACES],
+        "letters": len({glyph.letter for glyph in glyphs}),
         "glyphs": {split: len(items) for split, items in by_split.items()},
-        "splits": {"train": {"data": train_pattern, "num_samples": num_train, "keys": [0, num_train]},
-                   "val": {"data": val_pattern, "num_samples": len(by_split["val"]),
-                           "keys": [first_val, first_test]},
-                   "test": {"num_samples": len(test), "keys": [first_test, first_test + len(test)]}},
+        "splits": {
+            "train": {"data": train_pattern, "num_samples": num_train, "keys": [0, num_train]},
+            "val": {"data": val_pattern, "num_samples": len(by_split["val"]), "keys": [first_val, first_test]},
+            "test": {"num_samples": len(test), "keys": [first_test, first_test + len(test)]},
+        },
         "benchmark": {RETRIEVAL_SET: str(retrieval.relative_to(root))},
         "clone_selection": "clone_selection",
         "attribute_kinds": list(ATTRIBUTE_KINDS),
@@ -147,13 +186,19 @@ def write_glyph_dataset(output_dir: str | Path, *, seed: int = 0, num_train: int
         "train_caption_duplicates": caption_duplicates(train, weak),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return GlyphDataset(root, str(root / train_pattern), str(root / val_pattern),
-                        {"train": num_train, "val": len(by_split["val"]), "test": len(test)}, retrieval,
-                        root / "clone_selection")
+    return GlyphDataset(
+        root,
+        str(root / train_pattern),
+        str(root / val_pattern),
+        {"train": num_train, "val": len(by_split["val"]), "test": len(test)},
+        retrieval,
+        root / "clone_selection",
+    )
 
 
-def caption_duplicates(train: Sequence[Tuple[int, Optional[str], Glyph]],
-                       weak: Sequence[str]) -> Dict[str, Dict[str, float]]:
+def caption_duplicates(
+    train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str]
+) -> Dict[str, Dict[str, float]]:
     """Per caption field, the share of training samples whose caption another *different* glyph also has
     (in the split, and within the sample's family): what the weak captioner makes identical."""
     result = {}
@@ -165,18 +210,23 @@ def caption_duplicates(train: Sequence[Tuple[int, Optional[str], Glyph]],
             family_glyphs.setdefault((family, caption), set()).add(glyph)
         result[field] = {
             "shared_in_split": sum(len(glyphs_of[c]) > 1 for c in captions) / len(captions),
-            "shared_in_family": sum(len(family_glyphs[(f, c)]) > 1
-                                    for (f, _, _), c in zip(train, captions)) / len(captions),
+            "shared_in_family": sum(len(family_glyphs[(f, c)]) > 1 for (f, _, _), c in zip(train, captions))
+            / len(captions),
         }
     return result
 
 
-def _train_samples(seed: int, bases: Sequence[Glyph], siblings: SiblingIndex, count: int,
-                   family_size: int) -> Iterator[Tuple[int, Optional[str], Glyph]]:
+def _train_samples(
+    seed: int, bases: Sequence[Glyph], siblings: SiblingIndex, count: int, family_size: int
+) -> Iterator[Tuple[int, Optional[str], Glyph]]:
     """(family id, kind, glyph) of the first `count` training samples, each family from its own rng."""
-    samples = ((family, kind, glyph) for family in itertools.count()
-               for kind, glyph in sample_family(np.random.default_rng([seed, _STREAMS["train"], family]), bases,
-                                                siblings, family_size))
+    samples = (
+        (family, kind, glyph)
+        for family in itertools.count()
+        for kind, glyph in sample_family(
+            np.random.default_rng([seed, _STREAMS["train"], family]), bases, siblings, family_size
+        )
+    )
     return itertools.islice(samples, count)
 
 
@@ -187,12 +237,19 @@ def _glyph_sample(key: str, glyph: Glyph, image_size: int, members: dict, **meta
     return {"__key__": key, "png": encode_png(render_glyph(glyph, image_size)), **members, "json": json_bytes(info)}
 
 
-def _train_records(train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str],
-                   image_size: int) -> Iterator[dict]:
+def _train_records(
+    train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str], image_size: int
+) -> Iterator[dict]:
     for key, ((family, kind, glyph), weak_text) in enumerate(zip(train, weak)):
-        yield _glyph_sample(f"{key:09d}", glyph, image_size,
-                            {"txt": glyph.caption.encode(), "txt_weak": weak_text.encode()},
-                            caption_weak=weak_text, family=family, family_edit=kind)
+        yield _glyph_sample(
+            f"{key:09d}",
+            glyph,
+            image_size,
+            {"txt": glyph.caption.encode(), "txt_weak": weak_text.encode()},
+            caption_weak=weak_text,
+            family=family,
+            family_edit=kind,
+        )
 
 
 def _plain_records(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> Iterator[dict]:
@@ -200,8 +257,9 @@ def _plain_records(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> 
         yield _glyph_sample(f"{first_key + offset:09d}", glyph, image_size, {"txt": glyph.caption.encode()})
 
 
-def _clone_records(test: Sequence[Glyph], siblings: SiblingIndex, seed: int, first_key: int, image_size: int,
-                   family_size: int) -> Iterator[dict]:
+def _clone_records(
+    test: Sequence[Glyph], siblings: SiblingIndex, seed: int, first_key: int, image_size: int, family_size: int
+) -> Iterator[dict]:
     """Each test glyph with one sibling caption per kind (`clones`) and its family's captions (`family`): the
     siblings a training family of the same size would hold around it as base."""
     for offset, glyph in enumerate(test):
@@ -210,8 +268,14 @@ def _clone_records(test: Sequence[Glyph], siblings: SiblingIndex, seed: int, fir
         clones = {}
         for kind, sibling in family:
             clones.setdefault(kind, sibling.caption)
-        yield _glyph_sample(f"{first_key + offset:09d}", glyph, image_size, {}, clones=clones,
-                            family=[sibling.caption for _, sibling in family])
+        yield _glyph_sample(
+            f"{first_key + offset:09d}",
+            glyph,
+            image_size,
+            {},
+            clones=clones,
+            family=[sibling.caption for _, sibling in family],
+        )
 
 
 ORIGIN = """# Origin and licence of the glyph benchmark's images

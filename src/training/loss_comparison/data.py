@@ -3,6 +3,7 @@
 The demo data (`training.synthetic_scenes.writers.write_demo_dataset`) is written with a fixed data seed,
 once, into --data-dir and reused while its manifest matches the budget.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,16 @@ class Budget:
 
     num_train: int
     num_val: int
-    num_test: int        # test scenes: clone selection and retrieval; also each classification set
+    num_test: int  # test scenes: clone selection and retrieval; also each classification set
     shard_size: int
     batch_size: int
     epochs: int
     lr: float
-    warmup: int          # steps
+    warmup: int  # steps
     wd: float
     workers: int
     device: str
-    jobs: int            # runs at a time
+    jobs: int  # runs at a time
     log_every_n_steps: int
     precision: Optional[str] = None  # the trainer's default: fp32 on CPU, amp on CUDA
     # Trainer flag values every run gets, by destination (e.g. {"train_group_size": 8}): a recipe's other
@@ -99,10 +100,10 @@ class ComparisonData:
     """The demo data one comparison trains and evaluates on."""
 
     root: str
-    train_data: str      # shard pattern for --train-data
+    train_data: str  # shard pattern for --train-data
     val_data: str
     num_train: int
-    data_size: int       # the training keys' upper bound: per-sample state banks need [0, data_size)
+    data_size: int  # the training keys' upper bound: per-sample state banks need [0, data_size)
 
 
 def prepare_data(data_dir: Path, budget: Budget, data_seed: int) -> ComparisonData:
@@ -117,15 +118,23 @@ def prepare_data(data_dir: Path, budget: Budget, data_seed: int) -> ComparisonDa
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         if manifest_summary(manifest) != wanted:
-            raise ValueError(f"{data_dir} holds other demo data ({manifest_summary(manifest)}, this budget needs "
-                             f"{wanted}); pass another --data-dir or remove it")
+            raise ValueError(
+                f"{data_dir} holds other demo data ({manifest_summary(manifest)}, this budget needs "
+                f"{wanted}); pass another --data-dir or remove it"
+            )
         return data_from_manifest(data_dir, manifest)
     if data_dir.exists() and any(data_dir.iterdir()):
         raise ValueError(f"{data_dir} exists and holds no demo data manifest; pass another --data-dir")
     partial = data_dir.with_name(data_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    write_demo_dataset(partial, seed=data_seed, num_train=budget.num_train, num_val=budget.num_val,
-                       num_test=budget.num_test, shard_size=budget.shard_size)
+    write_demo_dataset(
+        partial,
+        seed=data_seed,
+        num_train=budget.num_train,
+        num_val=budget.num_val,
+        num_test=budget.num_test,
+        shard_size=budget.shard_size,
+    )
     if data_dir.exists():
         data_dir.rmdir()  # empty, checked above
     os.replace(partial, data_dir)
@@ -137,12 +146,18 @@ def demo_sizes(budget: Budget) -> Dict[str, int]:
 
 
 def manifest_summary(manifest: Mapping[str, Any]) -> Dict[str, Any]:
-    return {"seed": manifest["seed"],
-            "num_samples": {split: info["num_samples"] for split, info in manifest["splits"].items()}}
+    return {
+        "seed": manifest["seed"],
+        "num_samples": {split: info["num_samples"] for split, info in manifest["splits"].items()},
+    }
 
 
 def data_from_manifest(root: Path, manifest: Mapping[str, Any]) -> ComparisonData:
     splits = manifest["splits"]
-    return ComparisonData(root=str(root), train_data=str(root / splits["train"]["data"]),
-                         val_data=str(root / splits["val"]["data"]), num_train=splits["train"]["num_samples"],
-                         data_size=splits["train"]["keys"][1])
+    return ComparisonData(
+        root=str(root),
+        train_data=str(root / splits["train"]["data"]),
+        val_data=str(root / splits["val"]["data"]),
+        num_train=splits["train"]["num_samples"],
+        data_size=splits["train"]["keys"][1],
+    )

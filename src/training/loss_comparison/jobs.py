@@ -12,6 +12,7 @@ training data written in families, clone detection (`training.evaluation.clone_d
 file; the process writes the job's JSON record, which a later call reuses while the job is unchanged.
 An emitted job (`cluster`) trains under torchrun instead and then runs `--finish-job JOB.json`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from training.trainer.run_folder.provenance import checkpoint_identity, code_version, dirty_files
 from training.trainer.run_folder.layout import RunDir
+from training.trainer.run_folder.provenance import checkpoint_identity, code_version, dirty_files
 
 from .data import PRETRAIN_SEED, Budget, ComparisonData
 from .variants import LossVariant
@@ -60,9 +61,9 @@ class RunJob:
     seed: int
     name: str
     train_values: Dict[str, Any]  # the trainer's flags by destination (training.trainer.launch.params.args_from_values)
-    logs_dir: str        # the trainer's --logs; the run lives in <logs_dir>/<name>
+    logs_dir: str  # the trainer's --logs; the run lives in <logs_dir>/<name>
     data_root: Optional[str]  # the demo data (its benchmark/ sets and clone_selection/); None: `benchmark_*`
-    batch_size: int      # per rank
+    batch_size: int  # per rank
     device: str
     record_path: str
     benchmark_datasets: List[str] = field(default_factory=list)  # without demo data: the user's sets
@@ -88,20 +89,40 @@ class RunJob:
         return args_from_values(self.train_values)
 
 
-def train_values(variant: LossVariant, seed: int, name: str, budget: Budget, data: ComparisonData,
-                 logs_dir: Path, pretrained: Optional[str] = None, model: str = MODEL) -> Dict[str, Any]:
+def train_values(
+    variant: LossVariant,
+    seed: int,
+    name: str,
+    budget: Budget,
+    data: ComparisonData,
+    logs_dir: Path,
+    pretrained: Optional[str] = None,
+    model: str = MODEL,
+) -> Dict[str, Any]:
     """`training.main` flag values: identical for every run but for the loss flags, seed and name.
 
     Validation runs after the last epoch only, and only the final checkpoint is saved. With
     `pretrained`, the run fine-tunes that checkpoint. `budget.trainer_values` (any other trainer flags) last.
     """
     values: Dict[str, Any] = {
-        "train_data": data.train_data, "val_data": data.val_data, "train_num_samples": data.num_train,
-        "model": model, **variant.values(data.data_size),
-        "batch_size": budget.batch_size, "epochs": budget.epochs, "lr": budget.lr, "warmup": budget.warmup,
-        "wd": budget.wd, "workers": budget.workers, "device": budget.device, "seed": seed,
-        "val_frequency": budget.epochs, "save_frequency": 0, "log_every_n_steps": budget.log_every_n_steps,
-        "logs": str(logs_dir), "name": name,
+        "train_data": data.train_data,
+        "val_data": data.val_data,
+        "train_num_samples": data.num_train,
+        "model": model,
+        **variant.values(data.data_size),
+        "batch_size": budget.batch_size,
+        "epochs": budget.epochs,
+        "lr": budget.lr,
+        "warmup": budget.warmup,
+        "wd": budget.wd,
+        "workers": budget.workers,
+        "device": budget.device,
+        "seed": seed,
+        "val_frequency": budget.epochs,
+        "save_frequency": 0,
+        "log_every_n_steps": budget.log_every_n_steps,
+        "logs": str(logs_dir),
+        "name": name,
     }
     if budget.precision:
         values["precision"] = budget.precision
@@ -133,35 +154,63 @@ def record_file(output_dir: Path, name: str) -> Path:
     return output_dir / "records" / f"{name}.json"
 
 
-def make_job(variant: LossVariant, seed: int, budget: Budget, data: ComparisonData, output_dir: Path, *,
-             pretrained: Optional[str] = None, name_prefix: str = "", model: str = MODEL,
-             benchmarks: Optional[Benchmarks] = None, world_size: int = 1) -> RunJob:
+def make_job(
+    variant: LossVariant,
+    seed: int,
+    budget: Budget,
+    data: ComparisonData,
+    output_dir: Path,
+    *,
+    pretrained: Optional[str] = None,
+    name_prefix: str = "",
+    model: str = MODEL,
+    benchmarks: Optional[Benchmarks] = None,
+    world_size: int = 1,
+) -> RunJob:
     """One run; with `benchmarks`, it is evaluated on the user's sets instead of the demo data's."""
     name = run_name(variant, seed, name_prefix)
     return RunJob(
-        label=variant.label, loss=variant.loss, options=dict(variant.options), seed=seed, name=name,
+        label=variant.label,
+        loss=variant.loss,
+        options=dict(variant.options),
+        seed=seed,
+        name=name,
         train_values=train_values(variant, seed, name, budget, data, output_dir / "runs", pretrained, model),
-        logs_dir=str(output_dir / "runs"), data_root=None if benchmarks else data.root,
-        batch_size=budget.batch_size, device=budget.device, record_path=str(record_file(output_dir, name)),
+        logs_dir=str(output_dir / "runs"),
+        data_root=None if benchmarks else data.root,
+        batch_size=budget.batch_size,
+        device=budget.device,
+        record_path=str(record_file(output_dir, name)),
         benchmark_datasets=list(benchmarks.datasets) if benchmarks else [],
         benchmark_root=benchmarks.root if benchmarks else None,
-        clone_selection_dir=benchmarks.clone_selection_dir if benchmarks else None, world_size=world_size,
+        clone_selection_dir=benchmarks.clone_selection_dir if benchmarks else None,
+        world_size=world_size,
     )
 
 
-def plan_jobs(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, data: ComparisonData,
-              output_dir: Path, pretrained: Optional[str] = None, **settings: Any) -> List[RunJob]:
+def plan_jobs(
+    variants: Sequence[LossVariant],
+    seeds: Sequence[int],
+    budget: Budget,
+    data: ComparisonData,
+    output_dir: Path,
+    pretrained: Optional[str] = None,
+    **settings: Any,
+) -> List[RunJob]:
     """One job per (variant, seed), seeds outer: an interrupted comparison has every variant's first seeds.
     `settings`: `make_job`'s model, benchmarks and world_size."""
-    return [make_job(variant, seed, budget, data, output_dir, pretrained=pretrained, **settings)
-            for seed in seeds for variant in variants]
+    return [
+        make_job(variant, seed, budget, data, output_dir, pretrained=pretrained, **settings)
+        for seed in seeds
+        for variant in variants
+    ]
 
 
 def run_job(job: RunJob) -> Dict[str, Any]:
     """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
     from training.main import run
-    from training.trainer.launch.params import config_from_values
     from training.trainer.engine.loop import NonFiniteLossError
+    from training.trainer.launch.params import config_from_values
 
     start = time.time()
     status, error = OK, None
@@ -198,19 +247,34 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
 
 def base_record(job: RunJob) -> Dict[str, Any]:
     return {
-        "label": job.label, "loss": job.loss, "options": job.options, "seed": job.seed, "name": job.name,
-        "status": OK, "error": None, "batch_size": job.batch_size, "world_size": job.world_size,
-        "train_argv": job.train_argv, "code": code_version(), "code_dirty": dirty_files(),
+        "label": job.label,
+        "loss": job.loss,
+        "options": job.options,
+        "seed": job.seed,
+        "name": job.name,
+        "status": OK,
+        "error": None,
+        "batch_size": job.batch_size,
+        "world_size": job.world_size,
+        "train_argv": job.train_argv,
+        "code": code_version(),
+        "code_dirty": dirty_files(),
         "pretrained": pretrained_identity(job.train_argv),
-        "train_seconds": None, "eval_seconds": None, "wall_seconds": None, "val_num_samples": None, "metrics": {},
+        "train_seconds": None,
+        "eval_seconds": None,
+        "wall_seconds": None,
+        "val_num_samples": None,
+        "metrics": {},
     }
 
 
 def pretrained_identity(train_argv: List[str]) -> Optional[Dict[str, Optional[str]]]:
     """`provenance.checkpoint_identity` of the run's last --pretrained, None when it trains from scratch."""
-    values = [argument.split("=", 1)[1] if argument.startswith("--pretrained=") else train_argv[index + 1]
-              for index, argument in enumerate(train_argv)
-              if argument.startswith("--pretrained=") or (argument == "--pretrained" and index + 1 < len(train_argv))]
+    values = [
+        argument.split("=", 1)[1] if argument.startswith("--pretrained=") else train_argv[index + 1]
+        for index, argument in enumerate(train_argv)
+        if argument.startswith("--pretrained=") or (argument == "--pretrained" and index + 1 < len(train_argv))
+    ]
     return checkpoint_identity(values[-1]) if values else None
 
 
@@ -220,10 +284,14 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
     run = RunDir(run_dir)
     steps = run.metrics("train")
     if steps:
-        tail = steps[-max(1, math.ceil(len(steps) / 10)):]
+        tail = steps[-max(1, math.ceil(len(steps) / 10)) :]
         metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
-        clip_losses = [float(record[f"stats/{direction}/clip_loss"]) for record in tail
-                       for direction in ("i2t", "t2i") if f"stats/{direction}/clip_loss" in record]
+        clip_losses = [
+            float(record[f"stats/{direction}/clip_loss"])
+            for record in tail
+            for direction in ("i2t", "t2i")
+            if f"stats/{direction}/clip_loss" in record
+        ]
         if clip_losses:  # CLIP's loss on the trained logits, beside the trained loss (docs/adacl.md §5)
             metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
         metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
@@ -255,8 +323,12 @@ def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     fallback's 0 and 1 too)."""
     metrics: Dict[str, float] = {}
     for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
-        values = [float(record[f"stats/{direction}/{name}"]) for record in steps for direction in ("i2t", "t2i")
-                  if f"stats/{direction}/{name}" in record]
+        values = [
+            float(record[f"stats/{direction}/{name}"])
+            for record in steps
+            for direction in ("i2t", "t2i")
+            if f"stats/{direction}/{name}" in record
+        ]
         if not values:
             continue
         if name in MECHANISM_FRACTIONS:
@@ -273,8 +345,11 @@ def evaluation_sets(job: RunJob) -> Tuple[List[str], str, Optional[Path]]:
     from training.evaluation.zero_shot import demo_datasets
 
     if job.data_root is None:
-        return job.benchmark_datasets, job.benchmark_root or "", (
-            Path(job.clone_selection_dir) if job.clone_selection_dir else None)
+        return (
+            job.benchmark_datasets,
+            job.benchmark_root or "",
+            (Path(job.clone_selection_dir) if job.clone_selection_dir else None),
+        )
     root = Path(job.data_root)
     return demo_datasets(root), str(root / "benchmark" / "{dataset}"), root / "clone_selection"
 
@@ -286,9 +361,19 @@ def evaluate_run(checkpoint: Path, job: RunJob, trained: argparse.Namespace) -> 
 
     from training.evaluation.clone_detection import evaluate_clone_detection
     from training.evaluation.clone_selection import evaluate_clone_selection
-    from training.evaluation.zero_shot import (CAPTION_SELECTION, CLASSIFICATION, RETRIEVAL, dataset_root,
-                                               evaluate_dataset, export_checkpoint, infer_task, load_model, result_path,
-                                               worker_count, write_result)
+    from training.evaluation.zero_shot import (
+        CAPTION_SELECTION,
+        CLASSIFICATION,
+        RETRIEVAL,
+        dataset_root,
+        evaluate_dataset,
+        export_checkpoint,
+        infer_task,
+        load_model,
+        result_path,
+        worker_count,
+        write_result,
+    )
 
     device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     model_name = export_checkpoint(checkpoint, job.run_dir / "export")
@@ -298,9 +383,18 @@ def evaluate_run(checkpoint: Path, job: RunJob, trained: argparse.Namespace) -> 
     for dataset in datasets:
         set_root = dataset_root(root_template, dataset)
         task = infer_task(dataset, set_root)
-        result = evaluate_dataset(model, preprocess, tokenizer, dataset, set_root, task, device=device,
-                                  batch_size=job.batch_size, recall_k=(1, 5),
-                                  num_workers=worker_count(dataset, set_root, trained.workers))
+        result = evaluate_dataset(
+            model,
+            preprocess,
+            tokenizer,
+            dataset,
+            set_root,
+            task,
+            device=device,
+            batch_size=job.batch_size,
+            recall_k=(1, 5),
+            num_workers=worker_count(dataset, set_root, trained.workers),
+        )
         write_result(result_path(job.run_dir / "eval", dataset, task), dataset, model_name, "none", task, result)
         short = dataset.split("/")[-1]
         if task == CLASSIFICATION:
@@ -312,14 +406,16 @@ def evaluate_run(checkpoint: Path, job: RunJob, trained: argparse.Namespace) -> 
         elif task == CAPTION_SELECTION:  # e.g. sugar_crepe/*: the true caption against a one-edit negative
             metrics[f"sel/{short}/text_acc"] = float(result["text_acc"])
     if clone_dir is not None:
-        clone = evaluate_clone_selection(model, preprocess, tokenizer, clone_dir, device=device,
-                                         batch_size=job.batch_size, margins=True)
+        clone = evaluate_clone_selection(
+            model, preprocess, tokenizer, clone_dir, device=device, batch_size=job.batch_size, margins=True
+        )
         metrics.update({f"clone/{name.removesuffix('_acc')}": float(value) for name, value in clone.items()})
     shards = family_shards(trained.train_data)
     if shards:
         caption_key = first_of(trained.caption_key)  # what the loss saw in training
-        detection = evaluate_clone_detection(model, preprocess, tokenizer, shards, batch_size=job.batch_size,
-                                             device=device, caption_key=caption_key)
+        detection = evaluate_clone_detection(
+            model, preprocess, tokenizer, shards, batch_size=job.batch_size, device=device, caption_key=caption_key
+        )
         metrics.update({f"detect/{name}": value for name, value in detection.items()})
     return metrics
 
@@ -376,8 +472,9 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     start = time.time()
     with log_path.open("w") as log:
         try:
-            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                        env=worker_environment(jobs), timeout=timeout).returncode
+            returncode = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, env=worker_environment(jobs), timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             returncode = None
     if record_path.is_file():

@@ -17,6 +17,7 @@ and hurts need the 95% interval outside ±margin, not only outside 0; `stats.pri
 `"secondary_family"`, the metrics of the Holm family as names or shell patterns (`clone/*_cos_margin`;
 default: the scenes' family, `findings.SECONDARY_FAMILY`). The report cites the file by path and uses its values.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,10 @@ class Preregistration:
     """What the verdict is computed on, fixed before the runs."""
 
     endpoint: Optional[str] = None  # its name, e.g. clone_learnable; None: no primary endpoint (no verdict)
-    metrics: Tuple[str, ...] = ()   # the per-run endpoint is the mean of these
+    metrics: Tuple[str, ...] = ()  # the per-run endpoint is the mean of these
     margin: float = DEFAULT_MARGIN  # equivalence margin: |difference| below it is no effect
     reference: Optional[str] = None  # None: `clip`, else the first variant
-    source: Optional[str] = None    # the file it was read from (FILE or FILE#NAME); None: the command line
+    source: Optional[str] = None  # the file it was read from (FILE or FILE#NAME); None: the command line
     helps_beyond_margin: bool = False  # helps/hurts: the 95% interval outside ±margin (else: outside 0)
     secondary_family: Optional[Tuple[str, ...]] = None  # metric names or patterns; None: the scenes' family
 
@@ -58,8 +59,10 @@ def parse_endpoint(text: str) -> Tuple[str, Tuple[str, ...]]:
     name, has_equals, rest = (part.strip() for part in str(text).partition("="))
     metrics = tuple(metric.strip() for metric in rest.split("+") if metric.strip())
     if not has_equals or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not metrics:
-        raise ValueError(f"--primary-endpoint {text!r}: write NAME=metric1+metric2+..., e.g. "
-                         "clone_learnable=clone/color+clone/shape+clone/size")
+        raise ValueError(
+            f"--primary-endpoint {text!r}: write NAME=metric1+metric2+..., e.g. "
+            "clone_learnable=clone/color+clone/shape+clone/size"
+        )
     if len(set(metrics)) != len(metrics):
         raise ValueError(f"--primary-endpoint {text!r} lists a metric twice")
     return name, metrics
@@ -83,8 +86,12 @@ def from_arguments(endpoint: Optional[str], margin: Optional[float], reference: 
             raise ValueError("--equivalence-margin needs --primary-endpoint (the metric it is a margin on)")
         return Preregistration(reference=reference)
     name, metrics = parse_endpoint(endpoint)
-    return Preregistration(name, metrics, check_margin(DEFAULT_MARGIN if margin is None else margin,
-                                                       "--equivalence-margin"), reference or DEFAULT_REFERENCE)
+    return Preregistration(
+        name,
+        metrics,
+        check_margin(DEFAULT_MARGIN if margin is None else margin, "--equivalence-margin"),
+        reference or DEFAULT_REFERENCE,
+    )
 
 
 def registrations_in(path: Path) -> List[Dict[str, Any]]:
@@ -109,34 +116,61 @@ def from_file(spec: str) -> Preregistration:
         found = [entry for entry in found if isinstance(entry, dict) and entry.get("name") == wanted]
     if len(found) != 1:
         what = f"registration named {wanted!r}" if wanted else "registration"
-        raise ValueError(f"--preregistration {spec}: found {len(found)} {what}s where one is needed"
-                         + ("" if wanted else "; pick one with FILE#NAME"))
+        raise ValueError(
+            f"--preregistration {spec}: found {len(found)} {what}s where one is needed"
+            + ("" if wanted else "; pick one with FILE#NAME")
+        )
     entry = found[0]
     unknown = sorted(set(entry) - set(FIELDS)) if isinstance(entry, dict) else []
     if not isinstance(entry, dict) or unknown or "primary_endpoint" not in entry:
-        raise ValueError(f"--preregistration {spec}: each registration is an object with primary_endpoint, "
-                         f"equivalence_margin and optionally name, reference"
-                         + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        raise ValueError(
+            f"--preregistration {spec}: each registration is an object with primary_endpoint, "
+            f"equivalence_margin and optionally name, reference"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
     name, metrics = parse_endpoint(entry["primary_endpoint"])
     margin = check_margin(entry.get("equivalence_margin", DEFAULT_MARGIN), f"--preregistration {spec}")
     beyond_margin = entry.get("helps_beyond_margin", False)
     family = entry.get("secondary_family")
-    if not isinstance(beyond_margin, bool) or not (family is None or isinstance(family, list) and family and all(
-            isinstance(pattern, str) and pattern for pattern in family)):
-        raise ValueError(f"--preregistration {spec}: helps_beyond_margin is true or false and secondary_family a "
-                         "non-empty list of metric names or patterns")
-    return Preregistration(name, metrics, margin, entry.get("reference", DEFAULT_REFERENCE), spec, beyond_margin,
-                           None if family is None else tuple(family))
+    if not isinstance(beyond_margin, bool) or not (
+        family is None
+        or isinstance(family, list)
+        and family
+        and all(isinstance(pattern, str) and pattern for pattern in family)
+    ):
+        raise ValueError(
+            f"--preregistration {spec}: helps_beyond_margin is true or false and secondary_family a "
+            "non-empty list of metric names or patterns"
+        )
+    return Preregistration(
+        name,
+        metrics,
+        margin,
+        entry.get("reference", DEFAULT_REFERENCE),
+        spec,
+        beyond_margin,
+        None if family is None else tuple(family),
+    )
 
 
-def resolve(file_spec: Optional[str], endpoint: Optional[str], margin: Optional[float], reference: Optional[str]
-            ) -> Preregistration:
+def resolve(
+    file_spec: Optional[str], endpoint: Optional[str], margin: Optional[float], reference: Optional[str]
+) -> Preregistration:
     """From --preregistration, or from --primary-endpoint / --equivalence-margin / --reference; not both."""
     if file_spec:
-        given = [flag for flag, value in (("--primary-endpoint", endpoint), ("--equivalence-margin", margin),
-                                          ("--reference", reference)) if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--primary-endpoint", endpoint),
+                ("--equivalence-margin", margin),
+                ("--reference", reference),
+            )
+            if value is not None
+        ]
         if given:
-            raise ValueError(f"--preregistration {file_spec} fixes the endpoint, margin and reference; drop "
-                             f"{', '.join(given)} (or the file)")
+            raise ValueError(
+                f"--preregistration {file_spec} fixes the endpoint, margin and reference; drop "
+                f"{', '.join(given)} (or the file)"
+            )
         return from_file(file_spec)
     return from_arguments(endpoint, margin, reference)

@@ -1,5 +1,6 @@
 """A whole comparison: the data, every job (`--jobs` at a time), the report; or its jobs written for a
 cluster (`--emit-jobs`); or the report from whatever records there are (`--report-only`)."""
+
 from __future__ import annotations
 
 import json
@@ -10,29 +11,43 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..trainer.progress import eta_text
 from .cluster import ARRAY_SCRIPT, JOBS_LIST, emit_jobs
 from .data import Budget, ComparisonData, prepare_data
-from .jobs import (MODEL, OK, Benchmarks, RunJob, final_checkpoint, launch_job, plan_jobs, pretrain_job, record_file,
-                   run_name, write_json_atomic)
+from .jobs import (
+    MODEL,
+    OK,
+    Benchmarks,
+    RunJob,
+    final_checkpoint,
+    launch_job,
+    plan_jobs,
+    pretrain_job,
+    record_file,
+    run_name,
+    write_json_atomic,
+)
 from .preregistration import Preregistration
 from .report import HEADLINE_METRICS, ReportContext, machine_info, write_report
 from .stats import assess_run
 from .variants import LossVariant, parse_loss_variant
-from ..trainer.progress import eta_text
 
 COMPARISON_FILE = "comparison.json"  # in --output-dir: the variants and report context, for --report-only
 LEGACY_COMPARISON_FILE = "benchmark.json"  # the same, in output dirs written as `python -m training.benchmark`
 
 
-def run_all(jobs: Sequence[RunJob], *, parallel: int, timeout: Optional[float], reuse: bool = True,
-            echo=print) -> List[Dict[str, Any]]:
+def run_all(
+    jobs: Sequence[RunJob], *, parallel: int, timeout: Optional[float], reuse: bool = True, echo=print
+) -> List[Dict[str, Any]]:
     """Launch every job, `parallel` at a time, echoing each finished run with the runs done / total and the
     time left; returns the records in job order."""
     records: Dict[int, Dict[str, Any]] = {}
     start, trained = time.time(), 0
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {pool.submit(launch_job, job, jobs=parallel, timeout=timeout, reuse=reuse): index
-                   for index, job in enumerate(jobs)}
+        futures = {
+            pool.submit(launch_job, job, jobs=parallel, timeout=timeout, reuse=reuse): index
+            for index, job in enumerate(jobs)
+        }
         for done, future in enumerate(as_completed(futures), start=1):
             index = futures[future]
             records[index] = assess_run(future.result())
@@ -66,18 +81,28 @@ def run_line(record: Mapping[str, Any]) -> str:
 def training_siblings(budget: Budget, data: ComparisonData) -> Optional[Dict[str, float]]:
     """Siblings per row in the runs' training batches (their batch size and `--train-group-size`), when
     the training shards are written in families; None otherwise."""
-    from training.trainer.data import DataConfig
     from training.synthetic_scenes.families import measure_siblings
+    from training.trainer.data import DataConfig
 
     group_size = budget.trainer_values.get("train_group_size", 1)
-    cfg = DataConfig(train_data=data.train_data, train_num_samples=data.num_train, batch_size=budget.batch_size,
-                     workers=0, seed=0, group_size=group_size, dataset_type="webdataset")
+    cfg = DataConfig(
+        train_data=data.train_data,
+        train_num_samples=data.num_train,
+        batch_size=budget.batch_size,
+        workers=0,
+        seed=0,
+        group_size=group_size,
+        dataset_type="webdataset",
+    )
     try:
         stats = measure_siblings(cfg)
     except ValueError:  # shards without family ids
         return None
-    return {"siblings_per_row": stats.siblings_per_row, "sibling_fraction": stats.sibling_fraction,
-            "group_size": group_size}
+    return {
+        "siblings_per_row": stats.siblings_per_row,
+        "sibling_fraction": stats.sibling_fraction,
+        "group_size": group_size,
+    }
 
 
 @dataclass(frozen=True)
@@ -88,19 +113,38 @@ class OwnData:
     benchmarks: Benchmarks
 
 
-def save_comparison(output_dir: Path, variants: Sequence[LossVariant], context: ReportContext,
-                    preregistration: Preregistration) -> None:
+def save_comparison(
+    output_dir: Path, variants: Sequence[LossVariant], context: ReportContext, preregistration: Preregistration
+) -> None:
     """comparison.json: what `--report-only` needs besides the records."""
-    write_json_atomic(output_dir / COMPARISON_FILE, {"labels": [variant.label for variant in variants],
-                                                     "context": asdict(context),
-                                                     "preregistration": asdict(preregistration)})
+    write_json_atomic(
+        output_dir / COMPARISON_FILE,
+        {
+            "labels": [variant.label for variant in variants],
+            "context": asdict(context),
+            "preregistration": asdict(preregistration),
+        },
+    )
 
 
-def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
-                  results_md: Path, data_dir: Optional[Path] = None, data_seed: int = 0, command: str = "",
-                  timeout: Optional[float] = None, reuse: bool = True, echo=print, own_data: Optional[OwnData] = None,
-                  model: str = MODEL, preregistration: Preregistration = Preregistration(),
-                  pair_across_code: bool = False) -> List[Dict[str, Any]]:
+def run_comparison(
+    variants: Sequence[LossVariant],
+    seeds: Sequence[int],
+    budget: Budget,
+    *,
+    output_dir: Path,
+    results_md: Path,
+    data_dir: Optional[Path] = None,
+    data_seed: int = 0,
+    command: str = "",
+    timeout: Optional[float] = None,
+    reuse: bool = True,
+    echo=print,
+    own_data: Optional[OwnData] = None,
+    model: str = MODEL,
+    preregistration: Preregistration = Preregistration(),
+    pair_across_code: bool = False,
+) -> List[Dict[str, Any]]:
     """Data (the demo's, written or reused, unless `own_data`), every run, the report; returns the assessed records."""
     start = time.time()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -117,22 +161,44 @@ def run_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget
             raise ValueError(f"the pretraining run {job.name} is {record['verdict']}: {'; '.join(record['reasons'])}")
         pretrained = final_checkpoint(job)
     jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained, model=model, benchmarks=benchmarks)
-    echo(f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
-         f"{budget.jobs} at a time; logs in {output_dir / 'logs'}")
+    echo(
+        f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
+        f"{budget.jobs} at a time; logs in {output_dir / 'logs'}"
+    )
     records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
-    context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
-                            wall_seconds=time.time() - start, machine=machine, started=started,
-                            siblings=None if own_data else training_siblings(budget, data), model=model,
-                            benchmarks=asdict(benchmarks) if benchmarks else None)
+    context = ReportContext(
+        command=command,
+        budget=budget,
+        data=data,
+        data_seed=data_seed,
+        seeds=list(seeds),
+        wall_seconds=time.time() - start,
+        machine=machine,
+        started=started,
+        siblings=None if own_data else training_siblings(budget, data),
+        model=model,
+        benchmarks=asdict(benchmarks) if benchmarks else None,
+    )
     save_comparison(output_dir, variants, context, preregistration)
     write_report(records, context, results_md, output_dir, preregistration, pair_across_code=pair_across_code)
     return records
 
 
-def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budget: Budget, *, output_dir: Path,
-                    emit_dir: Path, own_data: Optional[OwnData] = None, data_dir: Optional[Path] = None,
-                    data_seed: int = 0, command: str = "", model: str = MODEL, nproc_per_node: int = 1,
-                    preregistration: Preregistration = Preregistration()) -> List[RunJob]:
+def emit_comparison(
+    variants: Sequence[LossVariant],
+    seeds: Sequence[int],
+    budget: Budget,
+    *,
+    output_dir: Path,
+    emit_dir: Path,
+    own_data: Optional[OwnData] = None,
+    data_dir: Optional[Path] = None,
+    data_seed: int = 0,
+    command: str = "",
+    model: str = MODEL,
+    nproc_per_node: int = 1,
+    preregistration: Preregistration = Preregistration(),
+) -> List[RunJob]:
     """Write every run as a cluster job (`cluster`) and comparison.json, running nothing; returns the jobs.
 
     The output and job folders are made absolute and the scripts `cd` to the current folder, so the
@@ -141,20 +207,36 @@ def emit_comparison(variants: Sequence[LossVariant], seeds: Sequence[int], budge
     output_dir, emit_dir = output_dir.resolve(), emit_dir.resolve()
     data = own_data.data if own_data else prepare_data((data_dir or output_dir / "data").resolve(), budget, data_seed)
     benchmarks = own_data.benchmarks if own_data else None
-    jobs = plan_jobs(variants, seeds, budget, data, output_dir, model=model, benchmarks=benchmarks,
-                     world_size=nproc_per_node)
+    jobs = plan_jobs(
+        variants, seeds, budget, data, output_dir, model=model, benchmarks=benchmarks, world_size=nproc_per_node
+    )
     emit_jobs(jobs, emit_dir, nproc_per_node=nproc_per_node, workdir=Path.cwd())
-    context = ReportContext(command=command, budget=budget, data=data, data_seed=data_seed, seeds=list(seeds),
-                            wall_seconds=0.0, machine={}, started=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                            model=model, benchmarks=asdict(benchmarks) if benchmarks else None, ranks=nproc_per_node,
-                            emitted=True)
+    context = ReportContext(
+        command=command,
+        budget=budget,
+        data=data,
+        data_seed=data_seed,
+        seeds=list(seeds),
+        wall_seconds=0.0,
+        machine={},
+        started=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        model=model,
+        benchmarks=asdict(benchmarks) if benchmarks else None,
+        ranks=nproc_per_node,
+        emitted=True,
+    )
     save_comparison(output_dir, variants, context, preregistration)
     return jobs
 
 
-def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional[Preregistration] = None,
-                   pair_across_code: bool = False, labels: Optional[Sequence[str]] = None,
-                   seeds: Optional[Sequence[int]] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
+def rebuild_report(
+    output_dir: Path,
+    results_md: Path,
+    preregistration: Optional[Preregistration] = None,
+    pair_across_code: bool = False,
+    labels: Optional[Sequence[str]] = None,
+    seeds: Optional[Sequence[int]] = None,
+) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Write the report from `output_dir`'s records and comparison.json, training nothing; returns the
     assessed records and the names of the planned runs without a record (listed in the report).
 
@@ -176,10 +258,13 @@ def rebuild_report(output_dir: Path, results_md: Path, preregistration: Optional
     names = [run_name(variant, seed) for seed in context.seeds for variant in variants]
     missing = [name for name in names if not record_file(output_dir, name).is_file()]
     if len(missing) == len(names):
-        raise ValueError(f"{output_dir} has no record of any of its {len(names)} runs yet"
-                         + (f"; run the jobs of {ARRAY_SCRIPT} ({JOBS_LIST} lists them)" if context.emitted else ""))
-    records = [assess_run(json.loads(record_file(output_dir, name).read_text()))
-               for name in names if name not in missing]
+        raise ValueError(
+            f"{output_dir} has no record of any of its {len(names)} runs yet"
+            + (f"; run the jobs of {ARRAY_SCRIPT} ({JOBS_LIST} lists them)" if context.emitted else "")
+        )
+    records = [
+        assess_run(json.loads(record_file(output_dir, name).read_text())) for name in names if name not in missing
+    ]
     if context.emitted:
         context = replace(context, machine=next((r["machine"] for r in records if r.get("machine")), context.machine))
     write_report(records, context, results_md, output_dir, preregistration, missing, pair_across_code)
@@ -197,5 +282,7 @@ def saved_comparison(output_dir: Path) -> Dict[str, Any]:
         raise ValueError(f"no {saved_path}: run the comparison into --output-dir {output_dir} first")
     saved = json.loads(legacy_path.read_text())
     command = saved["context"]["command"]
-    saved["context"]["command"] = command.replace("python -m training.benchmark", "python -m training.loss_comparison", 1)
+    saved["context"]["command"] = command.replace(
+        "python -m training.benchmark", "python -m training.loss_comparison", 1
+    )
     return saved

@@ -27,6 +27,7 @@ reference, on seeds where both runs are ok:
   difference is exactly 0 on every pair, i.e. the variant scored exactly what the reference scored on
   every seed, which is *no effect* (the report says "identical on every pair").
 """
+
 from __future__ import annotations
 
 import math
@@ -86,14 +87,19 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
     chance_loss = val_chance_loss(record)
     chance_recall = 1.0 / record["val_num_samples"]
     mean_recall = (metrics["val/i2t_R@1"] + metrics["val/t2i_R@1"]) / 2
-    if (abs(metrics["val/clip_loss"] - chance_loss) <= criteria.loss_band * chance_loss
-            and mean_recall < criteria.above_chance_factor * chance_recall):
-        reasons.append(f"val CLIP loss {metrics['val/clip_loss']:.3f} within {criteria.loss_band:.0%} of its chance "
-                       f"value {chance_loss:.3f} and val R@1 {mean_recall:.4f} below {criteria.above_chance_factor:g} "
-                       "x chance")
+    if (
+        abs(metrics["val/clip_loss"] - chance_loss) <= criteria.loss_band * chance_loss
+        and mean_recall < criteria.above_chance_factor * chance_recall
+    ):
+        reasons.append(
+            f"val CLIP loss {metrics['val/clip_loss']:.3f} within {criteria.loss_band:.0%} of its chance "
+            f"value {chance_loss:.3f} and val R@1 {mean_recall:.4f} below {criteria.above_chance_factor:g} "
+            "x chance"
+        )
     if mean_recall < criteria.recall_factor * chance_recall:
-        reasons.append(f"val R@1 {mean_recall:.4f} < {criteria.recall_factor:g} x chance "
-                       f"(1/{record['val_num_samples']:g})")
+        reasons.append(
+            f"val R@1 {mean_recall:.4f} < {criteria.recall_factor:g} x chance (1/{record['val_num_samples']:g})"
+        )
     return {**record, "verdict": COLLAPSED if reasons else OK, "reasons": reasons}
 
 
@@ -109,14 +115,14 @@ def val_chance_loss(record: Mapping[str, Any]) -> float:
 @dataclass
 class MetricStats:
     mean: float
-    std: float           # sample standard deviation (n - 1); NaN with one run
+    std: float  # sample standard deviation (n - 1); NaN with one run
     n: int
 
 
 @dataclass
 class VariantSummary:
     label: str
-    verdicts: Dict[str, int]                     # verdict -> number of runs
+    verdicts: Dict[str, int]  # verdict -> number of runs
     metrics: Dict[str, MetricStats] = field(default_factory=dict)
 
     @property
@@ -129,8 +135,7 @@ class VariantSummary:
 
     def runs_text(self) -> str:
         """e.g. `3/3 ok` or `1/3 ok (2 collapsed)`."""
-        flagged = ", ".join(f"{count} {verdict}" for verdict, count in self.verdicts.items()
-                            if verdict != OK and count)
+        flagged = ", ".join(f"{count} {verdict}" for verdict, count in self.verdicts.items() if verdict != OK and count)
         return f"{self.num_ok}/{self.num_runs} ok" + (f" ({flagged})" if flagged else "")
 
 
@@ -170,21 +175,26 @@ def section_keys(summaries: Sequence[VariantSummary], prefix: str | Tuple[str, .
 def tracking_baseline(records: Sequence[Mapping[str, Any]], label: str, baseline: str) -> Optional[float]:
     """The largest |difference| on any metric between `label`'s ok runs and the baseline's of the same
     seed, when both have ok runs for the same seeds (else None): near 0, the loss changed nothing."""
+
     def ok_runs(name: str) -> Dict[int, Mapping[str, float]]:
         return {r["seed"]: r["metrics"] for r in records if r["label"] == name and r["verdict"] == OK}
 
     mine, theirs = ok_runs(label), ok_runs(baseline)
     if not mine or mine.keys() != theirs.keys():
         return None
-    return max(abs(mine[seed][key] - theirs[seed][key]) for seed in mine
-               for key in mine[seed].keys() & theirs[seed].keys() if key != "train/steps")
+    return max(
+        abs(mine[seed][key] - theirs[seed][key])
+        for seed in mine
+        for key in mine[seed].keys() & theirs[seed].keys()
+        if key != "train/steps"
+    )
 
 
 # Metrics compared seed for seed against the reference (the "Paired" section): the secondary tests, every
 # evaluation of the final model (clone selection, clip-benchmark sets, val retrieval).
 PAIRED_PREFIXES = ("clone/", "sel/", "cls/", "ret/", "val/i2t_R@", "val/t2i_R@")
 FAMILY_ALPHA = 0.05  # Holm-Bonferroni's family-wise error rate over the secondary tests
-ZERO_SPREAD = 1e-9   # a paired sd at most this x max(1, |difference|) is zero variance (float rounding)
+ZERO_SPREAD = 1e-9  # a paired sd at most this x max(1, |difference|) is zero variance (float rounding)
 # Differences smaller than this are never reported as findings, however steady: float noise between runs
 # that compute the same thing (a loss whose mechanism never fired) is below it, and the tables show 3 decimals.
 TIE = 5e-4
@@ -254,8 +264,9 @@ class PairedDifference:
         return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
-def paired_ratio(ours: Sequence[float], theirs: Sequence[float], confidence: float = 0.95
-                 ) -> Optional[Tuple[float, float, float]]:
+def paired_ratio(
+    ours: Sequence[float], theirs: Sequence[float], confidence: float = 0.95
+) -> Optional[Tuple[float, float, float]]:
     """The geometric mean of `ours[i] / theirs[i]` over paired measurements (two cases timed in the same
     round of a benchmark) with its interval at `confidence` (paired t on the logarithms): the pairing
     removes the drift both met in a round, which a ratio of two medians keeps. None with fewer than 2 pairs;
@@ -272,13 +283,18 @@ def ratio_text(ratio: Optional[Tuple[float, float, float]]) -> str:
     return "-" if ratio is None else f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
 
 
-def paired_difference(records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
-                      ) -> Optional[PairedDifference]:
+def paired_difference(
+    records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
+) -> Optional[PairedDifference]:
     """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data
     order: the pairing removes the seed-to-seed variance both share); None without any such seed."""
+
     def by_seed(name: str) -> Dict[int, float]:
-        return {r["seed"]: r["metrics"][key] for r in records
-                if r["label"] == name and r["verdict"] == OK and key in r["metrics"]}
+        return {
+            r["seed"]: r["metrics"][key]
+            for r in records
+            if r["label"] == name and r["verdict"] == OK and key in r["metrics"]
+        }
 
     mine, theirs = by_seed(label), by_seed(reference)
     differences = tuple(mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys()))
@@ -288,6 +304,7 @@ def paired_difference(records: Sequence[Mapping[str, Any]], label: str, referenc
 def paired_codes(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
     """(seed, code of `label`'s run, code of `reference`'s run) of every pair where both runs are ok: what each
     pair ran (`training.trainer.run_folder.provenance.code_version`; `unknown` for records written before runs kept it)."""
+
     def by_seed(name: str) -> Dict[int, str]:
         return {r["seed"]: r.get("code") or "unknown" for r in records if r["label"] == name and r["verdict"] == OK}
 
@@ -298,16 +315,24 @@ def paired_codes(records: Sequence[Mapping[str, Any]], label: str, reference: st
 def check_same_code(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str) -> None:
     """ValueError naming the pairs whose two runs ran different (or unknown) code: a paired difference is then
     not only the loss's."""
-    mixed = [f"{label} seed {seed} ({mine}) vs {reference} ({theirs})" for label in labels if label != reference
-             for seed, mine, theirs in paired_codes(records, label, reference)
-             if mine != theirs or mine.startswith("unknown")]
+    mixed = [
+        f"{label} seed {seed} ({mine}) vs {reference} ({theirs})"
+        for label in labels
+        if label != reference
+        for seed, mine, theirs in paired_codes(records, label, reference)
+        if mine != theirs or mine.startswith("unknown")
+    ]
     if mixed:
-        raise ValueError(f"{len(mixed)} pair(s) ran different or unknown code, e.g. {'; '.join(mixed[:3])}: rerun "
-                         "them from one commit, or pass --pair-across-code to pair them anyway (the report then "
-                         "prints each pair's code)")
+        raise ValueError(
+            f"{len(mixed)} pair(s) ran different or unknown code, e.g. {'; '.join(mixed[:3])}: rerun "
+            "them from one commit, or pass --pair-across-code to pair them anyway (the report then "
+            "prints each pair's code)"
+        )
 
 
-def pairs_needed(difference: PairedDifference, margin: float, power: float = 0.8) -> Tuple[Optional[int], Optional[int]]:
+def pairs_needed(
+    difference: PairedDifference, margin: float, power: float = 0.8
+) -> Tuple[Optional[int], Optional[int]]:
     """(pairs to detect the observed mean difference, pairs to show equivalence within ±margin), each with
     `power` at the decision rule's levels (two-sided 5%; TOST at 5%), from the observed spread of the
     differences; None where the observation cannot get there (a zero mean to detect, a mean outside the margin
@@ -325,12 +350,15 @@ def pairs_needed(difference: PairedDifference, margin: float, power: float = 0.8
                 return n
         return None
 
-    return (smallest(abs(difference.mean), 0.025, 1 - power),
-            smallest(margin - abs(difference.mean), 0.05, (1 - power) / 2))
+    return (
+        smallest(abs(difference.mean), 0.025, 1 - power),
+        smallest(margin - abs(difference.mean), 0.05, (1 - power) / 2),
+    )
 
 
-def primary_verdict(difference: Optional[PairedDifference], margin: float, beyond_margin: bool = False
-                    ) -> Tuple[str, str]:
+def primary_verdict(
+    difference: Optional[PairedDifference], margin: float, beyond_margin: bool = False
+) -> Tuple[str, str]:
     """(verdict, why) on the primary endpoint: helps, hurts, no effect or inconclusive (module docstring);
     `beyond_margin`: helps and hurts need the 95% interval outside ±margin, not only outside 0."""
     if difference is None or difference.n < 2:
@@ -376,17 +404,23 @@ def holm(p_values: Sequence[float], alpha: float = FAMILY_ALPHA) -> Tuple[List[f
 @dataclass(frozen=True)
 class SecondaryTest:
     difference: PairedDifference
-    p_value: Optional[float]     # raw two-sided paired t; None when not testable (then p = 1 in the family)
-    adjusted: float              # Holm-adjusted over the family
-    significant: bool            # Holm-rejected and at least TIE in size
+    p_value: Optional[float]  # raw two-sided paired t; None when not testable (then p = 1 in the family)
+    adjusted: float  # Holm-adjusted over the family
+    significant: bool  # Holm-rejected and at least TIE in size
 
 
-def secondary_tests(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str,
-                    keys: Sequence[str]) -> Dict[str, Dict[str, SecondaryTest]]:
+def secondary_tests(
+    records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, keys: Sequence[str]
+) -> Dict[str, Dict[str, SecondaryTest]]:
     """variant -> metric -> its test against `reference`, Holm-corrected over every (variant, metric) cell
     with at least one pair; labels other than the reference."""
-    cells = [(label, key, difference) for label in labels if label != reference for key in keys
-             if (difference := paired_difference(records, label, reference, key)) is not None]
+    cells = [
+        (label, key, difference)
+        for label in labels
+        if label != reference
+        for key in keys
+        if (difference := paired_difference(records, label, reference, key)) is not None
+    ]
     raw = [difference.p_value for _, _, difference in cells]
     adjusted, rejected = holm([1.0 if p is None else p for p in raw])
     tests: Dict[str, Dict[str, SecondaryTest]] = {label: {} for label in labels if label != reference}
@@ -397,5 +431,9 @@ def secondary_tests(records: Sequence[Mapping[str, Any]], labels: Sequence[str],
 
 def with_endpoint(records: Sequence[Mapping[str, Any]], metrics: Sequence[str], key: str) -> List[Dict[str, Any]]:
     """The records with `key` = the mean of `metrics` added, where a run has all of them."""
-    return [{**record, "metrics": {**record["metrics"], key: statistics.fmean(record["metrics"][m] for m in metrics)}}
-            if all(m in record["metrics"] for m in metrics) else dict(record) for record in records]
+    return [
+        {**record, "metrics": {**record["metrics"], key: statistics.fmean(record["metrics"][m] for m in metrics)}}
+        if all(m in record["metrics"] for m in metrics)
+        else dict(record)
+        for record in records
+    ]

@@ -7,6 +7,7 @@ literal`. Several variants are joined with commas (`clip,adacl:mode=literal,eps=
 from the loss's `Options` declaration: a variant is validated by building it. A loss that
 `needs_sample_index` gets the training data's key range as its `data_size` automatically.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,7 +48,9 @@ class LossVariant:
             options.setdefault("data_size", str(data_size))
         for key, value in options.items():
             option = specs[key]
-            values[loss_option_dest(self.loss, option)] = parse_bool(value) if option.type is bool else option.type(value)
+            values[loss_option_dest(self.loss, option)] = (
+                parse_bool(value) if option.type is bool else option.type(value)
+            )
         return values
 
 
@@ -88,9 +91,11 @@ def check_option(loss: str, options: Dict[str, LossOption], item: str) -> Tuple[
         value = key
         owners = [option.name for option in options.values() if option.choices and value in option.choices]
         if len(owners) != 1:
-            raise ValueError(f"{loss}:{value}: {'no' if not owners else 'more than one'} option of {loss!r} has "
-                             f"the choice {value!r}; write {loss}:<option>={value} "
-                             f"(options: {', '.join(options) or 'none'})")
+            raise ValueError(
+                f"{loss}:{value}: {'no' if not owners else 'more than one'} option of {loss!r} has "
+                f"the choice {value!r}; write {loss}:<option>={value} "
+                f"(options: {', '.join(options) or 'none'})"
+            )
         key = owners[0]
     key = key.replace("-", "_")
     if key not in options:

@@ -14,12 +14,26 @@
 The names below are the public API. Depends on the trainer (`families` reads its loader) and
 never the other way round.
 """
+
 from .captions import caption, paraphrases, pseudo_caption
 from .edits import EDIT_TYPES, edit_caption, sample_family
 from .rendering import render
 from .scenes import Description, ObjectSpec, Scene, SceneConfig, sample_scene
 from .writers import DemoDataset, write_demo_dataset
 
-__all__ = ["EDIT_TYPES", "DemoDataset", "Description", "ObjectSpec", "Scene", "SceneConfig", "caption",
-           "edit_caption", "paraphrases", "pseudo_caption", "render", "sample_family", "sample_scene",
-           "write_demo_dataset"]
+__all__ = [
+    "EDIT_TYPES",
+    "DemoDataset",
+    "Description",
+    "ObjectSpec",
+    "Scene",
+    "SceneConfig",
+    "caption",
+    "edit_caption",
+    "paraphrases",
+    "pseudo_caption",
+    "render",
+    "sample_family",
+    "sample_scene",
+    "write_demo_dataset",
+]

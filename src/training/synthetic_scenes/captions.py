@@ -6,6 +6,7 @@ captions. Each sample also carries a *pseudo* caption from a generic captioner (
 for the paper's pseudo-caption setting: siblings that differ in a size or the relation share it
 exactly. `caption_likeness` measures this for the manifest (docs/data.md).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -62,8 +63,9 @@ def pseudo_caption(description: Description) -> str:
     captions' own, so a model trained on it can be evaluated on gold captions. The manifest measures
     how alike it makes a family's captions (`caption_likeness`; docs/data.md).
     """
-    return " and ".join(f"{'an' if spec.color[0] in 'aeiou' else 'a'} {spec.color} {spec.shape}"
-                        for spec in description.objects)
+    return " and ".join(
+        f"{'an' if spec.color[0] in 'aeiou' else 'a'} {spec.color} {spec.shape}" for spec in description.objects
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +117,11 @@ def caption_likeness(scenes: Sequence[tuple[int, str | None, Scene]]) -> dict[st
         by_family: dict[int, list[str]] = {}
         for family, text in zip(families, texts):
             by_family.setdefault(family, []).append(text)
-        edited = [(edit, word_edit_distance(by_family[family][0], text))
-                  for (family, edit, _), text in zip(scenes, texts) if edit is not None]
+        edited = [
+            (edit, word_edit_distance(by_family[family][0], text))
+            for (family, edit, _), text in zip(scenes, texts)
+            if edit is not None
+        ]
         distances = [distance for _, distance in edited]
         by_edit: dict[str, list[int]] = {}
         for edit, distance in edited:

@@ -8,6 +8,7 @@ next to each other; `--train-group-size` keeps them together through the shuffle
 batch holds whole families of captions one attribute apart (docs/data.md; how many siblings a
 batch really holds: `training.synthetic_scenes.families`).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,8 +17,19 @@ from typing import Iterator
 import numpy as np
 
 from .captions import caption
-from .scenes import (COLORS, OPPOSITE_RELATION, SHAPES, SIZES, Description, Scene, SceneConfig, could_hold,
-                     description_allowed, place_objects, sample_scene)
+from .scenes import (
+    COLORS,
+    OPPOSITE_RELATION,
+    SHAPES,
+    SIZES,
+    Description,
+    Scene,
+    SceneConfig,
+    could_hold,
+    description_allowed,
+    place_objects,
+    sample_scene,
+)
 
 EDIT_TYPES = ("color", "shape", "size", "relation")
 
@@ -67,7 +79,7 @@ def family_edit(base: Description, sibling: Description) -> str | None:
         return None
     if base.relation != sibling.relation or set(base.objects) == set(sibling.objects):
         return "relation"  # reversed, or the first two objects swapped
-    (old, new), = [(a, b) for a, b in zip(base.objects, sibling.objects) if a != b]
+    ((old, new),) = [(a, b) for a, b in zip(base.objects, sibling.objects) if a != b]
     (edit,) = [name for name in ("size", "color", "shape") if getattr(old, name) != getattr(new, name)]
     return edit
 
@@ -87,8 +99,11 @@ def sample_family(rng: np.random.Generator, config: SceneConfig) -> list[Scene]:
         edit_type = str(rng.choice(edit_types))
         clone = edit_description(base, edit_type, rng)
         distinct_shapes = len({spec.shape for spec in clone.objects}) == len(clone.objects)
-        if (not distinct_shapes or not description_allowed(clone, config.combinations)
-                or any(member.description == clone for member in family)):
+        if (
+            not distinct_shapes
+            or not description_allowed(clone, config.combinations)
+            or any(member.description == clone for member in family)
+        ):
             continue
         sibling = place_objects(clone, rng, config)
         if sibling is not None:

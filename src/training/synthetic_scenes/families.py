@@ -6,6 +6,7 @@ family: for a contrastive loss they are the hardest negatives (clone negatives).
 buffer scatters families unless the trainer keeps runs of consecutive samples together
 (`--train-group-size`, docs/data.md); `measure_siblings` says what a configuration gives.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,11 @@ def read_families(train_data: str, family_field: str = "family") -> dict[int, in
         for sample in read_shard(url, SkipCounter()):
             meta = json.loads(sample.get("json", b"{}"))
             if family_field not in meta:
-                raise ValueError(f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
-                                 "the json field that holds the family id, or write the data in families "
-                                 "(python -m training.synthetic_scenes --family-size)")
+                raise ValueError(
+                    f"sample {sample['__key__']} of {url} has no {family_field!r} in its json: name "
+                    "the json field that holds the family id, or write the data in families "
+                    "(python -m training.synthetic_scenes --family-size)"
+                )
             families[sample_index_of(sample)] = meta[family_field]
     return families
 
@@ -63,8 +66,13 @@ def count_siblings(batches: Iterable[torch.Tensor], families: Mapping[int, int],
     if not num_batches:
         raise ValueError("no batches to count siblings in")
     per_row = sibling_pairs / rows
-    return SiblingStats(batch_size=batch_size, group_size=group_size, num_batches=num_batches,
-                        siblings_per_row=per_row, sibling_fraction=per_row / max(1, batch_size - 1))
+    return SiblingStats(
+        batch_size=batch_size,
+        group_size=group_size,
+        num_batches=num_batches,
+        siblings_per_row=per_row,
+        sibling_fraction=per_row / max(1, batch_size - 1),
+    )
 
 
 def measure_siblings(cfg: DataConfig, *, epochs: int = 1, family_field: str = "family") -> SiblingStats:

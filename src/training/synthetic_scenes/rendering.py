@@ -1,4 +1,5 @@
 """Rendering a scene to pixels (deterministic: the noise has its own seed in the scene)."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -23,8 +24,9 @@ def render(scene: Scene) -> Image.Image:
     layer = Image.new("RGBA", (size * scale, size * scale))
     draw = ImageDraw.Draw(layer)
     for placed in scene.objects:
-        _draw_shape(draw, placed.spec.shape, placed.x * scale, placed.y * scale, placed.radius * scale,
-                    (*placed.rgb, 255))
+        _draw_shape(
+            draw, placed.spec.shape, placed.x * scale, placed.y * scale, placed.radius * scale, (*placed.rgb, 255)
+        )
     shapes = np.asarray(layer.resize((size, size), Image.Resampling.BOX), dtype=np.float64)
     alpha = shapes[:, :, 3:] / 255
     noise = np.random.default_rng(scene.noise_seed).normal(0.0, scene.noise_std, (size, size, 3))

@@ -11,6 +11,7 @@ image (`could_hold`).
 Sampling draws only from the `numpy.random.Generator` it is given, so the same seed gives the same
 scenes (`training.synthetic_scenes.writers` gives each family and scene its own generator).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -162,15 +163,19 @@ def _assignments(scene: Scene, description: Description) -> Iterator[tuple[Place
 def holds(scene: Scene, description: Description) -> bool:
     """True when the description clearly describes the image: matching objects exist and the first
     one's extent is clear of every other one's along the relation's axis."""
-    return any(all(_axis_gap(first, other, description.relation)[1] > 0 for other in others)
-               for first, *others in _assignments(scene, description))
+    return any(
+        all(_axis_gap(first, other, description.relation)[1] > 0 for other in others)
+        for first, *others in _assignments(scene, description)
+    )
 
 
 def could_hold(scene: Scene, description: Description) -> bool:
     """True unless the description is clearly false: no objects match, or for every match some
     other object's centre lies on the wrong side of the first one's. Clones must make this False."""
-    return any(all(_axis_gap(first, other, description.relation)[0] > 0 for other in others)
-               for first, *others in _assignments(scene, description))
+    return any(
+        all(_axis_gap(first, other, description.relation)[0] > 0 for other in others)
+        for first, *others in _assignments(scene, description)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,8 +187,13 @@ def sample_description(rng: np.random.Generator, config: SceneConfig) -> Descrip
     num_objects = 3 if rng.random() < config.three_object_prob else 2
     shapes = rng.choice(SHAPES, size=num_objects, replace=False)
     objects = tuple(
-        ObjectSpec(size=str(rng.choice(SIZES)), shape=str(shape), color=str(rng.choice(
-            [color for color in COLORS if combination_allowed(color, str(shape), config.combinations)])))
+        ObjectSpec(
+            size=str(rng.choice(SIZES)),
+            shape=str(shape),
+            color=str(
+                rng.choice([color for color in COLORS if combination_allowed(color, str(shape), config.combinations)])
+            ),
+        )
         for shape in shapes
     )
     return Description(objects=objects, relation=str(rng.choice(RELATIONS)))
@@ -198,8 +208,10 @@ def place_objects(description: Description, rng: np.random.Generator, config: Sc
     """
     size = config.image_size
     gap = size / 32  # one pixel at 32 px
-    bounds = np.array([config.small_radius if spec.size == "small" else config.large_radius
-                       for spec in description.objects]) * size
+    bounds = (
+        np.array([config.small_radius if spec.size == "small" else config.large_radius for spec in description.objects])
+        * size
+    )
     for _ in range(_PLACEMENT_ROUNDS):
         radius = rng.uniform(bounds[:, 0], bounds[:, 1], size=(_PLACEMENT_BATCH, len(bounds)))
         low = radius + gap
@@ -216,13 +228,19 @@ def place_objects(description: Description, rng: np.random.Generator, config: Sc
     return None
 
 
-def _scene_from_layout(description: Description, centre: np.ndarray, radius: np.ndarray,
-                       rng: np.random.Generator, config: SceneConfig) -> Scene:
+def _scene_from_layout(
+    description: Description, centre: np.ndarray, radius: np.ndarray, rng: np.random.Generator, config: SceneConfig
+) -> Scene:
     """Add jittered colours and a random background to a valid layout."""
     jitter = rng.integers(-18, 19, size=(len(radius), 3))
     placed = tuple(
-        PlacedObject(spec, float(x), float(y), float(r),
-                     tuple(int(c) for c in np.clip(np.array(COLORS[spec.color]) + shift, 0, 255)))
+        PlacedObject(
+            spec,
+            float(x),
+            float(y),
+            float(r),
+            tuple(int(c) for c in np.clip(np.array(COLORS[spec.color]) + shift, 0, 255)),
+        )
         for spec, (x, y), r, shift in zip(description.objects, centre, radius, jitter)
     )
     return Scene(

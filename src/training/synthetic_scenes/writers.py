@@ -34,6 +34,7 @@ On-disk layout written by `write_demo_dataset(output_dir)`:
 
 Use: `clip_benchmark eval --dataset wds/scenes_shape --dataset_root DIR/benchmark/scenes_shape ...`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -49,8 +50,17 @@ from training.trainer.data.shard_writer import encode_png, json_bytes, write_sha
 from .captions import CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases, pseudo_caption
 from .edits import EDIT_TYPES, edit_caption, family_edit, sample_family
 from .rendering import render
-from .scenes import (COLORS, RELATIONS, SHAPES, Description, ObjectSpec, Scene, SceneConfig, description_allowed,
-                     place_objects)
+from .scenes import (
+    COLORS,
+    RELATIONS,
+    SHAPES,
+    Description,
+    ObjectSpec,
+    Scene,
+    SceneConfig,
+    description_allowed,
+    place_objects,
+)
 
 BENCHMARK_DATASETS = ("scenes_shape", "scenes_color", "scenes_retrieval")
 
@@ -72,17 +82,16 @@ class DemoDataset:
 
 
 def write_demo_dataset(
-        output_dir: str | Path,
-        *,
-        seed: int = 0,
-        num_train: int = 4096,
-        num_val: int = 512,
-        num_test: int = 512,
-        shard_size: int = 512,
-        image_size: int = 32,
-        config: SceneConfig | None = None,
-        family_size: int | None = None,
-
+    output_dir: str | Path,
+    *,
+    seed: int = 0,
+    num_train: int = 4096,
+    num_val: int = 512,
+    num_test: int = 512,
+    shard_size: int = 512,
+    image_size: int = 32,
+    config: SceneConfig | None = None,
+    family_size: int | None = None,
 ) -> DemoDataset:
     """Write the train/val/test shards, the clip-benchmark sets and the clone-selection set.
 
@@ -108,10 +117,12 @@ def write_demo_dataset(
 
     test_scenes = [scene for _, _, scene in split_scenes["test"]]
     benchmark = {
-        "scenes_shape": _write_classification_set(root / "benchmark", "scenes_shape", "shape", seed, num_test,
-                                                  shard_size, config),
-        "scenes_color": _write_classification_set(root / "benchmark", "scenes_color", "color", seed, num_test,
-                                                  shard_size, config),
+        "scenes_shape": _write_classification_set(
+            root / "benchmark", "scenes_shape", "shape", seed, num_test, shard_size, config
+        ),
+        "scenes_color": _write_classification_set(
+            root / "benchmark", "scenes_color", "color", seed, num_test, shard_size, config
+        ),
         "scenes_retrieval": _write_retrieval_set(root / "benchmark" / "scenes_retrieval", test_scenes, shard_size),
     }
     clone_records = _clone_records(test_scenes, seed, first_key["test"])
@@ -120,9 +131,10 @@ def write_demo_dataset(
     manifest = {
         "seed": seed,
         "scene_config": asdict(config),
-        "splits": {split: {"data": patterns[split], "num_samples": count,
-                           "keys": [first_key[split], first_key[split] + count]}
-                   for split, count in split_sizes.items()},
+        "splits": {
+            split: {"data": patterns[split], "num_samples": count, "keys": [first_key[split], first_key[split] + count]}
+            for split, count in split_sizes.items()
+        },
         "benchmark": {name: str(path.relative_to(root)) for name, path in benchmark.items()},
         "clone_selection": "clone_selection",
         "edit_types": list(EDIT_TYPES),
@@ -141,8 +153,7 @@ def write_demo_dataset(
     )
 
 
-def _split_scenes(seed: int, split: str, count: int,
-                  config: SceneConfig) -> Iterator[tuple[int, str | None, Scene]]:
+def _split_scenes(seed: int, split: str, count: int, config: SceneConfig) -> Iterator[tuple[int, str | None, Scene]]:
     """(family index, edit from the family's base or None, scene) for the first `count` scenes of a
     split, each family from its own rng."""
     scenes = (
@@ -173,8 +184,14 @@ def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key:
             "facts": facts(scene.description),
             "scene": _scene_json(scene),
         }
-        yield {"__key__": meta["key"], "png": encode_png(render(scene)), "txt": text.encode(),
-               "txt_alt": alternative.encode(), PSEUDO_CAPTION_KEY: pseudo.encode(), "json": json_bytes(meta)}
+        yield {
+            "__key__": meta["key"],
+            "png": encode_png(render(scene)),
+            "txt": text.encode(),
+            "txt_alt": alternative.encode(),
+            PSEUDO_CAPTION_KEY: pseudo.encode(),
+            "json": json_bytes(meta),
+        }
 
 
 def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:
@@ -195,8 +212,11 @@ def _dominant_object_scene(rng: np.random.Generator, config: SceneConfig, attrib
         main = ObjectSpec(size="large", color=str(color), shape=str(shape))
         main = replace(main, **{attribute: value})
         distractor = ObjectSpec(size="small", color=str(other_color), shape=str(other_shape))
-        if (distractor.shape == main.shape or distractor.color == main.color
-                or not description_allowed(Description((main, distractor), RELATIONS[0]), config.combinations)):
+        if (
+            distractor.shape == main.shape
+            or distractor.color == main.color
+            or not description_allowed(Description((main, distractor), RELATIONS[0]), config.combinations)
+        ):
             continue
         order = (main, distractor) if rng.random() < 0.5 else (distractor, main)
         scene = place_objects(Description(order, str(rng.choice(RELATIONS))), rng, config)
@@ -204,8 +224,9 @@ def _dominant_object_scene(rng: np.random.Generator, config: SceneConfig, attrib
             return scene
 
 
-def _write_classification_set(benchmark_dir: Path, name: str, attribute: str, seed: int, count: int,
-                              shard_size: int, config: SceneConfig) -> Path:
+def _write_classification_set(
+    benchmark_dir: Path, name: str, attribute: str, seed: int, count: int, shard_size: int, config: SceneConfig
+) -> Path:
     """clip-benchmark wds classification set: classify the large object's shape (or colour)."""
     classes = list(SHAPES) if attribute == "shape" else list(COLORS)
     if attribute == "shape":  # one template per colour, averaged by the zero-shot classifier
@@ -216,8 +237,9 @@ def _write_classification_set(benchmark_dir: Path, name: str, attribute: str, se
     def records() -> Iterator[dict]:
         for index in range(count):
             label = index % len(classes)
-            scene = _dominant_object_scene(np.random.default_rng([seed, _STREAMS[name], index]), config,
-                                           attribute, classes[label])
+            scene = _dominant_object_scene(
+                np.random.default_rng([seed, _STREAMS[name], index]), config, attribute, classes[label]
+            )
             yield {"__key__": f"{index:06d}", "png": encode_png(render(scene)), "cls": str(label).encode()}
 
     root = benchmark_dir / name
@@ -230,8 +252,11 @@ def _write_classification_set(benchmark_dir: Path, name: str, attribute: str, se
 def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Path:
     """clip-benchmark wds retrieval set: each test image with its three true captions."""
     records = (
-        {"__key__": f"{index:06d}", "png": encode_png(render(scene)),
-         "txt": "\n".join([caption(scene.description), *paraphrases(scene.description)]).encode()}
+        {
+            "__key__": f"{index:06d}",
+            "png": encode_png(render(scene)),
+            "txt": "\n".join([caption(scene.description), *paraphrases(scene.description)]).encode(),
+        }
         for index, scene in enumerate(scenes)
     )
     write_shards(root / "test", records, shard_size, "{}.tar", with_nshards=True)
@@ -242,6 +267,8 @@ def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Pa
 def _scene_json(scene: Scene) -> dict:
     return {
         "relation": scene.description.relation,
-        "objects": [{**asdict(placed.spec), "x": round(placed.x, 3), "y": round(placed.y, 3),
-                     "radius": round(placed.radius, 3)} for placed in scene.objects],
+        "objects": [
+            {**asdict(placed.spec), "x": round(placed.x, 3), "y": round(placed.y, 3), "radius": round(placed.radius, 3)}
+            for placed in scene.objects
+        ],
     }

@@ -9,6 +9,7 @@ DDP wrapping is ours: OpenCLIP passes `device_ids=[device]`, which DDP rejects f
 Ours too: `--dist-timeout` for the rendezvous and collectives, a one-line error when announced ranks never
 arrive, and workers of a torchrun agent that never outlive it (parent-death signal).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,7 +105,10 @@ def init_distributed(
     try:
         with _process_group_timeout(timeout_s):
             info = init_distributed_device_so(
-                device=device, dist_backend=dist_backend, dist_url=dist_url, no_set_device_rank=no_set_device_rank,
+                device=device,
+                dist_backend=dist_backend,
+                dist_url=dist_url,
+                no_set_device_rank=no_set_device_rank,
             )
     except dist.DistStoreError as error:  # the TCP store gave up waiting for the other ranks
         raise DistributedStartError(missing_ranks_message(error, timeout_s)) from None
@@ -138,10 +142,12 @@ def missing_ranks_message(error: Exception, timeout_s: Optional[float]) -> str:
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "?")
     waited = f"--dist-timeout {timeout_s:g} s" if timeout_s is not None else "torch's default timeout"
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (f"rank {rank} of {announced} ({launcher}={announced}): the other ranks did not join the rendezvous at "
-            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} within {waited} ({reason}); "
-            "start every rank (srun inside an allocation, or torchrun), or unset the SLURM_* variables to train "
-            "in one process")
+    return (
+        f"rank {rank} of {announced} ({launcher}={announced}): the other ranks did not join the rendezvous at "
+        f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} within {waited} ({reason}); "
+        "start every rank (srun inside an allocation, or torchrun), or unset the SLURM_* variables to train "
+        "in one process"
+    )
 
 
 def failed_collective(error: BaseException) -> Optional[str]:
@@ -165,8 +171,9 @@ def exit_with_torchrun_agent() -> None:
     # getppid() == 1 would misfire where torchrun itself is a container's process 1.)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-        logging.warning(f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): this worker would outlive "
-                        "a killed torchrun")
+        logging.warning(
+            f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): this worker would outlive a killed torchrun"
+        )
 
 
 def resolved_device_type(device: str) -> str:
@@ -184,12 +191,15 @@ def unavailable_device(device: str) -> Optional[str]:
     available, known = is_device_available(device_type)
     if not known or available:
         return None
-    return (f"--device {device}: no {device_type} device is available on this machine; pass --device cpu to train on "
-            "the CPU, or leave --device out to use a GPU when there is one")
+    return (
+        f"--device {device}: no {device_type} device is available on this machine; pass --device cpu to train on "
+        "the CPU, or leave --device out to use a GPU when there is one"
+    )
 
 
-def wrap_ddp(model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool = False,
-             sync_batchnorm: bool = False) -> torch.nn.Module:
+def wrap_ddp(
+    model: torch.nn.Module, env: DistributedEnv, *, static_graph: bool = False, sync_batchnorm: bool = False
+) -> torch.nn.Module:
     """DistributedDataParallel for several ranks (no device_ids on CPU); the model itself otherwise."""
     if not env.distributed:
         return model

@@ -9,6 +9,7 @@ checks its own values in `check()` (raising `ConfigError`), `RunConfig.check` th
 `help` and `choices` may be callables, evaluated when the parser is built, so that what a registry
 holds at that moment (losses, LR schedules, dataset types) is what `--help` lists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ _SAME_AS_FLAG = object()  # field_default not given: the dataclass default is th
 
 
 # What a flag's value fixes that a resumed run must keep (training.trainer.launch.resume checks them):
-SAMPLE_ORDER = "sample_order"   # with the world size, which samples each batch of an epoch holds
-MODEL_SHAPE = "model_shape"     # the shapes of the weights
+SAMPLE_ORDER = "sample_order"  # with the world size, which samples each batch of an epoch holds
+MODEL_SHAPE = "model_shape"  # the shapes of the weights
 RESUME_ROLES = (SAMPLE_ORDER, MODEL_SHAPE)
 
 
@@ -71,9 +72,9 @@ class _Reference:
 class Flag:
     """One declared flag: where it lives (`owner`.`field`) and how argparse reads it."""
 
-    flag: str                   # --batch-size
-    dest: str                   # batch_size: the namespace attribute and params.txt name
-    owner: str                  # the declaring config class
+    flag: str  # --batch-size
+    dest: str  # batch_size: the namespace attribute and params.txt name
+    owner: str  # the declaring config class
     field: str
     group: str
     declaration: _Declaration
@@ -120,12 +121,21 @@ class Flag:
             raise ConfigError(f"{self.flag} {value}: {error}") from None
 
 
-def flag(default: Any, help: Union[str, Callable[[], str]], *, name: Optional[str] = None,
-         type: Optional[Callable[[str], Any]] = None,
-         choices: Union[None, Sequence[Any], Callable[[], Sequence[Any]]] = None, nargs: Optional[str] = None,
-         action: Union[None, str, type] = None, metavar: Optional[str] = None, group: Optional[str] = None,
-         convert: Optional[Callable[[Any], Any]] = None, field_default: Any = _SAME_AS_FLAG,
-         resume: Optional[str] = None):
+def flag(
+    default: Any,
+    help: Union[str, Callable[[], str]],
+    *,
+    name: Optional[str] = None,
+    type: Optional[Callable[[str], Any]] = None,
+    choices: Union[None, Sequence[Any], Callable[[], Sequence[Any]]] = None,
+    nargs: Optional[str] = None,
+    action: Union[None, str, type] = None,
+    metavar: Optional[str] = None,
+    group: Optional[str] = None,
+    convert: Optional[Callable[[Any], Any]] = None,
+    field_default: Any = _SAME_AS_FLAG,
+    resume: Optional[str] = None,
+):
     """A config field that declares a flag: its default, help, and what argparse needs beyond the field's
     annotation (a bool field is a store_true flag; an int, float or str field, optional or not, reads that
     type). `name` defaults to `--<field name with dashes>`; `group` to the class's `FLAG_GROUP`; `convert`
@@ -170,8 +180,9 @@ def check_component_options(kind: str, name: str, options: type) -> None:
         raise TypeError(f"{kind} {name!r}: its Options must be a @dataclass(frozen=True)")
     plain = [f.name for f in dataclasses.fields(options) if _DECLARED not in f.metadata]
     if plain:
-        raise TypeError(f"{kind} {name!r}: declare {', '.join(plain)} with flag(default, help) (a component's options "
-                        f"are flags)")
+        raise TypeError(
+            f"{kind} {name!r}: declare {', '.join(plain)} with flag(default, help) (a component's options are flags)"
+        )
     if dataclasses.fields(options) and getattr(options, "FLAG_GROUP", None) not in HelpGroup.ORDER:
         raise TypeError(f"{kind} {name!r}: its Options needs FLAG_GROUP, one of {HelpGroup.ORDER}")
 
@@ -194,19 +205,25 @@ def declared_flags(configs: Sequence[type]) -> Dict[str, Flag]:
             dest = _dest(option)
             if dest in flags:
                 first = flags[dest]
-                raise TypeError(f"{option} is declared by both {first.owner}.{first.field} and {cls.__name__}.{f.name}; "
-                                f"declare it once and give the other field from_flag({dest!r})")
+                raise TypeError(
+                    f"{option} is declared by both {first.owner}.{first.field} and {cls.__name__}.{f.name}; "
+                    f"declare it once and give the other field from_flag({dest!r})"
+                )
             group = declaration.group or getattr(cls, "FLAG_GROUP", None)
             if group not in HelpGroup.ORDER:
-                raise TypeError(f"{cls.__name__}.{f.name}: {option} needs a help group (FLAG_GROUP or group=), "
-                                f"one of {HelpGroup.ORDER}; got {group!r}")
+                raise TypeError(
+                    f"{cls.__name__}.{f.name}: {option} needs a help group (FLAG_GROUP or group=), "
+                    f"one of {HelpGroup.ORDER}; got {group!r}"
+                )
             flags[dest] = Flag(option, dest, cls.__name__, f.name, group, _with_argparse_type(cls, f, declaration))
     for cls in configs:
         for f in dataclasses.fields(cls):
             reference = f.metadata.get(_REFERENCED)
             if reference is not None and reference.dest not in flags:
-                raise TypeError(f"{cls.__name__}.{f.name} takes from_flag({reference.dest!r}), but no config "
-                                f"declares --{reference.dest.replace('_', '-')}")
+                raise TypeError(
+                    f"{cls.__name__}.{f.name} takes from_flag({reference.dest!r}), but no config "
+                    f"declares --{reference.dest.replace('_', '-')}"
+                )
     return flags
 
 
@@ -230,8 +247,10 @@ def _with_argparse_type(cls: type, f: dataclasses.Field, declaration: _Declarati
         return dataclasses.replace(declaration, action="store_true")
     if plain in (int, float, str):
         return dataclasses.replace(declaration, type=plain)
-    raise TypeError(f"{cls.__name__}.{f.name}: give flag(..., type=...) or action=; the annotation {hint} "
-                    f"does not say how to read it")
+    raise TypeError(
+        f"{cls.__name__}.{f.name}: give flag(..., type=...) or action=; the annotation {hint} "
+        f"does not say how to read it"
+    )
 
 
 def config_from_args(cls: type, args: argparse.Namespace, flags: Dict[str, Flag], **derived: Any):

@@ -12,6 +12,7 @@ Ctrl-C (SIGINT) and a closed terminal (SIGHUP) stop the run the same way, whatev
 never requeue it: they are a person's stop, not the cluster's. The first Ctrl-C says so in one line on stderr; a
 second one quits at once (the signal's default action), losing the steps since the last checkpoint.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,23 +26,28 @@ from typing import Iterator, Optional, Sequence, Tuple
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): stopped early, to be continued
 DEFAULT_PREEMPT_SIGNALS = "TERM,USR1"
 INTERACTIVE_STOP_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: stopped, not requeued
-_CTRL_C_LINE = (b"Ctrl-C: the run stops after this step with a checkpoint (status 75; --resume latest continues); "
-                b"press Ctrl-C again to quit at once, losing the steps since the last checkpoint\n")
+_CTRL_C_LINE = (
+    b"Ctrl-C: the run stops after this step with a checkpoint (status 75; --resume latest continues); "
+    b"press Ctrl-C again to quit at once, losing the steps since the last checkpoint\n"
+)
 _REQUEUE_TIMEOUT_S = 60
 _early_signals: list = []  # preemption signals received before the run's handler took over
 _watching_flags: list = []  # the PreemptionFlags handling signals now (`PreemptionFlag.watching`)
 
 
 def parse_preempt_signals(text: str) -> Tuple[signal.Signals, ...]:
-    """"TERM,USR1" (names with or without SIG, or numbers) -> the signals; "none" -> (). ValueError
+    """ "TERM,USR1" (names with or without SIG, or numbers) -> the signals; "none" -> (). ValueError
     names an unknown one."""
     if text.strip().lower() == "none":
         return ()
     signals = []
     for name in (part.strip() for part in text.split(",") if part.strip()):
         try:
-            signals.append(signal.Signals(int(name)) if name.isdigit()
-                           else signal.Signals["SIG" + name.upper().removeprefix("SIG")])
+            signals.append(
+                signal.Signals(int(name))
+                if name.isdigit()
+                else signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+            )
         except (KeyError, ValueError):
             raise ValueError(f"unknown signal {name!r}; use names such as TERM,USR1 (or none)") from None
     if signal.SIGKILL in signals or signal.SIGSTOP in signals:
@@ -133,13 +139,16 @@ def requeue_slurm_job(enabled: bool) -> str:
     if not job_id:
         return "not requeued (--slurm-requeue, but SLURM_JOB_ID is not set: not a SLURM job)"
     try:
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                                timeout=_REQUEUE_TIMEOUT_S)
+        result = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=_REQUEUE_TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         logging.error(f"scontrol requeue {job_id} failed ({error!r}); resubmit the job to continue")
         return f"requeue of SLURM job {job_id} FAILED"
     if result.returncode != 0:
-        logging.error(f"scontrol requeue {job_id} exited with {result.returncode}: {result.stderr.strip()[:300]}; "
-                      "resubmit the job to continue (was it submitted with --requeue?)")
+        logging.error(
+            f"scontrol requeue {job_id} exited with {result.returncode}: {result.stderr.strip()[:300]}; "
+            "resubmit the job to continue (was it submitted with --requeue?)"
+        )
         return f"requeue of SLURM job {job_id} FAILED"
     return f"requeued SLURM job {job_id}"

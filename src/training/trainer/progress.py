@@ -1,5 +1,6 @@
 """Estimates of the time left, for tools that run longer than a minute (the discovery pass, the loss
 comparison): the rate so far carried over what remains, in words a console line can hold."""
+
 from __future__ import annotations
 
 from typing import Optional

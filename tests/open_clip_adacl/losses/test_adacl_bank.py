@@ -3,12 +3,13 @@ the most recent entries outside the batch on a hand-made sequence, its options, 
 state_dict. Its entries as extra columns of the selection and the denominator, against a dense re-computation:
 test_adacl_readings.py; on gloo ranks: tests/open_clip_adacl/test_adacl_distributed.py; under --accum-freq in a
 training run: tests/training/test_train_accumulation.py."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import create_loss
 from helpers.loss_equivalence import assert_resume_is_exact, make_batches
+from open_clip_adacl import create_loss
 
 SCALE = 14.3
 MOMENTUM = 0.5  # a move visible in every entry (the default is the paper's 0.99)
@@ -29,8 +30,14 @@ def test_entries_move_with_momentum_and_the_most_recent_outside_the_batch_are_ch
     occurrence is written); step 3 chooses 3, 2, 1, the most recent entries of samples outside {0, 4, 5, 6}."""
     loss_fn = create_loss("adacl", bank_size=3, bank_momentum=MOMENTUM, data_size=8)
     g = torch.Generator().manual_seed(0)
-    steps = [(F.normalize(torch.randn(4, 3, generator=g), dim=-1), F.normalize(torch.randn(4, 3, generator=g), dim=-1),
-              torch.tensor(index)) for index in ([0, 1, 2, 3], [2, 3, 4, 4], [5, 4, 0, 6])]
+    steps = [
+        (
+            F.normalize(torch.randn(4, 3, generator=g), dim=-1),
+            F.normalize(torch.randn(4, 3, generator=g), dim=-1),
+            torch.tensor(index),
+        )
+        for index in ([0, 1, 2, 3], [2, 3, 4, 4], [5, 4, 0, 6])
+    ]
     (x1, y1, i1), (x2, y2, i2), (x3, y3, i3) = steps
 
     assert loss_fn.bank_selection(i1).tolist() == []  # nothing written yet
@@ -42,10 +49,24 @@ def test_entries_move_with_momentum_and_the_most_recent_outside_the_batch_are_ch
     assert loss_fn.bank_selection(i3).tolist() == [3, 2, 1]
     _step(loss_fn, x3, y3, i3)
 
-    expected_image = {0: _moved(x1[0], x3[2]), 1: x1[1], 2: _moved(x1[2], x2[0]), 3: _moved(x1[3], x2[1]),
-                      4: _moved(x2[3], x3[1]), 5: x3[0], 6: x3[3]}
-    expected_text = {0: _moved(y1[0], y3[2]), 1: y1[1], 2: _moved(y1[2], y2[0]), 3: _moved(y1[3], y2[1]),
-                     4: _moved(y2[3], y3[1]), 5: y3[0], 6: y3[3]}
+    expected_image = {
+        0: _moved(x1[0], x3[2]),
+        1: x1[1],
+        2: _moved(x1[2], x2[0]),
+        3: _moved(x1[3], x2[1]),
+        4: _moved(x2[3], x3[1]),
+        5: x3[0],
+        6: x3[3],
+    }
+    expected_text = {
+        0: _moved(y1[0], y3[2]),
+        1: y1[1],
+        2: _moved(y1[2], y2[0]),
+        3: _moved(y1[3], y2[1]),
+        4: _moved(y2[3], y3[1]),
+        5: y3[0],
+        6: y3[3],
+    }
     for sample in range(7):
         torch.testing.assert_close(loss_fn.bank_image[sample].double(), expected_image[sample].double())
         torch.testing.assert_close(loss_fn.bank_text[sample].double(), expected_text[sample].double())
@@ -67,12 +88,15 @@ def test_state_moves_once_per_committed_step_and_never_in_evaluation():
     assert sorted(loss_fn.bank_stamp[index].tolist()) == list(range(1, 9))
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(bank_size=8), r"data_size \(--data-size\) must be the number of training samples"),
-    (dict(bank_size=8, data_size=16, queue_size=8), "queue_size and bank_size are two kinds of extra negatives"),
-    (dict(bank_size=-1, data_size=16), "bank_size must be >= 0"),
-    (dict(bank_size=8, data_size=16, bank_momentum=1.0), r"bank_momentum must be in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(bank_size=8), r"data_size \(--data-size\) must be the number of training samples"),
+        (dict(bank_size=8, data_size=16, queue_size=8), "queue_size and bank_size are two kinds of extra negatives"),
+        (dict(bank_size=-1, data_size=16), "bank_size must be >= 0"),
+        (dict(bank_size=8, data_size=16, bank_momentum=1.0), r"bank_momentum must be in \[0, 1\)"),
+    ],
+)
 def test_invalid_bank_options_are_refused_in_one_line(options, message):
     with pytest.raises(ValueError, match=message):
         create_loss("adacl", **options)
@@ -90,8 +114,10 @@ def test_resume_from_the_state_dict_is_exact_and_a_bank_of_another_size_is_refus
     options = dict(bank_size=20, data_size=40, candidate_region="gda")
     resumed = assert_resume_is_exact("adacl", options, make_batches(4, 16, 8, data_size=40, seed=6))
     assert resumed.bank_image.shape == (40, 8) and (resumed.bank_stamp > 0).sum() > 20
-    for changed, message in ((dict(data_size=48), "memory bank holds 40 entries but this loss's holds 48"),
-                             (dict(bank_size=0), "memory bank holds 40 entries but this loss's holds 0")):
+    for changed, message in (
+        (dict(data_size=48), "memory bank holds 40 entries but this loss's holds 48"),
+        (dict(bank_size=0), "memory bank holds 40 entries but this loss's holds 0"),
+    ):
         with pytest.raises(ValueError, match=message):
             create_loss("adacl", **{**options, **changed}).load_state_dict(resumed.state_dict())
     resumed.reset_state()

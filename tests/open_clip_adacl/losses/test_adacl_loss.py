@@ -1,5 +1,6 @@
 """The `adacl` loss: against dense references built from adacl_math.py, against ClipLoss, on degenerate
 batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/open_clip_adacl/test_selection.py.)"""
+
 import importlib.util
 import io
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import REPO
 from helpers import adacl_reference as reference
 from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import FALLBACK_REASONS
-from helpers import REPO
 
 SCALE = 14.3
 
@@ -40,6 +41,7 @@ def _training_step(loss_fn, x, y, scale=SCALE, bias=None):
 
 
 # --- the loss ------------------------------------------------------------------------------------------
+
 
 def test_modulation_off_is_clip_bit_for_bit():
     x, y = _features(seed=1)
@@ -73,8 +75,11 @@ def test_no_key_matrix_outlives_the_selection(fused_passes, monkeypatch):
     value = loss_fn(x.clone().requires_grad_(), y.clone().requires_grad_(), torch.tensor(SCALE))
     assert loss_fn.stats["i2t/candidates"] > 0 and loss_fn.stats["t2i/candidates"] > 0  # keys were written
     gc.collect()
-    key_matrices = [obj for obj in gc.get_objects()
-                    if type(obj) is torch.Tensor and obj.dtype == torch.int32 and obj.numel() >= n * n]  # no compiler fakes
+    key_matrices = [
+        obj
+        for obj in gc.get_objects()
+        if type(obj) is torch.Tensor and obj.dtype == torch.int32 and obj.numel() >= n * n
+    ]  # no compiler fakes
     assert key_matrices == []
     value.backward()
 
@@ -152,8 +157,9 @@ def test_degenerate_batches_stay_finite(name, mode, anchor_stat):
         for name, v in loss_fn.stats.items():  # NaN only for what has no value at a fallback step
             direction, _, stat = name.rpartition("/")
             fell_back = direction and loss_fn.stats[f"{direction}/modulated"] == 0
-            assert torch.isfinite(v) or (fell_back and stat not in ("modulated", "candidates", "fallbacks")
-                                         and not stat.startswith("fallback_")), name
+            assert torch.isfinite(v) or (
+                fell_back and stat not in ("modulated", "candidates", "fallbacks") and not stat.startswith("fallback_")
+            ), name
     if name in ("all_equal", "one", "two"):
         assert loss_fn.modulated_steps.sum() == 0 and loss_fn.fallback_counts.sum() == 4
 
@@ -203,7 +209,9 @@ def test_moving_average_and_progressive_probability_use_the_previous_step():
     fresh.previous_valid.copy_(loss_fn.previous_valid)
     _training_step(fresh, *second)  # this batch's own (bounded) margins, p_u from the previous margins
     _training_step(loss_fn, *second)
-    torch.testing.assert_close(loss_fn.stats["i2t/m1_over_scale"], 0.75 * ratio_1 + 0.25 * fresh.stats["i2t/m1_over_scale"])
+    torch.testing.assert_close(
+        loss_fn.stats["i2t/m1_over_scale"], 0.75 * ratio_1 + 0.25 * fresh.stats["i2t/m1_over_scale"]
+    )
     torch.testing.assert_close(loss_fn.stats["i2t/m2"], 0.75 * m2_1 + 0.25 * fresh.stats["i2t/m2"])
     p_u = reference.anchor_probability(fresh.stats["i2t/anchor_used"], fresh.stats["i2t/log_z_u"], SCALE, *previous)
     torch.testing.assert_close(fresh.stats["i2t/p_u"], p_u)
@@ -256,6 +264,7 @@ def test_invalid_options_are_clear_errors():
 
 # --- scripts -------------------------------------------------------------------------------------------
 
+
 def _script(name):
     path = REPO / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -268,8 +277,13 @@ def test_bench_loss_measures_every_case(monkeypatch):
     monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", "auto")  # the benchmark sets it per case
     bench = _script("bench_loss")
     for rounds in bench.time_cases(64, 16, "cpu", 2, "trained-50", ("auto", "eager")):  # wall clock, CPU time
-        assert list(rounds) == ["clip", "adacl-literal/auto", "adacl-literal/eager", "adacl-calibrated/auto",
-                                "adacl-calibrated/eager"]
+        assert list(rounds) == [
+            "clip",
+            "adacl-literal/auto",
+            "adacl-literal/eager",
+            "adacl-calibrated/auto",
+            "adacl-calibrated/eager",
+        ]
         assert all(len(times) == 2 and min(times) > 0 for times in rounds.values())
     from training.loss_comparison.stats import paired_ratio
 
@@ -280,28 +294,55 @@ def test_bench_loss_measures_every_case(monkeypatch):
     assert low < ratio < high and ratio == pytest.approx((1.1 * 0.9 * 1.2) ** 0.25)
     assert paired_ratio([1.0], [1.0]) is None
     assert bench.peak_memory_worker("adacl-calibrated/eager", 256, 16, "cpu", "random") >= 0
-    row = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "auto", "seconds": 0.01, "cpu_seconds": 0.02,
-           "cpu_ratio": 1.0, "time_ratio": 1.0, "auto_over_best": 1.25, "auto_over_best_cpu": 0.5}
-    assert ("| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 | 0.500 |"
-            in bench.markdown_table([row]))
-    memory = {"inputs": "random", "N": 64, "loss": "adacl-literal", "path": "eager", "peak_bytes": 2 ** 21,
-              "memory_ratio": 1.05}
-    assert bench.memory_table([{**memory, "ranks": 1, "rank_peak_bytes": [2 ** 21]}]).endswith(
-        "| random | 64 | 1 | adacl-literal | eager | 2.0 | - | 1.050 | +5.0% |")
-    assert bench.memory_table([{**memory, "ranks": 2, "rank_peak_bytes": [2 ** 20, 2 ** 21]}]).endswith(
-        "| 2.0 | 1 / 2 | 1.050 | +5.0% |")
-    seconds = {bench.case_name("calibrated", path): value for path, value in (("auto", 1.1), ("fused", 1.0),
-                                                                               ("eager", 2.0))}
+    row = {
+        "inputs": "random",
+        "N": 64,
+        "loss": "adacl-literal",
+        "path": "auto",
+        "seconds": 0.01,
+        "cpu_seconds": 0.02,
+        "cpu_ratio": 1.0,
+        "time_ratio": 1.0,
+        "auto_over_best": 1.25,
+        "auto_over_best_cpu": 0.5,
+    }
+    assert (
+        "| random | 64 | adacl-literal | auto | 10.0 | 1.000 | 20.0 | 1.000 | 1.250 | 0.500 |"
+        in bench.markdown_table([row])
+    )
+    memory = {
+        "inputs": "random",
+        "N": 64,
+        "loss": "adacl-literal",
+        "path": "eager",
+        "peak_bytes": 2**21,
+        "memory_ratio": 1.05,
+    }
+    assert bench.memory_table([{**memory, "ranks": 1, "rank_peak_bytes": [2**21]}]).endswith(
+        "| random | 64 | 1 | adacl-literal | eager | 2.0 | - | 1.050 | +5.0% |"
+    )
+    assert bench.memory_table([{**memory, "ranks": 2, "rank_peak_bytes": [2**20, 2**21]}]).endswith(
+        "| 2.0 | 1 / 2 | 1.050 | +5.0% |"
+    )
+    seconds = {
+        bench.case_name("calibrated", path): value for path, value in (("auto", 1.1), ("fused", 1.0), ("eager", 2.0))
+    }
     assert bench.auto_over_best(seconds, "calibrated") == pytest.approx(1.1)
     assert bench.auto_over_best(seconds, "literal") is None
     assert bench.best_path(seconds, "calibrated") == "fused" and bench.best_path(seconds, "literal") is None
     paired = {**row, "paired_ratio": (1.1, 1.0, 1.2), "paired_auto_over_best": (1.01, 0.98, 1.04), "best_path": "fused"}
-    assert ("| 1.000 | 1.100 [1.000, 1.200] | 20.0 | 1.000 | 1.250 | 1.010 [0.980, 1.040] vs fused | 0.500 |"
-            in bench.markdown_table([paired]))
-    assert ("| 1.100 [1.000, 1.200] | 20.0 | 1.000 | 0.900 [0.800, 1.000] | 1.250 |"
-            in bench.markdown_table([{**paired, "paired_cpu_ratio": (0.9, 0.8, 1.0)}]))
-    assert [bench.rotated(["a", "b", "c"], index) for index in (0, 1, 5)] == [["a", "b", "c"], ["b", "c", "a"],
-                                                                          ["c", "a", "b"]]
+    assert (
+        "| 1.000 | 1.100 [1.000, 1.200] | 20.0 | 1.000 | 1.250 | 1.010 [0.980, 1.040] vs fused | 0.500 |"
+        in bench.markdown_table([paired])
+    )
+    assert "| 1.100 [1.000, 1.200] | 20.0 | 1.000 | 0.900 [0.800, 1.000] | 1.250 |" in bench.markdown_table(
+        [{**paired, "paired_cpu_ratio": (0.9, 0.8, 1.0)}]
+    )
+    assert [bench.rotated(["a", "b", "c"], index) for index in (0, 1, 5)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+    ]
     machine = bench.describe_machine("cpu", 2)
     assert machine.startswith("CPU ") and " cores, 2 torch thread(s)" in machine
 
@@ -346,5 +387,6 @@ def test_each_direction_alone_gives_its_half_of_the_symmetric_loss():
     stats = dict(loss_fn.stats)
     alone = (loss_fn.direction_loss(batch, "i2t") + loss_fn.direction_loss(batch, "t2i")) / 2
     assert torch.equal(alone, both) and loss_fn.stats.keys() == stats.keys()
-    assert all(torch.equal(value, stats[name]) or value.isnan() & stats[name].isnan()
-               for name, value in loss_fn.stats.items())
+    assert all(
+        torch.equal(value, stats[name]) or value.isnan() & stats[name].isnan() for name, value in loss_fn.stats.items()
+    )

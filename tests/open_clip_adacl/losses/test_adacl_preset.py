@@ -2,14 +2,15 @@
 step against a plain re-computation from `open_clip_adacl.adacl_math` and the method's dense definitions
 (helpers/adacl_reference.py), and the
 presets' contract (what they set, what they refuse, what params.txt records)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.selection_cases import algorithm_1_anchor_row
 from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import AdaCLLoss
 from training.trainer.launch.params import ConfigError, parse_args
-from helpers.selection_cases import algorithm_1_anchor_row
 
 SCALE = 14.3
 EPS = 1e-3
@@ -76,9 +77,17 @@ def test_two_training_steps_equal_algorithm_1_recomputed_from_the_reference_func
 
 def test_the_preset_sets_every_choice_of_algorithm_1():
     options = create_loss("adacl", preset="first-reading").options
-    assert (options.mode, options.candidate_region, options.anchor_stat, options.anchor_prob, options.positive_grad,
-            options.boundary, options.boundary_kind, options.salient, options.modulate) == (
-        "literal", "gda", "median", "progressive", "fixed", 1.0, "fixed", "max", True)
+    assert (
+        options.mode,
+        options.candidate_region,
+        options.anchor_stat,
+        options.anchor_prob,
+        options.positive_grad,
+        options.boundary,
+        options.boundary_kind,
+        options.salient,
+        options.modulate,
+    ) == ("literal", "gda", "median", "progressive", "fixed", 1.0, "fixed", "max", True)
     assert create_loss("adacl", preset="first-reading", eps=1e-4).options.eps == 1e-4  # eps was not recovered: free
 
 
@@ -92,12 +101,27 @@ def test_a_value_contradicting_the_preset_is_refused_and_an_agreeing_one_accepte
 
 def test_the_trainer_records_every_resolved_option_and_refuses_conflicts():
     args = parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "first-reading"])
-    assert (args.adacl_preset, args.adacl_mode, args.adacl_candidate_region, args.adacl_anchor_prob,
-            args.adacl_positive_grad) == ("first-reading", "literal", "gda", "progressive", "fixed")
+    assert (
+        args.adacl_preset,
+        args.adacl_mode,
+        args.adacl_candidate_region,
+        args.adacl_anchor_prob,
+        args.adacl_positive_grad,
+    ) == ("first-reading", "literal", "gda", "progressive", "fixed")
     assert args.loss_options["candidate_region"] == "gda"
     with pytest.raises(ConfigError, match="drop candidate_region='upper' or the preset"):
-        parse_args(["--train-data", "x.tar", "--loss", "adacl", "--adacl-preset", "first-reading",
-                    "--adacl-candidate-region", "upper"])
+        parse_args(
+            [
+                "--train-data",
+                "x.tar",
+                "--loss",
+                "adacl",
+                "--adacl-preset",
+                "first-reading",
+                "--adacl-candidate-region",
+                "upper",
+            ]
+        )
 
 
 def test_the_loss_comparison_accepts_the_preset_as_a_variant():
@@ -109,12 +133,19 @@ def test_the_loss_comparison_accepts_the_preset_as_a_variant():
 
 def test_paper_is_the_reading_that_trained_and_first_reading_our_first():
     paper = create_loss("adacl", preset="paper").options
-    assert (paper.anchor_value, paper.anchor_prob, paper.margin_grad, paper.eps, paper.mode,
-            paper.candidate_region) == ("positive", "vanilla", "closed_form", 1e-4, "literal", "gda")
+    assert (
+        paper.anchor_value,
+        paper.anchor_prob,
+        paper.margin_grad,
+        paper.eps,
+        paper.mode,
+        paper.candidate_region,
+    ) == ("positive", "vanilla", "closed_form", 1e-4, "literal", "gda")
     first = create_loss("adacl", preset="first-reading").options
     assert (first.anchor_value, first.anchor_prob, first.margin_grad) == ("positive", "progressive", "detached")
     differ = ("preset", "anchor_prob", "margin_grad", "eps")
     assert {k: v for k, v in vars(paper).items() if k not in differ} == {
-        k: v for k, v in vars(first).items() if k not in differ}
+        k: v for k, v in vars(first).items() if k not in differ
+    }
     with pytest.raises(ValueError, match="preset 'paper' sets eps=0.0001"):
         create_loss("adacl", preset="paper", eps=1e-3)  # the reading that trained is the one at eps 1e-4

@@ -2,12 +2,13 @@
 differentiable through the closed forms, and the anchor's value. Checked against a dense re-computation from
 `open_clip_adacl.adacl_math` and the method's dense definitions (helpers/adacl_reference.py), and the mechanism behind the detached reading's collapse
 (docs/adacl.md §5) measured on the loss itself."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import adacl_math, create_loss
 from helpers.selection_cases import algorithm_1_anchor_row
+from open_clip_adacl import adacl_math, create_loss
 
 SCALE = 14.3
 EPS = 1e-3
@@ -33,7 +34,9 @@ def _closed_form_direction(queries, candidates, scale, previous, extra=None):
     anchor = (queries[row] * candidates[row]).sum().double()
     log_z_u = torch.logsumexp(logits[row][negatives[row]].double(), 0)
     log_odds = adacl_math.anchor_log_odds(anchor, log_z_u, scale.double(), *previous)
-    m1, m2 = adacl_math.margins_from_log_odds(anchor, log_odds, log_z_u, torch.logit(torch.tensor(EPS, dtype=torch.float64)))
+    m1, m2 = adacl_math.margins_from_log_odds(
+        anchor, log_odds, log_z_u, torch.logit(torch.tensor(EPS, dtype=torch.float64))
+    )
     positive = m1.float() * ((queries * candidates).sum(-1) - m2.float())
     modulated = torch.where(torch.eye(*logits.shape, dtype=torch.bool), positive[:, None].expand_as(logits), logits)
     return F.cross_entropy(modulated, labels), m1.detach(), m2.detach()
@@ -109,8 +112,9 @@ def test_memory_bank_entries_enter_the_selection_and_the_denominator_as_extra_co
     ours = _value_and_grads(loss_fn, x3, y3, sample_index=index)
     assert torch.equal(ours[0], detached_fn(x3, y3, torch.tensor(SCALE), sample_index=index))
     bank_text, bank_image = torch.cat([y2[:16], y1[10:]]), torch.cat([x2[:16], x1[10:]])
-    reference, margins = _closed_form_reference(x3, y3, {"i2t": (None, None), "t2i": (None, None)},
-                                                (bank_text, bank_image))
+    reference, margins = _closed_form_reference(
+        x3, y3, {"i2t": (None, None), "t2i": (None, None)}, (bank_text, bank_image)
+    )
     _assert_matches(ours, reference, loss_fn.stats, margins)
 
 
@@ -128,8 +132,9 @@ def _positive_probabilities(x, y, m1, m2):
     """p_i of each row of one direction under the positive logit m1 (s_ii - m2)."""
     logits = SCALE * x @ y.T
     positive = m1 * ((x * y).sum(-1) - m2)
-    return torch.sigmoid(positive - torch.logsumexp(logits.masked_fill(torch.eye(len(x), dtype=torch.bool),
-                                                                       float("-inf")), dim=1))
+    return torch.sigmoid(
+        positive - torch.logsumexp(logits.masked_fill(torch.eye(len(x), dtype=torch.bool), float("-inf")), dim=1)
+    )
 
 
 def test_detached_margins_push_the_whole_batch_by_mean_one_minus_p_times_t_minus_m1():
@@ -157,10 +162,11 @@ def test_closed_form_margins_feel_almost_no_common_mode_force_on_a_near_uniform_
     noise = torch.randn(32, 64, generator=g, dtype=torch.float64)
     noise = F.normalize(noise - (noise * x).sum(-1, keepdim=True) * x, dim=-1)  # orthogonal to each x_i
     positive = 0.3 + 1e-3 * torch.rand(32, 1, generator=g, dtype=torch.float64)  # every s_ii within 1e-3
-    x, y = x.float(), (positive * x + (1 - positive ** 2).sqrt() * noise).float()
+    x, y = x.float(), (positive * x + (1 - positive**2).sqrt() * noise).float()
     detached, stats = _common_mode_force(create_loss("adacl", preset="algorithm1", eps=EPS), x, y)
     closed, closed_stats = _common_mode_force(
-        create_loss("adacl", preset="algorithm1", margin_grad="closed_form", eps=EPS), x, y)
+        create_loss("adacl", preset="algorithm1", margin_grad="closed_form", eps=EPS), x, y
+    )
     assert stats["i2t/modulated"] == 1 and closed_stats["i2t/modulated"] == 1
     assert abs(detached) > 0.1
     assert abs(closed) < 0.05 * abs(detached)

@@ -2,14 +2,15 @@
 its margins adapt: they stay inside their bounds, the bounds bind on fewer than half of the steps,
 and the applied m1 / logit_scale and m2 move from step to step. (Literal mode's collapse is measured
 by the loss comparison, over seeds, in docs/RESULTS.md.)"""
+
 import math
 import statistics
 
 import pytest
 
 from open_clip_adacl import get_loss_class
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
+from training.trainer.run_folder.layout import RunDir
 
 BATCH = 64
 STEPS = 96  # 12 epochs of the fixture's 512 training scenes, in families of 8 kept whole per batch
@@ -17,12 +18,43 @@ DEFAULTS = {option.name: option.default for option in get_loss_class("adacl").Op
 
 
 def _train(demo_shards, logs, name, *loss_flags):
-    main(["--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-          "--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--val-frequency", "12",
-          "--model", "adacl-tiny", "--batch-size", str(BATCH), "--epochs", str(STEPS * BATCH // 512),
-          "--train-group-size", "8", "--lr", "2e-3", "--warmup", "10", "--wd", "0.1", "--workers", "0",
-          "--device", "cpu", "--save-frequency", "0", "--logs", str(logs), "--name", name, "--log-every-n-steps", "1",
-          *loss_flags])
+    main(
+        [
+            "--train-data",
+            str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+            "--val-data",
+            str(demo_shards / "val" / "shard-000000.tar"),
+            "--val-frequency",
+            "12",
+            "--model",
+            "adacl-tiny",
+            "--batch-size",
+            str(BATCH),
+            "--epochs",
+            str(STEPS * BATCH // 512),
+            "--train-group-size",
+            "8",
+            "--lr",
+            "2e-3",
+            "--warmup",
+            "10",
+            "--wd",
+            "0.1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--save-frequency",
+            "0",
+            "--logs",
+            str(logs),
+            "--name",
+            name,
+            "--log-every-n-steps",
+            "1",
+            *loss_flags,
+        ]
+    )
     run = RunDir(logs / name)
     train = run.metrics("train")
     assert len(train) == STEPS

@@ -1,18 +1,20 @@
 """adaclw (ours): negatives weighted by 1 + (weight - 1) p(clone | score), AdaCL's GDA posterior."""
+
 import math
 
 import pytest
 import torch
 
+from helpers.loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, make_batches, value_and_grads
 from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.distributed import RowGroup
 from open_clip_adacl.losses.adaclw import posterior_log_weights
 from open_clip_adacl.selection import batch_reference, select_anchor, summarize_rows
-from helpers.loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, make_batches, value_and_grads
 
 
 def _dense_adaclw(weight, prior_ratio=1.0):
     """The loss written out densely: the fits from the reference rows (found by hand), posterior, weights."""
+
     def loss(x, y, scale, sample_index):
         total = 0
         for logits in (scale * x @ y.T, scale * y @ x.T):
@@ -28,6 +30,7 @@ def _dense_adaclw(weight, prior_ratio=1.0):
             multiplicity = torch.where(eye, 1.0, 1 + (weight - 1) * posterior).to(logits.dtype)
             total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
         return total / 2
+
     return loss
 
 
@@ -65,9 +68,19 @@ def test_batch_reference_is_the_selections_own_fits():
     logits = LOGIT_SCALE * x @ y.T
     labels = torch.arange(12)
     summary = summarize_rows(logits, labels)
-    selection = select_anchor(logits, summary, labels, RowGroup(split_across_ranks=False), salient="max", anchor_stat="median",
-                              prior_ratio=1.0, std_floor=1e-3)
-    reference = batch_reference(logits, summary, labels, RowGroup(split_across_ranks=False), salient="max", std_floor=1e-3)
+    selection = select_anchor(
+        logits,
+        summary,
+        labels,
+        RowGroup(split_across_ranks=False),
+        salient="max",
+        anchor_stat="median",
+        prior_ratio=1.0,
+        std_floor=1e-3,
+    )
+    reference = batch_reference(
+        logits, summary, labels, RowGroup(split_across_ranks=False), salient="max", std_floor=1e-3
+    )
     assert torch.equal(reference, selection.reference)
 
 
@@ -85,6 +98,7 @@ def test_two_ranks_match_single_process():
 def _dense_flagged_adaclw(weight, threshold, signal):
     """`discovery` with a score: a negative counts `weight` times where `signal(x, y)` (rows x N, for the
     direction's queries) stands `threshold` standard deviations above the row's negatives (population std)."""
+
     def loss(x, y, scale, sample_index):
         total = 0
         for direction, logits in (("i2t", scale * x @ y.T), ("t2i", scale * y @ x.T)):
@@ -96,11 +110,14 @@ def _dense_flagged_adaclw(weight, threshold, signal):
             multiplicity = torch.where(~eye & (z > threshold), weight, 1.0).to(logits.dtype)
             total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
         return total / 2
+
     return loss
 
 
-SCORE_SIGNALS = {"text": lambda x, y, direction: y @ y.T,
-                 "cross_both": lambda x, y, direction: torch.minimum(x @ y.T, y @ x.T)}
+SCORE_SIGNALS = {
+    "text": lambda x, y, direction: y @ y.T,
+    "cross_both": lambda x, y, direction: torch.minimum(x @ y.T, y @ x.T),
+}
 
 
 @pytest.mark.parametrize("discovery", sorted(SCORE_SIGNALS))
@@ -117,6 +134,7 @@ def test_a_score_discovery_weights_the_negatives_it_flags(discovery):
 
 def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
     from training.trainer.engine.loop import _loss_of
+
     x, y, index = make_batches(1, 8, 8, data_size=8, seed=5)[0]
     tokens = torch.tensor([[49406, 300 + i // 2, 49407, 0] for i in range(8)])  # captions in pairs
     loss_fn = create_loss("adaclw", weight=16.0, discovery="tokens", threshold=1.5)
@@ -129,5 +147,6 @@ def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
 
 @pytest.mark.parametrize("discovery", ["gda_both", "features"])
 def test_two_ranks_match_single_process_with_another_discovery(discovery):
-    assert_ranks_match_single_process("adaclw", {"weight": 16.0, "discovery": discovery},
-                                      make_batches(2, 8, 8, data_size=16, seed=3))
+    assert_ranks_match_single_process(
+        "adaclw", {"weight": 16.0, "discovery": discovery}, make_batches(2, 8, 8, data_size=16, seed=3)
+    )

@@ -1,17 +1,17 @@
 """`clip` equals open_clip.ClipLoss: value and gradients, single process and 2 gloo ranks."""
+
 import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 
-from open_clip_adacl import DistributedSetup, create_loss
 from helpers.distributed_utils import run_on_ranks
+from open_clip_adacl import DistributedSetup, create_loss
 
 
 def _batch(n, d, seed):
     g = torch.Generator().manual_seed(seed)
-    return (F.normalize(torch.randn(n, d, generator=g), dim=-1),
-            F.normalize(torch.randn(n, d, generator=g), dim=-1))
+    return (F.normalize(torch.randn(n, d, generator=g), dim=-1), F.normalize(torch.randn(n, d, generator=g), dim=-1))
 
 
 def _value_and_grads(loss_fn, x, y, scale):
@@ -34,10 +34,15 @@ def test_single_process_bit_exact():
 
 def _rank_fn(rank, world_size, x, y, local_loss, gather_with_grad):
     b = x.shape[0] // world_size
-    loss_fn = create_loss("clip", dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local_loss,
-                                                        gather_with_grad=gather_with_grad))
-    value, gx, gy, gs = _value_and_grads(loss_fn, x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b],
-                                         torch.tensor(14.3))
+    loss_fn = create_loss(
+        "clip",
+        dist=DistributedSetup(
+            rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad
+        ),
+    )
+    value, gx, gy, gs = _value_and_grads(
+        loss_fn, x[rank * b : (rank + 1) * b], y[rank * b : (rank + 1) * b], torch.tensor(14.3)
+    )
     return value, gx, gy, gs
 
 

@@ -1,13 +1,21 @@
 """fne: InfoNCE whose negatives are weighted by 1 - P(false negative) (a CLIP port of FNE)."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.loss_equivalence import (
+    LOGIT_SCALE,
+    assert_ranks_match_single_process,
+    assert_resume_is_exact,
+    make_batches,
+    run_steps,
+    value_and_grads,
+)
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.fne import false_negative_log_odds
-from helpers.loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, assert_resume_is_exact, make_batches, run_steps, value_and_grads
 
 # A large prior and a short warm-up so that weights apply, and matter, within a few steps.
 ACTIVE = dict(prior=0.2, momentum=0.5, start_epoch=0, min_matched=8)
@@ -30,14 +38,20 @@ def _naive_fne(batches, *, prior, momentum, min_matched):
             hardest = [max(sims[i, j].item() for j in range(n) if j != i) for i in range(n)]
             matched = [i for i in range(n) if sims[i, i].item() > hardest[i]]
             if matched:
-                batch = [sum(v) / len(matched) for v in (
-                    [sims[i, i].item() for i in matched], [sims[i, i].item() ** 2 for i in matched],
-                    [hardest[i] for i in matched], [hardest[i] ** 2 for i in matched])]
+                batch = [
+                    sum(v) / len(matched)
+                    for v in (
+                        [sims[i, i].item() for i in matched],
+                        [sims[i, i].item() ** 2 for i in matched],
+                        [hardest[i] for i in matched],
+                        [hardest[i] ** 2 for i in matched],
+                    )
+                ]
                 rate = 1.0 if seen[direction] == 0 else 1 - momentum
                 moments[direction] = [m + rate * (b - m) for m, b in zip(moments[direction], batch)]
                 seen[direction] += len(matched)
             pm, pm2, nm, nm2 = moments[direction]
-            pos_std, neg_std = math.sqrt(max(pm2 - pm ** 2, 1e-6)), math.sqrt(max(nm2 - nm ** 2, 1e-6))
+            pos_std, neg_std = math.sqrt(max(pm2 - pm**2, 1e-6)), math.sqrt(max(nm2 - nm**2, 1e-6))
             for i in range(n):
                 denominator = math.exp(LOGIT_SCALE * sims[i, i].item())
                 for j in range(n):
@@ -76,16 +90,23 @@ def test_log_odds_follow_bayes_rule():
     s = torch.linspace(-0.2, 1.0, 25)
     positive = torch.distributions.Normal(mean[0], std[0]).log_prob(s).exp() * prior
     negative = torch.distributions.Normal(mean[1], std[1]).log_prob(s).exp() * (1 - prior)
-    torch.testing.assert_close(torch.sigmoid(false_negative_log_odds(s, mean, std, prior)),
-                               positive / (positive + negative), atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.sigmoid(false_negative_log_odds(s, mean, std, prior)),
+        positive / (positive + negative),
+        atol=1e-6,
+        rtol=1e-4,
+    )
 
 
 def _clip_steps(batches):
     return run_steps(create_loss("clip"), batches)[0]
 
 
-@pytest.mark.parametrize("options", [dict(ACTIVE, unit_weights=True), dict(ACTIVE, min_matched=10**6)],
-                         ids=["unit_weights", "before_min_matched"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(ACTIVE, unit_weights=True), dict(ACTIVE, min_matched=10**6)],
+    ids=["unit_weights", "before_min_matched"],
+)
 def test_equals_clip_exactly_while_statistics_run(options):
     batches = make_batches(3, 16, 8, data_size=100, seed=1)
     loss_fn = create_loss("fne", **options)
@@ -133,8 +154,9 @@ def test_weights_carry_no_gradient():
     def reference(x, y, scale, sample_index):
         logits = scale * x @ y.T
         labels = torch.arange(len(x))
-        return (F.cross_entropy(logits + offsets["i2t"], labels)
-                + F.cross_entropy(logits.T + offsets["t2i"], labels)) / 2
+        return (
+            F.cross_entropy(logits + offsets["i2t"], labels) + F.cross_entropy(logits.T + offsets["t2i"], labels)
+        ) / 2
 
     for a, b in zip(ours, value_and_grads(reference, x, y, index)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

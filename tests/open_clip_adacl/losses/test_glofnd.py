@@ -1,12 +1,20 @@
 """glofnd: learned per-sample thresholds that drop global false negatives from InfoNCE."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.loss_equivalence import (
+    LOGIT_SCALE,
+    assert_ranks_match_single_process,
+    assert_resume_is_exact,
+    make_batches,
+    run_steps,
+    value_and_grads,
+)
 from open_clip_adacl import create_loss
-from helpers.loss_equivalence import LOGIT_SCALE, assert_ranks_match_single_process, assert_resume_is_exact, make_batches, run_steps, value_and_grads
 
 DATA_SIZE = 40
 # Thresholds start low and move fast, so negatives are masked from the first step.
@@ -15,8 +23,15 @@ ACTIVE = dict(data_size=DATA_SIZE, alpha=0.2, lambda_lr=0.1, init_lambda=0.3)
 
 def _naive_glofnd(batches, *, alpha, lambda_lr, init_lambda, beta1=0.9, beta2=0.98, eps=1e-8):
     """Loop version: per-step loss values and the final per-sample state, per direction."""
-    state = {d: {"lambda": [init_lambda] * DATA_SIZE, "m": [0.0] * DATA_SIZE, "v": [0.0] * DATA_SIZE,
-                 "count": [0] * DATA_SIZE} for d in ("i2t", "t2i")}
+    state = {
+        d: {
+            "lambda": [init_lambda] * DATA_SIZE,
+            "m": [0.0] * DATA_SIZE,
+            "v": [0.0] * DATA_SIZE,
+            "count": [0] * DATA_SIZE,
+        }
+        for d in ("i2t", "t2i")
+    }
     values = []
     for x, y, index in batches:
         x, y, index = x.double(), y.double(), index.tolist()
@@ -32,7 +47,7 @@ def _naive_glofnd(batches, *, alpha, lambda_lr, init_lambda, beta1=0.9, beta2=0.
                 grad = alpha - (n - 1 - len(kept)) / (n - 1)
                 s["count"][k] += 1
                 s["m"][k] = beta1 * s["m"][k] + (1 - beta1) * grad
-                s["v"][k] = beta2 * s["v"][k] + (1 - beta2) * grad ** 2
+                s["v"][k] = beta2 * s["v"][k] + (1 - beta2) * grad**2
                 m_hat = s["m"][k] / (1 - beta1 ** s["count"][k])
                 v_hat = s["v"][k] / (1 - beta2 ** s["count"][k])
                 s["lambda"][k] = min(1.0, max(-1.0, lambdas[i] - lambda_lr * m_hat / (math.sqrt(v_hat) + eps)))
@@ -50,8 +65,9 @@ def test_matches_naive_loop():
     for direction in ("i2t", "t2i"):
         bank = loss_fn.thresholds[direction]
         for field in ("lambda", "m", "v", "count"):
-            torch.testing.assert_close(bank.field(field), torch.tensor(ref_state[direction][field]).float(),
-                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                bank.field(field), torch.tensor(ref_state[direction][field]).float(), atol=1e-5, rtol=1e-5
+            )
     assert 0 < loss_fn.stats["i2t/masked_frac"] < 1 and 0 < loss_fn.stats["t2i/masked_frac"] < 1
 
 
@@ -143,8 +159,10 @@ def test_mask_carries_no_gradient():
     def reference(x, y, scale, sample_index):
         logits = scale * x @ y.T
         labels = torch.arange(len(x))
-        return (F.cross_entropy(logits.masked_fill(masks["i2t"], -math.inf), labels)
-                + F.cross_entropy(logits.T.masked_fill(masks["t2i"], -math.inf), labels)) / 2
+        return (
+            F.cross_entropy(logits.masked_fill(masks["i2t"], -math.inf), labels)
+            + F.cross_entropy(logits.T.masked_fill(masks["t2i"], -math.inf), labels)
+        ) / 2
 
     for a, b in zip(ours, value_and_grads(reference, x, y, index)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

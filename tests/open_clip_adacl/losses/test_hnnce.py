@@ -1,14 +1,16 @@
 """hnnce: InfoNCE with each negative weighted by (N - 1) softmax(beta * logit) over its row (HN-NCE)."""
+
 import pytest
 import torch
 
-from open_clip_adacl import create_loss
 from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads
+from open_clip_adacl import create_loss
 
 
 def _dense_hnnce(beta, alpha):
     """The paper's formula written out on the N x N matrix, per direction: the loss as a function of
     the features (the weights carry gradient)."""
+
     def loss(x, y, scale, sample_index):
         total = 0
         for logits in (scale * x @ y.T, scale * y @ x.T):
@@ -20,6 +22,7 @@ def _dense_hnnce(beta, alpha):
             denominator = alpha * positive.exp() + (weights * logits.exp() * negative).sum(dim=1)
             total = total + (denominator.log() - positive).mean()
         return total / 2
+
     return loss
 
 

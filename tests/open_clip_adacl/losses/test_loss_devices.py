@@ -5,6 +5,7 @@ stats and state stay on the device of its inputs; where CUDA is present (`script
 file first), the same steps also run on the GPU and must match the CPU's within float32 rounding. Devices
 are listed, not skipped: a machine without CUDA runs the CPU cases only.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,10 @@ from open_clip_adacl import create_loss, list_losses
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # Each AdaCL mode once (the selection and both closed forms), and the memory bank's extra columns.
 VARIANTS = [(name, {}) for name in list_losses()] + [
-    ("adacl", {"mode": "literal"}), ("adacl", {"mode": "calibrated"}), ("adacl", {"preset": "paper"})]
+    ("adacl", {"mode": "literal"}),
+    ("adacl", {"mode": "calibrated"}),
+    ("adacl", {"preset": "paper"}),
+]
 N, D, STEPS = 64, 32, 3
 
 
@@ -44,14 +48,17 @@ def _steps(name, options, device):
         value.backward()
         loss_fn.commit()
         devices |= {t.device.type for t in [value, *loss_fn.stats.values(), *loss_fn.state_dict().values()]}
-        results.append([t.detach().cpu() for t in (value, x.grad, y.grad, scale.grad)]
-                       + [{k: v.detach().cpu() for k, v in loss_fn.stats.items()}])
+        results.append(
+            [t.detach().cpu() for t in (value, x.grad, y.grad, scale.grad)]
+            + [{k: v.detach().cpu() for k, v in loss_fn.stats.items()}]
+        )
     return results, devices
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name,options", VARIANTS, ids=[f"{n}-{'-'.join(map(str, o.values())) or 'default'}"
-                                                       for n, o in VARIANTS])
+@pytest.mark.parametrize(
+    "name,options", VARIANTS, ids=[f"{n}-{'-'.join(map(str, o.values())) or 'default'}" for n, o in VARIANTS]
+)
 def test_loss_runs_on_the_device_and_matches_the_cpu(name, options, device):
     results, devices = _steps(name, options, device)
     assert devices == {torch.device(device).type}, f"{name} left tensors on {devices - {device}}"
@@ -67,5 +74,11 @@ def test_loss_runs_on_the_device_and_matches_the_cpu(name, options, device):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         assert got[4].keys() == want[4].keys()
         for key in want[4]:
-            torch.testing.assert_close(got[4][key].double(), want[4][key].double(), rtol=1e-3, atol=1e-4,
-                                       equal_nan=True, msg=lambda m, key=key: f"stat {key}: {m}")
+            torch.testing.assert_close(
+                got[4][key].double(),
+                want[4][key].double(),
+                rtol=1e-3,
+                atol=1e-4,
+                equal_nan=True,
+                msg=lambda m, key=key: f"stat {key}: {m}",
+            )

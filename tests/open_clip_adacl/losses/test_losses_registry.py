@@ -1,4 +1,5 @@
 """Every registered loss honours the interface the trainer relies on."""
+
 from dataclasses import dataclass
 
 import pytest
@@ -6,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import open_clip_adacl
+from helpers.registries import scratch_entries
 from open_clip_adacl import LossOptions, create_loss, list_losses, option
 from open_clip_adacl.losses import ContrastiveLoss, SampleStateOptions, registry
-from helpers.registries import scratch_entries
 
 
 def _features(n=8, d=16, seed=0, dtype=torch.float32):
@@ -148,11 +149,14 @@ class _PlainFieldOptions(LossOptions):
     x: int = 1
 
 
-@pytest.mark.parametrize("attributes, message", [
-    ({"Options": _UndecoratedOptions}, "must be a @dataclass\\(frozen=True\\) deriving from LossOptions"),
-    ({"Options": _PlainFieldOptions}, "declare x with option\\(default, help\\)"),
-    ({"needs_sample_index": True}, "must derive from SampleStateOptions"),
-])
+@pytest.mark.parametrize(
+    "attributes, message",
+    [
+        ({"Options": _UndecoratedOptions}, "must be a @dataclass\\(frozen=True\\) deriving from LossOptions"),
+        ({"Options": _PlainFieldOptions}, "declare x with option\\(default, help\\)"),
+        ({"needs_sample_index": True}, "must derive from SampleStateOptions"),
+    ],
+)
 def test_registration_refuses_an_inconsistent_declaration(monkeypatch, attributes, message):
     scratch_entries(monkeypatch, registry.LOSSES)
     with pytest.raises(TypeError, match=message):

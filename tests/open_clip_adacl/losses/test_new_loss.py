@@ -1,20 +1,21 @@
 """A new loss is one module: this file declares one, registers it and trains it through
 `training.main`, with no edit anywhere else. Its options become flags and loss-comparison variants,
 reach params.txt and are validated; its state is checkpointed and moves once per optimizer step."""
+
 from dataclasses import dataclass
 from typing import Optional
 
 import pytest
 import torch
 
+from helpers.registries import scratch_entries
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
-from training.loss_comparison.variants import parse_loss_variant
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
-from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
+from training.loss_comparison.variants import parse_loss_variant
 from training.main import main
 from training.trainer.launch.params import ConfigError, build_parser
-from helpers.registries import scratch_entries
+from training.trainer.run_folder.checkpoint_files import load_checkpoint
+from training.trainer.run_folder.layout import RunDir
 
 NAME = "tempered"
 
@@ -50,9 +51,35 @@ def registered(monkeypatch):
 
 
 def _argv(logs, *extra):
-    return ["--dataset-type", "synthetic", "--train-num-samples", "32", "--model", "adacl-tiny", "--batch-size", "8",
-            "--accum-freq", "2", "--epochs", "1", "--lr", "1e-3", "--warmup", "1", "--workers", "0",
-            "--device", "cpu", "--logs", str(logs), "--name", "tempered", "--loss", NAME, *extra]
+    return [
+        "--dataset-type",
+        "synthetic",
+        "--train-num-samples",
+        "32",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "8",
+        "--accum-freq",
+        "2",
+        "--epochs",
+        "1",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        "tempered",
+        "--loss",
+        NAME,
+        *extra,
+    ]
 
 
 def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_path):

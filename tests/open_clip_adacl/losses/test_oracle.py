@@ -1,13 +1,14 @@
 """oracle: negatives from the query's own family count `weight` times in the denominator (a control)."""
+
 import pytest
 import torch
 
+from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads
 from open_clip_adacl import create_loss
-from training.trainer.data import DataConfig
-from training.trainer.run_folder.layout import RunDir
 from training.main import main
 from training.synthetic_scenes.families import measure_siblings
-from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads
+from training.trainer.data import DataConfig
+from training.trainer.run_folder.layout import RunDir
 
 
 def _with_families(batches):
@@ -24,6 +25,7 @@ def _dense_oracle(weight, family):
             positive = logits.diagonal()
             total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - positive).mean()
         return total / 2
+
     return loss
 
 
@@ -68,14 +70,45 @@ def test_training_feeds_the_datas_family_ids_to_the_loss(demo_shards, tmp_path):
     """Through `training.main`: the loss sees, per row, exactly the in-batch siblings the data's json
     families give the real batch stream (batches of 12 cut the 8-sample families, so rows differ)."""
     train = str(demo_shards / "train" / "shard-{000000..000003}.tar")
-    main(["--train-data", train, "--train-num-samples", "96", "--train-group-size", "8", "--batch-size", "12",
-          "--model", "adacl-tiny", "--lr", "1e-3", "--warmup", "1", "--epochs", "1", "--workers", "0",
-          "--device", "cpu", "--loss", "oracle", "--oracle-weight", "16", "--logs", str(tmp_path), "--name", "oracle",
-          "--log-every-n-steps", "1"])
+    main(
+        [
+            "--train-data",
+            train,
+            "--train-num-samples",
+            "96",
+            "--train-group-size",
+            "8",
+            "--batch-size",
+            "12",
+            "--model",
+            "adacl-tiny",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--loss",
+            "oracle",
+            "--oracle-weight",
+            "16",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "oracle",
+            "--log-every-n-steps",
+            "1",
+        ]
+    )
     steps = RunDir(tmp_path / "oracle").metrics("train")
     logged = [record["stats/family_negatives"] for record in steps]
-    measured = measure_siblings(DataConfig(train_data=train, train_num_samples=96, batch_size=12, workers=0,
-                                           group_size=8))
+    measured = measure_siblings(
+        DataConfig(train_data=train, train_num_samples=96, batch_size=12, workers=0, group_size=8)
+    )
     assert len(logged) == measured.num_batches == 8
     assert 0 < measured.siblings_per_row < 7
     assert sum(logged) / len(logged) == pytest.approx(measured.siblings_per_row, rel=1e-6)

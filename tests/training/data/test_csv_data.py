@@ -1,4 +1,5 @@
 """OpenCLIP's csv datasets (--dataset-type csv): rows of image path and caption, bad rows skipped and counted."""
+
 import csv
 import os
 from dataclasses import replace
@@ -7,11 +8,11 @@ import pytest
 import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
+from training.main import main
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from training.trainer.data.sources.csv_file import CsvFile
-from training.trainer.run_folder.layout import RunDir
-from training.main import main
 from training.trainer.launch.params import ConfigError
+from training.trainer.run_folder.layout import RunDir
 
 NUM_GOOD = 64
 # Rows 10-12: a missing image file, an empty caption, a row cut short before the caption.
@@ -39,10 +40,20 @@ def csv_dataset(demo_shards, module_tmp):
 
 
 def csv_config(path, **overrides):
-    options = CsvFile.Options(csv_separator=",", csv_img_key=overrides.pop("csv_img_key", "image"),
-                              csv_caption_key="caption")
-    return replace(DataConfig(train_data=str(path), val_data=str(path), dataset_type="csv", batch_size=16, workers=0,
-                              source_options=options), **overrides)
+    options = CsvFile.Options(
+        csv_separator=",", csv_img_key=overrides.pop("csv_img_key", "image"), csv_caption_key="caption"
+    )
+    return replace(
+        DataConfig(
+            train_data=str(path),
+            val_data=str(path),
+            dataset_type="csv",
+            batch_size=16,
+            workers=0,
+            source_options=options,
+        ),
+        **overrides,
+    )
 
 
 def test_rows_become_samples_indexed_by_row_number_and_bad_rows_are_counted(csv_dataset):
@@ -67,7 +78,9 @@ def test_validation_reads_every_row_once_in_order(csv_dataset):
     batches = list(build_val_data(csv_config(csv_dataset), to_tensor, lambda texts: texts).dataloader)
     assert [index for batch in batches for index in batch[2].tolist()] == GOOD_ROWS
     assert dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist())) == {
-        **dict.fromkeys(SKIP_REASONS, 0), **BAD_ROWS}
+        **dict.fromkeys(SKIP_REASONS, 0),
+        **BAD_ROWS,
+    }
 
 
 def test_a_missing_column_names_the_flag(csv_dataset):
@@ -76,9 +89,32 @@ def test_a_missing_column_names_the_flag(csv_dataset):
 
 
 def test_a_csv_dataset_trains_through_training_main(csv_dataset, tmp_path):
-    argv = ["--train-data", str(csv_dataset), "--dataset-type", "csv", "--csv-separator", ",",
-            "--csv-img-key", "image", "--csv-caption-key", "caption", "--model", "adacl-tiny", "--batch-size", "16",
-            "--warmup", "1", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--epochs", "2"]
+    argv = [
+        "--train-data",
+        str(csv_dataset),
+        "--dataset-type",
+        "csv",
+        "--csv-separator",
+        ",",
+        "--csv-img-key",
+        "image",
+        "--csv-caption-key",
+        "caption",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        "16",
+        "--warmup",
+        "1",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path),
+        "--epochs",
+        "2",
+    ]
     with pytest.raises(ConfigError, match="--csv-caption-key"):
         main([*argv, "--csv-caption-key", "title", "--dry-run"])
     summary = main([*argv, "--name", "csv"])
@@ -99,8 +135,13 @@ def test_devices_fifos_and_oversized_files_are_skipped_with_their_own_reasons(cs
     max_image = max(os.path.getsize(path) for path, _ in good_rows)
     big = tmp_path / "big.png"
     big.write_bytes(b"\0" * (max_image + 1))
-    rows = [*good_rows, ["/dev/zero", "zeros"], [str(fifo), "a fifo"], [str(big), "too big"],
-            [good_rows[0][0], "a caption longer than csv's own field limit " * 5000]]
+    rows = [
+        *good_rows,
+        ["/dev/zero", "zeros"],
+        [str(fifo), "a fifo"],
+        [str(big), "too big"],
+        [good_rows[0][0], "a caption longer than csv's own field limit " * 5000],
+    ]
     path = tmp_path / "hostile.csv"
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows([["image", "caption"], *rows])
@@ -109,6 +150,9 @@ def test_devices_fifos_and_oversized_files_are_skipped_with_their_own_reasons(cs
     assert [index for batch in batches for index in batch[2].tolist()] == list(range(8))
     totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
     assert {reason: count for reason, count in totals.items() if count} == {
-        "not_a_file": 2, "oversized_image": 1, "oversized_caption": 1}
+        "not_a_file": 2,
+        "oversized_image": 1,
+        "oversized_caption": 1,
+    }
     with pytest.raises(ConfigError, match="^--max-caption-bytes must be >= 1 byte, got 0$"):
         main(["--train-data", str(path), "--max-caption-bytes", "0", "--dry-run"])

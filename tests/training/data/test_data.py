@@ -1,5 +1,6 @@
 """The training and validation streams: batch format, splitting, sampling, exact resume, errors
 (damaged shards: test_shards.py)."""
+
 import json
 from collections import Counter
 from dataclasses import replace
@@ -11,8 +12,8 @@ import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from helpers.data_utils import assert_same_batches, byte_tokenizer, config, decode_texts, indices
+from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 
 
 def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
@@ -29,8 +30,10 @@ def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
 
 def split_samples(root, split="train"):
     """key -> json metadata, read straight from the shards."""
-    samples = wds.WebDataset(str(root / split / "shard-{000000..000003}.tar" if split == "train"
-                                 else root / split / "shard-000000.tar"), shardshuffle=False)
+    samples = wds.WebDataset(
+        str(root / split / "shard-{000000..000003}.tar" if split == "train" else root / split / "shard-000000.tar"),
+        shardshuffle=False,
+    )
     return {int(json.loads(s["json"])["key"]): json.loads(s["json"]) for s in samples}
 
 
@@ -54,8 +57,7 @@ def test_batches_have_the_documented_format_with_open_clip_transforms(demo_shard
 
 
 def test_one_epoch_splits_over_ranks_and_workers_without_overlap(demo_shards):
-    per_rank = [indices(train_batches(config(demo_shards, rank=rank, world_size=2, workers=2)))
-                for rank in range(2)]
+    per_rank = [indices(train_batches(config(demo_shards, rank=rank, world_size=2, workers=2))) for rank in range(2)]
     assert len(per_rank[0]) == len(per_rank[1]) == 256
     assert not set(per_rank[0]) & set(per_rank[1])
     assert sorted(per_rank[0] + per_rank[1]) == list(range(512))
@@ -72,8 +74,14 @@ def test_order_is_deterministic_by_seed_and_epoch(demo_shards):
 
 def test_resampled_sources_follow_the_upsampling_factors(demo_shards):
     sources = f"{demo_shards}/train/shard-{{000000..000001}}.tar::{demo_shards}/train/shard-{{000002..000003}}.tar"
-    cfg = config(demo_shards, train_data=sources, dataset_resampled=True, train_data_upsampling_factors="1::3",
-                 train_num_samples=2048, batch_size=64)
+    cfg = config(
+        demo_shards,
+        train_data=sources,
+        dataset_resampled=True,
+        train_data_upsampling_factors="1::3",
+        train_num_samples=2048,
+        batch_size=64,
+    )
     drawn = indices(train_batches(cfg))
     assert len(drawn) == 2048
     second_source = sum(index >= 256 for index in drawn) / len(drawn)
@@ -109,8 +117,9 @@ def test_caption_key_list_samples_one_field_per_sample(demo_shards):
 
 def test_pseudo_caption_training_validates_on_the_gold_caption(demo_shards):
     meta = split_samples(demo_shards)
-    cfg = config(demo_shards, caption_key="txt_pseudo", val_caption_key="txt",
-                 val_data=str(demo_shards / "val/shard-000000.tar"))
+    cfg = config(
+        demo_shards, caption_key="txt_pseudo", val_caption_key="txt", val_data=str(demo_shards / "val/shard-000000.tar")
+    )
     for batch in train_batches(cfg):
         for index, text in zip(batch[2].tolist(), decode_texts(batch[1])):
             assert text == meta[index]["caption_pseudo"]
@@ -124,15 +133,16 @@ def test_group_size_keeps_runs_of_consecutive_samples_whole_in_every_batch(demo_
     meta = split_samples(demo_shards)
     for cfg in (config(demo_shards, group_size=8), config(demo_shards, group_size=8, workers=2, world_size=2)):
         order = indices(train_batches(cfg))
-        runs = [order[start:start + 8] for start in range(0, len(order), 8)]
+        runs = [order[start : start + 8] for start in range(0, len(order), 8)]
         assert all(run == list(range(run[0], run[0] + 8)) and run[0] % 8 == 0 for run in runs)
         assert all(len({meta[index]["family"] for index in run}) == 1 for run in runs)
         assert [run[0] for run in runs] != sorted(run[0] for run in runs)  # the runs are shuffled
         assert len(set(order)) == len(order) == 512 // cfg.world_size
-    resampled = indices(train_batches(config(demo_shards, group_size=8, dataset_resampled=True,
-                                              train_num_samples=256)))
-    assert all(resampled[start:start + 8] == list(range(resampled[start], resampled[start] + 8))
-               for start in range(0, 256, 8))
+    resampled = indices(train_batches(config(demo_shards, group_size=8, dataset_resampled=True, train_num_samples=256)))
+    assert all(
+        resampled[start : start + 8] == list(range(resampled[start], resampled[start] + 8))
+        for start in range(0, 256, 8)
+    )
     ungrouped = indices(train_batches(config(demo_shards)))
     assert any(abs(a - b) > 8 for a, b in zip(ungrouped, ungrouped[1:8]))  # group size 1 scatters them
 
@@ -168,8 +178,12 @@ def test_batches_hold_one_edit_clone_captions(demo_shards):
 
 
 def _one_edit_apart(a, b):
-    opposite = {"to the left of": "to the right of", "to the right of": "to the left of",
-                "above": "below", "below": "above"}
+    opposite = {
+        "to the left of": "to the right of",
+        "to the right of": "to the left of",
+        "above": "below",
+        "below": "above",
+    }
     specs_a = [(o["size"], o["color"], o["shape"]) for o in a["objects"]]
     specs_b = [(o["size"], o["color"], o["shape"]) for o in b["objects"]]
     if len(specs_a) != len(specs_b):
@@ -192,8 +206,9 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
     images, texts, sample_index, skip_counts = batches[0]
     assert images.shape == (16, 3, 224, 224) and sample_index.dtype == torch.long
     assert skip_counts.shape == (len(SKIP_REASONS),)
-    assert_same_batches(list(build_train_data(replace(cfg, skip_batches=4), to_tensor, byte_tokenizer).dataloader),
-                        batches[4:])
+    assert_same_batches(
+        list(build_train_data(replace(cfg, skip_batches=4), to_tensor, byte_tokenizer).dataloader), batches[4:]
+    )
 
 
 def test_family_ids_ride_along_only_when_asked_for(demo_shards):
@@ -205,8 +220,9 @@ def test_family_ids_ride_along_only_when_asked_for(demo_shards):
     families = {key: meta["family"] for key, meta in split_samples(demo_shards).items()}
     assert all(batch[4].tolist() == [families[key] for key in batch[2].tolist()] for batch in with_families)
     assert len({family for batch in with_families for family in batch[4].tolist()}) > 1
-    synthetic = DataConfig(dataset_type="synthetic", train_num_samples=32, batch_size=16, workers=0,
-                           family_field="family")
+    synthetic = DataConfig(
+        dataset_type="synthetic", train_num_samples=32, batch_size=16, workers=0, family_field="family"
+    )
     assert all(torch.equal(batch[4], torch.full((16,), -1)) for batch in train_batches(synthetic))
 
 
@@ -214,8 +230,9 @@ def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match="cannot be split"):
         build_train_data(config(demo_shards, workers=3, world_size=2), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="do not fill one batch"):
-        build_train_data(config(demo_shards, train_num_samples=40, batch_size=32, world_size=2), to_tensor,
-                         byte_tokenizer)
+        build_train_data(
+            config(demo_shards, train_num_samples=40, batch_size=32, world_size=2), to_tensor, byte_tokenizer
+        )
     with pytest.raises(ValueError, match="skip_batches"):
         build_train_data(config(demo_shards, skip_batches=16), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="dataset type"):
@@ -223,8 +240,9 @@ def test_impossible_configurations_are_rejected(demo_shards):
     with pytest.raises(ValueError, match=r"group_size \(--train-group-size\) must be >= 1"):
         build_train_data(config(demo_shards, group_size=0), to_tensor, byte_tokenizer)
     with pytest.raises(ValueError, match="synthetic data has none"):
-        build_train_data(DataConfig(dataset_type="synthetic", train_num_samples=64, group_size=8), to_tensor,
-                         byte_tokenizer)
+        build_train_data(
+            DataConfig(dataset_type="synthetic", train_num_samples=64, group_size=8), to_tensor, byte_tokenizer
+        )
 
 
 def test_reading_in_the_main_process_leaves_the_callers_random_state_alone(demo_shards):

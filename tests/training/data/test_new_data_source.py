@@ -4,6 +4,7 @@ and validates on it through `training.main`, with no edit anywhere else. It beco
 `--dataset-type` (in --help and params.txt), `auto` picks it by its suffix, its own option is a flag
 of the trainer (`--pairs-separator`), and the run reads exactly its samples. Its ordered pass (one more
 method) lets `python -m training.discover` read it too."""
+
 import io
 from collections import Counter
 from dataclasses import dataclass
@@ -14,15 +15,15 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from training.trainer.data import DataSource, register_data_source, registry, resolve_dataset_type
-from training.trainer.data.ordered import OrderedPass, PassSample
-from training.discover import main as discover
-from training.trainer.flags import HelpGroup, NoOptions, flag
-from training.trainer.data.loader import indexed_data
-from training.trainer.run_folder.layout import RunDir
-from training.main import main
-from training.trainer.launch.params import build_parser
 from helpers.registries import scratch_entries
+from training.discover import main as discover
+from training.main import main
+from training.trainer.data import DataSource, register_data_source, registry, resolve_dataset_type
+from training.trainer.data.loader import indexed_data
+from training.trainer.data.ordered import OrderedPass, PassSample
+from training.trainer.flags import HelpGroup, NoOptions, flag
+from training.trainer.launch.params import build_parser
+from training.trainer.run_folder.layout import RunDir
 
 NAME = "pairs"
 SERVED = []  # sample indices the training loader's dataset handed out, in order (workers=0: this process)
@@ -114,10 +115,36 @@ def test_a_data_source_declared_in_one_file_trains_through_the_trainer(registere
     assert "{csv,pairs,synthetic,webdataset,auto}" in help_text and Pairs.description in help_text
     assert "--pairs-separator PAIRS_SEPARATOR Between a .pairs line's colour and its caption." in help_text
     train, val = write_pairs(tmp_path / "train.pairs", 24, "|"), write_pairs(tmp_path / "val.pairs", 10, "|")
-    summary = main(["--dataset-type", NAME, "--train-data", str(train), "--val-data", str(val), "--model",
-                    "adacl-tiny", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--warmup", "1",
-                    "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pairs",
-                    "--pairs-separator", "|"])
+    summary = main(
+        [
+            "--dataset-type",
+            NAME,
+            "--train-data",
+            str(train),
+            "--val-data",
+            str(val),
+            "--model",
+            "adacl-tiny",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "pairs",
+            "--pairs-separator",
+            "|",
+        ]
+    )
     run = tmp_path / "pairs"
     assert f"dataset_type: {NAME}" in (run / "params.txt").read_text()
     assert "pairs_separator: |" in (run / "params.txt").read_text()
@@ -147,8 +174,24 @@ def test_auto_picks_it_by_its_suffix_and_suffixes_stay_unambiguous(registered):
 
 def test_discovery_reads_it_through_its_ordered_pass(registered, tmp_path):
     data = write_pairs(tmp_path / "data.pairs", 20, "|")
-    summary = discover(["--model", "adacl-tiny", "--data", str(data), "--pairs-separator", "|", "--batch-size", "8",
-                        "--output", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"])
+    summary = discover(
+        [
+            "--model",
+            "adacl-tiny",
+            "--data",
+            str(data),
+            "--pairs-separator",
+            "|",
+            "--batch-size",
+            "8",
+            "--output",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+        ]
+    )
     assert summary["samples"] == 20 and summary["batches"] == 3 and summary["skipped"] == {}
     assert summary["settings"]["dataset_type"] == NAME
 
@@ -159,5 +202,17 @@ def test_discovery_reads_it_through_its_ordered_pass(registered, tmp_path):
 
     register_data_source("train-only")(TrainOnly)
     with pytest.raises(ValueError, match="TrainOnly has no ordered pass"):
-        discover(["--model", "adacl-tiny", "--data", str(data), "--dataset-type", "train-only",
-                  "--output", str(tmp_path / "refused"), "--device", "cpu"])
+        discover(
+            [
+                "--model",
+                "adacl-tiny",
+                "--data",
+                str(data),
+                "--dataset-type",
+                "train-only",
+                "--output",
+                str(tmp_path / "refused"),
+                "--device",
+                "cpu",
+            ]
+        )

@@ -1,5 +1,6 @@
 """One environment for both trainers: open_clip_train's webdataset pipeline and ours read the same shards
 with the installed webdataset (a version open_clip_torch[training] accepts, <= 0.2.86)."""
+
 import importlib.metadata
 
 import open_clip
@@ -19,9 +20,26 @@ def test_installed_webdataset_is_one_open_clip_train_accepts():
 def test_open_clip_train_and_ours_yield_the_same_first_batch_from_the_same_shards(demo_shards):
     _, preprocess_train, preprocess_val = open_clip.create_model_and_transforms("adacl-tiny")
     tokenizer = open_clip.get_tokenizer("adacl-tiny")
-    train, val = str(demo_shards / "train" / "shard-{000000..000003}.tar"), str(demo_shards / "val" / "shard-000000.tar")
-    args = openclip_parse_args(["--train-data", train, "--val-data", val, "--train-num-samples", "512",
-                                "--val-num-samples", "128", "--batch-size", "16", "--workers", "0"])
+    train, val = (
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        str(demo_shards / "val" / "shard-000000.tar"),
+    )
+    args = openclip_parse_args(
+        [
+            "--train-data",
+            train,
+            "--val-data",
+            val,
+            "--train-num-samples",
+            "512",
+            "--val-num-samples",
+            "128",
+            "--batch-size",
+            "16",
+            "--workers",
+            "0",
+        ]
+    )
     args.world_size = 1
     cfg = DataConfig(train_data=train, val_data=val, train_num_samples=512, batch_size=16, workers=0)
 

@@ -1,5 +1,6 @@
 """Webdataset tar shards: every kind of damage skipped and counted, unreadable and missing shards named,
 sample ids from keys."""
+
 import logging
 import tarfile
 import time
@@ -9,10 +10,19 @@ from dataclasses import replace
 import pytest
 from torchvision.transforms.functional import to_tensor
 
-from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
-from helpers.data_utils import (byte_tokenizer, config, decode_texts, good, indices, png, write_hostile_shards, write_tar,
-                               write_shard_with_a_huge_member)
+from helpers.data_utils import (
+    byte_tokenizer,
+    config,
+    decode_texts,
+    good,
+    indices,
+    png,
+    write_hostile_shards,
+    write_shard_with_a_huge_member,
+    write_tar,
+)
 from helpers.run_utils import processes_running
+from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from training.trainer.data.samples import SkipCounter
 from training.trainer.data.shards import check_sample_fields, check_shard_sample, read_shard
 
@@ -29,8 +39,15 @@ def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
 
 def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
     urls, good_keys, _ = write_hostile_shards(tmp_path / "hostile")
-    cfg = DataConfig(train_data=urls, train_num_samples=48, batch_size=4, workers=2, max_image_pixels=1000,
-                     dataset_type="webdataset", dataset_resampled=True)
+    cfg = DataConfig(
+        train_data=urls,
+        train_num_samples=48,
+        batch_size=4,
+        workers=2,
+        max_image_pixels=1000,
+        dataset_type="webdataset",
+        dataset_resampled=True,
+    )
     batches = list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
     assert len(batches) == 12 and all(len(batch[2]) == 4 for batch in batches)
     assert set(indices(batches)) <= set(good_keys)
@@ -77,9 +94,11 @@ def test_sample_index_falls_back_to_a_stable_hash_of_the_key(tmp_path):
     directory = tmp_path / "shards"
     directory.mkdir()
     samples = [{"__key__": f"img-{n}", "png": png(), "txt": b"a caption"} for n in range(6)]
-    samples += [{"__key__": "img-text-key", "png": png(), "txt": b"a caption", "json": b'{"key": "abc"}'},
-                {"__key__": "img-huge-key", "png": png(), "txt": b"a caption", "json": b'{"key": "9' + b"9" * 30 + b'"}'},
-                {"__key__": "img-int-key", "png": png(), "txt": b"a caption", "json": b'{"key": 42}'}]
+    samples += [
+        {"__key__": "img-text-key", "png": png(), "txt": b"a caption", "json": b'{"key": "abc"}'},
+        {"__key__": "img-huge-key", "png": png(), "txt": b"a caption", "json": b'{"key": "9' + b"9" * 30 + b'"}'},
+        {"__key__": "img-int-key", "png": png(), "txt": b"a caption", "json": b'{"key": 42}'},
+    ]
     write_tar(directory / "0.tar", samples)
     cfg = DataConfig(val_data=str(directory / "0.tar"), batch_size=9, workers=0)
     first = indices(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
@@ -100,14 +119,37 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
 def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
     """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
     shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
-    from training.trainer.run_folder.layout import RunDir
     from training.main import main
+    from training.trainer.run_folder.layout import RunDir
 
     shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
     failing = ["pipe:false", f"pipe:cat {tmp_path}/missing.tar"]
-    summary = main(["--train-data", "::".join(shards + failing), "--dataset-type", "webdataset",
-                    "--train-num-samples", "192", "--model", "adacl-tiny", "--batch-size", "32", "--epochs", "1",
-                    "--lr", "1e-3", "--workers", "0", "--device", "cpu", "--logs", str(tmp_path), "--name", "pipes"])
+    summary = main(
+        [
+            "--train-data",
+            "::".join(shards + failing),
+            "--dataset-type",
+            "webdataset",
+            "--train-num-samples",
+            "192",
+            "--model",
+            "adacl-tiny",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "pipes",
+        ]
+    )
     assert summary.step == 6
     [epoch] = RunDir(tmp_path / "pipes").metrics("epoch")
     # The epoch drew 192 of the 256 streamed samples; the failing pipes were visited at least once each.
@@ -123,14 +165,23 @@ def test_the_startup_check_skips_a_stalled_pipe_shard_and_probes_past_a_first_sh
     write_tar(tmp_path / "good.tar", [good(key) for key in range(8)])
     write_tar(tmp_path / "text.tar", [{"__key__": f"{key:09d}", "txt": b"no image"} for key in range(80)])
     start = time.time()
-    check_sample_fields(["pipe:sleep 617", str(tmp_path / "text.tar"), str(tmp_path / "good.tar")], ["txt"],
-                        key_flag="--caption-key", data_flag="--train-data", timeout_s=1)
+    check_sample_fields(
+        ["pipe:sleep 617", str(tmp_path / "text.tar"), str(tmp_path / "good.tar")],
+        ["txt"],
+        key_flag="--caption-key",
+        data_flag="--train-data",
+        timeout_s=1,
+    )
     assert time.time() - start < 30 and processes_running(b"sleep 617") == []
-    with pytest.raises(ValueError, match=r"^none of the first 64 samples of --train-data has an image field "
-                                         r"\(jpg, jpeg, png, webp\) \(in any of its first 2 readable shards\); their "
-                                         r"fields are \['txt'\]"):
-        check_sample_fields([str(tmp_path / "text.tar")] * 2, ["txt"], key_flag="--caption-key",
-                            data_flag="--train-data", timeout_s=1)
+    with pytest.raises(
+        ValueError,
+        match=r"^none of the first 64 samples of --train-data has an image field "
+        r"\(jpg, jpeg, png, webp\) \(in any of its first 2 readable shards\); their "
+        r"fields are \['txt'\]",
+    ):
+        check_sample_fields(
+            [str(tmp_path / "text.tar")] * 2, ["txt"], key_flag="--caption-key", data_flag="--train-data", timeout_s=1
+        )
 
 
 def test_oversized_images_and_captions_in_shards_are_skipped_unread(tmp_path):
@@ -138,13 +189,16 @@ def test_oversized_images_and_captions_in_shards_are_skipped_unread(tmp_path):
     samples[1]["png"] += b"\0" * 2000  # a valid PNG with trailing bytes: over the cap, never decoded
     samples[2]["txt"] = b"a long caption " * 100
     write_tar(tmp_path / "caps.tar", samples)
-    cfg = DataConfig(val_data=str(tmp_path / "caps.tar"), batch_size=4, workers=0, max_image_bytes=1500,
-                     max_caption_bytes=1000)
+    cfg = DataConfig(
+        val_data=str(tmp_path / "caps.tar"), batch_size=4, workers=0, max_image_bytes=1500, max_caption_bytes=1000
+    )
     batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
     assert indices(batches) == [0, 3, 4, 5]
     totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
-    assert {reason: count for reason, count in totals.items() if count} == {"oversized_image": 1,
-                                                                            "oversized_caption": 1}
+    assert {reason: count for reason, count in totals.items() if count} == {
+        "oversized_image": 1,
+        "oversized_caption": 1,
+    }
 
 
 @pytest.mark.parametrize("as_pipe", [False, True])
@@ -162,8 +216,19 @@ def test_a_member_over_the_size_caps_is_skipped_from_its_header_unread(tmp_path,
     finally:
         tracemalloc.stop()
     assert peak < 16 * 2**20, peak
-    reasons = [check_shard_sample(sample, caption_keys=("txt",), family_field=None, seed=0, epoch=0, shard_run=(0, 0),
-                                  max_image_bytes=2**20, max_caption_bytes=1000)[0] for sample in samples]
+    reasons = [
+        check_shard_sample(
+            sample,
+            caption_keys=("txt",),
+            family_field=None,
+            seed=0,
+            epoch=0,
+            shard_run=(0, 0),
+            max_image_bytes=2**20,
+            max_caption_bytes=1000,
+        )[0]
+        for sample in samples
+    ]
     assert reasons == [None, None, "oversized_image", None, None]
     assert counter.counts.sum() == 0  # a whole shard: nothing else counted
 
@@ -173,7 +238,7 @@ def test_a_shard_cut_at_a_member_boundary_or_ending_in_a_lying_header_is_counted
     data = (tmp_path / "good.tar").read_bytes()
     with tarfile.open(tmp_path / "good.tar") as tar:
         members = tar.getmembers()
-    (tmp_path / "cut.tar").write_bytes(data[:members[9].offset])  # after the third sample's three members
+    (tmp_path / "cut.tar").write_bytes(data[: members[9].offset])  # after the third sample's three members
     end = members[-1].offset_data + -(-members[-1].size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
     lie = tarfile.TarInfo("000000099.png")
     lie.size = 50 * 10**9

@@ -1,6 +1,7 @@
 """`python -m training.discover`: the report on data with known families (every image on the page loads),
 resuming after SIGKILL without losing or repeating a pair, 2 gloo ranks flagging what 1 rank flags, and
 one-line errors for bad input."""
+
 import json
 import os
 import signal
@@ -14,16 +15,16 @@ import open_clip
 import pytest
 import torch
 
+from helpers import REPO
 from helpers.data_utils import good, png, write_tar
 from helpers.distributed_utils import run_on_ranks
-from training.synthetic_scenes.writers import write_demo_dataset
-from training.trainer.data import DataError
 from training.discover import main
 from training.discover.cli import _Progress, planned_samples
-from training.trainer.distributed import DistributedEnv
 from training.discover.store import BATCHES_FILE, PAIRS_FILE
 from training.main import main as train_main
-from helpers import REPO
+from training.synthetic_scenes.writers import write_demo_dataset
+from training.trainer.data import DataError
+from training.trainer.distributed import DistributedEnv
 
 FAMILY = 8
 SIGNALS = "text,tokens,gda_both"  # a feature, a token and a posterior signal
@@ -42,9 +43,34 @@ def family_data(module_tmp):
 def checkpoint(family_data, module_tmp):
     """epoch_1.pt of 3 AdaCL steps on the family data, trained with the 'gda' candidate region."""
     logs = module_tmp("logs")
-    summary = train_main(["--train-data", family_data, "--model", "adacl-tiny", "--loss", "adacl",
-                          "--adacl-candidate-region", "gda", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3",
-                          "--warmup", "1", "--workers", "0", "--device", "cpu", "--logs", str(logs), "--name", "tiny"])
+    summary = train_main(
+        [
+            "--train-data",
+            family_data,
+            "--model",
+            "adacl-tiny",
+            "--loss",
+            "adacl",
+            "--adacl-candidate-region",
+            "gda",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--logs",
+            str(logs),
+            "--name",
+            "tiny",
+        ]
+    )
     return summary.checkpoint
 
 
@@ -86,8 +112,17 @@ def page_sources(output):
 
 def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
     output = tmp_path / "report"
-    summary = run(family_data, output, "--batch-size", "32", "--page-pairs", "10", "--pairs-per-row", "2",
-                  model=("--checkpoint", checkpoint))
+    summary = run(
+        family_data,
+        output,
+        "--batch-size",
+        "32",
+        "--page-pairs",
+        "10",
+        "--pairs-per-row",
+        "2",
+        model=("--checkpoint", checkpoint),
+    )
     # The checkpoint's own discovery options; batches of 32 hold 4 whole families: 7 siblings of 31 negatives.
     assert summary["settings"]["candidate_region"] == "gda"
     assert summary["batches"] == 6 and summary["samples"] == 192
@@ -114,15 +149,18 @@ def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
     # other-family pairs whose captions state the same facts are counted apart, as clones
     paraphrases = [p for p in pairs if not p["same_family"] and p["same_facts"]]
     assert both["kept_family_precision_with_paraphrases"] == pytest.approx(
-        (sum(p["same_family"] for p in pairs) + len(paraphrases)) / len(pairs))
+        (sum(p["same_family"] for p in pairs) + len(paraphrases)) / len(pairs)
+    )
     assert both["family_precision_with_paraphrases"] == pytest.approx(
-        both["family_precision"] + both["paraphrases"] / both["flagged"])
+        both["family_precision"] + both["paraphrases"] / both["flagged"]
+    )
     # every kept pair's facts are counted (the demo's two-object scenes), 0 apart exactly when they are the same
     assert all(p["facts_apart"] == 0 if p["same_facts"] else p["facts_apart"] >= 1 for p in pairs)
     assert sum(both["kept_labels"].values()) == len(pairs)
     assert both["kept_labels"].get("paraphrase", 0) == len(paraphrases)
-    assert both["kept_labels"].get("sibling-1", 0) + both["kept_labels"].get("sibling-2", 0) == \
-        sum(p["same_family"] for p in pairs)  # siblings of two-object scenes are 1 or 2 facts apart
+    assert both["kept_labels"].get("sibling-1", 0) + both["kept_labels"].get("sibling-2", 0) == sum(
+        p["same_family"] for p in pairs
+    )  # siblings of two-object scenes are 1 or 2 facts apart
     assert both["kept_within_one_fact"] == pytest.approx(sum(p["facts_apart"] <= 1 for p in pairs) / len(pairs))
 
     page = page_sources(output)
@@ -140,8 +178,22 @@ def test_resume_after_sigkill_loses_and_repeats_no_pair(family_data, weights, tm
     expected = tmp_path / "uninterrupted"
     run(family_data, expected, *flags)
     output = tmp_path / "killed"
-    command = [sys.executable, "-m", "training.discover", "--model", "adacl-tiny", "--data", family_data, "--output",
-               str(output), "--device", "cpu", "--workers", "0", *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "training.discover",
+        "--model",
+        "adacl-tiny",
+        "--data",
+        family_data,
+        "--output",
+        str(output),
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        *flags,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -185,15 +237,47 @@ def _damaged_shards(directory):
 
 
 def _discover_on_rank(rank, world_size, data, output, weights):
-    return main(["--model", "adacl-tiny", "--pretrained", weights, "--data", data, "--output", output, "--device",
-                 "cpu", "--workers", "0", "--batch-size", "8", "--adacl-salient", "mean", "--clone-signals", SIGNALS])
+    return main(
+        [
+            "--model",
+            "adacl-tiny",
+            "--pretrained",
+            weights,
+            "--data",
+            data,
+            "--output",
+            output,
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--batch-size",
+            "8",
+            "--adacl-salient",
+            "mean",
+            "--clone-signals",
+            SIGNALS,
+        ]
+    )
 
 
 def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
     data = _damaged_shards(tmp_path / "shards")
     # One rank with 2 data workers (each takes every other batch), 2 ranks reading in their main process.
-    one = run(data, tmp_path / "one", "--pretrained", weights, "--batch-size", "16", "--adacl-salient", "mean",
-              "--workers", "2", "--clone-signals", SIGNALS)
+    one = run(
+        data,
+        tmp_path / "one",
+        "--pretrained",
+        weights,
+        "--batch-size",
+        "16",
+        "--adacl-salient",
+        "mean",
+        "--workers",
+        "2",
+        "--clone-signals",
+        SIGNALS,
+    )
     assert one["skipped"] == {"bad_image": 1, "empty_caption": 1, "duplicate_key": 1}
     two = run_on_ranks(_discover_on_rank, 2, data, str(tmp_path / "two"), weights, init_group=False)
     assert two[1] == {} and two[0]["skipped"] == one["skipped"] and two[0]["samples"] == one["samples"] == 78
@@ -211,17 +295,26 @@ def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
 
 
 def test_other_clone_signals_are_counted_against_the_families(family_data, checkpoint, tmp_path, capsys):
-    summary = run(family_data, tmp_path / "report", "--batch-size", "32", "--clone-signals", "text,text_image_tokens",
-                  model=("--checkpoint", checkpoint))
+    summary = run(
+        family_data,
+        tmp_path / "report",
+        "--batch-size",
+        "32",
+        "--clone-signals",
+        "text,text_image_tokens",
+        model=("--checkpoint", checkpoint),
+    )
     both, table = summary["directions"]["both"], capsys.readouterr().out
     records = lines(tmp_path / "report" / BATCHES_FILE)
     for name in ("text", "text_image_tokens"):
         flagged = sum(d["signals"][name]["flagged"] for r in records for d in r["directions"])
         siblings = sum(d["signals"][name]["flagged_siblings"] for r in records for d in r["directions"])
         assert 0 < siblings <= flagged
-        assert both["signals"][name] == {"flagged_fraction": pytest.approx(flagged / both["negatives"]),
-                                         "family_precision": pytest.approx(siblings / flagged),
-                                         "family_recall": pytest.approx(siblings / (both["sibling_fraction"] * both["negatives"]))}
+        assert both["signals"][name] == {
+            "flagged_fraction": pytest.approx(flagged / both["negatives"]),
+            "family_precision": pytest.approx(siblings / flagged),
+            "family_recall": pytest.approx(siblings / (both["sibling_fraction"] * both["negatives"])),
+        }
         assert f"clone signal {name} (both directions): flagged {flagged / both['negatives']:.3f}" in table
     with pytest.raises(ValueError, match="--clone-signals: unknown nope; choose from gda, gda_both"):
         run(family_data, tmp_path / "bad", "--clone-signals", "text,nope", model=("--checkpoint", checkpoint))
@@ -233,8 +326,11 @@ def test_a_checkpoint_of_another_architecture_is_one_line(family_data, weights, 
     del state["logit_scale"]
     wrong = tmp_path / "wrong.pt"
     torch.save(state, wrong)
-    with pytest.raises(ValueError, match=r"does not fit --model adacl-tiny: 1 of \d+ tensors differ in shape and 1 "
-                                         r"are missing, e\.g\. text_projection .*pass the --model it was trained as"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not fit --model adacl-tiny: 1 of \d+ tensors differ in shape and 1 "
+        r"are missing, e\.g\. text_projection .*pass the --model it was trained as",
+    ):
         run(family_data, tmp_path / "out", "--pretrained", str(wrong))
     with pytest.raises(ValueError, match="was trained as --model adacl-tiny but --model is ViT-B-32: drop --model"):
         run(family_data, tmp_path / "out", model=("--checkpoint", checkpoint, "--model", "ViT-B-32"))
@@ -245,8 +341,11 @@ def test_a_checkpoint_whose_contents_do_not_match_its_digest_is_one_line(family_
     saved["state_dict"]["logit_scale"] += 1  # changed after the digest was taken, as a bad copy would
     damaged = tmp_path / "damaged.pt"
     torch.save(saved, damaged)
-    with pytest.raises(ValueError, match=rf"^--checkpoint {damaged}: its contents do not match the digest written "
-                                         "with it .*; copy it again from where it was written, or pass another"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^--checkpoint {damaged}: its contents do not match the digest written "
+        "with it .*; copy it again from where it was written, or pass another",
+    ):
         run(family_data, tmp_path / "out", model=("--checkpoint", str(damaged)))
 
 
@@ -258,19 +357,54 @@ def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_pat
     with pytest.raises(FileNotFoundError, match="do not exist"):
         run(str(tmp_path / "missing-{0..1}.tar"), tmp_path / "out", "--pretrained", weights)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-m", "training.discover", "--model", "adacl-tiny", "--data", family_data,
-                             "--caption-key", "caption", "--output", str(tmp_path / "out"), "--device", "cpu"],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.discover",
+            "--model",
+            "adacl-tiny",
+            "--data",
+            family_data,
+            "--caption-key",
+            "caption",
+            "--output",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --caption-key caption: none of the first "
-                                                                       "64 samples of --data has a field 'caption'")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "error: --caption-key caption: none of the first 64 samples of --data has a field 'caption'"
+    )
     assert "pass --caption-key with one of ['txt', 'txt_alt', 'txt_pseudo']" in result.stderr
 
 
 def test_every_registered_source_is_read_by_its_ordered_pass(tmp_path):
     """synthetic, which makes its own samples: --train-num-samples of them, no --data."""
-    summary = main(["--model", "adacl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "24",
-                    "--batch-size", "16", "--output", str(tmp_path / "out"), "--device", "cpu", "--workers", "0"])
+    summary = main(
+        [
+            "--model",
+            "adacl-tiny",
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "24",
+            "--batch-size",
+            "16",
+            "--output",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+        ]
+    )
     assert summary["samples"] == 24 and summary["batches"] == 2 and summary["settings"]["data"] is None
     with pytest.raises(ValueError, match="--data is required"):
         main(["--model", "adacl-tiny", "--output", str(tmp_path / "none"), "--device", "cpu"])
@@ -284,13 +418,24 @@ def test_csv_data_is_read_with_the_trainers_flags(tmp_path, weights):
         rows.append(f"{image}\ta square of shade {index % 4}")
     rows.insert(5, f"{tmp_path / 'missing.png'}\ta square that is not there")
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
-    summary = run(str(tmp_path / "data.csv"), tmp_path / "out", "--pretrained", weights, "--batch-size", "7",
-                  "--csv-img-key", "path", "--csv-caption-key", "caption")
+    summary = run(
+        str(tmp_path / "data.csv"),
+        tmp_path / "out",
+        "--pretrained",
+        weights,
+        "--batch-size",
+        "7",
+        "--csv-img-key",
+        "path",
+        "--csv-caption-key",
+        "caption",
+    )
     assert summary["samples"] == 20 and summary["skipped"] == {"missing_image": 1} and summary["batches"] == 3
     assert "family_precision" not in summary["directions"]["both"]  # no ground-truth families
     pairs = lines(tmp_path / "out" / PAIRS_FILE)
-    assert pairs and all(Path(pair["query_key"]).is_file() and pair["query_source"].endswith("data.csv")
-                         for pair in pairs)
+    assert pairs and all(
+        Path(pair["query_key"]).is_file() and pair["query_source"].endswith("data.csv") for pair in pairs
+    )
     for source in page_sources(tmp_path / "out").images:
         assert (tmp_path / "out" / source).is_file(), source
 

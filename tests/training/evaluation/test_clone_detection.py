@@ -1,4 +1,5 @@
 """`training.evaluation.clone_detection`: the loss's discovery step scored against known sibling families."""
+
 import io
 import json
 
@@ -44,8 +45,14 @@ def _write_family_shard(path, num_families, captions, with_family=True):
             buffer = io.BytesIO()
             image.save(buffer, format="PNG")
             meta = {"family": index // FAMILY} if with_family else {}
-            sink.write({"__key__": f"{index:06d}", "png": buffer.getvalue(), "txt": captions(index),
-                        "json": json.dumps(meta).encode()})
+            sink.write(
+                {
+                    "__key__": f"{index:06d}",
+                    "png": buffer.getvalue(),
+                    "txt": captions(index),
+                    "json": json.dumps(meta).encode(),
+                }
+            )
 
 
 def test_evaluate_on_real_shards_reports_every_pair_and_the_exact_sibling_fraction(tmp_path):

@@ -1,4 +1,5 @@
 """Clone-negative selection: the metric on hand-built numbers, a known-answer model, clip-benchmark agreement."""
+
 import json
 import math
 
@@ -11,8 +12,12 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-from training.evaluation.clone_selection import (clone_selection_accuracy, clone_selection_margins, evaluate_clone_selection,
-                                      read_clone_selection)
+from training.evaluation.clone_selection import (
+    clone_selection_accuracy,
+    clone_selection_margins,
+    evaluate_clone_selection,
+    read_clone_selection,
+)
 
 NAN = float("nan")
 COLORS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
@@ -29,20 +34,30 @@ HAND_CLONES = {
 
 def test_accuracy_per_edit_type_and_pooled():
     metrics = clone_selection_accuracy(HAND_TRUE, HAND_CLONES)
-    assert metrics == {"color_acc": 0.5, "shape_acc": pytest.approx(2 / 3), "relation_acc": 0.0,
-                       "overall_acc": pytest.approx(3 / 6)}
+    assert metrics == {
+        "color_acc": 0.5,
+        "shape_acc": pytest.approx(2 / 3),
+        "relation_acc": 0.0,
+        "overall_acc": pytest.approx(3 / 6),
+    }
 
 
 def test_margin_per_edit_type_and_pooled_in_cosine_units_logits_and_lower_tail():
     metrics = clone_selection_margins(HAND_TRUE, HAND_CLONES, logit_scale=10.0)
     # true - clone over the present pairs: color (0.8, -0.1), shape (-0.05, 0.4, 0.1), relation (0)
     assert {key: value for key, value in metrics.items() if key.endswith("_cos_margin")} == {
-        "color_cos_margin": pytest.approx(0.35), "shape_cos_margin": pytest.approx(0.15),
-        "relation_cos_margin": pytest.approx(0.0), "overall_cos_margin": pytest.approx(1.15 / 6)}
+        "color_cos_margin": pytest.approx(0.35),
+        "shape_cos_margin": pytest.approx(0.15),
+        "relation_cos_margin": pytest.approx(0.0),
+        "overall_cos_margin": pytest.approx(1.15 / 6),
+    }
     # logits: logit_scale x the cosine margin
     assert {key: value for key, value in metrics.items() if key.endswith("_margin") and "_cos" not in key} == {
-        "color_margin": pytest.approx(3.5), "shape_margin": pytest.approx(1.5),
-        "relation_margin": pytest.approx(0.0), "overall_margin": pytest.approx(11.5 / 6)}
+        "color_margin": pytest.approx(3.5),
+        "shape_margin": pytest.approx(1.5),
+        "relation_margin": pytest.approx(0.0),
+        "overall_margin": pytest.approx(11.5 / 6),
+    }
     # 10th percentile, linear between order statistics: color -0.1 + 0.1 x (0.8 + 0.1) = -0.01;
     # shape: position 0.2 of (-0.05, 0.1, 0.4) -> -0.05 + 0.2 x 0.15 = -0.02; overall: position 0.5 of
     # (-0.1, -0.05, 0, 0.1, 0.4, 0.8) -> -0.075
@@ -57,9 +72,14 @@ def write_clone_shards(data_dir, samples, per_shard=2):
     data_dir.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(samples), per_shard):
         with wds.TarWriter(str(data_dir / f"{start // per_shard:06d}.tar")) as sink:
-            for offset, (color, caption, clones) in enumerate(samples[start:start + per_shard]):
-                sink.write({"__key__": f"{start + offset:06d}", "png": Image.new("RGB", (32, 32), COLORS[color]),
-                            "json": json.dumps({"caption": caption, "clones": clones}).encode()})
+            for offset, (color, caption, clones) in enumerate(samples[start : start + per_shard]):
+                sink.write(
+                    {
+                        "__key__": f"{start + offset:06d}",
+                        "png": Image.new("RGB", (32, 32), COLORS[color]),
+                        "json": json.dumps({"caption": caption, "clones": clones}).encode(),
+                    }
+                )
 
 
 def word_tokenizer(texts):
@@ -87,8 +107,11 @@ COLOR_BLIND_SAMPLES = [
     ("red", "a red circle", {"color": "a blue circle", "shape": "a red square", "relation": None}),
     ("green", "a green square", {"color": "a red square", "shape": "a green circle"}),
     ("blue", "a big blue circle", {"color": "a big green circle", "size": "a small blue circle"}),
-    ("red", "a red circle left of a blue square",
-     {"color": "a green circle left of a blue square", "relation": "a blue square left of a red circle"}),
+    (
+        "red",
+        "a red circle left of a blue square",
+        {"color": "a green circle left of a blue square", "relation": "a blue square left of a red circle"},
+    ),
 ]
 
 
@@ -97,10 +120,16 @@ def test_known_answer_for_a_model_that_sees_only_colour(tmp_path):
     assert [caption for _, caption, _ in read_clone_selection(tmp_path)] == [s[1] for s in COLOR_BLIND_SAMPLES]
     metrics = evaluate_clone_selection(ColorOnlyClip(), to_tensor, word_tokenizer, tmp_path, batch_size=3)
     # Colour edits are always caught; shape, size and relation edits leave the features tied: failures.
-    assert metrics == {"color_acc": 1.0, "shape_acc": 0.0, "size_acc": 0.0, "relation_acc": 0.0,
-                       "overall_acc": pytest.approx(4 / 8)}
-    with_margins = evaluate_clone_selection(ColorOnlyClip(), to_tensor, word_tokenizer, tmp_path, batch_size=3,
-                                            margins=True)
+    assert metrics == {
+        "color_acc": 1.0,
+        "shape_acc": 0.0,
+        "size_acc": 0.0,
+        "relation_acc": 0.0,
+        "overall_acc": pytest.approx(4 / 8),
+    }
+    with_margins = evaluate_clone_selection(
+        ColorOnlyClip(), to_tensor, word_tokenizer, tmp_path, batch_size=3, margins=True
+    )
     assert {key: value for key, value in with_margins.items() if key.endswith("_acc")} == metrics
     # Tied features give margin 0; a colour clone loses the whole cosine between distinct pure colours.
     assert with_margins["shape_margin"] == with_margins["size_margin"] == with_margins["relation_margin"] == 0.0
@@ -125,8 +154,9 @@ def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo
 
     samples = list(read_clone_selection(data_dir))
     edits = ("color", "shape", "size", "relation")
-    assert set(metrics) == {f"{name}_{kind}" for name in (*edits, "overall")
-                            for kind in ("acc", "margin", "cos_margin", "cos_margin_p10")}
+    assert set(metrics) == {
+        f"{name}_{kind}" for name in (*edits, "overall") for kind in ("acc", "margin", "cos_margin", "cos_margin_p10")
+    }
     for edit in edits:
         # clip-benchmark's loader format for SugarCrepe: (images, [[true caption, negative caption], ...])
         pairs = [(preprocess(image), [caption, clones[edit]]) for image, caption, clones in samples if edit in clones]
@@ -145,8 +175,9 @@ def test_agrees_with_clip_benchmark_image_caption_selection_on_the_demo_set(demo
 
 
 def test_warns_when_truncation_removes_the_edit(tmp_path):
-    write_clone_shards(tmp_path, [("red", "a red circle left of a blue square",
-                                   {"relation": "a red circle left of a blue circle"})])
+    write_clone_shards(
+        tmp_path, [("red", "a red circle left of a blue square", {"relation": "a red circle left of a blue circle"})]
+    )
 
     def truncating_tokenizer(texts):
         return word_tokenizer(texts)[:, :4]

@@ -1,5 +1,6 @@
 """training.evaluation.zero_shot on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
 above-chance accuracy and recall, the in-process path gives the same numbers, and the table lists them."""
+
 import csv
 import json
 import sys
@@ -9,10 +10,17 @@ import pytest
 from safetensors.torch import save_file
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
-
 from helpers.cli_errors import one_line_error
-from training.evaluation.zero_shot import (cli, closest_dataset, format_markdown, infer_task, known_datasets, main,
-                                           table_rows, worker_count)
+from training.evaluation.zero_shot import (
+    cli,
+    closest_dataset,
+    format_markdown,
+    infer_task,
+    known_datasets,
+    main,
+    table_rows,
+    worker_count,
+)
 from training.main import main as train_main
 
 NUM_TEST = 128  # the demo fixture's test scenes (conftest.DEMO_SIZES)
@@ -23,12 +31,38 @@ NUM_CLASSES = {"wds/scenes_color": 7, "wds/scenes_shape": 4}
 def trained_checkpoint(demo_shards, module_tmp):
     """adacl-tiny after 96 CLIP steps on the demo's 512 training scenes (about 20 s on 2 CPU cores)."""
     logs = module_tmp("logs")
-    summary = train_main([
-        "--train-data", str(demo_shards / "train" / "shard-{000000..000003}.tar"), "--model", "adacl-tiny",
-        "--loss", "clip", "--batch-size", "64", "--epochs", "12", "--lr", "3e-3", "--warmup", "10",
-        "--workers", "0", "--device", "cpu", "--precision", "fp32", "--seed", "0",
-        "--logs", str(logs), "--name", "evaluate-test", "--save-frequency", "12",
-    ])
+    summary = train_main(
+        [
+            "--train-data",
+            str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+            "--model",
+            "adacl-tiny",
+            "--loss",
+            "clip",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "12",
+            "--lr",
+            "3e-3",
+            "--warmup",
+            "10",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--seed",
+            "0",
+            "--logs",
+            str(logs),
+            "--name",
+            "evaluate-test",
+            "--save-frequency",
+            "12",
+        ]
+    )
     return summary.checkpoint
 
 
@@ -36,8 +70,18 @@ def trained_checkpoint(demo_shards, module_tmp):
 def stock_cli_output(trained_checkpoint, demo_shards, module_tmp):
     """The README command: export the checkpoint, run the stock `clip_benchmark eval` (a subprocess per task)."""
     output_dir = module_tmp("stock")
-    main(["--checkpoint", trained_checkpoint, "--demo-root", str(demo_shards), "--output-dir", str(output_dir),
-          "--num-workers", "2"])
+    main(
+        [
+            "--checkpoint",
+            trained_checkpoint,
+            "--demo-root",
+            str(demo_shards),
+            "--output-dir",
+            str(output_dir),
+            "--num-workers",
+            "2",
+        ]
+    )
     return output_dir
 
 
@@ -49,12 +93,21 @@ def read_table(output_dir):
 def test_stock_cli_table_lists_every_metric_in_unit_range(stock_cli_output):
     table = read_table(stock_cli_output)
     # clip-benchmark reports top-5 accuracy only for sets of at least 5 classes
-    classification = {(name, "zeroshot_classification", metric) for name, classes in NUM_CLASSES.items()
-                      for metric in ("acc1", "acc5", "mean_per_class_recall") if metric != "acc5" or classes >= 5}
-    retrieval = {("wds/scenes_retrieval", "zeroshot_retrieval", f"{direction}_retrieval_recall@{k}")
-                 for direction in ("image", "text") for k in (1, 5, 10)}
-    clone_selection = {("clone_selection", "clone_selection", f"{edit}_acc")
-                       for edit in ("color", "shape", "size", "relation", "overall")}
+    classification = {
+        (name, "zeroshot_classification", metric)
+        for name, classes in NUM_CLASSES.items()
+        for metric in ("acc1", "acc5", "mean_per_class_recall")
+        if metric != "acc5" or classes >= 5
+    }
+    retrieval = {
+        ("wds/scenes_retrieval", "zeroshot_retrieval", f"{direction}_retrieval_recall@{k}")
+        for direction in ("image", "text")
+        for k in (1, 5, 10)
+    }
+    clone_selection = {
+        ("clone_selection", "clone_selection", f"{edit}_acc")
+        for edit in ("color", "shape", "size", "relation", "overall")
+    }
     assert set(table) == classification | retrieval | clone_selection
     assert all(0.0 <= value <= 1.0 for value in table.values())
     markdown = (stock_cli_output / "results.md").read_text()
@@ -69,14 +122,26 @@ def test_trained_model_is_far_above_chance_through_the_stock_cli(stock_cli_outpu
     # 96 steps learn colour (acc1 ~0.5 against 1/7) but not yet shape, which stays near chance.
     assert table[("wds/scenes_color", "zeroshot_classification", "acc1")] > 2 / NUM_CLASSES["wds/scenes_color"]
     for direction in ("image", "text"):  # chance R@5 is about 5/128 either way
-        assert table[("wds/scenes_retrieval", "zeroshot_retrieval", f"{direction}_retrieval_recall@5")] > \
-            4 * 5 / NUM_TEST
+        assert (
+            table[("wds/scenes_retrieval", "zeroshot_retrieval", f"{direction}_retrieval_recall@5")] > 4 * 5 / NUM_TEST
+        )
     assert table[("clone_selection", "clone_selection", "color_acc")] > 0.75
 
 
 def test_in_process_path_agrees_with_stock_cli(stock_cli_output, demo_shards, tmp_path):
-    rows = main(["--model", f"local-dir:{stock_cli_output / 'export'}", "--demo-root", str(demo_shards),
-                 "--output-dir", str(tmp_path), "--num-workers", "0", "--in-process"])
+    rows = main(
+        [
+            "--model",
+            f"local-dir:{stock_cli_output / 'export'}",
+            "--demo-root",
+            str(demo_shards),
+            "--output-dir",
+            str(tmp_path),
+            "--num-workers",
+            "0",
+            "--in-process",
+        ]
+    )
     in_process = {(row["dataset"], row["task"], row["metric"]): row["value"] for row in rows}
     stock = read_table(stock_cli_output)
     assert in_process.keys() == stock.keys()
@@ -86,24 +151,49 @@ def test_in_process_path_agrees_with_stock_cli(stock_cli_output, demo_shards, tm
 
 def test_library_model_names_need_an_export_for_the_stock_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--model", "adacl-tiny", "--pretrained", "epoch_1.pt", "--datasets", "wds/x",
-              "--output-dir", str(tmp_path)])
+        main(
+            [
+                "--model",
+                "adacl-tiny",
+                "--pretrained",
+                "epoch_1.pt",
+                "--datasets",
+                "wds/x",
+                "--output-dir",
+                str(tmp_path),
+            ]
+        )
     assert "pass --checkpoint CKPT" in capsys.readouterr().err
 
 
-def test_cli_reports_missing_datasets_in_one_line_before_running_clip_benchmark(stock_cli_output, tmp_path,
-                                                                                  monkeypatch, capsys):
+def test_cli_reports_missing_datasets_in_one_line_before_running_clip_benchmark(
+    stock_cli_output, tmp_path, monkeypatch, capsys
+):
     (tmp_path / "cifar10").mkdir()  # an empty folder holds no data either
-    monkeypatch.setattr(sys, "argv", ["adacl-evaluate", "--model", f"local-dir:{stock_cli_output / 'export'}",
-                                      "--datasets", "wds/absent,cifar10", "--dataset-root-dir",
-                                      str(tmp_path / "{dataset}"), "--output-dir", str(tmp_path / "eval")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "adacl-evaluate",
+            "--model",
+            f"local-dir:{stock_cli_output / 'export'}",
+            "--datasets",
+            "wds/absent,cifar10",
+            "--dataset-root-dir",
+            str(tmp_path / "{dataset}"),
+            "--output-dir",
+            str(tmp_path / "eval"),
+        ],
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli()
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith(f"error: 2 of the 2 datasets have no data in their folder: wds/absent "
-                                   f"({tmp_path / 'absent'}), cifar10 ({tmp_path / 'cifar10'}); put them there first")
+    assert captured.err.startswith(
+        f"error: 2 of the 2 datasets have no data in their folder: wds/absent "
+        f"({tmp_path / 'absent'}), cifar10 ({tmp_path / 'cifar10'}); put them there first"
+    )
     assert not (tmp_path / "eval").exists()
 
 
@@ -125,8 +215,11 @@ def test_wds_workers_capped_at_shard_count(tmp_path):
 
 def test_table_rows_skip_nan_and_format(tmp_path):
     result = tmp_path / "r.json"
-    result.write_text(json.dumps({"dataset": "wds/x", "task": "zeroshot_classification",
-                                  "metrics": {"acc1": 0.25, "acc5": float("nan")}}))
+    result.write_text(
+        json.dumps(
+            {"dataset": "wds/x", "task": "zeroshot_classification", "metrics": {"acc1": 0.25, "acc5": float("nan")}}
+        )
+    )
     rows = table_rows([result])
     assert rows == [{"dataset": "wds/x", "task": "zeroshot_classification", "metric": "acc1", "value": 0.25}]
     assert format_markdown(rows).splitlines()[-1] == "| wds/x | zeroshot_classification | acc1 | 0.2500 |"
@@ -138,20 +231,30 @@ def evaluation_cli_error(argv, monkeypatch, capsys) -> str:
 
 
 def test_an_unknown_dataset_name_is_one_line_with_the_closest_known_one(tmp_path, monkeypatch, capsys):
-    error = evaluation_cli_error(["--model", "ViT-B-32", "--datasets", "imagenet1k,imagenet", "--output-dir",
-                                  tmp_path / "eval"], monkeypatch, capsys)
-    assert error == ("error: --datasets imagenet: unknown dataset, did you mean imagenet1k? (clip-benchmark's "
-                     "names; wds/NAME for a local webdataset set)")
+    error = evaluation_cli_error(
+        ["--model", "ViT-B-32", "--datasets", "imagenet1k,imagenet", "--output-dir", tmp_path / "eval"],
+        monkeypatch,
+        capsys,
+    )
+    assert error == (
+        "error: --datasets imagenet: unknown dataset, did you mean imagenet1k? (clip-benchmark's "
+        "names; wds/NAME for a local webdataset set)"
+    )
     assert closest_dataset("mscoco", known_datasets()) == "mscoco_captions"
     assert closest_dataset("cifar-10", known_datasets()) == "cifar10"
     assert not (tmp_path / "eval").exists()
 
 
 def test_a_missing_export_is_one_line_without_the_usage_screen(tmp_path, monkeypatch, capsys):
-    error = evaluation_cli_error(["--model", f"local-dir:{tmp_path / 'export'}", "--datasets", "imagenet1k",
-                                  "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
-    assert error == (f"error: --model local-dir:{tmp_path / 'export'}: no open_clip_config.json there (write one "
-                     "with python -m training.export)")
+    error = evaluation_cli_error(
+        ["--model", f"local-dir:{tmp_path / 'export'}", "--datasets", "imagenet1k", "--output-dir", tmp_path / "eval"],
+        monkeypatch,
+        capsys,
+    )
+    assert error == (
+        f"error: --model local-dir:{tmp_path / 'export'}: no open_clip_config.json there (write one "
+        "with python -m training.export)"
+    )
 
 
 def write_export(folder, embed_dim=None):
@@ -171,31 +274,78 @@ def test_a_truncated_or_mismatched_export_is_named_in_one_line(tmp_path, monkeyp
     truncated = write_export(tmp_path / "truncated")
     weights = truncated / "open_clip_model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    mismatched = write_export(tmp_path / "mismatched", embed_dim=2 * open_clip.get_model_config("adacl-tiny")["embed_dim"])
+    mismatched = write_export(
+        tmp_path / "mismatched", embed_dim=2 * open_clip.get_model_config("adacl-tiny")["embed_dim"]
+    )
     for export_dir, problem in ((truncated, "SafetensorError: "), (mismatched, "RuntimeError: size mismatch for ")):
-        error = evaluation_cli_error(["--model", f"local-dir:{export_dir}", "--datasets", "wds/x", "--dataset-root-dir",
-                                      tmp_path / "{dataset}", "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
+        error = evaluation_cli_error(
+            [
+                "--model",
+                f"local-dir:{export_dir}",
+                "--datasets",
+                "wds/x",
+                "--dataset-root-dir",
+                tmp_path / "{dataset}",
+                "--output-dir",
+                tmp_path / "eval",
+            ],
+            monkeypatch,
+            capsys,
+        )
         assert error.startswith(f"error: --model local-dir:{export_dir}: the export does not load ({problem}")
         assert error.endswith("); export it again with python -m training.export")
     assert not (tmp_path / "eval").exists()
 
 
-def test_several_datasets_sharing_one_root_are_refused_and_a_root_per_dataset_is_not(stock_cli_output, demo_shards,
-                                                                                    tmp_path, monkeypatch, capsys):
+def test_several_datasets_sharing_one_root_are_refused_and_a_root_per_dataset_is_not(
+    stock_cli_output, demo_shards, tmp_path, monkeypatch, capsys
+):
     """A root without {dataset} would evaluate scenes_shape's folder under both names and exit 0; with {dataset}
     (here in clip-benchmark's own spellings, --dataset A B --dataset_root) each gets its own score."""
     export_dir = stock_cli_output / "export"
     shared = demo_shards / "benchmark" / "scenes_shape"
-    error = evaluation_cli_error(["--model", f"local-dir:{export_dir}", "--datasets", "wds/scenes_color,wds/scenes_shape",
-                                  "--dataset-root-dir", shared, "--output-dir", tmp_path / "eval"], monkeypatch, capsys)
-    assert error == (f"error: --dataset-root-dir {shared}: 2 datasets (wds/scenes_color, wds/scenes_shape) would all "
-                     f"read {shared}; put {{dataset}} in it (e.g. '/data/{{dataset}}') so that each reads its own "
-                     "folder, or evaluate them one at a time")
+    error = evaluation_cli_error(
+        [
+            "--model",
+            f"local-dir:{export_dir}",
+            "--datasets",
+            "wds/scenes_color,wds/scenes_shape",
+            "--dataset-root-dir",
+            shared,
+            "--output-dir",
+            tmp_path / "eval",
+        ],
+        monkeypatch,
+        capsys,
+    )
+    assert error == (
+        f"error: --dataset-root-dir {shared}: 2 datasets (wds/scenes_color, wds/scenes_shape) would all "
+        f"read {shared}; put {{dataset}} in it (e.g. '/data/{{dataset}}') so that each reads its own "
+        "folder, or evaluate them one at a time"
+    )
     assert not (tmp_path / "eval").exists()
-    rows = main(["--model", f"local-dir:{export_dir}", "--dataset", "wds/scenes_color", "wds/scenes_shape",
-                 "--dataset_root", str(demo_shards / "benchmark" / "{dataset}"), "--output-dir", str(tmp_path / "ok"),
-                 "--num-workers", "0", "--in-process"])
+    rows = main(
+        [
+            "--model",
+            f"local-dir:{export_dir}",
+            "--dataset",
+            "wds/scenes_color",
+            "wds/scenes_shape",
+            "--dataset_root",
+            str(demo_shards / "benchmark" / "{dataset}"),
+            "--output-dir",
+            str(tmp_path / "ok"),
+            "--num-workers",
+            "0",
+            "--in-process",
+        ]
+    )
     stock = read_table(stock_cli_output)
     assert {(row["dataset"], row["metric"]): row["value"] for row in rows} == pytest.approx(
-        {(dataset, metric): value for (dataset, _, metric), value in stock.items()
-         if dataset in ("wds/scenes_color", "wds/scenes_shape")}, abs=1e-6)
+        {
+            (dataset, metric): value
+            for (dataset, _, metric), value in stock.items()
+            if dataset in ("wds/scenes_color", "wds/scenes_shape")
+        },
+        abs=1e-6,
+    )

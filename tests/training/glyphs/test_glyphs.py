@@ -1,5 +1,6 @@
 """The glyph benchmark's data: real DejaVu glyphs named by Unicode, families of one-attribute siblings, held-out
 glyphs never trained on, weak captions, and the family accuracy its evaluation reports."""
+
 import json
 
 import numpy as np
@@ -7,13 +8,13 @@ import pytest
 import torch
 import webdataset as wds
 
-from training.trainer.data.shard_writer import brace_pattern
 from training.evaluation.clone_selection import FAMILY, clone_selection_accuracy, read_clone_selection
 from training.glyphs import ATTRIBUTE_KINDS, FACES, SiblingIndex, all_glyphs, covered_letters, write_glyph_dataset
 from training.glyphs.catalogue import Glyph, parse_letter
 from training.glyphs.rendering import render_glyph
 from training.glyphs.writers import split_of, weak_caption
 from training.main import main
+from training.trainer.data.shard_writer import brace_pattern
 from training.trainer.run_folder.layout import RunDir
 
 
@@ -49,11 +50,13 @@ def test_every_sibling_differs_in_exactly_its_attribute_kind():
         glyph = glyphs[position]
         for kind in ATTRIBUTE_KINDS:
             for sibling in index.siblings(glyph, kind):
-                differs = {"mark": sibling.letter.marks != glyph.letter.marks,
-                           "case": sibling.letter.case != glyph.letter.case,
-                           "weight": sibling.face.weight != glyph.face.weight,
-                           "slant": sibling.face.slant != glyph.face.slant,
-                           "typeface": sibling.face.typeface != glyph.face.typeface}
+                differs = {
+                    "mark": sibling.letter.marks != glyph.letter.marks,
+                    "case": sibling.letter.case != glyph.letter.case,
+                    "weight": sibling.face.weight != glyph.face.weight,
+                    "slant": sibling.face.slant != glyph.face.slant,
+                    "typeface": sibling.face.typeface != glyph.face.typeface,
+                }
                 assert [name for name, changed in differs.items() if changed] == [kind]
                 assert sibling.letter.base == glyph.letter.base
 
@@ -71,7 +74,7 @@ def test_training_families_are_consecutive_siblings_of_a_base(glyph_data):
     train = samples(str(glyph_data / manifest["splits"]["train"]["data"]))
     assert len(train) == 256 and manifest["train_distinct_glyphs"] > 200
     for start in range(0, 256, 8):
-        family = [sample["json"] for sample in train[start:start + 8]]
+        family = [sample["json"] for sample in train[start : start + 8]]
         assert len({meta["family"] for meta in family}) == 1
         assert family[0]["family_edit"] is None and all(meta["family_edit"] in ATTRIBUTE_KINDS for meta in family[1:])
         assert len({meta["caption"] for meta in family}) == 8
@@ -128,10 +131,40 @@ def test_family_accuracy_needs_the_true_caption_above_every_sibling():
 def test_the_oracle_trains_on_the_glyph_families(glyph_data, tmp_path):
     """Through `training.main`, unchanged: the json family ids reach the oracle, whole families in a batch."""
     manifest = json.loads((glyph_data / "manifest.json").read_text())
-    main(["--train-data", str(glyph_data / manifest["splits"]["train"]["data"]), "--train-num-samples", "256",
-          "--train-group-size", "8", "--batch-size", "32", "--model", "adacl-tiny", "--lr", "1e-3", "--warmup", "1",
-          "--epochs", "1", "--workers", "0", "--device", "cpu", "--loss", "oracle", "--caption-key", "txt_weak",
-          "--logs", str(tmp_path), "--name", "oracle", "--log-every-n-steps", "1"])
+    main(
+        [
+            "--train-data",
+            str(glyph_data / manifest["splits"]["train"]["data"]),
+            "--train-num-samples",
+            "256",
+            "--train-group-size",
+            "8",
+            "--batch-size",
+            "32",
+            "--model",
+            "adacl-tiny",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--loss",
+            "oracle",
+            "--caption-key",
+            "txt_weak",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "oracle",
+            "--log-every-n-steps",
+            "1",
+        ]
+    )
     steps = RunDir(tmp_path / "oracle").metrics("train")
     assert len(steps) == 8 and all(record["stats/family_negatives"] == 7 for record in steps)
 
@@ -141,11 +174,42 @@ def test_adaclw_with_a_token_discovery_gets_the_captions_token_ids_from_the_trai
     """The trainer passes each batch's token ids to a loss that takes_text_tokens (with --accum-freq, every
     micro-batch's): the token discovery flags a minority of the negatives on every step."""
     manifest = json.loads((glyph_data / "manifest.json").read_text())
-    main(["--train-data", str(glyph_data / manifest["splits"]["train"]["data"]), "--train-num-samples", "256",
-          "--train-group-size", "8", "--batch-size", str(32 // accum_freq), "--accum-freq", str(accum_freq),
-          "--model", "adacl-tiny", "--lr", "1e-3", "--warmup", "1", "--epochs", "1", "--workers", "0", "--device",
-          "cpu", "--loss", "adaclw", "--adaclw-discovery", "text_image_tokens", "--logs", str(tmp_path), "--name",
-          "adaclw", "--log-every-n-steps", "1"])
+    main(
+        [
+            "--train-data",
+            str(glyph_data / manifest["splits"]["train"]["data"]),
+            "--train-num-samples",
+            "256",
+            "--train-group-size",
+            "8",
+            "--batch-size",
+            str(32 // accum_freq),
+            "--accum-freq",
+            str(accum_freq),
+            "--model",
+            "adacl-tiny",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--loss",
+            "adaclw",
+            "--adaclw-discovery",
+            "text_image_tokens",
+            "--logs",
+            str(tmp_path),
+            "--name",
+            "adaclw",
+            "--log-every-n-steps",
+            "1",
+        ]
+    )
     steps = RunDir(tmp_path / "adaclw").metrics("train")
     assert len(steps) == 8  # 256 samples, 32 a step
     assert all(0 < record["stats/i2t/clone_share"] < 0.3 for record in steps)

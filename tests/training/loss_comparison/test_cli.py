@@ -1,4 +1,5 @@
 """The command line refuses a budget that cannot run and a report without runs, before writing anything."""
+
 import pytest
 
 from training.loss_comparison.cli import main
@@ -18,8 +19,9 @@ def test_train_args_add_to_a_recipes_flags_instead_of_replacing_them():
     """--recipe's own trainer flags (caption key, family grouping) stay when --train-args adds e.g. --pretrained."""
     from training.loss_comparison.cli import build_parser, resolve_budget
 
-    args = build_parser().parse_args(["--recipe", "glyphs-finetune-weak", "--train-args", "--pretrained x.pt",
-                                      "--caption-key", "txt_alt"])
+    args = build_parser().parse_args(
+        ["--recipe", "glyphs-finetune-weak", "--train-args", "--pretrained x.pt", "--caption-key", "txt_alt"]
+    )
     values = resolve_budget(args).trainer_values
     # The recipe's own, --train-args's and --caption-key's, which wins over the recipe's txt_weak; as values.
     assert values == {"train_group_size": 8, "val_caption_key": "txt", "caption_key": "txt_alt", "pretrained": "x.pt"}
@@ -32,11 +34,21 @@ def test_a_recorded_budget_reads_back_as_values_also_when_it_recorded_an_argv():
 
     from training.loss_comparison.data import QUICK, Budget
 
-    budget = replace(QUICK.with_recipe("clone-pseudo"), trainer_values={
-        **QUICK.with_recipe("clone-pseudo").trainer_values, "pretrained": "x.pt"})
+    budget = replace(
+        QUICK.with_recipe("clone-pseudo"),
+        trainer_values={**QUICK.with_recipe("clone-pseudo").trainer_values, "pretrained": "x.pt"},
+    )
     recorded = asdict(budget)
     assert Budget.from_record(recorded) == budget
     as_argv = {key: value for key, value in recorded.items() if key != "trainer_values"}
-    as_argv["train_args"] = ["--train-group-size", "8", "--caption-key", "txt_pseudo", "--val-caption-key", "txt",
-                             "--pretrained", "x.pt"]
+    as_argv["train_args"] = [
+        "--train-group-size",
+        "8",
+        "--caption-key",
+        "txt_pseudo",
+        "--val-caption-key",
+        "txt",
+        "--pretrained",
+        "x.pt",
+    ]
     assert Budget.from_record(as_argv) == budget

@@ -1,6 +1,7 @@
 """The cluster path on the demo shards as the user's own data: emit the jobs, run the SLURM array script as a
 plain local loop over task ids (each task: torchrun training, then evaluation and its record), then
 --report-only pairs the runs; before the last tasks it lists the missing runs."""
+
 import csv
 import json
 import os
@@ -23,22 +24,57 @@ def write_sugar_crepe(root, demo, task="replace_att", edit="color"):
     for index, (image, caption, clones) in enumerate(read_clone_selection(demo / "clone_selection")):
         if edit in clones:
             image.save(root / "val2017" / f"{index:06d}.png")
-            annotations[str(index)] = {"filename": f"{index:06d}.png", "caption": caption,
-                                       "negative_caption": clones[edit]}
+            annotations[str(index)] = {
+                "filename": f"{index:06d}.png",
+                "caption": caption,
+                "negative_caption": clones[edit],
+            }
     (root / f"{task}.json").write_text(json.dumps(annotations))
 
 
 def emit_argv(demo, jobs_dir, output_dir, *extra):
     # 4 epochs of 16 steps: enough for these runs to leave chance level (not collapsed), so that they pair.
-    return ["--losses", "clip,adacl", "--seeds", "0,1", "--device", "cpu", "--workers", "0", "--batch-size", "32",
-            "--epochs", "4", "--lr", "2e-3", "--warmup", "4",
-            "--train-data", str(demo / "train" / "shard-{000000..000003}.tar"), "--train-num-samples", "512",
-            "--val-data", str(demo / "val" / "shard-000000.tar"), "--dataset-type", "webdataset",
-            "--caption-key", "txt", "--train-args", "--log-every-n-steps 1",
-            "--benchmark-datasets", "wds/scenes_shape,wds/scenes_retrieval",
-            "--benchmark-root", str(demo / "benchmark" / "{dataset}"),
-            "--clone-selection-dir", str(demo / "clone_selection"),
-            "--emit-jobs", str(jobs_dir), "--output-dir", str(output_dir), *extra]
+    return [
+        "--losses",
+        "clip,adacl",
+        "--seeds",
+        "0,1",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "4",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "4",
+        "--train-data",
+        str(demo / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        "512",
+        "--val-data",
+        str(demo / "val" / "shard-000000.tar"),
+        "--dataset-type",
+        "webdataset",
+        "--caption-key",
+        "txt",
+        "--train-args",
+        "--log-every-n-steps 1",
+        "--benchmark-datasets",
+        "wds/scenes_shape,wds/scenes_retrieval",
+        "--benchmark-root",
+        str(demo / "benchmark" / "{dataset}"),
+        "--clone-selection-dir",
+        str(demo / "clone_selection"),
+        "--emit-jobs",
+        str(jobs_dir),
+        "--output-dir",
+        str(output_dir),
+        *extra,
+    ]
 
 
 @pytest.mark.slow  # 4 torchrun runs of 64 steps, each evaluated: about 100 s of CPU on a 2-core AMD EPYC
@@ -50,25 +86,49 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     for name in ("scenes_shape", "scenes_retrieval"):
         (benchmark / name).symlink_to(demo_shards / "benchmark" / name)
     write_sugar_crepe(benchmark / "sugar_crepe" / "replace_att", demo_shards)
-    main(emit_argv(demo_shards, jobs_dir, output_dir, "--primary-endpoint", ENDPOINT, "--equivalence-margin", "0.05",
-                   "--benchmark-datasets", "wds/scenes_shape,wds/scenes_retrieval,sugar_crepe/replace_att",
-                   "--benchmark-root", str(benchmark / "{dataset}")))
+    main(
+        emit_argv(
+            demo_shards,
+            jobs_dir,
+            output_dir,
+            "--primary-endpoint",
+            ENDPOINT,
+            "--equivalence-margin",
+            "0.05",
+            "--benchmark-datasets",
+            "wds/scenes_shape,wds/scenes_retrieval,sugar_crepe/replace_att",
+            "--benchmark-root",
+            str(benchmark / "{dataset}"),
+        )
+    )
     array = (jobs_dir / "array.sh").read_text()
     assert "#SBATCH --array=0-3" in array and "--gpus-per-node" not in array  # a CPU budget asks for no GPU
     with (jobs_dir / "jobs.tsv").open() as f:
         tasks = list(csv.DictReader(f, delimiter="\t"))
     assert [(t["task"], t["variant"], t["seed"]) for t in tasks] == [
-        ("0", "clip", "0"), ("1", "adacl", "0"), ("2", "clip", "1"), ("3", "adacl", "1")]
+        ("0", "clip", "0"),
+        ("1", "adacl", "0"),
+        ("2", "clip", "1"),
+        ("3", "adacl", "1"),
+    ]
     script = (jobs_dir / "jobs" / "001-adacl-seed0.sh").read_text()
-    assert ("-m training.torchrun --standalone --nproc-per-node 1 -m training.main -- --train-data" in script
-            and "--loss adacl" in script and "--resume latest" in script and "--finish-job" in script)
+    assert (
+        "-m training.torchrun --standalone --nproc-per-node 1 -m training.main -- --train-data" in script
+        and "--loss adacl" in script
+        and "--resume latest" in script
+        and "--finish-job" in script
+    )
     assert "--dataset-type webdataset --caption-key txt" in script and "--log-every-n-steps 1" in script
 
     def run_tasks(ids):
         """The array's tasks as a plain loop, two at a time (as a scheduler would run them)."""
-        tasks = [subprocess.Popen(["bash", str(jobs_dir / "array.sh")],
-                                  env={**os.environ, "OMP_NUM_THREADS": "1", "SLURM_ARRAY_TASK_ID": str(task)})
-                 for task in ids]
+        tasks = [
+            subprocess.Popen(
+                ["bash", str(jobs_dir / "array.sh")],
+                env={**os.environ, "OMP_NUM_THREADS": "1", "SLURM_ARRAY_TASK_ID": str(task)},
+            )
+            for task in ids
+        ]
         assert [task.wait(timeout=300) for task in tasks] == [0] * len(ids)
 
     run_tasks([0, 1])  # seed 0 of both losses; seed 1 not yet
@@ -80,7 +140,9 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     # --losses and --seeds pick the runs to report on: the finished seed alone has nothing missing.
     seed0 = tmp_path / "seed0.md"
     records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--seeds", "0"])
-    assert sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed0"] and "**missing**" not in seed0.read_text()
+    assert (
+        sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed0"] and "**missing**" not in seed0.read_text()
+    )
     records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--losses", "clip"])
     assert [r["name"] for r in records] == ["clip-seed0"] and "`clip-seed1`: **missing**" in seed0.read_text()
 
@@ -90,8 +152,14 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     assert len(records) == 4 and "**missing**" not in results_md.read_text()
     record = json.loads((output_dir / "records" / "adacl-seed1.json").read_text())
     assert record["status"] == "ok" and record["world_size"] == 1 and record["metrics"]["train/steps"] == 64
-    assert {"cls/scenes_shape/acc1", "ret/scenes_retrieval/image_R@1", "sel/replace_att/text_acc", "clone/shape",
-            "clone/shape_cos_margin_p10", "val/i2t_R@1"} <= set(record["metrics"])
+    assert {
+        "cls/scenes_shape/acc1",
+        "ret/scenes_retrieval/image_R@1",
+        "sel/replace_att/text_acc",
+        "clone/shape",
+        "clone/shape_cos_margin_p10",
+        "val/i2t_R@1",
+    } <= set(record["metrics"])
     assert record["loss_options"]["queue_size"] == 0 and record["machine"]["cores"]
     markdown = results_md.read_text()
     assert "## Primary endpoint" in markdown and "equivalence margin ±0.05; reference `clip`" in markdown
@@ -104,6 +172,7 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
     assert f"training data `{demo_shards / 'train' / 'shard-{000000..000003}.tar'}` (512 samples per epoch)" in markdown
     assert "clip-benchmark sets `wds/scenes_shape`, `wds/scenes_retrieval`, `sugar_crepe/replace_att`" in markdown
     assert "| `adacl` | sel/replace_att/text_acc | 2 |" in markdown or pairs < 2
+
 
 def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
     base = emit_argv(demo_shards, tmp_path / "jobs", tmp_path / "out")
@@ -118,7 +187,9 @@ def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
         main(without("--train-data"))
     with pytest.raises(ValueError, match="reference variant 'siglip' is not in --losses"):
         main(base + ["--reference", "siglip"])
-    with pytest.raises(ValueError, match="--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs"):
+    with pytest.raises(
+        ValueError, match="--pretrain-epochs pretrains on the demo data, here; with --train-data or --emit-jobs"
+    ):
         main(base + ["--pretrain-epochs", "2"])
     assert not (tmp_path / "jobs").exists()
 
@@ -131,24 +202,36 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     main(emit_argv(demo_shards, jobs_dir, output_dir, "--nproc-per-node", "2", "--device", "cuda"))
     assert "#SBATCH --gpus-per-node=2" in (jobs_dir / "array.sh").read_text()
     calls, stub = tmp_path / "calls.txt", tmp_path / "python"
-    stub.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\n'
-                    f'if [ "$2" = training.torchrun ]; then echo "training failed"; exit 3; fi\nexec {sys.executable} "$@"\n')
+    stub.write_text(
+        f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\n'
+        f'if [ "$2" = training.torchrun ]; then echo "training failed"; exit 3; fi\nexec {sys.executable} "$@"\n'
+    )
     stub.chmod(0o755)
     for task in (2, 1):
-        subprocess.run(["bash", str(jobs_dir / "array.sh")], check=True, timeout=120,
-                       env={**os.environ, "PYTHON": str(stub), "SLURM_ARRAY_TASK_ID": str(task)})
+        subprocess.run(
+            ["bash", str(jobs_dir / "array.sh")],
+            check=True,
+            timeout=120,
+            env={**os.environ, "PYTHON": str(stub), "SLURM_ARRAY_TASK_ID": str(task)},
+        )
     train, finish, *_ = calls.read_text().splitlines()
     assert train.startswith("-m training.torchrun --standalone --nproc-per-node 2 -m training.main -- --train-data")
     assert "--seed 1 " in train and "--loss clip" in train and train.endswith("--resume latest")
-    assert finish.startswith(f"-m training.loss_comparison --finish-job {output_dir / 'records' / 'clip-seed1.job.json'} "
-                             "--train-status 3 --train-seconds ")
+    assert finish.startswith(
+        f"-m training.loss_comparison --finish-job {output_dir / 'records' / 'clip-seed1.job.json'} "
+        "--train-status 3 --train-seconds "
+    )
     assert "training failed" in (output_dir / "logs" / "clip-seed1.log").read_text()
     record = json.loads((output_dir / "records" / "clip-seed1.json").read_text())
     assert record["status"] == "failed" and record["world_size"] == 2
     assert record["error"].startswith("training exited with status 3")
     with pytest.raises(subprocess.CalledProcessError):  # a task id beyond the array
-        subprocess.run(["bash", str(jobs_dir / "array.sh")], check=True, capture_output=True,
-                       env={**os.environ, "SLURM_ARRAY_TASK_ID": "4"})
+        subprocess.run(
+            ["bash", str(jobs_dir / "array.sh")],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "SLURM_ARRAY_TASK_ID": "4"},
+        )
     records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md")])
     assert sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed1"]
     report = (tmp_path / "r.md").read_text()
@@ -157,21 +240,35 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     assert "2 ranks x 32" in report  # the global batch of a 2-process run
     assert "## Primary endpoint" not in report  # none was registered at emission
     # --report-only may report on a registration given now (or a file); the report says where it came from.
-    main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md"),
-          "--primary-endpoint", "colour=clone/color", "--reference", "adacl"])
-    assert ("`colour`: the per-run mean of clone/color; equivalence margin ±0.02; reference `adacl`; given on the "
-            "command line") in (tmp_path / "r.md").read_text()
+    main(
+        [
+            "--report-only",
+            "--output-dir",
+            str(output_dir),
+            "--results-md",
+            str(tmp_path / "r.md"),
+            "--primary-endpoint",
+            "colour=clone/color",
+            "--reference",
+            "adacl",
+        ]
+    )
+    assert (
+        "`colour`: the per-run mean of clone/color; equivalence margin ±0.02; reference `adacl`; given on the "
+        "command line"
+    ) in (tmp_path / "r.md").read_text()
 
 
 @pytest.mark.slow  # one run of 16 steps and its evaluation: about 30 s of CPU
 def test_own_data_runs_locally_too(demo_shards, tmp_path):
     """Without --emit-jobs the user's data and sets train and evaluate here, as the demo data does."""
     argv = emit_argv(demo_shards, tmp_path / "jobs", tmp_path / "out")
-    argv = argv[:argv.index("--emit-jobs")]
+    argv = argv[: argv.index("--emit-jobs")]
     for flag, value in (("--losses", "clip"), ("--seeds", "0"), ("--epochs", "1")):
         argv[argv.index(flag) + 1] = value
-    (run,) = main(argv + ["--output-dir", str(tmp_path / "out"), "--results-md", str(tmp_path / "local.md"),
-                          "--jobs", "1"])
+    (run,) = main(
+        argv + ["--output-dir", str(tmp_path / "out"), "--results-md", str(tmp_path / "local.md"), "--jobs", "1"]
+    )
     assert run["status"] == "ok", run["error"]
     assert {"cls/scenes_shape/acc1", "ret/scenes_retrieval/text_R@5", "clone/color_cos_margin"} <= set(run["metrics"])
     assert "(512 samples per epoch)" in (tmp_path / "local.md").read_text()

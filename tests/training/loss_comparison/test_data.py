@@ -1,10 +1,11 @@
 """The comparison's demo data: reused while its manifest matches the budget, never written over other files."""
+
 from dataclasses import replace
 
 import pytest
 
-from training.loss_comparison.data import prepare_data
 from helpers.comparison_records import TINY
+from training.loss_comparison.data import prepare_data
 
 
 def test_data_is_reused_when_it_matches_and_never_overwritten(demo_shards, tmp_path):

@@ -1,10 +1,11 @@
 """The secondary family the report tests is exactly the one docs/preregistration.md registers."""
+
 import re
 from pathlib import Path
 
+from helpers.comparison_records import record
 from training.loss_comparison.findings import SECONDARY_FAMILY, secondary_keys
 from training.loss_comparison.stats import summarize
-from helpers.comparison_records import record
 
 PREREGISTRATION = Path(__file__).resolve().parents[3] / "docs" / "preregistration.md"
 
@@ -16,11 +17,16 @@ def test_the_family_is_the_registered_list_of_metric_names():
 
 
 def test_a_registered_study_tests_its_family_and_never_logit_margins():
-    metrics = {f"clone/{edit}{suffix}": 0.5 for edit in ("color", "shape", "size", "relation")
-               for suffix in ("", "_cos_margin", "_cos_margin_p10", "_margin")}
+    metrics = {
+        f"clone/{edit}{suffix}": 0.5
+        for edit in ("color", "shape", "size", "relation")
+        for suffix in ("", "_cos_margin", "_cos_margin_p10", "_margin")
+    }
     records = [{**record("clip", **metrics, **{"cls/scenes_color/acc1": 0.5}), "verdict": "ok"}]
     summaries = summarize(records)
-    assert secondary_keys(summaries, registered=True) == [key for key in SECONDARY_FAMILY if key in records[0]["metrics"]]
+    assert secondary_keys(summaries, registered=True) == [
+        key for key in SECONDARY_FAMILY if key in records[0]["metrics"]
+    ]
     unregistered = secondary_keys(summaries, registered=False)
     assert "clone/shape_cos_margin" in unregistered and "cls/scenes_color/acc1" in unregistered
     assert not [key for key in unregistered if key.endswith("_margin") and not key.endswith("_cos_margin")]

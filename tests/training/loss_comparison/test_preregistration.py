@@ -1,33 +1,40 @@
 """The pre-registration (endpoint, margin, reference) from flags or a committed file, and the report's verdict table."""
+
 import json
 
 import pytest
 
+from helpers import REPO
+from helpers.comparison_records import record, report_context
 from training.loss_comparison.preregistration import Preregistration, from_file, resolve
 from training.loss_comparison.report import write_report
 from training.loss_comparison.stats import assess_run
-from helpers import REPO
-from helpers.comparison_records import record, report_context
 
 ENDPOINT = "clone_learnable=clone/color+clone/shape+clone/size"
 
 
 def test_flags_give_the_endpoint_margin_and_reference():
     registration = resolve(None, ENDPOINT, 0.01, "adacl")
-    assert registration == Preregistration("clone_learnable", ("clone/color", "clone/shape", "clone/size"), 0.01,
-                                           "adacl", None)
+    assert registration == Preregistration(
+        "clone_learnable", ("clone/color", "clone/shape", "clone/size"), 0.01, "adacl", None
+    )
     assert registration.key == "primary/clone_learnable" and registration.definition == ENDPOINT
-    assert resolve(None, ENDPOINT, None, None).margin == 0.02 and resolve(None, ENDPOINT, None, None).reference == "clip"
+    assert (
+        resolve(None, ENDPOINT, None, None).margin == 0.02 and resolve(None, ENDPOINT, None, None).reference == "clip"
+    )
     assert resolve(None, None, None, "siglip") == Preregistration(reference="siglip")  # pairing only, no verdict
 
 
-@pytest.mark.parametrize("endpoint, margin, message", [
-    ("clone/color+clone/shape", None, "write NAME=metric1"),
-    ("x=", None, "write NAME=metric1"),
-    ("x=clone/color+clone/color", None, "lists a metric twice"),
-    (ENDPOINT, 0.0, "must be > 0"),
-    (None, 0.02, "--equivalence-margin needs --primary-endpoint"),
-])
+@pytest.mark.parametrize(
+    "endpoint, margin, message",
+    [
+        ("clone/color+clone/shape", None, "write NAME=metric1"),
+        ("x=", None, "write NAME=metric1"),
+        ("x=clone/color+clone/color", None, "lists a metric twice"),
+        (ENDPOINT, 0.0, "must be > 0"),
+        (None, 0.02, "--equivalence-margin needs --primary-endpoint"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(endpoint, margin, message):
     with pytest.raises(ValueError, match=message):
         resolve(None, endpoint, margin, None)
@@ -35,13 +42,21 @@ def test_bad_flags_are_one_line_errors(endpoint, margin, message):
 
 def test_a_markdown_file_holds_one_registration_per_regime(tmp_path):
     page = tmp_path / "preregistration.md"
-    blocks = [{"name": "scratch", "primary_endpoint": ENDPOINT, "equivalence_margin": 0.02},
-              {"name": "weak", "primary_endpoint": "shape=clone/shape", "equivalence_margin": 0.03, "reference": "x"}]
-    page.write_text("# Pre-registration\n\nText.\n\n" + "\n".join(
-        f"## {block['name']}\n\n```json\n{json.dumps(block, indent=1)}\n```\n" for block in blocks))
+    blocks = [
+        {"name": "scratch", "primary_endpoint": ENDPOINT, "equivalence_margin": 0.02},
+        {"name": "weak", "primary_endpoint": "shape=clone/shape", "equivalence_margin": 0.03, "reference": "x"},
+    ]
+    page.write_text(
+        "# Pre-registration\n\nText.\n\n"
+        + "\n".join(f"## {block['name']}\n\n```json\n{json.dumps(block, indent=1)}\n```\n" for block in blocks)
+    )
     scratch = from_file(f"{page}#scratch")
     assert (scratch.endpoint, scratch.margin, scratch.reference, scratch.source) == (
-        "clone_learnable", 0.02, "clip", f"{page}#scratch")
+        "clone_learnable",
+        0.02,
+        "clip",
+        f"{page}#scratch",
+    )
     weak = resolve(f"{page}#weak", None, None, None)
     assert (weak.metrics, weak.margin, weak.reference) == (("clone/shape",), 0.03, "x")
     with pytest.raises(ValueError, match="found 2 registrations where one is needed; pick one with FILE#NAME"):
@@ -68,8 +83,15 @@ def test_a_json_file_and_its_errors(tmp_path):
 
 def test_a_registration_can_fix_the_verdict_rule_and_the_secondary_family(tmp_path):
     path = tmp_path / "prereg.json"
-    path.write_text(json.dumps({"primary_endpoint": ENDPOINT, "helps_beyond_margin": True,
-                                "secondary_family": ["clone/mark", "clone/*_cos_margin"]}))
+    path.write_text(
+        json.dumps(
+            {
+                "primary_endpoint": ENDPOINT,
+                "helps_beyond_margin": True,
+                "secondary_family": ["clone/mark", "clone/*_cos_margin"],
+            }
+        )
+    )
     registration = from_file(str(path))
     assert registration.helps_beyond_margin and registration.secondary_family == ("clone/mark", "clone/*_cos_margin")
     assert not from_file(f"{REPO / 'docs' / 'preregistration.md'}#scratch").helps_beyond_margin
@@ -99,18 +121,39 @@ def test_the_glyph_benchmark_registers_the_margin_rule_and_its_102_secondary_tes
 def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
     def runs(label, shift, spread):
         # The endpoint's three metrics move together; `shift` is the variant's effect, `spread` its seed noise.
-        return [record(label, seed, **{f"clone/{edit}": 0.6 + 0.05 * seed + shift + spread * (-1) ** seed
-                                       for edit in ("color", "shape", "size")}) for seed in range(5)]
+        return [
+            record(
+                label,
+                seed,
+                **{
+                    f"clone/{edit}": 0.6 + 0.05 * seed + shift + spread * (-1) ** seed
+                    for edit in ("color", "shape", "size")
+                },
+            )
+            for seed in range(5)
+        ]
 
-    records = [assess_run(r) for r in runs("clip", 0, 0) + runs("better", 0.05, 0.003) + runs("equal", 0, 0.003)
-               + runs("noisy", 0.0, 0.05) + runs("lonely", 0.01, 0)[:1]]
-    registration = Preregistration("clone_learnable", ("clone/color", "clone/shape", "clone/size"), 0.02,
-                                   source="docs/prereg.md#scratch")
+    records = [
+        assess_run(r)
+        for r in runs("clip", 0, 0)
+        + runs("better", 0.05, 0.003)
+        + runs("equal", 0, 0.003)
+        + runs("noisy", 0.0, 0.05)
+        + runs("lonely", 0.01, 0)[:1]
+    ]
+    registration = Preregistration(
+        "clone_learnable", ("clone/color", "clone/shape", "clone/size"), 0.02, source="docs/prereg.md#scratch"
+    )
     markdown = write_report(records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", registration)
-    assert ("`clone_learnable`: the per-run mean of clone/color, clone/shape, clone/size; equivalence margin ±0.02; "
-            "reference `clip`; pre-registered in `docs/prereg.md#scratch`.") in markdown
-    rows = {line.split(" | ")[0]: line for line in markdown.splitlines() if line.startswith("| `")
-            and "| clone_learnable | ±0.02 |" in line}
+    assert (
+        "`clone_learnable`: the per-run mean of clone/color, clone/shape, clone/size; equivalence margin ±0.02; "
+        "reference `clip`; pre-registered in `docs/prereg.md#scratch`."
+    ) in markdown
+    rows = {
+        line.split(" | ")[0]: line
+        for line in markdown.splitlines()
+        if line.startswith("| `") and "| clone_learnable | ±0.02 |" in line
+    }
     assert set(rows) == {"| `better`", "| `equal`", "| `noisy`", "| `lonely`"}
     # differences 0.053, 0.047, ... : mean 0.0506, sd 0.003286; t(0.975, 4) 2.776, t(0.95, 4) 2.132
     assert "| 5 | +0.0506 | [+0.0465, +0.0547] | [+0.0475, +0.0537] | **helps**" in rows["| `better`"]
@@ -123,5 +166,6 @@ def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
     with pytest.raises(ValueError, match="clone/colour is in no ok run's metrics; choose from"):
         write_report(records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", typo)
     with pytest.raises(ValueError, match="reference variant 'siglip' is not among the variants"):
-        write_report(records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out",
-                     Preregistration(reference="siglip"))
+        write_report(
+            records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", Preregistration(reference="siglip")
+        )

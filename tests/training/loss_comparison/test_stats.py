@@ -1,13 +1,23 @@
 """Verdicts (collapsed, failed, nonfinite), means over the ok runs only, and paired differences over seeds."""
+
 import math
 
 import pytest
 
-from training.loss_comparison.report import write_report
-from training.loss_comparison.stats import (CollapseCriteria, PairedDifference, assess_run, check_same_code, holm,
-                                           paired_difference, primary_verdict, secondary_tests, summarize,
-                                           val_chance_loss)
 from helpers.comparison_records import assessed_records, record, report_context
+from training.loss_comparison.report import write_report
+from training.loss_comparison.stats import (
+    CollapseCriteria,
+    PairedDifference,
+    assess_run,
+    check_same_code,
+    holm,
+    paired_difference,
+    primary_verdict,
+    secondary_tests,
+    summarize,
+    val_chance_loss,
+)
 
 
 def test_healthy_runs_are_ok():
@@ -55,8 +65,11 @@ def test_pairs_of_different_code_are_refused_in_one_line():
         check_same_code(records, ["clip", "adacl"], "clip")
     check_same_code([assess_run(record("clip", 0)), assess_run(record("adacl", 0))], ["clip", "adacl"], "clip")
     with pytest.raises(ValueError, match="unknown"):
-        check_same_code([assess_run(record("clip", 0, code=None)), assess_run(record("adacl", 0, code=None))],
-                        ["clip", "adacl"], "clip")
+        check_same_code(
+            [assess_run(record("clip", 0, code=None)), assess_run(record("adacl", 0, code=None))],
+            ["clip", "adacl"],
+            "clip",
+        )
 
 
 def test_recall_at_chance_is_collapsed_for_every_loss():
@@ -91,13 +104,18 @@ def test_means_exclude_flagged_runs_and_rows_count_them():
 
 def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
     # Seeds move both losses together (0.1 apart per seed); `noisy` alternates around clip.
-    records = [assess_run(r) for seed in range(5) for r in (
-        record("clip", seed, i2t=0.3 + 0.1 * seed),
-        record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
-        record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0))]
+    records = [
+        assess_run(r)
+        for seed in range(5)
+        for r in (
+            record("clip", seed, i2t=0.3 + 0.1 * seed),
+            record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
+            record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0),
+        )
+    ]
     noisy = paired_difference(records, "noisy", "clip", "val/i2t_R@1")
     # differences -0.05, +0.05, -0.05, +0.05, -0.05: mean -0.01, sd 0.0548, t(0.975, 4) = 2.776
-    half = 2.776 * 0.05477 / 5 ** 0.5
+    half = 2.776 * 0.05477 / 5**0.5
     assert noisy.n == 5 and noisy.mean == pytest.approx(-0.01)
     assert noisy.interval(0.95) == pytest.approx((-0.01 - half, -0.01 + half), rel=1e-3)
     assert noisy.p_value == pytest.approx(0.7040, abs=1e-3)  # t = -0.408 on 4 degrees of freedom
@@ -110,9 +128,16 @@ def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
 def test_a_zero_variance_difference_is_never_significant(tmp_path):
     # `steady` is 0.02 above clip on every seed (up to float rounding), `same` scores exactly what clip does,
     # `tiny` is a steady float-noise offset, `single` has one pair.
-    records = [assess_run(r) for seed in range(5) for r in (
-        record("clip", seed, i2t=0.3 + 0.1 * seed), record("steady", seed, i2t=0.32 + 0.1 * seed),
-        record("same", seed, i2t=0.3 + 0.1 * seed), record("tiny", seed, i2t=0.3 + 0.1 * seed + 1e-7 * seed))]
+    records = [
+        assess_run(r)
+        for seed in range(5)
+        for r in (
+            record("clip", seed, i2t=0.3 + 0.1 * seed),
+            record("steady", seed, i2t=0.32 + 0.1 * seed),
+            record("same", seed, i2t=0.3 + 0.1 * seed),
+            record("tiny", seed, i2t=0.3 + 0.1 * seed + 1e-7 * seed),
+        )
+    ]
     records.append(assess_run(record("single", 0, i2t=0.5)))
     steady = paired_difference(records, "steady", "clip", "val/i2t_R@1")
     assert steady.n == 5 and steady.mean == pytest.approx(0.02) and steady.zero_variance and not steady.testable
@@ -122,8 +147,10 @@ def test_a_zero_variance_difference_is_never_significant(tmp_path):
     assert steady.interval_text(0.95) == "n/a (zero variance)"
     assert primary_verdict(steady, margin=0.05)[0] == "inconclusive"
     same = paired_difference(records, "same", "clip", "val/i2t_R@1")
-    assert same.identical and primary_verdict(same, margin=0.02) == ("no effect",
-                                                                     "identical to the reference on every pair")
+    assert same.identical and primary_verdict(same, margin=0.02) == (
+        "no effect",
+        "identical to the reference on every pair",
+    )
     single = paired_difference(records, "single", "clip", "val/i2t_R@1")
     assert single.n == 1 and primary_verdict(single, 0.02) == ("inconclusive", "1 pair (a paired interval needs 2)")
     assert primary_verdict(None, 0.02)[0] == "inconclusive"
@@ -151,29 +178,42 @@ def test_secondary_tests_are_holm_corrected_over_every_variant_and_metric(tmp_pa
     # clone/color has raw p 0.045 < 0.05, second smallest of 4, so Holm p = 3 x 0.045 > 0.05.
     gains = {"a": [0.101, 0.099, 0.1, 0.102, 0.098], "b": [0.02, 0.05, 0.005, 0.04, 0.01]}
     records = [assess_run(record("clip", seed, i2t=0.3, **{"clone/color": 0.7})) for seed in range(5)]
-    records += [assess_run(record(label, seed, i2t=0.3 + (gain[seed] if label == "a" else 0.01 * (seed % 2)),
-                                  **{"clone/color": 0.7 + (gain[seed] if label == "b" else 0.0)}))
-                for label, gain in gains.items() for seed in range(5)]
+    records += [
+        assess_run(
+            record(
+                label,
+                seed,
+                i2t=0.3 + (gain[seed] if label == "a" else 0.01 * (seed % 2)),
+                **{"clone/color": 0.7 + (gain[seed] if label == "b" else 0.0)},
+            )
+        )
+        for label, gain in gains.items()
+        for seed in range(5)
+    ]
     tests = secondary_tests(records, ["clip", "a", "b"], "clip", ["clone/color", "val/i2t_R@1"])
     b_color, a_recall = tests["b"]["clone/color"], tests["a"]["val/i2t_R@1"]
     assert b_color.p_value == pytest.approx(0.0448, abs=1e-3)  # mean 0.025, sd 0.01936, t 2.887, 4 df
     assert a_recall.p_value < 1e-5 and a_recall.significant
     raw = [tests[label][key].p_value or 1.0 for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")]
-    assert [tests[label][key].adjusted for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")] == \
-        pytest.approx(holm(raw)[0])
+    assert [
+        tests[label][key].adjusted for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")
+    ] == pytest.approx(holm(raw)[0])
     assert b_color.adjusted == pytest.approx(3 * b_color.p_value) and not b_color.significant  # raw p < 0.05, not Holm
     markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
     assert "`a` vs `clip`: better on val/i2t_R@1 +0.100 (Holm p" in markdown
     assert "`b` vs `clip`: no secondary difference survives the Holm correction" in markdown
 
 
-@pytest.mark.parametrize("differences, margin, verdict", [
-    ((0.03, 0.04, 0.05, 0.035, 0.045), 0.02, "helps"),
-    ((-0.03, -0.04, -0.05, -0.035, -0.045), 0.02, "hurts"),
-    ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.02, "no effect"),
-    ((0.03, -0.03, 0.02, -0.025, 0.01), 0.02, "inconclusive"),
-    ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.001, "inconclusive"),  # a tight margin: cannot show equivalence
-])
+@pytest.mark.parametrize(
+    "differences, margin, verdict",
+    [
+        ((0.03, 0.04, 0.05, 0.035, 0.045), 0.02, "helps"),
+        ((-0.03, -0.04, -0.05, -0.035, -0.045), 0.02, "hurts"),
+        ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.02, "no effect"),
+        ((0.03, -0.03, 0.02, -0.025, 0.01), 0.02, "inconclusive"),
+        ((0.001, -0.002, 0.0015, -0.001, 0.0005), 0.001, "inconclusive"),  # a tight margin: cannot show equivalence
+    ],
+)
 def test_primary_verdicts_helps_hurts_no_effect_inconclusive(differences, margin, verdict):
     assert primary_verdict(PairedDifference(differences), margin)[0] == verdict
 
@@ -186,11 +226,15 @@ def test_the_registered_reading_needs_the_interval_outside_the_margin():
     straddling = PairedDifference((0.005, 0.03, 0.012, 0.025, 0.008))  # above 0, its 90% interval reaches past 0.02
     assert primary_verdict(straddling, 0.02)[0] == "helps"
     assert primary_verdict(straddling, 0.02, beyond_margin=True) == (
-        "inconclusive", "the 95% interval is not outside ±0.02 and the 90% interval is not inside it")
+        "inconclusive",
+        "the 95% interval is not outside ±0.02 and the 90% interval is not inside it",
+    )
     beyond = PairedDifference((0.03, 0.04, 0.05, 0.035, 0.045))
     assert primary_verdict(beyond, 0.02, beyond_margin=True) == ("helps", "the 95% interval is above +0.02")
     assert primary_verdict(PairedDifference(tuple(-d for d in beyond.differences)), 0.02, beyond_margin=True) == (
-        "hurts", "the 95% interval is below -0.02")
+        "hurts",
+        "the 95% interval is below -0.02",
+    )
 
 
 def test_the_equivalence_test_uses_the_90_percent_interval():
@@ -202,9 +246,9 @@ def test_the_equivalence_test_uses_the_90_percent_interval():
     assert primary_verdict(difference, 0.0016) == ("no effect", "TOST: the 90% interval is inside ±0.0016")
     # Significant but smaller than the margin: helps, and the reason says so.
     assert primary_verdict(PairedDifference((0.004, 0.005, 0.006)), 0.02) == (
-        "helps", "the 95% interval is above 0 (inside the margin)")
-
-
+        "helps",
+        "the 95% interval is above 0 (inside the margin)",
+    )
 
 
 def test_pairs_needed_follow_the_observed_spread():

@@ -1,12 +1,13 @@
 """In-batch siblings measured on the real batch stream of the demo's families."""
+
 import runpy
 
 import pytest
 import torch
 
-from training.trainer.data import DataConfig
-from training.synthetic_scenes.families import count_siblings, measure_siblings, read_families
 from helpers import REPO
+from training.synthetic_scenes.families import count_siblings, measure_siblings, read_families
+from training.trainer.data import DataConfig
 
 
 def test_count_siblings_on_hand_built_batches():
@@ -33,9 +34,18 @@ def test_shards_without_family_ids_are_named(demo_shards):
 
 def test_sibling_fraction_script_prints_one_line_per_group_size(demo_shards, capsys):
     script = runpy.run_path(str(REPO / "scripts" / "sibling_fraction.py"))
-    script["main"](["--train-data", str(demo_shards / "train/shard-{000000..000003}.tar"), "--batch-size", "32",
-                    "--group-sizes", "1,8"])
+    script["main"](
+        [
+            "--train-data",
+            str(demo_shards / "train/shard-{000000..000003}.tar"),
+            "--batch-size",
+            "32",
+            "--group-sizes",
+            "1,8",
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("--train-group-size   1:")
-    assert lines[1] == ("--train-group-size   8: 7.00 siblings per row at batch 32 (22.58% of in-batch negatives), "
-                        "16 batches")
+    assert lines[1] == (
+        "--train-group-size   8: 7.00 siblings per row at batch 32 (22.58% of in-batch negatives), 16 batches"
+    )

@@ -1,4 +1,5 @@
 """The scene generator: determinism, true captions, clone captions, and the on-disk layouts."""
+
 import hashlib
 import json
 from dataclasses import replace
@@ -8,13 +9,32 @@ import pytest
 import webdataset as wds
 from open_clip.tokenizer import SimpleTokenizer
 
-from training.synthetic_scenes.captions import (caption, facts, family_duplicate_rate, paraphrases, pseudo_caption,
-                                       word_edit_distance)
+from training.synthetic_scenes.captions import (
+    caption,
+    facts,
+    family_duplicate_rate,
+    paraphrases,
+    pseudo_caption,
+    word_edit_distance,
+)
 from training.synthetic_scenes.cli import main
 from training.synthetic_scenes.edits import EDIT_TYPES, edit_caption, edit_description, family_edit, sample_family
 from training.synthetic_scenes.rendering import render
-from training.synthetic_scenes.scenes import (COLORS, OPPOSITE_RELATION, RELATIONS, SHAPES, SIZES, Description, ObjectSpec,
-                                     PlacedObject, SceneConfig, combination_allowed, could_hold, holds, sample_scene)
+from training.synthetic_scenes.scenes import (
+    COLORS,
+    OPPOSITE_RELATION,
+    RELATIONS,
+    SHAPES,
+    SIZES,
+    Description,
+    ObjectSpec,
+    PlacedObject,
+    SceneConfig,
+    combination_allowed,
+    could_hold,
+    holds,
+    sample_scene,
+)
 from training.synthetic_scenes.writers import BENCHMARK_DATASETS, write_demo_dataset
 
 CONFIG = SceneConfig()
@@ -36,8 +56,11 @@ def _hand_scene(*placed, relation="to the left of"):
 
 
 def _file_digests(root):
-    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(root.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path):
@@ -60,8 +83,10 @@ def test_hand_built_geometry_decides_holds_and_could_hold():
     assert not could_hold(scene, Description((ObjectSpec("large", "green", "circle"), BLUE_SQUARE), "to the left of"))
     # With a third object the first must lie clear of both ("A left of B and C").
     green_triangle = ObjectSpec("small", "green", "triangle")
-    assert holds(_hand_scene((RED_CIRCLE, 6, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_triangle, 20, 4, 2)),
-                 Description((RED_CIRCLE, BLUE_SQUARE, green_triangle), "to the left of"))
+    assert holds(
+        _hand_scene((RED_CIRCLE, 6, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_triangle, 20, 4, 2)),
+        Description((RED_CIRCLE, BLUE_SQUARE, green_triangle), "to the left of"),
+    )
     behind = _hand_scene((RED_CIRCLE, 12, 16, 4), (BLUE_SQUARE, 26, 16, 3), (green_triangle, 3, 4, 2))
     assert not could_hold(behind, Description((RED_CIRCLE, BLUE_SQUARE, green_triangle), "to the left of"))
     # Extents that overlap along the axis: not clearly true, but not clearly false either.
@@ -91,20 +116,23 @@ def test_true_captions_hold_and_clones_change_exactly_one_detail():
             assert caption(clone) != caption(description)
             if edit_type == "relation":
                 first, second, *rest = description.objects
-                assert clone in (Description(description.objects, OPPOSITE_RELATION[description.relation]),
-                                 Description((second, first, *rest), description.relation))
+                assert clone in (
+                    Description(description.objects, OPPOSITE_RELATION[description.relation]),
+                    Description((second, first, *rest), description.relation),
+                )
                 continue
             assert clone.relation == description.relation
             changed = [(old, new) for old, new in zip(description.objects, clone.objects) if old != new]
             assert len(changed) == 1
-            (old, new), = changed
+            ((old, new),) = changed
             assert [f for f in ("size", "color", "shape") if getattr(old, f) != getattr(new, f)] == [edit_type]
 
 
 def test_edit_caption_is_deterministic_by_rng():
     scene = _scenes(1, seed=5)[0]
-    assert ([edit_caption(scene, t, np.random.default_rng(9)) for t in EDIT_TYPES]
-            == [edit_caption(scene, t, np.random.default_rng(9)) for t in EDIT_TYPES])
+    assert [edit_caption(scene, t, np.random.default_rng(9)) for t in EDIT_TYPES] == [
+        edit_caption(scene, t, np.random.default_rng(9)) for t in EDIT_TYPES
+    ]
     with pytest.raises(ValueError, match="unknown edit type"):
         edit_caption(scene, "texture", np.random.default_rng(0))
 
@@ -154,11 +182,20 @@ def test_pseudo_captions_are_true_generic_and_one_rule_for_every_image():
 
 
 def test_combination_halves_are_disjoint_and_every_split_and_set_keeps_to_its_half(tmp_path):
-    pairs = {half: {(c, s) for c in COLORS for s in SHAPES if combination_allowed(c, s, half)} for half in ("even", "odd")}
+    pairs = {
+        half: {(c, s) for c in COLORS for s in SHAPES if combination_allowed(c, s, half)} for half in ("even", "odd")
+    }
     assert not pairs["even"] & pairs["odd"] and len(pairs["even"] | pairs["odd"]) == len(COLORS) * len(SHAPES)
     assert all({c for c, _ in half} == set(COLORS) and {s for _, s in half} == set(SHAPES) for half in pairs.values())
-    write_demo_dataset(tmp_path, seed=2, num_train=64, num_val=8, num_test=16, shard_size=32,
-                       config=replace(CONFIG, combinations="odd"))
+    write_demo_dataset(
+        tmp_path,
+        seed=2,
+        num_train=64,
+        num_val=8,
+        num_test=16,
+        shard_size=32,
+        config=replace(CONFIG, combinations="odd"),
+    )
     seen = set()
     for tar in sorted(tmp_path.rglob("*.tar")):
         for sample in wds.WebDataset(str(tar), shardshuffle=False):
@@ -242,8 +279,12 @@ def test_train_shards_hold_families_with_gold_and_pseudo_captions(demo_shards):
         distances = [word_edit_distance(family[0], text) for family in texts for text in family[1:]]
         assert likeness[key]["sibling_word_distance"] == pytest.approx(np.mean(distances))
         for edit in {m["family_edit"] for members in families.values() for m in members} - {None}:
-            per_edit = [word_edit_distance(members[0][field], m[field]) for members in families.values()
-                        for m in members if m["family_edit"] == edit]
+            per_edit = [
+                word_edit_distance(members[0][field], m[field])
+                for members in families.values()
+                for m in members
+                if m["family_edit"] == edit
+            ]
             assert likeness[key][f"sibling_word_distance_{edit}"] == pytest.approx(np.mean(per_edit))
     # The pseudo-caption regime's premise, measured: many exact duplicates, and siblings closer than in gold.
     assert likeness["txt"]["shared_in_family"] == 0.0 < 0.3 <= likeness["txt_pseudo"]["shared_in_family"]
@@ -262,11 +303,15 @@ def test_facts_are_equal_exactly_for_captions_that_say_the_same_thing():
     assert facts(replace(above, relation="below")) != facts(above)  # a relation edit
     assert facts(Description(objects=(BLUE_SQUARE, RED_CIRCLE), relation="above")) != facts(above)  # objects swapped
     three = Description(objects=(RED_CIRCLE, BLUE_SQUARE, green_cross), relation="to the right of")
-    assert facts(three) == ["a small blue square to the left of a large red circle",
-                            "a small green cross to the left of a large red circle"]
+    assert facts(three) == [
+        "a small blue square to the left of a large red circle",
+        "a small green cross to the left of a large red circle",
+    ]
     for scene in _scenes(20):  # two objects: the converse ("B below A") states the same facts
         subject, other = scene.description.objects
-        converse_description = Description(objects=(other, subject), relation=OPPOSITE_RELATION[scene.description.relation])
+        converse_description = Description(
+            objects=(other, subject), relation=OPPOSITE_RELATION[scene.description.relation]
+        )
         assert facts(converse_description) == facts(scene.description)
 
 
@@ -277,17 +322,34 @@ def test_family_size_is_an_option(tmp_path):
     samples = list(wds.WebDataset(str(tmp_path / "train" / "shard-{000000..000001}.tar"), shardshuffle=False))
     assert [json.loads(s["json"])["family"] for s in samples] == [key // 3 for key in range(24)]
     # (webdataset's own "__key__", "__url__", ... members vary by version.)
-    assert all({k for k in s if not k.startswith("__")} == {"png", "txt", "txt_alt", "txt_pseudo", "json"}
-               for s in samples)
+    assert all(
+        {k for k in s if not k.startswith("__")} == {"png", "txt", "txt_alt", "txt_pseudo", "json"} for s in samples
+    )
 
 
 def test_the_command_line_writes_families_and_reports_how_alike_captions_are(tmp_path, capsys):
-    main(["--output", str(tmp_path), "--num-train", "16", "--num-val", "4", "--num-test", "4",
-          "--shard-size", "8", "--family-size", "4"])
+    main(
+        [
+            "--output",
+            str(tmp_path),
+            "--num-train",
+            "16",
+            "--num-val",
+            "4",
+            "--num-test",
+            "4",
+            "--shard-size",
+            "8",
+            "--family-size",
+            "4",
+        ]
+    )
     out = capsys.readouterr().out
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["scene_config"]["family_size"] == 4
     assert "train families of 4; caption fields txt, txt_alt, txt_pseudo" in out
     pseudo = manifest["train_caption_likeness"]["txt_pseudo"]
-    assert (f"txt_pseudo: {pseudo['shared_in_split']:.1%} of train images share their exact caption with another "
-            f"image ({pseudo['shared_in_family']:.1%} within their family)") in out
+    assert (
+        f"txt_pseudo: {pseudo['shared_in_split']:.1%} of train images share their exact caption with another "
+        f"image ({pseudo['shared_in_family']:.1%} within their family)"
+    ) in out

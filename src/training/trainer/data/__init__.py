@@ -8,20 +8,44 @@ ones are in `sources/`); `DataPosition` is the checkpointed position in the data
 describes the batches, the sample ids, the seeding behind exact mid-epoch resume, and what is skipped
 and counted instead of stopping the run.
 """
+
 from . import sources  # noqa: F401 - registers the built-in data sources
 from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason, global_batch, samples_per_step
 from .loader import build_train_data, build_val_data, check_data_fields
 from .position import DataPosition
 from .registry import dataset_type_help, registered_dataset_types, resolve_dataset_type
-from .source import DataSource, LoaderInfo, get_data_source, register_data_source
 from .samples import FAMILY_FIELD, NO_FAMILY, SkipCounter
 from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
+from .source import DataSource, LoaderInfo, get_data_source, register_data_source
 from .sources.csv_file import CsvRow, CsvStream, read_csv_rows
 from .stream import ShardStream
 
-__all__ = ["FAMILY_FIELD", "IMAGE_EXTENSIONS", "NO_FAMILY", "SKIP_REASONS", "CsvRow", "CsvStream", "DataConfig",
-           "DataError", "DataPosition", "DataSource", "LoaderInfo", "ShardStream", "SkipCounter", "build_train_data",
-           "build_val_data", "check_data_fields", "data_error_reason", "dataset_type_help", "get_data_source", "global_batch",
-           "read_csv_rows", "read_shard",
-           "register_data_source", "registered_dataset_types", "resolve_dataset_type", "sample_index_of",
-           "samples_per_step"]
+__all__ = [
+    "FAMILY_FIELD",
+    "IMAGE_EXTENSIONS",
+    "NO_FAMILY",
+    "SKIP_REASONS",
+    "CsvRow",
+    "CsvStream",
+    "DataConfig",
+    "DataError",
+    "DataPosition",
+    "DataSource",
+    "LoaderInfo",
+    "ShardStream",
+    "SkipCounter",
+    "build_train_data",
+    "build_val_data",
+    "check_data_fields",
+    "data_error_reason",
+    "dataset_type_help",
+    "get_data_source",
+    "global_batch",
+    "read_csv_rows",
+    "read_shard",
+    "register_data_source",
+    "registered_dataset_types",
+    "resolve_dataset_type",
+    "sample_index_of",
+    "samples_per_step",
+]

@@ -1,4 +1,5 @@
 """What the data pipeline takes (DataConfig) and what it reports (skip reasons, DataError)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,38 +57,56 @@ class DataConfig:
 
     FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
 
-    train_data: str | None = flag(None, "Training shards (braceexpand patterns); several sources joined with `::`.",
-                                  resume=SAMPLE_ORDER)
+    train_data: str | None = flag(
+        None, "Training shards (braceexpand patterns); several sources joined with `::`.", resume=SAMPLE_ORDER
+    )
     train_data_upsampling_factors: str | None = flag(
-        None, "With --dataset-resampled and several `::` sources: one weight per source (e.g. 1::2::0.5). By "
-              "default sources are sampled uniformly.", resume=SAMPLE_ORDER)
+        None,
+        "With --dataset-resampled and several `::` sources: one weight per source (e.g. 1::2::0.5). By "
+        "default sources are sampled uniformly.",
+        resume=SAMPLE_ORDER,
+    )
     val_data: str | None = flag(None, "Validation shards.")
-    train_num_samples: int | None = flag(None, "Samples per epoch; needed when the shards have no sizes.json.",
-                                         resume=SAMPLE_ORDER)
+    train_num_samples: int | None = flag(
+        None, "Samples per epoch; needed when the shards have no sizes.json.", resume=SAMPLE_ORDER
+    )
     val_num_samples: int | None = flag(None, "Validation samples.")
     """Validation size for progress; default: sizes.json, else unknown (0)."""
     dataset_type: str = flag(AUTO, dataset_type_help, choices=registered_dataset_types, resume=SAMPLE_ORDER)
     """A registered data source (webdataset, csv, synthetic, ...) or "auto": the one declaring the data's
     suffix."""
     dataset_resampled: bool = flag(False, "Sample shards with replacement.", resume=SAMPLE_ORDER)
-    caption_key: str = flag("txt", "Caption field of each sample; a comma list samples one field per sample.",
-                            resume=SAMPLE_ORDER)
+    caption_key: str = flag(
+        "txt", "Caption field of each sample; a comma list samples one field per sample.", resume=SAMPLE_ORDER
+    )
     val_caption_key: str | None = flag(
-        None, "Caption field for validation (default: the first of --caption-key), e.g. train on pseudo captions, "
-              "validate on gold ones (docs/data.md).")
+        None,
+        "Caption field for validation (default: the first of --caption-key), e.g. train on pseudo captions, "
+        "validate on gold ones (docs/data.md).",
+    )
     group_size: int = flag(
-        1, "Shuffle runs of this many consecutive samples of a shard as units, so data written in families "
-           "(one-edit siblings) reaches a batch as whole families (docs/data.md). 1: shuffle single samples, as "
-           "OpenCLIP.", name="--train-group-size", resume=SAMPLE_ORDER)
+        1,
+        "Shuffle runs of this many consecutive samples of a shard as units, so data written in families "
+        "(one-edit siblings) reaches a batch as whole families (docs/data.md). 1: shuffle single samples, as "
+        "OpenCLIP.",
+        name="--train-group-size",
+        resume=SAMPLE_ORDER,
+    )
     shard_timeout: float = flag(
-        300.0, "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
-               "(counted as unreadable_shard, its URL logged); 0: wait forever.", metavar="SECONDS")
+        300.0,
+        "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
+        "(counted as unreadable_shard, its URL logged); 0: wait forever.",
+        metavar="SECONDS",
+    )
     max_image_bytes: int = flag(
-        64 * 2**20, "Images of more bytes are skipped as oversized_image before decoding; a csv image path is read "
-                    "only up to this many bytes, and only when it names a regular file (else not_a_file).",
-        metavar="BYTES")
+        64 * 2**20,
+        "Images of more bytes are skipped as oversized_image before decoding; a csv image path is read "
+        "only up to this many bytes, and only when it names a regular file (else not_a_file).",
+        metavar="BYTES",
+    )
     max_caption_bytes: int = flag(
-        65536, "Captions of more bytes (UTF-8) are skipped as oversized_caption before tokenizing.", metavar="BYTES")
+        65536, "Captions of more bytes (UTF-8) are skipped as oversized_caption before tokenizing.", metavar="BYTES"
+    )
     workers: int = flag(4, "Number of dataloader workers per GPU.", field_default=1, resume=SAMPLE_ORDER)
     """DataLoader worker processes per rank; 0 reads in the main process (in code: 1)."""
     batch_size: int = flag(64, "Batch size per GPU.", resume=SAMPLE_ORDER)
@@ -115,8 +134,10 @@ class DataConfig:
 
     def check(self) -> None:
         if self.train_data is None and not makes_its_own_samples(self.dataset_type):
-            raise ConfigError("--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
-                              "or use --dataset-type synthetic for a smoke test")
+            raise ConfigError(
+                "--train-data is required (shards such as 'data/train/shard-{000000..000009}.tar'); "
+                "or use --dataset-type synthetic for a smoke test"
+            )
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.shard_timeout < 0:

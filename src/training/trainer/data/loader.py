@@ -1,6 +1,7 @@
 """Building the loaders: `build_train_data` and `build_val_data` check the configuration and ask the
 data source `--dataset-type` names (`registry`) for its loader; the helpers below are what sources
 build their loaders with."""
+
 from __future__ import annotations
 
 import math
@@ -43,13 +44,15 @@ def check_data_fields(cfg: DataConfig) -> None:
 
 def _check_common(cfg: DataConfig) -> None:
     if cfg.batch_size < 1 or cfg.workers < 0 or cfg.world_size < 1 or not 0 <= cfg.rank < cfg.world_size:
-        raise ValueError(f"invalid batch_size={cfg.batch_size}, workers={cfg.workers}, "
-                         f"rank={cfg.rank}, world_size={cfg.world_size}")
+        raise ValueError(
+            f"invalid batch_size={cfg.batch_size}, workers={cfg.workers}, rank={cfg.rank}, world_size={cfg.world_size}"
+        )
     if cfg.skip_batches < 0:
         raise ValueError(f"skip_batches must be >= 0, got {cfg.skip_batches}")
     if cfg.group_size < 1:
-        raise ValueError(f"group_size (--train-group-size) must be >= 1 (1: shuffle single samples), "
-                         f"got {cfg.group_size}")
+        raise ValueError(
+            f"group_size (--train-group-size) must be >= 1 (1: shuffle single samples), got {cfg.group_size}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,9 +64,11 @@ def batches_per_epoch(num_samples: int, cfg: DataConfig, num_readers: int) -> in
     samples_per_batch = global_batch(cfg.batch_size, cfg.world_size)
     batches_per_reader = num_samples // samples_per_batch // num_readers
     if batches_per_reader < 1:
-        raise ValueError(f"{num_samples} samples per epoch do not fill one batch per reader: batch_size x "
-                         f"world_size = {samples_per_batch} samples per global batch, {num_readers} reader(s) per "
-                         "rank; use more samples, a smaller batch or fewer workers")
+        raise ValueError(
+            f"{num_samples} samples per epoch do not fill one batch per reader: batch_size x "
+            f"world_size = {samples_per_batch} samples per global batch, {num_readers} reader(s) per "
+            "rank; use more samples, a smaller batch or fewer workers"
+        )
     return batches_per_reader * num_readers
 
 
@@ -80,13 +85,15 @@ def validation_batches(num_samples: int, batch_size: int) -> int:
 def stream_data(stream: ShardStream, workers: int, num_samples: int, num_batches: int) -> LoaderInfo:
     """The loader of a ShardStream (which yields whole batches); fresh workers each epoch (cheap with
     fork) see set_epoch."""
-    dataloader = DataLoader(stream, batch_size=None, num_workers=workers, persistent_workers=False,
-                            generator=_private_generator())
+    dataloader = DataLoader(
+        stream, batch_size=None, num_workers=workers, persistent_workers=False, generator=_private_generator()
+    )
     return _loader_info(dataloader, stream.shared_epoch, num_samples, num_batches)
 
 
-def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: int, *, train: bool,
-                 source: str) -> LoaderInfo:
+def indexed_data(
+    dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: int, *, train: bool, source: str
+) -> LoaderInfo:
     """The loader of a map-style dataset whose item i is (preprocessed image tensor, caption, sample index).
 
     Training: each epoch a permutation of the items seeded by (seed, epoch), split over ranks,
@@ -97,12 +104,15 @@ def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: 
     num_samples = len(dataset)
     if train:
         if cfg.group_size != 1:
-            raise ValueError(f"group_size (--train-group-size) groups consecutive samples of webdataset shards; "
-                             f"{source} data has none: leave it at 1")
+            raise ValueError(
+                f"group_size (--train-group-size) groups consecutive samples of webdataset shards; "
+                f"{source} data has none: leave it at 1"
+            )
         num_batches = num_samples // global_batch(cfg.batch_size, cfg.world_size)
         if num_batches < 1:
-            raise ValueError(f"{num_samples} {source} samples do not fill one batch of "
-                             f"{cfg.batch_size} x {cfg.world_size} ranks")
+            raise ValueError(
+                f"{num_samples} {source} samples do not fill one batch of {cfg.batch_size} x {cfg.world_size} ranks"
+            )
         check_skip(cfg.skip_batches, num_batches)
     else:
         num_batches = validation_batches(num_samples, cfg.batch_size)
@@ -110,15 +120,26 @@ def indexed_data(dataset: Dataset, cfg: DataConfig, tokenizer: Callable, epoch: 
 
     def collate(items: list[tuple[torch.Tensor, str, int]]) -> tuple[torch.Tensor, ...]:
         images, texts, indices = zip(*items)
-        batch = (torch.stack(images), tokenizer(list(texts)), torch.tensor(indices, dtype=torch.long),
-                 torch.zeros(len(SKIP_REASONS), dtype=torch.long))
+        batch = (
+            torch.stack(images),
+            tokenizer(list(texts)),
+            torch.tensor(indices, dtype=torch.long),
+            torch.zeros(len(SKIP_REASONS), dtype=torch.long),
+        )
         # Samples of a map-style dataset carry no json, so none has a family.
         return batch if cfg.family_field is None else (*batch, torch.full((len(items),), NO_FAMILY))
 
-    dataloader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=cfg.workers,
-                            persistent_workers=False, generator=_private_generator())
-    return _loader_info(dataloader, batches.shared_epoch, num_batches * cfg.batch_size if train else num_samples,
-                        num_batches)
+    dataloader = DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate,
+        num_workers=cfg.workers,
+        persistent_workers=False,
+        generator=_private_generator(),
+    )
+    return _loader_info(
+        dataloader, batches.shared_epoch, num_batches * cfg.batch_size if train else num_samples, num_batches
+    )
 
 
 @dataclass
@@ -137,9 +158,9 @@ class _PermutedBatches(Sampler):
         order = torch.arange(self.num_samples)
         if self.shuffle:
             order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.cfg.seed + epoch))
-        mine = order[self.cfg.rank::self.cfg.world_size].tolist()
+        mine = order[self.cfg.rank :: self.cfg.world_size].tolist()
         for batch in range(self._skip(epoch), self.num_batches):
-            yield mine[batch * self.cfg.batch_size:(batch + 1) * self.cfg.batch_size]
+            yield mine[batch * self.cfg.batch_size : (batch + 1) * self.cfg.batch_size]
 
     def __len__(self) -> int:
         return self.num_batches - self._skip(self.shared_epoch.get_value())
@@ -151,8 +172,9 @@ class _PermutedBatches(Sampler):
 def _loader_info(dataloader: DataLoader, shared_epoch: SharedEpoch, num_samples: int, num_batches: int) -> LoaderInfo:
     dataloader.num_samples = num_samples  # OpenCLIP's train loop reads these two attributes
     dataloader.num_batches = num_batches
-    return LoaderInfo(dataloader=dataloader, shared_epoch=shared_epoch, num_samples=num_samples,
-                      num_batches=num_batches)
+    return LoaderInfo(
+        dataloader=dataloader, shared_epoch=shared_epoch, num_samples=num_samples, num_batches=num_batches
+    )
 
 
 def _private_generator() -> torch.Generator:

@@ -6,6 +6,7 @@ shard order; csv rows in file order), each checked as training checks it but not
 `PassSample`, or the name of the reason training would skip it (`SKIP_REASONS`), so that a reader can
 cut the pass into batches by position and count the skips of its own slice.
 """
+
 from __future__ import annotations
 
 import abc
@@ -17,10 +18,10 @@ from typing import Iterator, Optional, Union
 class PassSample:
     """A sample of an ordered pass that training would read; its image is still encoded."""
 
-    key: str                     # where it is in its source: a tar member prefix, a csv row's image path, ...
-    source: str                  # the shard or file it comes from
-    text: str                    # the caption, as training reads it
-    image_bytes: bytes           # decode with training.trainer.data.samples.decode_image, as training does
+    key: str  # where it is in its source: a tar member prefix, a csv row's image path, ...
+    source: str  # the shard or file it comes from
+    text: str  # the caption, as training reads it
+    image_bytes: bytes  # decode with training.trainer.data.samples.decode_image, as training does
     meta: Optional[bytes] = None  # the sample's json, when it has one
 
 
@@ -32,7 +33,7 @@ class OrderedPass(abc.ABC):
     pickled into DataLoader workers), as often as needed."""
 
     num_samples: Optional[int]  # the dataset's size when it is known without reading it
-    caption_field: str          # where the captions come from (a tar field, a csv column), for reports
+    caption_field: str  # where the captions come from (a tar field, a csv column), for reports
 
     @abc.abstractmethod
     def items(self, events) -> Iterator[PassItem]:

@@ -12,6 +12,7 @@ arrived (training.trainer.preemption), a read that has waited `PREEMPTED_STALL_S
 it interrupted would resume waiting, so the run could not reach its stop path (a checkpoint, status 75).
 Data that keeps arriving is read on, so the step the run stops after still gets its batch.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,14 +47,15 @@ def open_shard(url: str, timeout_s: float):
     """A binary stream of the shard at `url`: a WatchedPipe for `pipe:` URLs (timeout_s 0: no stall timeout,
     still ended at a preemption signal), webdataset's gopen for the others."""
     if url.startswith(_PIPE_PREFIX):
-        return WatchedPipe(url[len(_PIPE_PREFIX):], timeout_s)
+        return WatchedPipe(url[len(_PIPE_PREFIX) :], timeout_s)
     return gopen(url)
 
 
 class WatchedPipe(Pipe):
     def __init__(self, command: str, timeout_s: float) -> None:
-        super().__init__(command, mode="rb", shell=True, bufsize=8192, ignore_status=[_SIGPIPE_STATUS],
-                         start_new_session=True)  # its own group: ending it ends what the shell started
+        super().__init__(
+            command, mode="rb", shell=True, bufsize=8192, ignore_status=[_SIGPIPE_STATUS], start_new_session=True
+        )  # its own group: ending it ends what the shell started
         self.command = command
         self.timeout_s = timeout_s
         self.waiting_since: Optional[float] = None  # set while a read waits for data
@@ -94,12 +96,16 @@ class WatchedPipe(Pipe):
     def wait_for_child(self) -> None:
         if self.interrupted:
             self.status = self.proc.wait()
-            raise ShardInterrupted(f"`{self.command}` was ended while the run waited for its data, for a preemption "
-                                   "signal; the shard was skipped")
+            raise ShardInterrupted(
+                f"`{self.command}` was ended while the run waited for its data, for a preemption "
+                "signal; the shard was skipped"
+            )
         if self.stalled:
             self.status = self.proc.wait()
-            raise ShardStalled(f"`{self.command}` sent no data for {self.timeout_s:g} s (--shard-timeout); it was "
-                               "ended and the shard skipped")
+            raise ShardStalled(
+                f"`{self.command}` sent no data for {self.timeout_s:g} s (--shard-timeout); it was "
+                "ended and the shard skipped"
+            )
         super().wait_for_child()
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """Where the training stream stands, as a checkpoint component: the loader is built from it
 (`build_train_data(epoch=position.epoch)` with `DataConfig.skip_batches=position.batches_in_epoch`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

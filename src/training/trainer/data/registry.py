@@ -2,6 +2,7 @@
 source declares the file endings `auto` picks it for; registration refuses a name or an ending another
 source already has, so `auto` never has to choose. What a source is (`DataSource`) and the decorator that
 registers one are in `source`, which builds on these names, as the flags (`config`) do."""
+
 from __future__ import annotations
 
 import inspect
@@ -29,8 +30,9 @@ def _check_declaration(name: str, cls: type) -> None:
             raise TypeError(f"data source {name!r}: suffix {suffix!r} must start with '.', e.g. '.tar'")
         owner = next((other for other, source in SOURCES.items() if suffix in source.suffixes), None)
         if owner is not None:
-            raise ValueError(f"data source {name!r}: --dataset-type auto already picks {owner!r} for data "
-                             f"ending in {suffix!r}")
+            raise ValueError(
+                f"data source {name!r}: --dataset-type auto already picks {owner!r} for data ending in {suffix!r}"
+            )
 
 
 # The registered `DataSource` subclasses (training.trainer.data.source), by name.
@@ -68,19 +70,24 @@ def resolve_dataset_type(dataset_type: str, data: str | None) -> str:
         return dataset_type
     if data is None:
         own_samples = ", ".join(name for name, source in sorted(SOURCES.items()) if not source.reads_data)
-        raise ValueError(f"no data given: pass --train-data/--val-data, or a --dataset-type that makes its own "
-                         f"samples ({own_samples})")
+        raise ValueError(
+            f"no data given: pass --train-data/--val-data, or a --dataset-type that makes its own "
+            f"samples ({own_samples})"
+        )
     if dataset_type != AUTO:
         return dataset_type
     for name, source in SOURCES.items():
         if data.endswith(source.suffixes):
             return name
     readers = ", ".join(name for name, source in sorted(SOURCES.items()) if source.reads_data)
-    raise ValueError(f"cannot infer the dataset type of {data!r}: --dataset-type auto picks {_auto_suffixes()}; "
-                     f"pass --dataset-type {readers}")
+    raise ValueError(
+        f"cannot infer the dataset type of {data!r}: --dataset-type auto picks {_auto_suffixes()}; "
+        f"pass --dataset-type {readers}"
+    )
 
 
 def _auto_suffixes() -> str:
-    """"webdataset for .tar, csv for .csv/.tsv"."""
-    return ", ".join(f"{name} for {'/'.join(source.suffixes)}" for name, source in sorted(SOURCES.items())
-                     if source.suffixes)
+    """ "webdataset for .tar, csv for .csv/.tsv"."""
+    return ", ".join(
+        f"{name} for {'/'.join(source.suffixes)}" for name, source in sorted(SOURCES.items()) if source.suffixes
+    )

@@ -1,5 +1,6 @@
 """What every reader shares, whatever its source: per-reason skip counts, the checks of one sample's
 caption and image, and hashing and seeding that are the same in every process and run."""
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ The generated data sets (`training.synthetic_scenes`, `training.glyphs`) write t
 sets and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
 `nshards.txt` are written beside the tars on request.
 """
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,15 @@ import webdataset as wds
 from PIL import Image
 
 
-def write_shards(directory: Path, records: Iterable[dict], shard_size: int, name_format: str, *,
-                 with_sizes: bool = False, with_nshards: bool = False) -> str:
+def write_shards(
+    directory: Path,
+    records: Iterable[dict],
+    shard_size: int,
+    name_format: str,
+    *,
+    with_sizes: bool = False,
+    with_nshards: bool = False,
+) -> str:
     """Write records into tars of `shard_size` samples; return the brace pattern relative to the parent folder.
 
     Tar members get a fixed integer mtime, owner and mode, so the same records give byte-identical

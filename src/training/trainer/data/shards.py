@@ -1,4 +1,5 @@
 """Webdataset tar shards: reading one shard visit into samples, and checking the shards before training."""
+
 from __future__ import annotations
 
 import itertools
@@ -28,8 +29,9 @@ _META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's meta members (its t
 logger = logging.getLogger(__name__)
 
 
-def read_shard(url: str, counter: SkipCounter, timeout_s: float = 0, max_member_bytes: int | None = None
-               ) -> Iterator[dict]:
+def read_shard(
+    url: str, counter: SkipCounter, timeout_s: float = 0, max_member_bytes: int | None = None
+) -> Iterator[dict]:
     """The samples of one shard visit: {"__key__", "__url__", ext: bytes}; duplicates skipped.
 
     Members are grouped by key prefix (webdataset's `base_plus_ext`); a key seen before in this
@@ -130,8 +132,9 @@ def tar_members(stream, max_member_bytes: int | None) -> Iterator[tuple[str, byt
             continue
         yield member.name, tar.extractfile(member).read()
     if not tar.end_of_archive_read:
-        raise TarTruncated(f"the tar ends after {tar.offset} bytes without its end-of-archive blocks (a copy or a "
-                           "download cut short?)")
+        raise TarTruncated(
+            f"the tar ends after {tar.offset} bytes without its end-of-archive blocks (a copy or a download cut short?)"
+        )
 
 
 _warned_shards: set[str] = set()  # per process: a resampled bad shard would otherwise warn at every draw
@@ -143,9 +146,17 @@ def _warn_once(url: str, message: str) -> None:
         logger.warning(message)
 
 
-def check_shard_sample(sample: dict, *, caption_keys: tuple[str, ...], family_field: str | None, seed: int,
-                       epoch: int, shard_run: tuple[int, int], max_image_bytes: int,
-                       max_caption_bytes: int) -> tuple[str | None, Candidate | None]:
+def check_shard_sample(
+    sample: dict,
+    *,
+    caption_keys: tuple[str, ...],
+    family_field: str | None,
+    seed: int,
+    epoch: int,
+    shard_run: tuple[int, int],
+    max_image_bytes: int,
+    max_caption_bytes: int,
+) -> tuple[str | None, Candidate | None]:
     """Training's checks of one tar sample that need no image decoding: (None, the candidate) or (the
     skip reason, None). With several caption keys, the one read is drawn by (seed, epoch, sample)."""
     image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
@@ -209,11 +220,14 @@ def check_shards(urls: Sequence[str], flag: str) -> None:
     if missing:
         raise FileNotFoundError(
             f"{len(missing)} of the {len(urls)} shards given by {flag} do not exist, e.g. {missing[:3]}. "
-            "Check the path and the brace range (e.g. 'dir/shard-{000000..000007}.tar').")
+            "Check the path and the brace range (e.g. 'dir/shard-{000000..000007}.tar')."
+        )
     local = [url for url in urls if _is_local(url)]
     if local and len(local) == len(urls) and not any(_opens_as_tar(url) for url in local):
-        raise DataError(f"none of the {len(urls)} shards given by {flag} can be read as a tar "
-                        f"(e.g. {local[:3]}); check the files and their permissions.")
+        raise DataError(
+            f"none of the {len(urls)} shards given by {flag} can be read as a tar "
+            f"(e.g. {local[:3]}); check the files and their permissions."
+        )
 
 
 def _opens_as_tar(path: str) -> bool:
@@ -225,8 +239,15 @@ def _opens_as_tar(path: str) -> bool:
         return False
 
 
-def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key_flag: str, data_flag: str,
-                        timeout_s: float = 0, max_member_bytes: int | None = None) -> None:
+def check_sample_fields(
+    urls: Iterable[str],
+    caption_keys: Sequence[str],
+    *,
+    key_flag: str,
+    data_flag: str,
+    timeout_s: float = 0,
+    max_member_bytes: int | None = None,
+) -> None:
     """A ValueError naming the fields the data has when none of the first FIELD_PROBE_SHARDS readable shards has
     samples with one of `caption_keys` (read with `key_flag`) and an image; a DataError when no sample is
     readable at all.
@@ -240,8 +261,9 @@ def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key
     fields: set[str] = set()
     probed = 0
     for url in urls:
-        shard_fields = fields_of(itertools.islice(read_shard(url, counter, timeout_s, max_member_bytes),
-                                                FIELD_PROBE_SAMPLES))
+        shard_fields = fields_of(
+            itertools.islice(read_shard(url, counter, timeout_s, max_member_bytes), FIELD_PROBE_SAMPLES)
+        )
         if shard_fields.issuperset(caption_keys) and shard_fields.intersection(IMAGE_EXTENSIONS):
             return
         fields |= shard_fields
@@ -249,20 +271,28 @@ def check_sample_fields(urls: Iterable[str], caption_keys: Sequence[str], *, key
         if probed == FIELD_PROBE_SHARDS:
             break
     if not fields:
-        raise DataError(f"{data_flag} holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
-                        "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)")
+        raise DataError(
+            f"{data_flag} holds no readable sample (skips: {describe_counts(counter.counts)}); check that "
+            "the shards are img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt)"
+        )
     where = f"none of the first {FIELD_PROBE_SAMPLES} samples of {data_flag}"
     shards = f" (in any of its first {probed} readable shards)" if probed > 1 else ""
     if not fields.intersection(IMAGE_EXTENSIONS):
-        raise ValueError(f"{where} has an image field ({', '.join(IMAGE_EXTENSIONS)}){shards}; their fields are "
-                         f"{sorted(fields)}: write the images as <key>.jpg|png|webp (img2dataset's layout)")
+        raise ValueError(
+            f"{where} has an image field ({', '.join(IMAGE_EXTENSIONS)}){shards}; their fields are "
+            f"{sorted(fields)}: write the images as <key>.jpg|png|webp (img2dataset's layout)"
+        )
     missing = next((key for key in caption_keys if key not in fields), None)
     if missing is None:
-        raise ValueError(f"{where} has both an image and {', '.join(caption_keys)} in one shard{shards}; their fields "
-                         f"are {sorted(fields)}: write each sample's image and captions into the same shard")
+        raise ValueError(
+            f"{where} has both an image and {', '.join(caption_keys)} in one shard{shards}; their fields "
+            f"are {sorted(fields)}: write each sample's image and captions into the same shard"
+        )
     text_fields = sorted(fields - set(IMAGE_EXTENSIONS) - {"json"})
-    raise ValueError(f"{key_flag} {missing}: {where} has a field {missing!r}{shards}; their fields are "
-                     f"{sorted(fields)}: pass {key_flag} with one of {text_fields or sorted(fields)}")
+    raise ValueError(
+        f"{key_flag} {missing}: {where} has a field {missing!r}{shards}; their fields are "
+        f"{sorted(fields)}: pass {key_flag} with one of {text_fields or sorted(fields)}"
+    )
 
 
 def fields_of(samples: Iterable[dict]) -> set[str]:

@@ -1,6 +1,7 @@
 """What a data source is: the `DataSource` contract a `--dataset-type` value names, the `LoaderInfo` its
 loaders come in, and `register_data_source`, which checks a source against the contract and adds it to the
 names `--dataset-type` accepts (`registry`)."""
+
 from __future__ import annotations
 
 import abc
@@ -62,8 +63,10 @@ class DataSource(abc.ABC):
         """One pass over `data` in its own order, checked as training checks it (training.trainer.data.ordered), for
         tools that read a dataset (discovery); `data_flag` names the flag that gave `data` in errors. A source
         that cannot give one says so."""
-        raise ValueError(f"{type(self).__name__} has no ordered pass (training.trainer.data.ordered), so only training "
-                        "reads it; give data of another --dataset-type")
+        raise ValueError(
+            f"{type(self).__name__} has no ordered pass (training.trainer.data.ordered), so only training "
+            "reads it; give data of another --dataset-type"
+        )
 
     def check_fields(self, cfg: DataConfig) -> None:
         """Before any work: the first samples of `cfg.train_data` (and `cfg.val_data`) carry the fields the run
@@ -72,6 +75,7 @@ class DataSource(abc.ABC):
 
 def register_data_source(name: str, aliases: Sequence[str] = ()) -> Callable[[Type[DataSource]], Type[DataSource]]:
     """`@register_data_source("name")`: `--dataset-type name`; `aliases` are old names that still select it."""
+
     def register(cls: Type[DataSource]) -> Type[DataSource]:
         if not (isinstance(cls, type) and issubclass(cls, DataSource)):
             raise TypeError(f"data source {name!r}: {cls!r} is not a subclass of training.trainer.data.DataSource")

@@ -4,6 +4,7 @@ It splits and shuffles the shards, shuffles samples in a buffer, skips what fail
 assembles whole batches, every random choice seeded by (seed, epoch, rank, reader); see
 docs/data.md for what that buys (exact mid-epoch resume, batches independent of the process).
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,10 +13,10 @@ import random
 from typing import Callable, Iterator, Sequence
 
 import torch
+import webdataset
 from open_clip_train.data import SharedEpoch
 from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
-import webdataset
 
 from .config import DataConfig, DataError
 from .samples import Candidate, SkipCounter, decode_image, describe_counts, seeded, stable_hash
@@ -27,9 +28,19 @@ _SHUFFLE_INITIAL = 1000  # OpenCLIP's _SAMPLE_SHUFFLE_INITIAL
 class ShardStream(IterableDataset):
     """Yields whole batches; run by each DataLoader worker (or the main process with workers=0)."""
 
-    def __init__(self, *, urls: tuple[str, ...], weights: tuple[float, ...] | None, cfg: DataConfig,
-                 preprocess: Callable, tokenizer: Callable, shared_epoch: SharedEpoch, start_epoch: int,
-                 batches_per_reader: int | None, shuffle_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        urls: tuple[str, ...],
+        weights: tuple[float, ...] | None,
+        cfg: DataConfig,
+        preprocess: Callable,
+        tokenizer: Callable,
+        shared_epoch: SharedEpoch,
+        start_epoch: int,
+        batches_per_reader: int | None,
+        shuffle_size: int,
+    ) -> None:
         super().__init__()
         self.urls = urls
         self.weights = weights
@@ -74,8 +85,7 @@ class ShardStream(IterableDataset):
 
     def _validation_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
         counter = SkipCounter()
-        images = self._decoded(self._validation_candidates(worker, num_workers, counter), counter,
-                               bad_image_limit=None)
+        images = self._decoded(self._validation_candidates(worker, num_workers, counter), counter, bad_image_limit=None)
         while (batch := self._assemble(images, counter)) is not None:
             yield batch
 
@@ -84,8 +94,9 @@ class ShardStream(IterableDataset):
         shards = ((url, True) for url in self.urls[worker::num_workers])
         return self._candidates(shards, epoch=0, counter=counter, caption_keys=(self.val_caption_key,), give_up=None)
 
-    def _training_candidates(self, epoch: int, reader: int, num_readers: int,
-                             counter: SkipCounter) -> Iterator[Candidate]:
+    def _training_candidates(
+        self, epoch: int, reader: int, num_readers: int, counter: SkipCounter
+    ) -> Iterator[Candidate]:
         """One reader's shuffled samples, forever.
 
         Resampled: shards drawn with replacement (weighted). Otherwise: this reader's share of the
@@ -95,14 +106,24 @@ class ShardStream(IterableDataset):
         cfg = self.cfg
         rng = random.Random(stable_hash(cfg.seed, epoch, cfg.rank, reader, "samples"))
         if cfg.dataset_resampled:
-            checked = self._candidates(self._resampled_shards(epoch, reader), epoch=epoch, counter=counter,
-                                       caption_keys=self.caption_keys, give_up=_reader_name(cfg, reader, self.urls))
+            checked = self._candidates(
+                self._resampled_shards(epoch, reader),
+                epoch=epoch,
+                counter=counter,
+                caption_keys=self.caption_keys,
+                give_up=_reader_name(cfg, reader, self.urls),
+            )
             yield from self._shuffled(checked, rng)
             return
         order = random.Random(stable_hash(cfg.seed, epoch, "shard order")).sample(self.urls, len(self.urls))
-        mine = order[cfg.rank::cfg.world_size][reader::num_readers]
-        checked = functools.partial(self._candidates, epoch=epoch, counter=counter, caption_keys=self.caption_keys,
-                                    give_up=_reader_name(cfg, reader, mine))
+        mine = order[cfg.rank :: cfg.world_size][reader::num_readers]
+        checked = functools.partial(
+            self._candidates,
+            epoch=epoch,
+            counter=counter,
+            caption_keys=self.caption_keys,
+            give_up=_reader_name(cfg, reader, mine),
+        )
         while True:
             one_pass = ((url, position == len(mine) - 1) for position, url in enumerate(mine))
             yield from self._shuffled(checked(one_pass), rng)
@@ -131,8 +152,15 @@ class ShardStream(IterableDataset):
             tried.add(url)
             yield url, tried >= drawable
 
-    def _candidates(self, shards: Iterator[tuple[str, bool]], *, epoch: int, counter: SkipCounter,
-                    caption_keys: tuple[str, ...], give_up: str | None) -> Iterator[Candidate]:
+    def _candidates(
+        self,
+        shards: Iterator[tuple[str, bool]],
+        *,
+        epoch: int,
+        counter: SkipCounter,
+        caption_keys: tuple[str, ...],
+        give_up: str | None,
+    ) -> Iterator[Candidate]:
         """Samples that pass the checks needing no image decoding.
 
         give_up names this reader in the error raised when all of its shards have been tried
@@ -140,9 +168,12 @@ class ShardStream(IterableDataset):
         """
         found = False
         for visit, (url, all_tried) in enumerate(shards):
-            for position, sample in enumerate(read_shard(url, counter, self.cfg.shard_timeout, self.cfg.max_member_bytes)):
-                candidate = self._check(sample, epoch, counter, caption_keys,
-                                        shard_run=(visit, position // self.cfg.group_size))
+            for position, sample in enumerate(
+                read_shard(url, counter, self.cfg.shard_timeout, self.cfg.max_member_bytes)
+            ):
+                candidate = self._check(
+                    sample, epoch, counter, caption_keys, shard_run=(visit, position // self.cfg.group_size)
+                )
                 if candidate is not None:
                     found = True
                     yield candidate
@@ -150,21 +181,36 @@ class ShardStream(IterableDataset):
                 raise DataError(
                     f"{give_up}: none of its shards yielded a usable sample, so it cannot fill a batch "
                     f"(skips: {describe_counts(counter.counts)}). Check that these files are readable "
-                    "img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt, <key>.json).")
+                    "img2dataset-style webdataset tars (<key>.jpg|png, <key>.txt, <key>.json)."
+                )
 
-    def _check(self, sample: dict, epoch: int, counter: SkipCounter, caption_keys: tuple[str, ...], *,
-               shard_run: tuple[int, int]) -> Candidate | None:
+    def _check(
+        self,
+        sample: dict,
+        epoch: int,
+        counter: SkipCounter,
+        caption_keys: tuple[str, ...],
+        *,
+        shard_run: tuple[int, int],
+    ) -> Candidate | None:
         """Cheap per-sample checks; returns None (and counts the reason) for a sample to skip."""
-        reason, candidate = check_shard_sample(sample, caption_keys=caption_keys, family_field=self.cfg.family_field,
-                                               seed=self.cfg.seed, epoch=epoch, shard_run=shard_run,
-                                               max_image_bytes=self.cfg.max_image_bytes,
-                                               max_caption_bytes=self.cfg.max_caption_bytes)
+        reason, candidate = check_shard_sample(
+            sample,
+            caption_keys=caption_keys,
+            family_field=self.cfg.family_field,
+            seed=self.cfg.seed,
+            epoch=epoch,
+            shard_run=shard_run,
+            max_image_bytes=self.cfg.max_image_bytes,
+            max_caption_bytes=self.cfg.max_caption_bytes,
+        )
         if reason is not None:
             counter.add(reason)
         return candidate
 
-    def _decoded(self, candidates: Iterator[Candidate], counter: SkipCounter, *,
-                 bad_image_limit: int | None) -> Iterator[tuple[Image.Image, Candidate]]:
+    def _decoded(
+        self, candidates: Iterator[Candidate], counter: SkipCounter, *, bad_image_limit: int | None
+    ) -> Iterator[tuple[Image.Image, Candidate]]:
         """Decode images, skipping bad or huge ones; raise after `bad_image_limit` failures in a row."""
         failures_in_a_row = 0
         for candidate in candidates:
@@ -176,11 +222,14 @@ class ShardStream(IterableDataset):
             counter.add(reason)
             failures_in_a_row += 1
             if bad_image_limit is not None and failures_in_a_row >= bad_image_limit:
-                raise DataError(f"rank {self.cfg.rank}: {failures_in_a_row} images in a row could not be "
-                                f"decoded ({describe_counts(counter.counts)}); are the shards' images corrupt?")
+                raise DataError(
+                    f"rank {self.cfg.rank}: {failures_in_a_row} images in a row could not be "
+                    f"decoded ({describe_counts(counter.counts)}); are the shards' images corrupt?"
+                )
 
-    def _assemble(self, images: Iterator[tuple[Image.Image, Candidate]],
-                  counter: SkipCounter) -> tuple[torch.Tensor, ...] | None:
+    def _assemble(
+        self, images: Iterator[tuple[Image.Image, Candidate]], counter: SkipCounter
+    ) -> tuple[torch.Tensor, ...] | None:
         """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty):
         (images, texts, sample_index, skip_counts) and, when `cfg.family_field` is set, the family ids.
 
@@ -205,13 +254,17 @@ class ShardStream(IterableDataset):
             return None
         # default_collate stacks straight into shared memory inside a DataLoader worker, so handing the
         # batch to the trainer does not copy the images a second time (torch.stack would).
-        batch = (default_collate(tensors), self.tokenizer(texts), torch.tensor(indices, dtype=torch.long),
-                 counter.take())
+        batch = (
+            default_collate(tensors),
+            self.tokenizer(texts),
+            torch.tensor(indices, dtype=torch.long),
+            counter.take(),
+        )
         return batch if self.cfg.family_field is None else (*batch, torch.tensor(families, dtype=torch.long))
 
 
 def _reader_name(cfg: DataConfig, reader: int, urls: Sequence[str]) -> str:
-    """"rank 0 reader 1 (shards: [...])" for error messages, listing at most 8 shards."""
+    """ "rank 0 reader 1 (shards: [...])" for error messages, listing at most 8 shards."""
     distinct = sorted(set(urls))
     more = f" and {len(distinct) - 8} more" if len(distinct) > 8 else ""
     return f"rank {cfg.rank} reader {reader} (shards: {distinct[:8]}{more})"

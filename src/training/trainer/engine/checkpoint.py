@@ -30,6 +30,7 @@ training continues, but a run whose last save fails ends with a non-zero status 
 Writing and reading the files: `training.trainer.run_folder.checkpoint_files`; resuming from one (first checking that this
 run may continue it): `training.trainer.launch.resume`.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,20 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional
 import numpy as np
 import torch
 
-from ..run_folder.checkpoint_digest import with_digest
-from ..run_folder.checkpoint_files import CHECKPOINT_FORMAT, save_atomic
 from ..data.position import DataPosition
 from ..distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
 from ..flags import ConfigError, HelpGroup, flag, from_flag
-from ..run_folder.layout import (EPOCH_CHECKPOINT_NAME, LATEST_CHECKPOINT_NAME, STEP_CHECKPOINT_NAME,
-                                 epoch_checkpoint_name, numbered_checkpoints, step_checkpoint_name,
-                                 step_checkpoint_number)
+from ..run_folder.checkpoint_digest import with_digest
+from ..run_folder.checkpoint_files import CHECKPOINT_FORMAT, save_atomic
+from ..run_folder.layout import (
+    EPOCH_CHECKPOINT_NAME,
+    LATEST_CHECKPOINT_NAME,
+    STEP_CHECKPOINT_NAME,
+    epoch_checkpoint_name,
+    numbered_checkpoints,
+    step_checkpoint_name,
+    step_checkpoint_number,
+)
 from ..run_folder.safe_write import cause_of
 
 
@@ -116,20 +123,25 @@ class TrainState:
     this rank's epoch sums and RNG streams; each is a checkpoint component (`run_components`)."""
 
     position: DataPosition = field(default_factory=DataPosition)
-    step: int = 0                      # training steps taken, skipped non-finite steps included
-    num_nonfinite_steps: int = 0       # steps skipped for a non-finite loss, whole run
+    step: int = 0  # training steps taken, skipped non-finite steps included
+    num_nonfinite_steps: int = 0  # steps skipped for a non-finite loss, whole run
     consecutive_nonfinite_steps: int = 0
     # The LR schedule's position is samples_seen / samples_per_schedule_step: OpenCLIP's step-based
     # schedule in units of the samples of one step (all ranks, all micro-batches) the run started with, so a
     # resume with another world size or batch size continues it from the samples trained rather than from a
     # recomputed step.
-    samples_seen: int = 0                 # samples over all ranks of all steps taken
-    samples_per_schedule_step: int = 0    # 0 until the trainer sets it (the first launch's samples per step)
+    samples_seen: int = 0  # samples over all ranks of all steps taken
+    samples_per_schedule_step: int = 0  # 0 until the trainer sets it (the first launch's samples per step)
     epoch_sums: EpochSums = field(default_factory=EpochSums)
     rng: RandomStreams = field(default_factory=RandomStreams, repr=False)
 
-    _COUNTERS: ClassVar[tuple] = ("step", "num_nonfinite_steps", "consecutive_nonfinite_steps", "samples_seen",
-                                  "samples_per_schedule_step")
+    _COUNTERS: ClassVar[tuple] = (
+        "step",
+        "num_nonfinite_steps",
+        "consecutive_nonfinite_steps",
+        "samples_seen",
+        "samples_per_schedule_step",
+    )
 
     def state_dict(self) -> Dict[str, Any]:
         return {name: getattr(self, name) for name in self._COUNTERS}
@@ -158,8 +170,15 @@ class TrainState:
 def run_components(*, model, optimizer, scaler, loss, state: TrainState) -> Dict[str, Any]:
     """Every stateful object of the run by its checkpoint key (OpenCLIP's for model, optimizer and scaler):
     what the Checkpointer saves and `resume` restores. `model` may be wrapped (DDP, torch.compile)."""
-    components = {"state_dict": unwrap_model(model), "optimizer": optimizer, "loss": loss, "data": state.position,
-                  "train": state, "epoch_sums": state.epoch_sums, "rng": state.rng}
+    components = {
+        "state_dict": unwrap_model(model),
+        "optimizer": optimizer,
+        "loss": loss,
+        "data": state.position,
+        "train": state,
+        "epoch_sums": state.epoch_sums,
+        "rng": state.rng,
+    }
     if scaler is not None:
         components["scaler"] = scaler
     return components
@@ -181,8 +200,13 @@ def rng_state() -> Dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "name": name,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "python": random.getstate(),
     }
 
@@ -192,8 +216,15 @@ def restore_rng_state(state: Dict[str, Any]) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["name"], numpy_state["key"].numpy().astype(np.uint32), numpy_state["pos"],
-                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["name"],
+            numpy_state["key"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
 
@@ -211,41 +242,64 @@ class CheckpointConfig:
 
     save_frequency: int = flag(1, "How often (epochs) to save checkpoints.")
     save_most_recent: bool = flag(False, "Always save the most recent model trained to epoch_latest.pt.")
-    save_every_n_steps: int = flag(0, "Also save step_N.pt every N optimizer steps (0: off), so a crash loses at "
-                                      "most N steps.")
-    delete_previous: bool = flag(False, "Delete the previous checkpoint after storing a new one.",
-                                 name="--delete-previous-checkpoint")
-    keep_step_checkpoints: int = flag(3, "Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are "
-                                         "never removed by this flag.", metavar="K")
+    save_every_n_steps: int = flag(
+        0, "Also save step_N.pt every N optimizer steps (0: off), so a crash loses at most N steps."
+    )
+    delete_previous: bool = flag(
+        False, "Delete the previous checkpoint after storing a new one.", name="--delete-previous-checkpoint"
+    )
+    keep_step_checkpoints: int = flag(
+        3,
+        "Keep only the K most recent step_N.pt (0: keep all); epoch checkpoints are never removed by this flag.",
+        metavar="K",
+    )
     total_epochs: int = from_flag("epochs", default=1)
 
     def check(self) -> None:
         if self.save_every_n_steps < 0:
-            raise ConfigError(f"--save-every-n-steps must be >= 0 (0 turns step checkpoints off), got "
-                              f"{self.save_every_n_steps}")
+            raise ConfigError(
+                f"--save-every-n-steps must be >= 0 (0 turns step checkpoints off), got {self.save_every_n_steps}"
+            )
         if self.keep_step_checkpoints < 0:
-            raise ConfigError(f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got "
-                              f"{self.keep_step_checkpoints}")
+            raise ConfigError(
+                f"--keep-step-checkpoints must be >= 0 (0 keeps every step checkpoint), got "
+                f"{self.keep_step_checkpoints}"
+            )
 
     def files_kept(self, total_steps: int) -> Dict[str, int]:
         """The most checkpoint files of each kind a run of `total_steps` steps keeps at once (`save_epoch`,
         `maybe_save_step`, `_save_and_prune`), for the disk it will need."""
         epochs = range(1, self.total_epochs + 1)
-        epoch_files = sum(1 for epoch in epochs if epoch == self.total_epochs
-                          or (self.save_frequency > 0 and epoch % self.save_frequency == 0))
+        epoch_files = sum(
+            1
+            for epoch in epochs
+            if epoch == self.total_epochs or (self.save_frequency > 0 and epoch % self.save_frequency == 0)
+        )
         step_files = total_steps // self.save_every_n_steps if self.save_every_n_steps else 0
         keep_steps = 1 if self.delete_previous else self.keep_step_checkpoints
-        return {"epoch_N.pt": min(epoch_files, 1) if self.delete_previous else epoch_files,
-                "epoch_latest.pt": int(self.save_most_recent),
-                "step_N.pt": min(step_files, keep_steps) if keep_steps else step_files}
+        return {
+            "epoch_N.pt": min(epoch_files, 1) if self.delete_previous else epoch_files,
+            "epoch_latest.pt": int(self.save_most_recent),
+            "step_N.pt": min(step_files, keep_steps) if keep_steps else step_files,
+        }
 
 
 class Checkpointer:
     """Saves every stateful component of the run through its state_dict (rank 0 writes; all ranks call)."""
 
-    def __init__(self, cfg: CheckpointConfig, *, checkpoint_dir: str, components: Mapping[str, Any],
-                 env: DistributedEnv, name: str, args: Dict[str, Any], model_cfg: Dict[str, Any],
-                 preprocess_cfg: Dict[str, Any], resumed_from: Optional[str] = None):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        checkpoint_dir: str,
+        components: Mapping[str, Any],
+        env: DistributedEnv,
+        name: str,
+        args: Dict[str, Any],
+        model_cfg: Dict[str, Any],
+        preprocess_cfg: Dict[str, Any],
+        resumed_from: Optional[str] = None,
+    ):
         """`components`: the objects to save by checkpoint key (`run_components`); its "train", the
         TrainState, also names the files (epoch and step). `resumed_from`: the checkpoint the run started from,
         the one to fall back on until this launch writes one."""
@@ -300,19 +354,25 @@ class Checkpointer:
         if streak:
             self.not_written = f"the loss of the last {streak} step(s) was non-finite"
             if self.env.is_master:
-                logging.warning(f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
-                                f"written at a finite step is {self.last_good_text()}")
+                logging.warning(
+                    f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
+                    f"written at a finite step is {self.last_good_text()}"
+                )
             return []
         payload = self.payload()
         # A finite loss can still end in an update that overflows: such a state would be called good and resumed
         # from, so it is never written (every rank decides alike: DDP keeps the replicas equal).
         poisoned = nonfinite_tensors(payload)
         if any_rank(bool(poisoned), self.env):
-            self.not_written = (f"the state after step {state.step}'s update holds non-finite values "
-                                f"({len(poisoned)} tensors, e.g. {', '.join(poisoned[:3])})")
+            self.not_written = (
+                f"the state after step {state.step}'s update holds non-finite values "
+                f"({len(poisoned)} tensors, e.g. {', '.join(poisoned[:3])})"
+            )
             if self.env.is_master:
-                logging.warning(f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
-                                f"written at a finite step is {self.last_good_text()}")
+                logging.warning(
+                    f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
+                    f"written at a finite step is {self.last_good_text()}"
+                )
             return []
         if not self.env.is_master:  # rank 0's files, as far as this rank knows
             written = [self.checkpoint_dir / filename for filename in filenames]
@@ -337,8 +397,10 @@ class Checkpointer:
                 if attempt == 1:
                     logging.warning(f"Could not write {path} ({cause_of(error)}); retrying once")
                     continue
-                logging.error(f"CHECKPOINT SAVE FAILED: could not write {path} ({cause_of(error)}). Training "
-                              f"continues; {self.previous_checkpoint_text()}.")
+                logging.error(
+                    f"CHECKPOINT SAVE FAILED: could not write {path} ({cause_of(error)}). Training "
+                    f"continues; {self.previous_checkpoint_text()}."
+                )
         return False
 
     def previous_checkpoint_text(self) -> str:
@@ -370,7 +432,8 @@ class Checkpointer:
         completed = self.state.position.epoch
         filenames = self._step_filenames()
         if completed == self.cfg.total_epochs or (
-                self.cfg.save_frequency > 0 and completed % self.cfg.save_frequency == 0):
+            self.cfg.save_frequency > 0 and completed % self.cfg.save_frequency == 0
+        ):
             filenames.append(epoch_checkpoint_name(completed))
         if self.cfg.save_most_recent:
             filenames.append(LATEST_CHECKPOINT_NAME)
@@ -411,5 +474,3 @@ def plain_args(args: Mapping[str, Any]) -> Dict[str, Any]:
     """The arguments as a checkpoint stores them: a JSON round trip keeps only plain values, which
     weights_only loading accepts (tuples become lists, other objects their str)."""
     return json.loads(json.dumps(dict(args), default=str))
-
-

@@ -14,6 +14,7 @@ logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differe
 - a preemption signal (`training.trainer.preemption`) is agreed on by all ranks inside the step's all-reduce,
   and the epoch stops after that step (`EpochResult.preempted`), for the caller to save and exit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,17 +25,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import torch
-from open_clip_adacl.losses.base import Loss
 from torch.nn.parallel import DistributedDataParallel
 
-from .checkpoint import Checkpointer, TrainState
+from open_clip_adacl.losses.base import Loss
+
 from ..data.shards import SHARD_SKIP_REASONS
 from ..distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
 from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
-from ..run_folder.logger import MetricsWriter
-from .precision import Precision
 from ..preemption import PreemptionFlag
 from ..progress import duration_text
+from ..run_folder.logger import MetricsWriter
+from .checkpoint import Checkpointer, TrainState
+from .precision import Precision
 
 MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
 
@@ -49,8 +51,7 @@ class TrainConfig:
 
     accum_freq: int = flag(1, "Update the model every --accum-freq steps.", resume=SAMPLE_ORDER)
     grad_clip_norm: Optional[float] = flag(None, "Gradient clip.")
-    log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.",
-                                  group=HelpGroup.LOGS)
+    log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.", group=HelpGroup.LOGS)
     max_nonfinite_steps: int = flag(10, "Skip steps whose loss is NaN/inf; stop after this many in a row.")
     skip_scheduler: bool = flag(False, "Use this flag to skip the learning rate decay.")
 
@@ -75,10 +76,10 @@ class MicroBatch:
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor                # detached loss of the step's samples
-    stats: Dict[str, torch.Tensor]    # the loss's diagnostics (detached)
-    logit_scale: torch.Tensor         # detached, exponentiated
-    finite: bool                      # this rank's loss was finite
+    loss: torch.Tensor  # detached loss of the step's samples
+    stats: Dict[str, torch.Tensor]  # the loss's diagnostics (detached)
+    logit_scale: torch.Tensor  # detached, exponentiated
+    finite: bool  # this rank's loss was finite
 
 
 def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
@@ -92,21 +93,35 @@ def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: 
     )
 
 
-def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor],
-             sample_index: torch.Tensor, family: Optional[torch.Tensor], texts: torch.Tensor) -> torch.Tensor:
+def _loss_of(
+    loss_fn: Loss,
+    image_features,
+    text_features,
+    model_out: Dict[str, torch.Tensor],
+    sample_index: torch.Tensor,
+    family: Optional[torch.Tensor],
+    texts: torch.Tensor,
+) -> torch.Tensor:
     inputs = {"family": family} if loss_fn.needs_family else {}
     if loss_fn.takes_text_tokens:
         inputs["text_tokens"] = texts
-    return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"),
-                   sample_index=sample_index, **inputs)
+    return loss_fn(
+        image_features,
+        text_features,
+        model_out["logit_scale"],
+        model_out.get("logit_bias"),
+        sample_index=sample_index,
+        **inputs,
+    )
 
 
 def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
     (scaler.scale(loss) if scaler is not None else loss).backward()
 
 
-def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[MicroBatch],
-                     precision: Precision) -> StepOutput:
+def forward_backward(
+    model: torch.nn.Module, loss_fn: Loss, micro_batches: List[MicroBatch], precision: Precision
+) -> StepOutput:
     """Accumulate into `.grad` the gradient of the loss over the batch formed by `micro_batches`.
 
     With one micro-batch this is a plain forward/backward. With several (--accum-freq), OpenCLIP's
@@ -120,8 +135,15 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
         batch = micro_batches[0]
         with precision.autocast():
             model_out = model(batch.images, batch.texts)
-            loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out,
-                            batch.sample_index, batch.family, batch.texts)
+            loss = _loss_of(
+                loss_fn,
+                model_out["image_features"],
+                model_out["text_features"],
+                model_out,
+                batch.sample_index,
+                batch.family,
+                batch.texts,
+            )
         _backward(loss, precision.scaler)
         finite = bool(torch.isfinite(loss))
     else:
@@ -138,10 +160,16 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
             with sync:
                 with precision.autocast():
                     model_out = model(batch.images, batch.texts)
-                    image_features = torch.cat([c["image_features"] for c in cached[:j]] + [model_out["image_features"]]
-                                               + [c["image_features"] for c in cached[j + 1:]])
-                    text_features = torch.cat([c["text_features"] for c in cached[:j]] + [model_out["text_features"]]
-                                              + [c["text_features"] for c in cached[j + 1:]])
+                    image_features = torch.cat(
+                        [c["image_features"] for c in cached[:j]]
+                        + [model_out["image_features"]]
+                        + [c["image_features"] for c in cached[j + 1 :]]
+                    )
+                    text_features = torch.cat(
+                        [c["text_features"] for c in cached[:j]]
+                        + [model_out["text_features"]]
+                        + [c["text_features"] for c in cached[j + 1 :]]
+                    )
                     loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family, texts)
                 _backward(loss, precision.scaler)
             finite = finite and bool(torch.isfinite(loss))
@@ -149,8 +177,9 @@ def forward_backward(model: torch.nn.Module, loss_fn: Loss, micro_batches: List[
     return StepOutput(loss=loss.detach(), stats=stats, logit_scale=model_out["logit_scale"].detach(), finite=finite)
 
 
-def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                 grad_clip_norm: Optional[float]) -> None:
+def apply_update(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip_norm: Optional[float]
+) -> None:
     """Clip, step the optimizer (through the scaler for fp16 amp) and clamp logit_scale."""
     scaler = precision.scaler
     if grad_clip_norm is not None:
@@ -166,8 +195,14 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, preci
         unwrap_model(model).logit_scale.clamp_(0, MAX_LOGIT_SCALE)
 
 
-def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, precision: str, limit: int,
-                        loss: torch.Tensor, last_checkpoint: Optional[str]) -> None:
+def skip_nonfinite_step(
+    state: TrainState,
+    optimizer: torch.optim.Optimizer,
+    precision: str,
+    limit: int,
+    loss: torch.Tensor,
+    last_checkpoint: Optional[str],
+) -> None:
     """Drop this step's gradients and count it; raise NonFiniteLossError after `limit` in a row, naming
     `last_checkpoint`, the last one written at a finite step (none is written during the streak). Called before
     `state.step` counts this step: its number is the next one, as metrics.jsonl numbers it."""
@@ -175,21 +210,26 @@ def skip_nonfinite_step(state: TrainState, optimizer: torch.optim.Optimizer, pre
     state.num_nonfinite_steps += 1
     state.consecutive_nonfinite_steps += 1
     step = state.step + 1
-    logging.warning(f"Step {step}: non-finite loss ({loss.item()}); step skipped "
-                    f"({state.consecutive_nonfinite_steps} in a row)")
+    logging.warning(
+        f"Step {step}: non-finite loss ({loss.item()}); step skipped ({state.consecutive_nonfinite_steps} in a row)"
+    )
     if state.consecutive_nonfinite_steps >= limit:
         message = nonfinite_message(state, step, optimizer.param_groups[0]["lr"], precision, limit, last_checkpoint)
         logging.error(message)
         raise NonFiniteLossError(message)
 
 
-def nonfinite_message(state: TrainState, step: int, lr: float, precision: str, limit: int,
-                      last_checkpoint: Optional[str]) -> str:
+def nonfinite_message(
+    state: TrainState, step: int, lr: float, precision: str, limit: int, last_checkpoint: Optional[str]
+) -> str:
     """The stop line of a diverged run: `limit` non-finite steps in a row, the last numbered `step` (as in
     metrics.jsonl), and the checkpoint to resume, the last one written at a finite step."""
-    resume = (f"resume from the last checkpoint written at a finite step, {last_checkpoint}, with --resume "
-              f"{last_checkpoint} after changing them" if last_checkpoint else
-              "no checkpoint was written at a finite step: start again after changing them")
+    resume = (
+        f"resume from the last checkpoint written at a finite step, {last_checkpoint}, with --resume "
+        f"{last_checkpoint} after changing them"
+        if last_checkpoint
+        else "no checkpoint was written at a finite step: start again after changing them"
+    )
     return (
         f"{limit} consecutive steps had a non-finite (NaN/inf) loss, the last at step {step} "
         f"(epoch {state.position.epoch}, lr {lr:g}, precision {precision}); stopping. Likely causes: a learning rate "
@@ -200,12 +240,12 @@ def nonfinite_message(state: TrainState, step: int, lr: float, precision: str, l
 
 @dataclass
 class EpochResult:
-    loss: float                 # mean loss over the epoch's finite steps (rank 0's)
+    loss: float  # mean loss over the epoch's finite steps (rank 0's)
     num_steps: int
     num_nonfinite_steps: int
-    skipped: Dict[str, int]     # shards and samples the data pipeline skipped, per reason, summed over ranks
+    skipped: Dict[str, int]  # shards and samples the data pipeline skipped, per reason, summed over ranks
     seconds: float
-    preempted: bool = False     # stopped after a step, inside the epoch, for a preemption signal
+    preempted: bool = False  # stopped after a step, inside the epoch, for a preemption signal
 
 
 @dataclass
@@ -222,12 +262,12 @@ class EpochLoop:
     cfg: TrainConfig
     env: DistributedEnv
     metrics: MetricsWriter
-    skip_reasons: Sequence[str]                  # the data pipeline's skip counters, in its order
+    skip_reasons: Sequence[str]  # the data pipeline's skip counters, in its order
     checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
     preemption: Optional[PreemptionFlag] = None
     # After each step: the loss's own records into the run folder (`launch.folder.LossRecords.update`).
     keep_loss_records: Optional[Callable[[], None]] = None
-    total_steps: int = 0                         # the run's steps over all epochs, for its time left (0: unknown)
+    total_steps: int = 0  # the run's steps over all epochs, for its time left (0: unknown)
 
 
 class EpochData(Protocol):
@@ -287,19 +327,37 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         end = time.monotonic()
         if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
             seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
-            _log_step(metrics, state, out, optimizer, step_in_epoch, steps_per_epoch,
-                      step_samples, batch_time, data_time, env,
-                      console_stats=loss_fn.console_stats,
-                      time_left=time_left_text(seconds_per_step, steps_per_epoch - step_in_epoch,
-                                               loop.total_steps - state.step if loop.total_steps else None))
+            _log_step(
+                metrics,
+                state,
+                out,
+                optimizer,
+                step_in_epoch,
+                steps_per_epoch,
+                step_samples,
+                batch_time,
+                data_time,
+                env,
+                console_stats=loss_fn.console_stats,
+                time_left=time_left_text(
+                    seconds_per_step,
+                    steps_per_epoch - step_in_epoch,
+                    loop.total_steps - state.step if loop.total_steps else None,
+                ),
+            )
         # The epoch's last step is saved after the epoch ends (Checkpointer.save_epoch), as the start
         # of the next epoch rather than as the end of this one; so is a preemption at that step.
         if step_in_epoch == steps_per_epoch:
             continue
         if preempted:
-            return EpochResult(loss=sums.mean_loss, num_steps=step_in_epoch,
-                               num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start, skipped={},
-                               seconds=time.monotonic() - epoch_start, preempted=True)
+            return EpochResult(
+                loss=sums.mean_loss,
+                num_steps=step_in_epoch,
+                num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
+                skipped={},
+                seconds=time.monotonic() - epoch_start,
+                preempted=True,
+            )
         # Not during a non-finite streak: those weights led into it, and --resume latest would resume them.
         if checkpointer is not None and state.consecutive_nonfinite_steps == 0:
             checkpointer.maybe_save_step()
@@ -333,8 +391,9 @@ def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_sample
     nonfinite, preempted = any_rank_each([not out.finite, preemption is not None and preemption.requested], loop.env)
     if nonfinite:
         last_good = loop.checkpointer.last_good if loop.checkpointer is not None else None
-        skip_nonfinite_step(state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss,
-                            str(last_good) if last_good else None)
+        skip_nonfinite_step(
+            state, optimizer, precision.name, cfg.max_nonfinite_steps, out.loss, str(last_good) if last_good else None
+        )
     else:
         apply_update(loop.model, optimizer, precision, cfg.grad_clip_norm)
         loop.loss_fn.commit()
@@ -345,15 +404,27 @@ def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_sample
     state.samples_seen += step_samples
     return out, preempted
 
+
 def time_left_text(seconds_per_step: float, epoch_steps_left: int, run_steps_left: Optional[int]) -> str:
     """'time left: epoch 3 min, run 2 h 05 min': the steps left at the rate of this launch's steps so far."""
     text = f"time left: epoch {duration_text(seconds_per_step * epoch_steps_left)}"
     return text + (f", run {duration_text(seconds_per_step * run_steps_left)}" if run_steps_left is not None else "")
 
 
-def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimizer, step_in_epoch: int,
-              steps_per_epoch: int, step_samples: int, batch_time: float, data_time: float,
-              env: DistributedEnv, console_stats: Optional[Sequence[str]] = None, time_left: str = "") -> None:
+def _log_step(
+    metrics: MetricsWriter,
+    state: TrainState,
+    out: StepOutput,
+    optimizer,
+    step_in_epoch: int,
+    steps_per_epoch: int,
+    step_samples: int,
+    batch_time: float,
+    data_time: float,
+    env: DistributedEnv,
+    console_stats: Optional[Sequence[str]] = None,
+    time_left: str = "",
+) -> None:
     """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
@@ -380,8 +451,9 @@ def _log_step(metrics: MetricsWriter, state: TrainState, out: StepOutput, optimi
     samples_per_epoch = steps_per_epoch * step_samples
     sample_digits = len(str(samples_per_epoch))
     stats_text = console_stats_text(all_stats, console_stats)
-    progress = ", ".join(part for part in (f"step {state.step}", f"samples seen {state.samples_seen}", time_left)
-                         if part)
+    progress = ", ".join(
+        part for part in (f"step {state.step}", f"samples seen {state.samples_seen}", time_left) if part
+    )
     logging.info(
         f"Train Epoch: {state.position.epoch} [{step_in_epoch * step_samples:>{sample_digits}}/{samples_per_epoch} "
         f"({percent:.0f}%)] "
@@ -404,11 +476,19 @@ def console_stats_text(stats: Dict[str, float], names: Optional[Sequence[str]]) 
             grouped.setdefault(name, {})[direction] = value
     directions = {tuple(by_direction) for by_direction in grouped.values()}
     if len(directions) != 1 or "" in next(iter(directions), ("",)):
-        return " ".join(f"{key}: {_short(value)}" for key, value in stats.items()
-                        if names is None or key.rpartition("/")[2] in names)
+        return " ".join(
+            f"{key}: {_short(value)}"
+            for key, value in stats.items()
+            if names is None or key.rpartition("/")[2] in names
+        )
     [shared] = directions
-    return " ".join(["/".join(shared)] + [f"{name}: " + "/".join(_short(value) for value in by_direction.values())
-                                          for name, by_direction in grouped.items()])
+    return " ".join(
+        ["/".join(shared)]
+        + [
+            f"{name}: " + "/".join(_short(value) for value in by_direction.values())
+            for name, by_direction in grouped.items()
+        ]
+    )
 
 
 def _short(value: float) -> str:
@@ -429,12 +509,17 @@ def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, e
         f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {listed(shards)}, "
         f"skipped samples: {listed(samples)}, {result.seconds:.1f} s"
     )
-    metrics.write("epoch", step=state.step, epoch=state.position.epoch, values={
-        "loss": result.loss,
-        "num_steps": result.num_steps,
-        "num_nonfinite_steps": result.num_nonfinite_steps,
-        "seconds": result.seconds,
-        "skipped_shard_visits": sum(shards.values()),
-        "skipped_samples": sum(samples.values()),
-        **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
-    })
+    metrics.write(
+        "epoch",
+        step=state.step,
+        epoch=state.position.epoch,
+        values={
+            "loss": result.loss,
+            "num_steps": result.num_steps,
+            "num_nonfinite_steps": result.num_nonfinite_steps,
+            "seconds": result.seconds,
+            "skipped_shard_visits": sum(shards.values()),
+            "skipped_samples": sum(samples.values()),
+            **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
+        },
+    )

@@ -5,6 +5,7 @@ The model comes from `open_clip.create_model_and_transforms` (our `adacl-tiny` c
 importing `open_clip_adacl`). The optimizer is in `training.trainer.engine.optimizer`, the LR schedules in
 `training.trainer.engine.schedule`, mixed precision in `training.trainer.engine.precision`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,9 +23,8 @@ import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-t
 
 from ..flags import MODEL_SHAPE, ConfigError, HelpGroup, OneOrSeveral, flag
 from ..run_folder.checkpoint_digest import CheckpointDamaged
-from ..run_folder.checkpoint_files import load_checkpoint
+from ..run_folder.checkpoint_files import first_line, load_checkpoint
 from .precision import PRECISIONS
-from ..run_folder.checkpoint_files import first_line
 
 
 def _image_size(size: Union[None, int, List[int]]) -> Union[None, int, Tuple[int, int]]:
@@ -42,41 +42,70 @@ class ModelConfig:
 
     FLAG_GROUP: ClassVar[str] = HelpGroup.MODEL
 
-    name: str = flag("RN50", "Name of the model (open_clip.list_models()).", name="--model", field_default=MISSING,
-                     resume=MODEL_SHAPE)
+    name: str = flag(
+        "RN50",
+        "Name of the model (open_clip.list_models()).",
+        name="--model",
+        field_default=MISSING,
+        resume=MODEL_SHAPE,
+    )
     pretrained: str = flag("", "Pretrained CLIP weights: a tag or a file path (e.g. an epoch_N.pt).")
     # The run's precision is resolved for its device (params.run_config); in code it defaults to fp32.
-    precision: str = flag(None, "Floating point precision. Default: amp on CUDA (as OpenCLIP), fp32 on CPU "
-                                "(amp on CPU means fp16 autocast and amp_bf16 bf16 autocast, both slower there).",
-                          choices=PRECISIONS, group=HelpGroup.OPTIMISATION, field_default="fp32")
+    precision: str = flag(
+        None,
+        "Floating point precision. Default: amp on CUDA (as OpenCLIP), fp32 on CPU "
+        "(amp on CPU means fp16 autocast and amp_bf16 bf16 autocast, both slower there).",
+        choices=PRECISIONS,
+        group=HelpGroup.OPTIMISATION,
+        field_default="fp32",
+    )
     force_image_size: Optional[Union[int, Tuple[int, int]]] = flag(
-        None, "Override default image size", type=int, action=OneOrSeveral, convert=_image_size, resume=MODEL_SHAPE)
+        None, "Override default image size", type=int, action=OneOrSeveral, convert=_image_size, resume=MODEL_SHAPE
+    )
     force_context_length: Optional[int] = flag(None, "Override default context length", resume=MODEL_SHAPE)
-    force_quick_gelu: bool = flag(False, "Force use of QuickGELU activation for non-OpenAI transformer models.",
-                                  resume=MODEL_SHAPE)
-    force_custom_text: bool = flag(False, "Force use of CustomTextCLIP model (separate text-tower).",
-                                   resume=MODEL_SHAPE)
+    force_quick_gelu: bool = flag(
+        False, "Force use of QuickGELU activation for non-OpenAI transformer models.", resume=MODEL_SHAPE
+    )
+    force_custom_text: bool = flag(
+        False, "Force use of CustomTextCLIP model (separate text-tower).", resume=MODEL_SHAPE
+    )
     force_patch_dropout: Optional[float] = flag(None, "Override the patch dropout.")
     pretrained_image: bool = flag(False, "Load imagenet pretrained weights for image tower backbone if available.")
-    image_mean: Optional[Tuple[float, ...]] = flag(None, "Override default image mean value of dataset",
-                                                   type=float, nargs="+", metavar="MEAN")
-    image_std: Optional[Tuple[float, ...]] = flag(None, "Override default image std deviation of dataset",
-                                                  type=float, nargs="+", metavar="STD")
-    image_interpolation: Optional[str] = flag(None, "Override default image resize interpolation",
-                                              choices=["bicubic", "bilinear", "random"])
-    image_resize_mode: Optional[str] = flag(None, "Override default image resize (& crop) mode during inference",
-                                            choices=["shortest", "longest", "squash"])
-    aug_cfg: Dict[str, Any] = flag({}, "Training augmentation overrides, key=value (open_clip AugmentationCfg).",
-                                   nargs="*", action=ParseKwargs, convert=dict)
+    image_mean: Optional[Tuple[float, ...]] = flag(
+        None, "Override default image mean value of dataset", type=float, nargs="+", metavar="MEAN"
+    )
+    image_std: Optional[Tuple[float, ...]] = flag(
+        None, "Override default image std deviation of dataset", type=float, nargs="+", metavar="STD"
+    )
+    image_interpolation: Optional[str] = flag(
+        None, "Override default image resize interpolation", choices=["bicubic", "bilinear", "random"]
+    )
+    image_resize_mode: Optional[str] = flag(
+        None, "Override default image resize (& crop) mode during inference", choices=["shortest", "longest", "squash"]
+    )
+    aug_cfg: Dict[str, Any] = flag(
+        {},
+        "Training augmentation overrides, key=value (open_clip AugmentationCfg).",
+        nargs="*",
+        action=ParseKwargs,
+        convert=dict,
+    )
     cache_dir: Optional[str] = flag(None, "Cache path for downloads.")
     lock_image: bool = flag(False, "Lock full image tower by disabling gradients.")
     lock_image_unlocked_groups: int = flag(0, "Leave last n image tower layer groups unlocked.")
-    lock_image_freeze_bn_stats: bool = flag(False, "Freeze BatchNorm running stats in image tower for any locked layers.")
+    lock_image_freeze_bn_stats: bool = flag(
+        False, "Freeze BatchNorm running stats in image tower for any locked layers."
+    )
     lock_text: bool = flag(False, "Lock full text tower by disabling gradients.")
     lock_text_unlocked_layers: int = flag(0, "Leave last n text tower layer groups unlocked.")
-    lock_text_freeze_layer_norm: bool = flag(False, "Freeze LayerNorm running stats in text tower for any locked layers.")
-    lock_logit_scale: bool = flag(False, "(not in OpenCLIP) Keep logit_scale at its initial or pretrained value: "
-                                         "separates a loss's effect on the temperature from its effect on the embeddings.")
+    lock_text_freeze_layer_norm: bool = flag(
+        False, "Freeze LayerNorm running stats in text tower for any locked layers."
+    )
+    lock_logit_scale: bool = flag(
+        False,
+        "(not in OpenCLIP) Keep logit_scale at its initial or pretrained value: "
+        "separates a loss's effect on the temperature from its effect on the embeddings.",
+    )
     grad_checkpointing: bool = flag(False, "Enable gradient checkpointing.")
     # Extra constructor kwargs, e.g. OpenCLIP's --siglip init (init_logit_scale, init_logit_bias).
     model_kwargs: Dict[str, float] = field(default_factory=dict)
@@ -90,8 +119,9 @@ class ModelConfig:
             hint = f"; did you mean {', '.join(close)}?" if close else "; see open_clip.list_models()"
             raise ConfigError(f"--model {self.name!r} is not a known model config{hint}")
         if "multimodal_cfg" in (open_clip.get_model_config(self.name) or {}):
-            raise ConfigError(f"--model {self.name} is a CoCa model; CoCa's captioning loss is not supported by "
-                              f"open_clip_adacl")
+            raise ConfigError(
+                f"--model {self.name} is a CoCa model; CoCa's captioning loss is not supported by open_clip_adacl"
+            )
 
 
 @dataclass
@@ -105,9 +135,14 @@ class ModelBundle:
 def architecture_kwargs(cfg: ModelConfig) -> Dict[str, Any]:
     """The keyword arguments of `open_clip.create_model` that shape the network (`open_clip_model_config`
     applies the same overrides to the config it exports)."""
-    return dict(force_quick_gelu=cfg.force_quick_gelu, force_custom_text=cfg.force_custom_text,
-                force_patch_dropout=cfg.force_patch_dropout, force_image_size=cfg.force_image_size,
-                force_context_length=cfg.force_context_length, **cfg.model_kwargs)
+    return dict(
+        force_quick_gelu=cfg.force_quick_gelu,
+        force_custom_text=cfg.force_custom_text,
+        force_patch_dropout=cfg.force_patch_dropout,
+        force_image_size=cfg.force_image_size,
+        force_context_length=cfg.force_context_length,
+        **cfg.model_kwargs,
+    )
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -135,8 +170,9 @@ def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
     )
     if cfg.lock_image:
         # LiT: https://arxiv.org/abs/2111.07991
-        model.lock_image_tower(unlocked_groups=cfg.lock_image_unlocked_groups,
-                               freeze_bn_stats=cfg.lock_image_freeze_bn_stats)
+        model.lock_image_tower(
+            unlocked_groups=cfg.lock_image_unlocked_groups, freeze_bn_stats=cfg.lock_image_freeze_bn_stats
+        )
     if cfg.lock_text:
         # OpenCLIP's built-in text tower cannot keep its LayerNorms trainable (lock_text_tower asserts
         # freeze_layer_norm, so OpenCLIP's own --lock-text crashes without --lock-text-freeze-layer-norm);
@@ -167,8 +203,10 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
         return _fetch_pretrained_tag(model_name, pretrained, tag_cfg, cache_dir)
     if not os.path.exists(pretrained):
         tags = open_clip.list_pretrained_tags_by_model(model_name)
-        raise ValueError(f"no such file, and not a pretrained tag of {model_name} (its tags: "
-                         f"{', '.join(tags) or 'none'}); pass an existing checkpoint file or one of those tags")
+        raise ValueError(
+            f"no such file, and not a pretrained tag of {model_name} (its tags: "
+            f"{', '.join(tags) or 'none'}); pass an existing checkpoint file or one of those tags"
+        )
     try:
         if pretrained.endswith(".safetensors"):
             from safetensors import safe_open
@@ -181,15 +219,19 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
     except CheckpointDamaged as error:
         raise ValueError(f"{error}; copy it again from where it was written, or pass another checkpoint") from None
     except Exception as error:  # any unreadable file gets the same advice
-        raise ValueError(f"cannot be read as a checkpoint ({first_line(error)}); pass an epoch_N.pt, "
-                         f"an exported open_clip_model.safetensors or an open_clip state dict") from error
+        raise ValueError(
+            f"cannot be read as a checkpoint ({first_line(error)}); pass an epoch_N.pt, "
+            f"an exported open_clip_model.safetensors or an open_clip state dict"
+        ) from error
     if not isinstance(state_dict, dict) or not state_dict:
         raise ValueError("holds no state dict (expected a dict of tensors or a checkpoint with 'state_dict')")
     args = checkpoint.get("args") if not pretrained.endswith(".safetensors") else None  # training.main's record
     recorded = args.get("model") if isinstance(args, dict) else None
     if isinstance(recorded, str) and recorded.replace("/", "-") != model_name.replace("/", "-"):
-        raise ValueError(f"was trained as --model {recorded}, and --model is {model_name}: its weights do not fit that "
-                         f"architecture; pass --model {recorded}, or weights of {model_name}")
+        raise ValueError(
+            f"was trained as --model {recorded}, and --model is {model_name}: its weights do not fit that "
+            f"architecture; pass --model {recorded}, or weights of {model_name}"
+        )
     return pretrained
 
 
@@ -201,21 +243,27 @@ def _fetch_pretrained_tag(model_name: str, tag: str, tag_cfg: Dict[str, Any], ca
         repo_id, filename = os.path.split(hub_path)
         filename = filename or HF_WEIGHTS_NAME
         # The names open_clip's download_pretrained_from_hf tries: a .safetensors twin first.
-        names = [HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else os.path.splitext(filename)[0] + ".safetensors",
-                 filename]
+        names = [
+            HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else os.path.splitext(filename)[0] + ".safetensors",
+            filename,
+        ]
         cached = [try_to_load_from_cache(repo_id, name, cache_dir=cache_dir) for name in names]
         found = [path for path in cached if isinstance(path, str)]
         if not found:
-            raise ValueError(f"the weights of {model_name} {tag} (hf-hub {hub_path}) are not in the download "
-                             f"cache and HF_HUB_OFFLINE is set; download them once where the network is reachable "
-                             f"(same --cache-dir), or pass a checkpoint file")
+            raise ValueError(
+                f"the weights of {model_name} {tag} (hf-hub {hub_path}) are not in the download "
+                f"cache and HF_HUB_OFFLINE is set; download them once where the network is reachable "
+                f"(same --cache-dir), or pass a checkpoint file"
+            )
         return found[0]
     try:
         return open_clip.download_pretrained(tag_cfg, cache_dir=cache_dir)
     except Exception as error:  # network, cache and checksum failures alike
-        raise ValueError(f"the weights of {model_name} {tag} are not in the download cache and could not be "
-                         f"downloaded ({type(error).__name__}: {str(error)[:200]}); download them once where the "
-                         f"network is reachable (same --cache-dir), or pass a checkpoint file") from error
+        raise ValueError(
+            f"the weights of {model_name} {tag} are not in the download cache and could not be "
+            f"downloaded ({type(error).__name__}: {str(error)[:200]}); download them once where the "
+            f"network is reachable (same --cache-dir), or pass a checkpoint file"
+        ) from error
 
 
 def open_clip_model_config(cfg: ModelConfig) -> Dict[str, Any]:

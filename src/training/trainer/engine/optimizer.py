@@ -1,4 +1,5 @@
 """The optimizer, built as OpenCLIP's trainer builds it: AdamW with two parameter groups."""
+
 from __future__ import annotations
 
 import logging
@@ -24,11 +25,13 @@ class OptimizerConfig:
     opt: str = flag("adamw", "Optimizer; only adamw is supported.")
 
     def check(self) -> None:
-        for name, value, valid, rule in (("--lr", self.lr, lambda v: v >= 0, ">= 0"),
-                                         ("--beta1", self.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
-                                         ("--beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
-                                         ("--eps", self.eps, lambda v: v >= 0, ">= 0"),
-                                         ("--wd", self.wd, lambda v: v >= 0, ">= 0")):
+        for name, value, valid, rule in (
+            ("--lr", self.lr, lambda v: v >= 0, ">= 0"),
+            ("--beta1", self.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("--beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("--eps", self.eps, lambda v: v >= 0, ">= 0"),
+            ("--wd", self.wd, lambda v: v >= 0, ">= 0"),
+        ):
             if value is not None and not valid(value):  # AdamW's own checks, as one line before any work
                 raise ConfigError(f"{name} must be {rule} (AdamW's rule), got {value}")
         if self.opt.lower() != "adamw":
@@ -47,8 +50,12 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim
     decay = [p for name, p in trainable if not exclude_from_weight_decay(name, p)]
     optimizer = torch.optim.AdamW(
         [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": cfg.wd}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
     )
-    logging.info(f"Created AdamW optimizer: lr {cfg.lr}, betas ({cfg.beta1}, {cfg.beta2}), eps {cfg.eps}, "
-                 f"weight decay {cfg.wd} on {len(decay)} tensors, 0 on {len(no_decay)}")
+    logging.info(
+        f"Created AdamW optimizer: lr {cfg.lr}, betas ({cfg.beta1}, {cfg.beta2}), eps {cfg.eps}, "
+        f"weight decay {cfg.wd} on {len(decay)} tensors, 0 on {len(no_decay)}"
+    )
     return optimizer

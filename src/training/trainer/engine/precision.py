@@ -1,6 +1,7 @@
 """Mixed precision as OpenCLIP's trainer runs it: autocast from `open_clip_train.precision`, OpenCLIP's
 input dtype, and a gradient scaler for fp16 amp. On CPU, `--precision amp` means fp16 autocast and
 `amp_bf16` bf16 autocast; both are slower than fp32 there."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

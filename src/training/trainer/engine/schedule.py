@@ -7,6 +7,7 @@
 `--lr-scheduler` lists what is registered when the parser is built. The built-ins are OpenCLIP's
 (`open_clip_train.scheduler`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple
 
 import torch
 from open_clip_train.scheduler import const_lr, const_lr_cooldown, cosine_lr
+
 from open_clip_adacl.registry import Registry
 
 from ..flags import ConfigError, HelpGroup, NoOptions, check_component_options, flag, from_flag
@@ -33,10 +35,17 @@ class Schedule:
 SCHEDULES: Registry[Schedule] = Registry("LR schedule")
 
 
-def register_schedule(name: str, help: str, *, check: Optional[Callable[["SchedulerConfig"], None]] = None,
-                      options: type = NoOptions, aliases: Sequence[str] = ()):
+def register_schedule(
+    name: str,
+    help: str,
+    *,
+    check: Optional[Callable[["SchedulerConfig"], None]] = None,
+    options: type = NoOptions,
+    aliases: Sequence[str] = (),
+):
     """Register the decorated builder as `--lr-scheduler name` (and its old names `aliases`); `check`
     validates the config for it; `options` declares its own flags (their values: `cfg.options`)."""
+
     def decorator(build: Callable[..., LrFunction]) -> Callable[..., LrFunction]:
         check_component_options("LR schedule", name, options)
         SCHEDULES.add(name, Schedule(name, help, build, check, options), aliases)
@@ -75,7 +84,9 @@ class SchedulerConfig:
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         if self.name not in SCHEDULES:
-            raise ConfigError(f"--lr-scheduler {self.name!r} is unknown; choose one of {', '.join(registered_schedules())}")
+            raise ConfigError(
+                f"--lr-scheduler {self.name!r} is unknown; choose one of {', '.join(registered_schedules())}"
+            )
         if SCHEDULES.get(self.name).check is not None:
             SCHEDULES.get(self.name).check(self)
 
@@ -114,9 +125,20 @@ def _check_cooldown(cfg: SchedulerConfig) -> None:
         raise ConfigError(f"--epochs-cooldown must be between 0 and --epochs ({cfg.epochs}), got {cooldown}")
 
 
-@register_schedule("const-cooldown", "constant, then a polynomial cooldown over the last --epochs-cooldown epochs",
-                   check=_check_cooldown, options=CooldownOptions)
+@register_schedule(
+    "const-cooldown",
+    "constant, then a polynomial cooldown over the last --epochs-cooldown epochs",
+    check=_check_cooldown,
+    options=CooldownOptions,
+)
 def _const_cooldown(optimizer, cfg: SchedulerConfig, steps_per_epoch: float, total_steps: float) -> LrFunction:
     cooldown = cfg.schedule_options
-    return const_lr_cooldown(optimizer, cfg.lr, cfg.warmup, total_steps, steps_per_epoch * cooldown.epochs_cooldown,
-                             cooldown.lr_cooldown_power, cooldown.lr_cooldown_end)
+    return const_lr_cooldown(
+        optimizer,
+        cfg.lr,
+        cfg.warmup,
+        total_steps,
+        steps_per_epoch * cooldown.epochs_cooldown,
+        cooldown.lr_cooldown_power,
+        cooldown.lr_cooldown_end,
+    )

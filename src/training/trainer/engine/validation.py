@@ -11,6 +11,7 @@
 Every metric name carries the `val/` prefix OpenCLIP uses for its TensorBoard scalars, so the
 trainer can log the returned dicts as they are.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,13 +49,13 @@ def clip_outputs(model_out: Mapping[str, torch.Tensor] | Sequence[torch.Tensor])
 
 
 def run_validation(
-        model: torch.nn.Module,
-        dataloader: Iterable,
-        *,
-        device: torch.device | str,
-        autocast: Callable[[], ContextManager] = nullcontext,
-        epoch: int,
-        input_dtype: torch.dtype | None = None,
+    model: torch.nn.Module,
+    dataloader: Iterable,
+    *,
+    device: torch.device | str,
+    autocast: Callable[[], ContextManager] = nullcontext,
+    epoch: int,
+    input_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """CLIP val loss and retrieval recall over every batch of `dataloader` (pass the unwrapped model).
 
@@ -92,13 +93,18 @@ def run_validation(
         text_features=torch.cat(text_features),
         logit_scale=logit_scale.mean().float().cpu(),
     )
-    metrics = {"clip_val_loss": cumulative_loss / num_samples, "clip_val_loss_chance": cumulative_chance / num_samples,
-               "num_samples": num_samples, **retrieval}
+    metrics = {
+        "clip_val_loss": cumulative_loss / num_samples,
+        "clip_val_loss_chance": cumulative_chance / num_samples,
+        "num_samples": num_samples,
+        **retrieval,
+    }
     return {METRIC_PREFIX + name: float(value) for name, value in metrics.items()}
 
 
-def imagenet_folder(imagenet_dir: str | Path, transform: Callable | None = None, *,
-                    num_classes: int = len(IMAGENET_CLASSNAMES)) -> torchvision.datasets.ImageFolder:
+def imagenet_folder(
+    imagenet_dir: str | Path, transform: Callable | None = None, *, num_classes: int = len(IMAGENET_CLASSNAMES)
+) -> torchvision.datasets.ImageFolder:
     """The `ImageFolder` over `imagenet_dir`, checked to hold `num_classes` class folders with images.
 
     Raises ValueError saying what is wrong (missing folder, wrong number of classes, an empty class),
@@ -106,12 +112,16 @@ def imagenet_folder(imagenet_dir: str | Path, transform: Callable | None = None,
     """
     imagenet_dir = Path(imagenet_dir)
     if not imagenet_dir.is_dir():
-        raise ValueError(f"{imagenet_dir} is not a directory; pass ImageNet's val set as one folder per class "
-                         f"(e.g. val/n01440764/*.JPEG, the layout torchvision's ImageFolder reads)")
+        raise ValueError(
+            f"{imagenet_dir} is not a directory; pass ImageNet's val set as one folder per class "
+            f"(e.g. val/n01440764/*.JPEG, the layout torchvision's ImageFolder reads)"
+        )
     classes = [entry.name for entry in imagenet_dir.iterdir() if entry.is_dir()]
     if len(classes) != num_classes:
-        raise ValueError(f"{imagenet_dir} has {len(classes)} class folders, expected {num_classes} (one per ImageNet "
-                         f"synset, e.g. n01440764/); a flat folder of images needs sorting into class folders first")
+        raise ValueError(
+            f"{imagenet_dir} has {len(classes)} class folders, expected {num_classes} (one per ImageNet "
+            f"synset, e.g. n01440764/); a flat folder of images needs sorting into class folders first"
+        )
     try:
         return torchvision.datasets.ImageFolder(str(imagenet_dir), transform=transform)
     except FileNotFoundError as error:  # a class folder without a single image
@@ -119,17 +129,17 @@ def imagenet_folder(imagenet_dir: str | Path, transform: Callable | None = None,
 
 
 def zero_shot_imagenet(
-        model: torch.nn.Module,
-        tokenizer: Callable[[list[str]], torch.Tensor],
-        dataset: torchvision.datasets.ImageFolder,
-        *,
-        device: torch.device | str,
-        autocast: Callable[[], ContextManager] = nullcontext,
-        batch_size: int = 64,
-        workers: int = 0,
-        classnames: Sequence[str] = IMAGENET_CLASSNAMES,
-        templates: Sequence[str | Callable[[str], str]] = OPENAI_IMAGENET_TEMPLATES,
-        input_dtype: torch.dtype | None = None,
+    model: torch.nn.Module,
+    tokenizer: Callable[[list[str]], torch.Tensor],
+    dataset: torchvision.datasets.ImageFolder,
+    *,
+    device: torch.device | str,
+    autocast: Callable[[], ContextManager] = nullcontext,
+    batch_size: int = 64,
+    workers: int = 0,
+    classnames: Sequence[str] = IMAGENET_CLASSNAMES,
+    templates: Sequence[str | Callable[[str], str]] = OPENAI_IMAGENET_TEMPLATES,
+    input_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Zero-shot top-1/top-5 accuracy on an `ImageFolder` (e.g. ImageNet's val set, one folder per synset,
     from `imagenet_folder` with the model's val transform).
@@ -149,8 +159,13 @@ def zero_shot_imagenet(
     model.eval()
     with torch.inference_mode(), autocast():
         classifier = build_zero_shot_classifier(
-            model, tokenizer=tokenizer, classnames=classnames, templates=templates,
-            num_classes_per_batch=10, device=device, use_tqdm=sys.stderr.isatty(),
+            model,
+            tokenizer=tokenizer,
+            classnames=classnames,
+            templates=templates,
+            num_classes_per_batch=10,
+            device=device,
+            use_tqdm=sys.stderr.isatty(),
         )
     top_k = [k for k in (1, 5) if k <= len(classnames)]
     num_correct = dict.fromkeys(top_k, 0)

@@ -1,6 +1,7 @@
 """A run's folder, `<logs>/<name>/`, as a launch sets it up: its paths and name, refusing to start a new run
 over an earlier one, the lock that keeps two launches of one run apart, room for a checkpoint, setting an
 earlier launch's records aside, params.txt and the loss's own records (its names: `training.trainer.run_folder.layout`)."""
+
 from __future__ import annotations
 
 import json
@@ -17,25 +18,29 @@ import torch
 
 from open_clip_adacl import Loss
 
+from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..engine.checkpoint import TrainState, plain_args
 from ..engine.model import parameter_count
-from ..run_folder.checkpoint_files import (atomic_file, check_checkpoint_space, estimated_checkpoint_bytes,
-                                          remove_stale_temporary_files)
-from .config import RESUME_LATEST, RunConfig
-from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..flags import ConfigError
+from ..run_folder.checkpoint_files import (
+    atomic_file,
+    check_checkpoint_space,
+    estimated_checkpoint_bytes,
+    remove_stale_temporary_files,
+)
 from ..run_folder.layout import ARGS_NAME, CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
 from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
 from ..run_folder.records import checkpoint_files, set_aside_earlier_records
 from ..run_folder.safe_write import RunFiles, cause_of
+from .config import RESUME_LATEST, RunConfig
 
 
 @dataclass
 class RunPaths:
     name: str
-    run_dir: Optional[str]          # None with --logs none
+    run_dir: Optional[str]  # None with --logs none
     checkpoint_dir: Optional[str]
-    log_file: Optional[str]         # None on ranks that do not write a log file
+    log_file: Optional[str]  # None on ranks that do not write a log file
 
 
 def start_over(paths: RunPaths, env: DistributedEnv) -> None:
@@ -57,8 +62,10 @@ def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
         except RunInUse as error:
             problem = str(error)
         except OSError as error:
-            problem = (f"cannot write the run's lock {os.path.join(paths.run_dir, LOCK_NAME)} ({cause_of(error)}): "
-                       "a run writes into its folder; make it writable, or choose another --logs or --name")
+            problem = (
+                f"cannot write the run's lock {os.path.join(paths.run_dir, LOCK_NAME)} ({cause_of(error)}): "
+                "a run writes into its folder; make it writable, or choose another --logs or --name"
+            )
     problem = broadcast_object(problem, env)
     if problem:
         raise ConfigError(problem)
@@ -79,8 +86,10 @@ def build_run_paths(cfg: RunConfig, env: DistributedEnv) -> RunPaths:
     writes_log = env.is_local_master if cfg.logging.log_local else env.is_master
     # Decided together: a rank that raised alone would leave the others waiting at the next collective.
     if any_rank(writes_log and run_dir_collision(cfg.resume, log_file, checkpoint_dir) is not None, env):
-        raise ConfigError(run_dir_collision(cfg.resume, log_file, checkpoint_dir)
-                          or f"{run_dir} already holds a run (seen by another rank)")
+        raise ConfigError(
+            run_dir_collision(cfg.resume, log_file, checkpoint_dir)
+            or f"{run_dir} already holds a run (seen by another rank)"
+        )
     problem = None
     if env.is_master:
         problem = cannot_create(checkpoint_dir)
@@ -102,8 +111,10 @@ def run_folder_warnings(cfg: RunConfig) -> List[str]:
     run_dir = os.path.normpath(os.path.join(logs, name))
     if os.path.relpath(run_dir, os.path.normpath(logs)).split(os.sep)[0] != os.pardir:
         return []
-    return [f"--name {name} puts the run outside --logs {logs}: it writes to {os.path.abspath(run_dir)}; pass a name "
-            "inside --logs (without '..' or a leading '/') unless that is where the run belongs"]
+    return [
+        f"--name {name} puts the run outside --logs {logs}: it writes to {os.path.abspath(run_dir)}; pass a name "
+        "inside --logs (without '..' or a leading '/') unless that is where the run belongs"
+    ]
 
 
 def cannot_create(directory: str) -> Optional[str]:
@@ -111,13 +122,16 @@ def cannot_create(directory: str) -> Optional[str]:
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:
-        return (f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
-                "--name, or fix the path")
+        return (
+            f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
+            "--name, or fix the path"
+        )
     return None
 
 
-def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, kept: Dict[str, int],
-                               env: DistributedEnv) -> None:
+def check_run_checkpoint_space(
+    paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, kept: Dict[str, int], env: DistributedEnv
+) -> None:
     """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
     checkpoint of this model, optimizer and loss state; rank 0 logs the disk the `kept` files will need."""
     if paths.checkpoint_dir is None:
@@ -138,14 +152,20 @@ def check_run_checkpoint_space(paths: RunPaths, model: torch.nn.Module, loss_fn:
 def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss, kept: Dict[str, int]) -> None:
     """The dry run's version of `check_run_checkpoint_space`: the model is counted on the meta device
     (no weights are allocated), the folder may not exist yet (its nearest existing parent is checked)."""
-    target = (os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME) if cfg.logging.name is not None
-              else cfg.logging.logs)
+    target = (
+        os.path.join(cfg.logging.logs, cfg.logging.name, CHECKPOINT_DIR_NAME)
+        if cfg.logging.name is not None
+        else cfg.logging.logs
+    )
     logging.disable(logging.WARNING)  # open_clip's "No pretrained weights loaded" is noise here
     try:
         needed = estimated_checkpoint_bytes(parameter_count(cfg.model), state_bytes(loss_fn))
     except Exception as error:  # noqa: BLE001 - e.g. a hub model not downloaded: check writability only
-        print(f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
-              f"{target} is writable", file=sys.stderr)
+        print(
+            f"warning: could not size a checkpoint of --model {cfg.model.name} ({error!r}); only checking that "
+            f"{target} is writable",
+            file=sys.stderr,
+        )
         needed = 0
     finally:
         logging.disable(logging.NOTSET)
@@ -166,11 +186,15 @@ def log_checkpoint_disk(target: str, one_checkpoint: int, kept: Dict[str, int], 
     count = sum(kept.values()) + 1
     needed, free = count * one_checkpoint, shutil.disk_usage(existing).free
     kinds = ", ".join(f"{number} {kind}" for kind, number in kept.items() if number)
-    line = (f"checkpoints: about {one_checkpoint / 1e9:.2f} GB each, up to {count} at once ({kinds}, one being "
-            f"written): about {needed / 1e9:.1f} GB in {target}, {free / 1e9:.1f} GB free there")
+    line = (
+        f"checkpoints: about {one_checkpoint / 1e9:.2f} GB each, up to {count} at once ({kinds}, one being "
+        f"written): about {needed / 1e9:.1f} GB in {target}, {free / 1e9:.1f} GB free there"
+    )
     if needed > free:
-        line += ("; not enough: free space, raise --save-frequency or lower --keep-step-checkpoints, or the run "
-                 "stops saving when the disk fills")
+        line += (
+            "; not enough: free space, raise --save-frequency or lower --keep-step-checkpoints, or the run "
+            "stops saving when the disk fills"
+        )
     log(line)
 
 
@@ -183,10 +207,20 @@ def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
     """OpenCLIP's name for a run without --name: rank 0's start time and the main settings, then the SLURM job
     (each task of a job array has its own) or rank 0's PID, so that launches in the same second differ."""
     job = os.environ.get("SLURM_JOB_ID")
-    date, launch = broadcast_object((datetime.now().strftime("%Y_%m_%d-%H_%M_%S"),
-                                     f"job_{job}" if job else f"pid_{os.getpid()}"), env)
-    return "-".join([date, f"model_{cfg.model.name.replace('/', '-')}", f"lr_{cfg.optimizer.lr}",
-                     f"b_{cfg.data.batch_size}", f"j_{cfg.data.workers}", f"p_{cfg.model.precision}", launch])
+    date, launch = broadcast_object(
+        (datetime.now().strftime("%Y_%m_%d-%H_%M_%S"), f"job_{job}" if job else f"pid_{os.getpid()}"), env
+    )
+    return "-".join(
+        [
+            date,
+            f"model_{cfg.model.name.replace('/', '-')}",
+            f"lr_{cfg.optimizer.lr}",
+            f"b_{cfg.data.batch_size}",
+            f"j_{cfg.data.workers}",
+            f"p_{cfg.model.precision}",
+            launch,
+        ]
+    )
 
 
 def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
@@ -197,8 +231,10 @@ def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: 
         return None
     if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
         return None
-    return (f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest, roll it back with "
-            f"--resume {checkpoint_dir}/<checkpoint>, or choose another --name")
+    return (
+        f"{os.path.dirname(log_file)} already holds a run; continue it with --resume latest, roll it back with "
+        f"--resume {checkpoint_dir}/<checkpoint>, or choose another --name"
+    )
 
 
 def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
@@ -208,8 +244,12 @@ def recorded_args(cfg: RunConfig, paths: RunPaths) -> Dict[str, Any]:
 
 def launch_note(env: DistributedEnv, resumed_from: Optional[str], state: TrainState) -> str:
     """The header of this launch's block in params.txt."""
-    start = (f"resumed from {resumed_from} at epoch {state.position.epoch}, step {state.step}, "
-             f"{state.position.batches_in_epoch} batches into the epoch" if resumed_from else "from scratch")
+    start = (
+        f"resumed from {resumed_from} at epoch {state.position.epoch}, step {state.step}, "
+        f"{state.position.batches_in_epoch} batches into the epoch"
+        if resumed_from
+        else "from scratch"
+    )
     return f"# launch at {datetime.now():%Y-%m-%d %H:%M:%S}, {env.world_size} rank(s), {start}"
 
 
@@ -257,5 +297,7 @@ class LossRecords:
                 with atomic_file(path, "w") as f:
                     f.write(json.dumps(value, indent=2) + "\n")
             except OSError as error:
-                logging.warning(f"Could not write {path} ({cause_of(error)}); training goes on, the record is "
-                                "written again when it changes")
+                logging.warning(
+                    f"Could not write {path} ({cause_of(error)}); training goes on, the record is "
+                    "written again when it changes"
+                )

@@ -13,6 +13,7 @@ This module is the boundary between argparse and the typed world: `parse_args` r
 `validate_args` rejects bad combinations before any work (`RunConfig.check`), and `run_config`
 converts the namespace, once, into the frozen `RunConfig` whose parts the rest of `training` takes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,19 @@ import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-t
 from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
-from .config import RUN_PARTS, RunConfig, run_flags, with_canonical_names
-from ..distributed import resolved_device_type, unavailable_device
-from ..flags import ConfigError, HelpGroup, config_from_args
-from ..engine.precision import resolve_precision
 from ..data.registry import resolve_dataset_type
 from ..data.source import get_data_source
-from .recipes import RECIPES, RecipeError, recipe_values
+from ..distributed import resolved_device_type, unavailable_device
+from ..engine.precision import resolve_precision
 from ..engine.schedule import SCHEDULES
+from ..flags import ConfigError, HelpGroup, config_from_args
+from .config import RUN_PARTS, RunConfig, run_flags, with_canonical_names
+from .recipes import RECIPES, RecipeError, recipe_values
 
-RECIPE_HELP = ("start from a named recipe's flags (training.trainer.launch.recipes: e.g. cc3m-rn50, cc12m-vitb32, demo); every "
-               "flag given beside it overrides the recipe's value")
+RECIPE_HELP = (
+    "start from a named recipe's flags (training.trainer.launch.recipes: e.g. cc3m-rn50, cc12m-vitb32, demo); every "
+    "flag given beside it overrides the recipe's value"
+)
 # OpenCLIP 3.3.0 flags this fork does not implement, with what to do instead.
 UNSUPPORTED_FLAGS: Dict[str, str] = {
     "--horovod": "launch with torchrun or srun (DDP) instead",
@@ -119,25 +122,31 @@ def loss_flags() -> Dict[str, LossFlag]:
 
 def add_recipe_flag(group: argparse._ActionsContainer, default: Optional[str] = None, note: str = "") -> None:
     """--recipe NAME (training.trainer.launch.recipes); `note` adds what it means in a tool that takes it."""
-    group.add_argument("--recipe", default=default, choices=sorted(RECIPES),
-                       help=RECIPE_HELP + (f". {note}" if note else ""))
+    group.add_argument(
+        "--recipe", default=default, choices=sorted(RECIPES), help=RECIPE_HELP + (f". {note}" if note else "")
+    )
 
 
 def add_loss_flag(group: argparse._ArgumentGroup, loss_flag: LossFlag) -> None:
     option = loss_flag.option
     defaults = {name: option_of(name, loss_flag.flag).default for name in loss_flag.losses}
-    default_text = (str(option.default) if len(set(map(repr, defaults.values()))) == 1
-                    else ", ".join(f"{name}: {value}" for name, value in defaults.items()))
+    default_text = (
+        str(option.default)
+        if len(set(map(repr, defaults.values()))) == 1
+        else ", ".join(f"{name}: {value}" for name, value in defaults.items())
+    )
     help_text = f"{option.help} (--loss {'/'.join(loss_flag.losses)}; default {default_text})"
     # None means "not given": the chosen loss's own default applies, and giving a flag that the chosen
     # loss does not declare is an error instead of being silently ignored.
     if option.type is bool:
-        group.add_argument(loss_flag.flag, dest=loss_flag.dest, default=None,
-                           action=argparse.BooleanOptionalAction, help=help_text)
+        group.add_argument(
+            loss_flag.flag, dest=loss_flag.dest, default=None, action=argparse.BooleanOptionalAction, help=help_text
+        )
     else:
         choices = [c for c in option.choices if c is not None] if option.choices else None
-        group.add_argument(loss_flag.flag, dest=loss_flag.dest, default=None, type=option.type,
-                           choices=choices, help=help_text)
+        group.add_argument(
+            loss_flag.flag, dest=loss_flag.dest, default=None, type=option.type, choices=choices, help=help_text
+        )
 
 
 def option_of(loss_name: str, flag: str) -> LossOption:
@@ -190,14 +199,16 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            unknown = [arg.split("=", 1)[0] for arg in message[len(prefix):].split() if arg.startswith("-")]
+            unknown = [arg.split("=", 1)[0] for arg in message[len(prefix) :].split() if arg.startswith("-")]
             if unknown:
                 known = [option for action in self._actions for option in action.option_strings]
                 close = difflib.get_close_matches(unknown[0], known, n=1)
                 hint = f"; the closest supported flag is {close[0]}" if close else ""
                 raise ConfigError(f"unknown flag {unknown[0]}{hint} (python -m training.main --help lists them all)")
-            raise ConfigError(f"{message}{stray_path_hint(message[len(prefix):].split())} (python -m training.main "
-                              "--help lists the flags)")
+            raise ConfigError(
+                f"{message}{stray_path_hint(message[len(prefix) :].split())} (python -m training.main "
+                "--help lists the flags)"
+            )
         raise ConfigError(f"{message} (python -m training.main --help lists the flags)")
 
 
@@ -206,8 +217,10 @@ def stray_path_hint(unrecognized: Sequence[str]) -> str:
     after --train-data), and each flag takes one string."""
     if not any("/" in arg or arg.endswith((".tar", ".csv", ".tsv")) for arg in unrecognized):
         return ""
-    return ("; a second path after a flag that takes one? Quote the list, with braces for a range "
-            "('dir/{00000..00099}.tar') or '::' between sources, instead of a glob or spaces")
+    return (
+        "; a second path after a flag that takes one? Quote the list, with braces for a range "
+        "('dir/{00000..00099}.tar') or '::' between sources, instead of a glob or spaces"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,8 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     for declared in run_flags().values():
         declared.add_to(groups[declared.group])
     add_recipe_flag(parser)
-    groups[HelpGroup.LOSS].add_argument("--siglip", default=False, action="store_true",
-                                        help="OpenCLIP's flag for the sigmoid loss: the same as --loss siglip.")
+    groups[HelpGroup.LOSS].add_argument(
+        "--siglip",
+        default=False,
+        action="store_true",
+        help="OpenCLIP's flag for the sigmoid loss: the same as --loss siglip.",
+    )
     for loss_flag in loss_flags().values():
         add_loss_flag(groups[HelpGroup.LOSS], loss_flag)
     for flag in UNSUPPORTED_FLAGS:
@@ -267,13 +284,17 @@ def args_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) ->
     unknown = sorted(set(values) - set(actions))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(actions), n=1)
-        raise ConfigError(f"{unknown} are no flags of the trainer" + (f"; the closest is {close[0]!r}" if close else "")
-                          + " (python -m training.main --help lists them, by destination: --batch-size is batch_size)")
+        raise ConfigError(
+            f"{unknown} are no flags of the trainer"
+            + (f"; the closest is {close[0]!r}" if close else "")
+            + " (python -m training.main --help lists them, by destination: --batch-size is batch_size)"
+        )
     for dest, value in values.items():
         choices = actions[dest].choices
         if choices is not None and value is not None and value not in choices:
-            raise ConfigError(f"{actions[dest].option_strings[0]} {value!r}: choose one of "
-                              f"{', '.join(map(str, choices))}")
+            raise ConfigError(
+                f"{actions[dest].option_strings[0]} {value!r}: choose one of {', '.join(map(str, choices))}"
+            )
     recipe_defaults = apply_recipe(parser, recipe, batch_size_given="batch_size" in values) if recipe else {}
     args = parser.parse_args([])
     for dest, value in values.items():
@@ -325,7 +346,9 @@ def apply_recipe(parser: argparse.ArgumentParser, name: str, batch_size_given: b
     known = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"--recipe {name} sets {unknown}, which are no flags of this trainer (training.trainer.launch.recipes)")
+        raise ConfigError(
+            f"--recipe {name} sets {unknown}, which are no flags of this trainer (training.trainer.launch.recipes)"
+        )
     parser.set_defaults(**values)
     return values
 
@@ -428,14 +451,17 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     schedule the run uses, and the recorded arguments."""
     flags = run_flags()
     precision = resolve_precision(args.precision, resolved_device_type(args.device))
-    derived = {"model": {"precision": precision, "model_kwargs": logit_init_for_loss(args.loss)},
-               "loss": {"options": validated_loss_options(args)},
-               "data": {"source_options": options_from_flags(data_source_options(args), args, flags)},
-               "schedule": {"options": options_from_flags(schedule_options(args), args, flags)}}
+    derived = {
+        "model": {"precision": precision, "model_kwargs": logit_init_for_loss(args.loss)},
+        "loss": {"options": validated_loss_options(args)},
+        "data": {"source_options": options_from_flags(data_source_options(args), args, flags)},
+        "schedule": {"options": options_from_flags(schedule_options(args), args, flags)},
+    }
     parts = {name: config_from_args(cls, args, flags, **derived.get(name, {})) for name, cls in RUN_PARTS.items()}
     # params.txt records the precision the run uses (as it did when main filled it into args).
-    return config_from_args(RunConfig, args, flags, **parts,
-                            recorded_args=MappingProxyType({**arg_values(args), "precision": precision}))
+    return config_from_args(
+        RunConfig, args, flags, **parts, recorded_args=MappingProxyType({**arg_values(args), "precision": precision})
+    )
 
 
 def data_source_options(args: argparse.Namespace) -> Optional[type]:

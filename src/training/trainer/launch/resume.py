@@ -3,6 +3,7 @@ which checkpoint (`--resume latest` or PATH, an unreadable one skipped or refuse
 continue (`check_resume`: a mid-epoch position only means something for the same data order; weights and loss
 state only load into the same model and loss), then every component loaded, each misfit named with the flag
 that would fit it, and the run folder brought back to that point (or set aside for a start from scratch)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,22 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..engine.checkpoint import TrainState, is_per_rank, plain_args
-from .config import RESUME_LATEST, RunConfig, run_flags, with_canonical_names
-from .folder import RunPaths, is_inside, start_over
-from ..run_folder.checkpoint_files import (checkpoint_candidates, first_line, load_checkpoint, roll_back,
-                                           saved_world_size)
-from ..run_folder.layout import CHECKPOINT_DIR_NAME
-from ..run_folder.records import trim_to_resume_point
 from ..data import DataPosition, global_batch
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
+from ..engine.checkpoint import TrainState, is_per_rank, plain_args
 from ..flags import MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
+from ..run_folder.checkpoint_files import (
+    checkpoint_candidates,
+    first_line,
+    load_checkpoint,
+    roll_back,
+    saved_world_size,
+)
+from ..run_folder.layout import CHECKPOINT_DIR_NAME
+from ..run_folder.records import trim_to_resume_point
+from .config import RESUME_LATEST, RunConfig, run_flags, with_canonical_names
+from .folder import RunPaths, is_inside, start_over
 
 
 class ResumeError(ValueError):
     """A checkpoint this run cannot continue as asked; the message names the difference and the way out."""
-
-
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class ResumeRequest:
     args: Mapping[str, Any]
     world_size: int
     reset_loss_state: bool = False
-    resume_anyway: bool = False      # continue a mid-epoch checkpoint although the data order changed
+    resume_anyway: bool = False  # continue a mid-epoch checkpoint although the data order changed
 
 
 def _flag(name: str) -> str:
@@ -67,17 +71,27 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
     # Declared on the flags (`flag(..., resume=...)`): what fixes the shapes of the weights and, with the world
     # size, which samples each batch of an epoch holds (training.trainer.data's order).
     flags = run_flags()
-    model = {name: (old[name], new.get(name)) for name in flags_fixing(flags, MODEL_SHAPE)
-             if name in old and old[name] != new.get(name)}
+    model = {
+        name: (old[name], new.get(name))
+        for name in flags_fixing(flags, MODEL_SHAPE)
+        if name in old and old[name] != new.get(name)
+    }
     if model:
-        raise ResumeError(f"{path} holds weights of another architecture ({_describe(model)}): they cannot load; "
-                          f"resume with the checkpoint's values, or start a new run under another --name")
+        raise ResumeError(
+            f"{path} holds weights of another architecture ({_describe(model)}): they cannot load; "
+            f"resume with the checkpoint's values, or start a new run under another --name"
+        )
     if old.get("loss") != new.get("loss") and not request.reset_loss_state:
-        raise ResumeError(f"{path} was trained with --loss {old.get('loss')}, this run has --loss {new.get('loss')}: "
-                          f"the loss's state cannot carry over; add --reset-loss-state to start it afresh (weights "
-                          f"and optimizer are restored), or resume with --loss {old.get('loss')}")
-    changes = {name: (old[name], new.get(name)) for name in flags_fixing(flags, SAMPLE_ORDER)
-               if name in old and old[name] != new.get(name)}
+        raise ResumeError(
+            f"{path} was trained with --loss {old.get('loss')}, this run has --loss {new.get('loss')}: "
+            f"the loss's state cannot carry over; add --reset-loss-state to start it afresh (weights "
+            f"and optimizer are restored), or resume with --loss {old.get('loss')}"
+        )
+    changes = {
+        name: (old[name], new.get(name))
+        for name in flags_fixing(flags, SAMPLE_ORDER)
+        if name in old and old[name] != new.get(name)
+    }
     old_world = saved_world_size(checkpoint, default=request.world_size)
     if old_world != request.world_size:
         changes = {"world_size": (old_world, request.world_size), **changes}
@@ -89,7 +103,8 @@ def check_resume(checkpoint: Mapping[str, Any], path: os.PathLike, request: Resu
             f"rest of the epoch would see some samples twice and others never; resume with the checkpoint's "
             f"settings, or from a checkpoint at an epoch boundary (epoch_N.pt), or pass --resume-anyway to continue "
             f"at the same number of samples into the epoch in the new order (exact data order is given up for "
-            f"the rest of this epoch)")
+            f"the rest of this epoch)"
+        )
     return changes
 
 
@@ -100,19 +115,29 @@ def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -
     old_world = saved_world_size(checkpoint, default=request.world_size)
     position = DataPosition()
     position.load_state_dict(checkpoint["data"])
-    return position.in_batches_of(global_batch(int(old["batch_size"]), old_world),
-                                  global_batch(int(request.args["batch_size"]), request.world_size),
-                                  int(request.args.get("accum_freq", 1)))
+    return position.in_batches_of(
+        global_batch(int(old["batch_size"]), old_world),
+        global_batch(int(request.args["batch_size"]), request.world_size),
+        int(request.args.get("accum_freq", 1)),
+    )
 
 
 def _changed_loss_options(checkpoint: Mapping[str, Any], request: ResumeRequest) -> Dict[str, tuple]:
     old = (checkpoint.get("args") or {}).get("loss_options") or {}
     new = request.args.get("loss_options") or {}
-    return {name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)}
+    return {
+        name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)
+    }
 
 
-def resume(path: os.PathLike, components: Mapping[str, Any], *, env: DistributedEnv,
-           request: Optional[ResumeRequest] = None, checkpoint: Optional[Mapping[str, Any]] = None) -> None:
+def resume(
+    path: os.PathLike,
+    components: Mapping[str, Any],
+    *,
+    env: DistributedEnv,
+    request: Optional[ResumeRequest] = None,
+    checkpoint: Optional[Mapping[str, Any]] = None,
+) -> None:
     """Load every component of `components` (`run_components`) from `path` (or its already loaded
     `checkpoint`, in today's layout). With `request`, first `check_resume` (ResumeError on what it refuses).
 
@@ -133,8 +158,7 @@ def resume(path: os.PathLike, components: Mapping[str, Any], *, env: Distributed
         not_loaded.add("loss")
     missing = [key for key in components if key not in checkpoint and key not in not_loaded]
     if missing:
-        logging.warning(f"{path} holds no state for {', '.join(missing)} (an OpenCLIP checkpoint?); "
-                        "they start afresh")
+        logging.warning(f"{path} holds no state for {', '.join(missing)} (an OpenCLIP checkpoint?); they start afresh")
     for key, component in components.items():
         if key in not_loaded or key in missing:
             continue
@@ -148,46 +172,62 @@ def resume(path: os.PathLike, components: Mapping[str, Any], *, env: Distributed
     position, state = components["data"], components["train"]
     changed_options = _changed_loss_options(checkpoint, request)
     if changed_options and not request.reset_loss_state:
-        logging.warning(f"Resuming with other loss options ({_describe_options(changed_options)}); the loss's "
-                        "state was restored")
+        logging.warning(
+            f"Resuming with other loss options ({_describe_options(changed_options)}); the loss's state was restored"
+        )
     if translated:
         position.batches_in_epoch = translated_position(checkpoint, request)
-        logging.warning(f"--resume-anyway: {path} was {checkpoint['data']['batches_in_epoch']} batches into epoch "
-                        f"{position.epoch}; with {_describe(changes)} this run continues at batch "
-                        f"{position.batches_in_epoch}, in its own sample order (some samples of this epoch are seen "
-                        "twice or not at all)")
+        logging.warning(
+            f"--resume-anyway: {path} was {checkpoint['data']['batches_in_epoch']} batches into epoch "
+            f"{position.epoch}; with {_describe(changes)} this run continues at batch "
+            f"{position.batches_in_epoch}, in its own sample order (some samples of this epoch are seen "
+            "twice or not at all)"
+        )
     elif changes:
-        logging.info(f"Resuming at an epoch boundary with {_describe(changes)}: the next epoch follows this run's "
-                     "data order, and the LR schedule continues from the samples trained so far")
-    logging.info(f"Resumed from {path}: epoch {position.epoch}, step {state.step}, "
-                 f"{position.batches_in_epoch} batches into the epoch")
+        logging.info(
+            f"Resuming at an epoch boundary with {_describe(changes)}: the next epoch follows this run's "
+            "data order, and the LR schedule continues from the samples trained so far"
+        )
+    logging.info(
+        f"Resumed from {path}: epoch {position.epoch}, step {state.step}, "
+        f"{position.batches_in_epoch} batches into the epoch"
+    )
 
 
-def _load_rank_state(key: str, component, states: List[Mapping[str, Any]], path: os.PathLike,
-                     env: DistributedEnv) -> None:
+def _load_rank_state(
+    key: str, component, states: List[Mapping[str, Any]], path: os.PathLike, env: DistributedEnv
+) -> None:
     if len(states) == env.world_size:
         component.load_state_dict(states[env.rank])
     elif hasattr(component, "merge_rank_states"):
         if env.is_master:
             component.load_state_dict(component.merge_rank_states(states))
     else:
-        logging.warning(f"{path} holds {key} states of {len(states)} ranks, this run has {env.world_size}; "
-                        f"{key} starts afresh on every rank")
+        logging.warning(
+            f"{path} holds {key} states of {len(states)} ranks, this run has {env.world_size}; "
+            f"{key} starts afresh on every rank"
+        )
 
 
 def _mismatch(key: str, error: BaseException, checkpoint: Mapping[str, Any], request: ResumeRequest) -> str:
     """What a component's state that does not load means, and the way out."""
     if key == "state_dict":
-        return (f"its weights do not fit this model ({first_line(error)}); resume with the checkpoint's --model "
-                "and --force-* settings")
+        return (
+            f"its weights do not fit this model ({first_line(error)}); resume with the checkpoint's --model "
+            "and --force-* settings"
+        )
     if key == "optimizer":
-        return (f"its optimizer state does not fit this run's trainable parameters ({first_line(error)}); resume "
-                "with the checkpoint's --lock-* settings")
+        return (
+            f"its optimizer state does not fit this run's trainable parameters ({first_line(error)}); resume "
+            "with the checkpoint's --lock-* settings"
+        )
     if key == "loss":
         changed = _changed_loss_options(checkpoint, request)
         what = f"the loss options changed ({_describe_options(changed)})" if changed else first_line(error)
-        return (f"its loss state does not fit this run's loss: {what}; add --reset-loss-state to start the loss's "
-                "state afresh (weights and optimizer are restored), or resume with the checkpoint's options")
+        return (
+            f"its loss state does not fit this run's loss: {what}; add --reset-loss-state to start the loss's "
+            "state afresh (weights and optimizer are restored), or resume with the checkpoint's options"
+        )
     return f"its {key} state does not fit this run ({first_line(error)})"
 
 
@@ -211,8 +251,16 @@ RUN_CHANGING_ARGS = {
 
 # Recorded arguments that are this launch's decisions, not the run's settings: where it resumes from and writes to
 # (a --resume PATH into a new --name), and `loss_options`, what the loss flags (each named on its own) resolve to.
-LAUNCH_ARGS = ("resume", "resume_anyway", "reset_loss_state", "dry_run", "recipe_overrides", "loss_options", "name",
-               "logs")
+LAUNCH_ARGS = (
+    "resume",
+    "resume_anyway",
+    "reset_loss_state",
+    "dry_run",
+    "recipe_overrides",
+    "loss_options",
+    "name",
+    "logs",
+)
 
 
 def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
@@ -220,18 +268,27 @@ def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tup
     but those `check_resume` rules on (architecture, sample order) and this launch's own decisions (LAUNCH_ARGS)."""
     ruled = {*flags_fixing(run_flags(), MODEL_SHAPE), *flags_fixing(run_flags(), SAMPLE_ORDER), *LAUNCH_ARGS}
     names = [*RUN_CHANGING_ARGS, *sorted(set(old) - set(RUN_CHANGING_ARGS))]  # the explained ones first
-    return {name: (old[name], new.get(name)) for name in names
-            if name in old and name not in ruled and name in new and old[name] != new[name]}
+    return {
+        name: (old[name], new.get(name))
+        for name in names
+        if name in old and name not in ruled and name in new and old[name] != new[name]
+    }
 
 
 def run_change_lines(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> List[str]:
     """One line per flag this resume of `checkpoint` changes, saying what it alters (RUN_CHANGING_ARGS) where known."""
     step = checkpoint.get("step", "?")
     changes = run_changes(with_canonical_names(checkpoint.get("args") or {}), new_args)
-    return [f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on "
-            + (f"this changes {RUN_CHANGING_ARGS[name]}" if name in RUN_CHANGING_ARGS else "the run goes on with the "
-               "new value") + " (the run no longer matches the one the checkpoint began)"
-            for name, (old, new) in changes.items()]
+    return [
+        f"Resuming {path} with --{name.replace('_', '-')} {old} -> {new}: from step {step} on "
+        + (
+            f"this changes {RUN_CHANGING_ARGS[name]}"
+            if name in RUN_CHANGING_ARGS
+            else "the run goes on with the new value"
+        )
+        + " (the run no longer matches the one the checkpoint began)"
+        for name, (old, new) in changes.items()
+    ]
 
 
 def warn_run_changes(checkpoint: Mapping[str, Any], path: os.PathLike, new_args: Mapping[str, Any]) -> None:
@@ -258,14 +315,25 @@ def dry_run_changes(cfg: RunConfig) -> List[str]:
     return run_change_lines(checkpoint, path, {**cfg.recorded_args, "name": cfg.logging.name})
 
 
-def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: RunPaths, components: Dict[str, Any],
-                         num_batches: int, step_samples: int, env: DistributedEnv) -> Optional[str]:
+def resume_or_start_over(
+    cfg: RunConfig,
+    recorded: Mapping[str, Any],
+    paths: RunPaths,
+    components: Dict[str, Any],
+    num_batches: int,
+    step_samples: int,
+    env: DistributedEnv,
+) -> Optional[str]:
     """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
     folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
     `num_batches` is this rank's batches per epoch, `step_samples` its samples per optimizer step
     (`data.samples_per_step`)."""
-    request = ResumeRequest(args=plain_args(recorded), world_size=env.world_size,
-                            reset_loss_state=cfg.reset_loss_state, resume_anyway=cfg.resume_anyway)
+    request = ResumeRequest(
+        args=plain_args(recorded),
+        world_size=env.world_size,
+        reset_loss_state=cfg.reset_loss_state,
+        resume_anyway=cfg.resume_anyway,
+    )
     state: TrainState = components["train"]
     resumed_from = resume_run(cfg.resume, request, paths, components, env)
     if resumed_from is not None:
@@ -279,8 +347,9 @@ def resume_or_start_over(cfg: RunConfig, recorded: Mapping[str, Any], paths: Run
     return resumed_from
 
 
-def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, components: Dict[str, Any],
-               env: DistributedEnv) -> Optional[str]:
+def resume_run(
+    resume_arg: Optional[str], request: ResumeRequest, paths: RunPaths, components: Dict[str, Any], env: DistributedEnv
+) -> Optional[str]:
     """Load the run's `components` (`run_components`) from the checkpoint to start from; that checkpoint
     (None: from scratch, the components as they are).
 
@@ -296,10 +365,14 @@ def resume_run(resume_arg: Optional[str], request: ResumeRequest, paths: RunPath
             error = first_line(load_error)
         if any_rank(error is not None, env):  # every rank moves on to the same candidate
             if resume_arg != RESUME_LATEST:
-                raise ConfigError(f"--resume {path}: cannot read the checkpoint ({error or 'failed on another rank'}); "
-                                  "pass another checkpoint, or --resume latest")
-            logging.warning(f"Skipping unreadable checkpoint {path} ({error or 'failed on another rank'}); trying the "
-                            "next older one")
+                raise ConfigError(
+                    f"--resume {path}: cannot read the checkpoint ({error or 'failed on another rank'}); "
+                    "pass another checkpoint, or --resume latest"
+                )
+            logging.warning(
+                f"Skipping unreadable checkpoint {path} ({error or 'failed on another rank'}); trying the "
+                "next older one"
+            )
             continue
         try:
             resume(path, components, env=env, request=request, checkpoint=checkpoint)
@@ -324,8 +397,14 @@ def find_resume_candidates(resume_arg: Optional[str], paths: RunPaths, env: Dist
     return broadcast_object(candidates, env)
 
 
-def after_resume(resume_arg: Optional[str], paths: RunPaths, resumed_from: str, state: TrainState,
-                 step_samples: int, env: DistributedEnv) -> None:
+def after_resume(
+    resume_arg: Optional[str],
+    paths: RunPaths,
+    resumed_from: str,
+    state: TrainState,
+    step_samples: int,
+    env: DistributedEnv,
+) -> None:
     """Bring the run directory back to the resume point (rank 0): an explicit --resume into this run's
     own checkpoints moves the newer ones aside; metrics.jsonl and results.jsonl lose what the run will replay.
     `step_samples`: this launch's samples per optimizer step (`samples_per_step`)."""

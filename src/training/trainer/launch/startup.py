@@ -1,5 +1,6 @@
 """The checks before any work, on every rank (so that all of them stop together), and the plan they print:
 the data, --pretrained, --imagenet-val and the schedule's length (`--dry-run` stops after them)."""
+
 from __future__ import annotations
 
 import os
@@ -8,14 +9,14 @@ from typing import List, Optional
 
 import torchvision
 
-from ..run_folder.checkpoint_files import checkpoint_candidates
-from .config import RESUME_LATEST, RunConfig
-from ..distributed import resolved_device_type
 from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
-from ..flags import ConfigError
+from ..distributed import resolved_device_type
 from ..engine.model import check_pretrained
-from ..run_folder.layout import CHECKPOINT_DIR_NAME
 from ..engine.validation import imagenet_folder
+from ..flags import ConfigError
+from ..run_folder.checkpoint_files import checkpoint_candidates
+from ..run_folder.layout import CHECKPOINT_DIR_NAME
+from .config import RESUME_LATEST, RunConfig
 
 
 @dataclass
@@ -23,8 +24,8 @@ class StartupPlan:
     """What the checks before any work found: the plan's text, and what to warn about."""
 
     text: str
-    num_batches: int                # training batches per rank and epoch
-    total_steps: int                # optimizer steps over all epochs
+    num_batches: int  # training batches per rank and epoch
+    total_steps: int  # optimizer steps over all epochs
     imagenet: Optional[torchvision.datasets.ImageFolder] = None  # --imagenet-val, without transform yet
     warnings: List[str] = field(default_factory=list)
 
@@ -49,8 +50,10 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
     accum_freq = cfg.train.accum_freq
     steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:
-        raise ConfigError(f"an epoch has {data.num_batches} batches per rank, fewer than --accum-freq "
-                          f"{accum_freq}: lower --accum-freq or --batch-size, or use more samples")
+        raise ConfigError(
+            f"an epoch has {data.num_batches} batches per rank, fewer than --accum-freq "
+            f"{accum_freq}: lower --accum-freq or --batch-size, or use more samples"
+        )
     try:
         check_pretrained(cfg.model.name, cfg.model.pretrained, cfg.model.cache_dir)
     except ValueError as error:
@@ -63,16 +66,20 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs
     batch_size = cfg.data.batch_size
-    text = (f"--model {cfg.model.name} --loss {cfg.loss.name}; {world_size} rank(s) x "
-            f"batch {batch_size} x accum {accum_freq} = {samples_per_step(batch_size, world_size, accum_freq)} samples "
-            f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
-            f"{total_steps} steps in {cfg.epochs} epochs")
+    text = (
+        f"--model {cfg.model.name} --loss {cfg.loss.name}; {world_size} rank(s) x "
+        f"batch {batch_size} x accum {accum_freq} = {samples_per_step(batch_size, world_size, accum_freq)} samples "
+        f"per step; {data.num_samples} samples per rank and epoch, {steps_per_epoch} steps per epoch, "
+        f"{total_steps} steps in {cfg.epochs} epochs"
+    )
     text += "".join(f"\n  {line}" for line in changed_option_lines(cfg.loss.options))
     warnings = []
     if cfg.schedule.warmup >= total_steps > 0:
-        warnings.append(f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
-                        f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
-                        "the steps)")
+        warnings.append(
+            f"--warmup {cfg.schedule.warmup} >= the run's {total_steps} steps: the learning rate never "
+            f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
+            "the steps)"
+        )
     warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
 
@@ -80,8 +87,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
 def changed_option_lines(options) -> List[str]:
     """One line per loss option whose value is not its declared default ("mode: calibrated (default literal)"):
     the plan says what this run sets, params.txt every value."""
-    return [f"loss option {spec.name}: {getattr(options, spec.name)} (default {spec.default})"
-            for spec in options.specs() if getattr(options, spec.name) != spec.default]
+    return [
+        f"loss option {spec.name}: {getattr(options, spec.name)} (default {spec.default})"
+        for spec in options.specs()
+        if getattr(options, spec.name) != spec.default
+    ]
 
 
 # Autocast precisions, which run slower than fp32 on the CPU: adacl-tiny's 64 steps at batch 32 took 27 s with amp
@@ -94,8 +104,10 @@ def amp_on_cpu_warning(cfg: RunConfig) -> Optional[str]:
     trains slower than fp32, which is the CPU's default for that reason."""
     if cfg.model.precision not in AUTOCAST_PRECISIONS or resolved_device_type(cfg.distributed.device) != "cpu":
         return None
-    return (f"--precision {cfg.model.precision} on the CPU: autocast trains slower there than fp32 (3x for "
-            "adacl-tiny on 2 cores); drop --precision (fp32 is the CPU's default) unless you are testing it")
+    return (
+        f"--precision {cfg.model.precision} on the CPU: autocast trains slower there than fp32 (3x for "
+        "adacl-tiny on 2 cores); drop --precision (fp32 is the CPU's default) unless you are testing it"
+    )
 
 
 def unnamed_resume_warning(cfg: RunConfig) -> Optional[str]:
@@ -103,8 +115,10 @@ def unnamed_resume_warning(cfg: RunConfig) -> Optional[str]:
     SLURM requeue) looks in a new, empty folder and starts from scratch."""
     if cfg.resume != RESUME_LATEST or cfg.logging.name is not None or cfg.logging.logs is None:
         return None
-    return ("--resume latest without --name: each launch gets a new name (its start time), so a relaunch starts "
-            "from scratch in a new folder; add --name NAME to continue this run when it is launched again")
+    return (
+        "--resume latest without --name: each launch gets a new name (its start time), so a relaunch starts "
+        "from scratch in a new folder; add --name NAME to continue this run when it is launched again"
+    )
 
 
 def resume_note(cfg: RunConfig) -> Optional[str]:

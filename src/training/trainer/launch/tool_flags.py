@@ -6,6 +6,7 @@ them (`training.trainer.launch.config`, the loss flags of `training.trainer.laun
 
 `tests/test_layout.py` fails when a module types a trainer flag's name in an `add_argument` of its own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,13 +33,20 @@ def exit_for_missing_extra(error: ModuleNotFoundError, command: str, extra: str)
     package = (error.name or "").split(".")[0]
     if not package or package in ("training", "open_clip_adacl"):
         raise error
-    print(f"error: {command} needs {package}, part of the [{extra}] extra: pip install 'open_clip_adacl[{extra}]' "
-          "(from the repository: pip install -r requirements.txt)", file=sys.stderr)
+    print(
+        f"error: {command} needs {package}, part of the [{extra}] extra: pip install 'open_clip_adacl[{extra}]' "
+        "(from the repository: pip install -r requirements.txt)",
+        file=sys.stderr,
+    )
     sys.exit(2)
 
 
-def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
-                      defaults: Optional[Mapping[str, Any]] = None, notes: Optional[Mapping[str, str]] = None) -> None:
+def add_trainer_flags(
+    group: argparse._ActionsContainer,
+    dests: Sequence[str],
+    defaults: Optional[Mapping[str, Any]] = None,
+    notes: Optional[Mapping[str, str]] = None,
+) -> None:
     """Mount the trainer's own flags `dests` (by destination: name, help, type and choices as declared) on a
     tool's parser or group, so that a tool never declares a trainer flag again; `defaults` replaces the
     default of some of them for that tool (None: not given, the tool decides), `notes` adds to their help
@@ -55,8 +63,9 @@ def add_trainer_flags(group: argparse._ActionsContainer, dests: Sequence[str],
                 default = defaults.get(dest, declaration.default)
                 if "default" in help_text.lower() and default is not None:  # it names the trainer's default
                     help_text += f" Here: {default}."
-                declared = dataclasses.replace(declared, declaration=dataclasses.replace(
-                    declaration, default=default, help=help_text))
+                declared = dataclasses.replace(
+                    declared, declaration=dataclasses.replace(declaration, default=default, help=help_text)
+                )
             declared.add_to(group)
         elif dest in by_dest:
             add_loss_flag(group, by_dest[dest])

@@ -7,6 +7,7 @@ epoch loop (`engine.loop.train_one_epoch`), validation every --val-frequency epo
 --save-frequency epochs (both also after the last), and a preemption signal, which ends the run at a step
 boundary with a checkpoint (`Preempted`; docs/cluster.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,15 +23,16 @@ import torch
 
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
-from . import params
-from .config import RESUME_LATEST, LossConfig, RunConfig
-from .folder import (LossRecords, build_run_paths, check_dry_run_checkpoint_space, check_run_checkpoint_space,
-                     hold_run_dir, launch_note, recorded_args, run_dir_collision, run_folder_warnings, write_params)
-from .resume import dry_run_changes, resume_or_start_over
-from .startup import StartupPlan, check_startup, resume_note
 from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data, samples_per_step
-from ..distributed import (DistributedEnv, DistributedStartError, any_rank, init_distributed, shutdown, unwrap_model,
-                           wrap_ddp)
+from ..distributed import (
+    DistributedEnv,
+    DistributedStartError,
+    any_rank,
+    init_distributed,
+    shutdown,
+    unwrap_model,
+    wrap_ddp,
+)
 from ..engine.checkpoint import Checkpointer, TrainState, run_components
 from ..engine.loop import EpochLoop, NonFiniteLossError, train_one_epoch
 from ..engine.model import ModelBundle, build_model, open_clip_model_config, preprocess_config
@@ -45,6 +47,22 @@ from ..run_folder.lock import RunLock
 from ..run_folder.logger import MetricsWriter, WandbConfig, setup_logging
 from ..run_folder.margins import write_margins_plot
 from ..run_folder.safe_write import RunFiles
+from . import params
+from .config import RESUME_LATEST, LossConfig, RunConfig
+from .folder import (
+    LossRecords,
+    build_run_paths,
+    check_dry_run_checkpoint_space,
+    check_run_checkpoint_space,
+    hold_run_dir,
+    launch_note,
+    recorded_args,
+    run_dir_collision,
+    run_folder_warnings,
+    write_params,
+)
+from .resume import dry_run_changes, resume_or_start_over
+from .startup import StartupPlan, check_startup, resume_note
 
 # The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
 PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
@@ -53,11 +71,13 @@ PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
 @dataclass
 class RunSummary:
     run_dir: Optional[str]
-    epoch: int                      # completed epochs
-    step: int                       # training steps taken
-    final_loss: Optional[float]     # mean loss of the last epoch trained by this call
-    checkpoint: Optional[str]       # last checkpoint written
-    unwritten: List[str] = field(default_factory=list)  # records that could not be written (training.trainer.run_folder.safe_write)
+    epoch: int  # completed epochs
+    step: int  # training steps taken
+    final_loss: Optional[float]  # mean loss of the last epoch trained by this call
+    checkpoint: Optional[str]  # last checkpoint written
+    unwritten: List[str] = field(
+        default_factory=list
+    )  # records that could not be written (training.trainer.run_folder.safe_write)
 
     @property
     def record(self) -> RunDir:
@@ -94,10 +114,13 @@ class Trainer:
             self._dry_run(plan, world_size)
             return None
         try:
-            env = init_distributed(cfg.distributed.device, dist_backend=cfg.distributed.dist_backend,
-                                   dist_url=cfg.distributed.dist_url,
-                                   no_set_device_rank=cfg.distributed.no_set_device_rank,
-                                   timeout_s=cfg.distributed.timeout_s)
+            env = init_distributed(
+                cfg.distributed.device,
+                dist_backend=cfg.distributed.dist_backend,
+                dist_url=cfg.distributed.dist_url,
+                no_set_device_rank=cfg.distributed.no_set_device_rank,
+                timeout_s=cfg.distributed.timeout_s,
+            )
         except DistributedStartError as error:
             raise ConfigError(str(error)) from None
         try:
@@ -116,8 +139,9 @@ class Trainer:
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
             run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)
-            collision = run_dir_collision(cfg.resume, os.path.join(run_dir, LOG_NAME),
-                                          os.path.join(run_dir, CHECKPOINT_DIR_NAME))
+            collision = run_dir_collision(
+                cfg.resume, os.path.join(run_dir, LOG_NAME), os.path.join(run_dir, CHECKPOINT_DIR_NAME)
+            )
             if collision:
                 raise ConfigError(collision)
         if cfg.logging.logs is not None:
@@ -142,23 +166,31 @@ class Trainer:
         unwritten = self.metrics.close()
         checkpointer, state = self.checkpointer, self.state
         last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
-        summary = RunSummary(self.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint,
-                             unwritten)
+        summary = RunSummary(
+            self.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint, unwritten
+        )
         loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
         not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
-        logging.info(f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
-                     f"last checkpoint {summary.checkpoint}{not_written}")
+        logging.info(
+            f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
+            f"last checkpoint {summary.checkpoint}{not_written}"
+        )
         return summary
 
     def _open_run_folder(self, lock: RunLock) -> None:
         """The run's paths, its log, the folder held by rank 0, and the arguments it records."""
         cfg, env = self.cfg, self.env
         self.paths = paths = build_run_paths(cfg, env)
-        setup_logging(paths.log_file, logging.DEBUG if cfg.logging.debug else logging.INFO, rank=env.rank,
-                      log_all_ranks=cfg.logging.log_local)
+        setup_logging(
+            paths.log_file,
+            logging.DEBUG if cfg.logging.debug else logging.INFO,
+            rank=env.rank,
+            log_all_ranks=cfg.logging.log_local,
+        )
         hold_run_dir(lock, paths, env)
-        logging.info(f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; "
-                     f"run {paths.name}")
+        logging.info(
+            f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; run {paths.name}"
+        )
         self.recorded = recorded_args(cfg, paths)
         for warning in self.plan.warnings if env.is_master else []:
             logging.warning(warning)
@@ -173,24 +205,33 @@ class Trainer:
         except RuntimeError as error:  # e.g. load_state_dict's missing/unexpected keys
             if not cfg.model.pretrained:
                 raise
-            raise ConfigError(f"--pretrained {cfg.model.pretrained} does not fit --model {cfg.model.name}: "
-                              f"{str(error).splitlines()[0][:300]}; pass weights of that architecture") from error
+            raise ConfigError(
+                f"--pretrained {cfg.model.pretrained} does not fit --model {cfg.model.name}: "
+                f"{str(error).splitlines()[0][:300]}; pass weights of that architecture"
+            ) from error
         seed_everything(cfg.seed + env.rank)
         self.optimizer = build_optimizer(self.bundle.model, cfg.optimizer)
         self.precision = build_precision(cfg.model.precision, env.device)
-        check_run_checkpoint_space(self.paths, self.bundle.model, self.loss_fn,
-                                   cfg.checkpoints.files_kept(self.plan.total_steps), env)
+        check_run_checkpoint_space(
+            self.paths, self.bundle.model, self.loss_fn, cfg.checkpoints.files_kept(self.plan.total_steps), env
+        )
 
     def _start(self) -> None:
         """Resume the components from a checkpoint or start over (`resume_or_start_over`), and record this
         launch in params.txt."""
         cfg, env = self.cfg, self.env
         self.state = TrainState()
-        self.components = run_components(model=self.bundle.model, optimizer=self.optimizer,
-                                         scaler=self.precision.scaler, loss=self.loss_fn, state=self.state)
+        self.components = run_components(
+            model=self.bundle.model,
+            optimizer=self.optimizer,
+            scaler=self.precision.scaler,
+            loss=self.loss_fn,
+            state=self.state,
+        )
         self.step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
-        self.resumed_from = resume_or_start_over(cfg, self.recorded, self.paths, self.components,
-                                                 self.plan.num_batches, self.step_samples, env)
+        self.resumed_from = resume_or_start_over(
+            cfg, self.recorded, self.paths, self.components, self.plan.num_batches, self.step_samples, env
+        )
         self.files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
         write_params(self.recorded, self.paths, env, launch_note(env, self.resumed_from, self.state), self.files)
 
@@ -199,48 +240,83 @@ class Trainer:
         the checkpointer and the epoch loop they make."""
         cfg, env, bundle, state, paths = self.cfg, self.env, self.bundle, self.state, self.paths
         position = state.position
-        self.data = build_data(cfg.data, bundle, env, epoch=position.epoch, skip_batches=position.batches_in_epoch,
-                               families=self.loss_fn.needs_family)
+        self.data = build_data(
+            cfg.data,
+            bundle,
+            env,
+            epoch=position.epoch,
+            skip_batches=position.batches_in_epoch,
+            families=self.loss_fn.needs_family,
+        )
         self.val_data = build_val_data_if_needed(cfg.data, bundle, env)
         self.imagenet = self.plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
         if self.imagenet is not None:
             self.imagenet.transform = bundle.preprocess_val
         # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
-        scheduled_steps_per_epoch = (self.data.num_batches // cfg.train.accum_freq * self.step_samples
-                                     / state.samples_per_schedule_step)
+        scheduled_steps_per_epoch = (
+            self.data.num_batches // cfg.train.accum_freq * self.step_samples / state.samples_per_schedule_step
+        )
         scheduler = build_scheduler(self.optimizer, cfg.schedule, scheduled_steps_per_epoch)
-        model = wrap_ddp(bundle.model, env, static_graph=cfg.distributed.ddp_static_graph,
-                         sync_batchnorm=cfg.distributed.use_bn_sync)
+        model = wrap_ddp(
+            bundle.model, env, static_graph=cfg.distributed.ddp_static_graph, sync_batchnorm=cfg.distributed.use_bn_sync
+        )
         if cfg.torchcompile:
             model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
         self.model = model
         self.metrics = self._metrics_writer()
         self.checkpointer = self._checkpointer()
-        self.loop = EpochLoop(model=model, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=scheduler,
-                              precision=self.precision, state=state, cfg=cfg.train, env=env, metrics=self.metrics,
-                              skip_reasons=SKIP_REASONS, checkpointer=self.checkpointer, preemption=self.preemption,
-                              keep_loss_records=LossRecords(self.loss_fn, paths, env).update,
-                              total_steps=self.plan.total_steps)
+        self.loop = EpochLoop(
+            model=model,
+            loss_fn=self.loss_fn,
+            optimizer=self.optimizer,
+            scheduler=scheduler,
+            precision=self.precision,
+            state=state,
+            cfg=cfg.train,
+            env=env,
+            metrics=self.metrics,
+            skip_reasons=SKIP_REASONS,
+            checkpointer=self.checkpointer,
+            preemption=self.preemption,
+            keep_loss_records=LossRecords(self.loss_fn, paths, env).update,
+            total_steps=self.plan.total_steps,
+        )
 
     def _metrics_writer(self) -> MetricsWriter:
         """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
         cfg, paths = self.cfg, self.paths
         wandb = None
         if "wandb" in cfg.logging.report_to:
-            wandb = WandbConfig(project=cfg.logging.wandb_project_name, name=paths.name,
-                                notes=cfg.logging.wandb_notes, resume=cfg.resume == RESUME_LATEST,
-                                config=self.recorded)
-        return MetricsWriter(paths.run_dir, tensorboard="tensorboard" in cfg.logging.report_to, wandb=wandb,
-                             enabled=self.env.is_master, files=self.files)
+            wandb = WandbConfig(
+                project=cfg.logging.wandb_project_name,
+                name=paths.name,
+                notes=cfg.logging.wandb_notes,
+                resume=cfg.resume == RESUME_LATEST,
+                config=self.recorded,
+            )
+        return MetricsWriter(
+            paths.run_dir,
+            tensorboard="tensorboard" in cfg.logging.report_to,
+            wandb=wandb,
+            enabled=self.env.is_master,
+            files=self.files,
+        )
 
     def _checkpointer(self) -> Optional[Checkpointer]:
         paths = self.paths
         if paths.checkpoint_dir is None:
             return None
-        return Checkpointer(self.cfg.checkpoints, checkpoint_dir=paths.checkpoint_dir, components=self.components,
-                            env=self.env, name=paths.name, args=self.recorded,
-                            model_cfg=open_clip_model_config(self.cfg.model),
-                            preprocess_cfg=preprocess_config(self.bundle.model), resumed_from=self.resumed_from)
+        return Checkpointer(
+            self.cfg.checkpoints,
+            checkpoint_dir=paths.checkpoint_dir,
+            components=self.components,
+            env=self.env,
+            name=paths.name,
+            args=self.recorded,
+            model_cfg=open_clip_model_config(self.cfg.model),
+            preprocess_cfg=preprocess_config(self.bundle.model),
+            resumed_from=self.resumed_from,
+        )
 
     def _train_epochs(self) -> Optional[float]:
         """The epochs left to train, each validated and saved; the mean loss of the last (None: none was left).
@@ -279,13 +355,29 @@ class Trainer:
         completed, is_last = state.position.epoch, state.position.epoch == cfg.total_epochs
         results = {}
         if self.val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
-            results.update(run_validation(model, self.val_data.dataloader, device=env.device,
-                                          autocast=precision.autocast, epoch=completed,
-                                          input_dtype=precision.input_dtype))
+            results.update(
+                run_validation(
+                    model,
+                    self.val_data.dataloader,
+                    device=env.device,
+                    autocast=precision.autocast,
+                    epoch=completed,
+                    input_dtype=precision.input_dtype,
+                )
+            )
         if self.imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
-            results.update(zero_shot_imagenet(model, self.bundle.tokenizer, self.imagenet, device=env.device,
-                                              autocast=precision.autocast, batch_size=cfg.batch_size,
-                                              workers=cfg.workers, input_dtype=precision.input_dtype))
+            results.update(
+                zero_shot_imagenet(
+                    model,
+                    self.bundle.tokenizer,
+                    self.imagenet,
+                    device=env.device,
+                    autocast=precision.autocast,
+                    batch_size=cfg.batch_size,
+                    workers=cfg.workers,
+                    input_dtype=precision.input_dtype,
+                )
+            )
         if not results:
             return
         logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
@@ -297,13 +389,17 @@ class Trainer:
         """Why the run that trained every epoch has no final checkpoint, and what to do."""
         epochs, not_written = self.cfg.epochs, self.checkpointer.not_written
         if not_written:
-            return (f"the run trained all {epochs} epochs, but no final checkpoint was written: {not_written}, and "
-                    f"those weights led into a divergence; the last checkpoint written at a finite step is "
-                    f"{self.checkpointer.last_good_text()}: resume from it after lowering --lr (or raising --warmup, "
-                    "or with --grad-clip-norm)")
-        return (f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
-                f"FAILED above): the trained model is not on disk; free space or fix {self.paths.checkpoint_dir}, "
-                "then rerun with --resume latest")
+            return (
+                f"the run trained all {epochs} epochs, but no final checkpoint was written: {not_written}, and "
+                f"those weights led into a divergence; the last checkpoint written at a finite step is "
+                f"{self.checkpointer.last_good_text()}: resume from it after lowering --lr (or raising --warmup, "
+                "or with --grad-clip-norm)"
+            )
+        return (
+            f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
+            f"FAILED above): the trained model is not on disk; free space or fix {self.paths.checkpoint_dir}, "
+            "then rerun with --resume latest"
+        )
 
     def _stop_for_preemption(self) -> None:
         """Save step_N.pt (all ranks), requeue the SLURM job (rank 0, --slurm-requeue), log one line, raise
@@ -314,26 +410,40 @@ class Trainer:
         if preemption.stopped_by_a_person():
             requeued = f"not requeued ({preemption.signal_name} is a stop, not one of --preempt-signal)"
         else:
-            requeued = (requeue_slurm_job(self.cfg.slurm_requeue) if self.env.is_master and checkpointer is not None
-                        else "not requeued")
-        cause = f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
+            requeued = (
+                requeue_slurm_job(self.cfg.slurm_requeue)
+                if self.env.is_master and checkpointer is not None
+                else "not requeued"
+            )
+        cause = (
+            f"SIG{preemption.signal_name.removeprefix('SIG')}" if preemption.requested else "a signal to another rank"
+        )
         where = f"step {state.step} (epoch {state.position.epoch}, {state.position.batches_in_epoch} batches into it)"
         if saved is not None:
-            message = (f"Preempted by {cause} at {where}: saved {saved}; {requeued}; exiting with status "
-                       f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})")
+            message = (
+                f"Preempted by {cause} at {where}: saved {saved}; {requeued}; exiting with status "
+                f"{PREEMPTED_EXIT_CODE} (--resume latest continues from step {state.step})"
+            )
             logging.info(message)
             raise Preempted(message)
         if checkpointer is None:
             reason = "--logs none"
         elif checkpointer.not_written:
-            reason = (f"{checkpointer.not_written}; the last checkpoint written at a finite step is "
-                      f"{checkpointer.last_good_text()}")
+            reason = (
+                f"{checkpointer.not_written}; the last checkpoint written at a finite step is "
+                f"{checkpointer.last_good_text()}"
+            )
         else:
             reason = "the save failed (CHECKPOINT SAVE FAILED above)"
-        resume = ("--resume latest continues from the previous checkpoint" if checkpointer is not None and
-                  checkpointer.last_good is not None else "there is no earlier checkpoint: a relaunch starts over")
-        message = (f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
-                   f"status 1 ({resume})")
+        resume = (
+            "--resume latest continues from the previous checkpoint"
+            if checkpointer is not None and checkpointer.last_good is not None
+            else "there is no earlier checkpoint: a relaunch starts over"
+        )
+        message = (
+            f"Preempted by {cause} at {where}: NO checkpoint written ({reason}); {requeued}; exiting with "
+            f"status 1 ({resume})"
+        )
         logging.error(message)
         raise Preempted(message, exit_code=1)
 
@@ -364,25 +474,34 @@ def seed_everything(seed: int) -> None:
 
 def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
     """The registered loss with its (validated) options on this rank; an error it raises is a ConfigError."""
-    dist = DistributedSetup(rank=env.rank, world_size=env.world_size, local_loss=cfg.local_loss,
-                            gather_with_grad=cfg.gather_with_grad)
+    dist = DistributedSetup(
+        rank=env.rank, world_size=env.world_size, local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad
+    )
     try:
         loss_fn = get_loss_class(cfg.name)(cfg.options, dist)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"--loss {cfg.name}: {error}") from error
     unknown = [plot for plot in loss_fn.plots if plot not in PLOTS]
     if unknown:
-        raise ConfigError(f"--loss {cfg.name} asks for the plot(s) {', '.join(unknown)}, which the trainer does not "
-                          f"draw (it draws: {', '.join(PLOTS)}); add a writer to training.trainer.launch.trainer.PLOTS")
+        raise ConfigError(
+            f"--loss {cfg.name} asks for the plot(s) {', '.join(unknown)}, which the trainer does not "
+            f"draw (it draws: {', '.join(PLOTS)}); add a writer to training.trainer.launch.trainer.PLOTS"
+        )
     return loss_fn.to(env.device)
 
 
-def build_data(cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int,
-               families: bool = False):
+def build_data(
+    cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int, families: bool = False
+):
     """The training stream for this rank (the shards were checked by `check_startup`); with `families`
     (a loss that `needs_family`) its batches carry each sample's family id."""
-    cfg = replace(cfg, rank=env.rank, world_size=env.world_size, skip_batches=skip_batches,
-                  family_field=FAMILY_FIELD if families else None)
+    cfg = replace(
+        cfg,
+        rank=env.rank,
+        world_size=env.world_size,
+        skip_batches=skip_batches,
+        family_field=FAMILY_FIELD if families else None,
+    )
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)
     except ValueError as error:  # e.g. a resume position outside the epoch (another batch size or world size)

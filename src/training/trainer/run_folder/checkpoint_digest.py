@@ -8,6 +8,7 @@ or the pickled values then fail the check (`CheckpointDamaged`) instead of resum
 optimizer state; damage to the zip structure already fails `torch.load`. A checkpoint without a digest
 (written before checkpoints carried one, or by OpenCLIP) loads unverified, with one line saying so.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +26,7 @@ class CheckpointDamaged(ValueError):
 
 
 def content_digest(checkpoint: Mapping[str, Any]) -> str:
-    """"sha256:<hex>" of every entry of `checkpoint` but the digest itself."""
+    """ "sha256:<hex>" of every entry of `checkpoint` but the digest itself."""
     digest = hashlib.sha256()
     _feed(digest, {key: value for key, value in checkpoint.items() if key != DIGEST_KEY})
     return "sha256:" + digest.hexdigest()
@@ -59,9 +60,13 @@ def verify_digest(checkpoint: Mapping[str, Any], path: os.PathLike) -> None:
     a training checkpoint without one (a bare state dict, e.g. --pretrained weights, is not checked)."""
     if DIGEST_KEY not in checkpoint:
         if "state_dict" in checkpoint:
-            logging.info(f"{path} carries no content digest (written before checkpoints had one, or by OpenCLIP); "
-                         "loaded without verifying its contents")
+            logging.info(
+                f"{path} carries no content digest (written before checkpoints had one, or by OpenCLIP); "
+                "loaded without verifying its contents"
+            )
         return
     if content_digest(checkpoint) != checkpoint[DIGEST_KEY]:
-        raise CheckpointDamaged("its contents do not match the digest written with it (the file was damaged on disk "
-                                "or in a copy: bytes changed after it was saved)")
+        raise CheckpointDamaged(
+            "its contents do not match the digest written with it (the file was damaged on disk "
+            "or in a copy: bytes changed after it was saved)"
+        )

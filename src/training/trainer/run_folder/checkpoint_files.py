@@ -1,6 +1,7 @@
 """Checkpoint files (the layout: `training.trainer.engine.checkpoint`): written atomically with the umask's mode, read with
 their digest verified and an earlier layout converted, listed newest first (unreadable ones named and left
 out), rolled back or moved aside (kept, never deleted), and the room one needs checked before a run."""
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,9 @@ from .safe_write import ErrorRecordingFile
 
 # The temporary files of `atomic_file`: ".<target>.<mkstemp's 8 characters>.tmp".
 TEMPORARY_FILE_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
-CHECKPOINT_FORMAT = 2  # the layout of training.trainer.engine.checkpoint; checkpoints without a "format" key are converted on load
+CHECKPOINT_FORMAT = (
+    2  # the layout of training.trainer.engine.checkpoint; checkpoints without a "format" key are converted on load
+)
 
 
 def current_umask() -> int:
@@ -67,8 +70,10 @@ def remove_stale_temporary_files(folders: List[os.PathLike]) -> List[Path]:
                 path.unlink()
                 removed.append((path, size))
     if removed:
-        logging.info(f"Removed {len(removed)} temporary file(s) that a write cut short left "
-                     f"({sum(size for _, size in removed) / 1e6:.1f} MB): {', '.join(str(p) for p, _ in removed)}")
+        logging.info(
+            f"Removed {len(removed)} temporary file(s) that a write cut short left "
+            f"({sum(size for _, size in removed) / 1e6:.1f} MB): {', '.join(str(p) for p, _ in removed)}"
+        )
     return [path for path, _ in removed]
 
 
@@ -110,8 +115,10 @@ def load_checkpoint(path: os.PathLike, *, mmap: bool = False) -> Dict[str, Any]:
     verify_digest(checkpoint, path)
     if "state_dict" in checkpoint and "format" not in checkpoint:
         checkpoint = converted_from_earlier_layout(checkpoint)
-        logging.info(f"{path} is in the earlier checkpoint layout (written before components were saved by name, "
-                     "or by OpenCLIP); converted on load")
+        logging.info(
+            f"{path} is in the earlier checkpoint layout (written before components were saved by name, "
+            "or by OpenCLIP); converted on load"
+        )
     return checkpoint
 
 
@@ -124,11 +131,17 @@ def converted_from_earlier_layout(checkpoint: Mapping[str, Any]) -> Dict[str, An
     converted = {key: value for key, value in checkpoint.items() if key != "data"}
     converted["format"] = CHECKPOINT_FORMAT
     converted["state_dict"] = {key.removeprefix("module."): value for key, value in checkpoint["state_dict"].items()}
-    converted["data"] = {"epoch": data.get("epoch", checkpoint.get("epoch", 0)),
-                         "batches_in_epoch": data.get("batches_in_epoch", 0)}
-    converted["train"] = {"step": checkpoint.get("step", 0), "num_nonfinite_steps": data.get("num_nonfinite_steps", 0),
-                          "consecutive_nonfinite_steps": 0, "samples_seen": data.get("samples_seen", 0),
-                          "samples_per_schedule_step": data.get("samples_per_schedule_step", 0)}
+    converted["data"] = {
+        "epoch": data.get("epoch", checkpoint.get("epoch", 0)),
+        "batches_in_epoch": data.get("batches_in_epoch", 0),
+    }
+    converted["train"] = {
+        "step": checkpoint.get("step", 0),
+        "num_nonfinite_steps": data.get("num_nonfinite_steps", 0),
+        "consecutive_nonfinite_steps": 0,
+        "samples_seen": data.get("samples_seen", 0),
+        "samples_per_schedule_step": data.get("samples_per_schedule_step", 0),
+    }
     if "skip_counts" in data:
         world_size = saved_world_size(checkpoint, default=1)
         rank0 = {key: data[key] for key in ("skip_counts", "loss_sum", "num_loss_steps")}
@@ -213,18 +226,23 @@ def check_checkpoint_space(checkpoint_dir: os.PathLike, needed_bytes: int) -> No
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"checkpoints go to {target}, but {existing} is a file, not a folder; choose another "
-                         "--logs or --name")
+        raise ValueError(
+            f"checkpoints go to {target}, but {existing} is a file, not a folder; choose another --logs or --name"
+        )
     try:  # writing is the only reliable test (os.access says yes to root on a read-only mount's files)
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
-        raise ValueError(f"checkpoints go to {target}, but {existing} is not writable ({error.strerror}); "
-                         "choose another --logs or fix its permissions") from None
+        raise ValueError(
+            f"checkpoints go to {target}, but {existing} is not writable ({error.strerror}); "
+            "choose another --logs or fix its permissions"
+        ) from None
     free = shutil.disk_usage(existing).free
     if free < needed_bytes:
-        raise ValueError(f"checkpoints go to {target}: one checkpoint needs about {needed_bytes / 1e9:.2f} GB, "
-                         f"{free / 1e9:.2f} GB are free there; free space or choose another --logs")
+        raise ValueError(
+            f"checkpoints go to {target}: one checkpoint needs about {needed_bytes / 1e9:.2f} GB, "
+            f"{free / 1e9:.2f} GB are free there; free space or choose another --logs"
+        )
 
 
 def first_line(error: BaseException) -> str:
@@ -232,7 +250,9 @@ def first_line(error: BaseException) -> str:
     its advice to load the file with weights_only=False (which runs any code a pickle holds) is never passed on."""
     if isinstance(error, pickle.UnpicklingError):
         found = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", str(error))  # the cause, not torch's advice
-        return ("UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as (a pickle's "
-                f"code never runs here){f': {found.group(1)[:200]}' if found else ''}")
+        return (
+            "UnpicklingError: not a file of tensors and plain values, all a checkpoint is loaded as (a pickle's "
+            f"code never runs here){f': {found.group(1)[:200]}' if found else ''}"
+        )
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__

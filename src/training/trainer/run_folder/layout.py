@@ -11,6 +11,7 @@
 The trainer writes these files under the same names (`training.trainer.run_folder.logger`, `training.trainer.engine.checkpoint`,
 `training.trainer.engine.validation`); every tool and test reads them through this module.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 METRICS_NAME = "metrics.jsonl"
-RESULTS_NAME = "results.jsonl"      # in the checkpoint folder, beside the checkpoints it evaluates
-PARAMS_NAME = "params.txt"         # every launch's arguments as text, OpenCLIP's format
-ARGS_NAME = "params.json"          # the last launch's arguments as values, as its checkpoints store them
+RESULTS_NAME = "results.jsonl"  # in the checkpoint folder, beside the checkpoints it evaluates
+PARAMS_NAME = "params.txt"  # every launch's arguments as text, OpenCLIP's format
+ARGS_NAME = "params.json"  # the last launch's arguments as values, as its checkpoints store them
 LOG_NAME = "out.log"
 CHECKPOINT_DIR_NAME = "checkpoints"
 LATEST_CHECKPOINT_NAME = "epoch_latest.pt"
@@ -144,16 +145,18 @@ class RunDir:
         """The newest epoch_N.pt; a clear error if the run wrote none."""
         checkpoints = self.epoch_checkpoints()
         if not checkpoints:
-            raise FileNotFoundError(f"the run in {self.path} left no epoch_N.pt checkpoint "
-                                    f"in {self.checkpoint_dir}; see {self.log_path}")
+            raise FileNotFoundError(
+                f"the run in {self.path} left no epoch_N.pt checkpoint in {self.checkpoint_dir}; see {self.log_path}"
+            )
         return checkpoints[-1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Print a file of a training run's folder (for shell scripts).")
     parser.add_argument("run_dir", type=Path, help="<logs>/<name>, as training.main writes it")
-    parser.add_argument("--final-checkpoint", action="store_true", required=True,
-                        help="print the path of the newest epoch_N.pt")
+    parser.add_argument(
+        "--final-checkpoint", action="store_true", required=True, help="print the path of the newest epoch_N.pt"
+    )
     args = parser.parse_args(argv)
     try:
         print(RunDir(args.run_dir).final_checkpoint())

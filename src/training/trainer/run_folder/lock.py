@@ -14,6 +14,7 @@ naming its age and the bound. STALE_AFTER_S is below SLURM's default SlurmdTimeo
 node's job is requeued, and far above a heartbeat's delay on a loaded node or a shared file system's clock
 skew. The holder removes the file when the run ends.
 """
+
 from __future__ import annotations
 
 import errno
@@ -83,8 +84,10 @@ def _describe(owner: Dict[str, Any]) -> str:
 
 
 def _in_use(path: Path, owner: Dict[str, Any]) -> RunInUse:
-    return RunInUse(f"{path.parent} is in use by {_describe(owner)}: this run is already training there; wait for "
-                    "that launch to end, or stop it, before launching the run again")
+    return RunInUse(
+        f"{path.parent} is in use by {_describe(owner)}: this run is already training there; wait for "
+        "that launch to end, or stop it, before launching the run again"
+    )
 
 
 def _is_same_file(fd: int, path: Path) -> bool:
@@ -147,8 +150,10 @@ class RunLock:
         except OSError as error:
             if error.errno not in _NO_OS_LOCKS:
                 raise
-            logging.warning(f"{path.parent}'s file system has no OS file locks ({error.strerror}): two launches "
-                            "started at the same moment could both take this run; launch it once")
+            logging.warning(
+                f"{path.parent}'s file system has no OS file locks ({error.strerror}): two launches "
+                "started at the same moment could both take this run; launch it once"
+            )
 
     @staticmethod
     def _take_over_if_stale(path: Path, owner: Dict[str, Any]) -> None:
@@ -162,12 +167,16 @@ class RunLock:
         if alive is None:
             age = _heartbeat_age(path)
             if age <= STALE_AFTER_S:
-                raise RunInUse(f"{path.parent} is in use by {_describe(owner)}, another host, whose heartbeat (the "
-                               f"lock's modification time, refreshed every {HEARTBEAT_S} s while it trains) is "
-                               f"{age:.0f} s old: it is taken over once older than {STALE_AFTER_S} s; launch again "
-                               f"after that if that run is over (or remove {path})")
-            logging.warning(f"Taking over {path}: its owner, {_describe(owner)}, another host, has not refreshed its "
-                            f"heartbeat for {age:.0f} s (more than {STALE_AFTER_S} s): that run is over")
+                raise RunInUse(
+                    f"{path.parent} is in use by {_describe(owner)}, another host, whose heartbeat (the "
+                    f"lock's modification time, refreshed every {HEARTBEAT_S} s while it trains) is "
+                    f"{age:.0f} s old: it is taken over once older than {STALE_AFTER_S} s; launch again "
+                    f"after that if that run is over (or remove {path})"
+                )
+            logging.warning(
+                f"Taking over {path}: its owner, {_describe(owner)}, another host, has not refreshed its "
+                f"heartbeat for {age:.0f} s (more than {STALE_AFTER_S} s): that run is over"
+            )
             return
         logging.warning(f"Taking over {path}: its owner, {_describe(owner)}, no longer runs")
 
@@ -185,8 +194,10 @@ class RunLock:
             try:
                 self.path.unlink(missing_ok=True)
             except OSError as error:  # a folder made read-only or immutable meanwhile: the OS lock still goes
-                logging.warning(f"Could not remove {self.path} ({error.strerror}); the next launch takes it over, "
-                                "since its owner no longer runs")
+                logging.warning(
+                    f"Could not remove {self.path} ({error.strerror}); the next launch takes it over, "
+                    "since its owner no longer runs"
+                )
             self.path = None
         with self.fd_lock:
             if self.fd is not None:

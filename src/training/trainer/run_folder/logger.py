@@ -21,6 +21,7 @@ decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
 After a resume from step S, `drop_records_after` removes the records of steps after S (written by
 the interrupted run, which the resumed run replays), so metrics.jsonl holds each step once.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
 _HANDLER_TAG = "_open_clip_adacl_handler"
 
 
-def setup_logging(log_file: Optional[str], level: int = logging.INFO, *, rank: int = 0,
-                  log_all_ranks: bool = False) -> None:
+def setup_logging(
+    log_file: Optional[str], level: int = logging.INFO, *, rank: int = 0, log_all_ranks: bool = False
+) -> None:
     """Log to stderr (and `log_file`); replaces handlers from an earlier call in the same process."""
     end_logging()
     root = logging.getLogger()
@@ -76,7 +78,7 @@ class RunLogFile(logging.FileHandler):
     def __init__(self, path: str) -> None:
         super().__init__(path, delay=True)  # opened by the first line: a folder that takes no file fails there
         self.lost = 0
-        self.cause: Optional[str] = None       # why writes fail now (None: they succeed)
+        self.cause: Optional[str] = None  # why writes fail now (None: they succeed)
         self.lost_cause: Optional[str] = None  # why the last lost line was lost
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -93,8 +95,11 @@ class RunLogFile(logging.FileHandler):
             return
         if self.cause is not None:
             self.cause = None
-            self._tell_others(record, logging.WARNING, f"{self.baseFilename} is written again ({self.lost} log line(s) "
-                                                       "missing from it)")
+            self._tell_others(
+                record,
+                logging.WARNING,
+                f"{self.baseFilename} is written again ({self.lost} log line(s) missing from it)",
+            )
 
     def _lose(self, record: logging.LogRecord, error: OSError) -> None:
         """Count the line, drop the stream (a failed flush keeps its bytes: the next line would fail on them) and
@@ -109,8 +114,12 @@ class RunLogFile(logging.FileHandler):
         cause = self.lost_cause = cause_of(error)
         if cause != self.cause:
             self.cause = cause
-            self._tell_others(record, logging.ERROR, f"Could not write {self.baseFilename} ({cause}); training goes "
-                                                     "on, its lines shown here only until it can be written again")
+            self._tell_others(
+                record,
+                logging.ERROR,
+                f"Could not write {self.baseFilename} ({cause}); training goes "
+                "on, its lines shown here only until it can be written again",
+            )
 
     def _tell_others(self, record: logging.LogRecord, level: int, message: str) -> None:
         """Log `message` on the root logger's other handlers (the console): this one is the subject."""
@@ -125,8 +134,13 @@ class RunLogFile(logging.FileHandler):
 
 def unwritten_log_lines() -> List[str]:
     """The log files (`RunLogFile`) that lost lines: "<file>: N log line(s) (cause)"."""
-    return [text for handler in logging.getLogger().handlers if isinstance(handler, RunLogFile)
-            for text in [handler.unwritten()] if text]
+    return [
+        text
+        for handler in logging.getLogger().handlers
+        if isinstance(handler, RunLogFile)
+        for text in [handler.unwritten()]
+        if text
+    ]
 
 
 # metrics.jsonl names whose OpenCLIP tag differs.
@@ -137,7 +151,7 @@ LOSS_STATS_PREFIX = "stats/"
 def dashboard_tag(kind: str, name: str) -> str:
     """The tensorboard tag of metric `name` of a `kind` record: OpenCLIP's where it has one."""
     if kind == "train" and name.startswith(LOSS_STATS_PREFIX):
-        return "loss_stats/" + name[len(LOSS_STATS_PREFIX):]
+        return "loss_stats/" + name[len(LOSS_STATS_PREFIX) :]
     if kind == "train":
         return "train/" + _OPENCLIP_TRAIN_NAMES.get(name, name)
     if kind == "val" and name.startswith("val/"):  # validation's metric names carry OpenCLIP's prefix already
@@ -195,8 +209,15 @@ class MetricsWriter:
     files) is dropped with one line naming its folder and the cause; training goes on, and `files` lists what it
     did not get for the run's last line."""
 
-    def __init__(self, run_dir: Optional[str], *, tensorboard: bool = False, wandb: Optional[WandbConfig] = None,
-                 enabled: bool = True, files: Optional[RunFiles] = None):
+    def __init__(
+        self,
+        run_dir: Optional[str],
+        *,
+        tensorboard: bool = False,
+        wandb: Optional[WandbConfig] = None,
+        enabled: bool = True,
+        files: Optional[RunFiles] = None,
+    ):
         self.enabled = enabled and run_dir is not None
         self.files = files if files is not None else RunFiles()
         self.path = os.path.join(run_dir, METRICS_NAME) if self.enabled else None
@@ -216,9 +237,15 @@ class MetricsWriter:
             import wandb as wandb_module  # optional: pip install 'open_clip_adacl[wandb]'
 
             try:
-                self.wandb_run = wandb_module.init(project=wandb.project, name=wandb.name, id=wandb.name,
-                                                   notes=wandb.notes, resume="allow" if wandb.resume else None,
-                                                   config=wandb.config, dir=run_dir)
+                self.wandb_run = wandb_module.init(
+                    project=wandb.project,
+                    name=wandb.name,
+                    id=wandb.name,
+                    notes=wandb.notes,
+                    resume="allow" if wandb.resume else None,
+                    config=wandb.config,
+                    dir=run_dir,
+                )
             except Exception as error:  # noqa: BLE001 - wandb raises its own types for an unwritable dir
                 self.files.give_up(self.wandb_dir, "the wandb run", error)
 
@@ -227,8 +254,11 @@ class MetricsWriter:
             return
         record = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
         self.files.append(self.path, json.dumps(record) + "\n")
-        scalars = {dashboard_tag(kind, name): value for name, value in record.items()
-                   if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))}
+        scalars = {
+            dashboard_tag(kind, name): value
+            for name, value in record.items()
+            if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))
+        }
         if self.tb_writer is not None:
             try:
                 for tag, value in scalars.items():

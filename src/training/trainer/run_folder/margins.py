@@ -15,6 +15,7 @@ counter instead: (fallbacks at the window's end - at its start) / (steps in it).
 least the usual gap between logged steps long: the extra record at each epoch's end would otherwise
 make a window of one step, whose share is 0 or 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,10 @@ class MarginTraces:
     and the fallback share of each window (steps[i-1], steps[i]] (the first from step 0)."""
 
     steps: List[int] = field(default_factory=list)
-    values: Dict[str, List[float]] = field(default_factory=dict)          # "i2t/m2" -> one per step
+    values: Dict[str, List[float]] = field(default_factory=dict)  # "i2t/m2" -> one per step
     fallback_share: Dict[str, List[float]] = field(default_factory=dict)  # "i2t" -> one per step
-    fallback_counts: Dict[str, List[int]] = field(default_factory=dict)   # "i2t" -> the counter at each step
-    fallbacks: Dict[str, int] = field(default_factory=dict)               # "i2t" -> the counter at the last step
+    fallback_counts: Dict[str, List[int]] = field(default_factory=dict)  # "i2t" -> the counter at each step
+    fallbacks: Dict[str, int] = field(default_factory=dict)  # "i2t" -> the counter at the last step
 
 
 def margin_traces(records: Sequence[dict]) -> MarginTraces:
@@ -63,8 +64,10 @@ def margin_traces(records: Sequence[dict]) -> MarginTraces:
         step = record["step"]
         traces.steps.append(step)
         for direction in DIRECTIONS:
-            stat = {name: record.get(f"{STATS_PREFIX}{direction}/{name}", math.nan)
-                    for name in (*MARGIN_PANELS, *COUNT_PANELS, "modulated", "fallbacks")}
+            stat = {
+                name: record.get(f"{STATS_PREFIX}{direction}/{name}", math.nan)
+                for name in (*MARGIN_PANELS, *COUNT_PANELS, "modulated", "fallbacks")
+            }
             fell_back = stat["modulated"] == 0
             for name in MARGIN_PANELS:
                 traces.values.setdefault(f"{direction}/{name}", []).append(math.nan if fell_back else stat[name])
@@ -115,22 +118,34 @@ def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Pa
     run = RunDir(run_dir)
     traces = margin_traces(run.metrics("train"))
     if not traces.steps:
-        raise ValueError(f"{run.metrics_path} holds no AdaCL stats (train records with "
-                         f"'{STATS_PREFIX}i2t/modulated'): is it an AdaCL run?")
+        raise ValueError(
+            f"{run.metrics_path} holds no AdaCL stats (train records with "
+            f"'{STATS_PREFIX}i2t/modulated'): is it an AdaCL run?"
+        )
     titles = {**MARGIN_PANELS, **COUNT_PANELS}
     figure, axes = plt.subplots(len(titles) + 1, 1, figsize=(8, 2.2 * (len(titles) + 1)), sharex=True)
     for axis, (name, title) in zip(axes, titles.items()):
         for direction in DIRECTIONS:
             # markers too: a value between two fallback steps would otherwise not show at all
-            axis.plot(traces.steps, traces.values[f"{direction}/{name}"], label=direction, linewidth=1, marker=".",
-                      markersize=2)
+            axis.plot(
+                traces.steps,
+                traces.values[f"{direction}/{name}"],
+                label=direction,
+                linewidth=1,
+                marker=".",
+                markersize=2,
+            )
         gaps = "; gaps: logged steps that fell back" if name in MARGIN_PANELS else ""
         axis.set_title(title + gaps, fontsize=9)
     fallback_axis, size = axes[-1], window_size(traces.steps)
     for direction in DIRECTIONS:
         edges, shares = fallback_windows(traces.steps, traces.fallback_counts[direction], size)
-        fallback_axis.stairs(shares, edges, linewidth=1,
-                             label=f"{direction} ({traces.fallbacks[direction]} fallbacks in {traces.steps[-1]} steps)")
+        fallback_axis.stairs(
+            shares,
+            edges,
+            linewidth=1,
+            label=f"{direction} ({traces.fallbacks[direction]} fallbacks in {traces.steps[-1]} steps)",
+        )
     fallback_axis.set_ylim(-0.05, 1.05)
     fallback_axis.set_title(FALLBACK_TITLE.format(size=size), fontsize=9)
     for axis in axes:
@@ -158,8 +173,9 @@ def write_margins_plot(run_dir: str | Path) -> Optional[Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.trainer.run_folder.margins",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m training.trainer.run_folder.margins", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("run_dir", help="a training run's directory, holding metrics.jsonl")
     parser.add_argument("--output", help="PNG path (default RUN_DIR/margins.png)")
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ The loss comparison records them in each run's record, so results can be paired 
 the same code (docs/cluster.md, "Running the loss comparison"), and "no code differs" between two runs
 with uncommitted changes can be checked path by path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -112,10 +113,15 @@ def check_or_record_identity(run_path: Path, identity: Mapping[str, Any]) -> Non
         record.write_text(json.dumps(dict(identity), sort_keys=True) + "\n")
         return
     if not record.is_file():
-        raise ValueError(f"{run_path} records no {IDENTITY_NAME} (trained before runs recorded one), so what it "
-                         f"trained cannot be checked; remove it to train again")
+        raise ValueError(
+            f"{run_path} records no {IDENTITY_NAME} (trained before runs recorded one), so what it "
+            f"trained cannot be checked; remove it to train again"
+        )
     recorded = json.loads(record.read_text())
-    differences = [f"{key} {recorded.get(key)!r} there, {value!r} here" for key, value in identity.items()
-                   if recorded.get(key) != value]
+    differences = [
+        f"{key} {recorded.get(key)!r} there, {value!r} here"
+        for key, value in identity.items()
+        if recorded.get(key) != value
+    ]
     if differences:
         raise ValueError(f"{run_path} was trained otherwise ({'; '.join(differences)}); remove it to train again")

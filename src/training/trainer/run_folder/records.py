@@ -8,6 +8,7 @@ each evaluated epoch is recorded once.
   `started_over_<time>/` in the run folder, as a roll-back moves newer checkpoints aside: kept, never
   deleted, and out of the way of this launch's records.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .checkpoint_files import move_aside
-from .logger import drop_records_after
 from .layout import CHECKPOINT_FILE_NAME, METRICS_NAME, RESULTS_NAME
+from .logger import drop_records_after
 
 
 def checkpoint_files(checkpoint_dir: Path) -> List[Path]:
@@ -44,6 +45,8 @@ def set_aside_earlier_records(run_dir: Path, checkpoint_dir: Path) -> Optional[P
     earlier += checkpoint_files(checkpoint_dir)
     folder = move_aside(earlier, run_dir / f"started_over_{datetime.now():%Y%m%d-%H%M%S}")
     if folder is not None:
-        logging.warning(f"Starting over from scratch: moved the earlier launch's {', '.join(p.name for p in earlier)} "
-                        f"to {folder}, so that each step is recorded once")
+        logging.warning(
+            f"Starting over from scratch: moved the earlier launch's {', '.join(p.name for p in earlier)} "
+            f"to {folder}, so that each step is recorded once"
+        )
     return folder

@@ -9,6 +9,7 @@ last time and logs what could not be written; `unwritten` lists it for the run's
 keep their own files (TensorBoard's events, wandb's folder) report a failure through `give_up`: the same
 one line, and the same listing at the end.
 """
+
 from __future__ import annotations
 
 import errno
@@ -43,9 +44,9 @@ class RunFiles:
     """Appends to the run's record files; a failed write is logged, kept and retried (see the module)."""
 
     def __init__(self) -> None:
-        self.pending: Dict[Path, List[str]] = {}   # per file: the texts not written yet, in order
-        self.causes: Dict[Path, str] = {}          # per failing file: the cause last logged
-        self.given_up: Dict[Path, str] = {}        # per file another writer stopped writing: what it lost, and why
+        self.pending: Dict[Path, List[str]] = {}  # per file: the texts not written yet, in order
+        self.causes: Dict[Path, str] = {}  # per failing file: the cause last logged
+        self.given_up: Dict[Path, str] = {}  # per file another writer stopped writing: what it lost, and why
 
     def append(self, path: os.PathLike, text: str) -> bool:
         """Append `text` (after any text held back for `path`); whether everything for `path` is written now."""
@@ -68,8 +69,10 @@ class RunFiles:
             self._cut_back(path, size)
             cause = cause_of(error)
             if self.causes.get(path) != cause:
-                logging.error(f"Could not write {path} ({cause}); training goes on, {len(texts)} record(s) held back, "
-                              "retried with the next record and at the end of the run")
+                logging.error(
+                    f"Could not write {path} ({cause}); training goes on, {len(texts)} record(s) held back, "
+                    "retried with the next record and at the end of the run"
+                )
             self.causes[path] = cause
             return False
         if path in self.causes:
@@ -108,9 +111,10 @@ class RunFiles:
 
     @property
     def unwritten(self) -> List[str]:
-        return ([f"{path}: {len(texts)} record(s) ({self.causes.get(path, 'not retried')})"
-                 for path, texts in self.pending.items()]
-                + [f"{path}: {what}" for path, what in self.given_up.items()])
+        return [
+            f"{path}: {len(texts)} record(s) ({self.causes.get(path, 'not retried')})"
+            for path, texts in self.pending.items()
+        ] + [f"{path}: {what}" for path, what in self.given_up.items()]
 
 
 class ErrorRecordingFile:

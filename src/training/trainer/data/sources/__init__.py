@@ -5,6 +5,7 @@ A data source is a `training.trainer.data.DataSource` subclass decorated with
 pick it for the file endings it declares). Every module of this package is imported below, which
 registers its source; a source defined elsewhere registers when its module is imported.
 """
+
 import importlib
 import pkgutil
 

@@ -10,6 +10,7 @@ FIFO would wait for a writer forever: `not_a_file`), and only up to --max-image-
 (`oversized_image`); a caption over --max-caption-bytes is `oversized_caption`. An epoch is every
 row (OpenCLIP's len(dataset)), in a seeded per-epoch permutation split over ranks and readers.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -53,27 +54,43 @@ class CsvFile(DataSource):
         FLAG_GROUP: ClassVar[str] = HelpGroup.DATA
 
         # An escape as typed in a shell ('\\t') means the character it names (`csv_delimiter`).
-        csv_separator: str = flag("\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER,
-                                  convert=csv_delimiter)
-        csv_img_key: str = flag("filepath", "For csv-like datasets, the name of the key for the image paths.",
-                                resume=SAMPLE_ORDER)
-        csv_caption_key: str = flag("title", "For csv-like datasets, the name of the key for the captions.",
-                                    resume=SAMPLE_ORDER)
+        csv_separator: str = flag(
+            "\t", "For csv-like datasets, which separator to use.", resume=SAMPLE_ORDER, convert=csv_delimiter
+        )
+        csv_img_key: str = flag(
+            "filepath", "For csv-like datasets, the name of the key for the image paths.", resume=SAMPLE_ORDER
+        )
+        csv_caption_key: str = flag(
+            "title", "For csv-like datasets, the name of the key for the captions.", resume=SAMPLE_ORDER
+        )
 
     def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
         rows = read_csv_rows(cfg.train_data, self.options(cfg), "train_data (--train-data)")
         num_readers = max(1, cfg.workers)
         num_batches = batches_per_epoch(cfg.train_num_samples or len(rows), cfg, num_readers)
         check_skip(cfg.skip_batches, num_batches)
-        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                           shared_epoch=SharedEpoch(epoch), start_epoch=epoch,
-                           batches_per_reader=num_batches // num_readers)
+        stream = CsvStream(
+            rows=rows,
+            cfg=cfg,
+            preprocess=preprocess,
+            tokenizer=tokenizer,
+            shared_epoch=SharedEpoch(epoch),
+            start_epoch=epoch,
+            batches_per_reader=num_batches // num_readers,
+        )
         return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         rows = read_csv_rows(cfg.val_data, self.options(cfg), "val_data (--val-data)")
-        stream = CsvStream(rows=rows, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                           shared_epoch=SharedEpoch(0), start_epoch=0, batches_per_reader=None)
+        stream = CsvStream(
+            rows=rows,
+            cfg=cfg,
+            preprocess=preprocess,
+            tokenizer=tokenizer,
+            shared_epoch=SharedEpoch(0),
+            start_epoch=0,
+            batches_per_reader=None,
+        )
         num_samples = cfg.val_num_samples or len(rows)
         return stream_data(stream, cfg.workers, num_samples, validation_batches(num_samples, cfg.batch_size))
 
@@ -87,8 +104,14 @@ class CsvFile(DataSource):
     def ordered_pass(self, cfg: DataConfig, data: str | None, data_flag: str) -> OrderedPass:
         options = self.options(cfg)
         rows = read_csv_rows(data, options, data_flag)
-        return CsvPass(rows, data, num_samples=len(rows), caption_field=options.csv_caption_key,
-                       max_image_bytes=cfg.max_image_bytes, max_caption_bytes=cfg.max_caption_bytes)
+        return CsvPass(
+            rows,
+            data,
+            num_samples=len(rows),
+            caption_field=options.csv_caption_key,
+            max_image_bytes=cfg.max_image_bytes,
+            max_caption_bytes=cfg.max_caption_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -114,10 +137,13 @@ def read_csv_rows(path: str | None, options: CsvFile.Options, data_flag: str) ->
         rows = _rows(path, options, data_flag)
     except UnicodeDecodeError as error:
         if tarfile.is_tarfile(path):
-            raise ValueError(f"{data_flag}: {path} is a tar archive, not a csv file: pass --dataset-type webdataset "
-                             "(or auto)") from None
-        raise ValueError(f"{data_flag}: {path} is not utf-8 text ({error.reason} at byte {error.start}); "
-                         "--dataset-type csv reads a utf-8 csv/tsv file") from None
+            raise ValueError(
+                f"{data_flag}: {path} is a tar archive, not a csv file: pass --dataset-type webdataset (or auto)"
+            ) from None
+        raise ValueError(
+            f"{data_flag}: {path} is not utf-8 text ({error.reason} at byte {error.start}); "
+            "--dataset-type csv reads a utf-8 csv/tsv file"
+        ) from None
     finally:
         csv.field_size_limit(previous_limit)
     if not rows:
@@ -130,15 +156,27 @@ def _rows(path: str, options: CsvFile.Options, data_flag: str) -> tuple[CsvRow, 
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f, delimiter=options.csv_separator)
         header = next(reader, [])
-        missing = [f"{column!r} ({option})" for column, option in ((options.csv_img_key, "--csv-img-key"),
-                                                                   (options.csv_caption_key, "--csv-caption-key"))
-                   if column not in header]
+        missing = [
+            f"{column!r} ({option})"
+            for column, option in (
+                (options.csv_img_key, "--csv-img-key"),
+                (options.csv_caption_key, "--csv-caption-key"),
+            )
+            if column not in header
+        ]
         if missing:
-            raise ValueError(f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
-                             f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns")
+            raise ValueError(
+                f"{data_flag}: {path} has no column {' or '.join(missing)}; its header is {header} "
+                f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns"
+            )
         image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
-        return tuple(CsvRow(row[image_column] if len(row) > image_column else None,
-                            row[caption_column] if len(row) > caption_column else None) for row in reader)
+        return tuple(
+            CsvRow(
+                row[image_column] if len(row) > image_column else None,
+                row[caption_column] if len(row) > caption_column else None,
+            )
+            for row in reader
+        )
 
 
 CHECKED_ROWS = 16
@@ -149,16 +187,19 @@ def check_sampled_rows(rows: tuple[CsvRow, ...], path: str, data_flag: str, cfg:
     sampled = sorted({index * len(rows) // CHECKED_ROWS for index in range(CHECKED_ROWS)})
     reasons = {}
     for index in sampled:
-        reason, _ = check_row(rows[index], index, max_image_bytes=cfg.max_image_bytes,
-                              max_caption_bytes=cfg.max_caption_bytes)
+        reason, _ = check_row(
+            rows[index], index, max_image_bytes=cfg.max_image_bytes, max_caption_bytes=cfg.max_caption_bytes
+        )
         if reason is None:
             return
         reasons[reason] = reasons.get(reason, 0) + 1
     first = rows[sampled[0]]
-    raise ValueError(f"{data_flag}: none of {len(sampled)} rows sampled from {path} is usable "
-                     f"({', '.join(f'{reason} {count}' for reason, count in reasons.items())}); row {sampled[0]} "
-                     f"has image {first.image_path!r} (relative paths are read from {os.getcwd()}); fix the paths "
-                     "or run from the folder they are relative to")
+    raise ValueError(
+        f"{data_flag}: none of {len(sampled)} rows sampled from {path} is usable "
+        f"({', '.join(f'{reason} {count}' for reason, count in reasons.items())}); row {sampled[0]} "
+        f"has image {first.image_path!r} (relative paths are read from {os.getcwd()}); fix the paths "
+        "or run from the folder they are relative to"
+    )
 
 
 class CsvStream(ShardStream):
@@ -168,46 +209,73 @@ class CsvStream(ShardStream):
     repeat it should bad rows leave a reader short). Validation: the rows in order.
     """
 
-    def __init__(self, *, rows: tuple[CsvRow, ...], cfg: DataConfig, preprocess: Callable, tokenizer: Callable,
-                 shared_epoch: SharedEpoch, start_epoch: int, batches_per_reader: int | None) -> None:
-        super().__init__(urls=(), weights=None, cfg=cfg, preprocess=preprocess, tokenizer=tokenizer,
-                         shared_epoch=shared_epoch, start_epoch=start_epoch, batches_per_reader=batches_per_reader,
-                         shuffle_size=0)
+    def __init__(
+        self,
+        *,
+        rows: tuple[CsvRow, ...],
+        cfg: DataConfig,
+        preprocess: Callable,
+        tokenizer: Callable,
+        shared_epoch: SharedEpoch,
+        start_epoch: int,
+        batches_per_reader: int | None,
+    ) -> None:
+        super().__init__(
+            urls=(),
+            weights=None,
+            cfg=cfg,
+            preprocess=preprocess,
+            tokenizer=tokenizer,
+            shared_epoch=shared_epoch,
+            start_epoch=start_epoch,
+            batches_per_reader=batches_per_reader,
+            shuffle_size=0,
+        )
         self.rows = rows
 
     def _validation_candidates(self, worker: int, num_workers: int, counter: SkipCounter) -> Iterator[Candidate]:
         return self._row_candidates(range(worker, len(self.rows), num_workers), counter)
 
-    def _training_candidates(self, epoch: int, reader: int, num_readers: int,
-                             counter: SkipCounter) -> Iterator[Candidate]:
-        order = random.Random(stable_hash(self.cfg.seed, epoch, "row order")).sample(range(len(self.rows)),
-                                                                                      len(self.rows))
-        mine = order[self.cfg.rank::self.cfg.world_size][reader::num_readers]
+    def _training_candidates(
+        self, epoch: int, reader: int, num_readers: int, counter: SkipCounter
+    ) -> Iterator[Candidate]:
+        order = random.Random(stable_hash(self.cfg.seed, epoch, "row order")).sample(
+            range(len(self.rows)), len(self.rows)
+        )
+        mine = order[self.cfg.rank :: self.cfg.world_size][reader::num_readers]
         while True:
             found = False
             for candidate in self._row_candidates(mine, counter):
                 found = True
                 yield candidate
             if not found:
-                raise DataError(f"rank {self.cfg.rank} reader {reader}: none of its {len(mine)} csv rows yielded "
-                                f"a usable sample (skips: {describe_counts(counter.counts)}); check the image paths")
+                raise DataError(
+                    f"rank {self.cfg.rank} reader {reader}: none of its {len(mine)} csv rows yielded "
+                    f"a usable sample (skips: {describe_counts(counter.counts)}); check the image paths"
+                )
 
     def _row_candidates(self, indices: Iterable[int], counter: SkipCounter) -> Iterator[Candidate]:
         for index in indices:
-            reason, candidate = check_row(self.rows[index], index, max_image_bytes=self.cfg.max_image_bytes,
-                                          max_caption_bytes=self.cfg.max_caption_bytes)
+            reason, candidate = check_row(
+                self.rows[index],
+                index,
+                max_image_bytes=self.cfg.max_image_bytes,
+                max_caption_bytes=self.cfg.max_caption_bytes,
+            )
             if reason is not None:
                 counter.add(reason)
             else:
                 yield candidate
 
 
-def check_row(row: CsvRow, index: int, *, max_image_bytes: int,
-              max_caption_bytes: int) -> tuple[str | None, Candidate | None]:
+def check_row(
+    row: CsvRow, index: int, *, max_image_bytes: int, max_caption_bytes: int
+) -> tuple[str | None, Candidate | None]:
     """Training's checks of csv row `index` (its caption, then its image file read as bytes): (None, the
     candidate) or (the skip reason, None)."""
-    reason, text = decode_caption(None if row.caption is None else row.caption.encode("utf-8"),
-                                  max_bytes=max_caption_bytes)
+    reason, text = decode_caption(
+        None if row.caption is None else row.caption.encode("utf-8"), max_bytes=max_caption_bytes
+    )
     if not row.image_path:
         reason = "missing_image"
     if reason is not None:
@@ -258,7 +326,11 @@ class CsvPass(OrderedPass):
 
     def items(self, events: SkipCounter) -> Iterator[PassItem]:
         for index, row in enumerate(self.rows):
-            reason, candidate = check_row(row, index, max_image_bytes=self.max_image_bytes,
-                                          max_caption_bytes=self.max_caption_bytes)
-            yield reason if candidate is None else PassSample(row.image_path, self.path, candidate.text,
-                                                              candidate.image_bytes)
+            reason, candidate = check_row(
+                row, index, max_image_bytes=self.max_image_bytes, max_caption_bytes=self.max_caption_bytes
+            )
+            yield (
+                reason
+                if candidate is None
+                else PassSample(row.image_path, self.path, candidate.text, candidate.image_bytes)
+            )

@@ -1,5 +1,6 @@
 """Synthetic data (OpenCLIP's `--dataset-type synthetic`) in the same batch format: random-noise
 images seeded by index, OpenCLIP's dummy caption, batches of a seeded per-epoch permutation."""
+
 from __future__ import annotations
 
 import io

@@ -11,6 +11,7 @@ flag given beside `--recipe` overrides its value; params.txt records the recipe'
 values were overridden. Data paths, logs and names belong to the launch, not to the recipe.
 A new recipe is one decorated function below; `python -m training.trainer.launch.recipes` prints one.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
@@ -30,14 +31,17 @@ def recipe(name: str) -> Callable[[Recipe], Recipe]:
             raise ValueError(f"recipe {name!r} is defined twice")
         RECIPES[name] = function
         return function
+
     return register
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     """OpenCLIP's --batch-size is per rank: the recipe's global batch over `world_size` ranks."""
     if world_size < 1 or global_batch % world_size:
-        raise RecipeError(f"the global batch {global_batch} does not split evenly over {world_size} ranks; give "
-                          f"--batch-size (per rank) yourself, or run on a number of ranks that divides it")
+        raise RecipeError(
+            f"the global batch {global_batch} does not split evenly over {world_size} ranks; give "
+            f"--batch-size (per rank) yourself, or run on a number of ranks that divides it"
+        )
     return global_batch // world_size
 
 
@@ -45,7 +49,9 @@ def recipe_values(name: str, world_size: int, batch_size_given: bool = False) ->
     """The flag values of recipe `name` for `world_size` ranks (its global batch split into --batch-size,
     unless the command line gives --batch-size)."""
     if name not in RECIPES:
-        raise RecipeError(f"unknown recipe {name!r}; the recipes are {', '.join(sorted(RECIPES))} (training.trainer.launch.recipes)")
+        raise RecipeError(
+            f"unknown recipe {name!r}; the recipes are {', '.join(sorted(RECIPES))} (training.trainer.launch.recipes)"
+        )
     values = RECIPES[name]()
     global_batch = values.pop(GLOBAL_BATCH, None)
     if global_batch is not None and not batch_size_given:
@@ -54,34 +60,75 @@ def recipe_values(name: str, world_size: int, batch_size_given: bool = False) ->
 
 
 # Shared by the CC3M/CC12M recipes: a multi-GPU webdataset run that survives preemption.
-_CLUSTER = dict(loss="adacl", dataset_type="webdataset", wd=0.1, warmup=10000, precision="amp", workers=8,
-                local_loss=True, gather_with_grad=True, dist_timeout=1800, save_frequency=1, save_every_n_steps=2000,
-                keep_step_checkpoints=2, report_to="tensorboard", resume="latest", device="cuda")
+_CLUSTER = dict(
+    loss="adacl",
+    dataset_type="webdataset",
+    wd=0.1,
+    warmup=10000,
+    precision="amp",
+    workers=8,
+    local_loss=True,
+    gather_with_grad=True,
+    dist_timeout=1800,
+    save_frequency=1,
+    save_every_n_steps=2000,
+    keep_step_checkpoints=2,
+    report_to="tensorboard",
+    resume="latest",
+    device="cuda",
+)
 
 
 @recipe("cc3m-rn50")
 def cc3m_rn50() -> Dict[str, Any]:
     """OpenCLIP's CC3M recipe (its README: RN50, lr 1e-3, wd 0.1, warmup 10k, 30 epochs, global batch 1024)
     with --loss adacl."""
-    return {**_CLUSTER, "model": "RN50", "train_num_samples": 2_800_000, GLOBAL_BATCH: 1024,
-            "lr": 1e-3, "epochs": 30, "zeroshot_frequency": 1}
+    return {
+        **_CLUSTER,
+        "model": "RN50",
+        "train_num_samples": 2_800_000,
+        GLOBAL_BATCH: 1024,
+        "lr": 1e-3,
+        "epochs": 30,
+        "zeroshot_frequency": 1,
+    }
 
 
 @recipe("cc12m-vitb32")
 def cc12m_vitb32() -> Dict[str, Any]:
     """ViT-B/32 on CC12M (global batch 2048, 32 epochs, gradient checkpointing) with --loss adacl."""
-    return {**_CLUSTER, "model": "ViT-B-32", "train_num_samples": 10_000_000,
-            GLOBAL_BATCH: 2048, "lr": 1e-3, "epochs": 32, "grad_checkpointing": True,
-            "zeroshot_frequency": 2}
+    return {
+        **_CLUSTER,
+        "model": "ViT-B-32",
+        "train_num_samples": 10_000_000,
+        GLOBAL_BATCH: 2048,
+        "lr": 1e-3,
+        "epochs": 32,
+        "grad_checkpointing": True,
+        "zeroshot_frequency": 2,
+    }
 
 
 @recipe("demo")
 def demo() -> Dict[str, Any]:
     """The README's demo: adacl-tiny with AdaCL on the generated scenes, on the CPU, in minutes; whole
     families of one-edit siblings in each batch (the clone negatives)."""
-    return dict(model="adacl-tiny", loss="adacl", dataset_type="webdataset", batch_size=128,
-                epochs=8, lr=2e-3, wd=0.1, warmup=50, workers=1, device="cpu", precision="fp32", seed=0,
-                log_every_n_steps=16, train_group_size=8)
+    return dict(
+        model="adacl-tiny",
+        loss="adacl",
+        dataset_type="webdataset",
+        batch_size=128,
+        epochs=8,
+        lr=2e-3,
+        wd=0.1,
+        warmup=50,
+        workers=1,
+        device="cpu",
+        precision="fp32",
+        seed=0,
+        log_every_n_steps=16,
+        train_group_size=8,
+    )
 
 
 # The loss comparison's budgets: its runs' trainer flags (training.loss_comparison.data.QUICK and FULL add the
@@ -89,15 +136,33 @@ def demo() -> Dict[str, Any]:
 @recipe("comparison-quick")
 def comparison_quick() -> Dict[str, Any]:
     """The loss comparison's CPU budget: adacl-tiny, 3 epochs of the 4096 demo scenes at batch 64 (192 steps)."""
-    return dict(model="adacl-tiny", batch_size=64, epochs=3, lr=2e-3, warmup=20, wd=0.1, workers=0, device="cpu",
-                log_every_n_steps=1)
+    return dict(
+        model="adacl-tiny",
+        batch_size=64,
+        epochs=3,
+        lr=2e-3,
+        warmup=20,
+        wd=0.1,
+        workers=0,
+        device="cpu",
+        log_every_n_steps=1,
+    )
 
 
 @recipe("comparison-full")
 def comparison_full() -> Dict[str, Any]:
     """The loss comparison's GPU budget: 4x the batch and about 12x the steps of the quick one."""
-    return dict(model="adacl-tiny", batch_size=256, epochs=20, lr=1e-3, warmup=200, wd=0.1, workers=4,
-                device="cuda", log_every_n_steps=10)
+    return dict(
+        model="adacl-tiny",
+        batch_size=256,
+        epochs=20,
+        lr=1e-3,
+        warmup=200,
+        wd=0.1,
+        workers=4,
+        device="cuda",
+        log_every_n_steps=10,
+    )
 
 
 # The clone study's settings (scripts/clone_study.py, docs/adacl.md §5): the quick budget at the steps where
@@ -125,8 +190,13 @@ def clone_transfer() -> Dict[str, Any]:
 @recipe("glyphs-scratch-weak")
 def glyphs_scratch_weak() -> Dict[str, Any]:
     """From scratch on the weak captioner's captions (validated on gold ones), 4 epochs (384 steps)."""
-    return {**comparison_quick(), "epochs": 4, "train_group_size": 8, "caption_key": "txt_weak",
-            "val_caption_key": "txt"}
+    return {
+        **comparison_quick(),
+        "epochs": 4,
+        "train_group_size": 8,
+        "caption_key": "txt_weak",
+        "val_caption_key": "txt",
+    }
 
 
 @recipe("glyphs-pretrain")

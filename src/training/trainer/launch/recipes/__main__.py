@@ -1,5 +1,6 @@
 """`python -m training.trainer.launch.recipes NAME [--world-size N] [--check]`: the trainer flags a recipe sets, as a
 command line (for launch scripts and for reading); exit 2 when the recipe cannot serve the world size."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,10 @@ from . import RECIPES, RecipeError, recipe_values
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.trainer.launch.recipes",
-                                     description="Print the trainer flags a recipe sets (for launch scripts).")
+    parser = argparse.ArgumentParser(
+        prog="python -m training.trainer.launch.recipes",
+        description="Print the trainer flags a recipe sets (for launch scripts).",
+    )
     parser.add_argument("recipe", help=f"one of {', '.join(sorted(RECIPES))}")
     parser.add_argument("--world-size", type=int, default=1, help="ranks of the run (the global batch is split)")
     parser.add_argument("--check", action="store_true", help="only check that the recipe serves this world size")
