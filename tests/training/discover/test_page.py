@@ -57,7 +57,7 @@ def pair(
     }
 
 
-PAIRS = [  # most probable first, as the page lists them
+PAIRS = [  # most probable first; the page lists them by label, then batch (report.reading_order)
     pair(
         0,
         "i2t",
@@ -256,8 +256,8 @@ def test_filters_and_search_change_the_visible_rows(page, profiles, state, shown
         (
             "other",
             [
+                "paraphrase (other family, same facts)",  # LABEL_ORDER: the paraphrase first, then by batch
                 "other family, 1 fact apart",
-                "paraphrase (other family, same facts)",
                 "other family, 1 fact apart",
                 "other family, 2 or more facts apart",
             ],
@@ -307,7 +307,8 @@ def test_the_page_marks_a_reversed_relation_also_when_other_words_differ(page, p
     assert marks[1] == [["above"], ["above"]]  # the objects exchanged: the relation, in both captions
     assert marks[3] == [[], []]  # a paraphrase says the same thing
     assert marks[6] == [["red", "above"], ["above", "orange"]]  # exchanged, and a colour
-    assert marks[4] == [["left"], ["right"]]
+    assert marks[4] == [["circle"], ["cross"]]  # one word differs, nothing exchanged
+    assert marks[5] == [["left"], ["right"]]
 
 
 def test_the_words_that_differ_are_marked_as_html():
