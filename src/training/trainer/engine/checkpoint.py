@@ -342,6 +342,16 @@ class Checkpointer:
     def last_good_text(self) -> str:
         return str(self.last_good) if self.last_good else "none: this run has written no checkpoint yet"
 
+    def _refuse(self, filenames: List[str], reason: str) -> List[Path]:
+        """Writes nothing, keeps `reason` in `not_written` and says so once (rank 0), naming the last good file."""
+        self.not_written = reason
+        if self.env.is_master:
+            logging.warning(
+                f"Not writing {', '.join(filenames)}: {reason}; the last checkpoint written at a finite step is "
+                f"{self.last_good_text()}"
+            )
+        return []
+
     def save(self, filenames: List[str]) -> List[Path]:
         """Write the checkpoint under each of `filenames` (rank 0); a failed write is retried once, then
         logged, not raised: the returned files are those written (all of them on other ranks). While steps
@@ -352,28 +362,17 @@ class Checkpointer:
         streak = state.consecutive_nonfinite_steps
         self.not_written = ""
         if streak:
-            self.not_written = f"the loss of the last {streak} step(s) was non-finite"
-            if self.env.is_master:
-                logging.warning(
-                    f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
-                    f"written at a finite step is {self.last_good_text()}"
-                )
-            return []
+            return self._refuse(filenames, f"the loss of the last {streak} step(s) was non-finite")
         payload = self.payload()
         # A finite loss can still end in an update that overflows: such a state would be called good and resumed
         # from, so it is never written (every rank decides alike: DDP keeps the replicas equal).
         poisoned = nonfinite_tensors(payload)
         if any_rank(bool(poisoned), self.env):
-            self.not_written = (
+            return self._refuse(
+                filenames,
                 f"the state after step {state.step}'s update holds non-finite values "
-                f"({len(poisoned)} tensors, e.g. {', '.join(poisoned[:3])})"
+                f"({len(poisoned)} tensors, e.g. {', '.join(poisoned[:3])})",
             )
-            if self.env.is_master:
-                logging.warning(
-                    f"Not writing {', '.join(filenames)}: {self.not_written}; the last checkpoint "
-                    f"written at a finite step is {self.last_good_text()}"
-                )
-            return []
         if not self.env.is_master:  # rank 0's files, as far as this rank knows
             written = [self.checkpoint_dir / filename for filename in filenames]
             self.last_saved = written[-1] if written else self.last_saved
