@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from open_clip_adacl import get_loss_class
+from open_clip_adacl.losses import MechanismStats
 from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.provenance import checkpoint_identity, code_version, dirty_files
 
@@ -229,7 +231,7 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
     evaluation of its final checkpoint (which it runs here)."""
     record = base_record(job)
     record.update(status=status, error=error, train_seconds=train_seconds)
-    record["metrics"].update(training_metrics(job.run_dir))
+    record["metrics"].update(training_metrics(job.run_dir, get_loss_class(job.loss).mechanism_stats))
     record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
     if record["status"] == OK:
         # The options as the trainer resolved them (defaults included), beside the variant's own.
@@ -278,8 +280,9 @@ def pretrained_identity(train_argv: List[str]) -> Optional[Dict[str, Optional[st
     return checkpoint_identity(values[-1]) if values else None
 
 
-def training_metrics(run_dir: Path) -> Dict[str, float]:
-    """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval."""
+def training_metrics(run_dir: Path, mechanism: Optional[MechanismStats] = None) -> Dict[str, float]:
+    """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval, and
+    the loss's `mechanism` stats."""
     metrics: Dict[str, float] = {}
     run = RunDir(run_dir)
     steps = run.metrics("train")
@@ -296,7 +299,7 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
             metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
         metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
         metrics["train/steps"] = float(steps[-1]["step"])
-        metrics.update(mechanism_metrics(steps))
+        metrics.update(mechanism_metrics(steps, mechanism))
     results = run.results()
     if results:
         val = results[-1]
@@ -310,19 +313,15 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
     return metrics
 
 
-# AdaCL's per-step stats summarised per run (both directions pooled): how often each guard and bound
-# changed the margins, and how much the applied margins moved (docs/adacl.md).
-MECHANISM_FRACTIONS = ("modulated", "anchor_clamped", "scale_bounded", "offset_bounded")
-MECHANISM_SPREADS = ("m1_over_scale", "m2", "anchor", "anchor_gap")
-
-
-def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
-    """`adacl/<stat>` fractions and `adacl/<stat>_mean|_std` over the logged steps that hold the stat, for a run
-    whose loss logged AdaCL's stats; {} otherwise. `modulated` is in every record; the bounds and the margins
-    only in a modulated step's, so theirs are over modulated steps (records written before that held the
-    fallback's 0 and 1 too)."""
+def mechanism_metrics(steps: Sequence[Mapping[str, Any]], stats: Optional[MechanismStats]) -> Dict[str, float]:
+    """The loss's declared mechanism stats (`Loss.mechanism_stats`) over the logged steps that hold each stat:
+    `<prefix>/<stat>` fractions and `<prefix>/<stat>_mean|_std` spreads; {} for a loss that declares none or
+    logged none. AdaCL logs `modulated` every step; its bounds and margins only in a modulated step, so theirs are
+    over modulated steps (outcomes written before that held the fallback's 0 and 1 too)."""
+    if stats is None:
+        return {}
     metrics: Dict[str, float] = {}
-    for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
+    for name in stats.fractions + stats.spreads:
         values = [
             float(record[f"stats/{direction}/{name}"])
             for record in steps
@@ -331,11 +330,11 @@ def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
         ]
         if not values:
             continue
-        if name in MECHANISM_FRACTIONS:
-            metrics[f"adacl/{name}"] = statistics.fmean(values)
+        if name in stats.fractions:
+            metrics[f"{stats.prefix}/{name}"] = statistics.fmean(values)
         else:
-            metrics[f"adacl/{name}_mean"] = statistics.fmean(values)
-            metrics[f"adacl/{name}_std"] = statistics.pstdev(values)
+            metrics[f"{stats.prefix}/{name}_mean"] = statistics.fmean(values)
+            metrics[f"{stats.prefix}/{name}_std"] = statistics.pstdev(values)
     return metrics
 
 

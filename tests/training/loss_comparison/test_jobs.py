@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from helpers.comparison_records import fake_data
+from open_clip_adacl import get_loss_class
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.jobs import (
     RunJob,
@@ -93,11 +94,12 @@ def test_mechanism_metrics_count_bound_activity_and_margin_spread():
             "stats/t2i/modulated": 0.0,
         },
     ]
-    metrics = mechanism_metrics(steps)
+    metrics = mechanism_metrics(steps, get_loss_class("adacl").mechanism_stats)
     assert metrics["adacl/scale_bounded"] == 0.25 and metrics["adacl/modulated"] == 0.75
     assert metrics["adacl/m1_over_scale_mean"] == pytest.approx(1.5)
     assert metrics["adacl/m1_over_scale_std"] == pytest.approx(0.2236, rel=1e-3)
-    assert mechanism_metrics([{"loss": 1.0}]) == {}
+    assert mechanism_metrics([{"loss": 1.0}], get_loss_class("adacl").mechanism_stats) == {}
+    assert mechanism_metrics(steps, get_loss_class("clip").mechanism_stats) == {}  # clip declares none
 
 
 def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):

@@ -1,15 +1,16 @@
 """The glyph benchmark (docs/glyphs.md): real font glyphs in families of one-attribute siblings, a calibration
-grid on the positive controls, then every loss on the frozen setting, on paired seeds.
+grid on the positive controls, then every loss on the frozen cell, on paired seeds.
 
-    python scripts/glyph_benchmark.py --calibrate                       # the grid: clip, oracle, hnnce, seeds 0-2
-    python scripts/glyph_benchmark.py --cells finetune-weak --seeds 10,11,...,19 --losses clip,oracle:weight=16,...
-    python scripts/glyph_benchmark.py --report-only --cells finetune-weak
-    python scripts/glyph_benchmark.py --summary --cells finetune-gold   # docs/results/glyphs.md from the CSVs
+    python -m training.studies glyphs --calibrate                      # the grid: clip, oracle, hnnce, seeds 0-2
+    python -m training.studies glyphs --cells finetune-gold --seeds 10-19
+    python -m training.studies glyphs --report-only --cells finetune-weak
+    python -m training.studies glyphs --summary --cells finetune-gold  # docs/results/glyphs.md from the CSVs
 
-Each cell is a recipe of `training.trainer.launch.recipes` (glyphs-<cell>) on the data `python -m training.glyphs` writes
-(data seed 0, written once into <output-dir>/data); the fine-tuning cells start every run from one common
+Each cell is a recipe of `training.trainer.launch.recipes` (glyphs-<cell>) on the data `python -m training.glyphs`
+writes (data seed 0, written once into <output-dir>/data); the fine-tuning cells start every run from one common
 checkpoint, `clip` trained with recipe glyphs-pretrain (seed 1000, written once into <output-dir>/pretrain).
-One `python -m training.loss_comparison` call per cell, into <output-dir>/<study>, writes
+Each (cell, calibration or frozen) is a registered `Study` (`STUDIES`, glyphs_<cell> and
+glyphs_calibration_<cell>): its comparison runs into <output-dir>/<study> and writes
 <results-dir>/<study>.md with its plot and per-run CSV; the endpoint, margin and reference are the
 pre-registered ones (docs/preregistration_glyphs.md#<study>). The summary is computed from those committed
 per-run CSVs alone (the run folders are not committed), so it regenerates from a fresh clone.
@@ -17,136 +18,59 @@ per-run CSVs alone (the run folders are not committed), so it regenerates from a
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
-from training.glyphs import write_glyph_dataset
-from training.glyphs.writers import RETRIEVAL_SET
-from training.loss_comparison.cli import main as compare_losses
-from training.loss_comparison.jobs import MECHANISM_FRACTIONS, OK
-from training.loss_comparison.preregistration import from_file
-from training.loss_comparison.report import read_runs_csv, rendered_again
-from training.loss_comparison.stats import paired_difference, primary_verdict
-from training.main import run
-from training.trainer.launch.params import config_from_values
-from training.trainer.launch.recipes import recipe_values
-from training.trainer.run_folder.layout import RunDir
-from training.trainer.run_folder.provenance import check_or_record_identity, training_identity
+from open_clip_adacl import get_loss_class
+from training.loss_comparison import OK, paired_difference, primary_verdict, read_runs_csv, rendered_again
 
-ROOT = Path(__file__).resolve().parent.parent
+from .data import GlyphData
+from .pretraining import Pretraining
+from .study import STUDIES, Study, register_study
+
 PREREGISTRATION = "docs/preregistration_glyphs.md"
-DATA_SEED = 0
-PRETRAIN_SEED = 1000
-PRETRAIN_RECIPE = "glyphs-pretrain"
 CELLS = ("scratch-weak", "finetune-weak", "finetune-gold")  # the calibration grid (recipes glyphs-<cell>)
 CONTROLS = "clip,oracle:weight=16,hnnce"
 # The frozen benchmark's variants, in the registered order (docs/preregistration_glyphs.md).
 VARIANTS = f"{CONTROLS},adacl,adacl:preset=paper,adacl:positive_grad=fixed,adaclw"
+CALIBRATION_SEEDS, FROZEN_SEEDS = (0, 1, 2), tuple(range(10, 20))
 ENDPOINT = "clone/family"
 ORACLE = "oracle:weight=16"
 # Secondary columns of the summary: pairwise sibling accuracy, retrieval, the closest sibling's cosine margin.
 SECONDARY = ("clone/overall", "clone/mark", "ret/glyph_retrieval/image_R@1", "clone/family_cos_margin")
+DATA = GlyphData(seed=0)
+# The fine-tuning cells' common checkpoint: `clip` on the weak captions, once.
+PRETRAINING = Pretraining("clip-seed1000", "glyphs-pretrain", 1000, DATA, log_every_n_steps=32)
+COMMAND = "python -m training.studies glyphs"
 
 
 def study_name(cell: str, calibrate: bool) -> str:
     return f"glyphs_calibration_{cell.replace('-', '_')}" if calibrate else f"glyphs_{cell.replace('-', '_')}"
 
 
-def prepare_data(output_root: Path) -> dict:
-    """The glyph data of data seed 0 in <output_root>/data (written once); returns its manifest."""
-    data_dir = output_root / "data"
-    manifest_path = data_dir / "manifest.json"
-    if not manifest_path.is_file():
-        print(f"== writing the glyph data into {data_dir}", flush=True)
-        write_glyph_dataset(data_dir, seed=DATA_SEED)
-    manifest = json.loads(manifest_path.read_text())
-    if manifest["seed"] != DATA_SEED:
-        raise ValueError(f"{data_dir} holds glyph data of data seed {manifest['seed']}, not {DATA_SEED}: remove it")
-    return manifest
-
-
-def data_values(output_root: Path, manifest: dict) -> dict:
-    data_dir = output_root / "data"
-    splits = manifest["splits"]
-    return {
-        "train_data": str(data_dir / splits["train"]["data"]),
-        "val_data": str(data_dir / splits["val"]["data"]),
-        "train_num_samples": splits["train"]["num_samples"],
-    }
-
-
-def pretrain(output_root: Path, manifest: dict) -> Path:
-    """`clip` on the glyphs' weak captions (recipe glyphs-pretrain, once); returns its final checkpoint. A run
-    folder there is reused, or resumed, only when it recorded this recipe, seed, data seed and code."""
-    logs, name = output_root / "pretrain", f"clip-seed{PRETRAIN_SEED}"
-    epochs = recipe_values(PRETRAIN_RECIPE, world_size=1)["epochs"]
-    run_dir = RunDir(logs / name)
-    try:
-        check_or_record_identity(run_dir.path, training_identity(PRETRAIN_RECIPE, PRETRAIN_SEED, manifest["seed"]))
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-    checkpoint = run_dir.epoch_checkpoint(epochs)
-    if checkpoint.is_file():
-        return checkpoint
-    values = {
-        **data_values(output_root, manifest),
-        "dataset_type": "webdataset",
-        "seed": PRETRAIN_SEED,
-        "save_frequency": epochs,
-        "log_every_n_steps": 32,
-        "logs": str(logs),
-        "name": name,
-        "resume": "latest",
-    }
-    print(f"== pretraining {name} ({epochs} epochs, recipe {PRETRAIN_RECIPE})", flush=True)
-    run(config_from_values(values, recipe=PRETRAIN_RECIPE))
-    return checkpoint
-
-
-def cell_argv(
-    cell: str, study: str, losses: str, seeds: str, output_root: Path, results_dir: Path, extra: Sequence[str]
-) -> List[str]:
-    manifest = prepare_data(output_root)
-    data = data_values(output_root, manifest)
-    data_dir = output_root / "data"
-    pretrained = (
-        ["--train-args", f"--pretrained {pretrain(output_root, manifest)}"] if cell.startswith("finetune") else []
+def glyph_study(cell: str, calibrate: bool) -> Study:
+    name = study_name(cell, calibrate)
+    return Study(
+        name=name,
+        data=DATA,
+        recipe=f"glyphs-{cell}",
+        variants=CONTROLS if calibrate else VARIANTS,
+        seeds=CALIBRATION_SEEDS if calibrate else FROZEN_SEEDS,
+        preregistration=PREREGISTRATION,
+        endpoints=(name,),
+        report=f"docs/results/{name}.md",
+        pretraining=PRETRAINING if cell.startswith("finetune") else None,
     )
-    return [
-        "--quick",
-        "--recipe",
-        f"glyphs-{cell}",
-        "--losses",
-        losses,
-        "--seeds",
-        seeds,
-        "--train-data",
-        data["train_data"],
-        "--train-num-samples",
-        str(data["train_num_samples"]),
-        "--val-data",
-        data["val_data"],
-        "--data-size",
-        str(data["train_num_samples"]),
-        "--benchmark-datasets",
-        f"wds/{RETRIEVAL_SET}",
-        "--benchmark-root",
-        str(data_dir / "benchmark" / "{dataset}"),
-        "--clone-selection-dir",
-        str(data_dir / manifest["clone_selection"]),
-        "--output-dir",
-        str(output_root / study),
-        "--results-md",
-        str(results_dir / f"{study}.md"),
-        "--preregistration",
-        f"{PREREGISTRATION}#{study}",
-        *pretrained,
-        *extra,
-    ]
+
+
+for _cell in CELLS:
+    for _calibrate in (True, False):
+        register_study(glyph_study(_cell, _calibrate))
+
+
+def glyph_studies(cells: Sequence[str], calibrate: bool) -> List[Study]:
+    return [STUDIES.get(study_name(cell, calibrate)) for cell in cells]
 
 
 def study_records(results_dir: Path, study: str) -> List[Dict[str, Any]]:
@@ -182,12 +106,14 @@ def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str
 
 
 def mechanism_text(records: Sequence[Mapping[str, Any]], label: str) -> str:
-    """AdaCL's guard and bound rates (`adacl/<stat>`: the share of logged steps, per run) averaged over a
-    variant's ok runs, as the per-run CSV records them; `-` for a loss whose records hold none."""
+    """The share of logged steps in which each mechanism the variant's loss declares (`Loss.mechanism_stats`, e.g.
+    AdaCL's guards and bounds) acted, averaged over its ok runs as the per-run CSV records them; `-` for a loss
+    that declares none or whose records hold none."""
     runs = [r for r in records if r["label"] == label and r["verdict"] == OK]
+    stats = get_loss_class(runs[0]["loss"]).mechanism_stats if runs else None
     parts = []
-    for name in MECHANISM_FRACTIONS:
-        values = [r["metrics"][f"adacl/{name}"] for r in runs if f"adacl/{name}" in r["metrics"]]
+    for name in stats.fractions if stats else ():
+        values = [r["metrics"][f"{stats.prefix}/{name}"] for r in runs if f"{stats.prefix}/{name}" in r["metrics"]]
         if values:
             parts.append(f"{name} {statistics.fmean(values):.3g}")
     return ", ".join(parts) or "-"
@@ -216,7 +142,7 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
     lines = [
         "# Results: the glyph benchmark",
         "",
-        "Generated by `python scripts/glyph_benchmark.py --summary` from the committed per-run CSVs "
+        "Generated by `python -m training.studies glyphs --summary` from the committed per-run CSVs "
         "(`<study>_runs.csv` beside each report; the run folders are not committed); the design, "
         "endpoints and freezing rule were committed first in [preregistration_glyphs.md](../preregistration_glyphs.md); "
         "the data and endpoints are described in [glyphs.md](../glyphs.md). Differences are paired by seed (same "
@@ -246,7 +172,7 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
         records = study_records(results_dir, study)
         if not records:
             continue
-        margin = from_file(f"{ROOT / PREREGISTRATION}#{study}").margin
+        margin = STUDIES.get(study).registration().margin
         lines += [
             "",
             f"## The frozen benchmark: `{cell}`",
@@ -295,8 +221,7 @@ def render_reports_again(results_dir: Path) -> List[Path]:
             page, runs_csv = results_dir / f"{study}.md", results_dir / f"{study}_runs.csv"
             if not (page.is_file() and runs_csv.is_file()):
                 continue
-            spec = f"{PREREGISTRATION}#{study}"
-            registration = replace(from_file(f"{ROOT / spec}"), source=spec)
+            registration = STUDIES.get(study).registration()
             rule = (
                 f"the verdict rule as registered (helps or hurts only outside ±{registration.margin:g}) and "
                 if registration.helps_beyond_margin
@@ -304,8 +229,8 @@ def render_reports_again(results_dir: Path) -> List[Path]:
             )
             note = (
                 f"the lines above are as first written; every section below is rendered again from "
-                f"[{runs_csv.name}]({runs_csv.name}) (the run folders are not committed) by `python "
-                f"scripts/glyph_benchmark.py --summary`, under {rule}the registered secondary family "
+                f"[{runs_csv.name}]({runs_csv.name}) (the run folders are not committed) by "
+                f"`{COMMAND} --summary`, under {rule}the registered secondary family "
                 "(docs/preregistration_glyphs.md, amendment after the runs); the runs' verdicts are the CSV's, "
                 "as first judged (none collapsed)."
             )
@@ -314,63 +239,9 @@ def render_reports_again(results_dir: Path) -> List[Path]:
     return pages
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--calibrate",
-        action="store_true",
-        help=f"the calibration grid: the positive controls ({CONTROLS}) in every cell",
-    )
-    parser.add_argument(
-        "--cells", default=None, help=f"comma-separated, of {', '.join(CELLS)} (default: all with --calibrate)"
-    )
-    parser.add_argument(
-        "--losses", default=None, help=f"variants (default: with --calibrate the controls {CONTROLS}; else {VARIANTS})"
-    )
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"))
-    parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
-    parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the quick budget's, 2)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the reports from the finished runs")
-    parser.add_argument(
-        "--summary",
-        action="store_true",
-        help="from the per-run CSVs in <results-dir>: render each glyph report's sections again and "
-        "write glyphs.md (the calibration grid and the frozen --cells' variants)",
-    )
-    args = parser.parse_args(argv)
-    cells = [cell.strip() for cell in (args.cells or ",".join(CELLS)).split(",") if cell.strip()]
-    unknown = sorted(set(cells) - set(CELLS))
-    if unknown:
-        parser.error(f"unknown cell(s) {unknown}; choose from {', '.join(CELLS)}")
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    extra = ["--jobs", str(args.jobs)] if args.jobs else []
-    if args.summary:
-        for page in render_reports_again(args.results_dir):
-            print(f"rendered {page} again from its per-run CSV")
-        (args.results_dir / "glyphs.md").write_text("\n".join(summary_lines(args.results_dir, cells)) + "\n")
-        print(f"wrote {args.results_dir / 'glyphs.md'}")
-        return
-    for cell in cells:
-        study = study_name(cell, args.calibrate)
-        if args.report_only:
-            compare_losses(
-                [
-                    "--report-only",
-                    "--output-dir",
-                    str(args.output_dir / study),
-                    "--results-md",
-                    str(args.results_dir / f"{study}.md"),
-                    "--preregistration",
-                    f"{PREREGISTRATION}#{study}",
-                    *(["--losses", args.losses] if args.losses else []),
-                ]
-            )
-            continue
-        print(f"== {study}", flush=True)
-        losses = args.losses or (CONTROLS if args.calibrate else VARIANTS)
-        compare_losses(cell_argv(cell, study, losses, args.seeds, args.output_dir, args.results_dir, extra))
-
-
-if __name__ == "__main__":
-    main()
+def write_summary(results_dir: Path, cells: Sequence[str]) -> List[Path]:
+    """Every glyph report rendered again from its per-run CSV, then glyphs.md; returns the pages written."""
+    pages = render_reports_again(results_dir)
+    summary = results_dir / "glyphs.md"
+    summary.write_text("\n".join(summary_lines(results_dir, cells)) + "\n")
+    return [*pages, summary]

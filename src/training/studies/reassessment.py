@@ -1,34 +1,38 @@
 """The clone study's committed runs judged again: the collapse rule and the secondary family of the
 pre-registration's amendment (docs/preregistration.md), from the per-run CSVs the reports committed.
 
-    python scripts/reassess_study.py    # writes docs/results/reassessed.md, rewrites the regime reports and RESULTS.md
+    python -m training.studies reassess   # writes docs/results/reassessed.md, rewrites the cell reports and RESULTS.md
 
-The run folders behind docs/results/<regime>_runs.csv are not in the repository, so the reports cannot be
-regenerated with `--report-only`; every number the reports' sections need is in the CSVs. So each regime's
+The run folders behind docs/results/<cell>_runs.csv are not in the repository, so the reports cannot be
+regenerated with `--report-only`; every number the reports' sections need is in the CSVs. So each cell's
 report keeps its header as first written (how, where and when its runs ran) and gets every section from
 `## Summary` on rendered again from its CSV under the amended rules, its plot redrawn; RESULTS.md repeats
-those sections (scripts/clone_study.py). reassessed.md lists the runs whose verdict changed. Those runs
+those sections (training.studies.clone_study). reassessed.md lists the runs whose verdict changed. Those runs
 recorded no code version per run (their reports name one source tree with uncommitted changes), so their
 pairs are made across unknown code, and every table says so.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from clone_study import READ_FIRST, kept_section_lines
-from clone_study import REGIMES as STUDY_REGIMES
+from training.loss_comparison import (
+    KEEP_MARKER,
+    Preregistration,
+    assess_run,
+    paired_section,
+    primary_table,
+    read_runs_csv,
+    rendered_again,
+    summarize,
+    with_endpoint,
+)
 
-from training.loss_comparison.findings import paired_section, primary_table
-from training.loss_comparison.preregistration import Preregistration, from_file
-from training.loss_comparison.report import KEEP_MARKER, read_runs_csv, rendered_again
-from training.loss_comparison.stats import assess_run, summarize, with_endpoint
+from .clone_study import CELLS, READ_FIRST, kept_section_lines
+from .study import STUDIES
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results"
-REGIMES = ("scratch", "transfer", "pseudo")
+STUDIED_CELLS = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
 
 
@@ -59,34 +63,34 @@ def records_from_csv(path: Path) -> List[Dict[str, Any]]:
     return records
 
 
-def judged_records(results: Path, regime: str) -> Tuple[List[Dict[str, Any]], Preregistration]:
-    """The regime's runs from its CSV, judged by the amended collapse rule, with the registered endpoint."""
-    records = [assess_run(record) for record in records_from_csv(results / f"{regime}_runs.csv")]
-    preregistration = from_file(f"docs/preregistration.md#{regime}")  # run from the repository root
+def judged_records(results: Path, cell: str) -> Tuple[List[Dict[str, Any]], Preregistration]:
+    """The cell's runs from its CSV, judged by the amended collapse rule, with the registered endpoint."""
+    records = [assess_run(record) for record in records_from_csv(results / f"{cell}_runs.csv")]
+    preregistration = STUDIES.get(cell).registration()
     return with_endpoint(records, preregistration.metrics, preregistration.key), preregistration
 
 
-def rewrite_report(results: Path, regime: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> str:
-    """The regime's report with its header as first written and every section rendered again from its judged
-    `records` (its plot redrawn beside it); returns the new text, also written to results/<regime>.md."""
+def rewrite_report(results: Path, cell: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> str:
+    """The cell's report with its header as first written and every section rendered again from its judged
+    `records` (its plot redrawn beside it); returns the new text, also written to results/<cell>.md."""
     note = (
         f"the lines above are as first written, but for the runs' summed time, added from the "
-        f"CSV; every section below is rendered again from [{regime}_runs.csv]({regime}_runs.csv) by "
-        "`python scripts/reassess_study.py`, under the amended collapse rule and registered secondary family "
+        f"CSV; every section below is rendered again from [{cell}_runs.csv]({cell}_runs.csv) by "
+        "`python -m training.studies reassess`, under the amended collapse rule and registered secondary family "
         "(docs/preregistration.md); the CSV's verdict column is the first judgment "
         "([reassessed.md](reassessed.md) lists the runs it changed)."
     )
-    return rendered_again(results / f"{regime}.md", records, preregistration, note)
+    return rendered_again(results / f"{cell}.md", records, preregistration, note)
 
 
 def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
-    """RESULTS.md's read-first paragraph and each regime's repeated sections (`clone_study.kept_section_lines`)
+    """RESULTS.md's read-first paragraph and each cell's repeated sections (`clone_study.kept_section_lines`)
     from the rewritten reports; its setup lines, which need the run folders, stay as they are."""
     text = results_md.read_text()
     start = text.index("**Read first:**")
     text = text[:start] + READ_FIRST + text[text.index("\n", start) :]
-    for regime, report in reports.items():
-        heading = text.index(f"## {STUDY_REGIMES[regime].title} (`{regime}`)\n")
+    for cell, report in reports.items():
+        heading = text.index(f"## {CELLS[cell].title} (`{cell}`)\n")
         first = text.index("\n### ", heading) + 1
         # up to the next section, or to the part below KEEP_MARKER that clone_study.py keeps
         end = min(
@@ -97,8 +101,8 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     results_md.write_text(text)
 
 
-def regime_lines(regime: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
-    """The regime's part of reassessed.md: its collapse counts, the runs whose verdict changed, its pairs."""
+def cell_lines(cell: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
+    """The cell's part of reassessed.md: its collapse counts, the runs whose verdict changed, its pairs."""
     labels = list(dict.fromkeys(record["label"] for record in records))
     changed = [
         f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
@@ -109,9 +113,9 @@ def regime_lines(regime: str, records: List[Dict[str, Any]], preregistration: Pr
     ]
     collapsed = {label: sum(r["verdict"] == "collapsed" for r in records if r["label"] == label) for label in labels}
     lines = [
-        f"## {regime}",
+        f"## {cell}",
         "",
-        f"From [{regime}_runs.csv]({regime}_runs.csv); the report itself, [{regime}.md]({regime}.md), is "
+        f"From [{cell}_runs.csv]({cell}_runs.csv); the report itself, [{cell}.md]({cell}.md), is "
         "rendered again from it. Collapsed runs per variant under the amended rule: "
         + ", ".join(
             f"`{label}` {count}/{sum(r['label'] == label for r in records)}" for label, count in collapsed.items()
@@ -143,38 +147,27 @@ def regime_lines(regime: str, records: List[Dict[str, Any]], preregistration: Pr
     return lines + ["#" + line if line.startswith("## ") else line for line in paired]
 
 
-def main(argv=None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--results-dir",
-        type=Path,
-        default=RESULTS,
-        help="the regime reports and their per-run CSVs (rewritten in place)",
-    )
-    parser.add_argument("--results-md", type=Path, default=ROOT / "docs" / "RESULTS.md")
-    args = parser.parse_args(argv)
+def reassess(results_dir: Path, results_md: Path) -> Path:
+    """Judge the clone study's committed runs again: rewrite each cell's report in `results_dir` and the
+    sections RESULTS.md (`results_md`) repeats, and write reassessed.md beside the reports; returns it."""
     lines = [
         "# The clone study's runs, judged by the amended rules",
         "",
-        "Generated by `python scripts/reassess_study.py` from the committed per-run CSVs. Collapse, one rule for "
-        "every regime: mean val R@1 below 2 x chance (1/512), or the final val CLIP loss within 5% of ln(64) "
+        "Generated by `python -m training.studies reassess` from the committed per-run CSVs. Collapse, one rule for "
+        "every cell: mean val R@1 below 2 x chance (1/512), or the final val CLIP loss within 5% of ln(64) "
         "(its chance value at the study's val batch of 64) with mean val R@1 below 3 x chance (a model at "
         "chance reaches 3 x in under 2% of runs), whatever the training loss (docs/preregistration.md, second "
         "amendment). Secondary tests: exactly the registered "
         "family (per edit type accuracy, cosine margin and its 10th percentile; val R@1), Holm-corrected per "
-        "regime (docs/preregistration.md, amendment).",
+        "cell (docs/preregistration.md, amendment).",
         "",
     ]
     reports = {}
-    for regime in REGIMES:
-        records, preregistration = judged_records(args.results_dir, regime)
-        lines += regime_lines(regime, records, preregistration)
-        reports[regime] = rewrite_report(args.results_dir, regime, records, preregistration)
-    output = args.results_dir / "reassessed.md"
+    for cell in STUDIED_CELLS:
+        records, preregistration = judged_records(results_dir, cell)
+        lines += cell_lines(cell, records, preregistration)
+        reports[cell] = rewrite_report(results_dir, cell, records, preregistration)
+    output = results_dir / "reassessed.md"
     output.write_text("\n".join(lines) + "\n")
-    refresh_results_md(args.results_md, reports)
+    refresh_results_md(results_md, reports)
     return output
-
-
-if __name__ == "__main__":
-    print(f"wrote {main()}")

@@ -1,6 +1,6 @@
 """Which clone distinctions can a loss learn at a budget? Per-edit-type clone accuracy against steps.
 
-    python scripts/learnability.py --data-dir runs/clone_study/data --output runs/learnability \
+    python -m training.studies learnability --data-dir runs/clone_study/data --output runs/learnability \
         --steps 1536 --every 256 [--loss clip] [--seed 0] [--results-md docs/results/learnability.md]
 
 Trains one run (the loss comparison's recipe: adacl-tiny, batch 64, AdamW, cosine schedule,
@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
 
+from training import RunDir
 from training.trainer.launch.tool_flags import add_trainer_flags
-from training.trainer.run_folder.layout import RunDir, step_checkpoint_number
+from training.trainer.run_folder.layout import step_checkpoint_number
 
 # The trainer's flags this script takes (training.trainer.launch.tool_flags.add_trainer_flags), with the comparison's values.
 TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
@@ -31,8 +31,8 @@ TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 
 
 def train(args: argparse.Namespace, manifest: dict) -> RunDir:
     """The run (in this process; continued if an earlier call stopped), a step checkpoint every --every steps."""
-    from training.main import run
-    from training.trainer.launch.params import config_from_values, given_values
+    from training import config_from_values, run
+    from training.trainer.launch.params import given_values
 
     splits = manifest["splits"]
     steps_per_epoch = splits["train"]["num_samples"] // args.batch_size
@@ -114,7 +114,7 @@ def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
 
 
 def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict) -> None:
-    from training.loss_comparison.report import machine_info
+    from training.loss_comparison import machine_info
 
     machine = machine_info("cpu")
     steps = sorted({row["step"] for row in rows})
@@ -126,7 +126,7 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
         "",
         "Clone-selection accuracy of one `clip` run on the test scenes (chance 0.5) after each number of steps, "
         "and in brackets the mean clone margin in cosine units (cos(image, true) - cos(image, clone)). Written by "
-        "`scripts/learnability.py`; the study's budget and endpoints follow from it "
+        "`python -m training.studies learnability`; the study's budget and endpoints follow from it "
         "([../preregistration.md](../preregistration.md)).",
         "",
         f"- scenes: {manifest['splits']['train']['num_samples']} training scenes in families of "
@@ -154,7 +154,7 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
 
 
 def main(argv: List[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.studies learnability", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--data-dir", type=Path, required=True, help="demo data written by python -m training.synthetic_scenes"
     )
@@ -180,12 +180,7 @@ def main(argv: List[str] | None = None) -> None:
     plot_path = args.results_md.with_suffix(".png") if args.results_md else args.output / "curve.png"
     plot(rows, plot_path, f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
     if args.results_md:
-        command = "python scripts/learnability.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m training.studies learnability " + " ".join(sys.argv[1:] if argv is None else argv)
         write_page(rows, args.results_md, plot_path.name, command, manifest)
         print(f"wrote {args.results_md}")
     print(f"wrote {args.output / 'curve.csv'} and {plot_path}")
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()

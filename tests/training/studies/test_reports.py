@@ -1,0 +1,66 @@
+"""Every committed study report is written again from committed files alone, byte for byte."""
+
+import filecmp
+import shutil
+from pathlib import Path
+
+from training.loss_comparison.report import JUDGED_AGAIN
+from training.studies import reports
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_every_study_report_regenerates_from_the_committed_records(tmp_path):
+    """`write_reports` on a copy of docs/ (no run folder anywhere) writes every glyph report, glyphs.md, the clone
+    study's cell reports, reassessed.md and RESULTS.md, plots included, as committed; and nothing else changes."""
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    written = reports.write_reports(docs)
+    names = sorted(str(path.relative_to(docs)) for path in written)
+    assert names == sorted(
+        [
+            "RESULTS.md",
+            "results/glyphs.md",
+            "results/glyphs_calibration_finetune_gold.md",
+            "results/glyphs_calibration_finetune_weak.md",
+            "results/glyphs_calibration_scratch_weak.md",
+            "results/glyphs_finetune_gold.md",
+            "results/reassessed.md",
+        ]
+    )
+    for path in sorted(docs.rglob("*")):
+        if path.is_file():
+            committed = REPO / "docs" / path.relative_to(docs)
+            assert filecmp.cmp(path, committed, shallow=False), path.relative_to(docs)
+    scratch = (docs / "results" / "scratch.md").read_text()
+    assert scratch.count(JUDGED_AGAIN) == 1 and "- machine: AMD EPYC, 2 cores" in scratch
+    # seed 4 of the first reading: ok under the first rule, collapsed under the amended one
+    assert "| `adacl:preset=paper` | 0/5 ok (5 collapsed) |" in scratch
+    glyphs = (docs / "results" / "glyphs.md").read_text()
+    assert "all 102 rows of this table" in (docs / "results" / "glyphs_finetune_gold.md").read_text()
+    assert (
+        "| `oracle:weight=16` | 10/10 | 0.225 ± 0.012 | +0.013 [+0.0033, +0.0228] (10) | helps | inconclusive |"
+        in glyphs
+    )
+
+
+def test_redrawn_plots_keep_each_reports_verdicts_margin_and_reference(tmp_path, monkeypatch):
+    """`redraw` draws a report's plot from its CSV with the runs judged as the report judged them."""
+    import csv
+    import shutil
+
+    redraw_plots = reports
+    for name in ("controls_paper.md", "controls_paper_runs.csv"):
+        shutil.copy(REPO / "docs" / "results" / name, tmp_path / name)
+    drawn = {}
+    monkeypatch.setattr(
+        redraw_plots,
+        "write_plot",
+        lambda summaries, records, reference, path, margin: drawn.update(
+            verdicts=[record["verdict"] for record in records], reference=reference, path=path, margin=margin
+        ),
+    )
+    redraw_plots.redraw(tmp_path / "controls_paper.md")
+    with (tmp_path / "controls_paper_runs.csv").open() as rows:
+        assert drawn["verdicts"] == [row["verdict"] for row in csv.DictReader(rows)]
+    assert (drawn["reference"], drawn["margin"], drawn["path"]) == ("clip", 0.02, tmp_path / "controls_paper.png")
