@@ -7,7 +7,8 @@ face, `PUBLIC_FACE`, with Python values. By responsibility, each module using on
 - `data`: the budget every run shares (`QUICK`, `FULL`) and the demo data (`training.synthetic_scenes`);
 - `preregistration`: the primary endpoint, equivalence margin and reference, from flags or a committed file;
 - `jobs`: one (variant, seed) each: its trainer arguments, its process (train with `training`,
-  evaluate with `training.evaluation`, on the demo's sets or the user's) and its JSON record;
+  evaluate with `training.evaluation`, on the demo's sets or the user's) and its outcome
+  (<comparison>/outcomes/<run>.json: status, timing, metrics);
 - `cluster`: the jobs as torchrun scripts, a SLURM array script and a jobs list (`--emit-jobs`);
 - `stats`: verdicts (ok, collapsed, nonfinite, failed), means over ok runs, paired differences, the
   primary endpoint's verdict (helps, hurts, no effect, inconclusive) and Holm-corrected secondary tests;
@@ -21,7 +22,7 @@ the names below (tests/test_layout.py).
 
 from .data import QUICK, Budget, ComparisonData
 from .findings import paired_section, primary_table
-from .jobs import OK, Benchmarks
+from .jobs import OK, Benchmarks, outcome_file
 from .preregistration import Preregistration, from_file
 from .report import KEEP_MARKER, kept_tail, machine_info, read_runs_csv, rendered_again, write_plot
 from .runner import COMPARISON_FILE, OwnData, rebuild_report, run_comparison
@@ -44,6 +45,7 @@ __all__ = [
     "parse_seeds",
     "run_comparison",
     "rebuild_report",
+    "outcome_file",
     "read_runs_csv",
     "rendered_again",
     "kept_tail",

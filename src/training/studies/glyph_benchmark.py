@@ -73,31 +73,31 @@ def glyph_studies(cells: Sequence[str], calibrate: bool) -> List[Study]:
     return [STUDIES.get(study_name(cell, calibrate)) for cell in cells]
 
 
-def study_records(results_dir: Path, study: str) -> List[Dict[str, Any]]:
-    """The records of a study's runs as its committed per-run CSV holds them (<results-dir>/<study>_runs.csv,
+def study_outcomes(results_dir: Path, study: str) -> List[Dict[str, Any]]:
+    """The outcomes of a study's runs as its committed per-run CSV holds them (<results-dir>/<study>_runs.csv,
     written with its report; verdicts as the report judged them); [] before the study ran."""
     path = results_dir / f"{study}_runs.csv"
     return read_runs_csv(path) if path.is_file() else []
 
 
-def labels_of(records: Sequence[Mapping[str, Any]]) -> List[str]:
-    """The variants in the registered order, then any others (exploratory looks), in the order of their records."""
-    found = list(dict.fromkeys(record["label"] for record in records))
+def labels_of(outcomes: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The variants in the registered order, then any others (exploratory looks), in the order of their outcomes."""
+    found = list(dict.fromkeys(outcome["label"] for outcome in outcomes))
     return [label for label in VARIANTS.split(",") if label in found] + [
         label for label in found if label not in VARIANTS.split(",")
     ]
 
 
-def difference_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
-    difference = paired_difference(records, label, "clip", key)
+def difference_text(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
+    difference = paired_difference(outcomes, label, "clip", key)
     if difference is None:
         return "n/a"
     return f"{difference.mean:+.3f} {difference.interval_text(0.95)} ({difference.n})"
 
 
-def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
+def mean_text(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
     values = [
-        r["metrics"][key] for r in records if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]
+        r["metrics"][key] for r in outcomes if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]
     ]
     if not values:
         return "n/a"
@@ -105,11 +105,11 @@ def mean_text(records: Sequence[Mapping[str, Any]], label: str, key: str) -> str
     return f"{statistics.fmean(values):.3f}{spread}"
 
 
-def mechanism_text(records: Sequence[Mapping[str, Any]], label: str) -> str:
+def mechanism_text(outcomes: Sequence[Mapping[str, Any]], label: str) -> str:
     """The share of logged steps in which each mechanism the variant's loss declares (`Loss.mechanism_stats`, e.g.
-    AdaCL's guards and bounds) acted, averaged over its ok runs as the per-run CSV records them; `-` for a loss
-    that declares none or whose records hold none."""
-    runs = [r for r in records if r["label"] == label and r["verdict"] == OK]
+    AdaCL's guards and bounds) acted, averaged over its ok runs as the per-run CSV holds them; `-` for a loss
+    that declares none or whose outcomes hold none."""
+    runs = [r for r in outcomes if r["label"] == label and r["verdict"] == OK]
     stats = get_loss_class(runs[0]["loss"]).mechanism_stats if runs else None
     parts = []
     for name in stats.fractions if stats else ():
@@ -119,17 +119,17 @@ def mechanism_text(records: Sequence[Mapping[str, Any]], label: str) -> str:
     return ", ".join(parts) or "-"
 
 
-def verdict_text(records: Sequence[Mapping[str, Any]], label: str, margin: float, beyond_margin: bool) -> str:
+def verdict_text(outcomes: Sequence[Mapping[str, Any]], label: str, margin: float, beyond_margin: bool) -> str:
     """The primary endpoint's verdict against `clip`: outside 0 (as the runs' report judged it) or outside
     the margin (`beyond_margin`, as docs/preregistration_glyphs.md registers it)."""
-    return primary_verdict(paired_difference(records, label, "clip", ENDPOINT), margin, beyond_margin)[0]
+    return primary_verdict(paired_difference(outcomes, label, "clip", ENDPOINT), margin, beyond_margin)[0]
 
 
-def oracle_share(records: Sequence[Mapping[str, Any]], label: str) -> str:
+def oracle_share(outcomes: Sequence[Mapping[str, Any]], label: str) -> str:
     """(variant - clip) / (oracle - clip) on the paired means of the endpoint: the share of the oracle's gain."""
     oracle, mine = (
-        paired_difference(records, ORACLE, "clip", ENDPOINT),
-        paired_difference(records, label, "clip", ENDPOINT),
+        paired_difference(outcomes, ORACLE, "clip", ENDPOINT),
+        paired_difference(outcomes, label, "clip", ENDPOINT),
     )
     if oracle is None or mine is None or oracle.mean <= 0:
         return "n/a"
@@ -157,20 +157,20 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
     ]
     for cell in CELLS:
         study = study_name(cell, True)
-        records = study_records(results_dir, study)
-        if not records:
+        outcomes = study_outcomes(results_dir, study)
+        if not outcomes:
             lines.append(f"| `{cell}` | not run | | | | | | |")
             continue
         lines.append(
-            f"| `{cell}` | {mean_text(records, 'clip', ENDPOINT)} | {difference_text(records, ORACLE, ENDPOINT)} | "
-            f"{difference_text(records, 'hnnce', ENDPOINT)} | {mean_text(records, 'clip', 'clone/overall')} | "
-            f"{difference_text(records, ORACLE, 'clone/overall')} | "
-            f"{difference_text(records, 'hnnce', 'clone/overall')} | [{study}.md]({study}.md) |"
+            f"| `{cell}` | {mean_text(outcomes, 'clip', ENDPOINT)} | {difference_text(outcomes, ORACLE, ENDPOINT)} | "
+            f"{difference_text(outcomes, 'hnnce', ENDPOINT)} | {mean_text(outcomes, 'clip', 'clone/overall')} | "
+            f"{difference_text(outcomes, ORACLE, 'clone/overall')} | "
+            f"{difference_text(outcomes, 'hnnce', 'clone/overall')} | [{study}.md]({study}.md) |"
         )
     for cell in cells:
         study = study_name(cell, False)
-        records = study_records(results_dir, study)
-        if not records:
+        outcomes = study_outcomes(results_dir, study)
+        if not outcomes:
             continue
         margin = STUDIES.get(study).registration().margin
         lines += [
@@ -184,7 +184,7 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
             f'hurts below -{margin:g}: "above 0 and outside the margin", as the pre-registration words '
             "it); both call a 90% interval inside the margin no effect (TOST). Mechanism: AdaCL's guard and "
             "bound rates, the share of logged steps, from the per-run CSV; the other losses' per-step stats "
-            "are not in the committed records.",
+            "are not in the committed per-run CSV.",
             "",
             "| variant | runs ok | family acc. | - clip [95%] (pairs) | verdict, outside 0 | "
             f"verdict, outside ±{margin:g} (registered) | share of the oracle's gain | "
@@ -192,20 +192,20 @@ def summary_lines(results_dir: Path, cells: Sequence[str]) -> List[str]:
             + " | mechanism (share of steps) |",
             "|---" * (7 + len(SECONDARY) + 1) + "|",
         ]
-        for label in labels_of(records):
-            runs = [r for r in records if r["label"] == label]
+        for label in labels_of(outcomes):
+            runs = [r for r in outcomes if r["label"] == label]
             ok = sum(r["verdict"] == OK for r in runs)
             reference = label == "clip"
             registered = "" if label in VARIANTS.split(",") else " (exploratory)"
             verdicts = (
-                ["", ""] if reference else [verdict_text(records, label, margin, beyond) for beyond in (False, True)]
+                ["", ""] if reference else [verdict_text(outcomes, label, margin, beyond) for beyond in (False, True)]
             )
             lines.append(
-                f"| `{label}`{registered} | {ok}/{len(runs)} | {mean_text(records, label, ENDPOINT)} | "
-                f"{'(reference)' if reference else difference_text(records, label, ENDPOINT)} | "
-                f"{verdicts[0]} | {verdicts[1]} | {'' if reference else oracle_share(records, label)} | "
-                + " | ".join("" if reference else difference_text(records, label, key) for key in SECONDARY)
-                + f" | {mechanism_text(records, label)} |"
+                f"| `{label}`{registered} | {ok}/{len(runs)} | {mean_text(outcomes, label, ENDPOINT)} | "
+                f"{'(reference)' if reference else difference_text(outcomes, label, ENDPOINT)} | "
+                f"{verdicts[0]} | {verdicts[1]} | {'' if reference else oracle_share(outcomes, label)} | "
+                + " | ".join("" if reference else difference_text(outcomes, label, key) for key in SECONDARY)
+                + f" | {mechanism_text(outcomes, label)} |"
             )
     return lines
 

@@ -36,14 +36,14 @@ STUDIED_CELLS = ("scratch", "transfer", "pseudo")
 BATCH_SIZE, VAL_SAMPLES = 64, 512  # the study's design (docs/preregistration.md), in every report's header
 
 
-def records_from_csv(path: Path) -> List[Dict[str, Any]]:
-    """Run records as the comparison wrote them, rebuilt from a report's per-run CSV (runs that failed or went
+def outcomes_from_csv(path: Path) -> List[Dict[str, Any]]:
+    """Run outcomes as the comparison wrote them, rebuilt from a report's per-run CSV (runs that failed or went
     non-finite keep that status; every other run is judged again)."""
-    records = []
+    outcomes = []
     for row in read_runs_csv(path):
         status = row["verdict"] if row["verdict"] in ("failed", "nonfinite") else "ok"
         reasons = "; ".join(row["reasons"])
-        records.append(
+        outcomes.append(
             {
                 "label": row["label"],
                 "loss": row["loss"],
@@ -60,19 +60,19 @@ def records_from_csv(path: Path) -> List[Dict[str, Any]]:
                 "metrics": row["metrics"],
             }
         )
-    return records
+    return outcomes
 
 
-def judged_records(results: Path, cell: str) -> Tuple[List[Dict[str, Any]], Preregistration]:
+def judged_outcomes(results: Path, cell: str) -> Tuple[List[Dict[str, Any]], Preregistration]:
     """The cell's runs from its CSV, judged by the amended collapse rule, with the registered endpoint."""
-    records = [assess_run(record) for record in records_from_csv(results / f"{cell}_runs.csv")]
+    outcomes = [assess_run(outcome) for outcome in outcomes_from_csv(results / f"{cell}_runs.csv")]
     preregistration = STUDIES.get(cell).registration()
-    return with_endpoint(records, preregistration.metrics, preregistration.key), preregistration
+    return with_endpoint(outcomes, preregistration.metrics, preregistration.key), preregistration
 
 
-def rewrite_report(results: Path, cell: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> str:
+def rewrite_report(results: Path, cell: str, outcomes: List[Dict[str, Any]], preregistration: Preregistration) -> str:
     """The cell's report with its header as first written and every section rendered again from its judged
-    `records` (its plot redrawn beside it); returns the new text, also written to results/<cell>.md."""
+    `outcomes` (its plot redrawn beside it); returns the new text, also written to results/<cell>.md."""
     note = (
         f"the lines above are as first written, but for the runs' summed time, added from the "
         f"CSV; every section below is rendered again from [{cell}_runs.csv]({cell}_runs.csv) by "
@@ -80,7 +80,7 @@ def rewrite_report(results: Path, cell: str, records: List[Dict[str, Any]], prer
         "(docs/preregistration.md); the CSV's verdict column is the first judgment "
         "([reassessed.md](reassessed.md) lists the runs it changed)."
     )
-    return rendered_again(results / f"{cell}.md", records, preregistration, note)
+    return rendered_again(results / f"{cell}.md", outcomes, preregistration, note)
 
 
 def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
@@ -101,24 +101,24 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     results_md.write_text(text)
 
 
-def cell_lines(cell: str, records: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
+def cell_lines(cell: str, outcomes: List[Dict[str, Any]], preregistration: Preregistration) -> List[str]:
     """The cell's part of reassessed.md: its collapse counts, the runs whose verdict changed, its pairs."""
-    labels = list(dict.fromkeys(record["label"] for record in records))
+    labels = list(dict.fromkeys(outcome["label"] for outcome in outcomes))
     changed = [
         f"| `{r['label']}` | {r['seed']} | {r['previous_verdict']} | **{r['verdict']}** | "
         f"{'; '.join(r['reasons']) or '-'} | {r['metrics'].get('train/final_loss', float('nan')):.3f} | "
         f"{r['metrics']['val/clip_loss']:.3f} |"
-        for r in records
+        for r in outcomes
         if r["verdict"] != r["previous_verdict"]
     ]
-    collapsed = {label: sum(r["verdict"] == "collapsed" for r in records if r["label"] == label) for label in labels}
+    collapsed = {label: sum(r["verdict"] == "collapsed" for r in outcomes if r["label"] == label) for label in labels}
     lines = [
         f"## {cell}",
         "",
         f"From [{cell}_runs.csv]({cell}_runs.csv); the report itself, [{cell}.md]({cell}.md), is "
         "rendered again from it. Collapsed runs per variant under the amended rule: "
         + ", ".join(
-            f"`{label}` {count}/{sum(r['label'] == label for r in records)}" for label, count in collapsed.items()
+            f"`{label}` {count}/{sum(r['label'] == label for r in outcomes)}" for label, count in collapsed.items()
         )
         + ".",
         "",
@@ -140,10 +140,10 @@ def cell_lines(cell: str, records: List[Dict[str, Any]], preregistration: Prereg
         f"`{preregistration.definition}`, margin ±{preregistration.margin:g}, reference `clip`; each pair's "
         "code is unknown (recorded per report, not per run).",
         "",
-        *primary_table(records, labels, "clip", preregistration),
+        *primary_table(outcomes, labels, "clip", preregistration),
         "",
     ]
-    paired = paired_section(records, summarize(records), "clip", preregistration)
+    paired = paired_section(outcomes, summarize(outcomes), "clip", preregistration)
     return lines + ["#" + line if line.startswith("## ") else line for line in paired]
 
 
@@ -164,9 +164,9 @@ def reassess(results_dir: Path, results_md: Path) -> Path:
     ]
     reports = {}
     for cell in STUDIED_CELLS:
-        records, preregistration = judged_records(results_dir, cell)
-        lines += cell_lines(cell, records, preregistration)
-        reports[cell] = rewrite_report(results_dir, cell, records, preregistration)
+        outcomes, preregistration = judged_outcomes(results_dir, cell)
+        lines += cell_lines(cell, outcomes, preregistration)
+        reports[cell] = rewrite_report(results_dir, cell, outcomes, preregistration)
     output = results_dir / "reassessed.md"
     output.write_text("\n".join(lines) + "\n")
     refresh_results_md(results_md, reports)

@@ -19,16 +19,16 @@ from typing import Any, Dict, List
 from training.loss_comparison import summarize, write_plot
 
 from .glyph_benchmark import write_summary
-from .reassessment import reassess, records_from_csv
+from .reassessment import outcomes_from_csv, reassess
 
 # The glyph cells whose frozen benchmark ran (their reports and per-run CSVs are committed).
 FROZEN_GLYPH_CELLS = ("finetune-gold",)
 
 
-def as_judged(record: Dict[str, Any]) -> Dict[str, Any]:
+def as_judged(outcome: Dict[str, Any]) -> Dict[str, Any]:
     """The CSV's run with the verdict and reasons its report gave it."""
-    reasons = [reason for reason in (record["previous_reasons"] or "").split("; ") if reason]
-    return {**record, "verdict": record["previous_verdict"], "reasons": reasons}
+    reasons = [reason for reason in (outcome["previous_reasons"] or "").split("; ") if reason]
+    return {**outcome, "verdict": outcome["previous_verdict"], "reasons": reasons}
 
 
 def redraw(report: Path) -> Path:
@@ -36,9 +36,9 @@ def redraw(report: Path) -> Path:
     text = report.read_text()
     margin = float(re.search(r"margin ±([0-9.]+)", text).group(1))
     reference = re.search(r"reference `([^`]+)`", text).group(1)
-    records = [as_judged(record) for record in records_from_csv(report.with_name(f"{report.stem}_runs.csv"))]
+    outcomes = [as_judged(outcome) for outcome in outcomes_from_csv(report.with_name(f"{report.stem}_runs.csv"))]
     plot = report.with_suffix(".png")
-    write_plot(summarize(records), records, reference, plot, margin)
+    write_plot(summarize(outcomes), outcomes, reference, plot, margin)
     return plot
 
 

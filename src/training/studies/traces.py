@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from training import RunDir
-from training.loss_comparison import assess_run
+from training.loss_comparison import assess_run, outcome_file
 
 DIRECTIONS = ("i2t", "t2i")
 PER_DIRECTION = ("clip_loss", "anchor", "m1_over_scale", "p_u", "modulated")
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
         type=Path,
         nargs="+",
         required=True,
-        help="comparisons' runs/ folders (each one's verdicts in the records/ folder beside it)",
+        help="comparisons' runs/ folders (each one's verdicts in the outcomes/ folder beside it)",
     )
     parser.add_argument("--traces", type=Path, required=True, help="the .csv.gz to write")
     parser.add_argument("--mechanism", type=Path, required=True, help="the Markdown table to write")
@@ -101,8 +101,8 @@ def main(argv=None) -> None:
         if not rows:
             continue
         all_rows += rows
-        record_path = run_dir.parent.parent / "records" / f"{run_dir.name}.json"
-        verdict = assess_run(json.loads(record_path.read_text()))["verdict"] if record_path.is_file() else None
+        outcome_path = outcome_file(run_dir.parent.parent, run_dir.name)
+        verdict = assess_run(json.loads(outcome_path.read_text()))["verdict"] if outcome_path.is_file() else None
         line = mechanism_line(trace_name(run_dir, args.runs_dir), rows, verdict)
         if line:
             lines.append(line)

@@ -41,7 +41,7 @@ def test_the_glyph_summary_gives_both_verdicts_and_the_share_of_the_oracles_gain
         "adaclw": (0.22, 0.24, 0.23),
         "adacl": (0.22, 0.24, 0.23),
     }
-    records = [
+    outcomes = [
         {
             "label": label,
             "loss": label.split(":")[0],
@@ -60,7 +60,7 @@ def test_the_glyph_summary_gives_both_verdicts_and_the_share_of_the_oracles_gain
         for label, values in family.items()
         for seed, value in enumerate(values)
     ]
-    write_runs_csv(records, tmp_path / f"{bench.study_name('finetune-gold', False)}_runs.csv")
+    write_runs_csv(outcomes, tmp_path / f"{bench.study_name('finetune-gold', False)}_runs.csv")
     text = "\n".join(bench.summary_lines(tmp_path, ["finetune-gold"]))
     oracle_row = next(line for line in text.splitlines() if line.startswith(f"| `{bench.ORACLE}`"))
     assert "| helps | helps | 100% |" in oracle_row and "+0.041" in oracle_row  # above 0 and above +0.02

@@ -10,7 +10,7 @@ from training.studies import reports
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_every_study_report_regenerates_from_the_committed_records(tmp_path):
+def test_every_study_report_regenerates_from_the_committed_per_run_csvs(tmp_path):
     """`write_reports` on a copy of docs/ (no run folder anywhere) writes every glyph report, glyphs.md, the clone
     study's cell reports, reassessed.md and RESULTS.md, plots included, as committed; and nothing else changes."""
     docs = tmp_path / "docs"
@@ -56,8 +56,8 @@ def test_redrawn_plots_keep_each_reports_verdicts_margin_and_reference(tmp_path,
     monkeypatch.setattr(
         redraw_plots,
         "write_plot",
-        lambda summaries, records, reference, path, margin: drawn.update(
-            verdicts=[record["verdict"] for record in records], reference=reference, path=path, margin=margin
+        lambda summaries, outcomes, reference, path, margin: drawn.update(
+            verdicts=[outcome["verdict"] for outcome in outcomes], reference=reference, path=path, margin=margin
         ),
     )
     redraw_plots.redraw(tmp_path / "controls_paper.md")

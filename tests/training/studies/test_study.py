@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.comparison_records import TINY
+from helpers.comparison_outcomes import TINY
 from training.studies import STUDIES, Study, register_study, run_study
 from training.studies import study as study_module
 from training.studies.data import SceneData
