@@ -175,7 +175,7 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
 
 # Words retired from src/ (docs/architecture.md, Glossary): each pattern, and what to write instead.
 RETIRED_WORDS = {
-    r"(?i)\bregimes?\b": "a study's *setting*; for how ranks hold the similarities, full logits / local_loss",
+    r"(?i)\bregimes?\b": "a study's *cell*; for how ranks hold the similarities, full logits / local_loss",
     r"\bopen_clip_adacl\.adacl\b|\bfrom (\.\.?|open_clip_adacl) import (\w+, )*adacl\b": "the AdaCL math module is "
     "open_clip_adacl.adacl_math",
 }

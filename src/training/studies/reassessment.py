@@ -92,7 +92,7 @@ def refresh_results_md(results_md: Path, reports: Dict[str, str]) -> None:
     for cell, report in reports.items():
         heading = text.index(f"## {CELLS[cell].title} (`{cell}`)\n")
         first = text.index("\n### ", heading) + 1
-        # up to the next section, or to the part below KEEP_MARKER that clone_study.py keeps
+        # up to the next section, or to the part below KEEP_MARKER that clone_study.assemble keeps
         end = min(
             (index + 1 for index in (text.find("\n## ", first), text.find("\n" + KEEP_MARKER, first)) if index >= 0),
             default=len(text),
