@@ -24,7 +24,7 @@ from .data import QUICK, Budget, ComparisonData
 from .findings import paired_section, primary_table
 from .jobs import OK, Benchmarks, outcome_file
 from .preregistration import Preregistration, from_file
-from .report import KEEP_MARKER, kept_tail, machine_info, read_runs_csv, rendered_again, write_plot
+from .report import KEEP_MARKER, kept_tail, machine_info, read_runs_csv, rendered_again, report_sections, write_plot
 from .runner import COMPARISON_FILE, OwnData, rebuild_report, run_comparison
 from .stats import assess_run, paired_difference, primary_verdict, summarize, with_endpoint
 from .variants import parse_loss_variants, parse_seeds
@@ -48,6 +48,7 @@ __all__ = [
     "outcome_file",
     "read_runs_csv",
     "rendered_again",
+    "report_sections",
     "kept_tail",
     "KEEP_MARKER",
     "machine_info",
