@@ -61,6 +61,22 @@ def write_traces(rows: List[Dict[str, object]], path: Path) -> None:
         writer.writerows([[rounded(row[column]) for column in COLUMNS] for row in rows])
 
 
+def read_traces(path: Path) -> Dict[str, List[Dict[str, object]]]:
+    """The committed traces (`write_traces`) back as rows per run, in the order written: what `mechanism_line`
+    reads, to 5 significant digits."""
+
+    def value(column: str, text: str) -> object:
+        if column == "run" or text == "":
+            return text or None
+        return int(text) if column == "step" else float(text)
+
+    runs: Dict[str, List[Dict[str, object]]] = {}
+    with gzip.open(path, "rt", newline="") as handle:
+        for row in csv.DictReader(handle):
+            runs.setdefault(row["run"], []).append({column: value(column, row[column]) for column in COLUMNS})
+    return runs
+
+
 def mechanism_line(run: str, rows: List[Dict[str, object]], verdict: Optional[str]) -> Optional[str]:
     """One table row for a run that logged AdaCL's margins; None otherwise."""
     if rows[0]["m1_over_scale"] is None:

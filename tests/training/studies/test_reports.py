@@ -86,3 +86,33 @@ def test_each_comparison_reports_sections_are_what_its_committed_per_run_csv_ren
     committed = FOOTER_NOTE.sub("", committed).replace("no record (not finished", "no outcome (not finished")
     again = reports.sections_again(page, reports.registration_of(reports.SECTION_REPORTS[name]), missing)
     assert again.rstrip("\n") == committed[: len(committed) - len(kept_tail(page))].rstrip("\n")
+
+
+MECHANISM_PAGES = {
+    "controls_mechanism.md": "controls_traces.csv.gz",
+    "controls_more_mechanism.md": "controls_more_traces.csv.gz",
+}
+
+
+def numbers(line: str) -> list:
+    return [float(number) for number in re.findall(r"[-+]?\d+\.\d+", line)]
+
+
+@pytest.mark.parametrize("page", sorted(MECHANISM_PAGES))
+def test_each_mechanism_row_is_what_the_committed_traces_give(page):
+    """Every row of a mechanism page (from the runs' metrics.jsonl, not committed) is recomputed from the traces
+    committed beside it, which hold every logged step to 5 significant digits: the stated difference is that
+    rounding, at most one unit of a row's last printed digit (3 of 57 rows differ by it)."""
+    from training.studies.traces import mechanism_line, read_traces
+
+    results = REPO / "docs" / "results"
+    traced = read_traces(results / MECHANISM_PAGES[page])
+    by_name = {name.split("/")[-1]: rows for name, rows in traced.items()}  # one comparison's page names runs bare
+    rows = [line for line in (results / page).read_text().splitlines() if line.startswith("| `")]
+    assert rows
+    for line in rows:
+        name, verdict = line.split("`")[1], line.rstrip(" |").rsplit("| ", 1)[1]
+        again = mechanism_line(name, traced.get(name) or by_name[name.split("/")[-1]], verdict)
+        words = re.compile(r"\| (up|down) ")
+        assert again.split(" | ")[0] == line.split(" | ")[0] and words.findall(again) == words.findall(line)
+        assert numbers(again) == pytest.approx(numbers(line), abs=1.5e-3), name
