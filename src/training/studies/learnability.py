@@ -113,13 +113,46 @@ def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict) -> None:
-    from training.loss_comparison import machine_info
+CURVE_FIELDS = ("step", "edit", "accuracy", "cosine_margin")
 
-    machine = machine_info("cpu")
+
+def write_curve(rows: List[Dict[str, float]], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CURVE_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_curve(path: Path) -> List[Dict[str, float]]:
+    """The rows `write_curve` wrote: the committed record the page's table is rendered from."""
+    with open(path, newline="") as handle:
+        return [
+            {"step": int(row["step"]), "edit": row["edit"], **{key: float(row[key]) for key in CURVE_FIELDS[2:]}}
+            for row in csv.DictReader(handle)
+        ]
+
+
+def table_lines(rows: List[Dict[str, float]]) -> List[str]:
+    """Accuracy (and the cosine margin) per step and edit type, as the page shows them."""
     steps = sorted({row["step"] for row in rows})
     edits = sorted({row["edit"] for row in rows} - {"overall"})
     value = {(row["step"], row["edit"]): row for row in rows}
+    return ["| step | " + " | ".join(edits) + " |", "|---|" + "---|" * len(edits)] + [
+        f"| {step} | "
+        + " | ".join(
+            f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits
+        )
+        + " |"
+        for step in steps
+    ]
+
+
+def write_page(
+    rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict, curve_name: str
+) -> None:
+    from training.loss_comparison import machine_info
+
+    machine = machine_info("cpu")
     config = manifest["scene_config"]
     lines = [
         "# Learnability: which clone edits `clip` learns at which budget",
@@ -136,18 +169,10 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
         f"- command: `{command}`",
         f"- machine: {machine['cpu']}, {machine['cores']} cores, load average {machine['load']} at the end; code "
         f"{machine['code']}",
+        f"- per-step numbers: [{curve_name}]({curve_name})",
         "",
-        "| step | " + " | ".join(edits) + " |",
-        "|---|" + "---|" * len(edits),
+        *table_lines(rows),
     ]
-    for step in steps:
-        lines.append(
-            f"| {step} | "
-            + " | ".join(
-                f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits
-            )
-            + " |"
-        )
     lines += ["", f"![clone-selection accuracy against steps]({plot_name})", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
@@ -173,14 +198,13 @@ def main(argv: List[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((args.data_dir / "manifest.json").read_text())
     rows = score(train(args, manifest), args.data_dir, args.output)
-    with open(args.output / "curve.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["step", "edit", "accuracy", "cosine_margin"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_curve(rows, args.output / "curve.csv")
     plot_path = args.results_md.with_suffix(".png") if args.results_md else args.output / "curve.png"
     plot(rows, plot_path, f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
     if args.results_md:
         command = "python -m training.studies learnability " + " ".join(sys.argv[1:] if argv is None else argv)
-        write_page(rows, args.results_md, plot_path.name, command, manifest)
+        curve = args.results_md.with_name(f"{args.results_md.stem}_curve.csv")
+        write_curve(rows, curve)
+        write_page(rows, args.results_md, plot_path.name, command, manifest, curve.name)
         print(f"wrote {args.results_md}")
     print(f"wrote {args.output / 'curve.csv'} and {plot_path}")

@@ -116,3 +116,21 @@ def test_each_mechanism_row_is_what_the_committed_traces_give(page):
         words = re.compile(r"\| (up|down) ")
         assert again.split(" | ")[0] == line.split(" | ")[0] and words.findall(again) == words.findall(line)
         assert numbers(again) == pytest.approx(numbers(line), abs=1.5e-3), name
+
+
+def test_every_report_names_its_source_or_says_it_is_withdrawn():
+    """docs/results/SOURCES.md names every report and record of the folder, and each report it lists as
+    withdrawn says so under its title: no number stands without its committed source being stated."""
+    results = REPO / "docs" / "results"
+    sources = (results / "SOURCES.md").read_text()
+    files = [path.name for path in results.iterdir() if path.suffix in (".md", ".csv", ".json", ".gz")]
+    unnamed = [
+        name
+        for name in files
+        if name != "SOURCES.md"
+        and name not in sources
+        and re.sub(r"(_runs\.csv|_pr\.csv|_traces\.csv\.gz)$", ".md", name) not in sources
+    ]
+    assert unnamed == []
+    withdrawn = re.findall(r"^- \[([\w.]+\.md)\]", sources.split("## Withdrawn", 1)[1], re.MULTILINE)
+    assert withdrawn and all("**Withdrawn as evidence:**" in (results / name).read_text() for name in withdrawn)
