@@ -26,6 +26,18 @@ class TrainingData:
     data_seed: int
 
 
+def training_data(data_dir: Path, manifest: dict, with_num_samples: bool) -> TrainingData:
+    """The training and validation shards a data set's manifest names; the sample count only where the trainer
+    needs it given (the scenes' shards carry their sizes)."""
+    splits = manifest["splits"]
+    return TrainingData(
+        str(data_dir / splits["train"]["data"]),
+        str(data_dir / splits["val"]["data"]),
+        splits["train"]["num_samples"] if with_num_samples else None,
+        manifest["seed"],
+    )
+
+
 @dataclass(frozen=True)
 class GlyphData:
     """The glyph data of one data seed (docs/glyphs.md), in <root>/data."""
@@ -50,20 +62,14 @@ class GlyphData:
         return manifest
 
     def training(self, root: Path) -> TrainingData:
-        data_dir, manifest = self.folder(root), self.prepare(root)
-        splits = manifest["splits"]
-        return TrainingData(
-            str(data_dir / splits["train"]["data"]),
-            str(data_dir / splits["val"]["data"]),
-            splits["train"]["num_samples"],
-            manifest["seed"],
-        )
+        return training_data(self.folder(root), self.prepare(root), with_num_samples=True)
 
     def comparison_data(self, root: Path) -> "ComparisonInputs":
         """The glyphs as a comparison's own data: evaluated on their retrieval set and clone selection."""
         from training.glyphs.writers import RETRIEVAL_SET
 
-        data_dir, manifest, training = self.folder(root), self.prepare(root), self.training(root)
+        data_dir, manifest = self.folder(root), self.prepare(root)
+        training = training_data(data_dir, manifest, with_num_samples=True)
         data = ComparisonData(
             root="",
             train_data=training.train_data,
@@ -118,11 +124,7 @@ class SceneData:
         return json.loads(manifest_path.read_text())
 
     def training(self, root: Path) -> TrainingData:
-        data_dir, manifest = self.folder(root), self.prepare(root)
-        splits = manifest["splits"]
-        return TrainingData(
-            str(data_dir / splits["train"]["data"]), str(data_dir / splits["val"]["data"]), None, manifest["seed"]
-        )
+        return training_data(self.folder(root), self.prepare(root), with_num_samples=False)
 
     def comparison_data(self, root: Path) -> "ComparisonInputs":
         """The scenes as the comparison's demo data; all combinations it writes itself at its budget's sizes."""
