@@ -270,3 +270,17 @@ def test_training_run_is_the_trainers_run_and_import_training_stays_light():
         timeout=60,
     )
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
+
+
+# Folders under tests/ that hold what tests share, not the tests of one package.
+TEST_SUPPORT = {"helpers", "fixtures"}
+
+
+def test_the_tests_mirror_src():
+    """tests/ is laid out like src/: each folder of tests (tests/training/trainer/engine/) tests the package of the
+    same path under src/ (src/training/trainer/engine/), so a package's tests are found where the package is."""
+    tests = Path(__file__).resolve().parent
+    folders = sorted({path.parent.relative_to(tests) for path in tests.rglob("test_*.py")} - {Path(".")})
+    folders = [folder for folder in folders if not TEST_SUPPORT & set(folder.parts)]
+    assert Path("training/trainer/engine") in folders
+    assert [str(folder) for folder in folders if not (SRC / folder / "__init__.py").is_file()] == []

@@ -45,7 +45,7 @@ from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.lock import RunInUse, RunLock
 
 STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32
-FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
+FIXTURE = Path(__file__).parents[3] / "fixtures" / "legacy_checkpoint"
 
 
 def argv(demo_shards, logs, name, *extra):
