@@ -2,7 +2,7 @@
 engine, the launch), and the tools beside it.
 
 From Python, `training.run(config)` trains the run a `RunConfig` describes (`training.config_from_values` builds
-one from flag values) and returns a summary whose `.record` reads the run folder (a `RunDir`):
+one from flag values) and returns a summary whose `.run_folder` reads the run folder (a `RunDir`):
 
     from training import config_from_values, run
 

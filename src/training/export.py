@@ -46,7 +46,7 @@ from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
 
 # the trainer's validation results, next to the checkpoints:
-from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records
+from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_rows
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -96,7 +96,7 @@ def export_for_hub(
     tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
     if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
         tokenizer.save_pretrained(str(hf_dir))
-    results = read_records(Path(checkpoint_path).parent / RESULTS_NAME)
+    results = read_rows(Path(checkpoint_path).parent / RESULTS_NAME)
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
     _write_text(hf_dir / README_NAME, str(card))
     return hf_dir

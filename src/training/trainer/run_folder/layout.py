@@ -58,15 +58,15 @@ def numbered_checkpoints(checkpoint_dir: Path, name: re.Pattern) -> List[Path]:
     return [path for _, path in sorted(found)]
 
 
-def read_records(path: Path, kind: Optional[str] = None) -> List[dict]:
-    """The JSON-lines records of `path` (optionally only those whose "kind" is `kind`); none if it does not
+def read_rows(path: Path, kind: Optional[str] = None) -> List[dict]:
+    """The rows of the JSON-lines file `path` (optionally only those whose "kind" is `kind`); none if it does not
     exist yet. A last line still being written (no newline yet) is left out."""
     path = Path(path)
     if not path.is_file():
         return []
     complete = path.read_text().rpartition("\n")[0]
-    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
-    return [record for record in records if kind is None or record["kind"] == kind]
+    rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    return [row for row in rows if kind is None or row["kind"] == kind]
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class RunDir:
 
     def metrics(self, kind: Optional[str] = None) -> List[dict]:
         """metrics.jsonl's records, in the order written (one per step once a resume trimmed the replayed ones)."""
-        return read_records(self.metrics_path, kind)
+        return read_rows(self.metrics_path, kind)
 
     def steps(self) -> List[int]:
         """The steps of the "train" records."""
@@ -102,7 +102,7 @@ class RunDir:
 
     def results(self) -> List[dict]:
         """The validation results, one record per evaluated epoch."""
-        return read_records(self.results_path)
+        return read_rows(self.results_path)
 
     def epoch_checkpoint(self, epoch: int) -> Path:
         """Where the checkpoint after `epoch` completed epochs is (or would be) written."""
@@ -124,8 +124,8 @@ class RunDir:
     def params_path(self) -> Path:
         return self.path / PARAMS_NAME
 
-    def loss_record_path(self, name: str) -> Path:
-        """Where the loss's record `name` is kept (`Loss.records`: AdaCL's adacl_selection.json)."""
+    def loss_journal_path(self, name: str) -> Path:
+        """Where the loss's journal `name` is kept (`Loss.journals`: AdaCL's adacl_selection.json)."""
         return self.path / f"{name}.json"
 
     @property
@@ -135,7 +135,7 @@ class RunDir:
     def recorded_args(self) -> Dict[str, Any]:
         """The arguments of the run's last launch as values (params.json; a checkpoint's `args` are the same):
         every flag by destination, plus what the trainer derived from them (`loss_options`, `recipe_overrides`).
-        `training.trainer.launch.params.config_from_record` makes them the run's `RunConfig` again. Empty
+        `training.trainer.launch.params.config_from_recorded_args` makes them the run's `RunConfig` again. Empty
         before the first launch wrote them."""
         if not self.args_path.is_file():
             return {}

@@ -18,7 +18,7 @@ ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/
 (`--report-to wandb`) gets the same keys, all at the training step (wandb needs steps that never
 decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
 
-After a resume from step S, `drop_records_after` removes the records of steps after S (written by
+After a resume from step S, `drop_lines_after` removes the lines of steps after S (written by
 the interrupted run, which the resumed run replays), so metrics.jsonl holds each step once.
 """
 
@@ -306,8 +306,8 @@ class MetricsWriter:
         return self.files.close(also=unwritten_log_lines())
 
 
-def drop_records_after(path: str, step: int, key: str = "step") -> int:
-    """Remove the records whose `key` (step; results.jsonl: epoch) is after `step` from the JSON-lines file at
+def drop_lines_after(path: str, step: int, key: str = "step") -> int:
+    """Remove the lines whose `key` (step; results.jsonl: epoch) is after `step` from the JSON-lines file at
     `path` (rewritten atomically; a last line cut short by a crash goes too); returns how many lines were removed."""
     if not os.path.exists(path):
         return 0
@@ -316,10 +316,10 @@ def drop_records_after(path: str, step: int, key: str = "step") -> int:
     kept = []
     for line in lines:
         try:
-            record = json.loads(line)
+            row = json.loads(line)
         except json.JSONDecodeError:  # the interrupted run's half-written last line
             continue
-        if record[key] <= step:
+        if row[key] <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return 0

@@ -403,7 +403,7 @@ def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shar
 
 def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_path):
     from training.main import run
-    from training.trainer.launch.params import config_from_record, config_from_values, given_values
+    from training.trainer.launch.params import config_from_recorded_args, config_from_values, given_values
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
     argv = train_argv(
@@ -421,14 +421,14 @@ def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_pat
     )
     config = config_from_values(given_values(argv))
     summary = run(config)
-    record = summary.record
+    record = summary.run_folder
     assert record.path == tmp_path / "from-python" and len(record.metrics("train")) == summary.step == 2
     assert str(record.final_checkpoint()) == summary.checkpoint
     assert "name: from-python" in (record.path / "params.txt").read_text()
     # The run folder reads back the run's config, typed: the same RunConfig, the same args its checkpoint holds.
     recorded = record.recorded_args()
     assert (recorded["batch_size"], recorded["lr"], recorded["loss_options"]["mode"]) == (32, 2e-3, "literal")
-    assert config_from_record(recorded) == config
+    assert config_from_recorded_args(recorded) == config
     assert recorded == load_checkpoint(summary.checkpoint)["args"]
 
 

@@ -182,7 +182,7 @@ def test_resume_latest_without_a_name_is_warned_about(demo_shards, tmp_path, cap
     assert captured.out.splitlines()[-1] == "--resume latest: no --name, so a new run: it starts from scratch"
     # A run logs it too.
     summary = main(argv)
-    assert "WARNING | --resume latest without --name" in (summary.record.path / "out.log").read_text()
+    assert "WARNING | --resume latest without --name" in (summary.run_folder.path / "out.log").read_text()
 
 
 def test_amp_on_the_cpu_is_warned_about(demo_shards, tmp_path, capsys):
@@ -225,7 +225,7 @@ def test_a_run_from_python_takes_its_log_handlers_with_it(demo_shards, tmp_path,
 
     handlers_before = list(logging.getLogger().handlers)
     summary = main(train_argv(demo_shards, tmp_path, "ends"))
-    out_log = summary.record.path / "out.log"
+    out_log = summary.run_folder.path / "out.log"
     written = out_log.read_text()
     assert "Done:" in written
     assert logging.getLogger().handlers == handlers_before

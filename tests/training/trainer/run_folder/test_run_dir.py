@@ -8,7 +8,7 @@ from open_clip_adacl import get_loss_class
 from training.trainer.distributed import DistributedEnv
 from training.trainer.flags import ConfigError
 from training.trainer.launch.config import LossConfig
-from training.trainer.launch.folder import LossRecords, RunPaths
+from training.trainer.launch.folder import LossJournals, RunPaths
 from training.trainer.launch.trainer import build_loss
 from training.trainer.run_folder.layout import RunDir
 
@@ -72,14 +72,14 @@ class RecordingLoss:
     def __init__(self):
         self.now = {}
 
-    def records(self):
+    def journals(self):
         return self.now
 
 
 def test_the_loss_records_are_written_when_they_change_on_rank_0_only(tmp_path):
     loss = RecordingLoss()
-    records = LossRecords(loss, RunPaths("run", str(tmp_path), None, None), DistributedEnv())
-    path = RunDir(tmp_path).loss_record_path("choices")
+    records = LossJournals(loss, RunPaths("run", str(tmp_path), None, None), DistributedEnv())
+    path = RunDir(tmp_path).loss_journal_path("choices")
     records.update()
     assert not path.exists()  # nothing recorded yet: no file
     loss.now = {"choices": [{"rows": 32, "choice": "eager"}]}
@@ -91,7 +91,7 @@ def test_the_loss_records_are_written_when_they_change_on_rank_0_only(tmp_path):
     loss.now = {"choices": [{"rows": 32, "choice": "eager"}, {"rows": 16, "choice": "eager"}]}
     records.update()
     assert len(json.loads(path.read_text())) == 2
-    other_rank = LossRecords(loss, RunPaths("run", str(tmp_path / "rank1"), None, None), DistributedEnv(rank=1))
+    other_rank = LossJournals(loss, RunPaths("run", str(tmp_path / "rank1"), None, None), DistributedEnv(rank=1))
     other_rank.update()
     assert not (tmp_path / "rank1").exists()
 
@@ -99,7 +99,7 @@ def test_the_loss_records_are_written_when_they_change_on_rank_0_only(tmp_path):
 def test_a_loss_record_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
     loss = RecordingLoss()
     loss.now = {"choices": [1]}
-    records = LossRecords(loss, RunPaths("run", str(tmp_path / "gone"), None, None), DistributedEnv())
+    records = LossJournals(loss, RunPaths("run", str(tmp_path / "gone"), None, None), DistributedEnv())
     with caplog.at_level("WARNING"):
         records.update()
         records.update()  # the same record: not tried again, nor logged again
