@@ -41,9 +41,10 @@ import torch
 from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
+from training import RunDir
 from training.synthetic_scenes.writers import write_demo_dataset
 from training.trainer.launch.params import argv_from_values
-from training.trainer.run_folder.layout import RESULTS_NAME, RunDir, read_rows, step_checkpoint_number
+from training.trainer.run_folder.layout import RESULTS_NAME, read_rows, step_checkpoint_number
 
 STEPS = 16  # 2 epochs of 8 steps
 SAVE_EVERY = 5

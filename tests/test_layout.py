@@ -230,16 +230,18 @@ def test_training_exports_its_public_face_from_the_layers_that_define_it():
         "Trainer",
         "RunConfig",
         "RunDir",
+        "ConfigError",
         "LOSSES",
         "SCHEDULES",
         "SOURCES",
         "RECIPES",
     }
     assert "adacl" in training.LOSSES and "cosine" in training.SCHEDULES and "webdataset" in training.SOURCES
+    assert issubclass(training.ConfigError, ValueError) and "demo" in training.RECIPES
     with pytest.raises(AttributeError, match="has no attribute 'Trainr'"):
         training.Trainr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    for first in ("Trainer", "RunDir, SOURCES, LOSSES"):  # the deepest layer first, then the light ones alone
+    for first in ("Trainer", "RunDir, SOURCES, LOSSES", "*"):  # the deepest layer first, then the light ones alone
         fresh = subprocess.run(
             [sys.executable, "-c", f"from training import {first}"],
             capture_output=True,

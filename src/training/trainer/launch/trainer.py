@@ -110,7 +110,7 @@ class RunParts:
     only the Trainer uses between epochs."""
 
     paths: RunPaths  # the run folder's paths and name
-    files: RunFiles  # the run's record files (all but checkpoints: (a failed write never stops training)
+    files: RunFiles  # the run's record files, all but checkpoints (a failed write never stops training)
     data: LoaderInfo  # the training stream from the starting point on
     val_data: Optional[LoaderInfo]  # --val-data, on rank 0
     imagenet: Optional[ImageFolder]  # --imagenet-val, on rank 0

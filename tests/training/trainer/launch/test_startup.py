@@ -6,12 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
+from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.engine.model import ModelConfig, build_model
-from training.trainer.launch.params import ConfigError
 from training.trainer.run_folder.checkpoint_digest import with_digest
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 
 def train_argv(demo_shards, logs, name, *extra):

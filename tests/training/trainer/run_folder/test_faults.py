@@ -34,14 +34,13 @@ from helpers.run_utils import (
     torchrun_command,
     wait_for_step,
 )
+from training import ConfigError, RunDir
 from training.export import model_card
 from training.main import main
-from training.trainer.launch.params import ConfigError
 from training.trainer.run_folder import lock as lock_module
 from training.trainer.run_folder import safe_write
 from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.lock import RunInUse, RunLock
 
 STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32

@@ -5,12 +5,11 @@ import sys
 import pytest
 
 from open_clip_adacl import get_loss_class
+from training import ConfigError, RunDir
 from training.trainer.distributed import DistributedEnv
-from training.trainer.flags import ConfigError
 from training.trainer.launch.config import LossConfig
 from training.trainer.launch.folder import LossJournals, RunPaths
 from training.trainer.launch.trainer import build_loss
-from training.trainer.run_folder.layout import RunDir
 
 ClipLoss = get_loss_class("clip")
 
