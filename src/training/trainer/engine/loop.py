@@ -425,7 +425,7 @@ def _log_step(
     console_stats: Optional[Sequence[str]] = None,
     time_left: str = "",
 ) -> None:
-    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
+    """OpenCLIP's console line, and a "train" line in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
     dashboard draws a gap there rather than a made-up 0 or 1.

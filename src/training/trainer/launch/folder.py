@@ -1,6 +1,6 @@
 """A run's folder, `<logs>/<name>/`, as a launch sets it up: its paths and name, refusing to start a new run
 over an earlier one, the lock that keeps two launches of one run apart, room for a checkpoint, setting an
-earlier launch's records aside, params.txt and the loss's own records (its names: `training.trainer.run_folder.layout`)."""
+earlier launch's files aside, params.txt and the loss's journals (their names: `training.trainer.run_folder.layout`)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class RunPaths:
 
 
 def start_over(paths: RunPaths, env: DistributedEnv) -> None:
-    """A launch from scratch in a folder an earlier launch wrote: its records go aside (rank 0)."""
+    """A launch from scratch in a folder an earlier launch wrote: its files go aside (rank 0)."""
     if env.is_master and paths.run_dir is not None:
         set_aside_earlier_launch(Path(paths.run_dir), Path(paths.checkpoint_dir))
     barrier(env)
@@ -226,7 +226,7 @@ def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
 def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
     """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
     Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision;
-    nor is an earlier launch that left no checkpoint (its records are set aside: `start_over`)."""
+    nor is an earlier launch that left no checkpoint (its files are set aside: `start_over`)."""
     if resume_arg == RESUME_LATEST or not os.path.exists(log_file) or not checkpoint_files(Path(checkpoint_dir)):
         return None
     if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):

@@ -325,7 +325,7 @@ def resume_or_start_over(
     env: DistributedEnv,
 ) -> Optional[str]:
     """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
-    folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
+    folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's files set aside.
     `num_batches` is this rank's batches per epoch, `step_samples` its samples per optimizer step
     (`data.samples_per_step`)."""
     request = ResumeRequest(
