@@ -181,6 +181,40 @@ def test_no_retired_word_is_left_in_src():
     assert found == []
 
 
+# "record" had five meanings; each has its own word now (docs/architecture.md, Glossary), and the verb alone
+# stays ("the run records its arguments", `recorded_args`). Each retired name, and what to write instead.
+RETIRED_RECORD_NAMES = {
+    r"\.records\(\)|\bloss_record_path\b|\bLossRecords\b|\bkeep_loss_records\b": "a loss's JSON file is a journal: "
+    "Loss.journals(), RunDir.loss_journal_path, launch.folder.LossJournals",
+    r"\brun_folder\.records\b|\btrim_to_resume_point\b|\bdrop_records_after\b|\bset_aside_earlier_records\b": "the "
+    "cut back at a resume is run_folder.rewind (rewind_to, set_aside_earlier_launch, logger.drop_lines_after)",
+    r"\bread_records\b|\bbatch_records\b": "a JSON-lines line is a line: layout.read_json_lines",
+    r"\bconfig_from_record\b|\.record\b": "RunSummary.run_folder (the RunDir), params.config_from_recorded_args",
+    r"\brecords?\b\s*(?:=(?!=)|\[)|\bfor records? in\b|\w+_records?\b|\brecords?_\w+|(?<!logging\.)\b[A-Z]\w*Records?\b": "a "
+    "name for what it holds: a line (JSON lines), a sample (a shard's dict), a journal (a loss's JSON)",
+}
+# The loss comparison and the studies still name a comparison's per-run JSON a record while that rename is under
+# way; they join the check when it lands (remove them here then).
+RECORD_RENAME_PENDING = ("training/loss_comparison/", "training/studies/")
+
+
+def test_no_retired_record_name_is_left_in_src():
+    """One meaning per word: none of the five old uses of "record" is named so in src/ any more."""
+    import re
+
+    found = [
+        f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
+        for path in sorted(SRC.rglob("*.py"))
+        if not path.relative_to(SRC).as_posix().startswith(RECORD_RENAME_PENDING)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for pattern, instead in RETIRED_RECORD_NAMES.items()
+        for match in [re.search(pattern, line)]
+        if match
+    ]
+    assert found == []
+    assert re.search(list(RETIRED_RECORD_NAMES)[-1], "for record in rows:")  # the patterns still match an old use
+
+
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
