@@ -28,7 +28,7 @@ def assert_bounded_loss_of_work(run_dir, killed_at, save_every):
     assert 0 <= killed_at - resumed_from < save_every, (killed_at, resumed_line)
     steps = [r["step"] for r in RunDir(run_dir).metrics("train")]
     # The killed run's steps up to the checkpoint, then the resumed run's: each step once, none skipped
-    # (the killed run's records after the checkpoint were removed at the resume).
+    # (the killed run's lines after the checkpoint were removed at the resume).
     assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     return resumed_from
 

@@ -19,7 +19,7 @@ from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, E
 from training.trainer.launch.resume import resume
 from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
 
-FIXTURE = Path(__file__).parents[3] / "fixtures" / "legacy_checkpoint"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "legacy_checkpoint"
 LEGACY_CHECKPOINT = FIXTURE / "step_3.pt"
 
 
