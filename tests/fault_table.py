@@ -41,9 +41,10 @@ import torch
 from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
+from training import RunDir
 from training.synthetic_scenes.writers import write_demo_dataset
 from training.trainer.launch.params import argv_from_values
-from training.trainer.run_folder.layout import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
+from training.trainer.run_folder.layout import RESULTS_NAME, read_json_lines, step_checkpoint_number
 
 STEPS = 16  # 2 epochs of 8 steps
 SAVE_EVERY = 5
@@ -402,7 +403,7 @@ class Bench:
             (disk / "filler").unlink()  # room again: the held-back records go in with the next one
             _, stderr = proc.communicate(timeout=900)
             log = self.log(name)
-            results = read_records(disk / RESULTS_NAME)
+            results = read_json_lines(disk / RESULTS_NAME)
             steps = self.steps(name)
         self.add(
             f"`metrics.jsonl` and `results.jsonl` on a full disk (1 MB tmpfs) until epoch 0 is validated, "

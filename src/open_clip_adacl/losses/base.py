@@ -99,8 +99,8 @@ class Loss(nn.Module):
     def reset_state(self) -> None:
         """Forget the state kept across steps (the trainer calls it to restart that state on resume)."""
 
-    def records(self) -> Dict[str, Any]:
-        """JSON-ready records of how this loss ran that are not per-step stats (choices it made once, say), by
+    def journals(self) -> Dict[str, Any]:
+        """JSON-ready journals of how this loss ran that are not per-step stats (choices it made once, say), by
         name: the trainer keeps each as <name>.json in the run folder, rewritten when it changes (it asks after
         every step). None by default."""
         return {}

@@ -237,7 +237,7 @@ def run_job(job: RunJob) -> Dict[str, Any]:
 def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Optional[float]) -> Dict[str, Any]:
     """The outcome of a run whose training ended with `status`: its training metrics and, when ok, the
     evaluation of its final checkpoint (which it runs here)."""
-    outcome = base_record(job)
+    outcome = base_outcome(job)
     outcome.update(status=status, error=error, train_seconds=train_seconds)
     outcome["metrics"].update(training_metrics(job.run_dir, get_loss_class(job.loss).mechanism_stats))
     outcome["val_num_samples"] = outcome["metrics"].pop("val/num_samples", None)
@@ -255,7 +255,7 @@ def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Op
     return outcome
 
 
-def base_record(job: RunJob) -> Dict[str, Any]:
+def base_outcome(job: RunJob) -> Dict[str, Any]:
     return {
         "label": job.label,
         "loss": job.loss,
@@ -487,7 +487,7 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
     if outcome_path.is_file():
         outcome = json.loads(outcome_path.read_text())
     else:
-        outcome = base_record(job)
+        outcome = base_outcome(job)
         reason = f"ran past --run-timeout {timeout:g} s" if returncode is None else f"exited with status {returncode}"
         outcome.update(status=FAILED, error=f"the run's process {reason} without an outcome; see {log_path}")
     outcome["wall_seconds"] = time.time() - start

@@ -22,9 +22,7 @@ def main(argv=None) -> None:
     print("| run | logged steps | statistic | mean over steps | largest step |\n|---|---|---|---|---|")
     for loss, names in STATS.items():
         for metrics in sorted(args.runs.glob(f"{loss}-seed*/metrics.jsonl")):
-            steps = [
-                record for record in map(json.loads, metrics.read_text().splitlines()) if record["kind"] == "train"
-            ]
+            steps = [line for line in map(json.loads, metrics.read_text().splitlines()) if line["kind"] == "train"]
             for name in names:
                 values = [
                     step[f"stats/{d}/{name}"] for step in steps for d in ("i2t", "t2i") if f"stats/{d}/{name}" in step

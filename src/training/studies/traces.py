@@ -30,15 +30,15 @@ COLUMNS = ("run", "step", "loss", "clip_loss", "mean_cosine", "anchor", "m1_over
 EARLY_FRACTION = 0.01  # the first 1% of steps: where the detached reading's common mode moves
 
 
-def trace_row(run: str, record: Dict[str, float]) -> Dict[str, object]:
+def trace_row(run: str, line: Dict[str, float]) -> Dict[str, object]:
     row: Dict[str, object] = {
         "run": run,
-        "step": record["step"],
-        "loss": record["loss"],
-        "mean_cosine": record.get("stats/mean_cosine"),
+        "step": line["step"],
+        "loss": line["loss"],
+        "mean_cosine": line.get("stats/mean_cosine"),
     }
     for name in PER_DIRECTION:
-        values = [record[key] for key in (f"stats/{d}/{name}" for d in DIRECTIONS) if key in record]
+        values = [line[key] for key in (f"stats/{d}/{name}" for d in DIRECTIONS) if key in line]
         row[name] = statistics.fmean(values) if values else None
     return row
 
@@ -113,7 +113,7 @@ def main(argv=None) -> None:
 
     all_rows, lines = [], []
     for run_dir in sorted((path for runs_dir in args.runs_dir for path in runs_dir.iterdir()), key=lambda p: p.name):
-        rows = [trace_row(trace_name(run_dir, args.runs_dir), record) for record in RunDir(run_dir).metrics("train")]
+        rows = [trace_row(trace_name(run_dir, args.runs_dir), line) for line in RunDir(run_dir).metrics("train")]
         if not rows:
             continue
         all_rows += rows

@@ -5,10 +5,10 @@ import torch
 
 from helpers.loss_equivalence import assert_ranks_match_single_process, make_batches, value_and_grads
 from open_clip_adacl import create_loss
+from training import RunDir
 from training.main import main
 from training.synthetic_scenes.families import measure_siblings
 from training.trainer.data import DataConfig
-from training.trainer.run_folder.layout import RunDir
 
 
 def _with_families(batches):

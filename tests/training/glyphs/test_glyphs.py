@@ -8,6 +8,7 @@ import pytest
 import torch
 import webdataset as wds
 
+from training import RunDir
 from training.evaluation.clone_selection import FAMILY, clone_selection_accuracy, read_clone_selection
 from training.glyphs import ATTRIBUTE_KINDS, FACES, SiblingIndex, all_glyphs, covered_letters, write_glyph_dataset
 from training.glyphs.catalogue import Glyph, parse_letter
@@ -15,7 +16,6 @@ from training.glyphs.rendering import render_glyph
 from training.glyphs.writers import split_of, weak_caption
 from training.main import main
 from training.trainer.data.shard_writer import brace_pattern
-from training.trainer.run_folder.layout import RunDir
 
 
 @pytest.fixture(scope="module")

@@ -248,10 +248,10 @@ class EpochResult:
     preempted: bool = False  # stopped after a step, inside the epoch, for a preemption signal
 
 
-@dataclass
+@dataclass(frozen=True)
 class EpochLoop:
     """What one epoch of steps drives: one rank's components, built once by the run's `Trainer`
-    (`training.trainer.launch.trainer`), which calls `train_one_epoch` for each epoch."""
+    (`training.trainer.launch.trainer`, its `RunParts.loop`), which calls `train_one_epoch` for each epoch."""
 
     model: torch.nn.Module
     loss_fn: Loss
@@ -265,8 +265,8 @@ class EpochLoop:
     skip_reasons: Sequence[str]  # the data pipeline's skip counters, in its order
     checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
     preemption: Optional[PreemptionFlag] = None
-    # After each step: the loss's own records into the run folder (`launch.folder.LossRecords.update`).
-    keep_loss_records: Optional[Callable[[], None]] = None
+    # After each step: the loss's journals into the run folder (`launch.folder.LossJournals.update`).
+    keep_loss_journals: Optional[Callable[[], None]] = None
     total_steps: int = 0  # the run's steps over all epochs, for its time left (0: unknown)
 
 
@@ -320,8 +320,8 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
             state.samples_per_schedule_step = step_samples
         out, preempted = optimizer_step(loop, micro_batches, step_samples)
         step_in_epoch += 1
-        if loop.keep_loss_records is not None:
-            loop.keep_loss_records()
+        if loop.keep_loss_journals is not None:
+            loop.keep_loss_journals()
 
         batch_time = time.monotonic() - end
         end = time.monotonic()
@@ -425,7 +425,7 @@ def _log_step(
     console_stats: Optional[Sequence[str]] = None,
     time_left: str = "",
 ) -> None:
-    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
+    """OpenCLIP's console line, and a "train" line in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
     dashboard draws a gap there rather than a made-up 0 or 1.

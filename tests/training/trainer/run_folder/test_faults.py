@@ -34,18 +34,17 @@ from helpers.run_utils import (
     torchrun_command,
     wait_for_step,
 )
+from training import ConfigError, RunDir
 from training.export import model_card
 from training.main import main
-from training.trainer.launch.params import ConfigError
 from training.trainer.run_folder import lock as lock_module
 from training.trainer.run_folder import safe_write
 from training.trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from training.trainer.run_folder.checkpoint_files import load_checkpoint, save_atomic
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.lock import RunInUse, RunLock
 
 STEPS_PER_EPOCH = 4  # 128 samples per epoch, batch 32
-FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "legacy_checkpoint"
 
 
 def argv(demo_shards, logs, name, *extra):
@@ -255,7 +254,7 @@ def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoc
     shutil.copytree(base_run, run_dir)
     main(argv(demo_shards, tmp_path, "rolled", "--resume", str(run_dir / "checkpoints" / "step_3.pt")))
     assert result_epochs(run_dir) == [1, 2]
-    assert "results.jsonl: removed 2 records after epoch 0" in (run_dir / "out.log").read_text()
+    assert "results.jsonl: removed 2 lines after epoch 0" in (run_dir / "out.log").read_text()
     results = RunDir(run_dir).results()
     card = model_card(load_checkpoint(run_dir / "checkpoints" / "epoch_1.pt"), results, "org/run")
     assert "Validation after epoch 1 (the trainer's results.jsonl)" in str(card)

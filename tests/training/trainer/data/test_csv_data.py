@@ -8,11 +8,10 @@ import pytest
 import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
+from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from training.trainer.data.sources.csv_file import CsvFile
-from training.trainer.launch.params import ConfigError
-from training.trainer.run_folder.layout import RunDir
 
 NUM_GOOD = 64
 # Rows 10-12: a missing image file, an empty caption, a row cut short before the caption.

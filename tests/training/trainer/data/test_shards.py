@@ -119,8 +119,8 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
 def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
     """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
     shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
+    from training import RunDir
     from training.main import main
-    from training.trainer.run_folder.layout import RunDir
 
     shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
     failing = ["pipe:false", f"pipe:cat {tmp_path}/missing.tar"]

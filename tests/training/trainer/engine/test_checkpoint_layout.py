@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.run_utils import losses_by_step
+from training import RunDir
 from training.export import export
 from training.main import main
 from training.trainer.data import DataPosition
@@ -17,9 +18,8 @@ from training.trainer.distributed import DistributedEnv
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
 from training.trainer.launch.resume import resume
 from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
-FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "legacy_checkpoint"
 LEGACY_CHECKPOINT = FIXTURE / "step_3.pt"
 
 

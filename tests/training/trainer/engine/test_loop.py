@@ -11,6 +11,7 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
+from training import RunDir
 from training.main import main
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
@@ -19,7 +20,6 @@ from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
 from training.trainer.engine.precision import build_precision
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.logger import MetricsWriter
 
 
@@ -146,14 +146,14 @@ def test_the_console_line_says_the_directions_once_and_only_the_losss_console_st
 
 def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="already holds a run; continue it with --resume latest"):
         main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
 
 
 def test_missing_shards_are_a_clear_error_before_training(tmp_path):
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="do not exist"):
         main(
@@ -176,7 +176,7 @@ def test_missing_shards_are_a_clear_error_before_training(tmp_path):
 
 
 def test_a_rejected_loss_option_stops_before_any_file_is_written(demo_shards, tmp_path):
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="--loss glofnd: .*data_size"):
         main(train_argv(demo_shards, tmp_path, "no-data-size", "--loss", "glofnd"))
@@ -402,8 +402,8 @@ def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shar
 
 
 def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_path):
-    from training.main import run
-    from training.trainer.launch.params import config_from_record, config_from_values, given_values
+    from training import config_from_values, run
+    from training.trainer.launch.params import config_from_recorded_args, given_values
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
     argv = train_argv(
@@ -421,14 +421,14 @@ def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_pat
     )
     config = config_from_values(given_values(argv))
     summary = run(config)
-    record = summary.record
+    record = summary.run_folder
     assert record.path == tmp_path / "from-python" and len(record.metrics("train")) == summary.step == 2
     assert str(record.final_checkpoint()) == summary.checkpoint
     assert "name: from-python" in (record.path / "params.txt").read_text()
     # The run folder reads back the run's config, typed: the same RunConfig, the same args its checkpoint holds.
     recorded = record.recorded_args()
     assert (recorded["batch_size"], recorded["lr"], recorded["loss_options"]["mode"]) == (32, 2e-3, "literal")
-    assert config_from_record(recorded) == config
+    assert config_from_recorded_args(recorded) == config
     assert recorded == load_checkpoint(summary.checkpoint)["args"]
 
 
