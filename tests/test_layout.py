@@ -391,3 +391,12 @@ def test_the_tests_mirror_src():
     folders = [folder for folder in folders if not TEST_SUPPORT & set(folder.parts)]
     assert Path("training/trainer/engine") in folders
     assert [str(folder) for folder in folders if not (SRC / folder / "__init__.py").is_file()] == []
+
+
+def test_scripts_holds_the_benchmarks_and_launchers_only():
+    """A study's driver is a module of training.studies (docs/architecture.md); scripts/ keeps the speed and memory
+    benchmarks, the demo, the glyph data's installer, the launch recipes and the test runner."""
+    scripts = SRC.parent / "scripts"
+    kept = {"demo.sh", "glyph_data.sh", "gpu_bench.sh", "launch", "setup_env.sh", "test.sh"}
+    listed = {path.name for path in scripts.iterdir() if path.name != "__pycache__"}
+    assert sorted(name for name in listed - kept if not (name.startswith("bench_") and name.endswith(".py"))) == []
