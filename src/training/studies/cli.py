@@ -1,5 +1,6 @@
 """`python -m training.studies COMMAND ...`: the studies' command line, one subcommand per study or measurement.
 
+    python -m training.studies list                                        # the registered studies
     python -m training.studies glyphs --calibrate                          # the glyph calibration grid
     python -m training.studies glyphs --cells finetune-gold --seeds 10-19   # the frozen glyph benchmark
     python -m training.studies glyphs --summary --cells finetune-gold       # its reports from the per-run CSVs
@@ -23,7 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from training.loss_comparison import parse_seeds
 
-from .study import Study, report_study, run_study
+from . import load_studies
+from .study import STUDIES, Study, report_study, run_study
 
 
 def seed_list(text: str) -> List[int]:
@@ -161,6 +163,14 @@ def redraw(argv: Sequence[str]) -> None:
         print(f"wrote {written.redraw(report)}")
 
 
+def studies(argv: Sequence[str]) -> None:
+    """Every registered study: its name, cell recipe, variants, seeds and report."""
+    argparse.ArgumentParser(prog="python -m training.studies list", description=studies.__doc__).parse_args(argv)
+    for name, study in STUDIES.items():
+        seeds = f"{study.seeds[0]}-{study.seeds[-1]}" if len(study.seeds) > 1 else str(study.seeds[0])
+        print(f"{name}: recipe {study.recipe}, {study.variants}, seeds {seeds}, report {study.report}")
+
+
 def measurement(module: str) -> Callable[[Sequence[str]], None]:
     """A measurement's own command line (`main(argv)` of module `module`)."""
 
@@ -173,6 +183,7 @@ def measurement(module: str) -> Callable[[Sequence[str]], None]:
 
 
 COMMANDS: Dict[str, Callable[[Sequence[str]], None]] = {
+    "list": studies,
     "glyphs": glyphs,
     "clone": clone,
     "reassess": reassess,
@@ -200,6 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not argv or argv[0] not in COMMANDS:
         print(usage, file=sys.stderr)
         raise SystemExit(2)
+    load_studies()
     COMMANDS[argv[0]](argv[1:])
 
 

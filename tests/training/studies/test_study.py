@@ -67,3 +67,12 @@ def test_the_toy_study_runs_on_two_seeds_of_the_demo_data(tmp_path):
     report = (tmp_path / "results" / "toy_demo.md").read_text()
     assert "| `clip` |" in report and Path(tmp_path / "results" / "toy_demo_runs.csv").is_file()
     assert (tmp_path / "toy_demo" / "comparison.json").is_file() and (tmp_path / "data" / "manifest.json").is_file()
+
+
+def test_the_list_command_names_every_registered_study(capsys):
+    from training.studies.cli import main
+
+    main(["list"])
+    listed = capsys.readouterr().out
+    assert "toy_demo: recipe None, clip, seeds 0-1, report docs/results/toy_demo.md" in listed
+    assert "glyphs_finetune_gold: recipe glyphs-finetune-gold," in listed and "margins_transfer: " in listed
