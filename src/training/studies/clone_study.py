@@ -220,6 +220,9 @@ def missing_variants(cell: Cell, output_dir: Path) -> List[str]:
 
 
 def assemble(cells: Sequence[str], results_dir: Path, results_md: Path, output_root: Path, command: str) -> str:
+    """RESULTS.md from the cells' reports in `results_dir` (their setup lines and the sections it repeats), the
+    data's caption likeness and what is not run yet (from the comparisons under `output_root`), keeping the
+    hand-written part below KEEP_MARKER; returns the assembled part."""
     lines = [
         "# Results: the clone-negative study",
         "",

@@ -134,3 +134,14 @@ def test_every_report_names_its_source_or_says_it_is_withdrawn():
     assert unnamed == []
     withdrawn = re.findall(r"^- \[([\w.]+\.md)\]", sources.split("## Withdrawn", 1)[1], re.MULTILINE)
     assert withdrawn and all("**Withdrawn as evidence:**" in (results / name).read_text() for name in withdrawn)
+
+
+def test_the_learnability_table_is_what_its_committed_curve_gives():
+    """learnability.md's table is rendered from learnability_curve.csv beside it (the header, how and where the
+    run ran, as first written)."""
+    from training.studies.learnability import read_curve, table_lines
+
+    results = REPO / "docs" / "results"
+    page = (results / "learnability.md").read_text()
+    table = table_lines(read_curve(results / "learnability_curve.csv"))
+    assert "\n".join(table) in page and len(table) == 2 + 6  # steps 256, 512, ..., 1536
