@@ -50,6 +50,7 @@ def train(args: argparse.Namespace, manifest: dict) -> RunDir:
         "log_every_n_steps": 64,
         "train_group_size": 8,
         "save_every_n_steps": args.every,
+        "keep_step_checkpoints": 0,  # every one is scored
         "logs": str(args.output),
         "name": "run",
         **given_values(shlex.split(args.train_args)),
