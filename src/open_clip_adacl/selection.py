@@ -19,9 +19,11 @@ is computed from such values by the same ops.
 
 The selection reads the logits the loss already has: every decision it makes is invariant under
 the positive affine map cos -> t cos + bias (see adacl_math.py), so no second matmul is needed. Rows are
-processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py); the only
-rows x C buffer is the int32 keys of `candidate_keys`, freed when the selection returns, so that the
-backward pass, where the loss's peak memory lies, never holds it (docs/THROUGHPUT.md).
+processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py). The eager
+passes compute the keys of `candidate_keys` a row chunk at a time whenever they read them (`KeyBlocks`),
+so they hold no rows x C buffer; the compiled ones write rows x C int32 keys, freed when the selection
+returns, so that the backward pass, where the loss's peak memory lies, never holds them
+(docs/THROUGHPUT.md).
 
 The passes over the logits and the keys also exist as traceable functions (`_fused_keys`, the
 `*_of_logits` functions and radix_select.py's `*_pass` ones) that `fused.run` compiles: each then
