@@ -32,7 +32,7 @@ fi
 if (( SMOKE )); then
     STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
-    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --device cpu --inputs trained-50 --paths auto eager --memory-only)
+    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --device cpu --inputs trained-50 --paths auto --memory-only)
 else
     if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
