@@ -253,6 +253,7 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
         ]
     )
     assert (summary.epoch, summary.step) == (2, 2 * num_samples // batch_size)
+    cut_shards = {"b.tar": "bad_tar", "c.tar": "unreadable_shard", "e.tar": "bad_tar"}  # each epoch names them
     epochs = RunDir(tmp_path / "hostile").metrics("epoch")
     log = (tmp_path / "hostile" / "out.log").read_text()
     for epoch, record in enumerate(epochs):
@@ -260,6 +261,9 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
         assert reported == {reason: expected.get(reason, 0) for reason in reported}, epoch
         line = next(line for line in log.splitlines() if f"Epoch {epoch} done" in line)
         assert all(f"{reason} {count}" in line for reason, count in expected.items()), line
+        cut = {tmp_path / "hostile" / name: reason for name, reason in cut_shards.items()}
+        assert record["skipped_shards"] == {str(path): {reason: 1} for path, reason in cut.items()}, epoch
+        assert all(f"{path}: {reason} 1" in line for path, reason in cut.items()), line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
 - kind "epoch": a completed epoch's summary (an epoch cut short by preemption writes none): loss
   (mean over the epoch's finite steps), num_steps, num_nonfinite_steps, seconds,
   "skipped/<reason>" counts per skip reason, and their totals skipped_shard_visits (shard visits
-  cut short: unreadable_shard, bad_tar) and skipped_samples;
+  cut short: unreadable_shard, bad_tar) and skipped_samples; skipped_shards names the shards of those
+  visits ({shard: {reason: visits}}, MAX_NAMED_SHARDS at most; the epoch's log line names them too);
 - kind "val": validation / zero-shot metrics after an epoch.
 
 Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
