@@ -4,8 +4,10 @@ below it, and each command-line package runs as `python -m`.
 open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress)
 <- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
 <- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
-training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison. Checkpoints are read
-in one place.
+training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison <- training.studies (the
+top: nothing imports it, and it reaches the loss comparison only through its face). Checkpoints are read in one
+place; no name private to one package (`_x`) is imported into or out of the studies, and no test loads a file by
+its path.
 """
 
 import ast
@@ -21,6 +23,7 @@ LIBRARY = "open_clip_adacl"
 FOUNDATIONS = "training.trainer"  # its modules flags, distributed, preemption, progress (and the package's face)
 DATA, RUN_FOLDER = "training.trainer.data", "training.trainer.run_folder"
 ENGINE, LAUNCH = "training.trainer.engine", "training.trainer.launch"
+STUDIES = "training.studies"
 ENTRY = "training"  # training.main and the package's face (`from training import run`)
 TRAINER = (FOUNDATIONS, DATA, RUN_FOLDER, ENGINE, LAUNCH)
 # What each part may import of the others (lazy imports inside functions count too). The trainer's layers from the
@@ -40,6 +43,16 @@ ALLOWED = {
     "training.glyphs": {LIBRARY, *TRAINER},
     "training.discover": {LIBRARY, *TRAINER, "training.export"},
     "training.loss_comparison": {LIBRARY, *TRAINER, ENTRY, "training.evaluation", "training.synthetic_scenes"},
+    STUDIES: {
+        LIBRARY,
+        *TRAINER,
+        ENTRY,
+        "training.evaluation",
+        "training.synthetic_scenes",
+        "training.glyphs",
+        "training.discover",
+        "training.loss_comparison",
+    },
 }
 # src/training lists the entry point, the trainer's layers (one package) and the tools, each a command.
 TOP_LEVEL = {
@@ -53,6 +66,7 @@ TOP_LEVEL = {
     "glyphs",
     "discover",
     "loss_comparison",
+    "studies",
 }
 
 
@@ -93,10 +107,11 @@ def test_only_two_top_level_packages_under_src():
 
 
 def test_the_trainer_folder_lists_its_entry_point_its_layers_and_its_tools():
-    """At most ten entries in src/training, each a command, the package's face or the package of the trainer's
-    layers; a new module goes into the layer it belongs to (docs/architecture.md)."""
+    """At most eleven entries in src/training, each a command, the package's face or the package of the trainer's
+    layers; a new module goes into the layer it belongs to, a new benchmark into the studies
+    (docs/architecture.md)."""
     listed = {path.name for path in (SRC / "training").iterdir() if path.name != "__pycache__"}
-    assert listed == TOP_LEVEL and len(listed) <= 10
+    assert listed == TOP_LEVEL and len(listed) <= 11
 
 
 def test_the_layers_are_a_ladder():
@@ -160,7 +175,7 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
 
 # Words retired from src/ (docs/architecture.md, Glossary): each pattern, and what to write instead.
 RETIRED_WORDS = {
-    r"(?i)\bregimes?\b": "a study's *setting*; for how ranks hold the similarities, full logits / local_loss",
+    r"(?i)\bregimes?\b": "a study's *cell*; for how ranks hold the similarities, full logits / local_loss",
     r"\bopen_clip_adacl\.adacl\b|\bfrom (\.\.?|open_clip_adacl) import (\w+, )*adacl\b": "the AdaCL math module is "
     "open_clip_adacl.adacl_math",
 }
@@ -193,9 +208,6 @@ RETIRED_RECORD_NAMES = {
     r"\brecords?\b\s*(?:=(?!=)|\[)|\bfor records? in\b|\w+_records?\b|\brecords?_\w+|(?<!logging\.)\b[A-Z]\w*Records?\b": "a "
     "name for what it holds: a line (JSON lines), a sample (a shard's dict), a journal (a loss's JSON)",
 }
-# The loss comparison and the studies still name a comparison's per-run JSON a record while that rename is under
-# way; they join the check when it lands (remove them here then).
-RECORD_RENAME_PENDING = ("training/loss_comparison/", "training/studies/")
 
 
 def test_no_retired_record_name_is_left_in_src():
@@ -205,7 +217,6 @@ def test_no_retired_record_name_is_left_in_src():
     found = [
         f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
         for path in sorted(SRC.rglob("*.py"))
-        if not path.relative_to(SRC).as_posix().startswith(RECORD_RENAME_PENDING)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         for pattern, instead in RETIRED_RECORD_NAMES.items()
         for match in [re.search(pattern, line)]
@@ -217,7 +228,9 @@ def test_no_retired_record_name_is_left_in_src():
 
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
-@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
+@pytest.mark.parametrize(
+    "package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation", "training.studies"]
+)
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
@@ -308,6 +321,64 @@ def test_training_run_is_the_trainers_run_and_import_training_stays_light():
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
 
 
+def absolute_imports(path: Path) -> list:
+    """(module, name) for each name `path` imports with `from <absolute module> import name`."""
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        for alias in node.names
+    ]
+
+
+def test_the_studies_use_the_loss_comparison_only_through_its_face():
+    """training.studies imports `from training.loss_comparison import <a name of its PUBLIC_FACE>`, never one of
+    its modules: what a study may rely on is one list, which the comparison keeps working."""
+    from training.loss_comparison import PUBLIC_FACE
+
+    found = [
+        f"{path.relative_to(SRC)}: {module}.{name}"
+        for path in sorted((SRC / "training" / "studies").rglob("*.py"))
+        for module, name in absolute_imports(path)
+        if module.startswith("training.loss_comparison")
+        and (module != "training.loss_comparison" or name not in PUBLIC_FACE)
+    ]
+    assert found == []
+
+
+def test_no_private_name_crosses_into_or_out_of_the_studies():
+    """No module or test imports a `_name` of another package from the studies, and the studies import none
+    from another package."""
+    studies = SRC / "training" / "studies"
+    files = [*SRC.rglob("*.py"), *(SRC.parent / "tests").rglob("*.py")]
+    crossing = [
+        f"{path.relative_to(SRC.parent)}: {module}.{name}"
+        for path in files
+        for module, name in absolute_imports(path)
+        if name.startswith("_")
+        and part_of(module) == STUDIES
+        and studies not in path.parents
+        or name.startswith("_")
+        and part_of(module) != STUDIES
+        and studies in path.parents
+    ]
+    assert crossing == []
+
+
+def test_no_test_loads_a_file_by_its_path():
+    """Tests import modules by name (the package's, or a benchmark script's with scripts/ on the path as when it
+    runs: tests/helpers/bench_scripts.py), never load a file by path, which would skip the layout's rules."""
+    loaders = ("spec_from_file_location", "run_path", "SourceFileLoader")
+    found = [
+        f"{path.relative_to(SRC.parent)}: {loader}"
+        for path in sorted((SRC.parent / "tests").rglob("*.py"))
+        if path.name != "test_layout.py"
+        for loader in loaders
+        if loader in path.read_text()
+    ]
+    assert found == []
+
+
 # Folders under tests/ that hold what tests share, not the tests of one package.
 TEST_SUPPORT = {"helpers", "fixtures"}
 
@@ -320,3 +391,12 @@ def test_the_tests_mirror_src():
     folders = [folder for folder in folders if not TEST_SUPPORT & set(folder.parts)]
     assert Path("training/trainer/engine") in folders
     assert [str(folder) for folder in folders if not (SRC / folder / "__init__.py").is_file()] == []
+
+
+def test_scripts_holds_the_benchmarks_and_launchers_only():
+    """A study's driver is a module of training.studies (docs/architecture.md); scripts/ keeps the speed and memory
+    benchmarks, the demo, the glyph data's installer, the launch recipes and the test runner."""
+    scripts = SRC.parent / "scripts"
+    kept = {"demo.sh", "glyph_data.sh", "gpu_bench.sh", "launch", "setup_env.sh", "test.sh"}
+    listed = {path.name for path in scripts.iterdir() if path.name != "__pycache__"}
+    assert sorted(name for name in listed - kept if not (name.startswith("bench_") and name.endswith(".py"))) == []

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.comparison_records import record, report_context
+from helpers.comparison_outcomes import outcome, report_context
 from training.discover.cli import main as discover_main
 from training.evaluation.zero_shot import main as evaluation_main
 from training.export import main as export_main
 from training.glyphs.cli import main as glyphs_main
 from training.loss_comparison.cli import main as comparison_main
-from training.loss_comparison.jobs import record_file
+from training.loss_comparison.jobs import outcome_file
 from training.main import main as train_main
 from training.synthetic_scenes.cli import main as scenes_main
 from training.trainer.run_folder.margins import main as margins_main
@@ -158,8 +158,8 @@ def test_the_loss_comparison_writes_its_report_under_output_dir(demo_shards, tmp
     )
     machine = report_context(tmp_path).machine  # what a finished job records about where it ran
     for label in ("clip", "adacl"):
-        path = record_file(output_dir, f"{label}-seed0")
+        path = outcome_file(output_dir, f"{label}-seed0")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**record(label, 0), "machine": machine}))
+        path.write_text(json.dumps({**outcome(label, 0), "machine": machine}))
     comparison_main(["--report-only", "--output-dir", str(output_dir)])
     assert (output_dir / "results.md").read_text().startswith("#")

@@ -15,7 +15,7 @@ features are read detached. Each is exact across ranks: every input is either th
 gathered over the global batch (`pair_inputs` does the gathering, once per step; the math never calls a
 collective except through `RowGroup`, as the selection does), so a rank's rows score exactly as the same
 rows of one process holding the whole batch. `SIGNALS` names them for the loss (`adaclw:discovery=...`),
-and `scripts/clone_signal_benchmark.py` (their precision and recall against known families).
+and `python -m training.studies signals` (their precision and recall against known families).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ registers its losses; the trainer derives `--<name>-<option>` flags from the opt
 import importlib
 import pkgutil
 
-from .base import ContrastiveLoss, EpochGatedLoss, GlobalBatch, Loss
+from .base import ContrastiveLoss, EpochGatedLoss, GlobalBatch, Loss, MechanismStats
 from .options import DistributedSetup, EpochGatedOptions, LossOption, LossOptions, SampleStateOptions, option
 from .registry import create_loss, get_loss_class, list_losses, register_loss
 
@@ -24,6 +24,7 @@ __all__ = [
     "Loss",
     "LossOption",
     "LossOptions",
+    "MechanismStats",
     "SampleStateOptions",
     "create_loss",
     "get_loss_class",

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .. import adacl_math, fused, row_passes
 from ..selection import AnchorSelection, RowSummary, row_value_from_owner, select_anchor, summarize_rows
 from ..state import last_occurrence
-from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch
+from .base import DIRECTIONS, ContrastiveLoss, GlobalBatch, MechanismStats
 from .options import DistributedSetup, SampleStateOptions, option
 from .registry import register_loss
 
@@ -280,6 +280,12 @@ class AdaCLLoss(ContrastiveLoss):
 
     keeps_state = True
     console_stats = ("m2", "anchor", "candidates", "fallbacks")  # fallbacks: cumulative
+    # How often each guard and bound changed the margins, and how much the applied margins moved (docs/adacl.md).
+    mechanism_stats = MechanismStats(
+        "adacl",
+        fractions=("modulated", "anchor_clamped", "scale_bounded", "offset_bounded"),
+        spreads=("m1_over_scale", "m2", "anchor", "anchor_gap"),
+    )
     plots = ("margins",)
 
     def __init__(self, options: Optional[Options] = None, dist: DistributedSetup = DistributedSetup()):

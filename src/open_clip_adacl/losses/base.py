@@ -23,6 +23,18 @@ from .options import DistributedSetup, LossOptions
 DIRECTIONS = ("i2t", "t2i")
 
 
+@dataclass(frozen=True)
+class MechanismStats:
+    """The per-step stats a loss comparison summarises per run, both directions pooled, as `<prefix>/<stat>`:
+    `fractions` as the share of logged steps (how often a guard or bound fired), `spreads` as their mean and
+    standard deviation (`<prefix>/<stat>_mean|_std`). A loss declares them so that a report reads its mechanism
+    without naming the loss."""
+
+    prefix: str
+    fractions: Tuple[str, ...] = ()
+    spreads: Tuple[str, ...] = ()
+
+
 class Loss(nn.Module):
     """Interface of every registered loss.
 
@@ -53,6 +65,8 @@ class Loss(nn.Module):
     # Stats shown on the trainer's console line (by name after the direction); None: all of them.
     # Every stat still reaches metrics.jsonl and tensorboard.
     console_stats: ClassVar[Optional[Tuple[str, ...]]] = None
+    # Stats a loss comparison summarises per run (how often the loss's mechanism acted); none by default.
+    mechanism_stats: ClassVar[Optional[MechanismStats]] = None
     # Plots of this loss's stats that the trainer redraws in the run folder at each epoch end, by the names
     # the trainer knows them by ("margins": AdaCL's margins over training); none by default.
     plots: ClassVar[Tuple[str, ...]] = ()

@@ -1,13 +1,14 @@
 """The loss comparison: the same tiny model trained with each loss over several seeds, one report.
 
-`python -m training.loss_comparison` (`cli`; scripts/compare_losses.py, scripts/clone_study.py call it). By
-responsibility, each module using only those before it:
+`python -m training.loss_comparison` (`cli`); the studies (`training.studies`) drive it through this package's
+face, `PUBLIC_FACE`, with Python values. By responsibility, each module using only those before it:
 
 - `variants`: the loss-variant mini-language (`adacl:mode=literal,...`) and its trainer flags;
 - `data`: the budget every run shares (`QUICK`, `FULL`) and the demo data (`training.synthetic_scenes`);
 - `preregistration`: the primary endpoint, equivalence margin and reference, from flags or a committed file;
 - `jobs`: one (variant, seed) each: its trainer arguments, its process (train with `training`,
-  evaluate with `training.evaluation`, on the demo's sets or the user's) and its JSON record;
+  evaluate with `training.evaluation`, on the demo's sets or the user's) and its outcome
+  (<comparison>/outcomes/<run>.json: status, timing, metrics);
 - `cluster`: the jobs as torchrun scripts, a SLURM array script and a jobs list (`--emit-jobs`);
 - `stats`: verdicts (ok, collapsed, nonfinite, failed), means over ok runs, paired differences, the
   primary endpoint's verdict (helps, hurts, no effect, inconclusive) and Holm-corrected secondary tests;
@@ -15,5 +16,49 @@ responsibility, each module using only those before it:
 - `runner`: a whole comparison (data, jobs in parallel, report), its jobs emitted, and `--report-only`;
 - `cli`: the command line.
 
-It sits on top: nothing in `training`, `training.evaluation`, `training.synthetic_scenes` or `open_clip_adacl` imports it.
+It sits above the trainer and the tools it evaluates with; only `training.studies` imports it, and only through
+the names below (tests/test_layout.py).
 """
+
+from .data import QUICK, Budget, ComparisonData
+from .findings import paired_section, primary_table
+from .jobs import OK, Benchmarks, outcome_file
+from .preregistration import Preregistration, from_file
+from .report import KEEP_MARKER, kept_tail, machine_info, read_runs_csv, rendered_again, report_sections, write_plot
+from .runner import COMPARISON_FILE, OwnData, rebuild_report, run_comparison
+from .stats import assess_run, paired_difference, primary_verdict, summarize, with_endpoint
+from .variants import parse_loss_variants, parse_seeds
+
+# What a study may use of the comparison: a comparison run with values (`run_comparison`, `rebuild_report`), its
+# inputs (budget, data, variants, pre-registration) and what reads a committed per-run CSV back into a report.
+__all__ = [
+    "QUICK",
+    "Budget",
+    "ComparisonData",
+    "OwnData",
+    "Benchmarks",
+    "OK",
+    "COMPARISON_FILE",
+    "Preregistration",
+    "from_file",
+    "parse_loss_variants",
+    "parse_seeds",
+    "run_comparison",
+    "rebuild_report",
+    "outcome_file",
+    "read_runs_csv",
+    "rendered_again",
+    "report_sections",
+    "kept_tail",
+    "KEEP_MARKER",
+    "machine_info",
+    "write_plot",
+    "assess_run",
+    "summarize",
+    "with_endpoint",
+    "paired_difference",
+    "primary_verdict",
+    "paired_section",
+    "primary_table",
+]
+PUBLIC_FACE = tuple(__all__)

@@ -28,16 +28,16 @@ Steps:
    results.jsonl), clip-benchmark zero-shot classification and retrieval on the demo's `wds/`
    sets or --benchmark-datasets (`training.evaluation.zero_shot.evaluate_dataset`, the in-process path) and
    clone-negative selection per edit type, accuracy and margins (`training.evaluation.clone_selection`). It
-   writes a JSON record; a finished record whose job is unchanged is reused on the next call, so
+   writes a JSON outcome; a finished outcome whose job is unchanged is reused on the next call, so
    an interrupted comparison resumes (`jobs`, `runner`).
-3. Every run gets a verdict (`stats.assess_run`): failed (crashed, or no record), nonfinite (NaN/inf
+3. Every run gets a verdict (`stats.assess_run`): failed (crashed, or no outcome), nonfinite (NaN/inf
    loss or metric), collapsed (training loss pinned near ln(negatives) for a softmax loss: the
    global batch plus any feature queue; or val R@1 under twice chance, docs/method.md §4b) or ok.
    Means and standard deviations are over the ok runs only; each row says how many runs were ok,
    and the flagged runs are listed by name.
 4. Writes the Markdown report (--results-md, default OUTPUT_DIR/results.md, with the machine, the
    command that reproduces it, wall time and budget), a PNG of the main metrics next to it, and a per-run CSV; copies of
-   all three, the per-variant summary CSV and the records stay under --output-dir, with
+   all three, the per-variant summary CSV and the outcomes stay under --output-dir, with
    comparison.json, from which `--report-only` writes the report again without training (`report`).
 
 Loss variants (`--losses`) are written as `name`, `name:option=value,...` or `name:value`, e.g.
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"training seeds, comma-separated (default: {DEFAULT_SEEDS}); with --report-only: report on these only",
     )
     parser.add_argument(
-        "--output-dir", type=Path, default=Path("runs/loss_comparison"), help="runs, logs, records and report copies"
+        "--output-dir", type=Path, default=Path("runs/loss_comparison"), help="runs, logs, outcomes and report copies"
     )
     parser.add_argument(
         "--results-md",
@@ -134,17 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the demo data")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the budget's)")
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds before a run counts as failed")
-    parser.add_argument("--no-reuse", action="store_true", help="re-run jobs that already have a record")
+    parser.add_argument("--no-reuse", action="store_true", help="re-run jobs that already have an outcome")
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="write the report from OUTPUT_DIR's records (whichever runs finished; the others are "
+        help="write the report from OUTPUT_DIR's outcomes (whichever runs finished; the others are "
         "listed), e.g. after cluster jobs or a change of the collapse criteria; trains nothing",
     )
     parser.add_argument(
         "--pair-across-code",
         action="store_true",
-        help="pair runs that ran different code (each record keeps its commit and a hash of any "
+        help="pair runs that ran different code (each outcome keeps its commit and a hash of any "
         "uncommitted change); by default the report refuses such pairs. The report prints each "
         "pair's code either way",
     )
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     overrides.add_argument("--pretrain-lr", type=float, help="learning rate of that pretraining run")
     # What each job's process runs: --run-job trains and evaluates; an emitted job trains under torchrun,
-    # then --finish-job evaluates and writes the record.
+    # then --finish-job evaluates and writes the outcome.
     parser.add_argument("--run-job", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--finish-job", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--train-status", type=int, default=0, help=argparse.SUPPRESS)
@@ -321,7 +321,7 @@ def own_data(args: argparse.Namespace, variants: Sequence[LossVariant]) -> Optio
 
 
 def finish(job_path: Path, train_status: int, train_seconds: Optional[float]) -> Dict[str, Any]:
-    """An emitted job's last step: evaluate the run torchrun trained (exit status `train_status`), write its record."""
+    """An emitted job's last step: evaluate the run torchrun trained (exit status `train_status`), write its outcome."""
     job = RunJob(**json.loads(job_path.read_text()))
     error = (
         None
@@ -330,11 +330,11 @@ def finish(job_path: Path, train_status: int, train_seconds: Optional[float]) ->
             f"training exited with status {train_status} (a non-finite loss, bad data or a crash); see {log_file(job)}"
         )
     )
-    record = finish_job(job, OK if train_status == 0 else FAILED, error, train_seconds)
-    record["wall_seconds"] = (train_seconds or 0.0) + (record["eval_seconds"] or 0.0)
-    record["machine"] = machine_info(job.device)
-    write_json_atomic(Path(job.record_path), record)
-    return record
+    outcome = finish_job(job, OK if train_status == 0 else FAILED, error, train_seconds)
+    outcome["wall_seconds"] = (train_seconds or 0.0) + (outcome["eval_seconds"] or 0.0)
+    outcome["machine"] = machine_info(job.device)
+    write_json_atomic(Path(job.outcome_path), outcome)
+    return outcome
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]:
@@ -343,8 +343,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     args.results_md = args.results_md or args.output_dir / "results.md"
     if args.run_job:
         job = RunJob(**json.loads(args.run_job.read_text()))
-        record = run_job(job)
-        write_json_atomic(Path(job.record_path), record)
+        outcome = run_job(job)
+        write_json_atomic(Path(job.outcome_path), outcome)
         return None
     if args.finish_job:
         finish(args.finish_job, args.train_status, args.train_seconds)
@@ -352,7 +352,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
     registration_flags = (args.primary_endpoint, args.equivalence_margin, args.reference)
     if args.report_only:
         given = args.preregistration or any(value is not None for value in registration_flags)
-        records, missing = rebuild_report(
+        outcomes, missing = rebuild_report(
             args.output_dir,
             args.results_md,
             resolve(args.preregistration, *registration_flags) if given else None,
@@ -361,10 +361,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
             seeds=args.seeds and parse_seeds(args.seeds),
         )
         print(
-            f"wrote {args.results_md} from the records in {args.output_dir}"
-            + (f"; no record yet of {len(missing)} run(s): {', '.join(missing)}" if missing else "")
+            f"wrote {args.results_md} from the outcomes in {args.output_dir}"
+            + (f"; no outcome yet of {len(missing)} run(s): {', '.join(missing)}" if missing else "")
         )
-        return records
+        return outcomes
     preregistration = resolve(args.preregistration, *registration_flags)
     variants = parse_loss_variants(args.losses or DEFAULT_LOSSES)
     labels = [variant.label for variant in variants]
@@ -404,7 +404,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
             f"{args.output_dir.resolve()}"
         )
         return None
-    records = run_comparison(
+    outcomes = run_comparison(
         variants,
         seeds,
         budget,
@@ -421,7 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[Dict[str, Any]]]
         pair_across_code=args.pair_across_code,
     )
     print(f"wrote {args.results_md} (plot and per-run CSV beside it); runs in {args.output_dir}")
-    return records
+    return outcomes
 
 
 def cli() -> None:

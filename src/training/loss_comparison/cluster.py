@@ -5,9 +5,9 @@
     DIR/jobs/NNN-<run>.sh   one run: `python -m training.torchrun --standalone --nproc-per-node N -m
                             training.main -- <the run's trainer arguments> --resume latest`, then
                             `python -m training.loss_comparison --finish-job <run>.job.json` (evaluates the final
-                            checkpoint and writes the run's record where `--report-only` reads it);
+                            checkpoint and writes the run's outcome where `--report-only` reads it);
                             its output goes to OUTPUT_DIR/logs/<run>.log
-    DIR/jobs.tsv            task id, run name, variant, seed, script, record (task id = array index)
+    DIR/jobs.tsv            task id, run name, variant, seed, script, outcome (task id = array index)
     DIR/array.sh            `#SBATCH --array=0-K`: task i runs the script of task id i
 
 `--resume latest` makes a requeued or re-submitted task continue its run (add `--save-every-n-steps`
@@ -32,7 +32,7 @@ ARRAY_SCRIPT = "array.sh"
 
 
 def job_script(job: RunJob, *, index: int, total: int, nproc_per_node: int, workdir: Path) -> str:
-    """The shell script of one emitted run: torchrun training, then `--finish-job` (evaluation, record)."""
+    """The shell script of one emitted run: torchrun training, then `--finish-job` (evaluation, outcome)."""
     log = shlex.quote(str(log_file(job)))
     train = [
         "-m",
@@ -52,8 +52,8 @@ def job_script(job: RunJob, *, index: int, total: int, nproc_per_node: int, work
             "#!/usr/bin/env bash",
             f"# Loss comparison run {index + 1} of {total}: {job.label}, seed {job.seed} (written by python -m "
             "loss_comparison --emit-jobs).",
-            f"# Trains on {nproc_per_node} process(es) of this node, evaluates the final checkpoint and writes the record",
-            f"# {job.record_path}. Output: {log_file(job)}",
+            f"# Trains on {nproc_per_node} process(es) of this node, evaluates the final checkpoint and writes the outcome",
+            f"# {job.outcome_path}. Output: {log_file(job)}",
             "set -u",
             f"cd {shlex.quote(str(workdir))}",
             f'PYTHON="${{PYTHON:-{sys.executable}}}"',
@@ -109,7 +109,7 @@ def emit_jobs(jobs: Sequence[RunJob], emit_dir: Path, *, nproc_per_node: int, wo
         job_file(job).parent.mkdir(parents=True, exist_ok=True)
         job_file(job).write_text(json.dumps(asdict(job), indent=1))
         scripts.append(script)
-        rows.append(f"{index}\t{job.name}\t{job.label}\t{job.seed}\t{script}\t{job.record_path}")
+        rows.append(f"{index}\t{job.name}\t{job.label}\t{job.seed}\t{script}\t{job.outcome_path}")
     (emit_dir / JOBS_LIST).write_text("\n".join(rows) + "\n")
     array = emit_dir / ARRAY_SCRIPT
     array.write_text(

@@ -51,8 +51,8 @@ class Budget:
         return cls(**sizes, **own, trainer_values=others)
 
     @classmethod
-    def from_record(cls, fields: Mapping[str, Any]) -> "Budget":
-        """The budget comparison.json records; a folder that records the other trainer flags as an argv
+    def from_saved(cls, fields: Mapping[str, Any]) -> "Budget":
+        """The budget as comparison.json saved it; a folder that saved the other trainer flags as an argv
         (`train_args`) has them read back as values."""
         fields = dict(fields)
         argv = fields.pop("train_args", None)

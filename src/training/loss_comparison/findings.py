@@ -54,12 +54,12 @@ def markdown_table(summaries: Sequence[VariantSummary], keys: Sequence[str]) -> 
     return lines
 
 
-def flagged_runs(records: Sequence[Mapping[str, Any]]) -> List[str]:
+def flagged_runs(outcomes: Sequence[Mapping[str, Any]]) -> List[str]:
     """A Markdown list item per run that is not ok, with why."""
     return [
-        f"- `{record['name']}`: **{record['verdict']}**: {'; '.join(record['reasons'])}"
-        for record in records
-        if record["verdict"] != OK
+        f"- `{outcome['name']}`: **{outcome['verdict']}**: {'; '.join(outcome['reasons'])}"
+        for outcome in outcomes
+        if outcome["verdict"] != OK
     ]
 
 
@@ -138,7 +138,7 @@ def format_p(value: Optional[float]) -> str:
 
 
 def primary_table(
-    records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, preregistration: Preregistration
+    outcomes: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, preregistration: Preregistration
 ) -> List[str]:
     """One row per variant: the endpoint's paired difference to the reference, both intervals, the verdict."""
     lines = [
@@ -149,7 +149,7 @@ def primary_table(
     for label in labels:
         if label == reference:
             continue
-        difference = paired_difference(records, label, reference, preregistration.key)
+        difference = paired_difference(outcomes, label, reference, preregistration.key)
         verdict, why = primary_verdict(difference, preregistration.margin, preregistration.helps_beyond_margin)
         cells = (
             ["-", "-", "-"]
@@ -159,7 +159,7 @@ def primary_table(
         lines.append(
             f"| `{label}` | {preregistration.endpoint} | ±{preregistration.margin:g} | "
             f"{0 if difference is None else difference.n} | " + " | ".join(cells) + f" | **{verdict}** ({why}) | "
-            f"{needed_text(difference, preregistration.margin)} | {pair_code_text(records, label, reference)} |"
+            f"{needed_text(difference, preregistration.margin)} | {pair_code_text(outcomes, label, reference)} |"
         )
     return lines
 
@@ -172,9 +172,9 @@ def needed_text(difference: Optional[PairedDifference], margin: float) -> str:
     return " / ".join("-" if n is None else str(n) for n in pairs_needed(difference, margin))
 
 
-def pair_code_text(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> str:
+def pair_code_text(outcomes: Sequence[Mapping[str, Any]], label: str, reference: str) -> str:
     """The code the pairs ran: `git X (5 pairs)`, or each pair's when they differ."""
-    pairs = paired_codes(records, label, reference)
+    pairs = paired_codes(outcomes, label, reference)
     codes = {code for _, mine, theirs in pairs for code in (mine, theirs)}
     if len(codes) == 1:
         return f"{codes.pop()} ({len(pairs)} pair{'s' * (len(pairs) != 1)})"
@@ -182,7 +182,7 @@ def pair_code_text(records: Sequence[Mapping[str, Any]], label: str, reference: 
 
 
 def primary_section(
-    records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, preregistration: Preregistration
+    outcomes: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, preregistration: Preregistration
 ) -> List[str]:
     where = (
         f"pre-registered in `{preregistration.source}`"
@@ -203,7 +203,7 @@ def primary_section(
         "pair is no effect. *Pairs needed*: with the observed mean difference and spread, the pairs at which the "
         "95% interval would exclude 0, and the 90% interval would lie inside ±margin, each with 80% power.",
         "",
-        *primary_table(records, labels, reference, preregistration),
+        *primary_table(outcomes, labels, reference, preregistration),
         "",
     ]
 
@@ -277,13 +277,13 @@ def secondary_findings(
 
 
 def paired_section(
-    records: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[Mapping[str, Any]],
     summaries: Sequence[VariantSummary],
     reference: str,
     preregistration: Preregistration,
 ) -> List[str]:
     tests = secondary_tests(
-        records,
+        outcomes,
         [summary.label for summary in summaries],
         reference,
         secondary_keys(summaries, registered=bool(preregistration.source), family=preregistration.secondary_family),
@@ -317,9 +317,9 @@ def reference_label(labels: Sequence[str], preregistration: Preregistration) -> 
     return BASELINE if BASELINE in labels else (labels[0] if labels else None)
 
 
-def check_endpoint(records: Sequence[Mapping[str, Any]], preregistration: Preregistration) -> None:
+def check_endpoint(outcomes: Sequence[Mapping[str, Any]], preregistration: Preregistration) -> None:
     """The endpoint's metrics exist in the ok runs (a misspelt name would otherwise just leave it empty)."""
-    ok_metrics = {key for record in records if record["verdict"] == OK for key in record["metrics"]}
+    ok_metrics = {key for outcome in outcomes if outcome["verdict"] == OK for key in outcome["metrics"]}
     unknown = [metric for metric in preregistration.metrics if metric not in ok_metrics]
     if ok_metrics and unknown:
         raise ValueError(
@@ -329,7 +329,7 @@ def check_endpoint(records: Sequence[Mapping[str, Any]], preregistration: Prereg
 
 
 def findings(
-    summaries: Sequence[VariantSummary], records: Sequence[Mapping[str, Any]], reference: Optional[str]
+    summaries: Sequence[VariantSummary], outcomes: Sequence[Mapping[str, Any]], reference: Optional[str]
 ) -> List[str]:
     """The "what this shows" paragraph, computed from the numbers alone."""
     lines = []
@@ -343,7 +343,7 @@ def findings(
             if sentence:
                 lines.append(sentence)
         for summary in summaries:
-            difference = None if summary is baseline else tracking_baseline(records, summary.label, baseline.label)
+            difference = None if summary is baseline else tracking_baseline(outcomes, summary.label, baseline.label)
             if difference is not None and difference < TRACKING:
                 lines.append(
                     f"`{summary.label}` matches `{baseline.label}` seed for seed (largest difference on "
@@ -357,5 +357,5 @@ def findings(
             + " (listed below with the reason)."
         )
     else:
-        lines.append(f"All {len(records)} runs finished with finite losses and above-chance recall (none excluded).")
+        lines.append(f"All {len(outcomes)} runs finished with finite losses and above-chance recall (none excluded).")
     return lines

@@ -9,7 +9,7 @@ in-process path) on the demo's `wds/` sets or the user's own (`Benchmarks`), clo
 selection per edit type (`training.evaluation.clone_selection`, when there is a clone-selection set) and, on
 training data written in families, clone detection (`training.evaluation.clone_detection`).
 `launch_job` runs a job as `python -m training.loss_comparison --run-job JOB.json`, its output in its log
-file; the process writes the job's JSON record, which a later call reuses while the job is unchanged.
+file; the process writes the job's JSON outcome, which a later call reuses while the job is unchanged.
 An emitted job (`cluster`) trains under torchrun instead and then runs `--finish-job JOB.json`.
 """
 
@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from open_clip_adacl import get_loss_class
+from open_clip_adacl.losses import MechanismStats
 from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.provenance import checkpoint_identity, code_version, dirty_files
 
@@ -37,7 +39,7 @@ from .variants import LossVariant
 
 BASELINE = "clip"  # the report compares every variant with this one (the first variant when absent)
 MODEL = "adacl-tiny"
-OK, NONFINITE, FAILED = "ok", "nonfinite", "failed"  # a record's status; `stats.assess_run` adds "collapsed"
+OK, NONFINITE, FAILED = "ok", "nonfinite", "failed"  # an outcome's status; `stats.assess_run` adds "collapsed"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class RunJob:
     data_root: Optional[str]  # the demo data (its benchmark/ sets and clone_selection/); None: `benchmark_*`
     batch_size: int  # per rank
     device: str
-    record_path: str
+    outcome_path: str
     benchmark_datasets: List[str] = field(default_factory=list)  # without demo data: the user's sets
     benchmark_root: Optional[str] = None
     clone_selection_dir: Optional[str] = None
@@ -77,7 +79,7 @@ class RunJob:
 
     @property
     def train_argv(self) -> List[str]:
-        """The trainer's command line for this run (an emitted job's torchrun, the record)."""
+        """The trainer's command line for this run (an emitted job's torchrun, the outcome)."""
         from training.trainer.launch.params import argv_from_values
 
         return argv_from_values(self.train_values)
@@ -146,12 +148,20 @@ def final_checkpoint(job: RunJob) -> str:
 
 
 def run_name(variant: LossVariant, seed: int, prefix: str = "") -> str:
-    """A run's name: its folder, log and record file."""
+    """A run's name: its folder, log and outcome file."""
     return f"{prefix}{variant.slug}-seed{seed}"
 
 
-def record_file(output_dir: Path, name: str) -> Path:
-    return output_dir / "records" / f"{name}.json"
+OUTCOMES = "outcomes"  # <comparison>/outcomes/<run>.json: each run's outcome
+LEGACY_OUTCOMES = "records"  # the same folder in comparisons written before it was named for what it holds
+
+
+def outcome_file(output_dir: Path, name: str) -> Path:
+    """Where run `name`'s outcome is: <output_dir>/outcomes/, or records/ in a comparison written under that name."""
+    folder = output_dir / OUTCOMES
+    if not folder.is_dir() and (output_dir / LEGACY_OUTCOMES).is_dir():
+        folder = output_dir / LEGACY_OUTCOMES
+    return folder / f"{name}.json"
 
 
 def make_job(
@@ -180,7 +190,7 @@ def make_job(
         data_root=None if benchmarks else data.root,
         batch_size=budget.batch_size,
         device=budget.device,
-        record_path=str(record_file(output_dir, name)),
+        outcome_path=str(outcome_file(output_dir, name)),
         benchmark_datasets=list(benchmarks.datasets) if benchmarks else [],
         benchmark_root=benchmarks.root if benchmarks else None,
         clone_selection_dir=benchmarks.clone_selection_dir if benchmarks else None,
@@ -207,7 +217,7 @@ def plan_jobs(
 
 
 def run_job(job: RunJob) -> Dict[str, Any]:
-    """Train and evaluate one run in this process; returns its record (status ok, nonfinite or failed)."""
+    """Train and evaluate one run in this process; returns its outcome (status ok, nonfinite or failed)."""
     from training.main import run
     from training.trainer.engine.loop import NonFiniteLossError
     from training.trainer.launch.params import config_from_values
@@ -218,34 +228,34 @@ def run_job(job: RunJob) -> Dict[str, Any]:
         run(config_from_values(job.train_values))
     except NonFiniteLossError as raised:
         status, error = NONFINITE, str(raised)
-    except Exception as raised:  # noqa: BLE001 - the record says why, the log (this process's stderr) shows where
+    except Exception as raised:  # noqa: BLE001 - the outcome says why, the log (this process's stderr) shows where
         traceback.print_exc()
         status, error = FAILED, f"training: {type(raised).__name__}: {raised}"
     return finish_job(job, status, error, train_seconds=time.time() - start)
 
 
 def finish_job(job: RunJob, status: str, error: Optional[str], train_seconds: Optional[float]) -> Dict[str, Any]:
-    """The record of a run whose training ended with `status`: its training metrics and, when ok, the
+    """The outcome of a run whose training ended with `status`: its training metrics and, when ok, the
     evaluation of its final checkpoint (which it runs here)."""
-    record = base_record(job)
-    record.update(status=status, error=error, train_seconds=train_seconds)
-    record["metrics"].update(training_metrics(job.run_dir))
-    record["val_num_samples"] = record["metrics"].pop("val/num_samples", None)
-    if record["status"] == OK:
+    outcome = base_outcome(job)
+    outcome.update(status=status, error=error, train_seconds=train_seconds)
+    outcome["metrics"].update(training_metrics(job.run_dir, get_loss_class(job.loss).mechanism_stats))
+    outcome["val_num_samples"] = outcome["metrics"].pop("val/num_samples", None)
+    if outcome["status"] == OK:
         # The options as the trainer resolved them (defaults included), beside the variant's own.
         trained = job.train_args()
-        record["loss_options"] = trained.loss_options
+        outcome["loss_options"] = trained.loss_options
         start = time.time()
         try:
-            record["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job, trained))
-        except Exception as raised:  # noqa: BLE001 - as training's: the record says why, the log where
+            outcome["metrics"].update(evaluate_run(Path(final_checkpoint(job)), job, trained))
+        except Exception as raised:  # noqa: BLE001 - as training's: the outcome says why, the log where
             traceback.print_exc()
-            record.update(status=FAILED, error=f"evaluation: {type(raised).__name__}: {raised}")
-        record["eval_seconds"] = time.time() - start
-    return record
+            outcome.update(status=FAILED, error=f"evaluation: {type(raised).__name__}: {raised}")
+        outcome["eval_seconds"] = time.time() - start
+    return outcome
 
 
-def base_record(job: RunJob) -> Dict[str, Any]:
+def base_outcome(job: RunJob) -> Dict[str, Any]:
     return {
         "label": job.label,
         "loss": job.loss,
@@ -278,25 +288,26 @@ def pretrained_identity(train_argv: List[str]) -> Optional[Dict[str, Optional[st
     return checkpoint_identity(values[-1]) if values else None
 
 
-def training_metrics(run_dir: Path) -> Dict[str, float]:
-    """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval."""
+def training_metrics(run_dir: Path, mechanism: Optional[MechanismStats] = None) -> Dict[str, float]:
+    """From <run>/metrics.jsonl and checkpoints/results.jsonl: final loss, logit scale, steps, val retrieval, and
+    the loss's `mechanism` stats."""
     metrics: Dict[str, float] = {}
     run = RunDir(run_dir)
     steps = run.metrics("train")
     if steps:
         tail = steps[-max(1, math.ceil(len(steps) / 10)) :]
-        metrics["train/final_loss"] = statistics.fmean(float(record["loss"]) for record in tail)
+        metrics["train/final_loss"] = statistics.fmean(float(step["loss"]) for step in tail)
         clip_losses = [
-            float(record[f"stats/{direction}/clip_loss"])
-            for record in tail
+            float(step[f"stats/{direction}/clip_loss"])
+            for step in tail
             for direction in ("i2t", "t2i")
-            if f"stats/{direction}/clip_loss" in record
+            if f"stats/{direction}/clip_loss" in step
         ]
         if clip_losses:  # CLIP's loss on the trained logits, beside the trained loss (docs/adacl.md §5)
             metrics["train/final_clip_loss"] = statistics.fmean(clip_losses)
         metrics["train/logit_scale"] = float(steps[-1]["logit_scale"])
         metrics["train/steps"] = float(steps[-1]["step"])
-        metrics.update(mechanism_metrics(steps))
+        metrics.update(mechanism_metrics(steps, mechanism))
     results = run.results()
     if results:
         val = results[-1]
@@ -310,32 +321,28 @@ def training_metrics(run_dir: Path) -> Dict[str, float]:
     return metrics
 
 
-# AdaCL's per-step stats summarised per run (both directions pooled): how often each guard and bound
-# changed the margins, and how much the applied margins moved (docs/adacl.md).
-MECHANISM_FRACTIONS = ("modulated", "anchor_clamped", "scale_bounded", "offset_bounded")
-MECHANISM_SPREADS = ("m1_over_scale", "m2", "anchor", "anchor_gap")
-
-
-def mechanism_metrics(steps: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
-    """`adacl/<stat>` fractions and `adacl/<stat>_mean|_std` over the logged steps that hold the stat, for a run
-    whose loss logged AdaCL's stats; {} otherwise. `modulated` is in every record; the bounds and the margins
-    only in a modulated step's, so theirs are over modulated steps (records written before that held the
-    fallback's 0 and 1 too)."""
+def mechanism_metrics(steps: Sequence[Mapping[str, Any]], stats: Optional[MechanismStats]) -> Dict[str, float]:
+    """The loss's declared mechanism stats (`Loss.mechanism_stats`) over the logged steps that hold each stat:
+    `<prefix>/<stat>` fractions and `<prefix>/<stat>_mean|_std` spreads; {} for a loss that declares none or
+    logged none. AdaCL logs `modulated` every step; its bounds and margins only in a modulated step, so theirs are
+    over modulated steps (metrics.jsonl files written before that held the fallback's 0 and 1 too)."""
+    if stats is None:
+        return {}
     metrics: Dict[str, float] = {}
-    for name in MECHANISM_FRACTIONS + MECHANISM_SPREADS:
+    for name in stats.fractions + stats.spreads:
         values = [
-            float(record[f"stats/{direction}/{name}"])
-            for record in steps
+            float(step[f"stats/{direction}/{name}"])
+            for step in steps
             for direction in ("i2t", "t2i")
-            if f"stats/{direction}/{name}" in record
+            if f"stats/{direction}/{name}" in step
         ]
         if not values:
             continue
-        if name in MECHANISM_FRACTIONS:
-            metrics[f"adacl/{name}"] = statistics.fmean(values)
+        if name in stats.fractions:
+            metrics[f"{stats.prefix}/{name}"] = statistics.fmean(values)
         else:
-            metrics[f"adacl/{name}_mean"] = statistics.fmean(values)
-            metrics[f"adacl/{name}_std"] = statistics.pstdev(values)
+            metrics[f"{stats.prefix}/{name}_mean"] = statistics.fmean(values)
+            metrics[f"{stats.prefix}/{name}_std"] = statistics.pstdev(values)
     return metrics
 
 
@@ -451,20 +458,20 @@ def worker_environment(jobs: int) -> Dict[str, str]:
 def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool = True) -> Dict[str, Any]:
     """Run `job` in a fresh process (`python -m training.loss_comparison --run-job`), output to its log file.
 
-    A finished (status ok) record left by an earlier call for the same job is returned as it is
+    A finished (status ok) outcome left by an earlier call for the same job is returned as it is
     (when `reuse`); otherwise the run's folder is removed first, since the trainer refuses to
-    overwrite a run. A process that dies without a record (or runs past `timeout` seconds) yields
-    a failed record. `wall_seconds` is the whole process, start-up included.
+    overwrite a run. A process that dies without an outcome (or runs past `timeout` seconds) yields
+    a failed outcome. `wall_seconds` is the whole process, start-up included.
     """
-    record_path = Path(job.record_path)
+    outcome_path = Path(job.outcome_path)
     job_path = job_file(job)
-    if reuse and record_path.is_file() and job_path.is_file() and json.loads(job_path.read_text()) == asdict(job):
-        earlier = json.loads(record_path.read_text())
+    if reuse and outcome_path.is_file() and job_path.is_file() and json.loads(job_path.read_text()) == asdict(job):
+        earlier = json.loads(outcome_path.read_text())
         if earlier["status"] == OK:
             return {**earlier, "reused": True}
-    record_path.unlink(missing_ok=True)
+    outcome_path.unlink(missing_ok=True)
     shutil.rmtree(job.run_dir, ignore_errors=True)
-    record_path.parent.mkdir(parents=True, exist_ok=True)
+    outcome_path.parent.mkdir(parents=True, exist_ok=True)
     job_path.write_text(json.dumps(asdict(job), indent=1))
     log_path = log_file(job)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -477,24 +484,24 @@ def launch_job(job: RunJob, *, jobs: int, timeout: Optional[float], reuse: bool 
             ).returncode
         except subprocess.TimeoutExpired:
             returncode = None
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
+    if outcome_path.is_file():
+        outcome = json.loads(outcome_path.read_text())
     else:
-        record = base_record(job)
+        outcome = base_outcome(job)
         reason = f"ran past --run-timeout {timeout:g} s" if returncode is None else f"exited with status {returncode}"
-        record.update(status=FAILED, error=f"the run's process {reason} without a record; see {log_path}")
-    record["wall_seconds"] = time.time() - start
-    write_json_atomic(record_path, record)
-    return record
+        outcome.update(status=FAILED, error=f"the run's process {reason} without an outcome; see {log_path}")
+    outcome["wall_seconds"] = time.time() - start
+    write_json_atomic(outcome_path, outcome)
+    return outcome
 
 
 def job_file(job: RunJob) -> Path:
-    """The job's JSON (what `--run-job` and `--finish-job` read), next to its record."""
-    return Path(job.record_path).with_suffix(".job.json")
+    """The job's JSON (what `--run-job` and `--finish-job` read), next to its outcome."""
+    return Path(job.outcome_path).with_suffix(".job.json")
 
 
 def log_file(job: RunJob) -> Path:
-    return Path(job.record_path).parent.parent / "logs" / f"{job.name}.log"
+    return Path(job.outcome_path).parent.parent / "logs" / f"{job.name}.log"
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 DEFAULT_REFERENCE = "clip"
 DEFAULT_MARGIN = 0.02
-ENDPOINT_PREFIX = "primary/"  # the endpoint's per-run value is the record metric `primary/<name>`
+ENDPOINT_PREFIX = "primary/"  # the endpoint's per-run value is the outcome metric `primary/<name>`
 FIELDS = ("name", "primary_endpoint", "equivalence_margin", "reference", "helps_beyond_margin", "secondary_family")
 
 
@@ -46,7 +46,7 @@ class Preregistration:
 
     @property
     def key(self) -> str:
-        """The record metric holding the endpoint's per-run value (with an endpoint)."""
+        """The outcome metric holding the endpoint's per-run value (with an endpoint)."""
         return ENDPOINT_PREFIX + self.endpoint
 
     @property

@@ -1,4 +1,4 @@
-"""The report: Markdown, a PNG of the main metrics and CSVs, from the assessed records.
+"""The report: Markdown, a PNG of the main metrics and CSVs, from the assessed outcomes.
 
 The Markdown says what was run (the machine, the command that reproduces it, wall time, budget
 and data), then the summary, what it shows, the primary endpoint's verdict per variant (with a
@@ -184,16 +184,16 @@ def machine_lines(machine: Mapping[str, str]) -> List[str]:
 
 def render_markdown(
     summaries: Sequence[VariantSummary],
-    records: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[Mapping[str, Any]],
     context: ReportContext,
     plot_name: Optional[str],
     csv_name: str,
     preregistration: Preregistration = Preregistration(),
     missing: Sequence[str] = (),
 ) -> str:
-    """The whole report; `missing`: the planned runs without a record (not finished, or not started)."""
-    run_seconds = [r["wall_seconds"] for r in records if r.get("wall_seconds")]
-    num_reused = sum(bool(r.get("reused")) for r in records)
+    """The whole report; `missing`: the planned runs without an outcome (not finished, or not started)."""
+    run_seconds = [r["wall_seconds"] for r in outcomes if r.get("wall_seconds")]
+    num_reused = sum(bool(r.get("reused")) for r in outcomes)
     timing = (
         f"; one run (its process: start, train, evaluate) took {statistics.fmean(run_seconds):.0f} s on "
         f"average ({min(run_seconds):.0f}-{max(run_seconds):.0f} s), {context.budget.jobs} at a time"
@@ -207,14 +207,14 @@ def render_markdown(
         )
     summed = f" ({sum(run_seconds) / 60:.1f} min of run time in all)" if run_seconds else ""
     when = (
-        f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(records)} runs"
+        f"- started {context.started}; wall time **{context.wall_seconds / 60:.1f} min** for {len(outcomes)} runs"
         + summed
         + timing
     )
     if context.emitted:
         # Cluster jobs run when the scheduler starts them: only each run's own time is known.
         when = (
-            f"- jobs written {context.started}; {len(records)} runs with a record, "
+            f"- jobs written {context.started}; {len(outcomes)} runs with an outcome, "
             f"{sum(run_seconds) / 60:.1f} min of run time in all (each run: train, then evaluate)"
             + (f", {statistics.fmean(run_seconds):.0f} s per run on average" if run_seconds else "")
         )
@@ -235,20 +235,20 @@ def render_markdown(
         when,
         *budget_lines(context),
         "",
-        *report_sections(summaries, records, plot_name, csv_name, preregistration, missing),
+        *report_sections(summaries, outcomes, plot_name, csv_name, preregistration, missing),
     ]
     return "\n".join(lines)
 
 
 def report_sections(
     summaries: Sequence[VariantSummary],
-    records: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[Mapping[str, Any]],
     plot_name: Optional[str],
     csv_name: str,
     preregistration: Preregistration = Preregistration(),
     missing: Sequence[str] = (),
 ) -> List[str]:
-    """The report's sections, from `## Summary` on: everything its runs' records decide (the verdicts, the
+    """The report's sections, from `## Summary` on: everything its runs' outcomes decide (the verdicts, the
     pairs, the tables), without the header that describes how and where they ran."""
     lines = [
         "## Summary",
@@ -271,17 +271,17 @@ def report_sections(
         ]
     labels = [summary.label for summary in summaries]
     reference = reference_label(labels, preregistration)
-    lines += ["## What this shows", "", *findings(summaries, records, reference), ""]
+    lines += ["## What this shows", "", *findings(summaries, outcomes, reference), ""]
     if reference is not None and len(summaries) > 1:
         if preregistration.endpoint:
-            lines += primary_section(records, labels, reference, preregistration)
-        lines += paired_section(records, summaries, reference, preregistration)
+            lines += primary_section(outcomes, labels, reference, preregistration)
+        lines += paired_section(outcomes, summaries, reference, preregistration)
     for title, prefix, description in SECTIONS:
         keys = section_keys(summaries, prefix)
         if keys:
             lines += [f"## {title}", "", description + ".", "", *markdown_table(summaries, keys), ""]
-    flagged = flagged_runs(records) + [
-        f"- `{name}`: **missing**: no record (not finished, or not started)" for name in missing
+    flagged = flagged_runs(outcomes) + [
+        f"- `{name}`: **missing**: no outcome (not finished, or not started)" for name in missing
     ]
     lines += [
         "## Flagged runs",
@@ -318,39 +318,39 @@ RUN_FIELDS = (
 )
 
 
-def write_runs_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
+def write_runs_csv(outcomes: Sequence[Mapping[str, Any]], path: Path) -> None:
     """One row per run: identity, verdict and reasons, timing, every metric."""
-    keys = metric_keys(records)
+    keys = metric_keys(outcomes)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*RUN_FIELDS, *keys])
-        for record in records:
+        for outcome in outcomes:
             identity = [
-                record["label"],
-                record["loss"],
-                json.dumps(record["options"], sort_keys=True),
-                record["seed"],
-                record["name"],
-                record.get("code") or "unknown",
-                record["verdict"],
-                "; ".join(record["reasons"]),
-                record.get("train_seconds"),
-                record.get("eval_seconds"),
-                record.get("wall_seconds"),
+                outcome["label"],
+                outcome["loss"],
+                json.dumps(outcome["options"], sort_keys=True),
+                outcome["seed"],
+                outcome["name"],
+                outcome.get("code") or "unknown",
+                outcome["verdict"],
+                "; ".join(outcome["reasons"]),
+                outcome.get("train_seconds"),
+                outcome.get("eval_seconds"),
+                outcome.get("wall_seconds"),
             ]
-            writer.writerow([*identity, *(record["metrics"].get(key, "") for key in keys)])
+            writer.writerow([*identity, *(outcome["metrics"].get(key, "") for key in keys)])
 
 
 def read_runs_csv(path: Path) -> List[Dict[str, Any]]:
-    """The records `write_runs_csv` wrote (identity, verdict, reasons, timing, metrics), as a report's
+    """The outcomes `write_runs_csv` wrote (identity, verdict, reasons, timing, metrics), as a report's
     committed per-run CSV holds them: what a study's summary is computed from when its run folders are not
     committed. A failed run's `error` is its reasons."""
-    records = []
+    outcomes = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             timing = {key: float(row[key]) if row.get(key) else None for key in RUN_FIELDS[8:]}
             reasons = row["reasons"].split("; ") if row["reasons"] else []
-            records.append(
+            outcomes.append(
                 {
                     "label": row["label"],
                     "loss": row["loss"],
@@ -366,7 +366,7 @@ def read_runs_csv(path: Path) -> List[Dict[str, Any]]:
                     },
                 }
             )
-    return records
+    return outcomes
 
 
 def write_summary_csv(summaries: Sequence[VariantSummary], path: Path) -> None:
@@ -396,13 +396,13 @@ class PairedPoint:
 
 
 def paired_points(
-    records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, keys: Sequence[str]
+    outcomes: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, keys: Sequence[str]
 ) -> List[PairedPoint]:
     """(variant - reference) per plotted metric, seed for seed, with the interval the verdicts rest on."""
     points = []
     for label in labels:
         for key in keys:
-            difference = paired_difference(records, label, reference, key) if label != reference else None
+            difference = paired_difference(outcomes, label, reference, key) if label != reference else None
             if difference is not None:
                 points.append(PairedPoint(label, key, difference.mean, difference.interval(0.95), difference.n))
     return points
@@ -420,7 +420,7 @@ def paired_axis_limits(points: Sequence[PairedPoint], margin: float) -> Tuple[fl
 
 def write_plot(
     summaries: Sequence[VariantSummary],
-    records: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[Mapping[str, Any]],
     reference: Optional[str],
     path: Path,
     margin: float = DEFAULT_MARGIN,
@@ -438,7 +438,7 @@ def write_plot(
     if not keys:
         return False
     labels = [summary.label for summary in summaries]
-    points = paired_points(records, labels, reference, keys) if reference is not None else []
+    points = paired_points(outcomes, labels, reference, keys) if reference is not None else []
     width = 0.8 / len(summaries)
     figure, (axes, paired_axes) = plt.subplots(
         2,
@@ -520,20 +520,20 @@ JUDGED_AGAIN = "**Judged again:** "
 
 
 def rendered_again(
-    page: Path, records: Sequence[Mapping[str, Any]], preregistration: Preregistration, note: str
+    page: Path, outcomes: Sequence[Mapping[str, Any]], preregistration: Preregistration, note: str
 ) -> str:
     """The report `page` with its header as first written (how, where and when its runs ran: up to `## Summary`,
     without an earlier JUDGED_AGAIN line), then `JUDGED_AGAIN + note`, then every section rendered again from
-    `records` (its per-run CSV, `read_runs_csv`, when the run folders are not committed) and its plot redrawn
+    `outcomes` (its per-run CSV, `read_runs_csv`, when the run folders are not committed) and its plot redrawn
     beside it; returns the new text, also written to `page`."""
     header = "\n".join(
         line for line in page.read_text().split("\n## Summary", 1)[0].split("\n") if not line.startswith(JUDGED_AGAIN)
     ).rstrip()
-    summaries = summarize(records)
+    summaries = summarize(outcomes)
     plot = page.with_suffix(".png")
-    has_plot = write_plot(summaries, records, "clip", plot, preregistration.margin)
+    has_plot = write_plot(summaries, outcomes, "clip", plot, preregistration.margin)
     body = report_sections(
-        summaries, records, plot.name if has_plot else None, f"{page.stem}_runs.csv", preregistration
+        summaries, outcomes, plot.name if has_plot else None, f"{page.stem}_runs.csv", preregistration
     )
     new_text = "\n".join([header, "", JUDGED_AGAIN + note, "", *body]) + kept_tail(page)
     page.write_text(new_text)
@@ -551,7 +551,7 @@ def kept_tail(results_md: Path) -> str:
 
 
 def write_report(
-    records: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[Mapping[str, Any]],
     context: ReportContext,
     results_md: Path,
     output_dir: Path,
@@ -561,24 +561,24 @@ def write_report(
 ) -> str:
     """Write the report next to `results_md` (plot and per-run CSV beside it) and copies under `output_dir`.
 
-    With a primary endpoint, each record gains its per-run value (`primary/<name>`) first. Pairs whose runs
+    With a primary endpoint, each outcome gains its per-run value (`primary/<name>`) first. Pairs whose runs
     ran different code are refused unless `pair_across_code` (`stats.check_same_code`)."""
-    labels = list(dict.fromkeys(record["label"] for record in records))
+    labels = list(dict.fromkeys(outcome["label"] for outcome in outcomes))
     reference = reference_label(labels, preregistration)
     if reference is not None and not pair_across_code:
-        check_same_code(records, labels, reference)
+        check_same_code(outcomes, labels, reference)
     if preregistration.endpoint:
-        check_endpoint(records, preregistration)
-        records = with_endpoint(records, preregistration.metrics, preregistration.key)
-    summaries = summarize(records)
+        check_endpoint(outcomes, preregistration)
+        outcomes = with_endpoint(outcomes, preregistration.metrics, preregistration.key)
+    summaries = summarize(outcomes)
     results_md.parent.mkdir(parents=True, exist_ok=True)
     output_dir.mkdir(parents=True, exist_ok=True)
     plot_path = results_md.with_suffix(".png")
     csv_path = results_md.with_name(results_md.stem + "_runs.csv")
-    has_plot = write_plot(summaries, records, reference, plot_path, preregistration.margin)
-    write_runs_csv(records, csv_path)
+    has_plot = write_plot(summaries, outcomes, reference, plot_path, preregistration.margin)
+    write_runs_csv(outcomes, csv_path)
     markdown = render_markdown(
-        summaries, records, context, plot_path.name if has_plot else None, csv_path.name, preregistration, missing
+        summaries, outcomes, context, plot_path.name if has_plot else None, csv_path.name, preregistration, missing
     )
     results_md.write_text(markdown + kept_tail(results_md))
     write_summary_csv(summaries, output_dir / "summary.csv")

@@ -1,5 +1,5 @@
 """A whole comparison: the data, every job (`--jobs` at a time), the report; or its jobs written for a
-cluster (`--emit-jobs`); or the report from whatever records there are (`--report-only`)."""
+cluster (`--emit-jobs`); or the report from whatever outcomes there are (`--report-only`)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from .jobs import (
     RunJob,
     final_checkpoint,
     launch_job,
+    outcome_file,
     plan_jobs,
     pretrain_job,
-    record_file,
     run_name,
     write_json_atomic,
 )
@@ -40,8 +40,8 @@ def run_all(
     jobs: Sequence[RunJob], *, parallel: int, timeout: Optional[float], reuse: bool = True, echo=print
 ) -> List[Dict[str, Any]]:
     """Launch every job, `parallel` at a time, echoing each finished run with the runs done / total and the
-    time left; returns the records in job order."""
-    records: Dict[int, Dict[str, Any]] = {}
+    time left; returns the outcomes in job order."""
+    outcomes: Dict[int, Dict[str, Any]] = {}
     start, trained = time.time(), 0
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = {
@@ -50,11 +50,11 @@ def run_all(
         }
         for done, future in enumerate(as_completed(futures), start=1):
             index = futures[future]
-            records[index] = assess_run(future.result())
-            trained += not records[index].get("reused")
+            outcomes[index] = assess_run(future.result())
+            trained += not outcomes[index].get("reused")
             eta = comparison_eta(time.time() - start, trained, len(jobs) - done)
-            echo(f"[{done}/{len(jobs)}] {run_line(records[index])} ({eta})")
-    return [records[index] for index in range(len(jobs))]
+            echo(f"[{done}/{len(jobs)}] {run_line(outcomes[index])} ({eta})")
+    return [outcomes[index] for index in range(len(jobs))]
 
 
 def comparison_eta(elapsed: float, trained: int, remaining: int) -> str:
@@ -65,16 +65,16 @@ def comparison_eta(elapsed: float, trained: int, remaining: int) -> str:
     return eta_text(elapsed, trained, trained + remaining)
 
 
-def run_line(record: Mapping[str, Any]) -> str:
+def run_line(outcome: Mapping[str, Any]) -> str:
     """One line per finished run for the console."""
-    metrics = record["metrics"]
-    parts = [f"{record['label']} seed {record['seed']}: {record['verdict']}"]
+    metrics = outcome["metrics"]
+    parts = [f"{outcome['label']} seed {outcome['seed']}: {outcome['verdict']}"]
     for key in HEADLINE_METRICS:
         if key in metrics:
             parts.append(f"{key} {metrics[key]:.3f}")
-    parts.append("reused" if record.get("reused") else f"{record['wall_seconds']:.0f} s")
-    if record["verdict"] != OK:
-        parts.append("; ".join(record["reasons"]))
+    parts.append("reused" if outcome.get("reused") else f"{outcome['wall_seconds']:.0f} s")
+    if outcome["verdict"] != OK:
+        parts.append("; ".join(outcome["reasons"]))
     return ", ".join(parts)
 
 
@@ -116,7 +116,7 @@ class OwnData:
 def save_comparison(
     output_dir: Path, variants: Sequence[LossVariant], context: ReportContext, preregistration: Preregistration
 ) -> None:
-    """comparison.json: what `--report-only` needs besides the records."""
+    """comparison.json: what `--report-only` needs besides the outcomes."""
     write_json_atomic(
         output_dir / COMPARISON_FILE,
         {
@@ -145,7 +145,7 @@ def run_comparison(
     preregistration: Preregistration = Preregistration(),
     pair_across_code: bool = False,
 ) -> List[Dict[str, Any]]:
-    """Data (the demo's, written or reused, unless `own_data`), every run, the report; returns the assessed records."""
+    """Data (the demo's, written or reused, unless `own_data`), every run, the report; returns the assessed outcomes."""
     start = time.time()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = machine_info(budget.device)
@@ -155,17 +155,17 @@ def run_comparison(
     if budget.pretrain_epochs:
         job = pretrain_job(budget, data, output_dir)
         echo(f"pretraining {job.name} ({budget.pretrain_epochs} epochs) for the fine-tuning runs")
-        record = assess_run(launch_job(job, jobs=1, timeout=timeout, reuse=reuse))
-        echo(run_line(record))
-        if record["verdict"] != OK:
-            raise ValueError(f"the pretraining run {job.name} is {record['verdict']}: {'; '.join(record['reasons'])}")
+        outcome = assess_run(launch_job(job, jobs=1, timeout=timeout, reuse=reuse))
+        echo(run_line(outcome))
+        if outcome["verdict"] != OK:
+            raise ValueError(f"the pretraining run {job.name} is {outcome['verdict']}: {'; '.join(outcome['reasons'])}")
         pretrained = final_checkpoint(job)
     jobs = plan_jobs(variants, seeds, budget, data, output_dir, pretrained, model=model, benchmarks=benchmarks)
     echo(
         f"{len(jobs)} runs ({len(variants)} variants x {len(seeds)} seeds), {budget.steps} steps each, "
         f"{budget.jobs} at a time; logs in {output_dir / 'logs'}"
     )
-    records = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
+    outcomes = run_all(jobs, parallel=budget.jobs, timeout=timeout, reuse=reuse, echo=echo)
     context = ReportContext(
         command=command,
         budget=budget,
@@ -180,8 +180,8 @@ def run_comparison(
         benchmarks=asdict(benchmarks) if benchmarks else None,
     )
     save_comparison(output_dir, variants, context, preregistration)
-    write_report(records, context, results_md, output_dir, preregistration, pair_across_code=pair_across_code)
-    return records
+    write_report(outcomes, context, results_md, output_dir, preregistration, pair_across_code=pair_across_code)
+    return outcomes
 
 
 def emit_comparison(
@@ -237,8 +237,8 @@ def rebuild_report(
     labels: Optional[Sequence[str]] = None,
     seeds: Optional[Sequence[int]] = None,
 ) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """Write the report from `output_dir`'s records and comparison.json, training nothing; returns the
-    assessed records and the names of the planned runs without a record (listed in the report).
+    """Write the report from `output_dir`'s outcomes and comparison.json, training nothing; returns the
+    assessed outcomes and the names of the planned runs without an outcome (listed in the report).
 
     The verdicts are recomputed (e.g. after changing `CollapseCriteria`); the command, machine and
     wall time are those of the call that ran the comparison (of emitted jobs: the machine the runs
@@ -247,7 +247,7 @@ def rebuild_report(
     """
     saved = saved_comparison(output_dir)
     fields = saved["context"]
-    budget = Budget.from_record(fields["budget"])
+    budget = Budget.from_saved(fields["budget"])
     context = ReportContext(**{**fields, "budget": budget, "data": ComparisonData(**fields["data"])})
     if preregistration is None:
         registered = saved.get("preregistration", {})
@@ -256,19 +256,19 @@ def rebuild_report(
         context = replace(context, seeds=list(seeds))
     variants = [parse_loss_variant(label) for label in (labels or saved["labels"])]
     names = [run_name(variant, seed) for seed in context.seeds for variant in variants]
-    missing = [name for name in names if not record_file(output_dir, name).is_file()]
+    missing = [name for name in names if not outcome_file(output_dir, name).is_file()]
     if len(missing) == len(names):
         raise ValueError(
-            f"{output_dir} has no record of any of its {len(names)} runs yet"
+            f"{output_dir} has no outcome of any of its {len(names)} runs yet"
             + (f"; run the jobs of {ARRAY_SCRIPT} ({JOBS_LIST} lists them)" if context.emitted else "")
         )
-    records = [
-        assess_run(json.loads(record_file(output_dir, name).read_text())) for name in names if name not in missing
+    outcomes = [
+        assess_run(json.loads(outcome_file(output_dir, name).read_text())) for name in names if name not in missing
     ]
     if context.emitted:
-        context = replace(context, machine=next((r["machine"] for r in records if r.get("machine")), context.machine))
-    write_report(records, context, results_md, output_dir, preregistration, missing, pair_across_code)
-    return records, missing
+        context = replace(context, machine=next((r["machine"] for r in outcomes if r.get("machine")), context.machine))
+    write_report(outcomes, context, results_md, output_dir, preregistration, missing, pair_across_code)
+    return outcomes, missing
 
 
 def saved_comparison(output_dir: Path) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """Verdicts and aggregation: which runs count, and what the ok runs say per variant and against the reference.
 
-Every run gets a verdict (`assess_run`): failed (crashed, or no record), nonfinite (NaN/inf loss
+Every run gets a verdict (`assess_run`): failed (crashed, or no outcome), nonfinite (NaN/inf loss
 or metric), collapsed (val CLIP loss within 5% of its chance value ln(val batch), or val R@1 under
 twice chance, docs/adacl.md §5) or ok. Means and standard deviations (`summarize`) and paired
 differences to the reference over seeds (`paired_difference`) are over the ok runs only.
@@ -72,20 +72,20 @@ def chance_level(key: str) -> Optional[float]:
     return next((level for prefix, level in CHANCE_BY_PREFIX.items() if key.startswith(prefix)), None)
 
 
-def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseCriteria()) -> Dict[str, Any]:
-    """The record with `verdict` (ok, collapsed, nonfinite, failed) and `reasons` (why it is not ok)."""
-    metrics = record["metrics"]
-    if record["status"] in (FAILED, NONFINITE):
-        return {**record, "verdict": record["status"], "reasons": [record["error"] or record["status"]]}
+def assess_run(outcome: Mapping[str, Any], criteria: CollapseCriteria = CollapseCriteria()) -> Dict[str, Any]:
+    """The outcome with `verdict` (ok, collapsed, nonfinite, failed) and `reasons` (why it is not ok)."""
+    metrics = outcome["metrics"]
+    if outcome["status"] in (FAILED, NONFINITE):
+        return {**outcome, "verdict": outcome["status"], "reasons": [outcome["error"] or outcome["status"]]}
     nonfinite = sorted(key for key, value in metrics.items() if not math.isfinite(value))
     if nonfinite:
-        return {**record, "verdict": NONFINITE, "reasons": [f"non-finite {', '.join(nonfinite)}"]}
+        return {**outcome, "verdict": NONFINITE, "reasons": [f"non-finite {', '.join(nonfinite)}"]}
     missing = [key for key in ("val/clip_loss", "val/i2t_R@1", "val/t2i_R@1") if key not in metrics]
-    if missing or not record.get("val_num_samples"):
-        return {**record, "verdict": FAILED, "reasons": [f"no {', '.join(missing) or 'val/num_samples'} recorded"]}
+    if missing or not outcome.get("val_num_samples"):
+        return {**outcome, "verdict": FAILED, "reasons": [f"no {', '.join(missing) or 'val/num_samples'} recorded"]}
     reasons = []
-    chance_loss = val_chance_loss(record)
-    chance_recall = 1.0 / record["val_num_samples"]
+    chance_loss = val_chance_loss(outcome)
+    chance_recall = 1.0 / outcome["val_num_samples"]
     mean_recall = (metrics["val/i2t_R@1"] + metrics["val/t2i_R@1"]) / 2
     if (
         abs(metrics["val/clip_loss"] - chance_loss) <= criteria.loss_band * chance_loss
@@ -98,18 +98,18 @@ def assess_run(record: Mapping[str, Any], criteria: CollapseCriteria = CollapseC
         )
     if mean_recall < criteria.recall_factor * chance_recall:
         reasons.append(
-            f"val R@1 {mean_recall:.4f} < {criteria.recall_factor:g} x chance (1/{record['val_num_samples']:g})"
+            f"val R@1 {mean_recall:.4f} < {criteria.recall_factor:g} x chance (1/{outcome['val_num_samples']:g})"
         )
-    return {**record, "verdict": COLLAPSED if reasons else OK, "reasons": reasons}
+    return {**outcome, "verdict": COLLAPSED if reasons else OK, "reasons": reasons}
 
 
-def val_chance_loss(record: Mapping[str, Any]) -> float:
-    """The val CLIP loss of equal logits: the trainer's sample-weighted ln(val batch size) when the record has it
-    (`val/clip_loss_chance`), else ln(min(batch size, val samples)) (records written before it was kept)."""
-    recorded = record["metrics"].get("val/clip_loss_chance")
+def val_chance_loss(outcome: Mapping[str, Any]) -> float:
+    """The val CLIP loss of equal logits: the trainer's sample-weighted ln(val batch size) when the outcome has it
+    (`val/clip_loss_chance`), else ln(min(batch size, val samples)) (outcomes written before it was kept)."""
+    recorded = outcome["metrics"].get("val/clip_loss_chance")
     if recorded is not None:
         return recorded
-    return math.log(min(record["batch_size"], record["val_num_samples"]))
+    return math.log(min(outcome["batch_size"], outcome["val_num_samples"]))
 
 
 @dataclass
@@ -139,16 +139,16 @@ class VariantSummary:
         return f"{self.num_ok}/{self.num_runs} ok" + (f" ({flagged})" if flagged else "")
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> List[VariantSummary]:
+def summarize(outcomes: Sequence[Mapping[str, Any]]) -> List[VariantSummary]:
     """Per variant (first-seen order): verdict counts, and mean/std of each metric over its ok runs only."""
     summaries: Dict[str, VariantSummary] = {}
-    for record in records:
-        summary = summaries.setdefault(record["label"], VariantSummary(record["label"], {}))
-        summary.verdicts[record["verdict"]] = summary.verdicts.get(record["verdict"], 0) + 1
+    for outcome in outcomes:
+        summary = summaries.setdefault(outcome["label"], VariantSummary(outcome["label"], {}))
+        summary.verdicts[outcome["verdict"]] = summary.verdicts.get(outcome["verdict"], 0) + 1
     for label, summary in summaries.items():
-        ok_runs = [record for record in records if record["label"] == label and record["verdict"] == OK]
+        ok_runs = [outcome for outcome in outcomes if outcome["label"] == label and outcome["verdict"] == OK]
         for key in metric_keys(ok_runs):
-            values = [record["metrics"][key] for record in ok_runs if key in record["metrics"]]
+            values = [outcome["metrics"][key] for outcome in ok_runs if key in outcome["metrics"]]
             std = statistics.stdev(values) if len(values) > 1 else math.nan
             summary.metrics[key] = MetricStats(statistics.fmean(values), std, len(values))
     return list(summaries.values())
@@ -161,9 +161,9 @@ def metric_order(key: str) -> Tuple[int, bool, str]:
     return section, key == "clone/overall", key
 
 
-def metric_keys(records: Iterable[Mapping[str, Any]]) -> List[str]:
-    """Every metric name in `records`, in `metric_order`."""
-    return sorted({key for record in records for key in record["metrics"]}, key=metric_order)
+def metric_keys(outcomes: Iterable[Mapping[str, Any]]) -> List[str]:
+    """Every metric name in `outcomes`, in `metric_order`."""
+    return sorted({key for outcome in outcomes for key in outcome["metrics"]}, key=metric_order)
 
 
 def section_keys(summaries: Sequence[VariantSummary], prefix: str | Tuple[str, ...]) -> List[str]:
@@ -172,12 +172,12 @@ def section_keys(summaries: Sequence[VariantSummary], prefix: str | Tuple[str, .
     return sorted((key for key in keys if key.startswith(prefix) and key != "train/steps"), key=metric_order)
 
 
-def tracking_baseline(records: Sequence[Mapping[str, Any]], label: str, baseline: str) -> Optional[float]:
+def tracking_baseline(outcomes: Sequence[Mapping[str, Any]], label: str, baseline: str) -> Optional[float]:
     """The largest |difference| on any metric between `label`'s ok runs and the baseline's of the same
     seed, when both have ok runs for the same seeds (else None): near 0, the loss changed nothing."""
 
     def ok_runs(name: str) -> Dict[int, Mapping[str, float]]:
-        return {r["seed"]: r["metrics"] for r in records if r["label"] == name and r["verdict"] == OK}
+        return {r["seed"]: r["metrics"] for r in outcomes if r["label"] == name and r["verdict"] == OK}
 
     mine, theirs = ok_runs(label), ok_runs(baseline)
     if not mine or mine.keys() != theirs.keys():
@@ -284,7 +284,7 @@ def ratio_text(ratio: Optional[Tuple[float, float, float]]) -> str:
 
 
 def paired_difference(
-    records: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
+    outcomes: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
 ) -> Optional[PairedDifference]:
     """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data
     order: the pairing removes the seed-to-seed variance both share); None without any such seed."""
@@ -292,7 +292,7 @@ def paired_difference(
     def by_seed(name: str) -> Dict[int, float]:
         return {
             r["seed"]: r["metrics"][key]
-            for r in records
+            for r in outcomes
             if r["label"] == name and r["verdict"] == OK and key in r["metrics"]
         }
 
@@ -301,25 +301,25 @@ def paired_difference(
     return PairedDifference(differences) if differences else None
 
 
-def paired_codes(records: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
+def paired_codes(outcomes: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
     """(seed, code of `label`'s run, code of `reference`'s run) of every pair where both runs are ok: what each
-    pair ran (`training.trainer.run_folder.provenance.code_version`; `unknown` for records written before runs kept it)."""
+    pair ran (`training.trainer.run_folder.provenance.code_version`; `unknown` for outcomes written before runs kept it)."""
 
     def by_seed(name: str) -> Dict[int, str]:
-        return {r["seed"]: r.get("code") or "unknown" for r in records if r["label"] == name and r["verdict"] == OK}
+        return {r["seed"]: r.get("code") or "unknown" for r in outcomes if r["label"] == name and r["verdict"] == OK}
 
     mine, theirs = by_seed(label), by_seed(reference)
     return [(seed, mine[seed], theirs[seed]) for seed in sorted(mine.keys() & theirs.keys())]
 
 
-def check_same_code(records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str) -> None:
+def check_same_code(outcomes: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str) -> None:
     """ValueError naming the pairs whose two runs ran different (or unknown) code: a paired difference is then
     not only the loss's."""
     mixed = [
         f"{label} seed {seed} ({mine}) vs {reference} ({theirs})"
         for label in labels
         if label != reference
-        for seed, mine, theirs in paired_codes(records, label, reference)
+        for seed, mine, theirs in paired_codes(outcomes, label, reference)
         if mine != theirs or mine.startswith("unknown")
     ]
     if mixed:
@@ -410,7 +410,7 @@ class SecondaryTest:
 
 
 def secondary_tests(
-    records: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, keys: Sequence[str]
+    outcomes: Sequence[Mapping[str, Any]], labels: Sequence[str], reference: str, keys: Sequence[str]
 ) -> Dict[str, Dict[str, SecondaryTest]]:
     """variant -> metric -> its test against `reference`, Holm-corrected over every (variant, metric) cell
     with at least one pair; labels other than the reference."""
@@ -419,7 +419,7 @@ def secondary_tests(
         for label in labels
         if label != reference
         for key in keys
-        if (difference := paired_difference(records, label, reference, key)) is not None
+        if (difference := paired_difference(outcomes, label, reference, key)) is not None
     ]
     raw = [difference.p_value for _, _, difference in cells]
     adjusted, rejected = holm([1.0 if p is None else p for p in raw])
@@ -429,11 +429,11 @@ def secondary_tests(
     return tests
 
 
-def with_endpoint(records: Sequence[Mapping[str, Any]], metrics: Sequence[str], key: str) -> List[Dict[str, Any]]:
-    """The records with `key` = the mean of `metrics` added, where a run has all of them."""
+def with_endpoint(outcomes: Sequence[Mapping[str, Any]], metrics: Sequence[str], key: str) -> List[Dict[str, Any]]:
+    """The outcomes with `key` = the mean of `metrics` added, where a run has all of them."""
     return [
-        {**record, "metrics": {**record["metrics"], key: statistics.fmean(record["metrics"][m] for m in metrics)}}
-        if all(m in record["metrics"] for m in metrics)
-        else dict(record)
-        for record in records
+        {**outcome, "metrics": {**outcome["metrics"], key: statistics.fmean(outcome["metrics"][m] for m in metrics)}}
+        if all(m in outcome["metrics"] for m in metrics)
+        else dict(outcome)
+        for outcome in outcomes
     ]

@@ -1,7 +1,6 @@
 """The `adacl` loss: against dense references built from adacl_math.py, against ClipLoss, on degenerate
 batches, and through its state; plus the two AdaCL scripts. (Its selection: tests/open_clip_adacl/test_selection.py.)"""
 
-import importlib.util
 import io
 
 import open_clip
@@ -9,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import REPO
 from helpers import adacl_reference as reference
+from helpers.bench_scripts import bench_script
 from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import FALLBACK_REASONS
 
@@ -265,17 +264,9 @@ def test_invalid_options_are_clear_errors():
 # --- scripts -------------------------------------------------------------------------------------------
 
 
-def _script(name):
-    path = REPO / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_loss_measures_every_case(monkeypatch):
     monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", "auto")  # the benchmark sets it per case
-    bench = _script("bench_loss")
+    bench = bench_script("bench_loss")
     for rounds in bench.time_cases(64, 16, "cpu", 2, "trained-50", ("auto", "eager")):  # wall clock, CPU time
         assert list(rounds) == [
             "clip",
@@ -348,7 +339,7 @@ def test_bench_loss_measures_every_case(monkeypatch):
 
 
 def test_bench_loss_trained_like_inputs_have_the_cosines_it_names():
-    image, text = _script("bench_loss").make_features(512, 512, "cpu", "trained-50")
+    image, text = bench_script("bench_loss").make_features(512, 512, "cpu", "trained-50")
     cosines = image @ text.T
     cluster = torch.arange(512) // 8
     same_cluster = cluster[:, None] == cluster[None, :]

@@ -28,7 +28,7 @@ def test_train_args_add_to_a_recipes_flags_instead_of_replacing_them():
 
 
 def test_a_recorded_budget_reads_back_as_values_also_when_it_recorded_an_argv():
-    """comparison.json records the budget's trainer flags as values; one that recorded them as an argv
+    """comparison.json outcomes the budget's trainer flags as values; one that recorded them as an argv
     (`train_args`) reads back to the same budget, so its report can be rebuilt."""
     from dataclasses import asdict, replace
 
@@ -39,7 +39,7 @@ def test_a_recorded_budget_reads_back_as_values_also_when_it_recorded_an_argv():
         trainer_values={**QUICK.with_recipe("clone-pseudo").trainer_values, "pretrained": "x.pt"},
     )
     recorded = asdict(budget)
-    assert Budget.from_record(recorded) == budget
+    assert Budget.from_saved(recorded) == budget
     as_argv = {key: value for key, value in recorded.items() if key != "trainer_values"}
     as_argv["train_args"] = [
         "--train-group-size",
@@ -51,4 +51,4 @@ def test_a_recorded_budget_reads_back_as_values_also_when_it_recorded_an_argv():
         "--pretrained",
         "x.pt",
     ]
-    assert Budget.from_record(as_argv) == budget
+    assert Budget.from_saved(as_argv) == budget

@@ -1,5 +1,5 @@
 """The cluster path on the demo shards as the user's own data: emit the jobs, run the SLURM array script as a
-plain local loop over task ids (each task: torchrun training, then evaluation and its record), then
+plain local loop over task ids (each task: torchrun training, then evaluation and its outcome), then
 --report-only pairs the runs; before the last tasks it lists the missing runs."""
 
 import csv
@@ -133,25 +133,25 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
 
     run_tasks([0, 1])  # seed 0 of both losses; seed 1 not yet
     partial = tmp_path / "partial.md"
-    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(partial)])
-    assert len(records) == 2 and all(record["status"] == "ok" for record in records), [r["error"] for r in records]
-    assert "`clip-seed1`: **missing**: no record (not finished, or not started)" in partial.read_text()
+    outcomes = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(partial)])
+    assert len(outcomes) == 2 and all(outcome["status"] == "ok" for outcome in outcomes), [r["error"] for r in outcomes]
+    assert "`clip-seed1`: **missing**: no outcome (not finished, or not started)" in partial.read_text()
     assert "`adacl-seed1`: **missing**" in partial.read_text()
     # --losses and --seeds pick the runs to report on: the finished seed alone has nothing missing.
     seed0 = tmp_path / "seed0.md"
-    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--seeds", "0"])
+    outcomes = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--seeds", "0"])
     assert (
-        sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed0"] and "**missing**" not in seed0.read_text()
+        sorted(r["name"] for r in outcomes) == ["adacl-seed0", "clip-seed0"] and "**missing**" not in seed0.read_text()
     )
-    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--losses", "clip"])
-    assert [r["name"] for r in records] == ["clip-seed0"] and "`clip-seed1`: **missing**" in seed0.read_text()
+    outcomes = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(seed0), "--losses", "clip"])
+    assert [r["name"] for r in outcomes] == ["clip-seed0"] and "`clip-seed1`: **missing**" in seed0.read_text()
 
     run_tasks([2, 3])
     results_md = tmp_path / "cluster.md"
-    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(results_md)])
-    assert len(records) == 4 and "**missing**" not in results_md.read_text()
-    record = json.loads((output_dir / "records" / "adacl-seed1.json").read_text())
-    assert record["status"] == "ok" and record["world_size"] == 1 and record["metrics"]["train/steps"] == 64
+    outcomes = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(results_md)])
+    assert len(outcomes) == 4 and "**missing**" not in results_md.read_text()
+    outcome = json.loads((output_dir / "outcomes" / "adacl-seed1.json").read_text())
+    assert outcome["status"] == "ok" and outcome["world_size"] == 1 and outcome["metrics"]["train/steps"] == 64
     assert {
         "cls/scenes_shape/acc1",
         "ret/scenes_retrieval/image_R@1",
@@ -159,12 +159,12 @@ def test_emitted_jobs_run_as_an_array_then_report_only_pairs_them(demo_shards, t
         "clone/shape",
         "clone/shape_cos_margin_p10",
         "val/i2t_R@1",
-    } <= set(record["metrics"])
-    assert record["loss_options"]["queue_size"] == 0 and record["machine"]["cores"]
+    } <= set(outcome["metrics"])
+    assert outcome["loss_options"]["queue_size"] == 0 and outcome["machine"]["cores"]
     markdown = results_md.read_text()
     assert "## Primary endpoint" in markdown and "equivalence margin ±0.05; reference `clip`" in markdown
     # Each adacl run is paired with clip's of the same seed where both are ok.
-    ok = {(r["label"], r["seed"]) for r in records if r["verdict"] == "ok"}
+    ok = {(r["label"], r["seed"]) for r in outcomes if r["verdict"] == "ok"}
     pairs = sum(("clip", seed) in ok and ("adacl", seed) in ok for seed in (0, 1))
     (verdict,) = [line for line in markdown.splitlines() if line.startswith("| `adacl` | clone_mean | ±0.05 |")]
     assert verdict.startswith(f"| `adacl` | clone_mean | ±0.05 | {pairs} |")
@@ -197,7 +197,7 @@ def test_emitting_checks_the_users_data_flags(demo_shards, tmp_path):
 @pytest.mark.slow  # about 20 s on 2 cores: each array task a process that imports the trainer
 def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record(demo_shards, tmp_path):
     """The scripts' plumbing without training: PYTHON is a stub that logs each call, fails the torchrun
-    step with status 3 and runs the real --finish-job, which records the run as failed."""
+    step with status 3 and runs the real --finish-job, which outcomes the run as failed."""
     jobs_dir, output_dir = tmp_path / "jobs", tmp_path / "comparison"
     main(emit_argv(demo_shards, jobs_dir, output_dir, "--nproc-per-node", "2", "--device", "cuda"))
     assert "#SBATCH --gpus-per-node=2" in (jobs_dir / "array.sh").read_text()
@@ -218,13 +218,13 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
     assert train.startswith("-m training.torchrun --standalone --nproc-per-node 2 -m training.main -- --train-data")
     assert "--seed 1 " in train and "--loss clip" in train and train.endswith("--resume latest")
     assert finish.startswith(
-        f"-m training.loss_comparison --finish-job {output_dir / 'records' / 'clip-seed1.job.json'} "
+        f"-m training.loss_comparison --finish-job {output_dir / 'outcomes' / 'clip-seed1.job.json'} "
         "--train-status 3 --train-seconds "
     )
     assert "training failed" in (output_dir / "logs" / "clip-seed1.log").read_text()
-    record = json.loads((output_dir / "records" / "clip-seed1.json").read_text())
-    assert record["status"] == "failed" and record["world_size"] == 2
-    assert record["error"].startswith("training exited with status 3")
+    outcome = json.loads((output_dir / "outcomes" / "clip-seed1.json").read_text())
+    assert outcome["status"] == "failed" and outcome["world_size"] == 2
+    assert outcome["error"].startswith("training exited with status 3")
     with pytest.raises(subprocess.CalledProcessError):  # a task id beyond the array
         subprocess.run(
             ["bash", str(jobs_dir / "array.sh")],
@@ -232,8 +232,8 @@ def test_each_array_task_runs_its_job_and_a_failed_training_gets_a_failed_record
             capture_output=True,
             env={**os.environ, "SLURM_ARRAY_TASK_ID": "4"},
         )
-    records = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md")])
-    assert sorted(r["name"] for r in records) == ["adacl-seed0", "clip-seed1"]
+    outcomes = main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "r.md")])
+    assert sorted(r["name"] for r in outcomes) == ["adacl-seed0", "clip-seed1"]
     report = (tmp_path / "r.md").read_text()
     assert "`clip-seed1`: **failed**: training exited with status 3" in report
     assert "`clip-seed0`: **missing**" in report and "`adacl-seed1`: **missing**" in report

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers.comparison_records import TINY
+from helpers.comparison_outcomes import TINY
 from training.loss_comparison.data import prepare_data
 
 

@@ -1,12 +1,13 @@
 """Jobs: the trainer arguments of a run and of the fine-tuning regime's pretraining run, each run's
-process (its thread share, a failed record when it dies) and AdaCL's mechanism metrics from its log."""
+process (its thread share, a failed outcome when it dies) and AdaCL's mechanism metrics from its log."""
 
 import json
 from dataclasses import replace
 
 import pytest
 
-from helpers.comparison_records import fake_data
+from helpers.comparison_outcomes import fake_data
+from open_clip_adacl import get_loss_class
 from training.loss_comparison.data import QUICK
 from training.loss_comparison.jobs import (
     RunJob,
@@ -66,12 +67,12 @@ def test_a_run_whose_process_fails_gets_a_failed_record(tmp_path):
         data_root=str(tmp_path),
         batch_size=32,
         device="cpu",
-        record_path=str(tmp_path / "records" / "broken.json"),
+        outcome_path=str(tmp_path / "outcomes" / "broken.json"),
     )
     result = assess_run(launch_job(job, jobs=1, timeout=120))
     assert result["verdict"] == "failed" and "do not exist" in result["error"] and result["wall_seconds"] > 0
     assert "do not exist" in (tmp_path / "logs" / "broken.log").read_text()  # with the traceback
-    assert json.loads((tmp_path / "records" / "broken.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "outcomes" / "broken.json").read_text())["status"] == "failed"
 
 
 def test_mechanism_metrics_count_bound_activity_and_margin_spread():
@@ -93,11 +94,12 @@ def test_mechanism_metrics_count_bound_activity_and_margin_spread():
             "stats/t2i/modulated": 0.0,
         },
     ]
-    metrics = mechanism_metrics(steps)
+    metrics = mechanism_metrics(steps, get_loss_class("adacl").mechanism_stats)
     assert metrics["adacl/scale_bounded"] == 0.25 and metrics["adacl/modulated"] == 0.75
     assert metrics["adacl/m1_over_scale_mean"] == pytest.approx(1.5)
     assert metrics["adacl/m1_over_scale_std"] == pytest.approx(0.2236, rel=1e-3)
-    assert mechanism_metrics([{"loss": 1.0}]) == {}
+    assert mechanism_metrics([{"loss": 1.0}], get_loss_class("adacl").mechanism_stats) == {}
+    assert mechanism_metrics(steps, get_loss_class("clip").mechanism_stats) == {}  # clip declares none
 
 
 def test_fine_tuning_jobs_start_from_the_pretraining_runs_checkpoint(tmp_path):

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from helpers.comparison_records import record
+from helpers.comparison_outcomes import outcome
 from training.loss_comparison.findings import SECONDARY_FAMILY, secondary_keys
 from training.loss_comparison.stats import summarize
 
@@ -22,10 +22,10 @@ def test_a_registered_study_tests_its_family_and_never_logit_margins():
         for edit in ("color", "shape", "size", "relation")
         for suffix in ("", "_cos_margin", "_cos_margin_p10", "_margin")
     }
-    records = [{**record("clip", **metrics, **{"cls/scenes_color/acc1": 0.5}), "verdict": "ok"}]
-    summaries = summarize(records)
+    outcomes = [{**outcome("clip", **metrics, **{"cls/scenes_color/acc1": 0.5}), "verdict": "ok"}]
+    summaries = summarize(outcomes)
     assert secondary_keys(summaries, registered=True) == [
-        key for key in SECONDARY_FAMILY if key in records[0]["metrics"]
+        key for key in SECONDARY_FAMILY if key in outcomes[0]["metrics"]
     ]
     unregistered = secondary_keys(summaries, registered=False)
     assert "clone/shape_cos_margin" in unregistered and "cls/scenes_color/acc1" in unregistered

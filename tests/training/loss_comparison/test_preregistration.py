@@ -5,7 +5,7 @@ import json
 import pytest
 
 from helpers import REPO
-from helpers.comparison_records import record, report_context
+from helpers.comparison_outcomes import outcome, report_context
 from training.loss_comparison.preregistration import Preregistration, from_file, resolve
 from training.loss_comparison.report import write_report
 from training.loss_comparison.stats import assess_run
@@ -109,12 +109,12 @@ def test_the_glyph_benchmark_registers_the_margin_rule_and_its_102_secondary_tes
 
     registration = from_file(f"{REPO / 'docs' / 'preregistration_glyphs.md'}#glyphs_finetune_gold")
     assert registration.helps_beyond_margin
-    records = read_runs_csv(REPO / "docs" / "results" / "glyphs_finetune_gold_runs.csv")
-    summaries = summarize(records)
+    outcomes = read_runs_csv(REPO / "docs" / "results" / "glyphs_finetune_gold_runs.csv")
+    summaries = summarize(outcomes)
     keys = secondary_keys(summaries, registered=True, family=registration.secondary_family)
     assert len(keys) == 17 and "clone/family_cos_margin" in keys and "clone/mark_cos_margin_p10" not in keys
     assert secondary_keys(summaries, registered=True) == ["val/i2t_R@1", "val/t2i_R@1"]  # the scenes' family
-    tests = secondary_tests(records, [summary.label for summary in summaries], "clip", keys)
+    tests = secondary_tests(outcomes, [summary.label for summary in summaries], "clip", keys)
     assert sum(len(by_key) for by_key in tests.values()) == 102
 
 
@@ -122,7 +122,7 @@ def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
     def runs(label, shift, spread):
         # The endpoint's three metrics move together; `shift` is the variant's effect, `spread` its seed noise.
         return [
-            record(
+            outcome(
                 label,
                 seed,
                 **{
@@ -133,7 +133,7 @@ def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
             for seed in range(5)
         ]
 
-    records = [
+    outcomes = [
         assess_run(r)
         for r in runs("clip", 0, 0)
         + runs("better", 0.05, 0.003)
@@ -144,7 +144,7 @@ def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
     registration = Preregistration(
         "clone_learnable", ("clone/color", "clone/shape", "clone/size"), 0.02, source="docs/prereg.md#scratch"
     )
-    markdown = write_report(records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", registration)
+    markdown = write_report(outcomes, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", registration)
     assert (
         "`clone_learnable`: the per-run mean of clone/color, clone/shape, clone/size; equivalence margin ±0.02; "
         "reference `clip`; pre-registered in `docs/prereg.md#scratch`."
@@ -164,8 +164,8 @@ def test_the_report_gives_each_variant_one_verdict_on_the_endpoint(tmp_path):
     assert "primary/clone_learnable" in markdown.split("## What this shows")[0]
     typo = Preregistration("x", ("clone/colour",), 0.02)
     with pytest.raises(ValueError, match="clone/colour is in no ok run's metrics; choose from"):
-        write_report(records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", typo)
+        write_report(outcomes, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", typo)
     with pytest.raises(ValueError, match="reference variant 'siglip' is not among the variants"):
         write_report(
-            records, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", Preregistration(reference="siglip")
+            outcomes, report_context(tmp_path), tmp_path / "R.md", tmp_path / "out", Preregistration(reference="siglip")
         )

@@ -1,10 +1,10 @@
-"""The report from synthetic records: Markdown, plot and CSVs, findings, and the hand-written tail it keeps."""
+"""The report from synthetic outcomes: Markdown, plot and CSVs, findings, and the hand-written tail it keeps."""
 
 import csv
 
 import pytest
 
-from helpers.comparison_records import assessed_records, record, report_context
+from helpers.comparison_outcomes import assessed_outcomes, outcome, report_context
 from training.loss_comparison.findings import compare
 from training.loss_comparison.report import (
     KEEP_MARKER,
@@ -19,7 +19,7 @@ from training.loss_comparison.stats import assess_run, summarize
 
 
 def test_comparisons_say_whether_a_lead_exceeds_the_seed_spread():
-    summaries = summarize(assessed_records())
+    summaries = summarize(assessed_outcomes())
     clone = compare(summaries, "clone/overall")
     assert clone.startswith("`B` is best on clone/overall (0.720 ± 0.020)") and "ahead of `D`" not in clone
     assert "ahead of `A` (0.620 ± 0.028) by 0.100, larger than" in clone
@@ -27,20 +27,20 @@ def test_comparisons_say_whether_a_lead_exceeds_the_seed_spread():
         [
             assess_run(r)
             for r in [
-                record("X", 0, i2t=0.30),
-                record("X", 1, i2t=0.40),
-                record("Y", 0, i2t=0.33),
-                record("Y", 1, i2t=0.35),
+                outcome("X", 0, i2t=0.30),
+                outcome("X", 1, i2t=0.40),
+                outcome("Y", 0, i2t=0.33),
+                outcome("Y", 1, i2t=0.35),
             ]
         ]
     )
     assert "not a clear difference" in compare(close, "val/i2t_R@1")
 
 
-def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
-    records = assessed_records()
+def test_report_markdown_csv_and_plot_from_synthetic_outcomes(tmp_path):
+    outcomes = assessed_outcomes()
     results_md = tmp_path / "docs" / "RESULTS.md"
-    markdown = write_report(records, report_context(tmp_path), results_md, tmp_path / "out")
+    markdown = write_report(outcomes, report_context(tmp_path), results_md, tmp_path / "out")
     assert results_md.read_text() == markdown
     assert "python -m training.loss_comparison --quick --seeds 0,1,2" in markdown and "Test CPU, 2 cores" in markdown
     assert (
@@ -58,7 +58,7 @@ def test_report_markdown_csv_and_plot_from_synthetic_records(tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 5000
     with (tmp_path / "docs" / "RESULTS_runs.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(records) and rows[2]["verdict"] == "collapsed" and rows[2]["clone/overall"] == "0.99"
+    assert len(rows) == len(outcomes) and rows[2]["verdict"] == "collapsed" and rows[2]["clone/overall"] == "0.99"
     for name in ("results.md", "runs.csv", "results.png", "summary.csv"):
         assert (tmp_path / "out" / name).is_file()
 
@@ -75,8 +75,8 @@ def test_the_difference_panel_spans_three_equivalence_margins_so_a_small_differe
 
 
 def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their_intervals():
-    records = assessed_records()
-    keys = plot_keys(summarize(records))
+    outcomes = assessed_outcomes()
+    keys = plot_keys(summarize(outcomes))
     assert {key: chance_level(key) for key in keys} == {  # recall's chance depends on the set's size
         "clone/color": 0.5,
         "clone/overall": 0.5,
@@ -84,7 +84,7 @@ def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their
         "val/t2i_R@1": None,
     }
     assert chance_level("clone/family") is None  # picking among a whole family: chance depends on its size
-    points = {(p.label, p.key): p for p in paired_points(records, ["A", "B", "C", "D"], "A", keys)}
+    points = {(p.label, p.key): p for p in paired_points(outcomes, ["A", "B", "C", "D"], "A", keys)}
     # B - A on the seeds where both are ok (A's seed 2 collapsed): 0.70 - 0.60 and 0.72 - 0.64
     b = points["B", "clone/overall"]
     assert (b.pairs, b.mean) == (2, pytest.approx(0.09))
@@ -97,7 +97,7 @@ def test_the_plot_draws_chance_where_known_and_the_paired_differences_with_their
 def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(tmp_path):
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("old generated table\n\n" + KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
-    markdown = write_report(assessed_records(), report_context(tmp_path), results_md, tmp_path / "out")
+    markdown = write_report(assessed_outcomes(), report_context(tmp_path), results_md, tmp_path / "out")
     text = results_md.read_text()
     assert "old generated table" not in text and text.startswith(markdown)
     assert text.endswith(KEEP_MARKER + "\n## Throughput\nratio 1.14\n")
@@ -105,7 +105,7 @@ def test_rewriting_the_report_keeps_the_hand_written_sections_below_the_marker(t
 
 def test_the_findings_name_hard_edit_types_ties_and_variants_that_change_nothing(tmp_path):
     clip = [
-        record("clip", seed, **{"clone/color": 0.95, "clone/size": 0.85, "clone/shape": 0.52 + seed / 100})
+        outcome("clip", seed, **{"clone/color": 0.95, "clone/size": 0.85, "clone/shape": 0.52 + seed / 100})
         for seed in range(2)
     ]
     # Another loss whose runs differ from clip's by at most 0.002 on any metric: it changed nothing.
@@ -118,7 +118,7 @@ def test_the_findings_name_hard_edit_types_ties_and_variants_that_change_nothing
     ) in markdown
     assert "`same` matches `clip` seed for seed (largest difference on any metric 0.0020)" in markdown
     assert "All 4 runs finished with finite losses and above-chance recall" in markdown
-    tie = summarize([assess_run(record("X", 0)), assess_run(record("Y", 0))])
+    tie = summarize([assess_run(outcome("X", 0)), assess_run(outcome("Y", 0))])
     assert compare(tie, "clone/overall") == "`X` and `Y` tie for best on clone/overall (0.600 (1 run))."
 
 

@@ -1,4 +1,4 @@
-"""A whole comparison, end to end on the demo fixture; then the report again from its records alone."""
+"""A whole comparison, end to end on the demo fixture; then the report again from its outcomes alone."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from helpers.comparison_records import TINY
+from helpers.comparison_outcomes import TINY
 from training.loss_comparison import runner
 from training.loss_comparison.cli import main
 from training.loss_comparison.runner import comparison_eta, run_all, run_comparison, saved_comparison
@@ -15,9 +15,9 @@ from training.loss_comparison.variants import LossVariant
 
 @pytest.mark.slow  # about 20 s on 2 cores: trains, exports and evaluates a run
 def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
-    """1 loss x 1 seed x 16 steps on the fixture's data: a record with every metric, and the report."""
+    """1 loss x 1 seed x 16 steps on the fixture's data: an outcome with every metric, and the report."""
     results_md, output_dir = tmp_path / "RESULTS.md", tmp_path / "comparison"
-    records = run_comparison(
+    outcomes = run_comparison(
         [LossVariant("clip")],
         [0],
         TINY,
@@ -27,7 +27,7 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
         command="python -m training.loss_comparison (test)",
         echo=lambda _: None,
     )
-    (run,) = records
+    (run,) = outcomes
     assert run["status"] == "ok", run["error"]
     assert run["verdict"] in ("ok", "collapsed")  # 16 steps may or may not leave chance level; either is reported
     metrics = run["metrics"]
@@ -51,11 +51,11 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
     assert (output_dir / "logs" / "clip-seed0.log").stat().st_size > 0
     markdown = results_md.read_text()
     assert "| `clip` | 1/1 ok |" in markdown or "| `clip` | 0/1 ok (1 collapsed) |" in markdown
-    # --report-only writes the same report from the records, training nothing.
+    # --report-only writes the same report from the outcomes, training nothing.
     main(["--report-only", "--output-dir", str(output_dir), "--results-md", str(tmp_path / "again.md")])
     assert (tmp_path / "again.md").read_text() == markdown.replace("RESULTS", "again")
     # --losses and --seeds replace the saved call's: the runs of several calls into one folder, or a part.
-    records = main(
+    outcomes = main(
         [
             "--report-only",
             "--output-dir",
@@ -68,7 +68,7 @@ def test_one_tiny_comparison_end_to_end_then_reused(demo_shards, tmp_path):
             "0,1",
         ]
     )
-    assert [record["name"] for record in records] == ["clip-seed0"]
+    assert [outcome["name"] for outcome in outcomes] == ["clip-seed0"]
     assert all(
         f"`{name}`: **missing**" in (tmp_path / "more.md").read_text()
         for name in ("adacl-seed0", "clip-seed1", "adacl-seed1")
@@ -108,7 +108,7 @@ def test_each_finished_run_prints_runs_done_of_total_and_the_time_left(monkeypat
         return {"label": job, "seed": 0, "verdict": "ok", "metrics": {}, "reused": job == "reused", "wall_seconds": 0.2}
 
     monkeypatch.setattr(runner, "launch_job", launch)
-    monkeypatch.setattr(runner, "assess_run", lambda record: record)
+    monkeypatch.setattr(runner, "assess_run", lambda outcome: outcome)
     lines = []
     run_all(["reused", "a", "b", "c"], parallel=1, timeout=None, echo=lines.append)
     assert lines == [

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from helpers.comparison_records import assessed_records, record, report_context
+from helpers.comparison_outcomes import assessed_outcomes, outcome, report_context
 from training.loss_comparison.report import write_report
 from training.loss_comparison.stats import (
     CollapseCriteria,
@@ -21,52 +21,52 @@ from training.loss_comparison.stats import (
 
 
 def test_healthy_runs_are_ok():
-    assert assess_run(record())["verdict"] == "ok"
+    assert assess_run(outcome())["verdict"] == "ok"
     # The trained loss's own value is no collapse signal (siglip's, or AdaCL's progressive positive logit).
-    assert assess_run(record("siglip", loss=10.0))["verdict"] == "ok"
-    assert assess_run(record("adacl:paper", loss=0.001))["verdict"] == "ok"
+    assert assess_run(outcome("siglip", loss=10.0))["verdict"] == "ok"
+    assert assess_run(outcome("adacl:paper", loss=0.001))["verdict"] == "ok"
 
 
 def test_a_val_clip_loss_at_its_chance_value_is_collapsed_whatever_the_training_loss():
     # The collapsed paper runs: training loss 0.001-0.04, val CLIP loss ~ ln 64, recall above 2x chance.
-    verdict = assess_run(record("adacl:paper", loss=0.02, val_loss=math.log(64) * 0.96, i2t=0.004, t2i=0.004))
+    verdict = assess_run(outcome("adacl:paper", loss=0.02, val_loss=math.log(64) * 0.96, i2t=0.004, t2i=0.004))
     assert verdict["verdict"] == "collapsed" and "val CLIP loss" in verdict["reasons"][0]
     at_chance = {"i2t": 0.004, "t2i": 0.004}  # 2 x chance of 512 val pairs: no retrieval above chance
-    assert assess_run(record(val_loss=math.log(64) * 0.9, **at_chance))["verdict"] == "ok"  # below 95%: learning
+    assert assess_run(outcome(val_loss=math.log(64) * 0.9, **at_chance))["verdict"] == "ok"  # below 95%: learning
     strict = CollapseCriteria(loss_band=0.15)
-    assert assess_run(record(val_loss=math.log(64) * 0.9, **at_chance), strict)["verdict"] == "collapsed"
+    assert assess_run(outcome(val_loss=math.log(64) * 0.9, **at_chance), strict)["verdict"] == "collapsed"
     # Far above chance with recall above chance: a confidently wrong model (pseudo captions), not a collapse.
-    assert assess_run(record(val_loss=math.log(64) * 3, i2t=0.01, t2i=0.01))["verdict"] == "ok"
-    assert assess_run(record(val_loss=math.log(64) * 1.04, **at_chance))["verdict"] == "collapsed"
+    assert assess_run(outcome(val_loss=math.log(64) * 3, i2t=0.01, t2i=0.01))["verdict"] == "ok"
+    assert assess_run(outcome(val_loss=math.log(64) * 1.04, **at_chance))["verdict"] == "collapsed"
 
 
 def test_a_loss_near_chance_with_retrieval_above_chance_is_no_collapse():
     # The pseudo-caption run that the loss band alone called collapsed: val CLIP loss 4.131, R@1 4 x chance.
-    near = record("adacl:positive_grad=fixed", val_loss=4.131, i2t=0.0078125, t2i=0.0078125)
+    near = outcome("adacl:positive_grad=fixed", val_loss=4.131, i2t=0.0078125, t2i=0.0078125)
     assert assess_run(near)["verdict"] == "ok"
-    at_three = record(val_loss=4.131, i2t=3 / 512, t2i=3 / 512)
+    at_three = outcome(val_loss=4.131, i2t=3 / 512, t2i=3 / 512)
     assert assess_run(at_three)["verdict"] == "ok"
-    below = assess_run(record(val_loss=4.131, i2t=2.5 / 512, t2i=2.5 / 512))
+    below = assess_run(outcome(val_loss=4.131, i2t=2.5 / 512, t2i=2.5 / 512))
     assert below["verdict"] == "collapsed" and "below 3 x chance" in below["reasons"][0]
 
 
 def test_the_chance_value_is_the_one_the_trainer_recorded_else_ln_of_the_val_batch():
-    assert val_chance_loss(record()) == pytest.approx(math.log(64))
-    assert val_chance_loss(record(batch=1024)) == pytest.approx(math.log(512))  # the val set is one batch
-    recorded = record(**{"val/clip_loss_chance": 3.5})
+    assert val_chance_loss(outcome()) == pytest.approx(math.log(64))
+    assert val_chance_loss(outcome(batch=1024)) == pytest.approx(math.log(512))  # the val set is one batch
+    recorded = outcome(**{"val/clip_loss_chance": 3.5})
     assert val_chance_loss(recorded) == 3.5
     low_recall = {"val/clip_loss": 3.4, "val/i2t_R@1": 0.004, "val/t2i_R@1": 0.004}
     assert assess_run({**recorded, "metrics": {**recorded["metrics"], **low_recall}})["verdict"] == "collapsed"
 
 
 def test_pairs_of_different_code_are_refused_in_one_line():
-    records = [assess_run(record("clip", 0)), assess_run(record("adacl", 0, code="git 0123456789 + diff abc"))]
+    outcomes = [assess_run(outcome("clip", 0)), assess_run(outcome("adacl", 0, code="git 0123456789 + diff abc"))]
     with pytest.raises(ValueError, match=r"1 pair\(s\) ran different or unknown code, e\.g\. adacl seed 0"):
-        check_same_code(records, ["clip", "adacl"], "clip")
-    check_same_code([assess_run(record("clip", 0)), assess_run(record("adacl", 0))], ["clip", "adacl"], "clip")
+        check_same_code(outcomes, ["clip", "adacl"], "clip")
+    check_same_code([assess_run(outcome("clip", 0)), assess_run(outcome("adacl", 0))], ["clip", "adacl"], "clip")
     with pytest.raises(ValueError, match="unknown"):
         check_same_code(
-            [assess_run(record("clip", 0, code=None)), assess_run(record("adacl", 0, code=None))],
+            [assess_run(outcome("clip", 0, code=None)), assess_run(outcome("adacl", 0, code=None))],
             ["clip", "adacl"],
             "clip",
         )
@@ -74,23 +74,23 @@ def test_pairs_of_different_code_are_refused_in_one_line():
 
 def test_recall_at_chance_is_collapsed_for_every_loss():
     chance = 1 / 512
-    verdict = assess_run(record("siglip", loss=5.0, i2t=chance, t2i=2.5 * chance))
+    verdict = assess_run(outcome("siglip", loss=5.0, i2t=chance, t2i=2.5 * chance))
     assert verdict["verdict"] == "collapsed" and "chance" in verdict["reasons"][0]
-    assert assess_run(record(i2t=2 * chance, t2i=2.5 * chance))["verdict"] == "ok"
+    assert assess_run(outcome(i2t=2 * chance, t2i=2.5 * chance))["verdict"] == "ok"
 
 
 def test_failed_nonfinite_and_incomplete_runs_are_flagged():
-    assert assess_run(record(status="failed"))["verdict"] == "failed"
-    assert assess_run(record(status="nonfinite"))["verdict"] == "nonfinite"
-    nan_metric = assess_run(record(**{"clone/overall": math.nan}))
+    assert assess_run(outcome(status="failed"))["verdict"] == "failed"
+    assert assess_run(outcome(status="nonfinite"))["verdict"] == "nonfinite"
+    nan_metric = assess_run(outcome(**{"clone/overall": math.nan}))
     assert nan_metric["verdict"] == "nonfinite" and "clone/overall" in nan_metric["reasons"][0]
-    incomplete = record()
+    incomplete = outcome()
     del incomplete["metrics"]["val/i2t_R@1"]
     assert assess_run(incomplete)["verdict"] == "failed"
 
 
 def test_means_exclude_flagged_runs_and_rows_count_them():
-    summaries = {s.label: s for s in summarize(assessed_records())}
+    summaries = {s.label: s for s in summarize(assessed_outcomes())}
     a = summaries["A"]
     assert a.runs_text() == "2/3 ok (1 collapsed)"
     assert a.metrics["clone/overall"].mean == pytest.approx(0.62) and a.metrics["clone/overall"].n == 2
@@ -104,62 +104,62 @@ def test_means_exclude_flagged_runs_and_rows_count_them():
 
 def test_paired_differences_use_same_seed_pairs_and_a_t_interval(tmp_path):
     # Seeds move both losses together (0.1 apart per seed); `noisy` alternates around clip.
-    records = [
+    outcomes = [
         assess_run(r)
         for seed in range(5)
         for r in (
-            record("clip", seed, i2t=0.3 + 0.1 * seed),
-            record("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
-            record("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0),
+            outcome("clip", seed, i2t=0.3 + 0.1 * seed),
+            outcome("noisy", seed, i2t=0.3 + 0.1 * seed + (0.05 if seed % 2 else -0.05)),
+            outcome("collapsed", seed, loss=10.0, i2t=0.0, t2i=0.0),
         )
     ]
-    noisy = paired_difference(records, "noisy", "clip", "val/i2t_R@1")
+    noisy = paired_difference(outcomes, "noisy", "clip", "val/i2t_R@1")
     # differences -0.05, +0.05, -0.05, +0.05, -0.05: mean -0.01, sd 0.0548, t(0.975, 4) = 2.776
     half = 2.776 * 0.05477 / 5**0.5
     assert noisy.n == 5 and noisy.mean == pytest.approx(-0.01)
     assert noisy.interval(0.95) == pytest.approx((-0.01 - half, -0.01 + half), rel=1e-3)
     assert noisy.p_value == pytest.approx(0.7040, abs=1e-3)  # t = -0.408 on 4 degrees of freedom
-    assert paired_difference(records, "collapsed", "clip", "val/i2t_R@1") is None  # no ok run: no pair
+    assert paired_difference(outcomes, "collapsed", "clip", "val/i2t_R@1") is None  # no ok run: no pair
     # A collapsed run drops its seed from the pairs.
-    records[3] = assess_run(record("noisy", 1, loss=10.0, i2t=0.0, t2i=0.0))
-    assert paired_difference(records, "noisy", "clip", "val/i2t_R@1").n == 4
+    outcomes[3] = assess_run(outcome("noisy", 1, loss=10.0, i2t=0.0, t2i=0.0))
+    assert paired_difference(outcomes, "noisy", "clip", "val/i2t_R@1").n == 4
 
 
 def test_a_zero_variance_difference_is_never_significant(tmp_path):
     # `steady` is 0.02 above clip on every seed (up to float rounding), `same` scores exactly what clip does,
     # `tiny` is a steady float-noise offset, `single` has one pair.
-    records = [
+    outcomes = [
         assess_run(r)
         for seed in range(5)
         for r in (
-            record("clip", seed, i2t=0.3 + 0.1 * seed),
-            record("steady", seed, i2t=0.32 + 0.1 * seed),
-            record("same", seed, i2t=0.3 + 0.1 * seed),
-            record("tiny", seed, i2t=0.3 + 0.1 * seed + 1e-7 * seed),
+            outcome("clip", seed, i2t=0.3 + 0.1 * seed),
+            outcome("steady", seed, i2t=0.32 + 0.1 * seed),
+            outcome("same", seed, i2t=0.3 + 0.1 * seed),
+            outcome("tiny", seed, i2t=0.3 + 0.1 * seed + 1e-7 * seed),
         )
     ]
-    records.append(assess_run(record("single", 0, i2t=0.5)))
-    steady = paired_difference(records, "steady", "clip", "val/i2t_R@1")
+    outcomes.append(assess_run(outcome("single", 0, i2t=0.5)))
+    steady = paired_difference(outcomes, "steady", "clip", "val/i2t_R@1")
     assert steady.n == 5 and steady.mean == pytest.approx(0.02) and steady.zero_variance and not steady.testable
     rounded = PairedDifference((0.02, 0.020000000000000018, 0.019999999999999997))  # float rounding is no spread
     assert 0 < rounded.sd < 1e-15 and rounded.zero_variance and rounded.p_value is None
     assert steady.interval(0.95) is None and steady.p_value is None
     assert steady.interval_text(0.95) == "n/a (zero variance)"
     assert primary_verdict(steady, margin=0.05)[0] == "inconclusive"
-    same = paired_difference(records, "same", "clip", "val/i2t_R@1")
+    same = paired_difference(outcomes, "same", "clip", "val/i2t_R@1")
     assert same.identical and primary_verdict(same, margin=0.02) == (
         "no effect",
         "identical to the reference on every pair",
     )
-    single = paired_difference(records, "single", "clip", "val/i2t_R@1")
+    single = paired_difference(outcomes, "single", "clip", "val/i2t_R@1")
     assert single.n == 1 and primary_verdict(single, 0.02) == ("inconclusive", "1 pair (a paired interval needs 2)")
     assert primary_verdict(None, 0.02)[0] == "inconclusive"
-    tests = secondary_tests(records, ["clip", "steady", "same", "tiny", "single"], "clip", ["val/i2t_R@1"])
+    tests = secondary_tests(outcomes, ["clip", "steady", "same", "tiny", "single"], "clip", ["val/i2t_R@1"])
     assert not any(test["val/i2t_R@1"].significant for test in tests.values())
     assert tests["steady"]["val/i2t_R@1"].p_value is None and tests["steady"]["val/i2t_R@1"].adjusted == 1.0
     # `tiny` has a real spread and p < 0.05, but a difference below the tables' resolution is no finding.
     assert tests["tiny"]["val/i2t_R@1"].p_value < 0.05
-    markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
+    markdown = write_report(outcomes, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
     assert "| `steady` | val/i2t_R@1 | 5 | +0.0200 | n/a (zero variance) | n/a | 1.000 |  |" in markdown
     assert "`steady` vs `clip`: no secondary difference survives the Holm correction" in markdown
 
@@ -177,10 +177,10 @@ def test_secondary_tests_are_holm_corrected_over_every_variant_and_metric(tmp_pa
     # Two variants x two metrics = a family of 4. `a`'s gain on val/i2t_R@1 is clear (p ~ 1e-7); `b`'s on
     # clone/color has raw p 0.045 < 0.05, second smallest of 4, so Holm p = 3 x 0.045 > 0.05.
     gains = {"a": [0.101, 0.099, 0.1, 0.102, 0.098], "b": [0.02, 0.05, 0.005, 0.04, 0.01]}
-    records = [assess_run(record("clip", seed, i2t=0.3, **{"clone/color": 0.7})) for seed in range(5)]
-    records += [
+    outcomes = [assess_run(outcome("clip", seed, i2t=0.3, **{"clone/color": 0.7})) for seed in range(5)]
+    outcomes += [
         assess_run(
-            record(
+            outcome(
                 label,
                 seed,
                 i2t=0.3 + (gain[seed] if label == "a" else 0.01 * (seed % 2)),
@@ -190,7 +190,7 @@ def test_secondary_tests_are_holm_corrected_over_every_variant_and_metric(tmp_pa
         for label, gain in gains.items()
         for seed in range(5)
     ]
-    tests = secondary_tests(records, ["clip", "a", "b"], "clip", ["clone/color", "val/i2t_R@1"])
+    tests = secondary_tests(outcomes, ["clip", "a", "b"], "clip", ["clone/color", "val/i2t_R@1"])
     b_color, a_recall = tests["b"]["clone/color"], tests["a"]["val/i2t_R@1"]
     assert b_color.p_value == pytest.approx(0.0448, abs=1e-3)  # mean 0.025, sd 0.01936, t 2.887, 4 df
     assert a_recall.p_value < 1e-5 and a_recall.significant
@@ -199,7 +199,7 @@ def test_secondary_tests_are_holm_corrected_over_every_variant_and_metric(tmp_pa
         tests[label][key].adjusted for label in ("a", "b") for key in ("clone/color", "val/i2t_R@1")
     ] == pytest.approx(holm(raw)[0])
     assert b_color.adjusted == pytest.approx(3 * b_color.p_value) and not b_color.significant  # raw p < 0.05, not Holm
-    markdown = write_report(records, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
+    markdown = write_report(outcomes, report_context(tmp_path), tmp_path / "RESULTS.md", tmp_path / "out")
     assert "`a` vs `clip`: better on val/i2t_R@1 +0.100 (Holm p" in markdown
     assert "`b` vs `clip`: no secondary difference survives the Holm correction" in markdown
 

@@ -1,11 +1,8 @@
 """In-batch siblings measured on the real batch stream of the demo's families."""
 
-import runpy
-
 import pytest
 import torch
 
-from helpers import REPO
 from training.synthetic_scenes.families import count_siblings, measure_siblings, read_families
 from training.trainer.data import DataConfig
 
@@ -30,22 +27,3 @@ def test_grouping_puts_whole_families_in_each_batch(demo_shards):
 def test_shards_without_family_ids_are_named(demo_shards):
     with pytest.raises(ValueError, match="000000000 of .*shard-000000.tar has no 'lineage' in its json"):
         read_families(str(demo_shards / "train/shard-000000.tar"), family_field="lineage")
-
-
-def test_sibling_fraction_script_prints_one_line_per_group_size(demo_shards, capsys):
-    script = runpy.run_path(str(REPO / "scripts" / "sibling_fraction.py"))
-    script["main"](
-        [
-            "--train-data",
-            str(demo_shards / "train/shard-{000000..000003}.tar"),
-            "--batch-size",
-            "32",
-            "--group-sizes",
-            "1,8",
-        ]
-    )
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("--train-group-size   1:")
-    assert lines[1] == (
-        "--train-group-size   8: 7.00 siblings per row at batch 32 (22.58% of in-batch negatives), 16 batches"
-    )

@@ -165,7 +165,7 @@ def comparison_full() -> Dict[str, Any]:
     )
 
 
-# The clone study's settings (scripts/clone_study.py, docs/adacl.md §5): the quick budget at the steps where
+# The clone study's settings (training.studies.clone_study, docs/adacl.md §5): the quick budget at the steps where
 # `clip` learns the clones (docs/results/learnability.md), on batches of whole families of one-edit siblings.
 @recipe("clone-scratch")
 def clone_scratch() -> Dict[str, Any]:
@@ -185,7 +185,7 @@ def clone_transfer() -> Dict[str, Any]:
     return {**clone_scratch(), "epochs": 8, "lr": 1e-3, "warmup": 10}
 
 
-# The glyph benchmark (scripts/glyph_benchmark.py, docs/glyphs.md): real font glyphs in families of eight
+# The glyph benchmark (training.studies.glyph_benchmark, docs/glyphs.md): real font glyphs in families of eight
 # one-attribute siblings (python -m training.glyphs), whole families in each batch of 64, 96 steps an epoch.
 @recipe("glyphs-scratch-weak")
 def glyphs_scratch_weak() -> Dict[str, Any]:

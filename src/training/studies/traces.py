@@ -1,6 +1,6 @@
 """Per-step traces of a loss comparison's runs, compressed, and the collapse mechanism read from them.
 
-    python scripts/study_traces.py --runs-dir runs/clone_study/controls/runs runs/clone_study/bank/runs \
+    python -m training.studies traces --runs-dir runs/clone_study/controls/runs runs/clone_study/bank/runs \
         --traces docs/results/controls_traces.csv.gz --mechanism docs/results/controls_mechanism.md
 
 Traces: one row per logged training step of every run: the trained loss, CLIP's loss on the same logits
@@ -21,7 +21,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from training.trainer.run_folder.layout import RunDir
+from training import RunDir
+from training.loss_comparison import assess_run, outcome_file
 
 DIRECTIONS = ("i2t", "t2i")
 PER_DIRECTION = ("clip_loss", "anchor", "m1_over_scale", "p_u", "modulated")
@@ -29,15 +30,15 @@ COLUMNS = ("run", "step", "loss", "clip_loss", "mean_cosine", "anchor", "m1_over
 EARLY_FRACTION = 0.01  # the first 1% of steps: where the detached reading's common mode moves
 
 
-def trace_row(run: str, record: Dict[str, float]) -> Dict[str, object]:
+def trace_row(run: str, line: Dict[str, float]) -> Dict[str, object]:
     row: Dict[str, object] = {
         "run": run,
-        "step": record["step"],
-        "loss": record["loss"],
-        "mean_cosine": record.get("stats/mean_cosine"),
+        "step": line["step"],
+        "loss": line["loss"],
+        "mean_cosine": line.get("stats/mean_cosine"),
     }
     for name in PER_DIRECTION:
-        values = [record[key] for key in (f"stats/{d}/{name}" for d in DIRECTIONS) if key in record]
+        values = [line[key] for key in (f"stats/{d}/{name}" for d in DIRECTIONS) if key in line]
         row[name] = statistics.fmean(values) if values else None
     return row
 
@@ -60,6 +61,22 @@ def write_traces(rows: List[Dict[str, object]], path: Path) -> None:
         writer.writerows([[rounded(row[column]) for column in COLUMNS] for row in rows])
 
 
+def read_traces(path: Path) -> Dict[str, List[Dict[str, object]]]:
+    """The committed traces (`write_traces`) back as rows per run, in the order written: what `mechanism_line`
+    reads, to 5 significant digits."""
+
+    def value(column: str, text: str) -> object:
+        if column == "run" or text == "":
+            return text or None
+        return int(text) if column == "step" else float(text)
+
+    runs: Dict[str, List[Dict[str, object]]] = {}
+    with gzip.open(path, "rt", newline="") as handle:
+        for row in csv.DictReader(handle):
+            runs.setdefault(row["run"], []).append({column: value(column, row[column]) for column in COLUMNS})
+    return runs
+
+
 def mechanism_line(run: str, rows: List[Dict[str, object]], verdict: Optional[str]) -> Optional[str]:
     """One table row for a run that logged AdaCL's margins; None otherwise."""
     if rows[0]["m1_over_scale"] is None:
@@ -78,28 +95,30 @@ def mechanism_line(run: str, rows: List[Dict[str, object]], verdict: Optional[st
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m training.studies traces",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--runs-dir",
         type=Path,
         nargs="+",
         required=True,
-        help="comparisons' runs/ folders (each one's verdicts in the records/ folder beside it)",
+        help="comparisons' runs/ folders (each one's verdicts in the outcomes/ folder beside it)",
     )
     parser.add_argument("--traces", type=Path, required=True, help="the .csv.gz to write")
     parser.add_argument("--mechanism", type=Path, required=True, help="the Markdown table to write")
     args = parser.parse_args(argv)
 
-    from training.loss_comparison.stats import assess_run
-
     all_rows, lines = [], []
     for run_dir in sorted((path for runs_dir in args.runs_dir for path in runs_dir.iterdir()), key=lambda p: p.name):
-        rows = [trace_row(trace_name(run_dir, args.runs_dir), record) for record in RunDir(run_dir).metrics("train")]
+        rows = [trace_row(trace_name(run_dir, args.runs_dir), line) for line in RunDir(run_dir).metrics("train")]
         if not rows:
             continue
         all_rows += rows
-        record_path = run_dir.parent.parent / "records" / f"{run_dir.name}.json"
-        verdict = assess_run(json.loads(record_path.read_text()))["verdict"] if record_path.is_file() else None
+        outcome_path = outcome_file(run_dir.parent.parent, run_dir.name)
+        verdict = assess_run(json.loads(outcome_path.read_text()))["verdict"] if outcome_path.is_file() else None
         line = mechanism_line(trace_name(run_dir, args.runs_dir), rows, verdict)
         if line:
             lines.append(line)
@@ -109,7 +128,7 @@ def main(argv=None) -> None:
             [
                 "# The detached reading's common mode, run by run",
                 "",
-                f"Generated by `python scripts/study_traces.py` from the metrics.jsonl of the runs in "
+                f"Generated by `python -m training.studies traces` from the metrics.jsonl of the runs in "
                 f"{', '.join(f'`{runs_dir}`' for runs_dir in args.runs_dir)} (every step: "
                 f"[{args.traces.name}]({args.traces.name})). m1/t at step 1 < 1 predicts the batch's image-text cosines "
                 "falling together under detached margins (the loss changes by mean_i (1 - p_i)(t - m1) per unit of common "
@@ -125,7 +144,3 @@ def main(argv=None) -> None:
         )
     )
     print(f"wrote {args.traces} ({len(all_rows)} steps) and {args.mechanism}")
-
-
-if __name__ == "__main__":
-    main()

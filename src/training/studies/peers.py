@@ -1,6 +1,6 @@
 """How often the false-negative peers acted in the clone study's scratch runs, from every logged step.
 
-    python scripts/peer_mechanism.py --runs runs/clone_study/scratch/runs > docs/results/scratch_peers.md
+    python -m training.studies peers --runs runs/clone_study/scratch/runs > docs/results/scratch_peers.md
 
 GloFND: the fraction of negatives masked as false negatives (`stats/<direction>/masked_frac`); FNE: the
 fraction down-weighted (`downweighted_frac`) and the mean negative weight (`weight_mean`, 1 = CLIP). Both
@@ -15,16 +15,14 @@ from pathlib import Path
 STATS = {"glofnd": ("masked_frac",), "fne": ("downweighted_frac", "weight_mean")}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m training.studies peers", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("runs/clone_study/scratch/runs"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("| run | logged steps | statistic | mean over steps | largest step |\n|---|---|---|---|---|")
     for loss, names in STATS.items():
         for metrics in sorted(args.runs.glob(f"{loss}-seed*/metrics.jsonl")):
-            steps = [
-                record for record in map(json.loads, metrics.read_text().splitlines()) if record["kind"] == "train"
-            ]
+            steps = [line for line in map(json.loads, metrics.read_text().splitlines()) if line["kind"] == "train"]
             for name in names:
                 values = [
                     step[f"stats/{d}/{name}"] for step in steps for d in ("i2t", "t2i") if f"stats/{d}/{name}" in step
@@ -33,7 +31,3 @@ def main() -> None:
                     f"| `{metrics.parent.name}` | {len(steps)} | `{name}` | {statistics.fmean(values):.5f} | "
                     f"{max(values):.4f} |"
                 )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Which clone distinctions can a loss learn at a budget? Per-edit-type clone accuracy against steps.
 
-    python scripts/learnability.py --data-dir runs/clone_study/data --output runs/learnability \
+    python -m training.studies learnability --data-dir runs/clone_study/data --output runs/learnability \
         --steps 1536 --every 256 [--loss clip] [--seed 0] [--results-md docs/results/learnability.md]
 
 Trains one run (the loss comparison's recipe: adacl-tiny, batch 64, AdamW, cosine schedule,
@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Dict, List
 
+from training import RunDir
 from training.trainer.launch.tool_flags import add_trainer_flags
-from training.trainer.run_folder.layout import RunDir, step_checkpoint_number
+from training.trainer.run_folder.layout import step_checkpoint_number
 
 # The trainer's flags this script takes (training.trainer.launch.tool_flags.add_trainer_flags), with the comparison's values.
 TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 2e-3, "warmup": 20, "seed": 0}
@@ -31,8 +31,8 @@ TRAINER_FLAGS = {"loss": "clip", "model": "adacl-tiny", "batch_size": 64, "lr": 
 
 def train(args: argparse.Namespace, manifest: dict) -> RunDir:
     """The run (in this process; continued if an earlier call stopped), a step checkpoint every --every steps."""
-    from training.main import run
-    from training.trainer.launch.params import config_from_values, given_values
+    from training import config_from_values, run
+    from training.trainer.launch.params import given_values
 
     splits = manifest["splits"]
     steps_per_epoch = splits["train"]["num_samples"] // args.batch_size
@@ -50,6 +50,7 @@ def train(args: argparse.Namespace, manifest: dict) -> RunDir:
         "log_every_n_steps": 64,
         "train_group_size": 8,
         "save_every_n_steps": args.every,
+        "keep_step_checkpoints": 0,  # every one is scored
         "logs": str(args.output),
         "name": "run",
         **given_values(shlex.split(args.train_args)),
@@ -113,20 +114,53 @@ def plot(rows: List[Dict[str, float]], path: Path, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict) -> None:
-    from training.loss_comparison.report import machine_info
+CURVE_FIELDS = ("step", "edit", "accuracy", "cosine_margin")
 
-    machine = machine_info("cpu")
+
+def write_curve(rows: List[Dict[str, float]], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CURVE_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_curve(path: Path) -> List[Dict[str, float]]:
+    """The rows `write_curve` wrote: the committed record the page's table is rendered from."""
+    with open(path, newline="") as handle:
+        return [
+            {"step": int(row["step"]), "edit": row["edit"], **{key: float(row[key]) for key in CURVE_FIELDS[2:]}}
+            for row in csv.DictReader(handle)
+        ]
+
+
+def table_lines(rows: List[Dict[str, float]]) -> List[str]:
+    """Accuracy (and the cosine margin) per step and edit type, as the page shows them."""
     steps = sorted({row["step"] for row in rows})
     edits = sorted({row["edit"] for row in rows} - {"overall"})
     value = {(row["step"], row["edit"]): row for row in rows}
+    return ["| step | " + " | ".join(edits) + " |", "|---|" + "---|" * len(edits)] + [
+        f"| {step} | "
+        + " | ".join(
+            f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits
+        )
+        + " |"
+        for step in steps
+    ]
+
+
+def write_page(
+    rows: List[Dict[str, float]], path: Path, plot_name: str, command: str, manifest: dict, curve_name: str
+) -> None:
+    from training.loss_comparison import machine_info
+
+    machine = machine_info("cpu")
     config = manifest["scene_config"]
     lines = [
         "# Learnability: which clone edits `clip` learns at which budget",
         "",
         "Clone-selection accuracy of one `clip` run on the test scenes (chance 0.5) after each number of steps, "
         "and in brackets the mean clone margin in cosine units (cos(image, true) - cos(image, clone)). Written by "
-        "`scripts/learnability.py`; the study's budget and endpoints follow from it "
+        "`python -m training.studies learnability`; the study's budget and endpoints follow from it "
         "([../preregistration.md](../preregistration.md)).",
         "",
         f"- scenes: {manifest['splits']['train']['num_samples']} training scenes in families of "
@@ -136,25 +170,17 @@ def write_page(rows: List[Dict[str, float]], path: Path, plot_name: str, command
         f"- command: `{command}`",
         f"- machine: {machine['cpu']}, {machine['cores']} cores, load average {machine['load']} at the end; code "
         f"{machine['code']}",
+        f"- per-step numbers: [{curve_name}]({curve_name})",
         "",
-        "| step | " + " | ".join(edits) + " |",
-        "|---|" + "---|" * len(edits),
+        *table_lines(rows),
     ]
-    for step in steps:
-        lines.append(
-            f"| {step} | "
-            + " | ".join(
-                f"{value[step, edit]['accuracy']:.3f} ({value[step, edit]['cosine_margin']:+.3f})" for edit in edits
-            )
-            + " |"
-        )
     lines += ["", f"![clone-selection accuracy against steps]({plot_name})", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
 
 
 def main(argv: List[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.studies learnability", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--data-dir", type=Path, required=True, help="demo data written by python -m training.synthetic_scenes"
     )
@@ -173,19 +199,13 @@ def main(argv: List[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((args.data_dir / "manifest.json").read_text())
     rows = score(train(args, manifest), args.data_dir, args.output)
-    with open(args.output / "curve.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["step", "edit", "accuracy", "cosine_margin"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_curve(rows, args.output / "curve.csv")
     plot_path = args.results_md.with_suffix(".png") if args.results_md else args.output / "curve.png"
     plot(rows, plot_path, f"{args.loss}, {args.model}, batch {args.batch_size}, lr {args.lr}, seed {args.seed}")
     if args.results_md:
-        command = "python scripts/learnability.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        write_page(rows, args.results_md, plot_path.name, command, manifest)
+        command = "python -m training.studies learnability " + " ".join(sys.argv[1:] if argv is None else argv)
+        curve = args.results_md.with_name(f"{args.results_md.stem}_curve.csv")
+        write_curve(rows, curve)
+        write_page(rows, args.results_md, plot_path.name, command, manifest, curve.name)
         print(f"wrote {args.results_md}")
     print(f"wrote {args.output / 'curve.csv'} and {plot_path}")
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()

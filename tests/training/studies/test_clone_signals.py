@@ -1,32 +1,16 @@
-"""scripts/clone_signal_benchmark.py: batches of whole families, the precision-recall curve, and a report whose
+"""`training.studies.clone_signals`: batches of whole families, the precision-recall curve, and a report whose
 numbers are those of the flags it scored (on encoded samples made here, no training)."""
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from open_clip_adacl.clone_signals import SIGNALS
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _benchmark(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "clone_signal_benchmark", REPO / "scripts" / "clone_signal_benchmark.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "clone_signal_benchmark", module)  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+from training.studies import clone_signals
 
 
 def test_batches_hold_whole_families_in_a_seeded_order(monkeypatch):
-    bench = _benchmark(monkeypatch)
+    bench = clone_signals
     family = torch.arange(80) // 8 * 3  # 10 families of 8, ids not consecutive
     batches = bench.training_batches(family, seed=1, limit=None)
     assert len(batches) == 1 and batches[0].numel() == 64  # 8 families a batch; the last 2 families make none
@@ -36,7 +20,7 @@ def test_batches_hold_whole_families_in_a_seeded_order(monkeypatch):
 
 
 def test_precision_recall_curve_by_hand(monkeypatch):
-    bench = _benchmark(monkeypatch)
+    bench = clone_signals
     score = torch.tensor([0.9, 0.8, 0.8, 0.1], dtype=torch.float64)
     sibling = torch.tensor([True, False, True, False])
     precision, recall, threshold = bench.precision_recall_curve(score, sibling)
@@ -45,7 +29,7 @@ def test_precision_recall_curve_by_hand(monkeypatch):
 
 
 def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
-    bench = _benchmark(monkeypatch)
+    bench = clone_signals
     g = torch.Generator().manual_seed(0)
     family = torch.arange(128) // 8
     centre = torch.randn(16, 8, generator=g)[family]

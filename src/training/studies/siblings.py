@@ -1,7 +1,7 @@
 """Print how many of a training batch's negatives are siblings (same family id in the json), as the
 real loader delivers them, for each --train-group-size in --group-sizes. See docs/data.md.
 
-    python scripts/sibling_fraction.py --train-data 'demo/data/train/shard-{000000..000015}.tar' \\
+    python -m training.studies siblings --train-data 'demo/data/train/shard-{000000..000015}.tar' \\
         --batch-size 128 --group-sizes 1,8
 """
 
@@ -13,7 +13,11 @@ from training.trainer.launch.tool_flags import add_trainer_flags
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m training.studies siblings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_trainer_flags(
         parser.add_argument_group("the trainer's flags"),
         ("train_data", "train_num_samples", "batch_size", "workers", "seed", "epochs"),
@@ -43,7 +47,3 @@ def main(argv: list[str] | None = None) -> None:
             f"--train-group-size {group_size:3d}: {stats.siblings_per_row:.2f} siblings per row at batch "
             f"{stats.batch_size} ({stats.sibling_fraction:.2%} of in-batch negatives), {stats.num_batches} batches"
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """How well each label-free clone signal finds the true families of the glyph data (docs/clone_signals.md).
 
-    python scripts/clone_signal_benchmark.py                 # data, pretraining (once), scoring, the report
-    python scripts/clone_signal_benchmark.py --batches 24    # fewer batches (a quicker look)
+    python -m training.studies signals                 # data, pretraining (once), scoring, the report
+    python -m training.studies signals --batches 24    # fewer batches (a quicker look)
 
 The glyph data (data seed 0) and the fine-tuning cells' common checkpoint (`clip`, recipe glyphs-pretrain, seed
-1000) come from scripts/glyph_benchmark.py, written once into <output-dir>; everything after that is a
+1000) come from the glyph benchmark (`glyph_benchmark.DATA`, `PRETRAINING`), written once into <output-dir>; everything after that is a
 deterministic computation of about a minute on a CPU: the checkpoint encodes the training samples once, batches
 of 64 are made as training makes them (8 whole families, shuffled with --batch-order-seed), and every registered signal
 (`open_clip_adacl.clone_signals.SIGNALS`) scores every negative of every batch, in both directions. Per cell
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import glyph_benchmark
 import numpy as np
 import torch
 import webdataset as wds
@@ -43,6 +42,9 @@ from open_clip_adacl.clone_signals import (
 )
 from open_clip_adacl.distributed import RowGroup
 from training.discover.model import load_discovery_model
+
+from .glyph_benchmark import DATA, PRETRAINING
+from .pretraining import pretrain
 
 CELLS = {"finetune-gold": "txt", "finetune-weak": "txt_weak"}  # cell -> the captions it trains on
 FAMILIES_PER_BATCH = 8  # --train-group-size 8 at batch 64 (recipes glyphs-*)
@@ -252,7 +254,7 @@ def write_curves(curves: Dict[str, Dict[str, tuple]], results_dir: Path, name: s
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.studies signals", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--output-dir",
         type=Path,
@@ -279,9 +281,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         help="the operating point of a score, in standard deviations of its row's negatives",
     )
     args = parser.parse_args(argv)
-    manifest = glyph_benchmark.prepare_data(args.output_dir)
-    checkpoint = args.checkpoint or glyph_benchmark.pretrain(args.output_dir, manifest)
-    encoded = encode_samples(read_training_samples(args.output_dir / "data", manifest), checkpoint)
+    manifest = DATA.prepare(args.output_dir)
+    checkpoint = args.checkpoint or pretrain(PRETRAINING, args.output_dir)
+    encoded = encode_samples(read_training_samples(DATA.folder(args.output_dir), manifest), checkpoint)
     batches = training_batches(encoded.family, args.batch_order_seed, args.batches)
     results, curves = {}, {}
     for cell, caption_key in CELLS.items():
@@ -295,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             for name, values in scored.items()
         }
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/clone_signal_benchmark.py" + "".join(
+    command = "python -m training.studies signals" + "".join(
         f" --{flag} {value}"
         for flag, value, default in (
             ("batches", args.batches, None),
@@ -310,7 +312,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         results, curves, args.results_dir, command, len(batches), args.threshold, args.checkpoint, args.report_name
     )
     print((args.results_dir / f"{args.report_name}.md").read_text())
-
-
-if __name__ == "__main__":
-    main()

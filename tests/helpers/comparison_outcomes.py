@@ -1,5 +1,5 @@
 """Synthetic inputs for the loss comparison's tests (tests/training/loss_comparison/): a tiny budget, data
-paths, run records and a report context."""
+paths, run outcomes and a report context."""
 
 import math
 
@@ -38,7 +38,7 @@ def fake_data(root, *, num_train, num_val):
     )
 
 
-def record(
+def outcome(
     label="clip",
     seed=0,
     *,
@@ -78,22 +78,22 @@ def record(
     }
 
 
-def assessed_records():
+def assessed_outcomes():
     """A: 2 ok runs and 1 collapsed run with wild numbers; B: 3 ok; C: all collapsed; D: one failed of two."""
     chance = 1 / 512
     return [
         assess_run(r)
         for r in [
-            record("A", 0, i2t=0.30, **{"clone/overall": 0.60}),
-            record("A", 1, i2t=0.34, **{"clone/overall": 0.64}),
-            record("A", 2, val_loss=math.log(64), i2t=chance, t2i=chance, **{"clone/overall": 0.99}),
-            record("B", 0, i2t=0.20, **{"clone/overall": 0.70}),
-            record("B", 1, i2t=0.22, **{"clone/overall": 0.72}),
-            record("B", 2, i2t=0.24, **{"clone/overall": 0.74}),
-            record("C", 0, val_loss=math.log(64), i2t=chance, t2i=chance),
-            record("C", 1, val_loss=math.log(64), i2t=chance, t2i=chance),
-            record("D", 0, status="failed"),
-            record("D", 1, i2t=0.1),
+            outcome("A", 0, i2t=0.30, **{"clone/overall": 0.60}),
+            outcome("A", 1, i2t=0.34, **{"clone/overall": 0.64}),
+            outcome("A", 2, val_loss=math.log(64), i2t=chance, t2i=chance, **{"clone/overall": 0.99}),
+            outcome("B", 0, i2t=0.20, **{"clone/overall": 0.70}),
+            outcome("B", 1, i2t=0.22, **{"clone/overall": 0.72}),
+            outcome("B", 2, i2t=0.24, **{"clone/overall": 0.74}),
+            outcome("C", 0, val_loss=math.log(64), i2t=chance, t2i=chance),
+            outcome("C", 1, val_loss=math.log(64), i2t=chance, t2i=chance),
+            outcome("D", 0, status="failed"),
+            outcome("D", 1, i2t=0.1),
         ]
     ]
 

@@ -1,0 +1,7 @@
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from .cli import cli
+
+cli()
