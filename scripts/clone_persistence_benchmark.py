@@ -166,6 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             ("momentum", args.momentum, 0.5),
             ("threshold", args.threshold, STANDARD_THRESHOLD),
             ("report-name", args.report_name, "clone_persistence"),
+            ("start-checkpoint", args.start_checkpoint, None),
         )
         if value != default
     )
