@@ -6,7 +6,7 @@ A pair's score depends on the step: the features move, and a row's standardizati
 samples of its batch. `persistence` reads a pair's score averaged over the steps where it met
 (`open_clip_adacl.score_memory.PairScoreMemory`, keyed by sample ids). To measure it on features as training
 moves them, this script fine-tunes `clip` from the glyph cells' common checkpoint (recipe
-glyphs-finetune-gold, --seed, a checkpoint per epoch; written once into <output-dir>/persistence), then replays
+glyphs-finetune-gold, --trajectory-seed, a checkpoint per epoch; written once into <output-dir>/persistence), then replays
 training's batching: epoch e's batches (8 whole families of 64 in a seeded order, a new order each epoch)
 scored with the features of the checkpoint at the start of epoch e, the memory updated after every batch as
 the loss updates it after every step. On the last epoch's batches every registered signal is scored, both
@@ -142,8 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
-    parser.add_argument("--seed", type=int, default=1001, help="the fine-tuning trajectory's seed")
-    parser.add_argument("--momentum", type=float, default=0.5, help="the memory's weight of the newest score")
+    parser.add_argument("--trajectory-seed", type=int, default=1001, help="the fine-tuning trajectory's seed")
+    parser.add_argument("--memory-momentum", type=float, default=0.5, help="the memory's weight of the newest score")
     parser.add_argument("--threshold", type=float, default=STANDARD_THRESHOLD)
     parser.add_argument("--report-name", default="clone_persistence")
     parser.add_argument(
@@ -155,15 +155,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     )
     args = parser.parse_args(argv)
     manifest = glyph_benchmark.prepare_data(args.output_dir)
-    checkpoints = trajectory(args.output_dir, manifest, args.seed, args.start_checkpoint)
+    checkpoints = trajectory(args.output_dir, manifest, args.trajectory_seed, args.start_checkpoint)
     samples = signal_benchmark.read_training_samples(args.output_dir / "data", manifest)
-    scored = replay(samples, checkpoints, args.momentum, args.threshold)
+    scored = replay(samples, checkpoints, args.memory_momentum, args.threshold)
     rows = {name: signal_benchmark.signal_row(values) for name, values in scored.items()}
     command = "python scripts/clone_persistence_benchmark.py" + "".join(
         f" --{flag} {value}"
         for flag, value, default in (
-            ("seed", args.seed, 1001),
-            ("momentum", args.momentum, 0.5),
+            ("trajectory-seed", args.trajectory_seed, 1001),
+            ("memory-momentum", args.memory_momentum, 0.5),
             ("threshold", args.threshold, STANDARD_THRESHOLD),
             ("report-name", args.report_name, "clone_persistence"),
             ("start-checkpoint", args.start_checkpoint, None),
@@ -173,7 +173,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     page = args.results_dir / f"{args.report_name}.md"
     page.write_text(
-        "\n".join(report_lines(rows, command, args.seed, len(checkpoints), args.momentum, args.threshold)) + "\n"
+        "\n".join(
+            report_lines(rows, command, args.trajectory_seed, len(checkpoints), args.memory_momentum, args.threshold)
+        )
+        + "\n"
     )
     curves = {
         "finetune-gold, last epoch": {

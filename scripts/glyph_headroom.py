@@ -35,6 +35,7 @@ SEEDS = "20,21,22,23,24"
 ENDPOINT = f"clone/{FAMILY_WITHOUT_MARK}"
 BAR_CHANCE_FACTOR = 2.0  # clip's mean endpoint at least this many times chance
 BAR_GAIN = 0.05  # the oracle's mean paired gain at least this, with its 95% interval above 0
+BAR_PAIRS = 5  # a (cell, oracle weight) with fewer pairs is reported, not judged
 # Reported beside the endpoint: the marks apart, the whole family, retrieval.
 SECONDARY = ("clone/family_mark", "clone/mark", "clone/family", "val/i2t_R@1", "val/t2i_R@1")
 
@@ -76,14 +77,25 @@ def bar_outcome(records: Sequence[Mapping[str, Any]], oracle: str, chance: float
     interval = difference.interval(0.95) if difference is not None else None
     learns = clip >= BAR_CHANCE_FACTOR * chance
     gains = difference is not None and difference.mean >= BAR_GAIN and interval is not None and interval[0] > 0
+    pairs = difference.n if difference is not None else 0
     return {
         "clip": clip,
         "difference": difference,
         "interval": interval,
+        "pairs": pairs,
+        "judged": pairs >= BAR_PAIRS,
         "learns": learns,
         "gains": gains,
-        "met": learns and gains,
+        "met": learns and gains and pairs >= BAR_PAIRS,
     }
+
+
+def bar_text(outcome: Mapping[str, Any]) -> str:
+    if not outcome["judged"]:
+        return f"not judged ({outcome['pairs']} of {BAR_PAIRS} pairs)"
+    if outcome["met"]:
+        return "**yes**"
+    return "no" + ("" if outcome["learns"] else " (clip under 2x chance)")
 
 
 def summary_lines(results_dir: Path, chance: float, cells: Sequence[str]) -> List[str]:
@@ -100,7 +112,7 @@ def summary_lines(results_dir: Path, chance: float, cells: Sequence[str]) -> Lis
         f"+{BAR_GAIN:g} with its 95% paired-t interval above 0. Seeds {SEEDS}; differences paired by seed against "
         "`clip`, 95% paired-t interval.",
         "",
-        "| cell | oracle | `clip` endpoint | chance | oracle - clip [95%] (pairs) | bar met | HN-NCE - clip | "
+        "| cell | oracle | `clip` endpoint | chance | oracle - clip [95%] (pairs) | bar met | HN-NCE - clip (pairs) | "
         + " | ".join(f"oracle - clip, {key}" for key in SECONDARY)
         + " | report |",
         "|---" * (8 + len(SECONDARY)) + "|",
@@ -112,14 +124,13 @@ def summary_lines(results_dir: Path, chance: float, cells: Sequence[str]) -> Lis
             lines.append(f"| `{cell}` | not run |" + " |" * (6 + len(SECONDARY)))
             continue
         records = read_runs_csv(path)
+        hnnce = paired_difference(records, "hnnce", "clip", ENDPOINT)
         for oracle in ORACLES:
             outcome = bar_outcome(records, oracle, chance)
-            difference = outcome["difference"]
-            met = "**yes**" if outcome["met"] else "no" + ("" if outcome["learns"] else " (clip under 2x chance)")
             lines.append(
                 f"| `{cell}` | `{oracle}` | {outcome['clip']:.3f} | {chance:.3f} | "
-                f"{gain_text(records, oracle, ENDPOINT)} ({difference.n if difference else 0}) | {met} | "
-                f"{gain_text(records, 'hnnce', ENDPOINT)} | "
+                f"{gain_text(records, oracle, ENDPOINT)} ({outcome['pairs']}) | {bar_text(outcome)} | "
+                f"{gain_text(records, 'hnnce', ENDPOINT)} ({hnnce.n if hnnce else 0}) | "
                 + " | ".join(gain_text(records, oracle, key) for key in SECONDARY)
                 + f" | [{study}.md]({study}.md) |"
             )

@@ -50,19 +50,25 @@ def _records(family: dict) -> list:
 
 def test_the_bar_needs_clip_at_twice_chance_and_an_oracle_gain_of_five_points_above_zero(monkeypatch):
     headroom = _headroom(monkeypatch)
-    clip = (0.40, 0.42, 0.41)
+    clip = (0.40, 0.42, 0.41, 0.40, 0.42)
     met = headroom.bar_outcome(
-        _records({"clip": clip, "oracle:weight=16": (0.46, 0.47, 0.47)}), "oracle:weight=16", 0.195
+        _records({"clip": clip, "oracle:weight=16": (0.46, 0.47, 0.47, 0.46, 0.47)}), "oracle:weight=16", 0.195
     )
-    assert met["met"] and met["difference"].mean == pytest.approx(0.0567, abs=1e-4) and met["interval"][0] > 0
+    assert met["met"] and met["difference"].mean == pytest.approx(0.056, abs=1e-4) and met["interval"][0] > 0
+    assert headroom.bar_text(met) == "**yes**"
     small = headroom.bar_outcome(
-        _records({"clip": clip, "oracle:weight=16": (0.44, 0.46, 0.45)}), "oracle:weight=16", 0.195
+        _records({"clip": clip, "oracle:weight=16": (0.44, 0.46, 0.45, 0.44, 0.46)}), "oracle:weight=16", 0.195
     )
     assert small["learns"] and not small["gains"] and not small["met"]  # +0.04
     unlearned = headroom.bar_outcome(
-        _records({"clip": clip, "oracle:weight=16": (0.46, 0.47, 0.47)}), "oracle:weight=16", 0.21
+        _records({"clip": clip, "oracle:weight=16": (0.46, 0.47, 0.47, 0.46, 0.47)}), "oracle:weight=16", 0.21
     )
     assert not unlearned["learns"] and unlearned["gains"] and not unlearned["met"]  # 0.41 < 2 x 0.21
+    few = headroom.bar_outcome(
+        _records({"clip": clip[:3], "oracle:weight=16": (0.5, 0.52, 0.51)}), "oracle:weight=16", 0.195
+    )
+    assert few["learns"] and few["gains"] and not few["met"]
+    assert headroom.bar_text(few) == "not judged (3 of 5 pairs)"
 
 
 def test_the_loss_comparison_runs_under_the_headroom_registration(monkeypatch, tmp_path):
