@@ -65,7 +65,7 @@ def test_the_bar_needs_clip_at_twice_chance_and_an_oracle_gain_of_five_points_ab
     )
     assert not unlearned["learns"] and unlearned["gains"] and not unlearned["met"]  # 0.41 < 2 x 0.21
     few = headroom.bar_outcome(
-        _records({"clip": clip[:3], "oracle:weight=16": (0.5, 0.52, 0.51)}), "oracle:weight=16", 0.195
+        _records({"clip": clip[:3], "oracle:weight=16": (0.5, 0.53, 0.51)}), "oracle:weight=16", 0.195
     )
     assert few["learns"] and few["gains"] and not few["met"]
     assert headroom.bar_text(few) == "not judged (3 of 5 pairs)"
