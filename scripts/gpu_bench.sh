@@ -9,7 +9,7 @@
 #      features at logit scale 14.3, trained-like ones at 50 and 100): ClipLoss and AdaCL's two modes on
 #      each selection path, auto (the default), fused (Triton kernels) and eager (scripts/bench_loss.py);
 #   3. the loss's peak memory at N = 32768, D = 512 (torch.cuda.max_memory_allocated, each case in a fresh
-#      process; trained-like inputs at 50, the default path) and its ratio to ClipLoss's.
+#      process; trained-like inputs at 50, the default path and the eager passes) and its ratio to ClipLoss's.
 # Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md, memory.md and summary.md (device, commit, commands,
 # the one table of the first two parts, then each part's own report); paste summary.md where docs/THROUGHPUT.md says.
 set -euo pipefail
@@ -40,7 +40,7 @@ else
     fi
     STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup-steps 5 --repeats 20)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 5)
-    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --inputs trained-50 --paths auto --memory-only)
+    MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --inputs trained-50 --paths auto eager --memory-only)
 fi
 mkdir -p "$OUT_DIR"
 timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"

@@ -1,8 +1,10 @@
 """Measure what the trainer does under the faults a cluster delivers: tiny runs on 1 and 2 gloo ranks
 (CPU), each fault injected for real (signals, truncated, bit-flipped and empty files, a file-size limit, a
-full tmpfs, /dev/full, failing and stalling pipes, device files as images, absent ranks, a second launch, two
-launches racing for a stale lock, a diverging loss, a read-only run folder), printing the "fault -> what happens
--> what is lost" table of docs/cluster.md. It lives beside the tests because it is built on their harness
+full tmpfs, /dev/full, failing and stalling pipes, cut and lying tars, device files as images, absent ranks, a
+second launch, two launches racing for a stale lock, launches without --name in the same second, a diverging loss,
+a read-only run folder), printing the "fault -> what happens -> what is lost" table of docs/cluster.md. Rows
+that check a promise say so at their end (e.g. "the epoch summary names both shards: True"); run against an
+earlier tree (PYTHONPATH=<that tree>/src) they show what it did instead. It lives beside the tests because it is built on their harness
 (`helpers.run_utils`, `helpers.distributed_utils`, importable here as for any script in this folder).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python tests/fault_table.py [--work DIR]
@@ -12,7 +14,8 @@ of 8 steps (1 rank, batch 32; 2 ranks, batch 16 each), --save-every-n-steps 5, s
 The full-disk rows mount small tmpfs folders, the read-only row a read-only bind mount, the other-host row
 makes two host names with `unshare --uts` and the bad-input rows an immutable folder with `chattr +i` (root only;
 skipped otherwise). The huge-member row writes a sparse shard whose image member has FAULT_TABLE_HUGE_MEMBER_BYTES
-(default 6 GiB; it takes no disk) and compares the runs' peak RSS (`os.wait4`).
+(default 6 GiB; it takes no disk) and compares the runs' peak RSS (`os.wait4`). The same-second row stops the
+clock of the automatic run name (FROZEN_CLOCK_LAUNCH) so that its launches share their start second for certain.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ import torch
 from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
+from training import RunDir
 from training.synthetic_scenes.writers import write_demo_dataset
 from training.trainer.launch.params import argv_from_values
-from training.trainer.run_folder.layout import RESULTS_NAME, RunDir, read_records, step_checkpoint_number
+from training.trainer.run_folder.layout import RESULTS_NAME, read_json_lines, step_checkpoint_number
 
 STEPS = 16  # 2 epochs of 8 steps
 SAVE_EVERY = 5
@@ -51,6 +55,22 @@ SIGNAL_AT = 11  # mid-epoch 1
 NAN_LR = 1e3  # a learning rate that makes the loss non-finite from step 3 on (--warmup 1)
 PREEMPTED = 75
 HUGE_MEMBER_BYTES = int(float(os.environ.get("FAULT_TABLE_HUGE_MEMBER_BYTES", 6 * 2**30)))
+# training.main with the clock of the automatic run name (training.trainer.launch.folder's `datetime`) stopped at
+# one instant, so that launches started together share their start second for certain: `python -c THIS ARGS...`.
+FROZEN_CLOCK_LAUNCH = """
+import datetime, runpy
+import training.trainer.launch.folder as folder
+
+
+class Frozen(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2026, 1, 1, 12, 0, 0, tzinfo=tz)
+
+
+folder.datetime = Frozen
+runpy.run_module("training.main", run_name="__main__", alter_sys=True)
+"""
 
 
 class Bench:
@@ -402,7 +422,7 @@ class Bench:
             (disk / "filler").unlink()  # room again: the held-back records go in with the next one
             _, stderr = proc.communicate(timeout=900)
             log = self.log(name)
-            results = read_records(disk / RESULTS_NAME)
+            results = read_json_lines(disk / RESULTS_NAME)
             steps = self.steps(name)
         self.add(
             f"`metrics.jsonl` and `results.jsonl` on a full disk (1 MB tmpfs) until epoch 0 is validated, "
@@ -790,9 +810,10 @@ class Bench:
                 "that sample",
             )
 
-    def cut_shards(self) -> None:
+    def cut_shards(self, ranks: int) -> None:
         """A copy of shard 0 cut at the member boundary halfway (an interrupted copy: no end-of-archive blocks),
-        and a copy of shard 1 whose appended last header claims 50 GB with 1 kB of data after it, trained alone."""
+        and a copy of shard 1 whose appended last header claims 50 GB with 1 kB of data after it, trained alone
+        (on 2 ranks each rank reads one of them). Checks that the epoch summary names both shards."""
         cut, lying = self.work / "cut.tar", self.work / "lying.tar"
         with tarfile.open(self.data / "train" / "shard-000000.tar") as tar:
             members = tar.getmembers()
@@ -806,21 +827,24 @@ class Bench:
         info = tarfile.TarInfo("999999999.png")
         info.size = 50 * 10**9
         lying.write_bytes((self.data / "train" / "shard-000001.tar").read_bytes()[:end] + info.tobuf() + b"x" * 1024)
-        name = "cut-shards-1"
+        name = f"cut-shards-{ranks}"
         result, _ = self.run(
-            1,
+            ranks,
             self.values(
-                name, 1, train_data=f"{cut}::{lying}", dataset_type="webdataset", train_num_samples=192, epochs=1
+                name, ranks, train_data=f"{cut}::{lying}", dataset_type="webdataset", train_num_samples=192, epochs=1
             ),
         )  # every sample of both
         log = self.log(name)
         line = message(log, "Epoch 0 done")
+        summary = line[line.find("skipped shard") : line.rindex(",")].replace(f"{self.work}/", "")
+        names_both = all(f"{shard}: bad_tar" in line for shard in (cut, lying))
+        warnings = [message(log, f"{shard.name} ended early") for shard in (cut, lying)]
         self.add(
-            "a shard cut at a member boundary (half its samples, no end-of-archive blocks) and one whose last "
-            "header claims 50 GB with 1 kB after it, trained alone",
-            f"rc {result.returncode}; `{message(log, 'cut.tar ended early')[:130]}...`; "
-            f"`{message(log, 'lying.tar ended early')[:130]}...`; "
-            f"`{line[line.find('skipped shard') : line.rindex(',')]}`",
+            f"a shard cut at a member boundary (half its samples, no end-of-archive blocks) and one whose last "
+            f"header claims 50 GB with 1 kB after it, trained alone, {ranks} rank{'s' if ranks > 1 else ''}",
+            f"rc {result.returncode}; "
+            + "; ".join(f"`{warning[:130]}...`" for warning in warnings if warning)
+            + f" (out.log: rank 0's warnings); `{summary}`; the epoch summary names both shards: {names_both}",
             "the samples after the cut",
         )
 
@@ -960,23 +984,27 @@ class Bench:
         )
 
     def same_second_launches(self) -> None:
-        """Two launches without --name started together (a job array's tasks), outside SLURM: their folders."""
+        """Three launches without --name started together (a job array's tasks), outside SLURM, in the same second
+        for sure: each runs training.main under FROZEN_CLOCK_LAUNCH, which stops the clock the automatic run name
+        reads (`datetime` in training.trainer.launch.folder) at one instant. Their folders and exit statuses."""
         logs = self.work / "logs-same-second"
         env = {key: value for key, value in self.env.items() if key != "SLURM_JOB_ID"}
         values = {**self.values(None, 1, logs=str(logs), epochs=1, train_num_samples=64), "name": None}
+        command = [sys.executable, "-c", FROZEN_CLOCK_LAUNCH, *argv_from_values(values)]
         launches = [
-            subprocess.Popen(
-                self.command(1, values), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-            for _ in range(2)
+            subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for _ in range(3)
         ]
         outcomes = [(proc.wait(timeout=900), last_line(proc.stderr.read())) for proc in launches]
         folders = sorted(path.name for path in logs.iterdir()) if logs.is_dir() else []
+        refused = next((line.split(" | ")[-1][:150] for rc, line in outcomes if rc), "")
         self.add(
-            "two launches without `--name` started at the same moment (a job array), outside SLURM",
+            "three launches without `--name` in the same second (a job array), outside SLURM (the name's clock "
+            "frozen at one instant)",
             f"rc {[rc for rc, _ in outcomes]}; folders {[re.sub(r'-model_.*-p_fp32', '-...', f) for f in folders]}"
-            f"{'; ' + next(line for rc, line in outcomes if rc) if any(rc for rc, _ in outcomes) else ''}",
-            "nothing",
+            f"{'; `' + refused + '`' if refused else ''}; one folder per launch: "
+            f"{len(folders) == len(launches) and not any(rc for rc, _ in outcomes)}",
+            "nothing" if len(folders) == len(launches) else "the refused launches' runs",
         )
 
     def read_only_resume(self, ranks: int) -> None:
@@ -1140,7 +1168,7 @@ def main() -> None:
         "nan_streak": on_1_and_2_ranks(bench.nan_streak),
         "nan_resume": on_1_and_2_ranks(bench.nan_resume),
         "huge_member": bench.huge_member,
-        "cut_shards": bench.cut_shards,
+        "cut_shards": on_1_and_2_ranks(bench.cut_shards),
         "killed_during_a_save": bench.killed_during_a_save,
         "lock_of_another_host": bench.lock_of_another_host,
         "one_line_errors": bench.one_line_errors,

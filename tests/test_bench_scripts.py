@@ -36,7 +36,7 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
         for mode in ("literal", "calibrated"):
             for path in ("auto", "fused", "eager"):
                 assert f"| loss | {inputs} | 128 | adacl-{mode} | {path} |" in summary
-    assert "auto's choices" in summary and "keys passes, 128 x 128 float32 on cpu: eager" in summary
+    assert "auto's choices" in summary and "median anchor passes, 128 x 128 float32 on cpu: eager" in summary
     # the third part: each case's peak memory and its ratio to ClipLoss's
     assert "## Loss only, peak memory" in summary and "| extra peak |" in summary
     for loss in ("clip | -", "adacl-literal | auto", "adacl-calibrated | auto"):

@@ -181,6 +181,40 @@ def test_no_retired_word_is_left_in_src():
     assert found == []
 
 
+# "record" had five meanings; each has its own word now (docs/architecture.md, Glossary), and the verb alone
+# stays ("the run records its arguments", `recorded_args`). Each retired name, and what to write instead.
+RETIRED_RECORD_NAMES = {
+    r"\.records\(\)|\bloss_record_path\b|\bLossRecords\b|\bkeep_loss_records\b": "a loss's JSON file is a journal: "
+    "Loss.journals(), RunDir.loss_journal_path, launch.folder.LossJournals",
+    r"\brun_folder\.records\b|\btrim_to_resume_point\b|\bdrop_records_after\b|\bset_aside_earlier_records\b": "the "
+    "cut back at a resume is run_folder.rewind (rewind_to, set_aside_earlier_launch, logger.drop_lines_after)",
+    r"\bread_records\b|\bbatch_records\b": "a JSON-lines line is a line: layout.read_json_lines",
+    r"\bconfig_from_record\b|\.record\b": "RunSummary.run_folder (the RunDir), params.config_from_recorded_args",
+    r"\brecords?\b\s*(?:=(?!=)|\[)|\bfor records? in\b|\w+_records?\b|\brecords?_\w+|(?<!logging\.)\b[A-Z]\w*Records?\b": "a "
+    "name for what it holds: a line (JSON lines), a sample (a shard's dict), a journal (a loss's JSON)",
+}
+# The loss comparison and the studies still name a comparison's per-run JSON a record while that rename is under
+# way; they join the check when it lands (remove them here then).
+RECORD_RENAME_PENDING = ("training/loss_comparison/", "training/studies/")
+
+
+def test_no_retired_record_name_is_left_in_src():
+    """One meaning per word: none of the five old uses of "record" is named so in src/ any more."""
+    import re
+
+    found = [
+        f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
+        for path in sorted(SRC.rglob("*.py"))
+        if not path.relative_to(SRC).as_posix().startswith(RECORD_RENAME_PENDING)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for pattern, instead in RETIRED_RECORD_NAMES.items()
+        for match in [re.search(pattern, line)]
+        if match
+    ]
+    assert found == []
+    assert re.search(list(RETIRED_RECORD_NAMES)[-1], "for record in rows:")  # the patterns still match an old use
+
+
 # (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
 # process, and `python -m training.discover` in its own tests.)
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation"])
@@ -230,16 +264,18 @@ def test_training_exports_its_public_face_from_the_layers_that_define_it():
         "Trainer",
         "RunConfig",
         "RunDir",
+        "ConfigError",
         "LOSSES",
         "SCHEDULES",
         "SOURCES",
         "RECIPES",
     }
     assert "adacl" in training.LOSSES and "cosine" in training.SCHEDULES and "webdataset" in training.SOURCES
+    assert issubclass(training.ConfigError, ValueError) and "demo" in training.RECIPES
     with pytest.raises(AttributeError, match="has no attribute 'Trainr'"):
         training.Trainr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    for first in ("Trainer", "RunDir, SOURCES, LOSSES"):  # the deepest layer first, then the light ones alone
+    for first in ("Trainer", "RunDir, SOURCES, LOSSES", "*"):  # the deepest layer first, then the light ones alone
         fresh = subprocess.run(
             [sys.executable, "-c", f"from training import {first}"],
             capture_output=True,
@@ -270,3 +306,17 @@ def test_training_run_is_the_trainers_run_and_import_training_stays_light():
         timeout=60,
     )
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
+
+
+# Folders under tests/ that hold what tests share, not the tests of one package.
+TEST_SUPPORT = {"helpers", "fixtures"}
+
+
+def test_the_tests_mirror_src():
+    """tests/ is laid out like src/: each folder of tests (tests/training/trainer/engine/) tests the package of the
+    same path under src/ (src/training/trainer/engine/), so a package's tests are found where the package is."""
+    tests = Path(__file__).resolve().parent
+    folders = sorted({path.parent.relative_to(tests) for path in tests.rglob("test_*.py")} - {Path(".")})
+    folders = [folder for folder in folders if not TEST_SUPPORT & set(folder.parts)]
+    assert Path("training/trainer/engine") in folders
+    assert [str(folder) for folder in folders if not (SRC / folder / "__init__.py").is_file()] == []

@@ -7,8 +7,7 @@ from helpers.registries import scratch_entries
 from open_clip_adacl.losses.clip import ClipLoss
 from open_clip_adacl.losses.registry import LOSSES, register_loss
 from open_clip_adacl.registry import Registry
-from training.trainer.data.registry import SOURCES
-from training.trainer.engine.schedule import SCHEDULES
+from training import SCHEDULES, SOURCES
 from training.trainer.launch.config import with_canonical_names
 from training.trainer.launch.params import parse_args
 from training.trainer.launch.resume import ResumeRequest, check_resume, run_changes

@@ -180,7 +180,7 @@ def _timed(path: Callable[[], object], device_type: str) -> float:
 
 
 def decisions() -> List[Dict[str, object]]:
-    """`auto`'s choices so far in this process, in the order made (JSON-ready; the AdaCL loss's `records`)."""
+    """`auto`'s choices so far in this process, in the order made (JSON-ready; the AdaCL loss's `journals`)."""
     return [dict(decision) for decision in _decisions.values()]
 
 

@@ -16,7 +16,7 @@ back would make a device wait (`row_passes.reading_back_is_free`); every rank en
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -59,6 +59,19 @@ def _scatter_histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
     that compute the bins."""
     counts = torch.zeros(num_bins, dtype=torch.int64, device=bins.device)
     return counts.index_put_((bins.long(),), torch.ones((), dtype=torch.int64, device=bins.device), accumulate=True)
+
+
+# --- the keys, a row chunk at a time ----------------------------------------------------------------
+
+
+def key_blocks(keys) -> Iterator[Tuple[int, int, torch.Tensor]]:
+    """(start, stop, the keys of rows start:stop) over all the rows of `keys`, in row chunks: either a
+    rows x C int32 tensor, or a source with `blocks()` yielding the same, such as `selection.KeyBlocks`,
+    which computes each chunk's keys when it is read instead of storing them all. A block is read before
+    the next is asked for: a source may reuse its buffer."""
+    if isinstance(keys, torch.Tensor):
+        return ((start, stop, keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device))
+    return keys.blocks()
 
 
 # --- the two passes' histograms --------------------------------------------------------------------
@@ -122,11 +135,9 @@ def _locate(counts: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
-def radix_select(
-    keys: torch.Tensor, k: torch.Tensor, rows: RowGroup, high_counts: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """The exact k-th smallest (0-based) of the finite floats whose bits `keys` (rows x C int32) holds, over
-    all ranks; returned as its key (0-dim int32).
+def radix_select(keys, k: torch.Tensor, rows: RowGroup, high_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The exact k-th smallest (0-based) of the finite floats whose bits `keys` (rows x C int32, or a source
+    of row blocks: `key_blocks`) holds, over all ranks; returned as its key (0-dim int32).
 
     Two passes over the float bits, high 16 then low 16, each one histogram all-reduce. Each
     histogram is read with its negative half reversed instead of transforming every key. Ties
@@ -136,13 +147,13 @@ def radix_select(
     """
     if high_counts is None:
         high_counts = sum(
-            (high_histogram(keys[start:stop]) for start, stop in row_chunks(*keys.shape, keys.device)),
+            (high_histogram(block) for _, _, block in key_blocks(keys)),
             torch.zeros(_RADIX, dtype=torch.int64, device=keys.device),
         )
         drop_non_finite(high_counts)
     high, rank_in_bin = high_bin(high_counts, k, rows)
     low_counts = sum(
-        (_low_histogram(keys[start:stop], high) for start, stop in row_chunks(*keys.shape, keys.device)),
+        (_low_histogram(block, high) for _, _, block in key_blocks(keys)),
         torch.zeros(_LOW_BINS, dtype=torch.int64, device=keys.device),
     )
     return key_in_bin(low_counts, high, rank_in_bin, rows)
@@ -168,32 +179,31 @@ def key_in_bin(low_counts: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.
 
 @torch.no_grad()
 def lower_median(
-    keys: torch.Tensor, count: torch.Tensor, high_counts: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+    keys,
+    count: torch.Tensor,
+    high_counts: torch.Tensor,
+    row_index: torch.Tensor,
+    rows: RowGroup,
+    *,
+    fused_passes: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(key of the lower median, the (count - 1) // 2-th smallest of all ranks; the lowest global row
-    holding it). `count`: the global number of finite keys; `high_counts`: this rank's first-pass
-    histogram, its non-finite bins dropped. `row_index`: the global index of each of this rank's rows.
+    holding it). `keys`: a rows x C int32 tensor or a source of row blocks (`key_blocks`); `count`: the
+    global number of finite keys; `high_counts`: this rank's first-pass histogram, its non-finite bins
+    dropped. `row_index`: the global index of each of this rank's rows.
 
     On a GPU: `radix_select`'s second pass and `first_row_with_key`, two more passes over the keys
     with nothing read back. On the CPU, where reading back is free, either the same two passes
-    compiled (`_compiled_key_in_bin`), or one chunked pass that collects the keys of the median's
-    high bin, after which the second histogram and the owner search run on those alone
-    (`_eager_key_in_bin`), whichever `fused.wanted` picks; the result is the same.
+    compiled (`_compiled_key_in_bin`, with `fused_passes` and a keys tensor), or one chunked pass that
+    collects the keys of the median's high bin, after which the second histogram and the owner search
+    run on those alone (`_eager_key_in_bin`); the result is the same.
     """
     k = ((count - 1) // 2).clamp(min=0)
     if not row_passes.reading_back_is_free(keys.device):
         key = radix_select(keys, k, rows, high_counts)
         return key, first_row_with_key(keys, key, row_index, rows)
     high, rank_in_bin = high_bin(high_counts, k, rows)
-    # `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing differently
-    # still run the same collectives.
-    alone = RowGroup(split_across_ranks=False)
-    if fused.wanted(
-        keys,
-        "median",
-        lambda: _compiled_key_in_bin(keys, high, rank_in_bin, row_index, alone),
-        lambda: _eager_key_in_bin(keys, high, rank_in_bin, row_index, alone),
-    ):
+    if fused_passes and isinstance(keys, torch.Tensor):
         try:
             return _compiled_key_in_bin(keys, high, rank_in_bin, row_index, rows)
         except fused.Unavailable:
@@ -213,7 +223,7 @@ def _compiled_key_in_bin(
 
 
 def _eager_key_in_bin(
-    keys: torch.Tensor, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+    keys, high: torch.Tensor, rank_in_bin: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The same from the keys of the high bin, collected by one chunked pass (a small fraction of the keys)."""
     bin_keys, bin_rows = _keys_with_high_bits(keys, int(high), row_index)
@@ -221,7 +231,7 @@ def _eager_key_in_bin(
     return key, rows.min(min_or(torch.where(bin_keys == key, bin_rows, NO_ROW), NO_ROW))
 
 
-def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _keys_with_high_bits(keys, high: int, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(the keys whose signed high 16 bits are `high`, the global row of each), in row order.
 
     key ^ (high << 16) lies in [0, 2^16) exactly for those keys, and flipping the sign bit as well
@@ -232,22 +242,22 @@ def _keys_with_high_bits(keys: torch.Tensor, high: int, row_index: torch.Tensor)
     bound = INT32_MIN + _RADIX
     found_keys, found_rows = [], []
     scratch = ChunkScratch(*keys.shape, keys.device)
-    for start, stop in row_chunks(*keys.shape, keys.device):
-        flipped = torch.bitwise_xor(keys[start:stop], flip, out=scratch.get("xor", torch.int32, stop - start))
+    for start, stop, block in key_blocks(keys):
+        flipped = torch.bitwise_xor(block, flip, out=scratch.get("xor", torch.int32, stop - start))
         holding = (flipped.amin(dim=1) < bound).nonzero().squeeze(1)
         held = flipped.index_select(0, holding)
         row, col = (held < bound).nonzero(as_tuple=True)
         found_keys.append(held[row, col] ^ flip)
         found_rows.append(row_index[start:stop].index_select(0, holding)[row])
     if not found_keys:  # no rows on this rank
-        return keys.new_empty(0), row_index.new_empty(0)
+        return torch.empty(0, dtype=torch.int32, device=keys.device), row_index.new_empty(0)
     return torch.cat(found_keys), torch.cat(found_rows)
 
 
 # --- the owner ----------------------------------------------------------------------------------------
 
 
-def first_row_with_key(keys: torch.Tensor, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+def first_row_with_key(keys, key: torch.Tensor, row_index: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Lowest global row holding `key` (one all-reduce)."""
     return first_row_holding(_row_min_xor(keys, key.to(torch.int32) ^ INT32_MIN), row_index, rows)
 
@@ -261,12 +271,12 @@ def first_row_holding(row_min: torch.Tensor, row_index: torch.Tensor, rows: RowG
     return rows.min(min_or(torch.where(row_min == INT32_MIN, row_index, NO_ROW), NO_ROW))
 
 
-def _row_min_xor(keys: torch.Tensor, mask) -> torch.Tensor:
+def _row_min_xor(keys, mask) -> torch.Tensor:
     """Per row, min over the row of keys ^ mask (int32)."""
     row_min = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
     scratch = ChunkScratch(*keys.shape, keys.device)
-    for start, stop in row_chunks(*keys.shape, keys.device):
-        flipped = torch.bitwise_xor(keys[start:stop], mask, out=scratch.get("xor", torch.int32, stop - start))
+    for start, stop, block in key_blocks(keys):
+        flipped = torch.bitwise_xor(block, mask, out=scratch.get("xor", torch.int32, stop - start))
         row_min[start:stop] = flipped.amin(dim=1)
     return row_min
 

@@ -19,9 +19,11 @@ is computed from such values by the same ops.
 
 The selection reads the logits the loss already has: every decision it makes is invariant under
 the positive affine map cos -> t cos + bias (see adacl_math.py), so no second matmul is needed. Rows are
-processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py); the only
-rows x C buffer is the int32 keys of `candidate_keys`, freed when the selection returns, so that the
-backward pass, where the loss's peak memory lies, never holds it (docs/THROUGHPUT.md).
+processed in chunks small enough to stay in the CPU cache (large on a GPU; row_passes.py). The eager
+passes compute the keys of `candidate_keys` a row chunk at a time whenever they read them (`KeyBlocks`),
+so they hold no rows x C buffer; the compiled ones write rows x C int32 keys, freed when the selection
+returns, so that the backward pass, where the loss's peak memory lies, never holds them
+(docs/THROUGHPUT.md).
 
 The passes over the logits and the keys also exist as traceable functions (`_fused_keys`, the
 `*_of_logits` functions and radix_select.py's `*_pass` ones) that `fused.run` compiles: each then
@@ -33,7 +35,7 @@ give the same bits as the eager passes, which remain the reference and the fallb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -48,6 +50,7 @@ from .radix_select import (
     high_bin,
     high_histogram,
     high_histogram_pass,
+    key_blocks,
     key_in_bin,
     low_histogram_pass,
     lower_median,
@@ -255,14 +258,19 @@ def candidate_keys(
     positive_col: torch.Tensor,
     coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     lower: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5), in one pass.
+    *,
+    fused_passes: bool,
+) -> Tuple[Keys, torch.Tensor, torch.Tensor]:
+    """(keys, count, high_counts) of this rank's rows (docs/method.md §3.4-3.5).
 
     keys (rows x C int32): for a clone candidate (a negative whose GDA log-odds A x^2 + B x + C is
     positive, x its logit) the float32 bits of its gap, positive logit - x; for every other entry
     the same bits with `NOT_CANDIDATE_BITS` set. `candidate_gaps(keys)` reads the gaps back.
     count: this rank's number of candidates. high_counts: this rank's first radix histogram
     (see `radix_select`). `lower` (0-dim, logit units): only entries above it are candidates (the `upper` candidate region).
+    `fused_passes`: the keys written into one rows x C tensor by two compiled passes (raises
+    `fused.Unavailable`); else a `KeyBlocks`, which computes them a row chunk at a time whenever a pass
+    reads them, so that the eager passes never hold the rows x C matrix.
 
     The log-odds test is done as "x lies in one of two intervals" whose float64 bounds are the
     quadratic's roots (`adacl_math.positive_quadratic_intervals`), rounded outwards to the logits'
@@ -272,50 +280,65 @@ def candidate_keys(
     +0.0 if it is -0.0, so that no gap is -0.0: equal gaps have equal keys and the owner row is the
     lowest, as in the method's dense definition that the tests check against.
     """
-    num_rows, num_cols = logits.shape
     bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
-    keys = torch.empty((num_rows, num_cols), dtype=torch.int32, device=logits.device)
-    args = (logits, positive, positive_col, bounds, keys)
-    if fused.wanted(logits, "keys", lambda: _compiled_candidate_keys(*args), lambda: _eager_candidate_keys(*args)):
-        try:
-            return _compiled_candidate_keys(*args)
-        except fused.Unavailable:
-            pass
-    return _eager_candidate_keys(*args)
+    if fused_passes:
+        return _compiled_candidate_keys(logits, positive, positive_col, bounds)
+    keys = KeyBlocks(logits, positive, positive_col, bounds)
+    high_counts = torch.zeros(HIGH_BINS, dtype=torch.int64, device=logits.device)
+    for start, stop, block in keys.blocks():
+        high_counts += high_histogram(block, out=keys.scratch.get("bins", torch.int32, stop - start))
+    return keys, _count_candidates(high_counts, keys.numel()), high_counts
 
 
 def _compiled_candidate_keys(
-    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, keys: torch.Tensor
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`candidate_keys` by the two compiled passes; raises `fused.Unavailable`."""
+    keys = torch.empty(logits.shape, dtype=torch.int32, device=logits.device)
     with one_cpu_thread(logits.device):
         fused.run(_keys_pass, logits, positive, positive_col, bounds, keys)
         high_counts = fused.run(high_histogram_pass, keys)
     return keys, _count_candidates(high_counts, keys.numel()), high_counts
 
 
-def _eager_candidate_keys(
-    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, keys: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`candidate_keys` by the chunked eager passes."""
-    num_rows, num_cols = logits.shape
-    dtype = working_dtype(logits.dtype)
-    bounds = _bounds_to_test(bounds)
-    positive = positive.to(dtype)[:, None] + 0.0
-    high_counts = torch.zeros(HIGH_BINS, dtype=torch.int64, device=logits.device)
-    scratch = ChunkScratch(num_rows, num_cols, logits.device)
-    for start, stop in row_chunks(num_rows, num_cols, logits.device):
-        x = logits[start:stop].to(dtype)
-        chunk_keys = keys[start:stop]
-        gap = torch.sub(positive[start:stop], x, out=chunk_keys.view(torch.float32))
-        if dtype != torch.float32:
+class KeyBlocks:
+    """`candidate_keys`'s keys computed by the chunked eager passes one row chunk at a time, anew each time
+    a pass reads them (`radix_select.key_blocks`), into one chunk-sized buffer: a few ops per entry instead
+    of a rows x C int32 matrix held from the first pass to the last. The AdaCL loss selects its two
+    directions side by side, and two such matrices alive at once were the eager path's peak memory
+    (docs/THROUGHPUT.md). A block is valid until the next one is made."""
+
+    def __init__(self, logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor):
+        self.logits, self.positive_col = logits, positive_col
+        self.shape, self.device = logits.shape, logits.device
+        self.dtype = working_dtype(logits.dtype)
+        self.positive = positive.to(self.dtype)[:, None] + 0.0
+        self.bounds = _bounds_to_test(bounds)
+        self.scratch = ChunkScratch(*logits.shape, logits.device)
+
+    def numel(self) -> int:
+        return self.logits.numel()
+
+    def blocks(self) -> Iterator[Tuple[int, int, torch.Tensor]]:
+        """(start, stop, keys of rows start:stop) over this rank's rows, in row chunks."""
+        for start, stop in row_chunks(*self.shape, self.device):
+            yield start, stop, self._block(start, stop)
+
+    def _block(self, start: int, stop: int) -> torch.Tensor:
+        x = self.logits[start:stop].to(self.dtype)
+        keys = self.scratch.get("keys", torch.int32, stop - start)
+        gap = torch.sub(self.positive[start:stop], x, out=keys.view(torch.float32))
+        if self.dtype != torch.float32:
             gap.add_(0.0)  # a negative float64 gap too small for float32 rounds to -0.0
-        bits = scratch.get("bits", torch.int32, stop - start)
-        if _outside_bits(x, bounds, bits, scratch):
-            chunk_keys |= bits
-        chunk_keys[torch.arange(stop - start, device=logits.device), positive_col[start:stop]] = NOT_CANDIDATE_BITS
-        high_counts += high_histogram(chunk_keys, out=bits)
-    return keys, _count_candidates(high_counts, keys.numel()), high_counts
+        bits = self.scratch.get("bits", torch.int32, stop - start)
+        if _outside_bits(x, self.bounds, bits, self.scratch):
+            keys |= bits
+        keys[torch.arange(stop - start, device=self.device), self.positive_col[start:stop]] = NOT_CANDIDATE_BITS
+        return keys
+
+
+# The keys of `candidate_keys`: one rows x C int32 tensor (the compiled passes) or `KeyBlocks`.
+Keys = Union[torch.Tensor, KeyBlocks]
 
 
 def _candidate_bounds(
@@ -436,11 +459,8 @@ def _median_without_keys(
         if _lower_median_from_logits(logits, positive, positive_col, bounds, alone) is None:
             raise fused.Unavailable("median")
 
-    def eager():  # its keys are freed after the timing: the fused median needs none
-        keys = torch.empty(logits.shape, dtype=torch.int32, device=logits.device)
-        _anchor_from_keys(
-            _eager_candidate_keys(logits, positive, positive_col, bounds, keys), "median", positive_col, alone
-        )
+    def eager():
+        _anchor_search(logits, positive, positive_col, coefficients, lower, "median", alone, fused_passes=False)
 
     if not fused.wanted(logits, "median", compiled, eager):
         return None
@@ -450,40 +470,40 @@ def _median_without_keys(
 # --- the anchor among the candidates by mean, min or max (the median: radix_select.lower_median) ---
 
 
-def masked_extreme(keys: torch.Tensor, largest: bool, rows: RowGroup) -> torch.Tensor:
+def masked_extreme(keys: Keys, largest: bool, rows: RowGroup) -> torch.Tensor:
     """Key of the global max (or min) candidate gap."""
     fill = float("-inf") if largest else float("inf")
     extremes = torch.stack(
         [torch.full((), fill, device=keys.device)]
         + [
-            candidate_gaps(keys[start:stop], fill).max() if largest else candidate_gaps(keys[start:stop], fill).min()
-            for start, stop in row_chunks(*keys.shape, keys.device)
+            candidate_gaps(block, fill).max() if largest else candidate_gaps(block, fill).min()
+            for _, _, block in key_blocks(keys)
         ]
     )
     extreme = rows.max(extremes.max()) if largest else rows.min(extremes.min())
     return extreme.view(torch.int32)
 
 
-def masked_mean(keys: torch.Tensor, count: torch.Tensor, rows: RowGroup) -> torch.Tensor:
+def masked_mean(keys: Keys, count: torch.Tensor, rows: RowGroup) -> torch.Tensor:
     """Global mean of the candidate gaps, float64 (per-rank sums all-reduced)."""
     total = sum(
-        (candidate_gaps(keys[start:stop], 0.0).double().sum() for start, stop in row_chunks(*keys.shape, keys.device)),
+        (candidate_gaps(block, 0.0).double().sum() for _, _, block in key_blocks(keys)),
         torch.zeros((), dtype=torch.float64, device=keys.device),
     )
     return rows.sum(total) / count.clamp(min=1)
 
 
 def nearest_key(
-    keys: torch.Tensor, target: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
+    keys: Keys, target: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(row, key) of the candidate gap nearest to `target` (float64 distances), the lowest
     (row, column) among equally near ones."""
     distance = torch.empty(keys.shape[0], dtype=torch.float64, device=keys.device)
     nearest = torch.empty(keys.shape[0], dtype=torch.int32, device=keys.device)
-    for start, stop in row_chunks(*keys.shape, keys.device):
-        gaps = (candidate_gaps(keys[start:stop], float("inf")).double() - target).abs()
+    for start, stop, block in key_blocks(keys):
+        gaps = (candidate_gaps(block, float("inf")).double() - target).abs()
         distance[start:stop], column = gaps.min(dim=1)  # the first minimum: the lowest column
-        nearest[start:stop] = keys[start:stop].gather(1, column[:, None]).squeeze(1)
+        nearest[start:stop] = block.gather(1, column[:, None]).squeeze(1)
     best = rows.min(min_or(distance, float("inf")))
     row = rows.min(min_or(torch.where(distance == best, row_index, NO_ROW), NO_ROW))
     return row, row_value_from_owner(nearest, row, row_index, rows)
@@ -503,17 +523,63 @@ class AnchorSelection:
     flat_reference: torch.Tensor  # 0-dim bool: a reference fit is at the std floor
 
 
+def _anchor_search(
+    logits: torch.Tensor,
+    positive: torch.Tensor,
+    positive_col: torch.Tensor,
+    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lower: Optional[torch.Tensor],
+    anchor_stat: str,
+    rows: RowGroup,
+    *,
+    fused_passes: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(global candidate count, anchor key, its lowest global row): `candidate_keys` and the search among
+    them, by the compiled passes (`fused_passes`; raises `fused.Unavailable` before any collective) or the
+    eager ones."""
+    candidates = candidate_keys(logits, positive, positive_col, coefficients, lower, fused_passes=fused_passes)
+    return _anchor_from_keys(candidates, anchor_stat, positive_col, rows, fused_passes)
+
+
+def _anchor(
+    logits: torch.Tensor,
+    positive: torch.Tensor,
+    positive_col: torch.Tensor,
+    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lower: Optional[torch.Tensor],
+    anchor_stat: str,
+    rows: RowGroup,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_anchor_search` by the passes `fused.wanted` picks for the whole search (keys and anchor). `auto`
+    times both ways on this rank's rows alone (no collective), so that ranks choosing differently still
+    run the same collectives."""
+    args = (logits, positive, positive_col, coefficients, lower, anchor_stat)
+    alone = RowGroup(split_across_ranks=False)
+    if fused.wanted(
+        logits,
+        f"{anchor_stat} anchor",
+        lambda: _anchor_search(*args, alone, fused_passes=True),
+        lambda: _anchor_search(*args, alone, fused_passes=False),
+    ):
+        try:
+            return _anchor_search(*args, rows, fused_passes=True)
+        except fused.Unavailable:
+            pass
+    return _anchor_search(*args, rows, fused_passes=False)
+
+
 def _anchor_from_keys(
-    candidates: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    candidates: Tuple[Keys, torch.Tensor, torch.Tensor],
     anchor_stat: str,
     row_index: torch.Tensor,
     rows: RowGroup,
+    fused_passes: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(global candidate count, anchor key, its lowest global row) from this rank's `candidate_keys`."""
     keys, count, high_counts = candidates
     count = rows.sum(count)
     if anchor_stat == "median":
-        key, row = lower_median(keys, count, high_counts, row_index, rows)
+        key, row = lower_median(keys, count, high_counts, row_index, rows, fused_passes=fused_passes)
     elif anchor_stat == "mean":
         row, key = nearest_key(keys, masked_mean(keys, count, rows), row_index, rows)
     else:
@@ -571,7 +637,6 @@ def select_anchor(
     if region not in adacl_math.CANDIDATE_REGIONS:
         raise ValueError(f"candidate_region must be one of {adacl_math.CANDIDATE_REGIONS}, got {region!r}")
     with one_cpu_thread(logits.device):
-        row_index = positive_col
         reference = _batch_reference(logits, summary, positive_col, rows, salient, std_floor)
         floor = torch.as_tensor(std_floor, dtype=torch.float64, device=logits.device)
         flat_reference = (reference[1] <= floor) | (reference[3] <= floor)
@@ -583,8 +648,8 @@ def select_anchor(
         median = None
         if anchor_stat == "median" and not row_passes.reading_back_is_free(logits.device):
             median = _median_without_keys(logits, summary.positive, positive_col, coefficients, lower, rows)
-        count, key, row = median or _anchor_from_keys(
-            candidate_keys(logits, summary.positive, positive_col, coefficients, lower), anchor_stat, row_index, rows
+        count, key, row = median or _anchor(
+            logits, summary.positive, positive_col, coefficients, lower, anchor_stat, rows
         )
     found = count > 0
     return AnchorSelection(

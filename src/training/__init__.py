@@ -2,14 +2,15 @@
 engine, the launch), and the tools beside it.
 
 From Python, `training.run(config)` trains the run a `RunConfig` describes (`training.config_from_values` builds
-one from flag values) and returns a summary whose `.record` reads the run folder (a `RunDir`):
+one from flag values) and returns a summary whose `.run_folder` reads the run folder (a `RunDir`):
 
     from training import config_from_values, run
 
     summary = run(config_from_values({"train_data": "...", "model": "adacl-tiny", "loss": "adacl"}))
 
 The package's face, each name imported from the layer that defines it: `run`, `Trainer` (which owns a run),
-`RunConfig`, `config_from_values`, `RunDir` (a run folder read back), and the registries a new part is added
+`RunConfig`, `config_from_values`, `RunDir` (a run folder read back), `ConfigError` (a configuration the
+trainer refuses, shown as one `error:` line), and the registries a new part is added
 to: `LOSSES` (`open_clip_adacl.register_loss`), `SCHEDULES` (LR schedules), `SOURCES` (data sources) and
 `RECIPES` (named flag sets).
 
@@ -29,6 +30,7 @@ PUBLIC_FACE = {
     "RunConfig": ".trainer.launch.config",
     "config_from_values": ".trainer.launch.params",
     "RunDir": ".trainer.run_folder.layout",
+    "ConfigError": ".trainer.flags",
     "LOSSES": "open_clip_adacl.losses.registry",
     "SCHEDULES": ".trainer.engine.schedule",
     "SOURCES": ".trainer.data.registry",

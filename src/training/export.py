@@ -46,7 +46,7 @@ from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
 from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
 
 # the trainer's validation results, next to the checkpoints:
-from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_records
+from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_json_lines
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -96,7 +96,7 @@ def export_for_hub(
     tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
     if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
         tokenizer.save_pretrained(str(hf_dir))
-    results = read_records(Path(checkpoint_path).parent / RESULTS_NAME)
+    results = read_json_lines(Path(checkpoint_path).parent / RESULTS_NAME)
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
     _write_text(hf_dir / README_NAME, str(card))
     return hf_dir
@@ -211,8 +211,8 @@ def model_card(
         f"model, _, preprocess = open_clip.create_model_and_transforms('hf-hub:{repo_id}')\n"
         f"tokenizer = open_clip.get_tokenizer('hf-hub:{repo_id}')\n```\n"
     )
-    # The last record of the checkpoint's own epoch: a later one belongs to training it does not hold.
-    own = [record for record in results if record.get("epoch") == checkpoint.get("epoch")]
+    # The last line of the checkpoint's own epoch: a later one belongs to training it does not hold.
+    own = [line for line in results if line.get("epoch") == checkpoint.get("epoch")]
     if own:
         comparison = f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n" + markdown_table(
             ["metric", "value"], [(name, value) for name, value in own[-1].items() if name != "epoch"]

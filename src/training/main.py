@@ -50,7 +50,7 @@ def run(cfg: RunConfig) -> Optional[RunSummary]:
     """Train (or, with `cfg.dry_run`, only check) the run `cfg` describes, on the ranks the environment
     announces: `Trainer(cfg).run()` (`training.trainer.launch.trainer`); build `cfg` with
     `training.trainer.launch.params.config_from_values` (or `checked_config` of parsed flags).
-    Returns what this rank trained; `RunSummary.record` reads the run folder (metrics, checkpoints, results).
+    Returns what this rank trained; `RunSummary.run_folder` reads the run folder (metrics, checkpoints, results).
     The run's log handlers end with it: the caller's later lines stay out of its out.log."""
     try:
         return Trainer(cfg).run()

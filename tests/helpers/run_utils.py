@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from helpers.distributed_utils import free_port
+from training import RunDir
 from training.trainer.launch.params import argv_from_values
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 
 def torchrun_command(demo_shards, logs, *extra, name="ddp"):

@@ -16,6 +16,7 @@ import torch
 from helpers import TESTS
 from helpers.selection_cases import random_logits, select_anchor
 from open_clip_adacl import adacl_math, create_loss, fused, row_passes, selection
+from open_clip_adacl.radix_select import key_blocks
 
 FIELDS = ("row", "gap", "num_candidates", "reference", "flat_reference")
 # The compiled median on the device path: three passes over the logits, no key matrix.
@@ -107,12 +108,10 @@ def test_fused_keys_are_the_eager_keys_bit_for_bit(monkeypatch):
         results = []
         for mode in ("off", "on"):
             monkeypatch.setenv(fused.ENV_VARIABLE, mode)
-            results.append(
-                [
-                    value.clone()
-                    for value in selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
-                ]
+            keys, count, high_counts = selection.candidate_keys(
+                logits, positive, positive_col, coefficients, lower=lower, fused_passes=mode == "on"
             )
+            results.append([torch.cat([block.clone() for _, _, block in key_blocks(keys)]), count, high_counts])
         for eager, compiled in zip(*results):
             assert _same_bits(eager, compiled)
 

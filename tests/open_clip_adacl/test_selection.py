@@ -11,7 +11,7 @@ from helpers.distributed_utils import run_on_ranks
 from helpers.selection_cases import LOCAL, SCALE, random_logits, select_anchor
 from open_clip_adacl import DistributedSetup, adacl_math, create_loss, fused, row_passes, selection
 from open_clip_adacl.distributed import RowGroup
-from open_clip_adacl.radix_select import first_row_with_key, radix_select
+from open_clip_adacl.radix_select import first_row_with_key, key_blocks, radix_select
 
 
 def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region="gda"):
@@ -26,8 +26,13 @@ def _dense_anchor(logits, positive_col, salient, anchor_stat, std_floor, region=
     return gap, row, mask.sum()
 
 
+def _dense(keys):
+    """The rows x C keys of `candidate_keys` as one tensor (the eager passes give them a block at a time)."""
+    return torch.cat([block.clone() for _, _, block in key_blocks(keys)])
+
+
 def _candidates(keys):
-    return ~torch.isnan(selection.candidate_gaps(keys, float("nan")))
+    return ~torch.isnan(selection.candidate_gaps(_dense(keys), float("nan")))
 
 
 @pytest.fixture(autouse=True)
@@ -168,10 +173,13 @@ def test_both_paths_write_the_keys_of_the_dense_candidate_set(coefficients, lowe
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in coefficients)
     lower = None if lower is None else torch.tensor(lower, dtype=torch.float64)
-    on_cpu = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
+    on_cpu = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower, fused_passes=False)
     monkeypatch.setattr(row_passes, "reading_back_is_free", lambda device: False)
-    as_on_device = selection.candidate_keys(logits, positive, positive_col, coefficients, lower=lower)
-    for cpu_result, device_result in zip(on_cpu, as_on_device):
+    as_on_device = selection.candidate_keys(
+        logits, positive, positive_col, coefficients, lower=lower, fused_passes=False
+    )
+    assert torch.equal(_dense(on_cpu[0]), _dense(as_on_device[0]))
+    for cpu_result, device_result in zip(on_cpu[1:], as_on_device[1:]):
         assert torch.equal(cpu_result, device_result)
     x = logits.double()
     log_odds = (coefficients[0] * x + coefficients[1]) * x + coefficients[2]
@@ -191,7 +199,7 @@ def test_nan_and_zero_log_odds_are_never_candidates(path):
     positive_col = torch.tensor([0, 1])
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 1.0, 0.0))
-    keys, count, _ = selection.candidate_keys(logits, positive, positive_col, coefficients)
+    keys, count, _ = selection.candidate_keys(logits, positive, positive_col, coefficients, fused_passes=False)
     gaps = positive[:, None] - logits
     expected = (logits > 0) & adacl_math.negative_mask(*logits.shape, positive_col) & torch.isfinite(gaps)
     assert torch.equal(_candidates(keys), expected)
@@ -204,7 +212,9 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
     positive_col = torch.tensor([0, 1, 2])
     positive = logits.gather(1, positive_col[:, None]).squeeze(1)
     coefficients = tuple(torch.tensor(c, dtype=torch.float64) for c in (0.0, 0.0, 1.0))  # all negatives
-    keys, count, high_counts = selection.candidate_keys(logits, positive, positive_col, coefficients)
+    keys, count, high_counts = selection.candidate_keys(
+        logits, positive, positive_col, coefficients, fused_passes=False
+    )
     gaps = reference.positive_gaps(logits, positive_col)
     for anchor_stat, k in (("min", torch.tensor(0)), ("median", (count - 1) // 2)):
         key = radix_select(keys, k, LOCAL, high_counts)
@@ -213,7 +223,7 @@ def test_signed_zero_gaps_pick_the_owner_the_dense_reference_picks(path):
             gaps, adacl_math.negative_mask(3, 3, positive_col), anchor_stat
         )
         assert (row.item(), key.view(torch.float32).item()) == (dense_row.item(), dense_gap.item()), anchor_stat
-    assert not torch.signbit(selection.candidate_gaps(keys, 1.0)[1, 0])  # stored as +0.0
+    assert not torch.signbit(selection.candidate_gaps(_dense(keys), 1.0)[1, 0])  # stored as +0.0
 
 
 @pytest.mark.parametrize("anchor_stat", adacl_math.ANCHOR_STATS)

@@ -332,7 +332,7 @@ class AdaCLLoss(ContrastiveLoss):
             buffer.zero_()
         self._queue_ptr = self._queue_filled = self._bank_writes = self._bank_entries = 0
 
-    def records(self) -> Dict[str, Any]:
+    def journals(self) -> Dict[str, Any]:
         """`adacl_selection`: the choices between the fused and the eager selection passes that `auto` made in
         this process so far (`fused.decisions`: one per shape, timed on its first batch); none before the first."""
         choices = fused.decisions()

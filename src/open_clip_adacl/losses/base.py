@@ -85,8 +85,8 @@ class Loss(nn.Module):
     def reset_state(self) -> None:
         """Forget the state kept across steps (the trainer calls it to restart that state on resume)."""
 
-    def records(self) -> Dict[str, Any]:
-        """JSON-ready records of how this loss ran that are not per-step stats (choices it made once, say), by
+    def journals(self) -> Dict[str, Any]:
+        """JSON-ready journals of how this loss ran that are not per-step stats (choices it made once, say), by
         name: the trainer keeps each as <name>.json in the run folder, rewritten when it changes (it asks after
         every step). None by default."""
         return {}
@@ -151,15 +151,16 @@ class GlobalBatch:
 class ContrastiveLoss(Loss):
     """Symmetric InfoNCE exactly as OpenCLIP's `ClipLoss` computes it.
 
-    A loss that sets `shares_logit_matmul` takes, with one process, the text-to-image logits as the
+    A loss that `shares_logit_matmul` takes, with one process, the text-to-image logits as the
     image-to-text ones transposed, as OpenCLIP's gathered path without `local_loss` does: one matmul
     instead of two in the forward pass and two instead of four in the backward (AdaCL's cost:
-    docs/THROUGHPUT.md). Off by default: `open_clip.ClipLoss` computes them by a second matmul, whose
-    bits differ by rounding, and the losses that equal ClipLoss in a limit (a weight of one, alpha zero)
-    are held to it bit for bit.
+    docs/THROUGHPUT.md). The project's losses do; `clip` does not unless asked (its `shared_matmul`
+    option), since `open_clip.ClipLoss` computes them by a second matmul, whose bits differ by rounding.
+    The losses that equal ClipLoss in a limit (a weight of one, alpha zero) are held bit for bit to
+    `clip` with `shared_matmul`.
     """
 
-    shares_logit_matmul: ClassVar[bool] = False
+    shares_logit_matmul: ClassVar[bool] = True
 
     def build_batch(
         self, image_features, text_features, logit_scale, logit_bias=None, sample_index=None, family=None

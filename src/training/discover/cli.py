@@ -31,7 +31,7 @@ from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import discovery_loader
 from .model import load_discovery_model, quiet_logging
-from .store import RunStore, batch_records, remove_thumbnails_except, thumbnail_name
+from .store import RunStore, read_batch_lines, remove_thumbnails_except, thumbnail_name
 
 # The loss options that decide what is flagged; the rest of AdaCL's options shape the margins only.
 DISCOVERY_OPTIONS = ("salient", "candidate_region", "prior_ratio", "std_floor")
@@ -291,8 +291,8 @@ def _open_store(args: argparse.Namespace, settings: Dict[str, Any], env: Distrib
 def _report(
     output: Path, settings: Dict[str, Any], page: report.PageSelection, timing: Dict[str, float]
 ) -> Dict[str, Any]:
-    records = batch_records(output)
-    summary = report.summarize(records)
+    batch_lines = read_batch_lines(output)
+    summary = report.summarize(batch_lines)
     if not summary["samples"]:
         skipped = ", ".join(f"{reason}={count}" for reason, count in summary["skipped"].items()) or "none"
         raise DataError(f"--data yielded no usable sample (skipped: {skipped}); check the shards and --caption-key")
@@ -300,7 +300,7 @@ def _report(
     summary = {"settings": settings, **summary, "this_run": timing}
     pairs = page.pairs()
     remove_thumbnails_except(output, report.page_thumbnails(pairs))
-    plots = report.write_plots(output, records, settings)
+    plots = report.write_plots(output, batch_lines, settings)
     table = report.console_table(summary)
     report.write_summary(output, summary)
     report.write_page(output, summary, settings, pairs, plots, table)

@@ -72,7 +72,7 @@ class GlobalBatches(IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         events = SkipCounter()
         for index, items in self._slices(self.ordered.items(events)):
-            file_events = events.take()
+            file_events = events.take().counts
             if (index - self.start_batch) % num_workers == worker:
                 yield self._batch(index, items, file_events if self.cfg.rank == 0 else torch.zeros_like(file_events))
 
@@ -121,7 +121,7 @@ class GlobalBatches(IterableDataset):
             self.tokenizer(texts) if texts else torch.empty(0, dtype=torch.long),
             samples,
             image_bytes,
-            counter.take() + file_events,
+            counter.take().counts + file_events,
             len(items),
         )
 

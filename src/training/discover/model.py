@@ -44,7 +44,7 @@ class DiscoveryModel:
 
 @contextmanager
 def quiet_logging(level: int) -> Iterator[None]:
-    """Only records of `level` and above for the block (open_clip logs every step of a model load)."""
+    """Only log messages of `level` and above for the block (open_clip logs every step of a model load)."""
     root = logging.getLogger()
     previous = root.level
     root.setLevel(max(level, previous))

@@ -94,11 +94,11 @@ def page_selection_from(output: Path, size: int) -> PageSelection:
 # Summary
 
 
-def summarize(records: Sequence[dict]) -> Dict[str, object]:
+def summarize(batch_lines: Sequence[dict]) -> Dict[str, object]:
     """Totals over batches, per direction and pooled (see the module docstring for each metric)."""
     per_direction: Dict[str, Dict[str, float]] = {name: {} for name in (*DIRECTIONS, POOLED)}
-    for record in records:
-        for direction in record["directions"]:
+    for batch_line in batch_lines:
+        for direction in batch_line["directions"]:
             for name in (direction["direction"], POOLED):
                 totals = per_direction[name]
                 for field in (
@@ -120,11 +120,13 @@ def summarize(records: Sequence[dict]) -> Dict[str, object]:
                 totals["batches"] = totals.get("batches", 0) + 1
                 totals["empty_batches"] = totals.get("empty_batches", 0) + (direction["flagged"] == 0)
                 totals["flat_reference_batches"] = totals.get("flat_reference_batches", 0) + direction["flat_reference"]
-    skipped = {reason: sum(record["skipped"].get(reason, 0) for record in records) for reason in SKIP_REASONS}
+    skipped = {
+        reason: sum(batch_line["skipped"].get(reason, 0) for batch_line in batch_lines) for reason in SKIP_REASONS
+    }
     return {
-        "batches": len(records),
-        "samples": sum(record["rows"] for record in records),
-        "batches_too_small": sum(1 for record in records if not record["directions"]),
+        "batches": len(batch_lines),
+        "samples": sum(batch_line["rows"] for batch_line in batch_lines),
+        "batches_too_small": sum(1 for batch_line in batch_lines if not batch_line["directions"]),
         "skipped": {reason: count for reason, count in skipped.items() if count},
         "directions": {name: _metrics(totals) for name, totals in per_direction.items() if totals},
     }
@@ -290,19 +292,21 @@ def write_summary(output: Path, summary: Dict[str, object]) -> None:
 # Plots
 
 
-def typical_batch(records: Sequence[dict]) -> Optional[dict]:
+def typical_batch(batch_lines: Sequence[dict]) -> Optional[dict]:
     """The batch whose pooled flagged fraction is the median over batches (the lower one of two)."""
-    discovered = [record for record in records if record["directions"]]
+    discovered = [batch_line for batch_line in batch_lines if batch_line["directions"]]
     if not discovered:
         return None
 
-    def fraction(record):
-        return sum(d["flagged"] for d in record["directions"]) / sum(d["negatives"] for d in record["directions"])
+    def fraction(batch_line):
+        return sum(d["flagged"] for d in batch_line["directions"]) / sum(
+            d["negatives"] for d in batch_line["directions"]
+        )
 
     return sorted(discovered, key=fraction)[(len(discovered) - 1) // 2]
 
 
-def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, object]) -> List[str]:
+def write_plots(output: Path, batch_lines: Sequence[dict], settings: Dict[str, object]) -> List[str]:
     """The fits of the typical batch and the flagged fraction per batch, as PNGs; their paths."""
     import matplotlib
 
@@ -310,7 +314,7 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
     import matplotlib.pyplot as plt
 
     (output / "plots").mkdir(exist_ok=True)
-    typical = typical_batch(records)
+    typical = typical_batch(batch_lines)
     if typical is None:
         return []
     edges = torch.linspace(-1, 1, HISTOGRAM_BINS + 1).numpy()
@@ -328,9 +332,9 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
     plt.close(figure)
 
     figure, axis = plt.subplots(figsize=(12, 3.6))
-    batches = [record["batch"] for record in records if record["directions"]]
+    batches = [batch_line["batch"] for batch_line in batch_lines if batch_line["directions"]]
     for index, name in enumerate(DIRECTIONS):
-        values = [record["directions"][index] for record in records if record["directions"]]
+        values = [batch_line["directions"][index] for batch_line in batch_lines if batch_line["directions"]]
         axis.plot(batches, [d["flagged"] / d["negatives"] for d in values], ".-", label=f"{name}: flagged fraction")
         if values and values[0].get("siblings") is not None:
             axis.plot(
@@ -340,9 +344,9 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
                 label=f"{name}: family precision (a proxy)",
             )
     empty = [
-        record["batch"]
-        for record in records
-        if record["directions"] and not sum(d["flagged"] for d in record["directions"])
+        batch_line["batch"]
+        for batch_line in batch_lines
+        if batch_line["directions"] and not sum(d["flagged"] for d in batch_line["directions"])
     ]
     if empty:  # a drop to 0 is a batch where no negative reached the candidate region, not a plotting gap
         axis.plot(
@@ -353,9 +357,9 @@ def write_plots(output: Path, records: Sequence[dict], settings: Dict[str, objec
             markersize=8,
             label=f"no candidates in the batch ({len(empty)} of {len(batches)})",
         )
-    if records and records[0]["directions"] and records[0]["directions"][0].get("siblings") is not None:
-        rate = sum(d["siblings"] for r in records for d in r["directions"]) / sum(
-            d["negatives"] for r in records for d in r["directions"]
+    if batch_lines and batch_lines[0]["directions"] and batch_lines[0]["directions"][0].get("siblings") is not None:
+        rate = sum(d["siblings"] for r in batch_lines for d in r["directions"]) / sum(
+            d["negatives"] for r in batch_lines for d in r["directions"]
         )
         axis.axhline(rate, color="grey", linestyle="--", label=f"sibling base rate {rate:.3f}")
     axis.set_xlabel("batch")

@@ -77,24 +77,24 @@ class RunStore:
         with open(self.batches_path, "rb") as file:
             for line in file:
                 try:
-                    record = json.loads(line) if line.endswith(b"\n") else None
+                    batch_line = json.loads(line) if line.endswith(b"\n") else None
                 except ValueError:
-                    record = None
-                if record is None or record["batch"] != next_batch:
+                    batch_line = None
+                if batch_line is None or batch_line["batch"] != next_batch:
                     break
                 complete += len(line)
-                pairs_end, next_batch = record["pairs_end"], next_batch + 1
+                pairs_end, next_batch = batch_line["pairs_end"], next_batch + 1
         os.truncate(self.batches_path, complete)
         os.truncate(self.pairs_path, pairs_end)
         return next_batch
 
     def append(self, result: BatchResult) -> None:
-        """The batch's pairs, then its record, each flushed to disk."""
+        """The batch's pairs, then its line of batches.jsonl, each flushed to disk."""
         for direction in result.directions:
             for pair in direction.pairs:
                 self._pairs.write(json.dumps(pair) + "\n")
         _sync(self._pairs)
-        record = {
+        batch_line = {
             "batch": result.index,
             "rows": result.rows,
             "skipped": {reason: count for reason, count in zip(SKIP_REASONS, result.skip_counts) if count},
@@ -108,7 +108,7 @@ class RunStore:
                 for direction in result.directions
             ],
         }
-        self._batches.write(json.dumps(record) + "\n")
+        self._batches.write(json.dumps(batch_line) + "\n")
         _sync(self._batches)
 
     def write_thumbnails(self, thumbnails: Dict[str, bytes]) -> None:
@@ -141,5 +141,5 @@ def read_jsonl(path: Path) -> Iterator[dict]:
             yield json.loads(line)
 
 
-def batch_records(output: Path) -> List[dict]:
+def read_batch_lines(output: Path) -> List[dict]:
     return list(read_jsonl(output / BATCHES_FILE))

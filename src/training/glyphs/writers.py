@@ -131,12 +131,12 @@ def write_glyph_dataset(
     weak_rng = np.random.default_rng([seed, _STREAMS["weak"]])
     weak = [weak_caption(glyph, weak_rng, weak_drop) for _, _, glyph in train]
     train_pattern = write_shards(
-        root / "train", _train_records(train, weak, image_size), shard_size, "shard-{:06d}.tar", with_sizes=True
+        root / "train", _train_shard_samples(train, weak, image_size), shard_size, "shard-{:06d}.tar", with_sizes=True
     )
     first_val = num_train
     val_pattern = write_shards(
         root / "val",
-        _plain_records(by_split["val"], first_val, image_size),
+        _plain_samples(by_split["val"], first_val, image_size),
         shard_size,
         "shard-{:06d}.tar",
         with_sizes=True,
@@ -161,7 +161,7 @@ def write_glyph_dataset(
     (retrieval / "dataset_type.txt").write_text("retrieval\n")
     write_shards(
         root / "clone_selection",
-        _clone_records(test, all_siblings, seed, first_test, image_size, family_size),
+        _clone_samples(test, all_siblings, seed, first_test, image_size, family_size),
         shard_size,
         "shard-{:06d}.tar",
     )
@@ -238,7 +238,7 @@ def _glyph_sample(key: str, glyph: Glyph, image_size: int, members: dict, **meta
     return {"__key__": key, "png": encode_png(render_glyph(glyph, image_size)), **members, "json": json_bytes(info)}
 
 
-def _train_records(
+def _train_shard_samples(
     train: Sequence[Tuple[int, Optional[str], Glyph]], weak: Sequence[str], image_size: int
 ) -> Iterator[dict]:
     for key, ((family, kind, glyph), weak_text) in enumerate(zip(train, weak)):
@@ -253,12 +253,12 @@ def _train_records(
         )
 
 
-def _plain_records(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> Iterator[dict]:
+def _plain_samples(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> Iterator[dict]:
     for offset, glyph in enumerate(glyphs):
         yield _glyph_sample(f"{first_key + offset:09d}", glyph, image_size, {"txt": glyph.caption.encode()})
 
 
-def _clone_records(
+def _clone_samples(
     test: Sequence[Glyph], siblings: SiblingIndex, seed: int, first_key: int, image_size: int, family_size: int
 ) -> Iterator[dict]:
     """Each test glyph with one sibling caption per kind (`clones`), its family's captions (`family`) and their

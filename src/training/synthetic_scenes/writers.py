@@ -112,8 +112,8 @@ def write_demo_dataset(
     for split, count in split_sizes.items():
         family_config = config if split == "train" else replace(config, family_size=1)
         split_scenes[split] = list(_split_scenes(seed, split, count, family_config))
-        records = _caption_records(split_scenes[split], first_key[split])
-        patterns[split] = write_shards(root / split, records, shard_size, "shard-{:06d}.tar", with_sizes=True)
+        samples = _caption_samples(split_scenes[split], first_key[split])
+        patterns[split] = write_shards(root / split, samples, shard_size, "shard-{:06d}.tar", with_sizes=True)
 
     test_scenes = [scene for _, _, scene in split_scenes["test"]]
     benchmark = {
@@ -125,8 +125,8 @@ def write_demo_dataset(
         ),
         "scenes_retrieval": _write_retrieval_set(root / "benchmark" / "scenes_retrieval", test_scenes, shard_size),
     }
-    clone_records = _clone_records(test_scenes, seed, first_key["test"])
-    write_shards(root / "clone_selection", clone_records, shard_size, "shard-{:06d}.tar")
+    clone_samples = _clone_samples(test_scenes, seed, first_key["test"])
+    write_shards(root / "clone_selection", clone_samples, shard_size, "shard-{:06d}.tar")
 
     manifest = {
         "seed": seed,
@@ -165,7 +165,7 @@ def _split_scenes(seed: int, split: str, count: int, config: SceneConfig) -> Ite
     return itertools.islice(scenes, count)
 
 
-def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int) -> Iterator[dict]:
+def _caption_samples(scenes: Iterable[tuple[int, str | None, Scene]], first_key: int) -> Iterator[dict]:
     """img2dataset-style samples: png, txt, txt_alt, txt_pseudo and json with the integer key."""
     for offset, (family, edit, scene) in enumerate(scenes):
         key = first_key + offset
@@ -194,7 +194,7 @@ def _caption_records(scenes: Iterable[tuple[int, str | None, Scene]], first_key:
         }
 
 
-def _clone_records(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:
+def _clone_samples(scenes: list[Scene], seed: int, first_key: int) -> Iterator[dict]:
     """Clone-selection samples: the image, its caption and one clone caption per edit type."""
     for offset, scene in enumerate(scenes):
         key = f"{first_key + offset:09d}"
@@ -234,7 +234,7 @@ def _write_classification_set(
     else:
         templates = [f"a large {{c}} {shape}" for shape in SHAPES]
 
-    def records() -> Iterator[dict]:
+    def samples() -> Iterator[dict]:
         for index in range(count):
             label = index % len(classes)
             scene = _dominant_object_scene(
@@ -243,7 +243,7 @@ def _write_classification_set(
             yield {"__key__": f"{index:06d}", "png": encode_png(render(scene)), "cls": str(label).encode()}
 
     root = benchmark_dir / name
-    write_shards(root / "test", records(), shard_size, "{}.tar", with_nshards=True)
+    write_shards(root / "test", samples(), shard_size, "{}.tar", with_nshards=True)
     (root / "classnames.txt").write_text("\n".join(classes) + "\n")
     (root / "zeroshot_classification_templates.txt").write_text("\n".join(templates) + "\n")
     return root
@@ -251,7 +251,7 @@ def _write_classification_set(
 
 def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Path:
     """clip-benchmark wds retrieval set: each test image with its three true captions."""
-    records = (
+    samples = (
         {
             "__key__": f"{index:06d}",
             "png": encode_png(render(scene)),
@@ -259,7 +259,7 @@ def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Pa
         }
         for index, scene in enumerate(scenes)
     )
-    write_shards(root / "test", records, shard_size, "{}.tar", with_nshards=True)
+    write_shards(root / "test", samples, shard_size, "{}.tar", with_nshards=True)
     (root / "dataset_type.txt").write_text("retrieval\n")
     return root
 

@@ -4,8 +4,8 @@
   the run folder as a launch sets it up;
 - `engine/`: the components and the loop: model, optimizer, precision, LR schedule, checkpoint layout, one
   epoch of steps, validation;
-- `run_folder/`: everything a run writes and reads back: the folder's layout, its lock, records that outlive
-  a full disk, the metrics log, checkpoint files and digests, provenance, plots;
+- `run_folder/`: everything a run writes and reads back: the folder's layout, its lock, record files that
+  outlive a full disk, the metrics log, checkpoint files and digests, provenance, plots;
 - `data/`: the training and validation data;
 - the foundations, here: `flags` (each flag declared once), `distributed` (process group and collectives),
   `preemption` (a signal ends the run at a step boundary), `progress` (time-left estimates).

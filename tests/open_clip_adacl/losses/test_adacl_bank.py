@@ -2,7 +2,7 @@
 the most recent entries outside the batch on a hand-made sequence, its options, and an exact resume from its
 state_dict. Its entries as extra columns of the selection and the denominator, against a dense re-computation:
 test_adacl_readings.py; on gloo ranks: tests/open_clip_adacl/test_adacl_distributed.py; under --accum-freq in a
-training run: tests/training/test_train_accumulation.py."""
+training run: tests/training/trainer/engine/test_accumulation.py."""
 
 import pytest
 import torch

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from helpers.selection_cases import algorithm_1_anchor_row
 from open_clip_adacl import adacl_math, create_loss
 from open_clip_adacl.losses.adacl import AdaCLLoss
-from training.trainer.launch.params import ConfigError, parse_args
+from training import ConfigError
+from training.trainer.launch.params import parse_args
 
 SCALE = 14.3
 EPS = 1e-3

@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from open_clip_adacl import get_loss_class
+from training import RunDir
 from training.main import main
-from training.trainer.run_folder.layout import RunDir
 
 BATCH = 64
 STEPS = 96  # 12 epochs of the fixture's 512 training scenes, in families of 8 kept whole per batch

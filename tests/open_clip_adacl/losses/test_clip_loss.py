@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss
+from training.trainer.launch.params import loss_option_flag
 
 
 def _batch(n, d, seed):
@@ -68,3 +69,16 @@ def test_two_ranks_match_single_process(local_loss, gather_with_grad):
             torch.testing.assert_close(value, ref_value, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(gx, ref_gx, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(gy, ref_gy, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_matmul_is_one_matmul_within_rounding_of_open_clip():
+    x, y = _batch(32, 24, 2)
+    scale = torch.tensor(14.3)
+    shared = create_loss("clip", shared_matmul=True)
+    assert shared.shares_logit_matmul and not create_loss("clip").shares_logit_matmul
+    batch = shared.build_batch(x, y, scale)
+    assert batch.logits_per_text.data_ptr() == batch.logits_per_image.data_ptr()  # a view: no second matmul
+    for a, b in zip(_value_and_grads(shared, x, y, scale), _value_and_grads(open_clip.ClipLoss(), x, y, scale)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    flags = {loss_option_flag("clip", spec) for spec in type(shared).Options.specs()}
+    assert "--clip-shared-matmul" in flags

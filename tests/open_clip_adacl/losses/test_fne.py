@@ -99,7 +99,7 @@ def test_log_odds_follow_bayes_rule():
 
 
 def _clip_steps(batches):
-    return run_steps(create_loss("clip"), batches)[0]
+    return run_steps(create_loss("clip", shared_matmul=True), batches)[0]
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_bias_correction_counts_each_samples_own_updates():
 
 
 def _clip_steps(batches):
-    return run_steps(create_loss("clip"), batches)[0]
+    return run_steps(create_loss("clip", shared_matmul=True), batches)[0]
 
 
 def test_equals_clip_with_alpha_zero_and_before_start_epoch():
@@ -136,7 +136,7 @@ def test_eval_mode_is_plain_infonce_and_leaves_state():
     loss_fn = create_loss("glofnd", **ACTIVE).eval()
     state = loss_fn.state_dict()["thresholds.i2t.state"].clone()
     value = loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
-    assert torch.equal(value, create_loss("clip")(x, y, torch.tensor(LOGIT_SCALE)))
+    assert torch.equal(value, create_loss("clip", shared_matmul=True)(x, y, torch.tensor(LOGIT_SCALE)))
     assert torch.equal(loss_fn.state_dict()["thresholds.i2t.state"], state)
 
 

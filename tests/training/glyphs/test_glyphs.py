@@ -8,6 +8,7 @@ import pytest
 import torch
 import webdataset as wds
 
+from training import RunDir
 from training.evaluation.clone_selection import (
     FAMILY,
     FAMILY_GROUPS,
@@ -22,7 +23,6 @@ from training.glyphs.rendering import render_glyph
 from training.glyphs.writers import split_of, weak_caption
 from training.main import main
 from training.trainer.data.shard_writer import brace_pattern
-from training.trainer.run_folder.layout import RunDir
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The training and validation data: webdataset shards, OpenCLIP's csv files, synthetic data, or any
-registered data source, read into OpenCLIP-style batches `(images, texts, sample_index, skip_counts)`, plus
+registered data source, read into OpenCLIP-style batches `(images, texts, sample_index, skipped)` (a `Skipped`), plus
 each sample's family id when `DataConfig.family_field` asks for it.
 
 `build_train_data` / `build_val_data` build the loaders; `DataConfig` is what they take. A data
@@ -14,7 +14,7 @@ from .config import SKIP_REASONS, DataConfig, DataError, data_error_reason, glob
 from .loader import build_train_data, build_val_data, check_data_fields
 from .position import DataPosition
 from .registry import dataset_type_help, registered_dataset_types, resolve_dataset_type
-from .samples import FAMILY_FIELD, NO_FAMILY, SkipCounter
+from .samples import FAMILY_FIELD, MAX_NAMED_SHARDS, NO_FAMILY, SkipCounter, Skipped, merged_shard_visits
 from .shards import IMAGE_EXTENSIONS, read_shard, sample_index_of
 from .source import DataSource, LoaderInfo, get_data_source, register_data_source
 from .sources.csv_file import CsvRow, CsvStream, read_csv_rows
@@ -23,6 +23,7 @@ from .stream import ShardStream
 __all__ = [
     "FAMILY_FIELD",
     "IMAGE_EXTENSIONS",
+    "MAX_NAMED_SHARDS",
     "NO_FAMILY",
     "SKIP_REASONS",
     "CsvRow",
@@ -34,6 +35,7 @@ __all__ = [
     "LoaderInfo",
     "ShardStream",
     "SkipCounter",
+    "Skipped",
     "build_train_data",
     "build_val_data",
     "check_data_fields",
@@ -41,6 +43,7 @@ __all__ = [
     "dataset_type_help",
     "get_data_source",
     "global_batch",
+    "merged_shard_visits",
     "read_csv_rows",
     "read_shard",
     "register_data_source",

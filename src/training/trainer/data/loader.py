@@ -12,9 +12,9 @@ import torch
 from open_clip_train.data import SharedEpoch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import SKIP_REASONS, DataConfig, global_batch
+from .config import DataConfig, global_batch
 from .registry import resolve_dataset_type
-from .samples import NO_FAMILY
+from .samples import NO_FAMILY, no_skips
 from .source import LoaderInfo, get_data_source
 from .stream import ShardStream
 
@@ -124,7 +124,7 @@ def indexed_data(
             torch.stack(images),
             tokenizer(list(texts)),
             torch.tensor(indices, dtype=torch.long),
-            torch.zeros(len(SKIP_REASONS), dtype=torch.long),
+            no_skips(),
         )
         # Samples of a map-style dataset carry no json, so none has a family.
         return batch if cfg.family_field is None else (*batch, torch.full((len(items),), NO_FAMILY))

@@ -1,5 +1,6 @@
-"""What every reader shares, whatever its source: per-reason skip counts, the checks of one sample's
-caption and image, and hashing and seeding that are the same in every process and run."""
+"""What every reader shares, whatever its source: per-reason skip counts (and the shards whose visits were cut
+short), the checks of one sample's caption and image, and hashing and seeding that are the same in every process
+and run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import io
 import random
 import warnings
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Dict, Iterator, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -21,18 +22,58 @@ FAMILY_FIELD = "family"  # the json field data written in families (training.syn
 NO_FAMILY = -1  # the family id of a sample without one
 
 
+# {shard url: {skip reason: visits}}: the shard visits cut short (unreadable_shard, bad_tar), by shard.
+ShardVisits = Dict[str, Dict[str, int]]
+# Shards an epoch summary names: a count alone does not say which file to copy again, but a data set with
+# thousands of bad shards must not grow the summary (or the checkpointed sums) without bound.
+MAX_NAMED_SHARDS = 8
+
+
+class Skipped(NamedTuple):
+    """What a reader skipped since its previous batch: a batch's 4th element."""
+
+    counts: torch.Tensor  # per SKIP_REASONS
+    shard_visits: ShardVisits  # the visits among `counts` that a shard cut short, by shard
+
+
+def no_skips() -> Skipped:
+    """The skips of a batch from data that skips nothing (a map-style dataset)."""
+    return Skipped(torch.zeros(len(SKIP_REASONS), dtype=torch.long), {})
+
+
+def merged_shard_visits(*visits: Mapping[str, Mapping[str, int]]) -> ShardVisits:
+    """The visits summed by shard and reason, naming the first MAX_NAMED_SHARDS shards in order of appearance;
+    a later shard's visits are left out here (the skip counts still count them)."""
+    merged: ShardVisits = {}
+    for shard_visits in visits:
+        for shard, by_reason in shard_visits.items():
+            if shard not in merged and len(merged) == MAX_NAMED_SHARDS:
+                continue
+            counts = merged.setdefault(shard, {})
+            for reason, count in by_reason.items():
+                counts[reason] = counts.get(reason, 0) + int(count)
+    return merged
+
+
 class SkipCounter:
-    """Per-reason skip counts of one reader since its previous batch."""
+    """Per-reason skip counts of one reader since its previous batch, and the shards of the visits among them
+    that were cut short."""
 
     def __init__(self) -> None:
         self.counts = np.zeros(len(SKIP_REASONS), dtype=np.int64)
+        self.shard_visits: ShardVisits = {}
 
-    def add(self, reason: str) -> None:
+    def add(self, reason: str, shard: str | None = None) -> None:
+        """Count a skip; `shard` names the shard of a visit cut short."""
         self.counts[SKIP_REASONS.index(reason)] += 1
+        if shard is not None:
+            by_reason = self.shard_visits.setdefault(shard, {})
+            by_reason[reason] = by_reason.get(reason, 0) + 1
 
-    def take(self) -> torch.Tensor:
-        counts, self.counts = self.counts, np.zeros_like(self.counts)
-        return torch.from_numpy(counts)
+    def take(self) -> Skipped:
+        skipped = Skipped(torch.from_numpy(self.counts), self.shard_visits)
+        self.counts, self.shard_visits = np.zeros_like(self.counts), {}
+        return skipped
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Writing webdataset shards the way the loader reads them: byte-identical tars for identical records.
+"""Writing webdataset shards the way the loader reads them: byte-identical tars for identical samples.
 
 The generated data sets (`training.synthetic_scenes`, `training.glyphs`) write their splits, clip-benchmark
 sets and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
@@ -19,26 +19,26 @@ from PIL import Image
 
 def write_shards(
     directory: Path,
-    records: Iterable[dict],
+    samples: Iterable[dict],
     shard_size: int,
     name_format: str,
     *,
     with_sizes: bool = False,
     with_nshards: bool = False,
 ) -> str:
-    """Write records into tars of `shard_size` samples; return the brace pattern relative to the parent folder.
+    """Write samples into tars of `shard_size` samples; return the brace pattern relative to the parent folder.
 
-    Tar members get a fixed integer mtime, owner and mode, so the same records give byte-identical
+    Tar members get a fixed integer mtime, owner and mode, so the same samples give byte-identical
     tars with plain ustar headers (a float mtime would add a pax header to every member).
     """
     directory.mkdir(parents=True, exist_ok=True)
     sizes: dict[str, int] = {}
-    records = iter(records)
-    while chunk := list(itertools.islice(records, shard_size)):
+    samples = iter(samples)
+    while chunk := list(itertools.islice(samples, shard_size)):
         name = name_format.format(len(sizes))
         with wds.TarWriter(str(directory / name), encoder=False, mtime=0, user="demo", group="demo") as sink:
-            for record in chunk:
-                sink.write(record)
+            for sample in chunk:
+                sink.write(sample)
         sizes[name] = len(chunk)
     if with_sizes:
         (directory / "sizes.json").write_text(json.dumps(sizes, indent=1, sort_keys=True) + "\n")

@@ -47,7 +47,7 @@ def read_shard(
     try:
         stream = open_shard(url, timeout_s)
     except Exception as error:  # noqa: BLE001 - missing, permission, directory, failing pipe: never fatal mid-run
-        counter.add("unreadable_shard")
+        counter.add("unreadable_shard", shard=url)
         _warn_once(url, f"skipping unreadable shard {url}: {error!r}")
         return
     seen: set[str] = set()
@@ -83,7 +83,7 @@ def read_shard(
     yield from emit(current)
     if errors:
         reason = "unreadable_shard" if isinstance(errors[0], OSError) else "bad_tar"
-        counter.add(reason)
+        counter.add(reason, shard=url)
         _warn_once(url, f"shard {url} ended early ({reason}): {errors[0]!r}")
 
 

@@ -231,7 +231,7 @@ class ShardStream(IterableDataset):
         self, images: Iterator[tuple[Image.Image, Candidate]], counter: SkipCounter
     ) -> tuple[torch.Tensor, ...] | None:
         """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty):
-        (images, texts, sample_index, skip_counts) and, when `cfg.family_field` is set, the family ids.
+        (images, texts, sample_index, Skipped) and, when `cfg.family_field` is set, the family ids.
 
         A transform that raises on an image skips it (bad_image) and the next sample takes its
         place, so training batches always have batch_size rows.

@@ -12,8 +12,8 @@ OpenCLIP's `--pretrained PATH` and clip-benchmark load `epoch_N.pt` directly):
 - `train`: the run's counters (`TrainState`: steps, non-finite steps, samples trained and the LR
   schedule's unit, which places the schedule by global samples trained);
 - per-rank components, a list in rank order: `rng` (torch / CUDA / numpy / python RNG states) and
-  `epoch_sums` (the epoch's skip counts and loss sums so far, so that the summary of a resumed epoch
-  counts what happened before the interruption);
+  `epoch_sums` (the epoch's skip counts, the shards of visits cut short and loss sums so far, so that the
+  summary of a resumed epoch counts and names what happened before the interruption);
 - `step` (training steps taken: lists checkpoints without reading the components), `world_size` (the
   ranks that wrote it), `args` (every command-line argument, plain values), `model_cfg` /
   `preprocess_cfg` (the open_clip configs `training.export` writes next to the weights), and
@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..data.position import DataPosition
+from ..data.samples import ShardVisits, Skipped, merged_shard_visits
 from ..distributed import DistributedEnv, all_gather_object, any_rank, unwrap_model
 from ..flags import ConfigError, HelpGroup, flag, from_flag
 from ..run_folder.checkpoint_digest import with_digest
@@ -64,16 +65,24 @@ from ..run_folder.safe_write import cause_of
 @dataclass
 class EpochSums:
     """This rank's running sums over the current epoch, for its summary (skip counts are summed over
-    ranks when the epoch ends). A per-rank checkpoint component."""
+    ranks, and the shards of cut-short visits merged, when the epoch ends). A per-rank checkpoint component;
+    its state is plain tensors, numbers and dicts, so that `weights_only` loading reads it."""
 
     per_rank: ClassVar[bool] = True
     skip_counts: Optional[torch.Tensor] = None
     loss_sum: float = 0.0
     num_loss_steps: int = 0
+    shard_visits: ShardVisits = field(default_factory=dict)  # at most MAX_NAMED_SHARDS shards
 
     def reset(self, num_skip_reasons: int) -> None:
         self.skip_counts = torch.zeros(num_skip_reasons, dtype=torch.long)
         self.loss_sum, self.num_loss_steps = 0.0, 0
+        self.shard_visits = {}
+
+    def add_skipped(self, skipped: Skipped) -> None:
+        """Count a batch's skips."""
+        self.skip_counts += skipped.counts.cpu()
+        self.shard_visits = merged_shard_visits(self.shard_visits, skipped.shard_visits)
 
     @property
     def mean_loss(self) -> float:
@@ -81,18 +90,29 @@ class EpochSums:
         return self.loss_sum / max(self.num_loss_steps, 1)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"skip_counts": self.skip_counts, "loss_sum": self.loss_sum, "num_loss_steps": self.num_loss_steps}
+        return {
+            "skip_counts": self.skip_counts,
+            "loss_sum": self.loss_sum,
+            "num_loss_steps": self.num_loss_steps,
+            "shard_visits": merged_shard_visits(self.shard_visits),  # a copy: the checkpoint is written later
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.skip_counts = state["skip_counts"]
         self.loss_sum, self.num_loss_steps = float(state["loss_sum"]), int(state["num_loss_steps"])
+        self.shard_visits = merged_shard_visits(state.get("shard_visits", {}))  # none in earlier checkpoints
 
     @staticmethod
     def merge_rank_states(states: List[Mapping[str, Any]]) -> Dict[str, Any]:
-        """The sums of another world size's ranks, for rank 0 to carry: skip counts summed over ranks (as
-        the epoch summary sums them), the loss sums of the old rank 0 (the rank that logs the summary)."""
+        """The sums of another world size's ranks, for rank 0 to carry: skip counts summed and shard visits
+        merged over ranks (as the epoch summary does), the loss sums of the old rank 0 (the rank that logs the
+        summary)."""
         counts = [state["skip_counts"] for state in states if state["skip_counts"] is not None]
-        return {**states[0], "skip_counts": torch.stack(counts).sum(0) if counts else None}
+        return {
+            **states[0],
+            "skip_counts": torch.stack(counts).sum(0) if counts else None,
+            "shard_visits": merged_shard_visits(*(state.get("shard_visits", {}) for state in states)),
+        }
 
 
 class RandomStreams:

@@ -8,7 +8,8 @@ logit_scale clamped to [0, ln 100], OpenCLIP's console line), with these differe
 - a step whose loss is NaN/inf on any rank is skipped (no update, loss state unchanged) and
   counted; after `max_nonfinite_steps` in a row the run stops with `NonFiniteLossError`;
 - samples the data pipeline skipped (corrupt image, empty caption, ...) are counted per reason,
-  summed over ranks at the end of the epoch and reported in its summary;
+  summed over ranks at the end of the epoch and reported in its summary, which names the shards whose visits
+  were cut short (up to MAX_NAMED_SHARDS of them);
 - mid-epoch checkpoints (`--save-every-n-steps`) and an exact mid-epoch resume;
 - the LR schedule is placed by the global samples trained (`TrainState.schedule_position`);
 - a preemption signal (`training.trainer.preemption`) is agreed on by all ranks inside the step's all-reduce,
@@ -29,8 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from open_clip_adacl.losses.base import Loss
 
+from ..data.samples import ShardVisits, merged_shard_visits
 from ..data.shards import SHARD_SKIP_REASONS
-from ..distributed import DistributedEnv, all_reduce_sum, any_rank_each, unwrap_model
+from ..distributed import DistributedEnv, all_gather_object, all_reduce_sum, any_rank_each, unwrap_model
 from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
 from ..preemption import PreemptionFlag
 from ..progress import duration_text
@@ -84,7 +86,7 @@ class StepOutput:
 
 def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
     images, texts, sample_index = batch[0], batch[1], batch[2]
-    family = batch[4] if len(batch) > 4 else None  # after skip_counts, when the data was asked for families
+    family = batch[4] if len(batch) > 4 else None  # after the skips, when the data was asked for families
     return MicroBatch(
         images=images.to(device=device, dtype=input_dtype, non_blocking=True),
         texts=texts.to(device=device, non_blocking=True),
@@ -244,14 +246,15 @@ class EpochResult:
     num_steps: int
     num_nonfinite_steps: int
     skipped: Dict[str, int]  # shards and samples the data pipeline skipped, per reason, summed over ranks
+    skipped_shards: ShardVisits  # the shards of the skipped shard visits, over ranks (MAX_NAMED_SHARDS at most)
     seconds: float
     preempted: bool = False  # stopped after a step, inside the epoch, for a preemption signal
 
 
-@dataclass
+@dataclass(frozen=True)
 class EpochLoop:
     """What one epoch of steps drives: one rank's components, built once by the run's `Trainer`
-    (`training.trainer.launch.trainer`), which calls `train_one_epoch` for each epoch."""
+    (`training.trainer.launch.trainer`, its `RunParts.loop`), which calls `train_one_epoch` for each epoch."""
 
     model: torch.nn.Module
     loss_fn: Loss
@@ -265,8 +268,8 @@ class EpochLoop:
     skip_reasons: Sequence[str]  # the data pipeline's skip counters, in its order
     checkpointer: Optional[Checkpointer] = None  # step checkpoints (--save-every-n-steps)
     preemption: Optional[PreemptionFlag] = None
-    # After each step: the loss's own records into the run folder (`launch.folder.LossRecords.update`).
-    keep_loss_records: Optional[Callable[[], None]] = None
+    # After each step: the loss's journals into the run folder (`launch.folder.LossJournals.update`).
+    keep_loss_journals: Optional[Callable[[], None]] = None
     total_steps: int = 0  # the run's steps over all epochs, for its time left (0: unknown)
 
 
@@ -280,7 +283,7 @@ class EpochData(Protocol):
 def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
-    `data.dataloader` yields (images, texts, sample_index, skip_counts[, family]) and, when resuming mid-epoch,
+    `data.dataloader` yields (images, texts, sample_index, skipped[, family]) and, when resuming mid-epoch,
     has already been told to skip the `state.position.batches_in_epoch` batches consumed before the
     interruption. `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
@@ -309,7 +312,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     for batch in batches:
         if step_in_epoch >= steps_per_epoch:
             break
-        sums.skip_counts += batch[3].cpu()
+        sums.add_skipped(batch[3])
         micro_batches.append(to_device(batch, env.device, precision.input_dtype))
         position.batches_in_epoch += 1
         if len(micro_batches) < cfg.accum_freq:
@@ -320,8 +323,8 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
             state.samples_per_schedule_step = step_samples
         out, preempted = optimizer_step(loop, micro_batches, step_samples)
         step_in_epoch += 1
-        if loop.keep_loss_records is not None:
-            loop.keep_loss_records()
+        if loop.keep_loss_journals is not None:
+            loop.keep_loss_journals()
 
         batch_time = time.monotonic() - end
         end = time.monotonic()
@@ -355,6 +358,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
                 num_steps=step_in_epoch,
                 num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
                 skipped={},
+                skipped_shards={},
                 seconds=time.monotonic() - epoch_start,
                 preempted=True,
             )
@@ -368,6 +372,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         num_steps=step_in_epoch,
         num_nonfinite_steps=state.num_nonfinite_steps - num_nonfinite_at_start,
         skipped=dict(zip(skip_reasons, skipped)),
+        skipped_shards=merged_shard_visits(*all_gather_object(sums.shard_visits, env)),
         seconds=time.monotonic() - epoch_start,
     )
     _log_epoch(metrics, state, result, env)
@@ -425,7 +430,7 @@ def _log_step(
     console_stats: Optional[Sequence[str]] = None,
     time_left: str = "",
 ) -> None:
-    """OpenCLIP's console line, and a "train" record in metrics.jsonl / tensorboard (every stat; the
+    """OpenCLIP's console line, and a "train" line in metrics.jsonl / tensorboard (every stat; the
     console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
     dashboard draws a gap there rather than a made-up 0 or 1.
@@ -501,13 +506,11 @@ def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, e
     shards = {reason: count for reason, count in result.skipped.items() if reason in SHARD_SKIP_REASONS}
     samples = {reason: count for reason, count in result.skipped.items() if reason not in SHARD_SKIP_REASONS}
 
-    def listed(counts: Dict[str, int]) -> str:
-        return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
-
     logging.info(
         f"Epoch {state.position.epoch} done: loss {result.loss:.4f}, {result.num_steps} steps "
-        f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {listed(shards)}, "
-        f"skipped samples: {listed(samples)}, {result.seconds:.1f} s"
+        f"({result.num_nonfinite_steps} skipped as non-finite), skipped shard visits: {_listed(shards)}"
+        f"{_named_shards(result.skipped_shards, sum(shards.values()))}, "
+        f"skipped samples: {_listed(samples)}, {result.seconds:.1f} s"
     )
     metrics.write(
         "epoch",
@@ -520,6 +523,21 @@ def _log_epoch(metrics: MetricsWriter, state: TrainState, result: EpochResult, e
             "seconds": result.seconds,
             "skipped_shard_visits": sum(shards.values()),
             "skipped_samples": sum(samples.values()),
+            "skipped_shards": result.skipped_shards,
             **{f"skipped/{reason}": count for reason, count in result.skipped.items()},
         },
     )
+
+
+def _listed(counts: Dict[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in counts.items() if count) or "none"
+
+
+def _named_shards(shard_visits: ShardVisits, num_visits: int) -> str:
+    """' (<shard>: <reason> <n>; ...; and K more)' naming the shards of `num_visits` skipped shard visits, so
+    that the summary says which files to check; K counts the visits of shards past MAX_NAMED_SHARDS."""
+    named = [f"{shard}: {_listed(by_reason)}" for shard, by_reason in shard_visits.items()]
+    unnamed = num_visits - sum(sum(by_reason.values()) for by_reason in shard_visits.values())
+    if unnamed > 0:
+        named.append(f"and {unnamed} more visits")
+    return f" ({'; '.join(named)})" if named else ""

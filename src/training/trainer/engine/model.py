@@ -225,7 +225,9 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
         ) from error
     if not isinstance(state_dict, dict) or not state_dict:
         raise ValueError("holds no state dict (expected a dict of tensors or a checkpoint with 'state_dict')")
-    args = checkpoint.get("args") if not pretrained.endswith(".safetensors") else None  # training.main's record
+    args = (
+        checkpoint.get("args") if not pretrained.endswith(".safetensors") else None
+    )  # the args training.main recorded
     recorded = args.get("model") if isinstance(args, dict) else None
     if isinstance(recorded, str) and recorded.replace("/", "-") != model_name.replace("/", "-"):
         raise ValueError(

@@ -59,7 +59,7 @@ def run_validation(
 ) -> dict[str, float]:
     """CLIP val loss and retrieval recall over every batch of `dataloader` (pass the unwrapped model).
 
-    Batches are `(images, texts, sample_index, skip_counts)` tuples (only the first two are used).
+    Batches are `(images, texts, sample_index, skipped)` tuples (only the first two are used).
     The loss is OpenCLIP's: `ClipLoss` within each batch (vanilla contrastive, whatever loss
     trained the model, so runs with different losses stay comparable), averaged over samples.
     Recall ranks each image's caption among all val captions and vice versa; features are kept

@@ -1,6 +1,6 @@
 """A run's folder, `<logs>/<name>/`, as a launch sets it up: its paths and name, refusing to start a new run
 over an earlier one, the lock that keeps two launches of one run apart, room for a checkpoint, setting an
-earlier launch's records aside, params.txt and the loss's own records (its names: `training.trainer.run_folder.layout`)."""
+earlier launch's files aside, params.txt and the loss's journals (their names: `training.trainer.run_folder.layout`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from ..run_folder.checkpoint_files import (
 )
 from ..run_folder.layout import ARGS_NAME, CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
 from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
-from ..run_folder.records import checkpoint_files, set_aside_earlier_records
+from ..run_folder.rewind import checkpoint_files, set_aside_earlier_launch
 from ..run_folder.safe_write import RunFiles, cause_of
 from .config import RESUME_LATEST, RunConfig
 
@@ -44,9 +44,9 @@ class RunPaths:
 
 
 def start_over(paths: RunPaths, env: DistributedEnv) -> None:
-    """A launch from scratch in a folder an earlier launch wrote: its records go aside (rank 0)."""
+    """A launch from scratch in a folder an earlier launch wrote: its files go aside (rank 0)."""
     if env.is_master and paths.run_dir is not None:
-        set_aside_earlier_records(Path(paths.run_dir), Path(paths.checkpoint_dir))
+        set_aside_earlier_launch(Path(paths.run_dir), Path(paths.checkpoint_dir))
     barrier(env)
 
 
@@ -226,7 +226,7 @@ def default_run_name(cfg: RunConfig, env: DistributedEnv) -> str:
 def run_dir_collision(resume_arg: Optional[str], log_file: str, checkpoint_dir: str) -> Optional[str]:
     """The error for starting a new run where `log_file` shows an earlier one (None: no collision).
     Continuing it (--resume latest) or rolling it back (--resume PATH of its own checkpoints) is no collision;
-    nor is an earlier launch that left no checkpoint (its records are set aside: `start_over`)."""
+    nor is an earlier launch that left no checkpoint (its files are set aside: `start_over`)."""
     if resume_arg == RESUME_LATEST or not os.path.exists(log_file) or not checkpoint_files(Path(checkpoint_dir)):
         return None
     if resume_arg is not None and is_inside(resume_arg, checkpoint_dir):
@@ -273,31 +273,31 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
             files.give_up(args_path, "the launch's arguments as values", error)
 
 
-class LossRecords:
-    """The loss's `records()` in the run folder (rank 0's), each as <name>.json, rewritten whenever it changed
+class LossJournals:
+    """The loss's `journals()` in the run folder (rank 0's), each as <name>.json, rewritten whenever it changed
     (AdaCL's choices of selection passes, as it makes them). The trainer asks after every step of this run and
-    never after it ends, so what the loss records later (the next run's in the same process) is not written
-    here. A write that fails is logged and tried again at the record's next change: a record is no reason to
+    never after it ends, so what the loss journals later (the next run's in the same process) is not written
+    here. A write that fails is logged and tried again at the journal's next change: a journal is no reason to
     stop training."""
 
     def __init__(self, loss_fn: Loss, paths: RunPaths, env: DistributedEnv) -> None:
         self.loss_fn = loss_fn
         self.run = RunDir(paths.run_dir) if env.is_master and paths.run_dir is not None else None
-        self.written: Dict[str, Any] = {}  # per record, what was last written (or tried)
+        self.written: Dict[str, Any] = {}  # per journal, what was last written (or tried)
 
     def update(self) -> None:
         if self.run is None:
             return
-        for name, value in self.loss_fn.records().items():
+        for name, value in self.loss_fn.journals().items():
             if self.written.get(name) == value:
                 continue
             self.written[name] = value
-            path = self.run.loss_record_path(name)
+            path = self.run.loss_journal_path(name)
             try:
                 with atomic_file(path, "w") as f:
                     f.write(json.dumps(value, indent=2) + "\n")
             except OSError as error:
                 logging.warning(
-                    f"Could not write {path} ({cause_of(error)}); training goes on, the record is "
+                    f"Could not write {path} ({cause_of(error)}); training goes on, the journal is "
                     "written again when it changes"
                 )

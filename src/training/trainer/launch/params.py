@@ -380,7 +380,7 @@ def config_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) 
 DERIVED_ARGS = ("loss_options", "recipe_overrides")
 
 
-def config_from_record(recorded: Mapping[str, Any]) -> RunConfig:
+def config_from_recorded_args(recorded: Mapping[str, Any]) -> RunConfig:
     """The `RunConfig` of a recorded run: its arguments as `RunDir.recorded_args` (or a checkpoint's `args`)
     hold them, the derived ones derived again."""
     return config_from_values({name: value for name, value in recorded.items() if name not in DERIVED_ARGS})

@@ -24,7 +24,7 @@ from ..run_folder.checkpoint_files import (
     saved_world_size,
 )
 from ..run_folder.layout import CHECKPOINT_DIR_NAME
-from ..run_folder.records import trim_to_resume_point
+from ..run_folder.rewind import rewind_to
 from .config import RESUME_LATEST, RunConfig, run_flags, with_canonical_names
 from .folder import RunPaths, is_inside, start_over
 
@@ -325,7 +325,7 @@ def resume_or_start_over(
     env: DistributedEnv,
 ) -> Optional[str]:
     """Where this launch starts: the checkpoint its `components` (`run_components`) were loaded from, the run
-    folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's records set aside.
+    folder brought back to it (`after_resume`), or None: from scratch, the earlier launch's files set aside.
     `num_batches` is this rank's batches per epoch, `step_samples` its samples per optimizer step
     (`data.samples_per_step`)."""
     request = ResumeRequest(
@@ -416,5 +416,5 @@ def after_resume(
             if folder is not None:
                 moved = ", ".join(sorted(p.name for p in folder.iterdir()))
                 logging.warning(f"Rolled back to {resumed_from}: moved the newer checkpoints ({moved}) to {folder}")
-        trim_to_resume_point(Path(paths.run_dir), Path(paths.checkpoint_dir), state.step, state.position.epoch)
+        rewind_to(Path(paths.run_dir), Path(paths.checkpoint_dir), state.step, state.position.epoch)
     barrier(env)

@@ -16,14 +16,23 @@ import random
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torchvision.datasets import ImageFolder
 
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
-from ..data import FAMILY_FIELD, SKIP_REASONS, DataConfig, build_train_data, build_val_data, samples_per_step
+from ..data import (
+    FAMILY_FIELD,
+    SKIP_REASONS,
+    DataConfig,
+    LoaderInfo,
+    build_train_data,
+    build_val_data,
+    samples_per_step,
+)
 from ..distributed import (
     DistributedEnv,
     DistributedStartError,
@@ -50,7 +59,8 @@ from ..run_folder.safe_write import RunFiles
 from . import params
 from .config import RESUME_LATEST, LossConfig, RunConfig
 from .folder import (
-    LossRecords,
+    LossJournals,
+    RunPaths,
     build_run_paths,
     check_dry_run_checkpoint_space,
     check_run_checkpoint_space,
@@ -77,13 +87,13 @@ class RunSummary:
     checkpoint: Optional[str]  # last checkpoint written
     unwritten: List[str] = field(
         default_factory=list
-    )  # records that could not be written (training.trainer.run_folder.safe_write)
+    )  # record files that could not be fully written (training.trainer.run_folder.safe_write)
 
     @property
-    def record(self) -> RunDir:
+    def run_folder(self) -> RunDir:
         """The run folder's reader: metrics (`RunDir.metrics`), validation results (`results`), checkpoints by
         number (`epoch_checkpoint`, `step_checkpoint`) and the last launch's arguments as values
-        (`recorded_args`; `params.config_from_record` makes them its `RunConfig`)."""
+        (`recorded_args`; `params.config_from_recorded_args` makes them its `RunConfig`)."""
         if self.run_dir is None:
             raise ValueError("this run wrote no folder (--logs none)")
         return RunDir(self.run_dir)
@@ -93,18 +103,35 @@ class FinalCheckpointError(RuntimeError):
     """The run trained to the end but its last checkpoint could not be written."""
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """This rank's parts of a run, built once by `Trainer._build` before its first epoch. The epoch loop holds
+    what a step needs (model, loss, optimizer, state, metrics, checkpointer, preemption flag); the rest is what
+    only the Trainer uses between epochs."""
+
+    paths: RunPaths  # the run folder's paths and name
+    files: RunFiles  # the run's record files, all but checkpoints (a failed write never stops training)
+    data: LoaderInfo  # the training stream from the starting point on
+    val_data: Optional[LoaderInfo]  # --val-data, on rank 0
+    imagenet: Optional[ImageFolder]  # --imagenet-val, on rank 0
+    tokenizer: Callable  # for ImageNet's class prompts
+    loop: EpochLoop
+
+
 class Trainer:
     """One run on this rank, built from its `RunConfig` (`params.config_from_values`, or `checked_config` of
     parsed flags); `run()` trains it (or, with `cfg.dry_run`, only checks it) on the ranks the environment
-    announces. Its parts are built as the run reaches them, in this order: `run` (checks, process group,
-    loss), `_open_run_folder`, `_build_components`, `_start` (resume or start over), `_build_loop`; then
-    `_train_epochs` validates (`_validate`) and saves each epoch, and `_stop_for_preemption` ends it early."""
+    announces. Its one field is the config: `run` checks it, starts the process group and builds the loss, then
+    `_build` makes the run's `RunParts` once (run folder, model, optimizer, precision, starting point, data, epoch
+    loop) and `_train_epochs` validates (`_validate`) and saves each epoch; `_stop_for_preemption` ends it early."""
+
+    cfg: RunConfig
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
 
     def run(self) -> Optional[RunSummary]:
-        """What this rank trained (None for --dry-run); `RunSummary.record` reads the run folder (metrics,
+        """What this rank trained (None for --dry-run); `RunSummary.run_folder` reads the run folder (metrics,
         checkpoints, results)."""
         cfg = self.cfg
         world_size = params.world_size_from_env()
@@ -128,8 +155,7 @@ class Trainer:
             seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
             loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
             with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
-                self.env, self.plan, self.loss_fn, self.preemption = env, plan, loss_fn, preemption
-                return self._train(lock)
+                return self._train(self._build(lock, env, plan, loss_fn, preemption))
         finally:
             shutdown(env)
 
@@ -151,23 +177,20 @@ class Trainer:
         note = resume_note(cfg)
         print(f"dry run OK: {plan.text}" + (f"\n{note}" if note else ""))
 
-    def _train(self, lock: RunLock) -> RunSummary:
-        """The run on this rank (torch configured, this rank seeded, the loss built); stops early (Preempted)
-        when `self.preemption` is signalled. Rank 0 holds the run folder with `lock`."""
-        self._open_run_folder(lock)
-        self._build_components()
-        self._start()
-        self._build_loop()
+    def _train(self, parts: RunParts) -> RunSummary:
+        """The run on this rank from its built parts; stops early (Preempted) when the preemption flag is
+        signalled."""
+        loop = parts.loop
         try:
-            final_loss = self._train_epochs()
+            final_loss = self._train_epochs(parts)
         except (NonFiniteLossError, FinalCheckpointError):
-            self.metrics.close()  # what was held back gets its last try, and its NOT WRITTEN line
+            loop.metrics.close()  # what was held back gets its last try, and its NOT WRITTEN line
             raise
-        unwritten = self.metrics.close()
-        checkpointer, state = self.checkpointer, self.state
+        unwritten = loop.metrics.close()
+        checkpointer, state = loop.checkpointer, loop.state
         last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
         summary = RunSummary(
-            self.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint, unwritten
+            parts.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint, unwritten
         )
         loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
         not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
@@ -177,10 +200,84 @@ class Trainer:
         )
         return summary
 
-    def _open_run_folder(self, lock: RunLock) -> None:
+    def _build(
+        self, lock: RunLock, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss, preemption: PreemptionFlag
+    ) -> RunParts:
+        """The run's parts, in the order a run needs them (torch configured, this rank seeded, the loss built):
+        the run folder (held by rank 0 with `lock`), the model, optimizer and precision, the starting point
+        (`resume_or_start_over`, recorded in params.txt), then the data, schedule and epoch loop from there."""
+        cfg = self.cfg
+        paths, recorded = self._open_run_folder(lock, env, plan)
+        bundle = self._build_model(env)
+        optimizer = build_optimizer(bundle.model, cfg.optimizer)
+        precision = build_precision(cfg.model.precision, env.device)
+        check_run_checkpoint_space(paths, bundle.model, loss_fn, cfg.checkpoints.files_kept(plan.total_steps), env)
+        state = TrainState()
+        components = run_components(
+            model=bundle.model, optimizer=optimizer, scaler=precision.scaler, loss=loss_fn, state=state
+        )
+        step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
+        resumed_from = resume_or_start_over(cfg, recorded, paths, components, plan.num_batches, step_samples, env)
+        files = RunFiles()
+        write_params(recorded, paths, env, launch_note(env, resumed_from, state), files)
+
+        position = state.position
+        data = build_data(
+            cfg.data,
+            bundle,
+            env,
+            epoch=position.epoch,
+            skip_batches=position.batches_in_epoch,
+            families=loss_fn.needs_family,
+        )
+        val_data = build_val_data_if_needed(cfg.data, bundle, env)
+        imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
+        if imagenet is not None:
+            imagenet.transform = bundle.preprocess_val
+        # In the schedule's unit (the first launch's step samples): the same schedule however the run is split.
+        scheduled_steps_per_epoch = (
+            data.num_batches // cfg.train.accum_freq * step_samples / state.samples_per_schedule_step
+        )
+        model = wrap_ddp(
+            bundle.model, env, static_graph=cfg.distributed.ddp_static_graph, sync_batchnorm=cfg.distributed.use_bn_sync
+        )
+        if cfg.torchcompile:
+            model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
+        checkpointer = None
+        if paths.checkpoint_dir is not None:
+            checkpointer = Checkpointer(
+                cfg.checkpoints,
+                checkpoint_dir=paths.checkpoint_dir,
+                components=components,
+                env=env,
+                name=paths.name,
+                args=recorded,
+                model_cfg=open_clip_model_config(cfg.model),
+                preprocess_cfg=preprocess_config(bundle.model),
+                resumed_from=resumed_from,
+            )
+        loop = EpochLoop(
+            model=model,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            scheduler=build_scheduler(optimizer, cfg.schedule, scheduled_steps_per_epoch),
+            precision=precision,
+            state=state,
+            cfg=cfg.train,
+            env=env,
+            metrics=self._metrics_writer(paths, recorded, env, files),
+            skip_reasons=SKIP_REASONS,
+            checkpointer=checkpointer,
+            preemption=preemption,
+            keep_loss_journals=LossJournals(loss_fn, paths, env).update,
+            total_steps=plan.total_steps,
+        )
+        return RunParts(paths, files, data, val_data, imagenet, bundle.tokenizer, loop)
+
+    def _open_run_folder(self, lock: RunLock, env: DistributedEnv, plan: StartupPlan) -> Tuple[RunPaths, dict]:
         """The run's paths, its log, the folder held by rank 0, and the arguments it records."""
-        cfg, env = self.cfg, self.env
-        self.paths = paths = build_run_paths(cfg, env)
+        cfg = self.cfg
+        paths = build_run_paths(cfg, env)
         setup_logging(
             paths.log_file,
             logging.DEBUG if cfg.logging.debug else logging.INFO,
@@ -191,17 +288,17 @@ class Trainer:
         logging.info(
             f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; run {paths.name}"
         )
-        self.recorded = recorded_args(cfg, paths)
-        for warning in self.plan.warnings if env.is_master else []:
+        recorded = recorded_args(cfg, paths)
+        for warning in plan.warnings if env.is_master else []:
             logging.warning(warning)
+        return paths, recorded
 
-    def _build_components(self) -> None:
-        """The model (the same initial weights on every rank), optimizer and precision, and the room their
-        checkpoints need."""
-        cfg, env = self.cfg, self.env
-        seed_everything(cfg.seed)  # the same initial weights on every rank, then back to the rank's own stream
+    def _build_model(self, env: DistributedEnv) -> ModelBundle:
+        """The model, with the same initial weights on every rank (then back to the rank's own random stream)."""
+        cfg = self.cfg
+        seed_everything(cfg.seed)
         try:
-            self.bundle = build_model(cfg.model, env.device)
+            bundle = build_model(cfg.model, env.device)
         except RuntimeError as error:  # e.g. load_state_dict's missing/unexpected keys
             if not cfg.model.pretrained:
                 raise
@@ -210,81 +307,11 @@ class Trainer:
                 f"{str(error).splitlines()[0][:300]}; pass weights of that architecture"
             ) from error
         seed_everything(cfg.seed + env.rank)
-        self.optimizer = build_optimizer(self.bundle.model, cfg.optimizer)
-        self.precision = build_precision(cfg.model.precision, env.device)
-        check_run_checkpoint_space(
-            self.paths, self.bundle.model, self.loss_fn, cfg.checkpoints.files_kept(self.plan.total_steps), env
-        )
+        return bundle
 
-    def _start(self) -> None:
-        """Resume the components from a checkpoint or start over (`resume_or_start_over`), and record this
-        launch in params.txt."""
-        cfg, env = self.cfg, self.env
-        self.state = TrainState()
-        self.components = run_components(
-            model=self.bundle.model,
-            optimizer=self.optimizer,
-            scaler=self.precision.scaler,
-            loss=self.loss_fn,
-            state=self.state,
-        )
-        self.step_samples = samples_per_step(cfg.data.batch_size, env.world_size, cfg.train.accum_freq)
-        self.resumed_from = resume_or_start_over(
-            cfg, self.recorded, self.paths, self.components, self.plan.num_batches, self.step_samples, env
-        )
-        self.files = RunFiles()  # every record of the run but checkpoints: a failed write never stops training
-        write_params(self.recorded, self.paths, env, launch_note(env, self.resumed_from, self.state), self.files)
-
-    def _build_loop(self) -> None:
-        """The data from the starting point on, validation data, the schedule, the (wrapped) model, the metrics,
-        the checkpointer and the epoch loop they make."""
-        cfg, env, bundle, state, paths = self.cfg, self.env, self.bundle, self.state, self.paths
-        position = state.position
-        self.data = build_data(
-            cfg.data,
-            bundle,
-            env,
-            epoch=position.epoch,
-            skip_batches=position.batches_in_epoch,
-            families=self.loss_fn.needs_family,
-        )
-        self.val_data = build_val_data_if_needed(cfg.data, bundle, env)
-        self.imagenet = self.plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
-        if self.imagenet is not None:
-            self.imagenet.transform = bundle.preprocess_val
-        # In the schedule's unit (the first launch's global batch): the same schedule however the run is split.
-        scheduled_steps_per_epoch = (
-            self.data.num_batches // cfg.train.accum_freq * self.step_samples / state.samples_per_schedule_step
-        )
-        scheduler = build_scheduler(self.optimizer, cfg.schedule, scheduled_steps_per_epoch)
-        model = wrap_ddp(
-            bundle.model, env, static_graph=cfg.distributed.ddp_static_graph, sync_batchnorm=cfg.distributed.use_bn_sync
-        )
-        if cfg.torchcompile:
-            model = compile_model(model, grad_checkpointing=cfg.model.grad_checkpointing, distributed=env.distributed)
-        self.model = model
-        self.metrics = self._metrics_writer()
-        self.checkpointer = self._checkpointer()
-        self.loop = EpochLoop(
-            model=model,
-            loss_fn=self.loss_fn,
-            optimizer=self.optimizer,
-            scheduler=scheduler,
-            precision=self.precision,
-            state=state,
-            cfg=cfg.train,
-            env=env,
-            metrics=self.metrics,
-            skip_reasons=SKIP_REASONS,
-            checkpointer=self.checkpointer,
-            preemption=self.preemption,
-            keep_loss_records=LossRecords(self.loss_fn, paths, env).update,
-            total_steps=self.plan.total_steps,
-        )
-
-    def _metrics_writer(self) -> MetricsWriter:
+    def _metrics_writer(self, paths: RunPaths, recorded: dict, env: DistributedEnv, files: RunFiles) -> MetricsWriter:
         """metrics.jsonl, plus the dashboards --report-to names (rank 0)."""
-        cfg, paths = self.cfg, self.paths
+        cfg = self.cfg
         wandb = None
         if "wandb" in cfg.logging.report_to:
             wandb = WandbConfig(
@@ -292,85 +319,71 @@ class Trainer:
                 name=paths.name,
                 notes=cfg.logging.wandb_notes,
                 resume=cfg.resume == RESUME_LATEST,
-                config=self.recorded,
+                config=recorded,
             )
         return MetricsWriter(
             paths.run_dir,
             tensorboard="tensorboard" in cfg.logging.report_to,
             wandb=wandb,
-            enabled=self.env.is_master,
-            files=self.files,
+            enabled=env.is_master,
+            files=files,
         )
 
-    def _checkpointer(self) -> Optional[Checkpointer]:
-        paths = self.paths
-        if paths.checkpoint_dir is None:
-            return None
-        return Checkpointer(
-            self.cfg.checkpoints,
-            checkpoint_dir=paths.checkpoint_dir,
-            components=self.components,
-            env=self.env,
-            name=paths.name,
-            args=self.recorded,
-            model_cfg=open_clip_model_config(self.cfg.model),
-            preprocess_cfg=preprocess_config(self.bundle.model),
-            resumed_from=self.resumed_from,
-        )
-
-    def _train_epochs(self) -> Optional[float]:
+    def _train_epochs(self, parts: RunParts) -> Optional[float]:
         """The epochs left to train, each validated and saved; the mean loss of the last (None: none was left).
         Stops early (Preempted) at a preemption signal, and with FinalCheckpointError when the last checkpoint
         could not be written (or may not be: the run ended inside a non-finite streak)."""
-        cfg, state, checkpointer = self.cfg, self.state, self.checkpointer
+        cfg, loop = self.cfg, parts.loop
+        state, checkpointer = loop.state, loop.checkpointer
         position = state.position
         final_loss = None
         for epoch in range(position.epoch, cfg.epochs):
             logging.info(f"Start epoch {epoch}")
-            self.data.set_epoch(epoch)
-            result = train_one_epoch(self.loop, self.data)
+            parts.data.set_epoch(epoch)
+            result = train_one_epoch(loop, parts.data)
             if result.preempted:
-                self._stop_for_preemption()
+                self._stop_for_preemption(parts)
             final_loss = result.loss
             state.finish_epoch()
-            self._validate()
-            if self.metrics.enabled:  # rank 0, with a run folder
-                for plot in self.loss_fn.plots:
-                    PLOTS[plot](self.paths.run_dir)
+            self._validate(parts)
+            if loop.metrics.enabled:  # rank 0, with a run folder
+                for plot in loop.loss_fn.plots:
+                    PLOTS[plot](parts.paths.run_dir)
             saved = checkpointer.save_epoch() if checkpointer is not None else True
             if not saved and position.epoch == cfg.epochs:
-                raise FinalCheckpointError(self._final_checkpoint_missing())
+                raise FinalCheckpointError(self._final_checkpoint_missing(parts))
             # A collective, so it also keeps ranks together while rank 0 evaluates and saves.
-            if any_rank(self.preemption.requested, self.env) and position.epoch < cfg.epochs:
-                self._stop_for_preemption()
+            if any_rank(loop.preemption.requested, loop.env) and position.epoch < cfg.epochs:
+                self._stop_for_preemption(parts)
         return final_loss
 
-    def _validate(self) -> None:
+    def _validate(self, parts: RunParts) -> None:
         """Val loss and retrieval every --val-frequency epochs, ImageNet zero-shot every --zeroshot-frequency
         epochs (both also after the last epoch), on rank 0, as OpenCLIP's `evaluate`."""
-        cfg, env, state, precision = self.cfg.validation, self.env, self.state, self.precision
+        cfg, loop = self.cfg.validation, parts.loop
+        env, state, precision = loop.env, loop.state, loop.precision
         if not env.is_master:
             return
-        model = unwrap_model(self.model)
+        model = unwrap_model(loop.model)
         completed, is_last = state.position.epoch, state.position.epoch == cfg.total_epochs
         results = {}
-        if self.val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
+        if parts.val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
             results.update(
                 run_validation(
                     model,
-                    self.val_data.dataloader,
+                    parts.val_data.dataloader,
                     device=env.device,
                     autocast=precision.autocast,
                     epoch=completed,
                     input_dtype=precision.input_dtype,
                 )
             )
-        if self.imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
+        if parts.imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
             results.update(
                 zero_shot_imagenet(
                     model,
-                    self.bundle.tokenizer,
-                    self.imagenet,
+                    parts.tokenizer,
+                    parts.imagenet,
                     device=env.device,
                     autocast=precision.autocast,
                     batch_size=cfg.batch_size,
@@ -381,38 +394,40 @@ class Trainer:
         if not results:
             return
         logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
-        self.metrics.write("val", step=state.step, epoch=completed, values=results)
-        if self.paths.checkpoint_dir is not None:
-            write_results(Path(self.paths.checkpoint_dir) / RESULTS_NAME, completed, results, self.files)
+        loop.metrics.write("val", step=state.step, epoch=completed, values=results)
+        if parts.paths.checkpoint_dir is not None:
+            write_results(Path(parts.paths.checkpoint_dir) / RESULTS_NAME, completed, results, parts.files)
 
-    def _final_checkpoint_missing(self) -> str:
+    def _final_checkpoint_missing(self, parts: RunParts) -> str:
         """Why the run that trained every epoch has no final checkpoint, and what to do."""
-        epochs, not_written = self.cfg.epochs, self.checkpointer.not_written
+        checkpointer = parts.loop.checkpointer
+        epochs, not_written = self.cfg.epochs, checkpointer.not_written
         if not_written:
             return (
                 f"the run trained all {epochs} epochs, but no final checkpoint was written: {not_written}, and "
                 f"those weights led into a divergence; the last checkpoint written at a finite step is "
-                f"{self.checkpointer.last_good_text()}: resume from it after lowering --lr (or raising --warmup, "
+                f"{checkpointer.last_good_text()}: resume from it after lowering --lr (or raising --warmup, "
                 "or with --grad-clip-norm)"
             )
         return (
             f"the run trained all {epochs} epochs, but its final checkpoint could not be written (CHECKPOINT SAVE "
-            f"FAILED above): the trained model is not on disk; free space or fix {self.paths.checkpoint_dir}, "
+            f"FAILED above): the trained model is not on disk; free space or fix {parts.paths.checkpoint_dir}, "
             "then rerun with --resume latest"
         )
 
-    def _stop_for_preemption(self) -> None:
+    def _stop_for_preemption(self, parts: RunParts) -> None:
         """Save step_N.pt (all ranks), requeue the SLURM job (rank 0, --slurm-requeue), log one line, raise
         Preempted."""
-        state, checkpointer, preemption = self.state, self.checkpointer, self.preemption
+        loop = parts.loop
+        state, checkpointer, preemption = loop.state, loop.checkpointer, loop.preemption
         saved = checkpointer.save_now() if checkpointer is not None else None
-        self.metrics.close()
+        loop.metrics.close()
         if preemption.stopped_by_a_person():
             requeued = f"not requeued ({preemption.signal_name} is a stop, not one of --preempt-signal)"
         else:
             requeued = (
                 requeue_slurm_job(self.cfg.slurm_requeue)
-                if self.env.is_master and checkpointer is not None
+                if loop.env.is_master and checkpointer is not None
                 else "not requeued"
             )
         cause = (

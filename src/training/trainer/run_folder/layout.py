@@ -1,8 +1,8 @@
 """A run's folder, `<logs>/<name>/`, read back: the one place that knows the names of its files.
 
     run = RunDir("logs/my-run")
-    run.metrics("train")        # the metrics.jsonl records of one kind ("train", "epoch", "val", ...)
-    run.results()               # checkpoints/results.jsonl: one record per evaluated epoch
+    run.metrics("train")        # the metrics.jsonl lines of one kind ("train", "epoch", "val", ...)
+    run.results()               # checkpoints/results.jsonl: one line per evaluated epoch
     run.final_checkpoint()      # the newest checkpoints/epoch_N.pt
     run.recorded_args()         # the last launch's arguments as values (params.json)
 
@@ -58,15 +58,15 @@ def numbered_checkpoints(checkpoint_dir: Path, name: re.Pattern) -> List[Path]:
     return [path for _, path in sorted(found)]
 
 
-def read_records(path: Path, kind: Optional[str] = None) -> List[dict]:
-    """The JSON-lines records of `path` (optionally only those whose "kind" is `kind`); none if it does not
+def read_json_lines(path: Path, kind: Optional[str] = None) -> List[dict]:
+    """The lines of the JSON-lines file `path` (optionally only those whose "kind" is `kind`); none if it does not
     exist yet. A last line still being written (no newline yet) is left out."""
     path = Path(path)
     if not path.is_file():
         return []
     complete = path.read_text().rpartition("\n")[0]
-    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
-    return [record for record in records if kind is None or record["kind"] == kind]
+    lines = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    return [line for line in lines if kind is None or line["kind"] == kind]
 
 
 @dataclass(frozen=True)
@@ -93,16 +93,16 @@ class RunDir:
         return self.path / LOG_NAME
 
     def metrics(self, kind: Optional[str] = None) -> List[dict]:
-        """metrics.jsonl's records, in the order written (one per step once a resume trimmed the replayed ones)."""
-        return read_records(self.metrics_path, kind)
+        """metrics.jsonl's lines, in the order written (one per step once a resume cut the replayed ones)."""
+        return read_json_lines(self.metrics_path, kind)
 
     def steps(self) -> List[int]:
-        """The steps of the "train" records."""
-        return [record["step"] for record in self.metrics("train")]
+        """The steps of the "train" lines."""
+        return [line["step"] for line in self.metrics("train")]
 
     def results(self) -> List[dict]:
-        """The validation results, one record per evaluated epoch."""
-        return read_records(self.results_path)
+        """The validation results, one line per evaluated epoch."""
+        return read_json_lines(self.results_path)
 
     def epoch_checkpoint(self, epoch: int) -> Path:
         """Where the checkpoint after `epoch` completed epochs is (or would be) written."""
@@ -124,8 +124,8 @@ class RunDir:
     def params_path(self) -> Path:
         return self.path / PARAMS_NAME
 
-    def loss_record_path(self, name: str) -> Path:
-        """Where the loss's record `name` is kept (`Loss.records`: AdaCL's adacl_selection.json)."""
+    def loss_journal_path(self, name: str) -> Path:
+        """Where the loss's journal `name` is kept (`Loss.journals`: AdaCL's adacl_selection.json)."""
         return self.path / f"{name}.json"
 
     @property
@@ -135,7 +135,7 @@ class RunDir:
     def recorded_args(self) -> Dict[str, Any]:
         """The arguments of the run's last launch as values (params.json; a checkpoint's `args` are the same):
         every flag by destination, plus what the trainer derived from them (`loss_options`, `recipe_overrides`).
-        `training.trainer.launch.params.config_from_record` makes them the run's `RunConfig` again. Empty
+        `training.trainer.launch.params.config_from_recorded_args` makes them the run's `RunConfig` again. Empty
         before the first launch wrote them."""
         if not self.args_path.is_file():
             return {}

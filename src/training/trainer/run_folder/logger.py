@@ -8,7 +8,8 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
 - kind "epoch": a completed epoch's summary (an epoch cut short by preemption writes none): loss
   (mean over the epoch's finite steps), num_steps, num_nonfinite_steps, seconds,
   "skipped/<reason>" counts per skip reason, and their totals skipped_shard_visits (shard visits
-  cut short: unreadable_shard, bad_tar) and skipped_samples;
+  cut short: unreadable_shard, bad_tar) and skipped_samples; skipped_shards names the shards of those
+  visits ({shard: {reason: visits}}, MAX_NAMED_SHARDS at most; the epoch's log line names them too);
 - kind "val": validation / zero-shot metrics after an epoch.
 
 Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
@@ -18,7 +19,7 @@ ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/
 (`--report-to wandb`) gets the same keys, all at the training step (wandb needs steps that never
 decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
 
-After a resume from step S, `drop_records_after` removes the records of steps after S (written by
+After a resume from step S, `drop_lines_after` removes the lines of steps after S (written by
 the interrupted run, which the resumed run replays), so metrics.jsonl holds each step once.
 """
 
@@ -70,7 +71,7 @@ def end_logging() -> None:
 
 
 class RunLogFile(logging.FileHandler):
-    """out.log under the rule of the run's other records (training.trainer.run_folder.safe_write): a write that fails (a full disk,
+    """out.log under the rule of the run's other record files (training.trainer.run_folder.safe_write): a write that fails (a full disk,
     a revoked permission) is one line on the console naming the file and the cause, not logging's
     `--- Logging error ---` block per line; training goes on, each later line is tried again (the file is
     reopened), and the lines lost are counted for the run's last line (`unwritten_log_lines`)."""
@@ -149,7 +150,7 @@ LOSS_STATS_PREFIX = "stats/"
 
 
 def dashboard_tag(kind: str, name: str) -> str:
-    """The tensorboard tag of metric `name` of a `kind` record: OpenCLIP's where it has one."""
+    """The tensorboard tag of metric `name` of a `kind` line: OpenCLIP's where it has one."""
     if kind == "train" and name.startswith(LOSS_STATS_PREFIX):
         return "loss_stats/" + name[len(LOSS_STATS_PREFIX) :]
     if kind == "train":
@@ -203,7 +204,7 @@ def quiet_tensorboard_thread_errors() -> None:
 
 
 class MetricsWriter:
-    """Appends metric records to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only).
+    """Appends metric lines to metrics.jsonl and, when enabled, to tensorboard and wandb (rank 0 only).
     metrics.jsonl goes through `files` (a failed write is logged, held back and retried: training.trainer.run_folder.safe_write).
     A dashboard that fails (its files on a full or unwritable disk: TensorBoard's writer thread, wandb's local
     files) is dropped with one line naming its folder and the cause; training goes on, and `files` lists what it
@@ -252,11 +253,11 @@ class MetricsWriter:
     def write(self, kind: str, *, step: int, epoch: int, values: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        record = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
-        self.files.append(self.path, json.dumps(record) + "\n")
+        line = {"kind": kind, "step": step, "epoch": epoch, **{k: _plain(v) for k, v in values.items()}}
+        self.files.append(self.path, json.dumps(line) + "\n")
         scalars = {
             dashboard_tag(kind, name): value
-            for name, value in record.items()
+            for name, value in line.items()
             if name not in ("kind", "step", "epoch") and isinstance(value, (int, float))
         }
         if self.tb_writer is not None:
@@ -269,7 +270,7 @@ class MetricsWriter:
             try:
                 self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
             except Exception as error:  # noqa: BLE001 - wandb raises its own types for a failed write
-                self._drop_wandb(f"the wandb records from step {step} on", error)
+                self._drop_wandb(f"the wandb logs from step {step} on", error)
 
     def _drop_tensorboard(self, what: str, error: BaseException) -> None:
         writer, self.tb_writer = self.tb_writer, None
@@ -300,14 +301,14 @@ class MetricsWriter:
         if self.wandb_run is not None:
             try:
                 self.wandb_run.finish()
-            except Exception as error:  # noqa: BLE001 - its last records, on a full or unwritable disk
+            except Exception as error:  # noqa: BLE001 - its last logs, on a full or unwritable disk
                 self.files.give_up(self.wandb_dir, "the end of the wandb run", error)
             self.wandb_run = None
         return self.files.close(also=unwritten_log_lines())
 
 
-def drop_records_after(path: str, step: int, key: str = "step") -> int:
-    """Remove the records whose `key` (step; results.jsonl: epoch) is after `step` from the JSON-lines file at
+def drop_lines_after(path: str, step: int, key: str = "step") -> int:
+    """Remove the lines whose `key` (step; results.jsonl: epoch) is after `step` from the JSON-lines file at
     `path` (rewritten atomically; a last line cut short by a crash goes too); returns how many lines were removed."""
     if not os.path.exists(path):
         return 0
@@ -316,10 +317,10 @@ def drop_records_after(path: str, step: int, key: str = "step") -> int:
     kept = []
     for line in lines:
         try:
-            record = json.loads(line)
+            values = json.loads(line)
         except json.JSONDecodeError:  # the interrupted run's half-written last line
             continue
-        if record[key] <= step:
+        if values[key] <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return 0

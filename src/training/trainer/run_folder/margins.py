@@ -12,7 +12,7 @@ values (m2 = 0, anchor = 0, m1 / scale = 1), which a line through them would dra
 its margins are gaps (NaN) instead, told apart by its logged `modulated` stat (0). Logged steps are
 a sample (one in --log-every-n-steps), so the fallback share comes from the cumulative `fallbacks`
 counter instead: (fallbacks at the window's end - at its start) / (steps in it). The windows are at
-least the usual gap between logged steps long: the extra record at each epoch's end would otherwise
+least the usual gap between logged steps long: the extra line at each epoch's end would otherwise
 make a window of one step, whose share is 0 or 1.
 """
 
@@ -54,18 +54,18 @@ class MarginTraces:
     fallbacks: Dict[str, int] = field(default_factory=dict)  # "i2t" -> the counter at the last step
 
 
-def margin_traces(records: Sequence[dict]) -> MarginTraces:
-    """The traces of the "train" records of a metrics.jsonl holding AdaCL's stats."""
+def margin_traces(lines: Sequence[dict]) -> MarginTraces:
+    """The traces of the "train" lines of a metrics.jsonl holding AdaCL's stats."""
     traces = MarginTraces()
     previous_step, previous_count = 0, {direction: 0 for direction in DIRECTIONS}
-    for record in records:
-        if record.get("kind") != "train" or f"{STATS_PREFIX}{DIRECTIONS[0]}/modulated" not in record:
+    for line in lines:
+        if line.get("kind") != "train" or f"{STATS_PREFIX}{DIRECTIONS[0]}/modulated" not in line:
             continue
-        step = record["step"]
+        step = line["step"]
         traces.steps.append(step)
         for direction in DIRECTIONS:
             stat = {
-                name: record.get(f"{STATS_PREFIX}{direction}/{name}", math.nan)
+                name: line.get(f"{STATS_PREFIX}{direction}/{name}", math.nan)
                 for name in (*MARGIN_PANELS, *COUNT_PANELS, "modulated", "fallbacks")
             }
             fell_back = stat["modulated"] == 0
@@ -90,7 +90,7 @@ def window_size(steps: Sequence[int]) -> int:
 
 def fallback_windows(steps: Sequence[int], counts: Sequence[int], size: int) -> Tuple[List[int], List[float]]:
     """Windows of at least `size` steps over the logged `steps` (edges from 0) and the share of their steps that
-    fell back, from the cumulative `counts`: a window shorter than `size` (an epoch's last record, the run's
+    fell back, from the cumulative `counts`: a window shorter than `size` (an epoch's last line, the run's
     end) joins its neighbour."""
     edges, ends = [0], []
     for index, step in enumerate(steps):
@@ -119,7 +119,7 @@ def plot_margins(run_dir: str | Path, output: Optional[str | Path] = None) -> Pa
     traces = margin_traces(run.metrics("train"))
     if not traces.steps:
         raise ValueError(
-            f"{run.metrics_path} holds no AdaCL stats (train records with "
+            f"{run.metrics_path} holds no AdaCL stats (train lines with "
             f"'{STATS_PREFIX}i2t/modulated'): is it an AdaCL run?"
         )
     titles = {**MARGIN_PANELS, **COUNT_PANELS}

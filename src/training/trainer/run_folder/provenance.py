@@ -3,7 +3,7 @@ changed paths with their own hashes; the identity of a checkpoint a run starts f
 reusable run folder records (a study's common pretraining: recipe, seed, data seed, code), which it must
 match to be reused.
 
-The loss comparison records them in each run's record, so results can be paired only between runs of
+The loss comparison keeps them in each run's outcome, so results can be paired only between runs of
 the same code (docs/cluster.md, "Running the loss comparison"), and "no code differs" between two runs
 with uncommitted changes can be checked path by path.
 """
@@ -107,17 +107,17 @@ def check_or_record_identity(run_path: Path, identity: Mapping[str, Any]) -> Non
     """Record `identity` in a new run folder, or check that an existing one recorded exactly it, so that its
     checkpoints (or a resume of it) are reused only for the training they came from. ValueError naming what
     differs, or that nothing was recorded, and the fix."""
-    record = Path(run_path) / IDENTITY_NAME
+    identity_file = Path(run_path) / IDENTITY_NAME
     if not Path(run_path).exists():
         Path(run_path).mkdir(parents=True)
-        record.write_text(json.dumps(dict(identity), sort_keys=True) + "\n")
+        identity_file.write_text(json.dumps(dict(identity), sort_keys=True) + "\n")
         return
-    if not record.is_file():
+    if not identity_file.is_file():
         raise ValueError(
             f"{run_path} records no {IDENTITY_NAME} (trained before runs recorded one), so what it "
             f"trained cannot be checked; remove it to train again"
         )
-    recorded = json.loads(record.read_text())
+    recorded = json.loads(identity_file.read_text())
     differences = [
         f"{key} {recorded.get(key)!r} there, {value!r} here"
         for key, value in identity.items()

@@ -16,6 +16,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from helpers.registries import scratch_entries
+from training import RunDir
 from training.discover import main as discover
 from training.main import main
 from training.trainer.data import DataSource, register_data_source, registry, resolve_dataset_type
@@ -23,7 +24,6 @@ from training.trainer.data.loader import indexed_data
 from training.trainer.data.ordered import OrderedPass, PassSample
 from training.trainer.flags import HelpGroup, NoOptions, flag
 from training.trainer.launch.params import build_parser
-from training.trainer.run_folder.layout import RunDir
 
 NAME = "pairs"
 SERVED = []  # sample indices the training loader's dataset handed out, in order (workers=0: this process)

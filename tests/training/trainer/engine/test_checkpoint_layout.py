@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from helpers.run_utils import losses_by_step
+from training import RunDir
 from training.export import export
 from training.main import main
-from training.trainer.data import DataPosition
+from training.trainer.data import DataPosition, Skipped
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, EpochSums, TrainState, run_components
 from training.trainer.launch.resume import resume
 from training.trainer.run_folder.checkpoint_files import CHECKPOINT_FORMAT, load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
-FIXTURE = Path(__file__).parent / "fixtures" / "legacy_checkpoint"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "legacy_checkpoint"
 LEGACY_CHECKPOINT = FIXTURE / "step_3.pt"
 
 
@@ -39,7 +39,10 @@ def test_the_run_state_round_trips_through_its_state_dicts():
         samples_seen=672,
         samples_per_schedule_step=32,
     )
-    state.epoch_sums.load_state_dict({"skip_counts": torch.tensor([1, 0, 2]), "loss_sum": 3.5, "num_loss_steps": 5})
+    cut = {"/data/cut.tar": {"bad_tar": 2}, "pipe:false": {"unreadable_shard": 1}}
+    state.epoch_sums.load_state_dict(
+        {"skip_counts": torch.tensor([1, 0, 2]), "loss_sum": 3.5, "num_loss_steps": 5, "shard_visits": cut}
+    )
     restored = TrainState()
     for original, copy in [
         (state, restored),
@@ -50,15 +53,27 @@ def test_the_run_state_round_trips_through_its_state_dicts():
     assert restored.state_dict() == state.state_dict() and restored.position == state.position
     assert torch.equal(restored.epoch_sums.skip_counts, state.epoch_sums.skip_counts)
     assert (restored.epoch_sums.loss_sum, restored.epoch_sums.num_loss_steps) == (3.5, 5)
+    assert restored.epoch_sums.shard_visits == cut
+
+
+def test_epoch_sums_are_plain_data_that_a_weights_only_load_reads(tmp_path):
+    """The named shards are saved as plain dicts: checkpoints load with weights_only=True."""
+    sums = EpochSums()
+    sums.reset(2)
+    sums.add_skipped(Skipped(torch.tensor([1, 0]), {"/data/cut.tar": {"bad_tar": 1}}))
+    torch.save({"epoch_sums": [sums.state_dict()]}, tmp_path / "sums.pt")
+    [loaded] = torch.load(tmp_path / "sums.pt", weights_only=True)["epoch_sums"]
+    assert loaded["shard_visits"] == {"/data/cut.tar": {"bad_tar": 1}} and type(loaded["shard_visits"]) is dict
 
 
 def test_epoch_sums_of_another_world_size_merge_for_rank_0():
     states = [
-        {"skip_counts": torch.tensor([1, 2]), "loss_sum": 4.0, "num_loss_steps": 2},
-        {"skip_counts": torch.tensor([0, 5]), "loss_sum": 4.5, "num_loss_steps": 2},
+        {"skip_counts": torch.tensor([1, 2]), "loss_sum": 4.0, "num_loss_steps": 2},  # before shards were named
+        {"skip_counts": torch.tensor([0, 5]), "loss_sum": 4.5, "num_loss_steps": 2, "shard_visits": {"a": {"x": 5}}},
     ]
     merged = EpochSums.merge_rank_states(states)
     assert torch.equal(merged["skip_counts"], torch.tensor([1, 7])) and merged["loss_sum"] == 4.0
+    assert merged["shard_visits"] == {"a": {"x": 5}}
 
 
 def test_a_checkpoint_in_the_earlier_layout_is_converted_on_load(caplog):

@@ -172,8 +172,8 @@ def _torchrun(demo_shards, logs, *extra):
 
 
 def _first_epoch(demo_shards, logs):
+    from training import RunDir
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
-    from training.trainer.run_folder.layout import RunDir
 
     result = _torchrun(demo_shards, logs, "--epochs", "1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -193,8 +193,8 @@ def test_torchrun_two_ranks_train_and_checkpoint(demo_shards, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
+    from training import RunDir
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
-    from training.trainer.run_folder.layout import RunDir
 
     run = _first_epoch(demo_shards, tmp_path)
     result = _torchrun(demo_shards, tmp_path, "--epochs", "2", "--resume", "latest")

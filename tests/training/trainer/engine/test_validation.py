@@ -11,6 +11,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
+from training.trainer.data.samples import no_skips
 from training.trainer.engine.validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
 
 
@@ -30,10 +31,10 @@ class FeatureClip(torch.nn.Module):
 
 
 def feature_batches(image_features, text_features, batch_size):
-    """Batches in the trainer's `(images, texts, sample_index, skip_counts)` format."""
+    """Batches in the trainer's `(images, texts, sample_index, skipped)` format."""
     for start in range(0, len(image_features), batch_size):
         index = torch.arange(start, min(start + batch_size, len(image_features)))
-        yield image_features[index], text_features[index], index, torch.zeros(3, dtype=torch.long)
+        yield image_features[index], text_features[index], index, no_skips()
 
 
 def brute_force_recall(similarity, k):

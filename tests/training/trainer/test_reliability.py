@@ -12,10 +12,9 @@ import pytest
 
 from helpers.data_utils import good, png, write_hostile_shards, write_tar
 from helpers.run_utils import assert_same_final_state, kill_run, losses_by_step, torchrun_command, wait_for_step
+from training import ConfigError, RunDir
 from training.main import main
-from training.trainer.launch.params import ConfigError
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 STEPS_PER_EPOCH = 8  # in both kinds of killed runs: 256 samples per epoch, global batch 32
 SAVE_EVERY = {"torchrun": 5, "single": 3}  # their --save-every-n-steps
@@ -29,7 +28,7 @@ def assert_bounded_loss_of_work(run_dir, killed_at, save_every):
     assert 0 <= killed_at - resumed_from < save_every, (killed_at, resumed_line)
     steps = [r["step"] for r in RunDir(run_dir).metrics("train")]
     # The killed run's steps up to the checkpoint, then the resumed run's: each step once, none skipped
-    # (the killed run's records after the checkpoint were removed at the resume).
+    # (the killed run's lines after the checkpoint were removed at the resume).
     assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     return resumed_from
 
@@ -254,6 +253,7 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
         ]
     )
     assert (summary.epoch, summary.step) == (2, 2 * num_samples // batch_size)
+    cut_shards = {"b.tar": "bad_tar", "c.tar": "unreadable_shard", "e.tar": "bad_tar"}  # each epoch names them
     epochs = RunDir(tmp_path / "hostile").metrics("epoch")
     log = (tmp_path / "hostile" / "out.log").read_text()
     for epoch, record in enumerate(epochs):
@@ -261,6 +261,9 @@ def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards
         assert reported == {reason: expected.get(reason, 0) for reason in reported}, epoch
         line = next(line for line in log.splitlines() if f"Epoch {epoch} done" in line)
         assert all(f"{reason} {count}" in line for reason, count in expected.items()), line
+        cut = {tmp_path / "hostile" / name: reason for name, reason in cut_shards.items()}
+        assert record["skipped_shards"] == {str(path): {reason: 1} for path, reason in cut.items()}, epoch
+        assert all(f"{path}: {reason} 1" in line for path, reason in cut.items()), line
 
 
 # ---------------------------------------------------------------------------------------------

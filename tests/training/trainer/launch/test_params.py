@@ -8,8 +8,9 @@ import torch
 from open_clip_train.params import parse_args as openclip_parse_args
 
 from open_clip_adacl import get_loss_class, list_losses
+from training import ConfigError
 from training.trainer.launch import params
-from training.trainer.launch.params import ConfigError, parse_args, validate_args
+from training.trainer.launch.params import parse_args, validate_args
 
 # Flags whose default deliberately differs from OpenCLIP's, and why.
 DIFFERENT_DEFAULTS = {

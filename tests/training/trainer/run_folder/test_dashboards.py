@@ -3,8 +3,8 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from training import RunDir
 from training.main import main
-from training.trainer.run_folder.layout import RunDir
 
 # The scalars open_clip_train.train logs (train_one_epoch's log_data and evaluate's metrics).
 OPENCLIP_TRAIN_TAGS = {

@@ -62,13 +62,13 @@ def pretrained(demo_shards, module_tmp):
 def test_the_run_logs_and_records_adacl_choice_of_selection_passes(pretrained, monkeypatch):
     run = pretrained[0].parent.parent
     assert (
-        "AdaCL: keys selection passes for 32 x 32 float32 on cpu: fused not compiled (below 2048 squared entries"
+        "AdaCL: median anchor selection passes for 32 x 32 float32 on cpu: fused not compiled (below 2048 squared entries"
     ) in (run / "out.log").read_text()
     choices = json.loads((run / "adacl_selection.json").read_text())
     assert choices[0]["rows"] == 32 and choices[0]["choice"] == "eager" and choices[0]["eager_ms"] > 0
     # Once the run has ended, a choice made later in the same process (the next in-process run's) is not its.
     monkeypatch.setenv(fused.ENV_VARIABLE, "auto")
-    assert not fused.wanted(torch.empty(16, 16), "keys", lambda: None, lambda: None)
+    assert not fused.wanted(torch.empty(16, 16), "median anchor", lambda: None, lambda: None)
     assert json.loads((run / "adacl_selection.json").read_text()) == choices
 
 

@@ -11,15 +11,17 @@ import torch
 
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
+from training import RunDir
 from training.main import main
+from training.trainer.data.samples import MAX_NAMED_SHARDS, Skipped
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
 from training.trainer.engine.loop import EpochLoop, NonFiniteLossError, TrainConfig, console_stats_text, train_one_epoch
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
 from training.trainer.engine.precision import build_precision
+from training.trainer.launch.resume import resume
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.logger import MetricsWriter
 
 
@@ -146,14 +148,14 @@ def test_the_console_line_says_the_directions_once_and_only_the_losss_console_st
 
 def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="already holds a run; continue it with --resume latest"):
         main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
 
 
 def test_missing_shards_are_a_clear_error_before_training(tmp_path):
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="do not exist"):
         main(
@@ -176,7 +178,7 @@ def test_missing_shards_are_a_clear_error_before_training(tmp_path):
 
 
 def test_a_rejected_loss_option_stops_before_any_file_is_written(demo_shards, tmp_path):
-    from training.trainer.launch.params import ConfigError
+    from training import ConfigError
 
     with pytest.raises(ConfigError, match="--loss glofnd: .*data_size"):
         main(train_argv(demo_shards, tmp_path, "no-data-size", "--loss", "glofnd"))
@@ -242,7 +244,7 @@ def _batches(poisoned, num=6, batch=4):
                 torch.randn(batch, 3, 32, 32, generator=g),
                 torch.randint(1, 500, (batch, 24), generator=g),
                 index,
-                torch.tensor([i, 1]),
+                Skipped(torch.tensor([i, 1]), {}),
             )
         )
     return out
@@ -311,6 +313,50 @@ def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
     assert result.skipped == {"bad_image": 0 + 1 + 2 + 3 + 4 + 5, "empty_caption": 6}
     [epoch] = RunDir(tmp_path).metrics("epoch")
     assert epoch["skipped/bad_image"] == 15 and epoch["num_steps"] == 6
+
+
+def test_the_epoch_summary_names_the_shards_whose_visits_were_cut_short(tmp_path, caplog):
+    """Each batch's Skipped names its cut shards; the summary line and metrics.jsonl name them, the first
+    MAX_NAMED_SHARDS only, with the visits of the others counted as "and K more visits"."""
+    batches = _batches(poisoned=set(), num=2 + MAX_NAMED_SHARDS)
+    shards = [f"/data/shard-{i}.tar" for i in range(MAX_NAMED_SHARDS + 2)]
+    batches[0] = (*batches[0][:3], Skipped(torch.tensor([1, 0]), {shards[0]: {"bad_tar": 1}}))
+    for i, batch in enumerate(batches[1:], start=1):  # shard 0 cut again, then one more shard per batch
+        visits = {shards[0]: {"bad_tar": 1}, shards[i]: {"bad_tar": 1}}
+        batches[i] = (*batch[:3], Skipped(torch.tensor([2, 0]), visits))
+    trainer, _ = _trainer(tmp_path)
+    trainer.skip_reasons = ("bad_tar", "empty_caption")
+    with caplog.at_level(logging.INFO):
+        result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
+    named = {shards[0]: {"bad_tar": len(batches)}, **{shard: {"bad_tar": 1} for shard in shards[1:MAX_NAMED_SHARDS]}}
+    assert result.skipped_shards == named
+    [line] = [record.getMessage() for record in caplog.records if "Epoch 0 done" in record.getMessage()]
+    listed = "; ".join(f"{shard}: bad_tar {visits['bad_tar']}" for shard, visits in named.items())
+    assert f"skipped shard visits: bad_tar {2 * len(batches) - 1} ({listed}; and 2 more visits)," in line
+    [epoch] = RunDir(tmp_path).metrics("epoch")
+    assert epoch["skipped_shards"] == named and epoch["skipped_shard_visits"] == 2 * len(batches) - 1
+
+
+def test_a_resumed_epoch_names_the_shards_cut_before_the_interruption(tmp_path):
+    """The checkpointed epoch sums carry the named shards: the epoch resumed from step_3.pt ends with the
+    summary of the uninterrupted epoch."""
+    batches = _batches(poisoned=set())
+    for i in (1, 4):
+        batches[i] = (*batches[i][:3], Skipped(torch.tensor([1, 0]), {f"/data/cut-{i}.tar": {"bad_tar": 1}}))
+    whole, *_ = _run_epoch(batches, tmp_path / "whole", save_every=3)
+    resumed, _ = _trainer(tmp_path / "resumed")
+    components = run_components(
+        model=resumed.model, optimizer=resumed.optimizer, scaler=None, loss=resumed.loss_fn, state=resumed.state
+    )
+    resume(tmp_path / "whole" / "checkpoints" / "step_3.pt", components, env=DistributedEnv())
+    assert resumed.state.position.batches_in_epoch == 3
+    result = train_one_epoch(resumed, SimpleNamespace(dataloader=batches[3:], num_batches=len(batches)))
+    assert (
+        result.skipped_shards
+        == whole.skipped_shards
+        == {"/data/cut-1.tar": {"bad_tar": 1}, "/data/cut-4.tar": {"bad_tar": 1}}
+    )
+    assert result.skipped == whole.skipped
 
 
 def test_consecutive_nonfinite_steps_stop_the_run_naming_the_causes_and_the_last_good_checkpoint(tmp_path):
@@ -402,8 +448,8 @@ def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shar
 
 
 def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_path):
-    from training.main import run
-    from training.trainer.launch.params import config_from_record, config_from_values, given_values
+    from training import config_from_values, run
+    from training.trainer.launch.params import config_from_recorded_args, given_values
     from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
     argv = train_argv(
@@ -421,14 +467,14 @@ def test_a_run_started_from_python_is_the_command_lines_run(demo_shards, tmp_pat
     )
     config = config_from_values(given_values(argv))
     summary = run(config)
-    record = summary.record
+    record = summary.run_folder
     assert record.path == tmp_path / "from-python" and len(record.metrics("train")) == summary.step == 2
     assert str(record.final_checkpoint()) == summary.checkpoint
     assert "name: from-python" in (record.path / "params.txt").read_text()
     # The run folder reads back the run's config, typed: the same RunConfig, the same args its checkpoint holds.
     recorded = record.recorded_args()
     assert (recorded["batch_size"], recorded["lr"], recorded["loss_options"]["mode"]) == (32, 2e-3, "literal")
-    assert config_from_record(recorded) == config
+    assert config_from_recorded_args(recorded) == config
     assert recorded == load_checkpoint(summary.checkpoint)["args"]
 
 

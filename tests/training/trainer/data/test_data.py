@@ -46,11 +46,11 @@ def test_batches_have_the_documented_format_with_open_clip_transforms(demo_shard
     batches = list(info.dataloader)
     assert len(batches) == 8
     meta = split_samples(demo_shards)
-    for images, texts, sample_index, skip_counts in batches:
+    for images, texts, sample_index, (skip_counts, shard_visits) in batches:
         assert images.shape == (64, 3, 32, 32) and images.dtype == torch.float32
         assert texts.shape == (64, 24) and texts.dtype == torch.long
         assert sample_index.dtype == torch.long and skip_counts.dtype == torch.long
-        assert skip_counts.tolist() == [0] * len(SKIP_REASONS)
+        assert skip_counts.tolist() == [0] * len(SKIP_REASONS) and shard_visits == {}
         expected = tokenizer([meta[i]["caption"] for i in sample_index.tolist()])
         assert torch.equal(texts, expected)  # the caption of the very sample the index names
     assert sorted(indices(batches)) == sorted(meta)  # sample_index is the json key
@@ -203,9 +203,9 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
     info = build_train_data(cfg, to_tensor, byte_tokenizer)
     batches = list(info.dataloader)
     assert info.num_batches == len(batches) == 6
-    images, texts, sample_index, skip_counts = batches[0]
+    images, texts, sample_index, (skip_counts, shard_visits) = batches[0]
     assert images.shape == (16, 3, 224, 224) and sample_index.dtype == torch.long
-    assert skip_counts.shape == (len(SKIP_REASONS),)
+    assert skip_counts.shape == (len(SKIP_REASONS),) and shard_visits == {}
     assert_same_batches(
         list(build_train_data(replace(cfg, skip_batches=4), to_tensor, byte_tokenizer).dataloader), batches[4:]
     )

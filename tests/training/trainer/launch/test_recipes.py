@@ -7,9 +7,9 @@ from unittest import mock
 
 import pytest
 
-from training.trainer.flags import ConfigError
+from training import RECIPES, ConfigError
 from training.trainer.launch.params import arg_values, build_parser, parse_args
-from training.trainer.launch.recipes import GLOBAL_BATCH, RECIPES, recipe_values
+from training.trainer.launch.recipes import GLOBAL_BATCH, recipe_values
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

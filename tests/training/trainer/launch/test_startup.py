@@ -6,12 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
+from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.engine.model import ModelConfig, build_model
-from training.trainer.launch.params import ConfigError
 from training.trainer.run_folder.checkpoint_digest import with_digest
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 
 def train_argv(demo_shards, logs, name, *extra):
@@ -182,7 +181,7 @@ def test_resume_latest_without_a_name_is_warned_about(demo_shards, tmp_path, cap
     assert captured.out.splitlines()[-1] == "--resume latest: no --name, so a new run: it starts from scratch"
     # A run logs it too.
     summary = main(argv)
-    assert "WARNING | --resume latest without --name" in (summary.record.path / "out.log").read_text()
+    assert "WARNING | --resume latest without --name" in (summary.run_folder.path / "out.log").read_text()
 
 
 def test_amp_on_the_cpu_is_warned_about(demo_shards, tmp_path, capsys):
@@ -225,7 +224,7 @@ def test_a_run_from_python_takes_its_log_handlers_with_it(demo_shards, tmp_path,
 
     handlers_before = list(logging.getLogger().handlers)
     summary = main(train_argv(demo_shards, tmp_path, "ends"))
-    out_log = summary.record.path / "out.log"
+    out_log = summary.run_folder.path / "out.log"
     written = out_log.read_text()
     assert "Done:" in written
     assert logging.getLogger().handlers == handlers_before

@@ -16,6 +16,7 @@ import torch
 
 from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
 from helpers.run_utils import assert_same_final_state, losses_by_step
+from training import RunDir
 from training.main import main
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine import checkpoint as ckpt
@@ -26,7 +27,6 @@ from training.trainer.run_folder.checkpoint_files import (
     remove_stale_temporary_files,
     save_atomic,
 )
-from training.trainer.run_folder.layout import RunDir
 
 
 def test_rng_states_round_trip_and_load_weights_only(tmp_path):

@@ -1,12 +1,12 @@
-"""The run folder's records kept in step with the checkpoint a launch starts from, so that each step and
-each evaluated epoch is recorded once.
+"""The run folder rewound to the checkpoint a launch starts from, so that each step and each evaluated epoch
+is recorded once.
 
-- Resumed at step S of epoch E: metrics.jsonl loses its records after step S and results.jsonl those
+- Resumed at step S of epoch E: metrics.jsonl loses its lines after step S and results.jsonl those
   after epoch E (the interrupted launch wrote them; this one replays that training).
 - Starting over (no checkpoint to resume from, in a folder an earlier launch wrote): metrics.jsonl,
   checkpoints/results.jsonl and any checkpoint files left (unreadable or damaged ones) move into
   `started_over_<time>/` in the run folder, as a roll-back moves newer checkpoints aside: kept, never
-  deleted, and out of the way of this launch's records.
+  deleted, and out of the way of this launch's files.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from .checkpoint_files import move_aside
 from .layout import CHECKPOINT_FILE_NAME, METRICS_NAME, RESULTS_NAME
-from .logger import drop_records_after
+from .logger import drop_lines_after
 
 
 def checkpoint_files(checkpoint_dir: Path) -> List[Path]:
@@ -28,18 +28,19 @@ def checkpoint_files(checkpoint_dir: Path) -> List[Path]:
     return sorted(path for path in checkpoint_dir.iterdir() if CHECKPOINT_FILE_NAME.match(path.name))
 
 
-def trim_to_resume_point(run_dir: Path, checkpoint_dir: Path, step: int, epoch: int) -> None:
-    """Drop the records after the resume point (step `step`, `epoch` completed epochs)."""
-    dropped = drop_records_after(str(run_dir / METRICS_NAME), step)
+def rewind_to(run_dir: Path, checkpoint_dir: Path, step: int, epoch: int) -> None:
+    """Drop the lines of metrics.jsonl and results.jsonl after the resume point (step `step`, `epoch` completed
+    epochs)."""
+    dropped = drop_lines_after(str(run_dir / METRICS_NAME), step)
     if dropped:
-        logging.info(f"{METRICS_NAME}: removed {dropped} records after step {step}, which this run replays")
-    dropped = drop_records_after(str(checkpoint_dir / RESULTS_NAME), epoch, key="epoch")
+        logging.info(f"{METRICS_NAME}: removed {dropped} lines after step {step}, which this run replays")
+    dropped = drop_lines_after(str(checkpoint_dir / RESULTS_NAME), epoch, key="epoch")
     if dropped:
-        logging.info(f"{RESULTS_NAME}: removed {dropped} records after epoch {epoch}, which this run evaluates again")
+        logging.info(f"{RESULTS_NAME}: removed {dropped} lines after epoch {epoch}, which this run evaluates again")
 
 
-def set_aside_earlier_records(run_dir: Path, checkpoint_dir: Path) -> Optional[Path]:
-    """Move an earlier launch's records and checkpoint files into `started_over_<time>/` (logged); the
+def set_aside_earlier_launch(run_dir: Path, checkpoint_dir: Path) -> Optional[Path]:
+    """Move an earlier launch's metrics.jsonl, results.jsonl and checkpoint files into `started_over_<time>/` (logged); the
     folder, or None when there was nothing to move."""
     earlier = [path for path in (run_dir / METRICS_NAME, checkpoint_dir / RESULTS_NAME) if path.exists()]
     earlier += checkpoint_files(checkpoint_dir)

@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
+from training import RunDir
 from training.main import main
 from training.torchrun import with_separator
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 
 @pytest.mark.slow  # about 60 s on 2 cores, nearly all of it compiling

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from training import RunDir
 from training.main import main
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.margins import (
     DIRECTIONS,
     MARGIN_PANELS,

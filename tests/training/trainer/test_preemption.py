@@ -22,10 +22,10 @@ from helpers.run_utils import (
     wait_for_step,
     wait_until_gone,
 )
+from training import RunDir
 from training.main import main
 from training.trainer.launch.recipes import recipe_values
 from training.trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag, parse_preempt_signals
-from training.trainer.run_folder.layout import RunDir
 
 JOB_ID = "4242"
 STEPS_PER_EPOCH = 8

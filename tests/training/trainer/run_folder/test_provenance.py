@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from training import RunDir
 from training.loss_comparison.jobs import pretrained_identity
 from training.trainer.run_folder import provenance
-from training.trainer.run_folder.layout import RunDir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def _git(root: Path, *args: str) -> None:

@@ -23,7 +23,7 @@ from helpers.data_utils import (
 )
 from helpers.run_utils import processes_running
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
-from training.trainer.data.samples import SkipCounter
+from training.trainer.data.samples import MAX_NAMED_SHARDS, SkipCounter, merged_shard_visits
 from training.trainer.data.shards import check_sample_fields, check_shard_sample, read_shard
 
 
@@ -33,8 +33,11 @@ def test_every_kind_of_damage_is_skipped_and_counted(tmp_path):
     batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
     assert sorted(indices(batches)) == good_keys
     assert [text for b in batches for text in decode_texts(b[1])].count("caption 1") == 1  # the first copy wins
-    totals = sum(batch[3] for batch in batches)
+    totals = sum(batch[3].counts for batch in batches)
     assert dict(zip(SKIP_REASONS, totals.tolist())) == {reason: expected.get(reason, 0) for reason in SKIP_REASONS}
+    shard_visits = merged_shard_visits(*(batch[3].shard_visits for batch in batches))
+    b_tar, c_tar = urls.split("::")[1:]
+    assert shard_visits == {b_tar: {"bad_tar": 1}, c_tar: {"unreadable_shard": 1}}  # the shards cut short, named
 
 
 def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
@@ -51,7 +54,7 @@ def test_training_survives_damage_in_workers_and_reports_skips(tmp_path):
     batches = list(build_train_data(cfg, to_tensor, byte_tokenizer).dataloader)
     assert len(batches) == 12 and all(len(batch[2]) == 4 for batch in batches)
     assert set(indices(batches)) <= set(good_keys)
-    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    totals = dict(zip(SKIP_REASONS, sum(batch[3].counts for batch in batches).tolist()))
     assert all(totals[reason] > 0 for reason in ("bad_image", "unreadable_shard", "bad_tar", "duplicate_key"))
 
 
@@ -119,8 +122,8 @@ def test_shards_whose_images_all_fail_to_decode_stop_with_a_clear_error(tmp_path
 def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shards(demo_shards, tmp_path):
     """A `pipe:` command that fails (a missing object behind `aws s3 cp`, a command not found) is a skipped
     shard visit, counted apart from skipped samples; the run goes on with the shards that stream."""
+    from training import RunDir
     from training.main import main
-    from training.trainer.run_folder.layout import RunDir
 
     shards = [f"pipe:cat {demo_shards}/train/shard-{index:06d}.tar" for index in range(2)]
     failing = ["pipe:false", f"pipe:cat {tmp_path}/missing.tar"]
@@ -156,7 +159,12 @@ def test_failing_pipe_shards_are_skipped_and_counted_like_unreadable_local_shard
     assert epoch["skipped/unreadable_shard"] >= 2 and epoch["skipped_shard_visits"] == epoch["skipped/unreadable_shard"]
     assert epoch["skipped_samples"] == 0
     line = next(line for line in (tmp_path / "pipes" / "out.log").read_text().splitlines() if "Epoch 0 done" in line)
-    assert f"skipped shard visits: unreadable_shard {epoch['skipped/unreadable_shard']}, skipped samples: none" in line
+    named = "; ".join(
+        f"{url}: unreadable_shard {visits['unreadable_shard']}" for url, visits in epoch["skipped_shards"].items()
+    )
+    assert sorted(epoch["skipped_shards"]) == sorted(failing)  # the summary says which shards failed
+    visits = epoch["skipped/unreadable_shard"]
+    assert f"skipped shard visits: unreadable_shard {visits} ({named}), skipped samples: none" in line
 
 
 def test_the_startup_check_skips_a_stalled_pipe_shard_and_probes_past_a_first_shard_without_images(tmp_path):
@@ -194,7 +202,7 @@ def test_oversized_images_and_captions_in_shards_are_skipped_unread(tmp_path):
     )
     batches = list(build_val_data(cfg, to_tensor, byte_tokenizer).dataloader)
     assert indices(batches) == [0, 3, 4, 5]
-    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    totals = dict(zip(SKIP_REASONS, sum(batch[3].counts for batch in batches).tolist()))
     assert {reason: count for reason, count in totals.items() if count} == {
         "oversized_image": 1,
         "oversized_caption": 1,
@@ -249,3 +257,23 @@ def test_a_shard_cut_at_a_member_boundary_or_ending_in_a_lying_header_is_counted
             assert len(list(read_shard(str(tmp_path / f"{name}.tar"), counter, max_member_bytes=2**20))) == count
         assert dict(zip(SKIP_REASONS, counter.counts.tolist()))["bad_tar"] == 1
         assert f"shard {tmp_path / f'{name}.tar'} ended early (bad_tar): {error}" in caplog.text
+
+
+def test_merged_shard_visits_sum_by_shard_and_name_the_first_shards_only():
+    """An epoch's sums stay bounded however many shards are cut: the first MAX_NAMED_SHARDS shards seen are named
+    (their later visits still summed), the visits of the others are left to the skip counts."""
+    first = {f"s{i}.tar": {"bad_tar": 1} for i in range(MAX_NAMED_SHARDS - 1)}
+    second = {"s0.tar": {"bad_tar": 2, "unreadable_shard": 1}, "late.tar": {"bad_tar": 1}, "later.tar": {"bad_tar": 5}}
+    merged = merged_shard_visits(first, second)
+    assert list(merged) == [*first, "late.tar"] and "later.tar" not in merged
+    assert merged["s0.tar"] == {"bad_tar": 3, "unreadable_shard": 1}
+    assert first["s0.tar"] == {"bad_tar": 1}  # the inputs are left as they were
+
+
+def test_a_skip_counter_hands_over_the_shards_of_its_cut_visits_once():
+    counter = SkipCounter()
+    counter.add("bad_tar", shard="cut.tar")
+    counter.add("bad_image")
+    counts, shard_visits = counter.take()
+    assert dict(zip(SKIP_REASONS, counts.tolist()))["bad_tar"] == 1 and shard_visits == {"cut.tar": {"bad_tar": 1}}
+    assert counter.take().shard_visits == {} and int(counter.take().counts.sum()) == 0

@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from helpers.run_utils import assert_same_final_state, losses_by_step
+from training import ConfigError, RunDir
 from training import main as entry
 from training.main import main
 from training.trainer.data import DataPosition
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine import checkpoint as ckpt
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
-from training.trainer.launch.params import ConfigError
 from training.trainer.launch.resume import ResumeError, ResumeRequest, check_resume, translated_position
 from training.trainer.run_folder import safe_write
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
-from training.trainer.run_folder.layout import RunDir
 
 STEPS_PER_EPOCH = 8
 

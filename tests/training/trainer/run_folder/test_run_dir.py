@@ -5,12 +5,11 @@ import sys
 import pytest
 
 from open_clip_adacl import get_loss_class
+from training import ConfigError, RunDir
 from training.trainer.distributed import DistributedEnv
-from training.trainer.flags import ConfigError
 from training.trainer.launch.config import LossConfig
-from training.trainer.launch.folder import LossRecords, RunPaths
+from training.trainer.launch.folder import LossJournals, RunPaths
 from training.trainer.launch.trainer import build_loss
-from training.trainer.run_folder.layout import RunDir
 
 ClipLoss = get_loss_class("clip")
 
@@ -53,7 +52,7 @@ def test_the_shell_form_prints_the_final_checkpoint(tmp_path):
     assert result.stdout.strip() == str(run.checkpoint_dir / "epoch_10.pt")
 
 
-def test_records_by_kind_leave_out_a_line_still_being_written(tmp_path):
+def test_lines_by_kind_leave_out_a_line_still_being_written(tmp_path):
     run = RunDir(tmp_path)
     assert run.metrics() == [] and run.results() == []  # nothing logged yet
     lines = [
@@ -66,43 +65,43 @@ def test_records_by_kind_leave_out_a_line_still_being_written(tmp_path):
     assert run.metrics() == lines
 
 
-class RecordingLoss:
-    """A loss's `records()` as the trainer sees it: whatever the test sets."""
+class JournalingLoss:
+    """A loss's `journals()` as the trainer sees it: whatever the test sets."""
 
     def __init__(self):
         self.now = {}
 
-    def records(self):
+    def journals(self):
         return self.now
 
 
-def test_the_loss_records_are_written_when_they_change_on_rank_0_only(tmp_path):
-    loss = RecordingLoss()
-    records = LossRecords(loss, RunPaths("run", str(tmp_path), None, None), DistributedEnv())
-    path = RunDir(tmp_path).loss_record_path("choices")
-    records.update()
+def test_the_loss_journals_are_written_when_they_change_on_rank_0_only(tmp_path):
+    loss = JournalingLoss()
+    journals = LossJournals(loss, RunPaths("run", str(tmp_path), None, None), DistributedEnv())
+    path = RunDir(tmp_path).loss_journal_path("choices")
+    journals.update()
     assert not path.exists()  # nothing recorded yet: no file
     loss.now = {"choices": [{"rows": 32, "choice": "eager"}]}
-    records.update()
+    journals.update()
     assert json.loads(path.read_text()) == [{"rows": 32, "choice": "eager"}]
     path.write_text("left alone")
-    records.update()  # unchanged: not rewritten
+    journals.update()  # unchanged: not rewritten
     assert path.read_text() == "left alone"
     loss.now = {"choices": [{"rows": 32, "choice": "eager"}, {"rows": 16, "choice": "eager"}]}
-    records.update()
+    journals.update()
     assert len(json.loads(path.read_text())) == 2
-    other_rank = LossRecords(loss, RunPaths("run", str(tmp_path / "rank1"), None, None), DistributedEnv(rank=1))
+    other_rank = LossJournals(loss, RunPaths("run", str(tmp_path / "rank1"), None, None), DistributedEnv(rank=1))
     other_rank.update()
     assert not (tmp_path / "rank1").exists()
 
 
-def test_a_loss_record_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
-    loss = RecordingLoss()
+def test_a_loss_journal_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
+    loss = JournalingLoss()
     loss.now = {"choices": [1]}
-    records = LossRecords(loss, RunPaths("run", str(tmp_path / "gone"), None, None), DistributedEnv())
+    journals = LossJournals(loss, RunPaths("run", str(tmp_path / "gone"), None, None), DistributedEnv())
     with caplog.at_level("WARNING"):
-        records.update()
-        records.update()  # the same record: not tried again, nor logged again
+        journals.update()
+        journals.update()  # the same journal: not tried again, nor logged again
     assert caplog.text.count("Could not write") == 1 and "training goes on" in caplog.text
 
 

@@ -8,12 +8,12 @@ from typing import ClassVar
 import pytest
 
 from helpers.registries import scratch_entries
+from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.engine import schedule
 from training.trainer.engine.schedule import SchedulerConfig, register_schedule, registered_schedules
 from training.trainer.flags import HelpGroup, flag
-from training.trainer.launch.params import ConfigError, build_parser
-from training.trainer.run_folder.layout import RunDir
+from training.trainer.launch.params import build_parser
 
 NAME = "halving"
 

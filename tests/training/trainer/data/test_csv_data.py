@@ -8,11 +8,10 @@ import pytest
 import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
+from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
 from training.trainer.data.sources.csv_file import CsvFile
-from training.trainer.launch.params import ConfigError
-from training.trainer.run_folder.layout import RunDir
 
 NUM_GOOD = 64
 # Rows 10-12: a missing image file, an empty caption, a row cut short before the caption.
@@ -67,7 +66,7 @@ def test_rows_become_samples_indexed_by_row_number_and_bad_rows_are_counted(csv_
         seen = [index for batch in batches for index in batch[2].tolist()]
         assert sorted(seen) == GOOD_ROWS  # every good row once, in a new order each epoch
         assert all(list(batch[1]) == [rows[index][1] for index in batch[2].tolist()] for batch in batches)
-        skipped_per_epoch.append(dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist())))
+        skipped_per_epoch.append(dict(zip(SKIP_REASONS, sum(batch[3].counts for batch in batches).tolist())))
     # A bad row is counted when the epoch's permutation reaches it before the last good row.
     assert all(counts[reason] <= 1 for counts in skipped_per_epoch for reason in BAD_ROWS)
     assert all(sum(counts.values()) == sum(counts[reason] for reason in BAD_ROWS) for counts in skipped_per_epoch)
@@ -77,7 +76,7 @@ def test_rows_become_samples_indexed_by_row_number_and_bad_rows_are_counted(csv_
 def test_validation_reads_every_row_once_in_order(csv_dataset):
     batches = list(build_val_data(csv_config(csv_dataset), to_tensor, lambda texts: texts).dataloader)
     assert [index for batch in batches for index in batch[2].tolist()] == GOOD_ROWS
-    assert dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist())) == {
+    assert dict(zip(SKIP_REASONS, sum(batch[3].counts for batch in batches).tolist())) == {
         **dict.fromkeys(SKIP_REASONS, 0),
         **BAD_ROWS,
     }
@@ -148,7 +147,7 @@ def test_devices_fifos_and_oversized_files_are_skipped_with_their_own_reasons(cs
     cfg = csv_config(path, max_image_bytes=max_image, max_caption_bytes=1000)
     batches = list(build_val_data(cfg, to_tensor, lambda texts: texts).dataloader)
     assert [index for batch in batches for index in batch[2].tolist()] == list(range(8))
-    totals = dict(zip(SKIP_REASONS, sum(batch[3] for batch in batches).tolist()))
+    totals = dict(zip(SKIP_REASONS, sum(batch[3].counts for batch in batches).tolist()))
     assert {reason: count for reason, count in totals.items() if count} == {
         "not_a_file": 2,
         "oversized_image": 1,
