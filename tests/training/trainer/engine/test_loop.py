@@ -1,5 +1,6 @@
 """The trainer end to end on the demo shards (`main(argv)`), and the loop's step rules on small inputs."""
 
+import dataclasses
 import logging
 import math
 import re
@@ -129,7 +130,11 @@ def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
     assert list((run / "tensorboard").iterdir())
 
     params_txt = (run / "params.txt").read_text()
-    assert "loss: clip" in params_txt and "loss_options: {}" in params_txt and "precision: fp32" in params_txt
+    assert (
+        "loss: clip" in params_txt
+        and "loss_options: {'shared_matmul': False}" in params_txt
+        and "precision: fp32" in params_txt
+    )
     out_log = (run / "out.log").read_text()
     assert "Train Epoch: 2 [512/512 (100%)]" in out_log and "Done: 3 epochs, 48 steps" in out_log
     check_openclip_log_lines(out_log, steps, steps_per_epoch=16, batch_size=32)
@@ -325,7 +330,7 @@ def test_the_epoch_summary_names_the_shards_whose_visits_were_cut_short(tmp_path
         visits = {shards[0]: {"bad_tar": 1}, shards[i]: {"bad_tar": 1}}
         batches[i] = (*batch[:3], Skipped(torch.tensor([2, 0]), visits))
     trainer, _ = _trainer(tmp_path)
-    trainer.skip_reasons = ("bad_tar", "empty_caption")
+    trainer = dataclasses.replace(trainer, skip_reasons=("bad_tar", "empty_caption"))
     with caplog.at_level(logging.INFO):
         result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
     named = {shards[0]: {"bad_tar": len(batches)}, **{shard: {"bad_tar": 1} for shard in shards[1:MAX_NAMED_SHARDS]}}
