@@ -5,8 +5,9 @@ image that differs by a mark. AdaCL's discovery reads that off one direction's c
 through two Gaussian fits (docs/method.md §3.1-3.3, `gda`). The other signals here read it off what the
 batch already holds: the captions' features against each other (`text`), the images' (`image`), the
 captions' token ids (`tokens`: the share of a caption's information the two captions share), both
-cross-modal directions at once (`cross_both`, `gda_both`), and combinations of them (the mean of their
-scores, each standardized over its row's negatives). A score that is not a posterior flags a negative that
+cross-modal directions at once (`cross_both`, `gda_both`), combinations of them (the mean of their
+scores, each standardized over its row's negatives), and persistence over steps (`persistence`: a pair's score
+averaged over the steps where it met, from a `score_memory.PairScoreMemory` keyed by sample ids). A score that is not a posterior flags a negative that
 stands `STANDARD_THRESHOLD` standard deviations above its row's negatives (`flag_clones`).
 
 Every signal is a function of one `PairInputs` (this rank's rows against the N columns of the global
@@ -28,6 +29,7 @@ import torch
 
 from . import adacl_math
 from .distributed import RowGroup, gather_no_grad
+from .score_memory import PairScoreMemory
 from .selection import batch_reference, summarize_rows
 
 DIRECTIONS = ("i2t", "t2i")
@@ -56,6 +58,12 @@ class PairInputs:
     rows: RowGroup  # reductions over the ranks sharing the rows
     query_tokens: Optional[torch.Tensor] = None  # rows x L token ids (0: padding), or None
     all_tokens: Optional[torch.Tensor] = None  # N x L
+    all_ids: Optional[torch.Tensor] = None  # N sample ids of the columns (the trainer's sample index), or None
+    memory: Optional[PairScoreMemory] = None  # past scores per pair of sample ids (`persistence`), or None
+
+    @property
+    def query_ids(self) -> torch.Tensor:
+        return self.all_ids[self.positive_col]
 
 
 def pair_inputs(
@@ -70,10 +78,14 @@ def pair_inputs(
     rows: RowGroup,
     local_tokens: Optional[torch.Tensor] = None,
     world_size: int = 1,
+    all_ids: Optional[torch.Tensor] = None,
+    memory: Optional[PairScoreMemory] = None,
 ) -> PairInputs:
     """The signals' inputs from what a loss holds (features already gathered), detached. `local_tokens` are this
     rank's samples' token ids; they are gathered here, once per step (every rank holds the same number of
-    samples, as for the features); a rank that holds every row (no `--local-loss`) queries with all of them."""
+    samples, as for the features); a rank that holds every row (no `--local-loss`) queries with all of them.
+    `all_ids` (the global batch's sample ids, gathered as the loss gathers them) and `memory` feed
+    `persistence`."""
     all_tokens = gather_no_grad(local_tokens, world_size)
     query_tokens = local_tokens if rows.split_across_ranks else all_tokens
     return PairInputs(
@@ -87,6 +99,8 @@ def pair_inputs(
         rows,
         query_tokens,
         all_tokens,
+        all_ids,
+        memory,
     )
 
 
@@ -265,6 +279,46 @@ COMBINATIONS = {
 }
 for _name, _parts in COMBINATIONS.items():
     register_signal(_name, needs_tokens="tokens" in _parts)(partial(mean_of_standardized, names=_parts))
+
+
+# Persistence over steps: the memory holds the row-standardized score of this signal (the model's own views; no
+# token ids needed), and the combination adds the best signal measured without memory.
+PERSISTENCE_BASE = "features"
+
+
+def persistence_current(inputs: PairInputs) -> torch.Tensor:
+    """rows x N: this step's row-standardized PERSISTENCE_BASE score (the same in both directions)."""
+    return standardized_over_negatives(SIGNALS[PERSISTENCE_BASE](inputs, "i2t").float(), negative_mask(inputs))
+
+
+@register_signal("persistence")
+def persistence_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """This step's score averaged with the pair's past ones (`PairScoreMemory.blend`); without a memory, or for
+    a pair met for the first time, this step's score."""
+    current = persistence_current(inputs)
+    if inputs.memory is None:
+        return current
+    if inputs.all_ids is None:
+        raise ValueError("the persistence signal keys its memory by sample ids (PairInputs.all_ids)")
+    return inputs.memory.blend(inputs.query_ids, inputs.all_ids, current)
+
+
+register_signal("persistence_text_image_tokens", needs_tokens=True)(
+    partial(mean_of_standardized, names=("persistence", "text_image_tokens"))
+)
+PERSISTENT = ("persistence", "persistence_text_image_tokens")  # the signals that read a PairScoreMemory
+
+
+def persistence_update(inputs: PairInputs, world_size: int):
+    """What the memory should take from this step: (row ids, column ids, scores, pairs to keep) for every row of
+    the global batch, a rank's rows gathered from every rank (a collective: call it on every rank, in the
+    forward), so that every rank's memory takes the same update. Write it with `inputs.memory.update(*...)`."""
+    current = persistence_current(inputs)
+    if inputs.rows.split_across_ranks:
+        current = gather_no_grad(current, world_size)  # ranks hold consecutive rows, in rank order
+        rows = torch.arange(current.shape[0], device=current.device)
+        return inputs.all_ids, inputs.all_ids, current, rows[:, None] != rows[None, :]
+    return inputs.query_ids, inputs.all_ids, current, negative_mask(inputs)
 
 
 def negative_mask(inputs: PairInputs) -> torch.Tensor:

@@ -98,7 +98,7 @@ def test_the_token_signals_say_they_need_token_ids():
     inputs = pair_inputs(
         image @ text.T, text @ image.T, torch.arange(N), image, text, image, text, torch.tensor(SCALE), RowGroup(False)
     )
-    assert NEEDS_TOKENS == {"tokens", "text_image_tokens", "all"}
+    assert NEEDS_TOKENS == {"tokens", "text_image_tokens", "all", "persistence_text_image_tokens"}
     with pytest.raises(ValueError, match="needs the captions' token ids"):
         clone_scores(inputs, "tokens", "i2t")
 

@@ -17,20 +17,24 @@ the fits are `selection.batch_reference`'s, shared by every rank; the weights ar
 `gda_both` (both directions' posteriors must agree; soft, as the posterior), or a score flagged where it stands
 `threshold` standard deviations above its row's negatives (`clone_signals.flag_clones`; p is then 0 or 1). The
 token signals read the captions' token ids, which the trainer passes to a loss that `takes_text_tokens`.
-docs/clone_signals.md measures each signal's precision and recall.
+The persistence signals read a memory of past scores per pair of sample ids (`score_memory.PairScoreMemory`,
+`memory_momentum` the weight of the newest score), which a training step updates at `commit()` and which is
+not checkpointed (a resumed run starts it empty). docs/clone_signals.md measures each signal's precision and
+recall.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
 from .. import adacl_math, clone_signals
+from ..score_memory import PairScoreMemory
 from ..selection import batch_reference, summarize_rows
 from .base import ContrastiveLoss, GlobalBatch
-from .options import LossOptions, option
+from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
 
 
@@ -74,6 +78,11 @@ class PosteriorWeightedLoss(ContrastiveLoss):
             "a signal other than gda, gda_both flags a negative this many standard deviations "
             "above its row's negatives",
         )
+        memory_momentum: float = option(
+            0.5,
+            "the persistence signals: the weight of this step's score in a pair's moving average over "
+            "the steps it met (1: no memory)",
+        )
 
         def check(self) -> None:
             super().check()
@@ -83,9 +92,20 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                 raise ValueError(f"prior_ratio must be > 0, got {self.prior_ratio}")
             if self.std_floor < 0:
                 raise ValueError(f"std_floor must be >= 0, got {self.std_floor}")
+            if not 0 < self.memory_momentum <= 1:
+                raise ValueError(f"memory_momentum must be in (0, 1], got {self.memory_momentum}")
 
     console_stats = ("clone_share",)
     takes_text_tokens = True
+
+    def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
+        super().__init__(options, dist)
+        persistent = self.options.discovery in clone_signals.PERSISTENT
+        self._memory = PairScoreMemory(self.options.memory_momentum) if persistent else None
+
+    def reset_state(self) -> None:
+        if self._memory is not None:
+            self._memory.clear()
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, text_tokens=None, **inputs):
         if self.options.discovery in clone_signals.NEEDS_TOKENS and text_tokens is None:
@@ -113,12 +133,29 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                 batch.rows,
                 self._text_tokens if self.options.discovery in clone_signals.NEEDS_TOKENS else None,
                 self.dist.world_size,
+                batch.sample_index,
+                self._memory,
             )
         )
+        if self._memory is not None:
+            self._stage_memory_update(batch)
         try:
             return super().symmetric_loss(batch)
         finally:
             self._pairs = self._text_tokens = None  # not kept past the step
+
+    def _stage_memory_update(self, batch: GlobalBatch) -> None:
+        """In training, this step's scores of the whole global batch (gathered now, on every rank) for the memory,
+        written at `commit()`; an evaluation pass reads the memory and leaves it."""
+        if batch.sample_index is None:
+            raise ValueError(
+                f"adaclw:discovery={self.options.discovery} keys its memory by sample ids: pass sample_index= "
+                "(the trainer does)"
+            )
+        if self.training:
+            update = clone_signals.persistence_update(self._pairs, self.dist.world_size)
+            memory = self._memory
+            self.stage_update(lambda: memory.update(*update))
 
     def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
         logits = batch.logits(direction)

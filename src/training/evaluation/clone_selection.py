@@ -23,10 +23,15 @@ the tokenizer truncates the edit away, and then the model cannot tell the captio
 Family selection: a sample's json may also list its whole family of siblings (`"family": [caption, ...]`,
 the glyph benchmark's, `training.glyphs`); `family_acc` is then the fraction of images whose true caption
 beats every sibling's (picking the true member among its family; chance is 1 / (siblings + 1)), and the
-`family_*margin` metrics use the closest sibling. The family is kept out of the pooled `overall` metrics.
+`family_*margin` metrics use the closest sibling. When the json also names each sibling's kind
+(`"family_kinds"`, parallel to `"family"`), the same is reported over the siblings that are not of the
+`mark` kind (`family_without_mark_*`: a glyph's diacritic-mark siblings differ by a few pixels, and every
+loss sits near chance on them) and over the mark siblings alone (`family_mark_*`). The family groups are
+kept out of the pooled `overall` metrics.
 
 Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
-`{"caption": str, "clones": {edit_type: str or null}, "family": [str, ...] (optional)}` (written by
+`{"caption": str, "clones": {edit_type: str or null}, "family": [str, ...] (optional), "family_kinds": [str, ...]
+(optional)}` (written by
 `training.synthetic_scenes.writers` and `training.glyphs.writers`).
 """
 
@@ -44,6 +49,25 @@ from PIL import Image
 # (image, true caption, {edit type: clone caption, FAMILY: [every sibling's caption]})
 CloneSample = tuple[Image.Image, str, dict[str, "str | list[str]"]]
 FAMILY = "family"  # the group of every sibling: its similarity is the closest sibling's
+FAMILY_WITHOUT_MARK = "family_without_mark"  # the siblings of every kind but `mark`
+FAMILY_MARK = "family_mark"  # the `mark` siblings alone
+FAMILY_GROUPS = (FAMILY, FAMILY_WITHOUT_MARK, FAMILY_MARK)  # reported, never pooled into `overall`
+MARK_KIND = "mark"
+
+
+def family_groups(family: list[str], kinds: list[str] | None) -> dict[str, list[str]]:
+    """FAMILY: every sibling's caption; with their kinds, also the non-mark and the mark siblings (a group
+    only when it has a member)."""
+    groups = {FAMILY: list(family)}
+    if kinds is None:
+        return groups
+    if len(kinds) != len(family):
+        raise ValueError(f"family_kinds lists {len(kinds)} kinds for {len(family)} siblings")
+    for name, keep in ((FAMILY_WITHOUT_MARK, lambda kind: kind != MARK_KIND), (FAMILY_MARK, MARK_KIND.__eq__)):
+        members = [caption for caption, kind in zip(family, kinds) if keep(kind)]
+        if members:
+            groups[name] = members
+    return groups
 
 
 def read_clone_selection(data_dir: str | Path) -> Iterator[CloneSample]:
@@ -56,7 +80,7 @@ def read_clone_selection(data_dir: str | Path) -> Iterator[CloneSample]:
     for image, meta in dataset:
         clones = {edit: text for edit, text in meta["clones"].items() if text}
         if meta.get(FAMILY):
-            clones[FAMILY] = list(meta[FAMILY])
+            clones.update(family_groups(meta[FAMILY], meta.get("family_kinds")))
         yield image, meta["caption"], clones
 
 
@@ -67,15 +91,15 @@ def clone_selection_accuracy(
 
     true_similarity: (N,) cos(image i, true caption i).
     clone_similarity: edit type -> (N,) cos(image i, clone i of that type), NaN where image i has none.
-    Returns `<edit>_acc` per edit type and `overall_acc` over all (image, clone) pairs (FAMILY, the closest
-    of a family, is reported but not pooled).
+    Returns `<edit>_acc` per edit type and `overall_acc` over all (image, clone) pairs (the FAMILY_GROUPS,
+    the closest of a family, are reported but not pooled).
     """
     metrics, num_correct, num_pairs = {}, 0, 0
     for edit, similarity in sorted(clone_similarity.items()):
         present = ~similarity.isnan()
         correct = true_similarity[present] > similarity[present]
         metrics[f"{edit}_acc"] = correct.float().mean().item()
-        if edit != FAMILY:
+        if edit not in FAMILY_GROUPS:
             num_correct += int(correct.sum())
             num_pairs += int(present.sum())
     metrics["overall_acc"] = num_correct / num_pairs
@@ -98,7 +122,7 @@ def clone_selection_margins(
     for edit, similarity in sorted(clone_similarity.items()):
         present = ~similarity.isnan()
         margins[edit] = true_similarity[present].double() - similarity[present].double()
-    margins["overall"] = torch.cat([margin for edit, margin in margins.items() if edit != FAMILY])
+    margins["overall"] = torch.cat([margin for edit, margin in margins.items() if edit not in FAMILY_GROUPS])
     metrics = {}
     for name, margin in margins.items():
         metrics[f"{name}_cos_margin"] = margin.mean().item()
@@ -146,7 +170,7 @@ def clone_similarities(
             true_tokens = tokenizer([caption for _, caption, _ in batch]).to(device)
             true_features = encode_normalized(model.encode_text, true_tokens)
             true_similarity.append((image_features * true_features).sum(-1).cpu())
-            # (row in batch, edit, clone caption) for every clone of every image, encoded in one call; a FAMILY
+            # (row in batch, edit, clone caption) for every clone of every image, encoded in one call; a family
             # group contributes each of its captions, and the closest one counts
             clones = [
                 (row, edit, text)

@@ -15,7 +15,8 @@ letters. Then:
     val/...                       the val glyphs, gold captions (validation retrieval, the collapse check)
     benchmark/glyph_retrieval/    clip-benchmark `wds/` retrieval on the test glyphs (one gold caption each)
     clone_selection/              the test glyphs: <key>.png + <key>.json {"key", "caption",
-                                  "clones": {kind: a sibling's caption}, "family": [every sibling's caption]}
+                                  "clones": {kind: a sibling's caption}, "family": [every sibling's caption],
+                                  "family_kinds": [each sibling's kind]}
 
 The weak captioner keeps the letter (`latin small letter e`) and drops each detail group (the marks, the
 weight word, the slant word, the typeface word) with probability `weak_drop`, per sample: the method's
@@ -260,8 +261,8 @@ def _plain_samples(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> 
 def _clone_samples(
     test: Sequence[Glyph], siblings: SiblingIndex, seed: int, first_key: int, image_size: int, family_size: int
 ) -> Iterator[dict]:
-    """Each test glyph with one sibling caption per kind (`clones`) and its family's captions (`family`): the
-    siblings a training family of the same size would hold around it as base."""
+    """Each test glyph with one sibling caption per kind (`clones`), its family's captions (`family`) and their
+    kinds (`family_kinds`): the siblings a training family of the same size would hold around it as base."""
     for offset, glyph in enumerate(test):
         rng = np.random.default_rng([seed, _STREAMS["test"], offset])
         family = family_around(glyph, rng, siblings, family_size)
@@ -275,6 +276,7 @@ def _clone_samples(
             {},
             clones=clones,
             family=[sibling.caption for _, sibling in family],
+            family_kinds=[kind for kind, _ in family],
         )
 
 

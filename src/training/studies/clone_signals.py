@@ -35,12 +35,14 @@ from open_clip_adacl.clone_signals import (
     POSTERIORS,
     SIGNALS,
     STANDARD_THRESHOLD,
+    PairInputs,
     clone_scores,
     flag_clones,
     pair_inputs,
     standardized_over_negatives,
 )
 from open_clip_adacl.distributed import RowGroup
+from open_clip_adacl.score_memory import PairScoreMemory
 from training.discover.model import load_discovery_model
 
 from .glyph_benchmark import DATA, PRETRAINING
@@ -91,6 +93,29 @@ def training_batches(family: torch.Tensor, seed: int, limit: Optional[int]) -> L
     return batches[:limit] if limit else batches
 
 
+def batch_inputs(
+    encoded: EncodedSamples, caption_key: str, index: torch.Tensor, memory: Optional[PairScoreMemory] = None
+) -> PairInputs:
+    """The signals' inputs of one training batch held by one process; its sample indices key `memory` (the
+    persistence signals' past scores; without one they read this batch's scores alone)."""
+    image, text = encoded.image[index], encoded.text[caption_key][index]
+    logits = encoded.logit_scale * image @ text.T
+    return pair_inputs(
+        logits,
+        logits.T,
+        torch.arange(index.numel()),
+        image,
+        text,
+        image,
+        text,
+        encoded.logit_scale,
+        RowGroup(False),
+        local_tokens=encoded.tokens[caption_key][index],
+        all_ids=index,
+        memory=memory,
+    )
+
+
 def score_cell(
     encoded: EncodedSamples, caption_key: str, batches: Sequence[torch.Tensor], threshold: float
 ) -> Dict[str, dict]:
@@ -98,21 +123,8 @@ def score_cell(
     and its flags at the operating point (`flagged`) and at the neighbouring cuts."""
     found = {name: {} for name in SIGNALS}
     for index in batches:
-        image, text = encoded.image[index], encoded.text[caption_key][index]
-        logits = encoded.logit_scale * image @ text.T
-        positive_col = torch.arange(index.numel())
-        inputs = pair_inputs(
-            logits,
-            logits.T,
-            positive_col,
-            image,
-            text,
-            image,
-            text,
-            encoded.logit_scale,
-            RowGroup(False),
-            local_tokens=encoded.tokens[caption_key][index],
-        )
+        inputs = batch_inputs(encoded, caption_key, index)
+        positive_col = inputs.positive_col
         family = encoded.family[index]
         negative = positive_col[:, None] != positive_col[None, :]
         sibling = (family[:, None] == family[None, :]) & negative

@@ -145,8 +145,29 @@ def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
     assert float(loss_fn.stats["i2t/clone_share"]) == pytest.approx(8 / 56)
 
 
-@pytest.mark.parametrize("discovery", ["gda_both", "features"])
+@pytest.mark.parametrize("discovery", ["gda_both", "features", "persistence"])
 def test_two_ranks_match_single_process_with_another_discovery(discovery):
     assert_ranks_match_single_process(
         "adaclw", {"weight": 16.0, "discovery": discovery}, make_batches(2, 8, 8, data_size=16, seed=3)
     )
+
+
+def test_the_persistence_memory_moves_at_commit_only_and_needs_sample_ids():
+    batches = make_batches(3, 8, 8, data_size=10, seed=4)  # 8 of 10 ids a step: pairs meet again
+    loss_fn = create_loss("adaclw", weight=16.0, discovery="persistence", memory_momentum=0.5)
+    x, y, index = batches[0]
+    with pytest.raises(ValueError, match="keys its memory by sample ids"):
+        loss_fn(x, y, torch.tensor(LOGIT_SCALE))
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)  # a forward drops the update staged before it
+    assert len(loss_fn._memory) == 0
+    loss_fn.commit()
+    assert len(loss_fn._memory) == 8 * 7
+    loss_fn.eval()
+    loss_fn(*batches[1][:2], torch.tensor(LOGIT_SCALE), sample_index=batches[1][2])
+    loss_fn.commit()
+    assert len(loss_fn._memory) == 8 * 7  # an evaluation pass reads the memory and leaves it
+    loss_fn.reset_state()
+    assert len(loss_fn._memory) == 0
+    with pytest.raises(ValueError, match="memory_momentum must be in"):
+        create_loss("adaclw", discovery="persistence", memory_momentum=1.5)

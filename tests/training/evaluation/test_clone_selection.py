@@ -13,9 +13,13 @@ from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 from training.evaluation.clone_selection import (
+    FAMILY,
+    FAMILY_MARK,
+    FAMILY_WITHOUT_MARK,
     clone_selection_accuracy,
     clone_selection_margins,
     evaluate_clone_selection,
+    family_groups,
     read_clone_selection,
 )
 
@@ -135,6 +139,35 @@ def test_known_answer_for_a_model_that_sees_only_colour(tmp_path):
     assert with_margins["shape_margin"] == with_margins["size_margin"] == with_margins["relation_margin"] == 0.0
     assert with_margins["color_margin"] > 5.0  # of at most 10 x (1 - 0)
     assert with_margins["overall_margin"] == pytest.approx(with_margins["color_margin"] * 4 / 8)
+
+
+def test_family_groups_split_the_siblings_by_kind():
+    family = ["a with acute", "A", "a bold", "a with grave"]
+    groups = family_groups(family, ["mark", "case", "weight", "mark"])
+    assert groups == {
+        FAMILY: family,
+        FAMILY_WITHOUT_MARK: ["A", "a bold"],
+        FAMILY_MARK: ["a with acute", "a with grave"],
+    }
+    assert family_groups(family, None) == {FAMILY: family}  # no kinds: the whole family only
+    assert family_groups(["A"], ["case"]) == {FAMILY: ["A"], FAMILY_WITHOUT_MARK: ["A"]}
+    with pytest.raises(ValueError, match="2 kinds for 4 siblings"):
+        family_groups(family, ["mark", "case"])
+
+
+def test_no_family_group_is_pooled():
+    true = torch.tensor([0.5, 0.5])
+    clones = {
+        "mark": torch.tensor([0.4, 0.6]),
+        FAMILY: torch.tensor([0.6, 0.6]),
+        FAMILY_WITHOUT_MARK: torch.tensor([0.4, 0.4]),
+        FAMILY_MARK: torch.tensor([0.6, 0.7]),
+    }
+    metrics = clone_selection_accuracy(true, clones)
+    assert metrics["overall_acc"] == pytest.approx(1 / 2)
+    assert metrics["family_without_mark_acc"] == 1.0 and metrics["family_mark_acc"] == 0.0
+    margins = clone_selection_margins(true, clones, logit_scale=10.0)
+    assert margins["overall_cos_margin"] == pytest.approx(0.0, abs=1e-6)  # the mark pairs' +0.1 and -0.1 only
 
 
 def test_margins_need_a_logit_scale(tmp_path):

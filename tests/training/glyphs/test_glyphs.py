@@ -9,7 +9,14 @@ import torch
 import webdataset as wds
 
 from training import RunDir
-from training.evaluation.clone_selection import FAMILY, clone_selection_accuracy, read_clone_selection
+from training.evaluation.clone_selection import (
+    FAMILY,
+    FAMILY_GROUPS,
+    FAMILY_MARK,
+    FAMILY_WITHOUT_MARK,
+    clone_selection_accuracy,
+    read_clone_selection,
+)
 from training.glyphs import ATTRIBUTE_KINDS, FACES, SiblingIndex, all_glyphs, covered_letters, write_glyph_dataset
 from training.glyphs.catalogue import Glyph, parse_letter
 from training.glyphs.rendering import render_glyph
@@ -96,7 +103,7 @@ def test_the_clone_selection_set_lists_each_test_glyphs_family(glyph_data):
     for _, caption, clones in list(read_clone_selection(glyph_data / "clone_selection"))[:50]:
         family = clones[FAMILY]
         assert 3 <= len(family) <= 7 and caption not in family and len(set(family)) == len(family)
-        kinds = [kind for kind in clones if kind != FAMILY]
+        kinds = [kind for kind in clones if kind not in FAMILY_GROUPS]
         assert set(kinds) <= set(ATTRIBUTE_KINDS) and {"weight", "slant", "typeface"} <= set(kinds)
         assert all(clones[kind] in family for kind in kinds)
 
@@ -118,6 +125,16 @@ def test_the_manifest_counts_weak_caption_duplicates_and_records_the_licence(gly
     assert "Bitstream" in (glyph_data / "LICENSE_DEJAVU").read_text()
     assert "DejaVu" in (glyph_data / "ORIGIN.md").read_text()
     assert (glyph_data / "benchmark" / "glyph_retrieval" / "dataset_type.txt").read_text() == "retrieval\n"
+
+
+def test_the_clone_selection_set_splits_each_family_into_mark_and_other_siblings(glyph_data):
+    samples = list(read_clone_selection(glyph_data / "clone_selection"))[:50]
+    for _, _, clones in samples:
+        others, marks = clones.get(FAMILY_WITHOUT_MARK, []), clones.get(FAMILY_MARK, [])
+        assert sorted(others + marks) == sorted(clones[FAMILY])
+        assert ("mark" in clones) == bool(marks) and clones.get("mark") in [*marks, None]
+    assert any(clones.get(FAMILY_MARK) for _, _, clones in samples)
+    assert all(clones.get(FAMILY_WITHOUT_MARK) for _, _, clones in samples)
 
 
 def test_family_accuracy_needs_the_true_caption_above_every_sibling():

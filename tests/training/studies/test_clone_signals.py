@@ -66,3 +66,33 @@ def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
     assert (tmp_path / "look_pr.png").stat().st_size > 0 and "[look_pr.png](look_pr.png)" in report
     lines = (tmp_path / "look_pr.csv").read_text().splitlines()
     assert lines[0] == "cell,signal,recall,precision" and len(lines) == 1 + 2 * len(SIGNALS) * 101
+
+
+def test_the_persistence_replay_keys_the_memory_by_sample_ids_across_epochs(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    bench = _benchmark(monkeypatch)
+    spec = importlib.util.spec_from_file_location(
+        "clone_persistence_benchmark", REPO / "scripts" / "clone_persistence_benchmark.py"
+    )
+    persistence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(persistence)
+    g = torch.Generator().manual_seed(0)
+    family = torch.arange(128) // 8  # 16 families: 2 batches an epoch
+    centre = torch.randn(16, 8, generator=g)[family]
+
+    def encoded(seed):  # the features move between checkpoints
+        noise = torch.Generator().manual_seed(seed)
+        image = F.normalize(centre + 0.8 * torch.randn(128, 8, generator=noise), dim=-1)
+        text = F.normalize(centre + 0.8 * torch.randn(128, 8, generator=noise), dim=-1)
+        tokens = torch.stack([torch.tensor([49406, 100 + int(f), 49407]) for f in family])
+        return bench.EncodedSamples(family, image, {"txt": text}, {"txt": tokens}, torch.tensor(14.0))
+
+    monkeypatch.setattr(bench, "encode_samples", lambda samples, checkpoint: encoded(int(checkpoint)))
+    monkeypatch.setattr(persistence, "signal_benchmark", bench)
+    scored = persistence.replay(None, ["1", "2", "3"], momentum=0.5, threshold=1.5)
+    negatives = 2 * 2 * 64 * 63  # the last epoch's 2 batches, both directions
+    assert all(values["sibling"].numel() == negatives for values in scored.values())
+    # the siblings met in every epoch: their persistence differs from this epoch's score alone
+    assert not torch.equal(scored["persistence"]["score"], scored["features"]["standardized"])
+    precision, recall = bench.precision_and_recall(scored["persistence"]["flagged"], scored["persistence"]["sibling"])
+    assert precision > 0.5 and recall > 0.3
