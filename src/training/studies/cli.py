@@ -4,11 +4,13 @@
     python -m training.studies glyphs --calibrate                          # the glyph calibration grid
     python -m training.studies glyphs --cells finetune-gold --seeds 10-19   # the frozen glyph benchmark
     python -m training.studies glyphs --summary --cells finetune-gold       # its reports from the per-run CSVs
+    python -m training.studies headroom --cells finetune-gold              # the glyphs' headroom calibration
+    python -m training.studies headroom --summary                          # docs/results/headroom.md from its CSVs
     python -m training.studies clone --cells scratch --seeds 0-4           # the clone study, then RESULTS.md
     python -m training.studies reassess                                    # the clone study judged again
     python -m training.studies reports                                     # every report from committed files
     python -m training.studies redraw docs/results/controls.md             # a report's plot from its CSV
-    python -m training.studies signals | learnability | traces | peers | siblings  (each with --help)
+    python -m training.studies signals | persistence | learnability | traces | peers | siblings  (each with --help)
 
 `glyphs` and `clone` pick registered studies (`STUDIES`) by cell and run them with `run_study`, passing values;
 the measurements take their own flags.
@@ -100,6 +102,24 @@ def glyphs(argv: Sequence[str]) -> None:
     run_or_report(benchmark.glyph_studies(cells, args.calibrate), args, command_of("glyphs", argv))
 
 
+def headroom(argv: Sequence[str]) -> None:
+    from . import headroom as calibration
+
+    parser = argparse.ArgumentParser(prog="python -m training.studies headroom", description=calibration.__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--cells", default=None, help=f"comma-separated, of {', '.join(calibration.CELLS)}")
+    parser.add_argument(
+        "--summary", action="store_true", help="<results-dir>/headroom.md from the per-run CSVs and the glyph data"
+    )
+    comparison_flags(parser, "runs/glyphs", "default: the registered seeds (20-24)")
+    args = parser.parse_args(argv)
+    cells = names(args.cells, calibration.CELLS, "cell")
+    if args.summary:
+        print(f"wrote {calibration.write_summary(args.output_dir, args.results_dir or Path('docs/results'))}")
+        return
+    run_or_report(calibration.headroom_studies(cells), args, command_of("headroom", argv))
+
+
 def clone(argv: Sequence[str]) -> None:
     from . import clone_study as study
 
@@ -185,11 +205,13 @@ def measurement(module: str) -> Callable[[Sequence[str]], None]:
 COMMANDS: Dict[str, Callable[[Sequence[str]], None]] = {
     "list": studies,
     "glyphs": glyphs,
+    "headroom": headroom,
     "clone": clone,
     "reassess": reassess,
     "reports": reports,
     "redraw": redraw,
     "signals": measurement("clone_signals"),
+    "persistence": measurement("persistence"),
     "learnability": measurement("learnability"),
     "traces": measurement("traces"),
     "peers": measurement("peers"),

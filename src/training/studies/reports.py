@@ -45,6 +45,8 @@ SECTION_REPORTS = {
     "controls_readings": "docs/preregistration.md#controls",
     "controls_scratch2": "docs/preregistration.md#controls_scratch2",
     "controls_transfer": "docs/preregistration.md#controls_transfer",
+    "headroom_finetune_gold": "docs/preregistration_headroom.md#headroom_finetune_gold",
+    "headroom_finetune_gold_long": "docs/preregistration_headroom.md#headroom_finetune_gold_long",
     "margins_transfer": "docs/preregistration_margins.md#margins_transfer",
     "margins_transfer_shape": "docs/preregistration_margins.md#margins_transfer_shape",
 }

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from open_clip_adacl.clone_signals import SIGNALS
-from training.studies import clone_signals
+from training.studies import clone_signals, persistence
 
 
 def test_batches_hold_whole_families_in_a_seeded_order(monkeypatch):
@@ -69,13 +69,7 @@ def test_the_report_states_the_scored_flags(monkeypatch, tmp_path):
 
 
 def test_the_persistence_replay_keys_the_memory_by_sample_ids_across_epochs(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    bench = _benchmark(monkeypatch)
-    spec = importlib.util.spec_from_file_location(
-        "clone_persistence_benchmark", REPO / "scripts" / "clone_persistence_benchmark.py"
-    )
-    persistence = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(persistence)
+    bench = clone_signals
     g = torch.Generator().manual_seed(0)
     family = torch.arange(128) // 8  # 16 families: 2 batches an epoch
     centre = torch.randn(16, 8, generator=g)[family]
@@ -88,7 +82,6 @@ def test_the_persistence_replay_keys_the_memory_by_sample_ids_across_epochs(monk
         return bench.EncodedSamples(family, image, {"txt": text}, {"txt": tokens}, torch.tensor(14.0))
 
     monkeypatch.setattr(bench, "encode_samples", lambda samples, checkpoint: encoded(int(checkpoint)))
-    monkeypatch.setattr(persistence, "signal_benchmark", bench)
     scored = persistence.replay(None, ["1", "2", "3"], momentum=0.5, threshold=1.5)
     negatives = 2 * 2 * 64 * 63  # the last epoch's 2 batches, both directions
     assert all(values["sibling"].numel() == negatives for values in scored.values())

@@ -217,7 +217,7 @@ def glyphs_finetune_gold() -> Dict[str, Any]:
     return {**glyphs_finetune_weak(), "caption_key": "txt"}
 
 
-# The headroom cells (scripts/glyph_headroom.py, docs/preregistration_headroom.md): the fine-tuning cells with one
+# The headroom cells (training.studies.headroom, docs/preregistration_headroom.md): the fine-tuning cells with one
 # lever moved each; the frozen benchmark's recipes above stay as they are.
 @recipe("glyphs-finetune-gold-long")
 def glyphs_finetune_gold_long() -> Dict[str, Any]:

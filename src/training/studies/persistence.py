@@ -1,11 +1,11 @@
 """Persistence over steps as a clone signal, measured against the glyph families (docs/clone_signals.md).
 
-    python scripts/clone_persistence_benchmark.py     # data, checkpoints (once), a fine-tuning trajectory, the report
+    python -m training.studies persistence     # data, checkpoints (once), a fine-tuning trajectory, the report
 
 A pair's score depends on the step: the features move, and a row's standardization depends on the other
 samples of its batch. `persistence` reads a pair's score averaged over the steps where it met
 (`open_clip_adacl.score_memory.PairScoreMemory`, keyed by sample ids). To measure it on features as training
-moves them, this script fine-tunes `clip` from the glyph cells' common checkpoint (recipe
+moves them, this measurement fine-tunes `clip` from the glyph cells' common checkpoint (recipe
 glyphs-finetune-gold, --trajectory-seed, a checkpoint per epoch; written once into <output-dir>/persistence), then replays
 training's batching: epoch e's batches (8 whole families of 64 in a seeded order, a new order each epoch)
 scored with the features of the checkpoint at the start of epoch e, the memory updated after every batch as
@@ -20,8 +20,6 @@ import argparse
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import clone_signal_benchmark as signal_benchmark
-import glyph_benchmark
 import torch
 
 from open_clip_adacl.clone_signals import (
@@ -35,11 +33,13 @@ from open_clip_adacl.clone_signals import (
     standardized_over_negatives,
 )
 from open_clip_adacl.score_memory import PairScoreMemory
-from training.main import run
-from training.trainer.launch.params import config_from_values
+from training import RunDir, config_from_values, run
 from training.trainer.launch.recipes import recipe_values
-from training.trainer.run_folder.layout import RunDir
 from training.trainer.run_folder.provenance import check_or_record_identity, training_identity
+
+from . import clone_signals as signal_benchmark
+from .glyph_benchmark import DATA, PRETRAINING
+from .pretraining import pretrain
 
 RECIPE = "glyphs-finetune-gold"
 CAPTIONS = "txt"  # the gold captions the recipe trains on
@@ -49,15 +49,17 @@ def trajectory(output_root: Path, manifest: dict, seed: int, start: Optional[Pat
     """The checkpoints at the start of each epoch of a `clip` fine-tuning run (recipe RECIPE) from `start` (default:
     the common checkpoint): `start`, then epoch 1, 2, ...; trained once, reused only for this recipe, seed, data
     and code."""
-    start = start or glyph_benchmark.pretrain(output_root, manifest)
+    start = start or pretrain(PRETRAINING, output_root)
     logs, name = output_root / "persistence", f"clip-seed{seed}"
     epochs = recipe_values(RECIPE, world_size=1)["epochs"]
-    run_dir = RunDir(logs / name)
+    run_dir, training = RunDir(logs / name), DATA.training(output_root)
     check_or_record_identity(run_dir.path, training_identity(RECIPE, seed, manifest["seed"]))
     checkpoints = [start] + [run_dir.epoch_checkpoint(epoch) for epoch in range(1, epochs)]
     if not all(path.is_file() for path in checkpoints):
         values = {
-            **glyph_benchmark.data_values(output_root, manifest),
+            "train_data": training.train_data,
+            "val_data": training.val_data,
+            "train_num_samples": training.num_samples,
             "dataset_type": "webdataset",
             "seed": seed,
             "pretrained": str(start),
@@ -139,7 +141,7 @@ def report_lines(rows: Dict[str, dict], command: str, seed: int, epochs: int, mo
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.studies persistence", description=__doc__.split("\n")[0])
     parser.add_argument("--output-dir", type=Path, default=Path("runs/glyphs"))
     parser.add_argument("--results-dir", type=Path, default=Path("docs/results"))
     parser.add_argument("--trajectory-seed", type=int, default=1001, help="the fine-tuning trajectory's seed")
@@ -154,12 +156,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "of training it here",
     )
     args = parser.parse_args(argv)
-    manifest = glyph_benchmark.prepare_data(args.output_dir)
+    manifest = DATA.prepare(args.output_dir)
     checkpoints = trajectory(args.output_dir, manifest, args.trajectory_seed, args.start_checkpoint)
-    samples = signal_benchmark.read_training_samples(args.output_dir / "data", manifest)
+    samples = signal_benchmark.read_training_samples(DATA.folder(args.output_dir), manifest)
     scored = replay(samples, checkpoints, args.memory_momentum, args.threshold)
     rows = {name: signal_benchmark.signal_row(values) for name, values in scored.items()}
-    command = "python scripts/clone_persistence_benchmark.py" + "".join(
+    command = "python -m training.studies persistence" + "".join(
         f" --{flag} {value}"
         for flag, value, default in (
             ("trajectory-seed", args.trajectory_seed, 1001),
@@ -189,7 +191,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     }
     signal_benchmark.write_curves(curves, args.results_dir, args.report_name)
     print(page.read_text())
-
-
-if __name__ == "__main__":
-    main()

@@ -1,29 +1,21 @@
-"""scripts/glyph_headroom.py: every registered cell has its recipe and registration, the loss comparison gets
-the glyph benchmark's arguments under the headroom registration, and the bar is judged as registered."""
+"""`training.studies.headroom`: every cell has its recipe and registration and is a registered study starting from
+the glyph benchmark's common checkpoint, the bar is judged as registered, and the summary page is what the
+committed per-run CSVs give."""
 
-import importlib.util
-import sys
+import re
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from training.studies import STUDIES, headroom
+
+REPO = Path(__file__).resolve().parents[3]
 
 
-def _headroom(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("glyph_headroom", REPO / "scripts" / "glyph_headroom.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "glyph_headroom", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_headroom_cell_has_its_recipe_and_registration(monkeypatch):
+def test_every_headroom_cell_has_its_recipe_and_registration():
     from training.loss_comparison.preregistration import resolve
     from training.trainer.launch.recipes import recipe_values
 
-    headroom = _headroom(monkeypatch)
     steps = {}
     for cell in headroom.CELLS:
         values = recipe_values(f"glyphs-{cell}", world_size=1)
@@ -48,8 +40,7 @@ def _records(family: dict) -> list:
     ]
 
 
-def test_the_bar_needs_clip_at_twice_chance_and_an_oracle_gain_of_five_points_above_zero(monkeypatch):
-    headroom = _headroom(monkeypatch)
+def test_the_bar_needs_clip_at_twice_chance_and_an_oracle_gain_of_five_points_above_zero():
     clip = (0.40, 0.42, 0.41, 0.40, 0.42)
     met = headroom.bar_outcome(
         _records({"clip": clip, "oracle:weight=16": (0.46, 0.47, 0.47, 0.46, 0.47)}), "oracle:weight=16", 0.195
@@ -71,22 +62,21 @@ def test_the_bar_needs_clip_at_twice_chance_and_an_oracle_gain_of_five_points_ab
     assert headroom.bar_text(few) == "not judged (3 of 5 pairs)"
 
 
-def test_the_loss_comparison_runs_under_the_headroom_registration(monkeypatch, tmp_path):
-    headroom = _headroom(monkeypatch)
-    bench = sys.modules["glyph_benchmark"]
-    monkeypatch.setattr(
-        bench,
-        "prepare_data",
-        lambda root: {
-            "seed": 0,
-            "splits": {"train": {"data": "train/x.tar", "num_samples": 6144}, "val": {"data": "val/x.tar"}},
-            "clone_selection": "cs",
-        },
-    )
-    monkeypatch.setattr(bench, "pretrain", lambda root, manifest: Path("pre.pt"))
-    argv = headroom.headroom_argv("finetune-gold-long", "20,21", tmp_path, tmp_path / "results", [])
-    assert argv[argv.index("--recipe") + 1] == "glyphs-finetune-gold-long"
-    assert argv[argv.index("--losses") + 1] == headroom.CONTROLS
-    assert argv[argv.index("--preregistration") + 1] == "docs/preregistration_headroom.md#headroom_finetune_gold_long"
-    assert argv[argv.index("--results-md") + 1] == str(tmp_path / "results" / "headroom_finetune_gold_long.md")
-    assert argv[argv.index("--train-args") + 1] == "--pretrained pre.pt"
+def test_each_cell_is_a_registered_study_under_the_headroom_registration():
+    for cell in headroom.CELLS:
+        study = STUDIES.get(headroom.study_name(cell))
+        assert study.recipe == f"glyphs-{cell}" and study.variants == headroom.CONTROLS
+        assert study.seeds == (20, 21, 22, 23, 24) and study.pretraining.recipe == "glyphs-pretrain"
+        assert study.pretraining.seed == 1000 and study.report == f"docs/results/{study.name}.md"
+        registration = study.registration()
+        assert registration.metrics == (headroom.ENDPOINT,) and registration.reference == "clip"
+        assert registration.source == f"docs/preregistration_headroom.md#{study.name}"
+
+
+def test_the_summary_page_is_what_the_committed_csvs_give_at_the_chance_the_data_gives():
+    """headroom.md's table from the committed per-run CSVs; the chance level is the glyph data's (its sibling
+    counts, written by the command, not committed), taken here as the page states it."""
+    results = REPO / "docs" / "results"
+    page = (results / "headroom.md").read_text()
+    chance = float(re.search(r"chance (\d\.\d{3}) \(the mean over", page).group(1))
+    assert "\n".join(headroom.summary_lines(results, chance, headroom.CELLS)) + "\n" == page
