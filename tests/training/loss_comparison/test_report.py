@@ -134,14 +134,16 @@ def test_family_accuracy_near_a_half_is_not_called_chance():
 
 
 def test_every_committed_report_states_the_collapse_rule_its_verdicts_follow():
-    """The footer of each report in docs/results (the earlier design's, in earlier_scenes/, keep their first
-    rule) names the rule `assess_run` judges by, 3 x chance clause included."""
+    """The footer of each comparison report in docs/results (a report with its per-run CSV beside it; the
+    earlier design's, in earlier_scenes/, keep their first rule) names the rule `assess_run` judges by, 3 x chance
+    clause included."""
     from helpers import REPO
     from training.loss_comparison.report import collapse_rule_text
 
-    reports = [
-        path for path in sorted((REPO / "docs" / "results").glob("*.md")) if "Collapse criteria:" in path.read_text()
-    ]
-    assert len(reports) == 17
-    assert [path.name for path in reports if collapse_rule_text() not in path.read_text()] == []
+    results = REPO / "docs" / "results"
+    comparisons = sorted(csv.with_name(csv.name.replace("_runs.csv", ".md")) for csv in results.glob("*_runs.csv"))
+    stating = sorted(path for path in results.glob("*.md") if "Collapse criteria:" in path.read_text())
+    assert len(comparisons) >= 17
+    assert stating == comparisons
+    assert [path.name for path in comparisons if collapse_rule_text() not in path.read_text()] == []
     assert "below 3 x chance" in collapse_rule_text()
