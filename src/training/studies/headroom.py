@@ -26,9 +26,12 @@ from .study import STUDIES, Study, register_study
 
 PREREGISTRATION = "docs/preregistration_headroom.md"
 # The registered cells, in the order they run (recipe glyphs-<cell>; docs/preregistration_headroom.md).
-CELLS = ("finetune-gold-long", "finetune-gold", "finetune-weak-long", "finetune-gold-long-16fam")
-CONTROLS = "clip,oracle:weight=16,oracle:weight=64,hnnce"
-ORACLES = ("oracle:weight=16", "oracle:weight=64")
+CELLS = ("finetune-gold-long", "finetune-gold", "finetune-weak-long", "finetune-gold-long-16fam", "finetune-gold-short")
+# Cells 1-2 ran with the first controls; the amendment adds the lighter oracle to every cell run after it.
+FIRST_CONTROLS = "clip,oracle:weight=16,oracle:weight=64,hnnce"
+CONTROLS = "clip,oracle:weight=4,oracle:weight=16,oracle:weight=64,hnnce"
+RAN_WITH_FIRST_CONTROLS = ("finetune-gold-long", "finetune-gold")
+ORACLES = ("oracle:weight=4", "oracle:weight=16", "oracle:weight=64")
 SEEDS = (20, 21, 22, 23, 24)
 ENDPOINT = f"clone/{FAMILY_WITHOUT_MARK}"
 BAR_CHANCE_FACTOR = 2.0  # clip's mean endpoint at least this many times chance
@@ -48,7 +51,7 @@ def headroom_study(cell: str) -> Study:
         name=name,
         data=DATA,
         recipe=f"glyphs-{cell}",
-        variants=CONTROLS,
+        variants=FIRST_CONTROLS if cell in RAN_WITH_FIRST_CONTROLS else CONTROLS,
         seeds=SEEDS,
         preregistration=PREREGISTRATION,
         endpoints=(name,),
@@ -138,7 +141,7 @@ def summary_lines(results_dir: Path, chance: float, cells: Sequence[str]) -> Lis
             continue
         outcomes = read_runs_csv(path)
         hnnce = paired_difference(outcomes, "hnnce", "clip", ENDPOINT)
-        for oracle in ORACLES:
+        for oracle in (oracle for oracle in ORACLES if ok_values(outcomes, oracle, ENDPOINT)):
             bar = bar_outcome(outcomes, oracle, chance)
             lines.append(
                 f"| `{cell}` | `{oracle}` | {bar['clip']:.3f} | {chance:.3f} | "

@@ -225,6 +225,12 @@ def glyphs_finetune_gold_long() -> Dict[str, Any]:
     return {**glyphs_finetune_gold(), "epochs": 8}
 
 
+@recipe("glyphs-finetune-gold-short")
+def glyphs_finetune_gold_short() -> Dict[str, Any]:
+    """`glyphs-finetune-gold` for 2 epochs (192 steps): the steps lever shortened."""
+    return {**glyphs_finetune_gold(), "epochs": 2}
+
+
 @recipe("glyphs-finetune-weak-long")
 def glyphs_finetune_weak_long() -> Dict[str, Any]:
     """`glyphs-finetune-weak` for 8 epochs (768 steps): the weak-caption lever, with the steps lever."""
