@@ -33,7 +33,7 @@ import torch
 from .. import adacl_math, clone_signals
 from ..score_memory import PairScoreMemory
 from ..selection import batch_reference, summarize_rows
-from .base import ContrastiveLoss, GlobalBatch
+from .base import ContrastiveLoss, GlobalBatch, MechanismStats
 from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
 
@@ -96,6 +96,8 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                 raise ValueError(f"memory_momentum must be in (0, 1], got {self.memory_momentum}")
 
     console_stats = ("clone_share",)
+    # What a comparison summarises per run: how many negatives the discovery flagged, how much the weights moved.
+    mechanism_stats = MechanismStats("adaclw", spreads=("clone_share", "weighted_mass"))
     takes_text_tokens = True
 
     def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):

@@ -26,7 +26,7 @@ from .jobs import OK, Benchmarks, outcome_file
 from .preregistration import Preregistration, from_file
 from .report import KEEP_MARKER, kept_tail, machine_info, read_runs_csv, rendered_again, report_sections, write_plot
 from .runner import COMPARISON_FILE, OwnData, rebuild_report, run_comparison
-from .stats import assess_run, paired_difference, primary_verdict, summarize, with_endpoint
+from .stats import assess_run, paired_difference, primary_verdict, share_of_gain, summarize, with_endpoint
 from .variants import parse_loss_variants, parse_seeds
 
 # What a study may use of the comparison: a comparison run with values (`run_comparison`, `rebuild_report`), its
@@ -57,6 +57,7 @@ __all__ = [
     "summarize",
     "with_endpoint",
     "paired_difference",
+    "share_of_gain",
     "primary_verdict",
     "paired_section",
     "primary_table",

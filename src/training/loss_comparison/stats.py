@@ -301,6 +301,71 @@ def paired_difference(
     return PairedDifference(differences) if differences else None
 
 
+@dataclass(frozen=True)
+class ShareOfGain:
+    """mean(variant - reference) / mean(control - reference) over the seeds where all three runs are ok, with
+    Fieller's interval for a ratio of two paired means; `interval` None: unbounded (the control's own gain is
+    not resolved at that confidence, Fieller's g >= 1) or fewer than 3 seeds."""
+
+    share: float
+    interval: Optional[Tuple[float, float]]
+    n: int
+
+    def text(self) -> str:
+        bounds = "[unbounded]" if self.interval is None else f"[{self.interval[0]:+.0%}, {self.interval[1]:+.0%}]"
+        return f"{self.share:+.0%} {bounds}"
+
+
+def fieller_interval(
+    numerators: Sequence[float], denominators: Sequence[float], confidence: float
+) -> Optional[Tuple[float, float]]:
+    """Fieller's interval for mean(numerators) / mean(denominators), the two measured on the same units (seeds):
+    every theta with (mean_a - theta mean_b)^2 <= t^2 var(mean_a - theta mean_b), t of n - 1 degrees of freedom.
+    None when the set is not a bounded interval (g = t^2 var(mean_b) / mean_b^2 >= 1) or n < 3."""
+    from scipy import stats
+
+    n = len(numerators)
+    if n < 3 or len(denominators) != n:
+        return None
+    mean_a, mean_b = statistics.fmean(numerators), statistics.fmean(denominators)
+    v11 = statistics.variance(numerators) / n
+    v22 = statistics.variance(denominators) / n
+    v12 = statistics.covariance(numerators, denominators) / n
+    t = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
+    if v22 == 0 or mean_b == 0 or t * t * v22 / (mean_b * mean_b) >= 1:
+        return None
+    g = t * t * v22 / (mean_b * mean_b)
+    ratio = mean_a / mean_b
+    spread = v11 - 2 * ratio * v12 + ratio * ratio * v22 - g * (v11 - v12 * v12 / v22)
+    half = t / abs(mean_b) * math.sqrt(max(spread, 0.0))
+    centre = ratio - g * v12 / v22
+    return (centre - half) / (1 - g), (centre + half) / (1 - g)
+
+
+def share_of_gain(
+    outcomes: Sequence[Mapping[str, Any]], label: str, control: str, reference: str, key: str, confidence: float = 0.95
+) -> Optional[ShareOfGain]:
+    """`label`'s paired gain over `reference` on `key` as a share of `control`'s (e.g. of the oracle's gain over
+    `clip`), over the seeds where all three runs are ok; None without such seeds or when the control's mean gain
+    is 0."""
+
+    def by_seed(name: str) -> Dict[int, float]:
+        return {
+            r["seed"]: r["metrics"][key]
+            for r in outcomes
+            if r["label"] == name and r["verdict"] == OK and key in r["metrics"]
+        }
+
+    mine, theirs, base = by_seed(label), by_seed(control), by_seed(reference)
+    seeds = sorted(mine.keys() & theirs.keys() & base.keys())
+    gains = [mine[seed] - base[seed] for seed in seeds]
+    control_gains = [theirs[seed] - base[seed] for seed in seeds]
+    if not seeds or statistics.fmean(control_gains) == 0:
+        return None
+    share = statistics.fmean(gains) / statistics.fmean(control_gains)
+    return ShareOfGain(share, fieller_interval(gains, control_gains, confidence), len(seeds))
+
+
 def paired_codes(outcomes: Sequence[Mapping[str, Any]], label: str, reference: str) -> List[Tuple[int, str, str]]:
     """(seed, code of `label`'s run, code of `reference`'s run) of every pair where both runs are ok: what each
     pair ran (`training.trainer.run_folder.provenance.code_version`; `unknown` for outcomes written before runs kept it)."""

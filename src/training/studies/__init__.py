@@ -7,7 +7,7 @@ module here that registers its studies, plus its entry in `STUDY_MODULES` below.
 
 Modules: `study` (Study, STUDIES, run_study), `data` (the glyphs, the scenes), `pretraining` (one common `clip`
 run, reused only under the same identity), `glyph_benchmark` and `clone_study` (the registered studies and their
-summaries), `reassessment` (the clone study judged again from its per-run CSVs), `reports` (every committed
+summaries), `headroom` and `loss_table` (the glyphs' headroom calibration and the loss table in its frozen cell), `reassessment` (the clone study judged again from its per-run CSVs), `reports` (every committed
 report written again from committed files), and the measurements beside them: `clone_signals`, `persistence` (the
 clone signals' memory over steps), `learnability`, `traces`, `peers`, `siblings`. `python -m training.studies` is their command line (`cli`).
 
@@ -20,7 +20,7 @@ from importlib import import_module
 from .study import STUDIES, Study, register_study, report_study, run_study
 
 # The modules that register studies: importing them fills STUDIES.
-STUDY_MODULES = ("glyph_benchmark", "headroom", "clone_study")
+STUDY_MODULES = ("glyph_benchmark", "headroom", "loss_table", "clone_study")
 
 
 def load_studies() -> None:

@@ -6,6 +6,7 @@
     python -m training.studies glyphs --summary --cells finetune-gold       # its reports from the per-run CSVs
     python -m training.studies headroom --cells finetune-gold              # the glyphs' headroom calibration
     python -m training.studies headroom --summary                          # docs/results/headroom.md from its CSVs
+    python -m training.studies loss-table                                  # the loss table in the frozen cell
     python -m training.studies clone --cells scratch --seeds 0-4           # the clone study, then RESULTS.md
     python -m training.studies reassess                                    # the clone study judged again
     python -m training.studies reports                                     # every report from committed files
@@ -120,6 +121,29 @@ def headroom(argv: Sequence[str]) -> None:
     run_or_report(calibration.headroom_studies(cells), args, command_of("headroom", argv))
 
 
+def loss_table(argv: Sequence[str]) -> None:
+    from . import loss_table as table
+
+    parser = argparse.ArgumentParser(prog="python -m training.studies loss-table", description=table.__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--summary", action="store_true", help="<results-dir>/loss_table_shares.md from the table's per-run CSV"
+    )
+    comparison_flags(parser, "runs/glyphs", "default: the registered seeds (25-34)")
+    args = parser.parse_args(argv)
+    if table.FROZEN_CELL is None or table.FROZEN_WEIGHT is None:
+        raise SystemExit(
+            "error: no headroom cell is frozen (docs/results/headroom.md), so the loss table is not registered: "
+            "run the headroom calibration first"
+        )
+    if args.summary:
+        print(
+            f"wrote {table.write_summary(args.results_dir or Path('docs/results'), table.FROZEN_CELL, table.FROZEN_WEIGHT)}"
+        )
+        return
+    run_or_report([STUDIES.get(table.NAME)], args, command_of("loss-table", argv))
+
+
 def clone(argv: Sequence[str]) -> None:
     from . import clone_study as study
 
@@ -206,6 +230,7 @@ COMMANDS: Dict[str, Callable[[Sequence[str]], None]] = {
     "list": studies,
     "glyphs": glyphs,
     "headroom": headroom,
+    "loss-table": loss_table,
     "clone": clone,
     "reassess": reassess,
     "reports": reports,

@@ -265,3 +265,49 @@ def test_pairs_needed_follow_the_observed_spread():
     wide = PairedDifference((0.01, -0.02, 0.015, -0.01, 0.005))
     assert pairs_needed(wide, 0.02)[1] > pairs_needed(tight, 0.02)[1]
     assert pairs_needed(PairedDifference((0.01,)), 0.02) == (None, None)
+
+
+def test_fieller_interval_is_the_set_where_the_ratio_is_not_rejected():
+    """The endpoints solve (mean_a - theta mean_b)^2 = t^2 var(mean_a - theta mean_b); the share lies inside, a
+    value beyond an endpoint is rejected; an unresolved denominator gives no bounded interval."""
+    import statistics
+
+    from scipy import stats
+
+    from training.loss_comparison.stats import fieller_interval
+
+    gains = [0.021, 0.034, 0.012, 0.030, 0.025, 0.018, 0.027, 0.040, 0.015, 0.022]
+    oracle = [0.048, 0.060, 0.041, 0.055, 0.052, 0.044, 0.058, 0.066, 0.039, 0.050]
+    low, high = fieller_interval(gains, oracle, 0.95)
+    t = stats.t.ppf(0.975, 9)
+
+    def excess(theta):  # <= 0 inside the confidence set
+        differences = [a - theta * b for a, b in zip(gains, oracle)]
+        return statistics.fmean(differences) ** 2 - t * t * statistics.variance(differences) / len(differences)
+
+    share = statistics.fmean(gains) / statistics.fmean(oracle)
+    assert low < share < high and excess(share) < 0
+    assert abs(excess(low)) < 1e-12 and abs(excess(high)) < 1e-12
+    assert excess(low - 0.01) > 0 and excess(high + 0.01) > 0
+    assert fieller_interval(gains, [0.01, -0.02, 0.015, -0.01, 0.02, 0.0, -0.015, 0.01, 0.005, -0.004], 0.95) is None
+    assert fieller_interval(gains[:2], oracle[:2], 0.95) is None
+
+
+def test_share_of_gain_pairs_the_three_runs_of_each_seed():
+    from training.loss_comparison import share_of_gain
+
+    values = {"clip": [0.40, 0.42, 0.41, 0.39], "oracle": [0.46, 0.47, 0.47, 0.45], "mine": [0.43, 0.45, 0.44, 0.9]}
+    outcomes = [
+        {
+            "label": label,
+            "seed": seed,
+            "verdict": "ok" if (label, seed) != ("mine", 3) else "collapsed",
+            "metrics": {"m": value},
+        }
+        for label, per_seed in values.items()
+        for seed, value in enumerate(per_seed)
+    ]
+    share = share_of_gain(outcomes, "mine", "oracle", "clip", "m")
+    assert share.n == 3 and abs(share.share - (0.09 / 3) / (0.17 / 3)) < 1e-12  # seed 3 is not ok: left out
+    assert share.interval is not None and share.interval[0] < share.share < share.interval[1]
+    assert share.text().startswith("+53% [")
