@@ -38,6 +38,20 @@ is laid out anew; every N x N buffer is fresh pages), more than the paths differ
 process per path cannot rank them. Each row then gives the median over the K processes of their
 ratios to ClipLoss (each process's own ClipLoss) with the lowest and highest, and `auto / best`
 compares the medians.
+
+Discovery cases (`--discoveries NAME ...`, names of `open_clip_adacl.clone_signals.SIGNALS`): each adds a
+case `adaclw/<name>`, the `adaclw` loss with `discovery=<name>` and its other options at their defaults
+(docs/losses.md), timed in the same rounds beside ClipLoss (and beside AdaCL on the paths of `--paths`;
+`--paths` with no value times ClipLoss and the discovery cases only). Each step passes what the trainer
+passes: `sample_index=` 0..N-1 and the captions' token ids (`text_tokens=`), here synthesized
+(`make_tokens`): 77-token captions over CLIP's vocabulary of 49408 (start 49406, end 49407, padding 0) of
+8 to 30 words drawn from a Zipf law (common words shared by many captions), the eight captions of a
+trained-like cluster sharing a template of which each replaces a fifth of the words; and every step,
+the warm-up one included, ends with the loss's `commit()` inside the timed span, as the trainer's
+step, so the persistence signals read and write their pair memory: the same N sample ids every step,
+each pair of the batch remembered from the step before (a small dataset's steady state; with a large
+one most pairs would be new). The selection passes run on `auto` in these cases. Timing only (not with
+`--memory` or `--processes`).
 """
 
 from __future__ import annotations
@@ -79,8 +93,22 @@ def case_name(mode: str, path: str) -> str:
     return f"adacl-{mode}/{path}"
 
 
-def cases(paths: Sequence[str]) -> List[str]:
-    return ["clip"] + [case_name(mode, path) for mode in MODES for path in paths]
+def cases(paths: Sequence[str], discoveries: Sequence[str] = ()) -> List[str]:
+    return (
+        ["clip"]
+        + [case_name(mode, path) for mode in MODES for path in paths]
+        + [discovery_case(name) for name in discoveries]
+    )
+
+
+def discovery_case(name: str) -> str:
+    return f"adaclw/{name}"
+
+
+def discovery_of(case: str) -> Optional[str]:
+    """The discovery of an `adaclw/<name>` case; None for any other case."""
+    loss, _, name = case.partition("/")
+    return name if loss == "adaclw" else None
 
 
 def build_loss(case: str, rank: int = 0, world_size: int = 1):
@@ -92,10 +120,13 @@ def build_loss(case: str, rank: int = 0, world_size: int = 1):
     local = world_size > 1
     if case == "clip":
         return open_clip.ClipLoss(local_loss=local, gather_with_grad=local, rank=rank, world_size=world_size)
+    dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local)
+    if discovery_of(case) is not None:
+        return create_loss("adaclw", discovery=discovery_of(case), dist=dist)
     return create_loss(
         "adacl",
         mode=case.split("/")[0].split("-", 1)[1],
-        dist=DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local),
+        dist=dist,
     )
 
 
@@ -116,14 +147,61 @@ def make_features(num: int, dim: int, device: str, inputs: str = "random", seed:
     return F.normalize(image, dim=-1).to(device), F.normalize(text, dim=-1).to(device)
 
 
+# The synthesized captions (`make_tokens`): CLIP's context length and vocabulary, its start, end and pad tokens.
+CONTEXT_LENGTH, VOCABULARY_SIZE, START_TOKEN, END_TOKEN, PAD = 77, 49408, 49406, 49407, 0
+CAPTION_WORDS = (8, 30)  # a cluster's template has this many words at least and at most
+REPLACED_SHARE = 0.2  # each caption replaces this share of its cluster's template words (at least one)
+
+
+def make_tokens(num: int, seed: int = 0) -> torch.Tensor:
+    """num x 77 int64 token ids (see the module's docstring): captions of a trained-like cluster (rows
+    CLUSTER_SIZE at a time, as `make_features` groups them) share most of their words."""
+    generator = torch.Generator().manual_seed(seed)
+    words = VOCABULARY_SIZE - 3  # ids 1..49405: neither padding nor the start and end tokens
+    zipf = 1.0 / torch.arange(1, words + 1, dtype=torch.float64)
+
+    def draw(count: int) -> torch.Tensor:
+        return torch.multinomial(zipf, count, replacement=True, generator=generator) + 1
+
+    tokens = torch.full((num, CONTEXT_LENGTH), PAD, dtype=torch.long)
+    tokens[:, 0] = START_TOKEN
+    for first in range(0, num, CLUSTER_SIZE):
+        length = int(torch.randint(CAPTION_WORDS[0], CAPTION_WORDS[1] + 1, (1,), generator=generator))
+        template = draw(length)
+        replaced = max(1, round(REPLACED_SHARE * length))
+        for row in range(first, min(first + CLUSTER_SIZE, num)):
+            caption = template.clone()
+            caption[torch.randperm(length, generator=generator)[:replaced]] = draw(replaced)
+            tokens[row, 1 : length + 1] = caption
+            tokens[row, length + 1] = END_TOKEN
+    return tokens
+
+
 def train_step(loss_fn, image: torch.Tensor, text: torch.Tensor, scale: float = INPUTS["random"]) -> None:
     image = image.clone().requires_grad_()
     text = text.clone().requires_grad_()
     loss_fn(image, text, torch.tensor(scale, device=image.device, requires_grad=True)).backward()
 
 
-def run_case(case: str, loss_fn, image: torch.Tensor, text: torch.Tensor, scale: float) -> None:
-    """One training step of `case`, its selection path set for the step."""
+def run_case(
+    case: str,
+    loss_fn,
+    image: torch.Tensor,
+    text: torch.Tensor,
+    scale: float,
+    tokens: Optional[torch.Tensor] = None,
+) -> None:
+    """One training step of `case`, its selection path set for the step; a discovery case takes the captions'
+    `tokens` and the sample ids as the trainer passes them, and commits its state after the step."""
+    if discovery_of(case) is not None:
+        os.environ["OPEN_CLIP_ADACL_FUSED"] = PATHS["auto"]
+        image = image.clone().requires_grad_()
+        text = text.clone().requires_grad_()
+        sample_index = torch.arange(image.shape[0], device=image.device)
+        scale_tensor = torch.tensor(scale, device=image.device, requires_grad=True)
+        loss_fn(image, text, scale_tensor, text_tokens=tokens, sample_index=sample_index).backward()
+        loss_fn.commit()
+        return
     if case != "clip":
         os.environ["OPEN_CLIP_ADACL_FUSED"] = PATHS[case.split("/")[1]]
     train_step(loss_fn, image, text, scale)
@@ -141,25 +219,32 @@ def _synchronize(device: str) -> None:
 
 
 def time_cases(
-    num: int, dim: int, device: str, repeats: int, inputs: str, paths: Sequence[str]
+    num: int,
+    dim: int,
+    device: str,
+    repeats: int,
+    inputs: str,
+    paths: Sequence[str],
+    discoveries: Sequence[str] = (),
 ) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
     """Wall-clock seconds and CPU seconds (this process, all threads) of each round's forward+backward of
     each case, rounds interleaved (in an order rotated each round) so drift and order hit all alike. On a
     machine shared with other jobs the CPU time moves less than the wall clock: it leaves out the time the
     process waits for a core."""
     image, text = make_features(num, dim, device, inputs)
+    tokens = make_tokens(num).to(device) if discoveries else None
     scale = INPUTS[inputs]
-    names = cases(paths)
+    names = cases(paths, discoveries)
     losses = {case: build_loss(case) for case in names}
     for case, loss_fn in losses.items():
-        run_case(case, loss_fn, image, text, scale)
+        run_case(case, loss_fn, image, text, scale, tokens)
     seconds: Dict[str, List[float]] = {case: [] for case in names}
     cpu_seconds: Dict[str, List[float]] = {case: [] for case in names}
     for round_index in range(repeats):
         for case in rotated(names, round_index):
             _synchronize(device)
             start, cpu_start = time.perf_counter(), time.process_time()
-            run_case(case, losses[case], image, text, scale)
+            run_case(case, losses[case], image, text, scale, tokens)
             _synchronize(device)
             seconds[case].append(time.perf_counter() - start)
             cpu_seconds[case].append(time.process_time() - cpu_start)
@@ -443,16 +528,22 @@ def benchmark_in_processes(args: argparse.Namespace) -> Tuple[List[dict], List[d
 
 
 def benchmark(
-    sizes: Sequence[int], dim: int, device: str, repeats: int, inputs_kinds: Sequence[str], paths: Sequence[str]
+    sizes: Sequence[int],
+    dim: int,
+    device: str,
+    repeats: int,
+    inputs_kinds: Sequence[str],
+    paths: Sequence[str],
+    discoveries: Sequence[str] = (),
 ) -> List[dict]:
     rows = []
     for inputs in inputs_kinds:
         for num in sizes:
-            rounds, cpu_rounds = time_cases(num, dim, device, repeats, inputs, paths)
+            rounds, cpu_rounds = time_cases(num, dim, device, repeats, inputs, paths, discoveries)
             seconds = {case: statistics.median(values) for case, values in rounds.items()}
             cpu_seconds = {case: statistics.median(values) for case, values in cpu_rounds.items()}
             for case in seconds:
-                loss, _, path = case.partition("/")
+                loss, _, path = (case, "", "") if discovery_of(case) is not None else case.partition("/")
                 mode = loss.partition("-")[2]  # "" for clip
                 row = {
                     "inputs": inputs,
@@ -531,6 +622,7 @@ def load_average() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from open_clip_adacl.clone_signals import SIGNALS
     from training.trainer.launch.tool_flags import add_trainer_flags
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -548,10 +640,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--paths",
-        nargs="+",
+        nargs="*",
         choices=tuple(PATHS),
         default=list(PATHS),
-        help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three)",
+        help="AdaCL's selection paths (OPEN_CLIP_ADACL_FUSED auto/on/off; default all three; none: no AdaCL case, "
+        "with --discoveries)",
+    )
+    parser.add_argument(
+        "--discoveries",
+        nargs="+",
+        choices=tuple(SIGNALS),
+        default=[],
+        metavar="NAME",
+        help="also time adaclw with each of these discoveries (case adaclw/NAME; see the docstring): "
+        + ", ".join(SIGNALS),
     )
     parser.add_argument("--memory", action="store_true", help="also measure peak memory (a fresh process per case)")
     parser.add_argument("--memory-only", action="store_true", help="measure peak memory only, no timed rounds")
@@ -586,6 +688,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             "value at least 3"
         )
     args.memory = args.memory or args.memory_only
+    if not args.paths and not args.discoveries and not args.combine:
+        parser.error("--paths without a value times no AdaCL case: add --discoveries NAME ...")
+    if args.discoveries and (args.memory or args.processes):
+        parser.error("--discoveries are timed in one process only: not with --memory, --memory-only or --processes")
     if args.processes and args.memory:
         parser.error("--memory runs its own fresh process per case; measure it without --processes")
     if args.ranks and not args.memory:
@@ -632,7 +738,7 @@ def main(argv=None) -> None:
     elif args.memory_only:
         rows, decisions, how = [], None, "peak memory only"
     else:
-        rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.inputs, args.paths)
+        rows = benchmark(args.sizes, args.dim, args.device, args.repeats, args.inputs, args.paths, args.discoveries)
         decisions, how = None, f"median of {args.repeats} rounds; ratios against ClipLoss in the same run"
     peaks = (
         memory_rows(args.sizes, args.dim, args.device, args.threads, args.inputs, args.paths, args.ranks)

@@ -282,3 +282,50 @@ def test_bench_threads_times_the_loss_with_its_threads_and_without(tmp_path, mon
         r"1\.000\] \|",
         report,
     )
+
+
+def test_bench_loss_times_adaclw_with_each_discovery_beside_clip_alone(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setenv("OPEN_CLIP_ADACL_FUSED", "auto")  # the benchmark sets it per case
+    bench = bench_script("bench_loss")
+    discoveries = ["gda", "features", "tokens", "text_image_tokens", "persistence_text_image_tokens"]
+    argv = ["--sizes", "48", "--dim", "16", "--inputs", "trained-50", "--repeats", "3", "--paths"]
+    argv += ["--threads", str(torch.get_num_threads()), "--json", str(tmp_path / "loss.json"), "--discoveries"]
+    bench.main(argv + discoveries)
+    printed = capsys.readouterr().out
+    rows = json.loads((tmp_path / "loss.json").read_text())["rows"]
+    assert [row["loss"] for row in rows] == ["clip"] + [f"adaclw/{name}" for name in discoveries]
+    for row in rows[1:]:  # each discovery's ratios, paired by round, wall clock and CPU time
+        assert len(row["paired_ratio"]) == 3 and len(row["paired_cpu_ratio"]) == 3
+        assert re.search(
+            rf"\| trained-50 \| 48 \| {row['loss']} \| - \| [\d.]+ \| [\d.]+ \| [\d.]+ \[[\d.]+, [\d.]+\] \|", printed
+        ), row["loss"]
+    # Without --discoveries the cases are the ones they were; --paths without a value needs a discovery.
+    assert bench.cases(["auto"]) == ["clip", "adacl-literal/auto", "adacl-calibrated/auto"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--paths"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--discoveries", "gda", "--memory"])
+
+
+def test_bench_loss_discovery_inputs_are_a_training_steps():
+    bench = bench_script("bench_loss")
+    tokens = bench.make_tokens(64)
+    assert tokens.shape == (64, 77) and bool((tokens == bench.make_tokens(64)).all())  # deterministic
+    assert (tokens[:, 0] == bench.START_TOKEN).all() and ((tokens == bench.END_TOKEN).sum(1) == 1).all()
+    words = [set(row[1 : row.tolist().index(bench.END_TOKEN)].tolist()) for row in tokens]
+    # Jaccard of the word sets: captions of one cluster share most words, of two clusters few.
+    siblings, others = [], []
+    for i in range(64):
+        for j in range(64):
+            if i != j:
+                share = len(words[i] & words[j]) / len(words[i] | words[j])
+                (siblings if i // bench.CLUSTER_SIZE == j // bench.CLUSTER_SIZE else others).append(share)
+    assert min(siblings) > 0.3 and sum(others) / len(others) < 0.1
+    # The persistence memory moves at each step's commit(), as in training: every pair of the batch once.
+    loss = bench.build_loss("adaclw/persistence")
+    image, text = bench.make_features(32, 8, "cpu", "trained-50")
+    for _ in range(2):
+        bench.run_case("adaclw/persistence", loss, image, text, 50.0, tokens[:32])
+        assert len(loss._memory) == 32 * 31
