@@ -47,6 +47,7 @@ SECTION_REPORTS = {
     "controls_transfer": "docs/preregistration.md#controls_transfer",
     "headroom_finetune_gold": "docs/preregistration_headroom.md#headroom_finetune_gold",
     "headroom_finetune_gold_long": "docs/preregistration_headroom.md#headroom_finetune_gold_long",
+    "headroom_finetune_gold_long_16fam": "docs/preregistration_headroom.md#headroom_finetune_gold_long_16fam",
     "headroom_finetune_gold_short": "docs/preregistration_headroom.md#headroom_finetune_gold_short",
     "margins_transfer": "docs/preregistration_margins.md#margins_transfer",
     "margins_transfer_shape": "docs/preregistration_margins.md#margins_transfer_shape",
