@@ -283,20 +283,21 @@ def ratio_text(ratio: Optional[Tuple[float, float, float]]) -> str:
     return "-" if ratio is None else f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
 
 
+def values_by_seed(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> Dict[int, float]:
+    """`label`'s value of `key` per seed, over its ok runs that hold it."""
+    return {
+        r["seed"]: r["metrics"][key]
+        for r in outcomes
+        if r["label"] == label and r["verdict"] == OK and key in r["metrics"]
+    }
+
+
 def paired_difference(
     outcomes: Sequence[Mapping[str, Any]], label: str, reference: str, key: str
 ) -> Optional[PairedDifference]:
     """`label` minus `reference` on `key`, over the seeds where both runs are ok (same init and data
     order: the pairing removes the seed-to-seed variance both share); None without any such seed."""
-
-    def by_seed(name: str) -> Dict[int, float]:
-        return {
-            r["seed"]: r["metrics"][key]
-            for r in outcomes
-            if r["label"] == name and r["verdict"] == OK and key in r["metrics"]
-        }
-
-    mine, theirs = by_seed(label), by_seed(reference)
+    mine, theirs = values_by_seed(outcomes, label, key), values_by_seed(outcomes, reference, key)
     differences = tuple(mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys()))
     return PairedDifference(differences) if differences else None
 
@@ -348,15 +349,7 @@ def share_of_gain(
     """`label`'s paired gain over `reference` on `key` as a share of `control`'s (e.g. of the oracle's gain over
     `clip`), over the seeds where all three runs are ok; None without such seeds or when the control's mean gain
     is 0."""
-
-    def by_seed(name: str) -> Dict[int, float]:
-        return {
-            r["seed"]: r["metrics"][key]
-            for r in outcomes
-            if r["label"] == name and r["verdict"] == OK and key in r["metrics"]
-        }
-
-    mine, theirs, base = by_seed(label), by_seed(control), by_seed(reference)
+    mine, theirs, base = (values_by_seed(outcomes, name, key) for name in (label, control, reference))
     seeds = sorted(mine.keys() & theirs.keys() & base.keys())
     gains = [mine[seed] - base[seed] for seed in seeds]
     control_gains = [theirs[seed] - base[seed] for seed in seeds]

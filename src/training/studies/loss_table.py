@@ -20,10 +20,10 @@ import statistics
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence
 
-from training.loss_comparison import paired_difference, read_runs_csv, share_of_gain
+from training.loss_comparison import read_runs_csv, share_of_gain
 
 from .glyph_benchmark import DATA, PRETRAINING
-from .headroom import ENDPOINT, PREREGISTRATION
+from .headroom import ENDPOINT, PREREGISTRATION, gain_text, ok_values
 from .study import Study, register_study
 
 NAME = "loss_table"
@@ -75,17 +75,8 @@ if FROZEN_CELL is not None and FROZEN_WEIGHT is not None:
     register_study(loss_table_study(FROZEN_CELL, FROZEN_WEIGHT))
 
 
-def gain_text(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
-    difference = paired_difference(outcomes, label, "clip", key)
-    if difference is None:
-        return "n/a"
-    return f"{difference.mean:+.3f} {difference.interval_text(0.95)}"
-
-
 def mean_text(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> str:
-    values = [
-        r["metrics"][key] for r in outcomes if r["label"] == label and r["verdict"] == "ok" and key in r["metrics"]
-    ]
+    values = ok_values(outcomes, label, key)
     return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
