@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Sequence
 
 from training.loss_comparison import read_runs_csv, share_of_gain
 
@@ -37,10 +37,10 @@ GOAL_SHARE = 0.5
 BESIDE = ("clone/family", "clone/mark", "val/i2t_R@1", "val/t2i_R@1")
 FLAGGED = "adaclw/clone_share_mean"  # share of negatives the discovery flagged, mean over logged steps
 
-# The cell the headroom calibration froze and its oracle weight (docs/results/headroom.md); None: none froze,
-# and the table is not registered.
-FROZEN_CELL: Optional[str] = None
-FROZEN_WEIGHT: Optional[float] = None
+# The cell the headroom calibration froze and its oracle weight (docs/results/headroom.md: the first cell whose
+# oracle gain met the bar, at the weight the registered rule picks).
+FROZEN_CELL = "finetune-gold-long-16fam"
+FROZEN_WEIGHT = 16.0
 
 
 def oracle_label(weight: float) -> str:
@@ -71,8 +71,7 @@ def loss_table_study(cell: str, weight: float) -> Study:
     )
 
 
-if FROZEN_CELL is not None and FROZEN_WEIGHT is not None:
-    register_study(loss_table_study(FROZEN_CELL, FROZEN_WEIGHT))
+register_study(loss_table_study(FROZEN_CELL, FROZEN_WEIGHT))
 
 
 def mean_text(outcomes: Sequence[Mapping[str, Any]], label: str, key: str) -> str:

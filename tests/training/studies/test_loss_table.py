@@ -35,6 +35,14 @@ def test_the_table_resolves_its_registration_with_the_headroom_endpoint():
     assert study.seeds == tuple(range(25, 35)) and study.recipe == "glyphs-finetune-gold-short"
 
 
+def test_the_registered_table_runs_in_the_cell_the_headroom_calibration_froze():
+    from training.studies.study import STUDIES
+
+    study = STUDIES.get(loss_table.NAME)
+    assert study.recipe == "glyphs-finetune-gold-long-16fam"
+    assert "oracle:weight=16" in study.variants.split(",")
+
+
 def _outcomes(values: dict) -> list:
     return [
         {"label": label, "seed": seed, "verdict": "ok", "metrics": {loss_table.ENDPOINT: value}}
