@@ -43,7 +43,9 @@ Discovery cases (`--discoveries NAME ...`, names of `open_clip_adacl.clone_signa
 case `adaclw/<name>`, the `adaclw` loss with `discovery=<name>` and its other options at their defaults
 (docs/losses.md), timed in the same rounds beside ClipLoss (and beside AdaCL on the paths of `--paths`;
 `--paths` with no value times ClipLoss and the discovery cases only). Each step passes what the trainer
-passes: `sample_index=` 0..N-1 and the captions' token ids (`text_tokens=`), here synthesized
+passes on a step it does not log (the loss's `wants_stats` off: `adaclw` then leaves out its stats, which cost
+passes over the N x N logits; the trainer logs one step in `--log-every-n-steps`): `sample_index=` 0..N-1 and
+the captions' token ids (`text_tokens=`), here synthesized
 (`make_tokens`): 77-token captions over CLIP's vocabulary of 49408 (start 49406, end 49407, padding 0) of
 8 to 30 words drawn from a Zipf law (common words shared by many captions), the eight captions of a
 trained-like cluster sharing a template of which each replaces a fifth of the words; and every step,
@@ -122,7 +124,9 @@ def build_loss(case: str, rank: int = 0, world_size: int = 1):
         return open_clip.ClipLoss(local_loss=local, gather_with_grad=local, rank=rank, world_size=world_size)
     dist = DistributedSetup(rank=rank, world_size=world_size, local_loss=local, gather_with_grad=local)
     if discovery_of(case) is not None:
-        return create_loss("adaclw", discovery=discovery_of(case), dist=dist)
+        loss_fn = create_loss("adaclw", discovery=discovery_of(case), dist=dist)
+        loss_fn.wants_stats = False  # a step the trainer does not log (all but one in --log-every-n-steps)
+        return loss_fn
     return create_loss(
         "adacl",
         mode=case.split("/")[0].split("-", 1)[1],

@@ -201,20 +201,23 @@ def gda_clone_posterior(
 Signal = Callable[[PairInputs, str], torch.Tensor]
 SIGNALS: Dict[str, Signal] = {}
 NEEDS_TOKENS = set()
+DIRECTED = set()  # the signals that read the direction; every other one scores a pair alike in both
 POSTERIORS = ("gda", "gda_both")  # probabilities: flagged above 1/2, as the loss reads them
 
 
-def register_signal(name: str, needs_tokens: bool = False):
+def register_signal(name: str, needs_tokens: bool = False, directed: bool = False):
     def add(fn: Signal) -> Signal:
         SIGNALS[name] = fn
         if needs_tokens:
             NEEDS_TOKENS.add(name)
+        if directed:
+            DIRECTED.add(name)
         return fn
 
     return add
 
 
-@register_signal("gda")
+@register_signal("gda", directed=True)
 def gda_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     """AdaCL's reading: this direction's posterior p(clone | logit)."""
     return gda_clone_posterior(inputs.logits[direction], inputs.positive_col, inputs.rows, inputs.logit_scale)
@@ -226,7 +229,7 @@ def gda_both_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     return torch.minimum(gda_signal(inputs, "i2t"), gda_signal(inputs, "t2i"))
 
 
-@register_signal("cross")
+@register_signal("cross", directed=True)
 def cross_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     """This direction's cosine (the query's image against the negative's caption, or the other way)."""
     query, candidates = (
@@ -278,7 +281,9 @@ COMBINATIONS = {
     "all": ("text", "image", "cross_both", "tokens"),
 }
 for _name, _parts in COMBINATIONS.items():
-    register_signal(_name, needs_tokens="tokens" in _parts)(partial(mean_of_standardized, names=_parts))
+    register_signal(_name, needs_tokens="tokens" in _parts, directed=bool(DIRECTED.intersection(_parts)))(
+        partial(mean_of_standardized, names=_parts)
+    )
 
 
 # Persistence over steps: the memory holds the row-standardized score of this signal (the model's own views; no

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl.clone_signals import (
     COMBINATIONS,
+    DIRECTED,
     DIRECTIONS,
     NEEDS_TOKENS,
     POSTERIORS,
@@ -70,6 +71,15 @@ def test_a_combination_is_the_mean_of_its_standardized_parts():
     ]
     expected = (sum(parts) / 3).masked_fill(~negative, float("-inf"))
     assert torch.allclose(clone_scores(inputs, "features", "t2i"), expected)
+
+
+def test_a_signal_not_marked_directed_scores_both_directions_alike_bit_for_bit():
+    # adaclw computes such a signal once per step and reuses it for the other direction
+    inputs = _inputs(*_batch(), rows=slice(0, N))
+    assert DIRECTED == {"gda", "cross"}
+    for name in SIGNALS:
+        same = torch.equal(clone_scores(inputs, name, "i2t"), clone_scores(inputs, name, "t2i"))
+        assert same == (name not in DIRECTED), name
 
 
 def test_on_data_in_families_every_signal_flags_mostly_siblings():

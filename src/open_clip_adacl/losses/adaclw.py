@@ -104,6 +104,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         super().__init__(options, dist)
         persistent = self.options.discovery in clone_signals.PERSISTENT
         self._memory = PairScoreMemory(self.options.memory_momentum) if persistent else None
+        self._step_weights = None  # a direction-free discovery's (p, log weight), kept for the step's other direction
 
     def reset_state(self) -> None:
         if self._memory is not None:
@@ -144,7 +145,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         try:
             return super().symmetric_loss(batch)
         finally:
-            self._pairs = self._text_tokens = None  # not kept past the step
+            self._pairs = self._text_tokens = self._step_weights = None  # not kept past the step
 
     def _stage_memory_update(self, batch: GlobalBatch) -> None:
         """In training, this step's scores of the whole global batch (gathered now, on every rank) for the memory,
@@ -173,25 +174,36 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         positive = batch.positive_mask()
         posterior = adacl_math.gda_posterior(scores.double(), *reference, prior_ratio=options.prior_ratio)
         log_weight = posterior_log_weights(posterior, positive, options.weight).to(logits.dtype)
-        with torch.no_grad():
-            self.stats.update(
-                self._direction_stats(batch, direction, scores, posterior, log_weight, positive, reference, floor)
-            )
+        if self.wants_stats:
+            with torch.no_grad():
+                self.stats.update(
+                    self._direction_stats(batch, direction, scores, posterior, log_weight, positive, reference, floor)
+                )
         return logits + log_weight
 
     def _signal_weighted(self, batch: GlobalBatch, direction: str, logits: torch.Tensor) -> torch.Tensor:
         """The weights of `discovery`'s p: a posterior as it is, any other score's flags as 0 or 1."""
-        name, positive = self.options.discovery, batch.positive_mask()
+        positive = batch.positive_mask()
+        clone, log_weight = self._signal_weights(direction, positive, logits.dtype)
+        if self.wants_stats:
+            with torch.no_grad():
+                self.stats.update(self._weight_stats(batch, direction, logits.detach(), clone, log_weight, positive))
+        return logits + log_weight
+
+    def _signal_weights(self, direction: str, positive: torch.Tensor, dtype: torch.dtype):
+        """(p, log weight) of this step's discovery for `direction`; a signal that reads no direction
+        (`clone_signals.DIRECTED`) is computed for the first direction and reused, the same values, for the other."""
+        name = self.options.discovery
+        if name not in clone_signals.DIRECTED and self._step_weights is not None:
+            return self._step_weights
         scores = clone_signals.clone_scores(self._pairs, name, direction)
         clone = (
             scores.clamp(min=0).double()
             if name in clone_signals.POSTERIORS
             else clone_signals.flag_clones(name, scores, ~positive, self.options.threshold).double()
         )
-        log_weight = posterior_log_weights(clone, positive, self.options.weight).to(logits.dtype)
-        with torch.no_grad():
-            self.stats.update(self._weight_stats(batch, direction, logits.detach(), clone, log_weight, positive))
-        return logits + log_weight
+        self._step_weights = clone, posterior_log_weights(clone, positive, self.options.weight).to(dtype)
+        return self._step_weights
 
     @staticmethod
     def _weight_stats(

@@ -42,7 +42,10 @@ class Loss(nn.Module):
     output_dict=False) returns the loss (or `{"contrastive_loss": loss}`).
     A loss that `needs_family` also takes `family=`: each sample's family id (-1: none), which the
     trainer reads from the data's json only for such a loss. After each forward,
-    `stats` holds 0-dim tensors for logging; they are never part of the loss. State that must
+    `stats` holds 0-dim tensors for logging; they are never part of the loss. A caller that will not read a
+    step's stats sets `wants_stats` False before it (the trainer does on the steps it does not log), and a
+    loss whose stats cost passes over the N x N logits may then leave them out; set it alike on every rank,
+    since stats may reduce over the ranks. State that must
     survive a resume lives in buffers, so `state_dict()` checkpoints it.
 
     State moves in two phases. A training forward computes the update of the loss's state from
@@ -79,6 +82,7 @@ class Loss(nn.Module):
         self.options = options
         self.dist = dist
         self.stats: Dict[str, torch.Tensor] = {}
+        self.wants_stats = True
         self._staged_updates: List[Callable[[], None]] = []
         self.register_forward_pre_hook(_drop_staged_updates)
 

@@ -132,6 +132,16 @@ def test_a_score_discovery_weights_the_negatives_it_flags(discovery):
     assert all(0 < share < 0.5 for share in shares)
 
 
+@pytest.mark.parametrize("discovery", ["gda", "features", "persistence"])
+def test_a_step_whose_stats_no_one_reads_leaves_them_out_and_trains_alike(discovery):
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    logged, unlogged = (create_loss("adaclw", weight=16.0, discovery=discovery) for _ in range(2))
+    unlogged.wants_stats = False
+    for a, b in zip(value_and_grads(logged, x, y, index), value_and_grads(unlogged, x, y, index)):
+        assert torch.equal(a, b)
+    assert "i2t/clone_share" in logged.stats and unlogged.stats == {}
+
+
 def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
     from training.trainer.engine.loop import _loss_of
 

@@ -321,6 +321,8 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
         step_samples = sum(len(b.images) for b in micro_batches) * env.world_size
         if not state.samples_per_schedule_step:
             state.samples_per_schedule_step = step_samples
+        # Every rank alike (a loss's stats may reduce over the ranks); only rank 0 then logs them.
+        loss_fn.wants_stats = logs_step(step_in_epoch + 1, steps_per_epoch, cfg.log_every_n_steps)
         out, preempted = optimizer_step(loop, micro_batches, step_samples)
         step_in_epoch += 1
         if loop.keep_loss_journals is not None:
@@ -328,7 +330,7 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
 
         batch_time = time.monotonic() - end
         end = time.monotonic()
-        if env.is_master and ((step_in_epoch - 1) % cfg.log_every_n_steps == 0 or step_in_epoch == steps_per_epoch):
+        if env.is_master and logs_step(step_in_epoch, steps_per_epoch, cfg.log_every_n_steps):
             seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
             _log_step(
                 metrics,
@@ -377,6 +379,12 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     )
     _log_epoch(metrics, state, result, env)
     return result
+
+
+def logs_step(step_in_epoch: int, steps_per_epoch: int, log_every_n_steps: int) -> bool:
+    """Whether the epoch's step `step_in_epoch` (counted from 1) is logged: the first of every
+    `log_every_n_steps`, and the epoch's last."""
+    return (step_in_epoch - 1) % log_every_n_steps == 0 or step_in_epoch == steps_per_epoch
 
 
 def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_samples: int) -> Tuple[StepOutput, bool]:

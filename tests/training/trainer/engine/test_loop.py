@@ -226,12 +226,14 @@ class PoisonableClip(Loss):
         self.clip = create_loss("clip")
         self.epochs_started = []
         self.committed = []
+        self.stats_asked = []  # per forward, whether the trainer will read its stats
 
     def on_epoch_start(self, epoch):
         self.epochs_started.append(epoch)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None):
         loss = self.clip(image_features, text_features, logit_scale)
+        self.stats_asked.append(self.wants_stats)
         self.stats = {"positives": torch.tensor(float(len(sample_index)))}
         self.stage_update(lambda: self.committed.append(int(sample_index[0])))
         return loss * float("nan") if sample_index[0] < 0 else loss
@@ -255,14 +257,14 @@ def _batches(poisoned, num=6, batch=4):
     return out
 
 
-def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
+def _run_epoch(batches, tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0, log_every=1):
     """One epoch over `batches`; with `save_every`, step_N.pt every `save_every` steps in tmp_path/checkpoints."""
-    trainer, snapshots = _trainer(tmp_path, max_nonfinite, accum_freq, loss_fn, save_every)
+    trainer, snapshots = _trainer(tmp_path, max_nonfinite, accum_freq, loss_fn, save_every, log_every)
     result = train_one_epoch(trainer, SimpleNamespace(dataloader=batches, num_batches=len(batches)))
     return result, trainer.state, snapshots, trainer.loss_fn
 
 
-def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0):
+def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0, log_every=1):
     """An EpochLoop of adacl-tiny with PoisonableClip (or `loss_fn`), and the list of steps its optimizer took."""
     torch.manual_seed(0)
     model = build_model(ModelConfig("adacl-tiny"), torch.device("cpu")).model
@@ -292,7 +294,7 @@ def _trainer(tmp_path, max_nonfinite=3, accum_freq=1, loss_fn=None, save_every=0
         None,
         build_precision("fp32", torch.device("cpu")),
         state,
-        TrainConfig(accum_freq=accum_freq, log_every_n_steps=1, max_nonfinite_steps=max_nonfinite),
+        TrainConfig(accum_freq=accum_freq, log_every_n_steps=log_every, max_nonfinite_steps=max_nonfinite),
         DistributedEnv(),
         metrics,
         skip_reasons=("bad_image", "empty_caption"),
@@ -311,6 +313,13 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
     records = RunDir(tmp_path).metrics("train")
     assert [r["num_nonfinite_steps"] for r in records] == [0, 1, 2, 2, 2, 2]
     assert records[0]["stats/positives"] == 4.0  # the loss's stats are logged as floats
+
+
+def test_the_loss_is_asked_for_its_stats_on_the_logged_steps_only(tmp_path):
+    # every 4th step from the first, and the epoch's last: steps 1, 5 and 7 of 7
+    result, _, _, loss_fn = _run_epoch(_batches(poisoned=set(), num=7), tmp_path, log_every=4)
+    assert loss_fn.stats_asked == [True, False, False, False, True, False, True]
+    assert [r["step"] for r in RunDir(tmp_path).metrics("train")] == [1, 5, 7]
 
 
 def test_skip_counts_are_summed_into_the_epoch_summary(tmp_path):
