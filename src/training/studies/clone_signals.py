@@ -6,7 +6,8 @@
 The glyph data (data seed 0) and the fine-tuning cells' common checkpoint (`clip`, recipe glyphs-pretrain, seed
 1000) come from the glyph benchmark (`glyph_benchmark.DATA`, `PRETRAINING`), written once into <output-dir>; everything after that is a
 deterministic computation of about a minute on a CPU: the checkpoint encodes the training samples once, batches
-of 64 are made as training makes them (8 whole families, shuffled with --batch-order-seed), and every registered signal
+of 64 are made as training makes them (8 whole families, shuffled with --batch-order-seed; --families-per-batch 16
+for the 16-families cell's batches of 128), and every registered signal
 (`open_clip_adacl.clone_signals.SIGNALS`) scores every negative of every batch, in both directions. Per cell
 (its captions: `finetune-gold` the gold ones, `finetune-weak` the weak captioner's) and signal it writes the
 precision and recall against the families at the operating point the loss uses (`clone_signals.flag_clones`:
@@ -82,13 +83,15 @@ def encode_samples(samples: Sequence[dict], checkpoint: Path) -> EncodedSamples:
     return EncodedSamples(family, image, text, tokens, model.logit_scale.exp().detach())
 
 
-def training_batches(family: torch.Tensor, seed: int, limit: Optional[int]) -> List[torch.Tensor]:
-    """Sample indices of batches of FAMILIES_PER_BATCH whole families, in a seeded random order of families."""
+def training_batches(
+    family: torch.Tensor, seed: int, limit: Optional[int], families_per_batch: int = FAMILIES_PER_BATCH
+) -> List[torch.Tensor]:
+    """Sample indices of batches of `families_per_batch` whole families, in a seeded random order of families."""
     families = torch.unique(family)
     order = families[torch.randperm(families.numel(), generator=torch.Generator().manual_seed(seed))]
     batches = [
-        torch.cat([torch.nonzero(family == f).flatten() for f in order[start : start + FAMILIES_PER_BATCH]])
-        for start in range(0, order.numel() - FAMILIES_PER_BATCH + 1, FAMILIES_PER_BATCH)
+        torch.cat([torch.nonzero(family == f).flatten() for f in order[start : start + families_per_batch]])
+        for start in range(0, order.numel() - families_per_batch + 1, families_per_batch)
     ]
     return batches[:limit] if limit else batches
 
@@ -188,6 +191,8 @@ def write_report(
     threshold: float,
     checkpoint: Optional[Path] = None,
     report_name: str = "clone_signals",
+    batch_size: int = 64,
+    families_per_batch: int = FAMILIES_PER_BATCH,
 ) -> None:
     cut_names = " | ".join(f"z > {cut}" for cut in CUTS)
     lines = [
@@ -201,8 +206,9 @@ def write_report(
             else "the glyph fine-tuning cells' common checkpoint (`clip`, recipe "
             "glyphs-pretrain, seed 1000), the features every fine-tuning run starts from; "
         )
-        + f"{batches} batches of 64 training samples (8 whole families in a seeded random order, so 7 of a row's "
-        "63 negatives are siblings), both directions pooled. Each cell is read with the captions it trains on. "
+        + f"{batches} batches of {batch_size} training samples ({families_per_batch} whole families in a seeded "
+        f"random order, so {batch_size // families_per_batch - 1} of a row's {batch_size - 1} negatives are "
+        "siblings), both directions pooled. Each cell is read with the captions it trains on. "
         "Operating point (`flag_clones`): for `gda` and `gda_both` a posterior above 1/2 (AdaCL's candidates "
         f"at prior ratio 1, what `adaclw` weights); for the others a score more than z = {threshold} standard "
         "deviations above the mean of its row's negatives. Precision / recall at neighbouring cuts beside it. "
@@ -277,6 +283,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--batches", type=int, default=None, help="score only the first N batches (default: all 96)")
     parser.add_argument("--batch-order-seed", type=int, default=0, help="the order of families into batches")
     parser.add_argument(
+        "--families-per-batch",
+        type=int,
+        default=FAMILIES_PER_BATCH,
+        help="whole families in a batch, as the cell's --train-group-size makes them (16: the 16-families cell)",
+    )
+    parser.add_argument(
         "--checkpoint",
         type=Path,
         default=None,
@@ -296,7 +308,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     manifest = DATA.prepare(args.output_dir)
     checkpoint = args.checkpoint or pretrain(PRETRAINING, args.output_dir)
     encoded = encode_samples(read_training_samples(DATA.folder(args.output_dir), manifest), checkpoint)
-    batches = training_batches(encoded.family, args.batch_order_seed, args.batches)
+    batches = training_batches(encoded.family, args.batch_order_seed, args.batches, args.families_per_batch)
     results, curves = {}, {}
     for cell, caption_key in CELLS.items():
         scored = score_cell(encoded, caption_key, batches, args.threshold)
@@ -314,6 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for flag, value, default in (
             ("batches", args.batches, None),
             ("batch-order-seed", args.batch_order_seed, 0),
+            ("families-per-batch", args.families_per_batch, FAMILIES_PER_BATCH),
             ("threshold", args.threshold, STANDARD_THRESHOLD),
             ("checkpoint", args.checkpoint, None),
             ("report-name", args.report_name, "clone_signals"),
@@ -321,6 +334,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if value != default
     )
     write_report(
-        results, curves, args.results_dir, command, len(batches), args.threshold, args.checkpoint, args.report_name
+        results,
+        curves,
+        args.results_dir,
+        command,
+        len(batches),
+        args.threshold,
+        args.checkpoint,
+        args.report_name,
+        batches[0].numel(),
+        args.families_per_batch,
     )
     print((args.results_dir / f"{args.report_name}.md").read_text())

@@ -17,6 +17,8 @@ def test_batches_hold_whole_families_in_a_seeded_order(monkeypatch):
     assert all((family[b][:, None] == family[b][None, :]).sum() == 64 * 8 for b in batches)
     assert torch.equal(batches[0], bench.training_batches(family, seed=1, limit=None)[0])
     assert not torch.equal(batches[0], bench.training_batches(family, seed=2, limit=None)[0])
+    [wide] = bench.training_batches(torch.arange(160) // 8, seed=1, limit=None, families_per_batch=16)
+    assert wide.numel() == 128 and torch.unique(wide // 8).numel() == 16  # 16 of the 20 families, whole
 
 
 def test_precision_recall_curve_by_hand(monkeypatch):
