@@ -49,6 +49,7 @@ SECTION_REPORTS = {
     "headroom_finetune_gold_long": "docs/preregistration_headroom.md#headroom_finetune_gold_long",
     "headroom_finetune_gold_long_16fam": "docs/preregistration_headroom.md#headroom_finetune_gold_long_16fam",
     "headroom_finetune_gold_short": "docs/preregistration_headroom.md#headroom_finetune_gold_short",
+    "loss_table": "docs/preregistration_headroom.md#discovery_loss_table",
     "margins_transfer": "docs/preregistration_margins.md#margins_transfer",
     "margins_transfer_shape": "docs/preregistration_margins.md#margins_transfer_shape",
 }

@@ -66,3 +66,12 @@ def test_the_shares_page_marks_the_goal_only_where_half_the_gain_is_resolved_abo
     assert "goal met" not in rows["adaclw:weight=4"]
     assert "not run" in rows["adacl"] and "not run" in rows["adaclw:weight=4,discovery=tokens"]
     assert rows["oracle:weight=4"].split(" | ")[4] == "-"  # the oracle is the denominator, not scored
+
+
+def test_the_committed_shares_page_is_what_the_committed_per_run_csv_gives():
+    from training.loss_comparison import read_runs_csv
+
+    results = REPO / "docs" / "results"
+    outcomes = read_runs_csv(results / f"{loss_table.NAME}_runs.csv")
+    lines = loss_table.summary_lines(outcomes, loss_table.FROZEN_CELL, loss_table.FROZEN_WEIGHT)
+    assert "\n".join(lines) + "\n" == (results / f"{loss_table.NAME}_shares.md").read_text()
