@@ -2,28 +2,32 @@ from setuptools import find_packages, setup
 
 # Compatible ranges, so that installing beside a cluster's stack keeps its torch; the exact versions
 # the tests pass with are in constraints.txt (scripts/setup_env.sh installs with them).
+# The library (`import open_clip_adacl`, `create_loss`): torch and the open_clip whose losses and models it extends.
 INSTALL_REQUIRES = [
     # torch.amp.GradScaler(device=...) and torch.load(mmap=...) need 2.3; tested with 2.14.
     "torch>=2.3",
-    "torchvision>=0.18",
     # open_clip 4.x rewrote training around "tasks"; we import open_clip_train's 3.x pieces.
     "open_clip_torch>=3.3,<4",
-    # Exactly 0.2.86: the oldest our pipeline is tested with, and the newest open_clip_torch[training] accepts
-    # (<=0.2.86). Left open, pip picks 1.0.x, whose end-of-shard markers make stock open_clip_train's tar
-    # pipeline die with KeyError: 'fname' (so does 0.2.96); the README promises both trainers run from one
-    # environment (tests/test_packaging.py checks the range).
-    "webdataset==0.2.86",
-    "braceexpand",
-    "numpy",
-    "pandas",  # open_clip_train.data imports it at load time
-    "pillow",
-    "huggingface_hub",
-    "safetensors",
-    "tensorboard",
-    "tqdm",
 ]
 
 EXTRAS_REQUIRE = {
+    # The trainer (`python -m training.main` and its tools), as OpenCLIP keeps open_clip_train's behind [training].
+    "training": [
+        "torchvision>=0.18",  # the pair of torch 2.3
+        # Exactly 0.2.86: the oldest our pipeline is tested with, and the newest open_clip_torch[training] accepts
+        # (<=0.2.86). Left open, pip picks 1.0.x, whose end-of-shard markers make stock open_clip_train's tar
+        # pipeline die with KeyError: 'fname' (so does 0.2.96); the README promises both trainers run from one
+        # environment (tests/test_packaging.py checks the range).
+        "webdataset==0.2.86",
+        "braceexpand",
+        "numpy",
+        "pandas",  # open_clip_train.data imports it at load time
+        "pillow",
+        "huggingface_hub",
+        "safetensors",
+        "tensorboard",
+        "tqdm",
+    ],
     # Evaluation (training.evaluation.zero_shot, the demo's table) and plots; clip_benchmark pulls transformers,
     # scikit-learn and pycocoevalcap, which training does not need.
     "eval": [
@@ -31,7 +35,7 @@ EXTRAS_REQUIRE = {
         "numpy<2.4",  # numpy >= 2.4 breaks clip_benchmark 1.6.2's zero-shot accuracy
         "requests",  # clip_benchmark.cli imports it
         "matplotlib",
-        "scipy",  # loss_comparison's paired-t intervals
+        "scipy",  # paired-t intervals: the benchmarks' (training.trainer.timing) and the lab's comparisons
     ],
     "wandb": ["wandb"],
     "test": ["pytest", "pytest-timeout", "pytest-xdist", "packaging", "ruff"],  # ruff: the linter .ci/run runs
@@ -42,7 +46,8 @@ setup(
     version="0.1.0",
     description="OpenCLIP fork for CLIP pretraining with the AdaCL loss (clone negatives) and its peers",
     # Two top-level packages, the library (open_clip_adacl) and the trainer (training, whose tools are
-    # its subpackages), so nothing generic lands in site-packages (README.md, "Layout").
+    # its subpackages), so nothing generic lands in site-packages (README.md, "Layout"). The laboratory
+    # (studies/, beside src/) stays in the repository: it is no package of the wheel.
     package_dir={"": "src"},
     packages=find_packages("src"),
     package_data={"open_clip_adacl": ["model_configs/*.json"], "training.discover": ["page.html"]},
@@ -55,8 +60,6 @@ setup(
             "adacl-export=training.export:cli",
             "adacl-evaluate=training.evaluation.__main__:cli",
             "adacl-scenes=training.synthetic_scenes.cli:main",
-            "adacl-glyphs=training.glyphs.cli:main",
-            "adacl-compare=training.loss_comparison.cli:cli",
             "adacl-torchrun=training.torchrun:cli",
             "adacl-discover=training.discover.cli:cli",
         ]

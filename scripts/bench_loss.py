@@ -71,7 +71,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from training.loss_comparison.stats import paired_ratio, ratio_text
+from training.trainer.timing import paired_ratio, ratio_text
 
 MODES = ("literal", "calibrated")
 # Selection path -> OPEN_CLIP_ADACL_FUSED.
@@ -613,7 +613,7 @@ def auto_choices(decisions: Optional[List[dict]] = None) -> str:
 def describe_machine(device: str, threads: int) -> str:
     """CPU model (with family and model numbers), cores, torch threads, the GPU when measuring on one, and the
     code version measured."""
-    from training.loss_comparison.report import machine_info
+    from training.trainer.run_folder.provenance import machine_info
 
     info = machine_info(device)
     return (

@@ -29,12 +29,14 @@ from typing import Dict, List, Sequence
 import torch
 
 from open_clip_adacl import create_loss
-from training.loss_comparison.stats import paired_ratio, ratio_text
-from training.trainer.engine.loop import MicroBatch, apply_update, forward_backward
+from training.trainer.data import Batch
+from training.trainer.data.samples import no_skips
+from training.trainer.engine.loop import apply_update, forward_backward
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.optimizer import OptimizerConfig, build_optimizer
 from training.trainer.engine.precision import build_precision, resolve_precision
 from training.trainer.launch.tool_flags import add_trainer_flags
+from training.trainer.timing import paired_ratio, ratio_text
 
 DEFAULT_CASES = ("ViT-S-32:8", "adacl-tiny:128")
 OPTIMIZER = OptimizerConfig(lr=1e-4, wd=0.1, beta1=0.9, beta2=0.98, eps=1e-6)
@@ -56,7 +58,7 @@ def parse_case(case: str) -> tuple:
     return model, int(batch)
 
 
-def random_batch(model: torch.nn.Module, batch_size: int, device: torch.device, dtype) -> MicroBatch:
+def random_batch(model: torch.nn.Module, batch_size: int, device: torch.device, dtype) -> Batch:
     """Images at the model's input size and token ids at its context length (fixed seed)."""
     generator = torch.Generator().manual_seed(0)
     height, width = (
@@ -64,7 +66,9 @@ def random_batch(model: torch.nn.Module, batch_size: int, device: torch.device, 
     )
     images = torch.randn(batch_size, 3, height, width, generator=generator)
     texts = torch.randint(1, model.vocab_size, (batch_size, model.context_length), generator=generator)
-    return MicroBatch(images.to(device=device, dtype=dtype), texts.to(device), torch.arange(batch_size, device=device))
+    return Batch(
+        images.to(device=device, dtype=dtype), texts.to(device), torch.arange(batch_size, device=device), no_skips()
+    )
 
 
 def build_trainees(model_name: str, losses: Sequence[str], precision: str, device: torch.device) -> Dict[str, Trainee]:
@@ -82,7 +86,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def step_seconds(trainee: Trainee, batch: MicroBatch, precision, device: torch.device) -> float:
+def step_seconds(trainee: Trainee, batch: Batch, precision, device: torch.device) -> float:
     synchronize(device)
     start = time.perf_counter()
     trainee.optimizer.zero_grad(set_to_none=True)
@@ -171,7 +175,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 def describe_device(device: torch.device, threads: int) -> str:
     """The GPU, or the CPU with its family and model numbers, threads and load; and the code version measured."""
-    from training.loss_comparison.report import machine_info
+    from training.trainer.run_folder.provenance import machine_info
 
     info = machine_info(device.type)
     where = (

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterator, List
 import torch
 from bench_loss import INPUTS, build_loss, describe_machine, load_average, make_features, rotated, train_step
 
-from training.loss_comparison.stats import paired_ratio, ratio_text
+from training.trainer.timing import paired_ratio, ratio_text
 
 CASES = ("clip", "side by side", "in turn")
 SUMMARY_CASES = ("rows split", "in turn", "one thread")

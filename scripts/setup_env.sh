@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the README's commands: creates ./.venv on first use and installs the project
-# (editable, with the test, eval and wandb extras) into it at the tested versions of
+# (editable, with the training, eval, test and wandb extras: everything the demo, the tests, the benchmarks
+# and the laboratory in studies/ import) into it at the tested versions of
 # constraints.txt; later calls reinstall only when setup.py or constraints.txt changed.
 # Needs only python3 (>= 3.10) with venv.
 set -euo pipefail
@@ -16,7 +17,7 @@ WANT="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     echo "[setup] installing open_clip_adacl and its dependencies (a few minutes the first time)"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[test,eval,wandb]"
+    "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[training,eval,test,wandb]"
     "$VENV/bin/python" -m pip check
     echo "$WANT" > "$STAMP"
 fi

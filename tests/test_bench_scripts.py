@@ -328,4 +328,4 @@ def test_bench_loss_discovery_inputs_are_a_training_steps():
     image, text = bench.make_features(32, 8, "cpu", "trained-50")
     for _ in range(2):
         bench.run_case("adaclw/persistence", loss, image, text, 50.0, tokens[:32])
-        assert len(loss._memory) == 32 * 31
+        assert len(loss.memory) == 32 * 31

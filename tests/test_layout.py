@@ -1,13 +1,14 @@
-"""The packages under src/ depend on each other one way, each layer of the trainer imports only the layers
-below it, and each command-line package runs as `python -m`.
+"""The packages under src/ (the product) depend on each other one way, each layer of the trainer imports only the
+layers below it, the laboratory (studies/, beside src/) imports the product and is never imported by it, and each
+command-line package runs as `python -m`.
 
-open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress)
+open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress, timing)
 <- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
 <- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
-training.synthetic_scenes, training.glyphs, training.discover <- training.loss_comparison <- training.studies (the
-top: nothing imports it, and it reaches the loss comparison only through its face). Checkpoints are read in one
-place; no name private to one package (`_x`) is imported into or out of the studies, and no test loads a file by
-its path.
+training.synthetic_scenes, training.discover. The lab, outside the wheel, on top of them all: studies.recipes and
+studies.glyphs <- studies.comparison <- studies (its studies and measurements, which reach the loss comparison
+only through its face). Checkpoints are read in one place; no name private to one package (`_x`) is imported into
+or out of the lab, and no test loads a file by its path.
 """
 
 import ast
@@ -18,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+LAB = ROOT / "studies"
 LIBRARY = "open_clip_adacl"
 FOUNDATIONS = "training.trainer"  # its modules flags, distributed, preemption, progress (and the package's face)
 DATA, RUN_FOLDER = "training.trainer.data", "training.trainer.run_folder"
 ENGINE, LAUNCH = "training.trainer.engine", "training.trainer.launch"
-STUDIES = "training.studies"
 ENTRY = "training"  # training.main and the package's face (`from training import run`)
 TRAINER = (FOUNDATIONS, DATA, RUN_FOLDER, ENGINE, LAUNCH)
 # What each part may import of the others (lazy imports inside functions count too). The trainer's layers from the
@@ -40,20 +42,19 @@ ALLOWED = {
     "training.torchrun": {LIBRARY, *TRAINER},
     "training.evaluation": {LIBRARY, *TRAINER, "training.export"},
     "training.synthetic_scenes": {LIBRARY, *TRAINER},
-    "training.glyphs": {LIBRARY, *TRAINER},
     "training.discover": {LIBRARY, *TRAINER, "training.export"},
-    "training.loss_comparison": {LIBRARY, *TRAINER, ENTRY, "training.evaluation", "training.synthetic_scenes"},
-    STUDIES: {
-        LIBRARY,
-        *TRAINER,
-        ENTRY,
-        "training.evaluation",
-        "training.synthetic_scenes",
-        "training.glyphs",
-        "training.discover",
-        "training.loss_comparison",
-    },
 }
+PRODUCT = set(ALLOWED)
+# The lab's floors, each on the whole product and the floors below it.
+LAB_RECIPES, GLYPHS, COMPARISON, STUDIES = "studies.recipes", "studies.glyphs", "studies.comparison", "studies"
+ALLOWED.update(
+    {
+        LAB_RECIPES: PRODUCT,
+        GLYPHS: PRODUCT,
+        COMPARISON: PRODUCT | {LAB_RECIPES},
+        STUDIES: PRODUCT | {LAB_RECIPES, GLYPHS, COMPARISON},
+    }
+)
 # src/training lists the entry point, the trainer's layers (one package) and the tools, each a command.
 TOP_LEVEL = {
     "__init__.py",
@@ -63,10 +64,7 @@ TOP_LEVEL = {
     "torchrun.py",
     "evaluation",
     "synthetic_scenes",
-    "glyphs",
     "discover",
-    "loss_comparison",
-    "studies",
 }
 
 
@@ -78,8 +76,14 @@ def part_of(module: str) -> str:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
+    """The dotted name of a module of the product (under src/) or of the lab (studies/, under the root)."""
+    parts = path.relative_to(ROOT if LAB in path.parents else SRC).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def house_files() -> list:
+    """Every module of the product and of the lab."""
+    return [*sorted(SRC.rglob("*.py")), *sorted(LAB.rglob("*.py"))]
 
 
 def imported_parts(path: Path) -> set:
@@ -107,11 +111,11 @@ def test_only_two_top_level_packages_under_src():
 
 
 def test_the_trainer_folder_lists_its_entry_point_its_layers_and_its_tools():
-    """At most eleven entries in src/training, each a command, the package's face or the package of the trainer's
-    layers; a new module goes into the layer it belongs to, a new benchmark into the studies
+    """Eight entries in src/training, each a command, the package's face or the package of the trainer's layers; a
+    new module goes into the layer it belongs to, a new study, benchmark or study data set into the lab, studies/
     (docs/architecture.md)."""
     listed = {path.name for path in (SRC / "training").iterdir() if path.name != "__pycache__"}
-    assert listed == TOP_LEVEL and len(listed) <= 11
+    assert listed == TOP_LEVEL and len(listed) <= 8
 
 
 def test_the_layers_are_a_ladder():
@@ -124,19 +128,29 @@ def test_the_layers_are_a_ladder():
 
 
 def test_every_module_is_in_a_part():
-    """Every module under src/ belongs to a part that the rules above name (a new top-level module or layer
-    package of the trainer needs its place in ALLOWED first)."""
-    unplaced = [str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if part_of(module_name(path)) not in ALLOWED]
+    """Every module under src/ and studies/ belongs to a part that the rules above name (a new top-level module or
+    layer package of the trainer needs its place in ALLOWED first)."""
+    unplaced = [str(path.relative_to(ROOT)) for path in house_files() if part_of(module_name(path)) not in ALLOWED]
     assert unplaced == []
 
 
 @pytest.mark.parametrize("part", sorted(ALLOWED))
 def test_dependencies_point_one_way(part):
     forbidden = set(ALLOWED) - ALLOWED[part] - {part}
-    files = [path for path in sorted(SRC.rglob("*.py")) if part_of(module_name(path)) == part]
+    files = [path for path in house_files() if part_of(module_name(path)) == part]
     assert files
-    wrong = {str(path.relative_to(SRC)): sorted(imported_parts(path) & forbidden) for path in files}
+    wrong = {str(path.relative_to(ROOT)): sorted(imported_parts(path) & forbidden) for path in files}
     assert {path: names for path, names in wrong.items() if names} == {}
+
+
+def test_nothing_in_the_product_imports_the_lab():
+    """The wall: no module under src/ imports `studies` or a module of it, even lazily inside a function, so the
+    wheel, which holds no lab, runs whole."""
+    reaching = {
+        str(path.relative_to(ROOT)): sorted(part for part in imported_parts(path) if part.split(".")[0] == "studies")
+        for path in sorted(SRC.rglob("*.py"))
+    }
+    assert {path: parts for path, parts in reaching.items() if parts} == {}
 
 
 def torch_load_calls(path: Path) -> list:
@@ -167,6 +181,7 @@ def test_every_checkpoint_read_goes_through_checkpoint_files():
     """Only training.trainer.run_folder.checkpoint_files calls torch.load: every other reader takes its
     `load_checkpoint` (weights_only, the content digest checked, an earlier layout converted)."""
     readers = {str(path.relative_to(SRC)): torch_load_calls(path) for path in sorted(SRC.rglob("*.py"))}
+    assert [str(path.relative_to(ROOT)) for path in LAB.rglob("*.py") if torch_load_calls(path)] == []
     assert {path: lines for path, lines in readers.items() if lines} == {
         "training/trainer/run_folder/checkpoint_files.py": readers["training/trainer/run_folder/checkpoint_files.py"]
     }
@@ -182,12 +197,13 @@ RETIRED_WORDS = {
 
 
 def test_no_retired_word_is_left_in_src():
-    """One meaning per word: a word the glossary retired appears nowhere under src/ (code, docstrings, help)."""
+    """One meaning per word: a word the glossary retired appears nowhere under src/ or in the lab (code,
+    docstrings, help)."""
     import re
 
     found = [
-        f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
-        for path in sorted(SRC.rglob("*.py"))
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r} ({instead})"
+        for path in house_files()
         for number, line in enumerate(path.read_text().splitlines(), 1)
         for pattern, instead in RETIRED_WORDS.items()
         for match in [re.search(pattern, line)]
@@ -211,12 +227,12 @@ RETIRED_RECORD_NAMES = {
 
 
 def test_no_retired_record_name_is_left_in_src():
-    """One meaning per word: none of the five old uses of "record" is named so in src/ any more."""
+    """One meaning per word: none of the five old uses of "record" is named so in src/ or the lab any more."""
     import re
 
     found = [
-        f"{path.relative_to(SRC)}:{number}: {match.group(0)!r} ({instead})"
-        for path in sorted(SRC.rglob("*.py"))
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r} ({instead})"
+        for path in house_files()
         for number, line in enumerate(path.read_text().splitlines(), 1)
         for pattern, instead in RETIRED_RECORD_NAMES.items()
         for match in [re.search(pattern, line)]
@@ -226,15 +242,13 @@ def test_no_retired_record_name_is_left_in_src():
     assert re.search(list(RETIRED_RECORD_NAMES)[-1], "for record in rows:")  # the patterns still match an old use
 
 
-# (`python -m training.loss_comparison` runs in the loss comparison's job tests, every job being such a
-# process, and `python -m training.discover` in its own tests.)
-@pytest.mark.parametrize(
-    "package", ["training.synthetic_scenes", "training.glyphs", "training.evaluation", "training.studies"]
-)
+# (`python -m studies.comparison` runs in the loss comparison's job tests, every job being such a process, and
+# `python -m training.discover` in its own tests.) The lab's commands run from the repository root, as its docs say.
+@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.evaluation", "studies", "studies.glyphs"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
-        [sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", package, "--help"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith(f"usage: python -m {package}")
@@ -250,11 +264,14 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
     trainer_flags = {option for action in build_parser()._actions for option in action.option_strings}
     trainer_flags -= {"-h", "--help"}
     repeated = []
-    for path in [*SRC.rglob("*.py"), *(SRC.parent / "scripts").rglob("*.py")]:
+    for path in [*house_files(), *(ROOT / "scripts").rglob("*.py")]:
         if path.relative_to(SRC.parent).as_posix() in (
             "src/training/trainer/launch/params.py",
             "src/training/trainer/flags.py",
             "src/training/trainer/launch/tool_flags.py",
+            # The library's plug-in for stock open_clip_train cannot import the trainer (the layers above), and its
+            # --loss means "stock's own loss" when not given; its loss option flags come from open_clip_adacl.losses.flags.
+            "src/open_clip_adacl/integrations/open_clip_train.py",
         ):
             continue  # the trainer's own declarations, and how a tool mounts them
         for match in re.finditer(r'add_argument\(\s*f?["\'](--[A-Za-z0-9-]+)["\']', path.read_text()):
@@ -321,46 +338,48 @@ def test_training_run_is_the_trainers_run_and_import_training_stays_light():
     assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
 
 
-def absolute_imports(path: Path) -> list:
-    """(module, name) for each name `path` imports with `from <absolute module> import name`."""
-    return [
-        (node.module, alias.name)
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-        for alias in node.names
-    ]
+def resolved_imports(path: Path) -> list:
+    """(module, name) for each name `path` imports with `from <module> import name`, a relative module (in src/
+    or the lab) resolved."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level and SRC not in path.parents and LAB not in path.parents:
+                continue  # a test's own helpers (tests/helpers), in no package of the house
+            if node.level:
+                package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+                above = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(above + ([node.module] if node.module else []))
+            found += [(base, alias.name) for alias in node.names]
+    return found
 
 
 def test_the_studies_use_the_loss_comparison_only_through_its_face():
-    """training.studies imports `from training.loss_comparison import <a name of its PUBLIC_FACE>`, never one of
-    its modules: what a study may rely on is one list, which the comparison keeps working."""
-    from training.loss_comparison import PUBLIC_FACE
+    """The lab's studies and measurements import `from studies.comparison import <a name of its PUBLIC_FACE>` (or
+    `from .comparison import ...`), never one of its modules: what a study may rely on is one list, which the
+    comparison keeps working."""
+    from studies.comparison import PUBLIC_FACE
 
     found = [
-        f"{path.relative_to(SRC)}: {module}.{name}"
-        for path in sorted((SRC / "training" / "studies").rglob("*.py"))
-        for module, name in absolute_imports(path)
-        if module.startswith("training.loss_comparison")
-        and (module != "training.loss_comparison" or name not in PUBLIC_FACE)
+        f"{path.relative_to(ROOT)}: {module}.{name}"
+        for path in sorted(LAB.rglob("*.py"))
+        if part_of(module_name(path)) == STUDIES
+        for module, name in resolved_imports(path)
+        if part_of(module) == COMPARISON and (module != COMPARISON or name not in PUBLIC_FACE)
     ]
     assert found == []
 
 
-def test_no_private_name_crosses_into_or_out_of_the_studies():
-    """No module or test imports a `_name` of another package from the studies, and the studies import none
-    from another package."""
-    studies = SRC / "training" / "studies"
-    files = [*SRC.rglob("*.py"), *(SRC.parent / "tests").rglob("*.py")]
+def test_no_private_name_crosses_into_or_out_of_the_lab():
+    """No module or test imports a `_name` of the lab from outside it, and the lab imports none from the product
+    (it reaches the product through its public names)."""
+    in_lab = {"studies", LAB_RECIPES, GLYPHS, COMPARISON}
     crossing = [
-        f"{path.relative_to(SRC.parent)}: {module}.{name}"
-        for path in files
-        for module, name in absolute_imports(path)
-        if name.startswith("_")
-        and part_of(module) == STUDIES
-        and studies not in path.parents
-        or name.startswith("_")
-        and part_of(module) != STUDIES
-        and studies in path.parents
+        f"{path.relative_to(ROOT)}: {module}.{name}"
+        for path in [*house_files(), *sorted((ROOT / "tests").rglob("*.py"))]
+        for module, name in resolved_imports(path)
+        if name.startswith("_") and (part_of(module) in in_lab) != (LAB in path.parents)
     ]
     assert crossing == []
 
@@ -384,17 +403,24 @@ TEST_SUPPORT = {"helpers", "fixtures"}
 
 
 def test_the_tests_mirror_src():
-    """tests/ is laid out like src/: each folder of tests (tests/training/trainer/engine/) tests the package of the
-    same path under src/ (src/training/trainer/engine/), so a package's tests are found where the package is."""
+    """tests/ is laid out like src/ and the lab: each folder of tests (tests/training/trainer/engine/,
+    tests/studies/comparison/) tests the package of the same path under src/ (src/training/trainer/engine/) or under
+    the root (studies/comparison/), so a package's tests are found where the package is."""
     tests = Path(__file__).resolve().parent
     folders = sorted({path.parent.relative_to(tests) for path in tests.rglob("test_*.py")} - {Path(".")})
     folders = [folder for folder in folders if not TEST_SUPPORT & set(folder.parts)]
     assert Path("training/trainer/engine") in folders
-    assert [str(folder) for folder in folders if not (SRC / folder / "__init__.py").is_file()] == []
+    assert Path("studies/comparison") in folders
+    unmatched = [folder for folder in folders if not (SRC / folder / "__init__.py").is_file()]
+    assert [
+        str(folder)
+        for folder in unmatched
+        if not (folder.parts[0] == "studies" and (ROOT / folder / "__init__.py").is_file())
+    ] == []
 
 
 def test_scripts_holds_the_benchmarks_and_launchers_only():
-    """A study's driver is a module of training.studies (docs/architecture.md); scripts/ keeps the speed and memory
+    """A study's driver is a module of the lab, studies/ (docs/architecture.md); scripts/ keeps the speed and memory
     benchmarks, the demo, the glyph data's installer, the launch recipes and the test runner."""
     scripts = SRC.parent / "scripts"
     kept = {"demo.sh", "glyph_data.sh", "gpu_bench.sh", "launch", "setup_env.sh", "test.sh"}

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from helpers.comparison_outcomes import outcome, report_context
+from studies.comparison.cli import main as comparison_main
+from studies.comparison.jobs import outcome_file
+from studies.glyphs.cli import main as glyphs_main
 from training.discover.cli import main as discover_main
 from training.evaluation.zero_shot import main as evaluation_main
 from training.export import main as export_main
-from training.glyphs.cli import main as glyphs_main
-from training.loss_comparison.cli import main as comparison_main
-from training.loss_comparison.jobs import outcome_file
 from training.main import main as train_main
 from training.synthetic_scenes.cli import main as scenes_main
 from training.trainer.run_folder.margins import main as margins_main

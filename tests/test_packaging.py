@@ -1,6 +1,8 @@
 """What `pip install .` puts into site-packages: only the project's own top-level names, so that
-installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`; and
-`pip install -r requirements.txt` keeps the torch that stack has and a webdataset stock open_clip_train runs with."""
+installing beside a cluster's stack never shadows another `evaluation` or `synthetic_scenes`, and none of the
+laboratory (studies/ stays in the repository); the library's requirements are the few it imports, the trainer's
+behind [training]; and `pip install -r requirements.txt` keeps the torch that stack has and a webdataset stock
+open_clip_train runs with."""
 
 import ast
 import importlib.metadata
@@ -18,11 +20,26 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_wheel_installs_only_open_clip_adacl_and_training(tmp_path):
-    # Build from a copy, so that the build's own directories stay out of the work tree.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copy(ROOT / "setup.py", source / "setup.py")
+def fresh_copy(target: Path) -> Path:
+    """The repository's files as a fresh clone of this work tree holds them (tracked and new, not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in (name.decode() for name in listed if name):
+        if (ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
+def test_the_wheel_installs_only_open_clip_adacl_and_training_and_none_of_the_lab(tmp_path):
+    # Build from a fresh copy of the whole repository (the lab beside src/ included), so that the build's own
+    # directories stay out of the work tree and a lab a build could pick up is there to be picked up.
+    source = fresh_copy(tmp_path / "source")
+    assert (source / "studies" / "comparison" / "__init__.py").is_file()
     result = subprocess.run(
         [
             sys.executable,
@@ -51,8 +68,19 @@ def test_the_wheel_installs_only_open_clip_adacl_and_training(tmp_path):
     # The model configs travel with the library, and the tools with the trainer.
     assert "open_clip_adacl/model_configs/adacl-tiny.json" in names
     assert "training/discover/page.html" in names  # the discovery page's template
-    for tool in ("evaluation", "synthetic_scenes", "glyphs", "loss_comparison", "discover"):
+    for tool in ("evaluation", "synthetic_scenes", "discover"):
         assert f"training/{tool}/__main__.py" in names
+    # No study, no glyph generator, no loss comparison, no study recipe: the lab is not shipped.
+    lab = [name for name in names if any(word in name for word in ("studies", "glyph", "comparison", "study"))]
+    assert lab == []
+    shipped_text = "".join(archive_text(wheel, name) for name in names if name.endswith((".py", ".txt")))
+    assert "clone-scratch" not in shipped_text and "glyphs-pretrain" not in shipped_text
+    assert "adacl-compare" not in shipped_text and "adacl-glyphs" not in shipped_text  # the lab's old console scripts
+
+
+def archive_text(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(name).decode()
 
 
 def installed_metadata(site: Path, name: str, version: str, requires=()) -> None:
@@ -126,15 +154,38 @@ def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
     assert resolve_offline(["-r", "requirements.txt", "-c", "other.txt"], other_stack, source).returncode == 0
 
 
-def install_requires() -> List[Requirement]:
-    """setup.py's INSTALL_REQUIRES, read without running setup()."""
+def setup_value(name: str):
+    """A literal of setup.py (INSTALL_REQUIRES, EXTRAS_REQUIRE), read without running setup()."""
     tree = ast.parse((ROOT / "setup.py").read_text())
     [value] = [
         node.value
         for node in tree.body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "INSTALL_REQUIRES"
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name
     ]
-    return [Requirement(text) for text in ast.literal_eval(value)]
+    return ast.literal_eval(value)
+
+
+def install_requires() -> List[Requirement]:
+    return [Requirement(text) for text in setup_value("INSTALL_REQUIRES")]
+
+
+def training_extra() -> List[Requirement]:
+    return [Requirement(text) for text in setup_value("EXTRAS_REQUIRE")["training"]]
+
+
+def test_the_library_requires_only_what_it_imports_and_the_trainer_its_extra():
+    """`pip install open_clip_adacl` brings the loss library (torch and the open_clip it extends); the trainer's
+    own dependencies are its [training] extra, as OpenCLIP keeps open_clip_train's, and `import open_clip_adacl`
+    with `create_loss` loads none of them."""
+    assert sorted(requirement.name for requirement in install_requires()) == ["open_clip_torch", "torch"]
+    extra = {requirement.name for requirement in training_extra()}
+    assert {"webdataset", "pandas", "tensorboard", "braceexpand", "pillow"} <= extra
+    check = (
+        "import sys; from open_clip_adacl import create_loss; create_loss('adacl'); "
+        "print(sorted({'webdataset', 'pandas', 'tensorboard', 'braceexpand', 'open_clip_train'} & set(sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert loaded.stdout.strip() == "[]", loaded.stderr[-2000:]
 
 
 def requirement_of(requirements: Sequence[Requirement], name: str) -> Requirement:
@@ -148,13 +199,13 @@ WEBDATASET_RELEASES = ("0.2.5", "0.2.79", "0.2.86", "0.2.88", "0.2.90", "0.2.96"
 
 
 def test_the_webdataset_range_is_one_stock_open_clip_train_runs_with():
-    ours = requirement_of(install_requires(), "webdataset")
-    training_extra = [
+    ours = requirement_of(training_extra(), "webdataset")
+    open_clip_training = [
         Requirement(text)
         for text in importlib.metadata.requires("open_clip_torch")
         if "training" in text.split(";", 1)[-1]
     ]
-    theirs = requirement_of(training_extra, "webdataset")
+    theirs = requirement_of(open_clip_training, "webdataset")
     allowed = [version for version in WEBDATASET_RELEASES if ours.specifier.contains(version)]
     assert allowed == ["0.2.86"]
     assert all(theirs.specifier.contains(version) for version in allowed), (str(ours), str(theirs))

@@ -16,7 +16,7 @@ features are read detached. Each is exact across ranks: every input is either th
 gathered over the global batch (`pair_inputs` does the gathering, once per step; the math never calls a
 collective except through `RowGroup`, as the selection does), so a rank's rows score exactly as the same
 rows of one process holding the whole batch. `SIGNALS` names them for the loss (`adaclw:discovery=...`),
-and `python -m training.studies signals` (their precision and recall against known families).
+and `python -m studies signals` (their precision and recall against known families, in the laboratory).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 
 from . import adacl_math
 from .distributed import RowGroup, gather_no_grad
+from .registry import Registry
 from .score_memory import PairScoreMemory
 from .selection import batch_reference, summarize_rows
 
@@ -60,6 +61,7 @@ class PairInputs:
     all_tokens: Optional[torch.Tensor] = None  # N x L
     all_ids: Optional[torch.Tensor] = None  # N sample ids of the columns (the trainer's sample index), or None
     memory: Optional[PairScoreMemory] = None  # past scores per pair of sample ids (`persistence`), or None
+    draw: Optional[torch.Tensor] = None  # 0-dim int64: which draw the `random` control makes (a step count); None: 0
 
     @property
     def query_ids(self) -> torch.Tensor:
@@ -80,12 +82,13 @@ def pair_inputs(
     world_size: int = 1,
     all_ids: Optional[torch.Tensor] = None,
     memory: Optional[PairScoreMemory] = None,
+    draw: Optional[torch.Tensor] = None,
 ) -> PairInputs:
     """The signals' inputs from what a loss holds (features already gathered), detached. `local_tokens` are this
     rank's samples' token ids; they are gathered here, once per step (every rank holds the same number of
     samples, as for the features); a rank that holds every row (no `--local-loss`) queries with all of them.
     `all_ids` (the global batch's sample ids, gathered as the loss gathers them) and `memory` feed
-    `persistence`."""
+    `persistence`; `draw` the `random` control."""
     all_tokens = gather_no_grad(local_tokens, world_size)
     query_tokens = local_tokens if rows.split_across_ranks else all_tokens
     return PairInputs(
@@ -101,6 +104,7 @@ def pair_inputs(
         all_tokens,
         all_ids,
         memory,
+        draw,
     )
 
 
@@ -187,43 +191,67 @@ def gda_clone_posterior(
     salient: str = "max",
     prior_ratio: float = 1.0,
     std_floor: float = 1e-4,
-) -> torch.Tensor:
-    """rows x N p(clone | logit) under AdaCL's two Gaussians fitted over the global batch (docs/method.md
-    §3.1-3.3; `std_floor` in cosine units, as the loss's option)."""
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows x N float64 p(clone | logit), the reference fits) under AdaCL's two Gaussians fitted over the global
+    batch (docs/method.md §3.1-3.3; `std_floor` in cosine units, as the loss's option; the fits, as
+    `selection.batch_reference` returns them, in logit units). The one place AdaCL's posterior of every pair is
+    computed: `adaclw` weights by it and the `gda` signals read it."""
+    logits = logits.detach()
     summary = summarize_rows(logits, positive_col, with_mean=salient == "mean")
-    floor = std_floor * logit_scale.double()
+    floor = std_floor * logit_scale.detach().double()
     reference = batch_reference(logits, summary, positive_col, rows, salient=salient, std_floor=floor)
-    return adacl_math.gda_posterior(logits.double(), *reference, prior_ratio=prior_ratio).float()
+    return adacl_math.gda_posterior(logits.double(), *reference, prior_ratio=prior_ratio), reference
 
 
-# --- the registry: each signal as a function of the inputs and a direction ---------------------------------
+# --- the registry: each signal as a declared entry ----------------------------------------------------------
 
-Signal = Callable[[PairInputs, str], torch.Tensor]
-SIGNALS: Dict[str, Signal] = {}
-NEEDS_TOKENS = set()
-DIRECTED = set()  # the signals that read the direction; every other one scores a pair alike in both
-POSTERIORS = ("gda", "gda_both")  # probabilities: flagged above 1/2, as the loss reads them
+Score = Callable[[PairInputs, str], torch.Tensor]
 
 
-def register_signal(name: str, needs_tokens: bool = False, directed: bool = False):
-    def add(fn: Signal) -> Signal:
-        SIGNALS[name] = fn
-        if needs_tokens:
-            NEEDS_TOKENS.add(name)
-        if directed:
-            DIRECTED.add(name)
-        return fn
+@dataclass(frozen=True)
+class CloneSignal:
+    """A registered clone signal: its score of every pair for a direction, and what it declares about itself."""
+
+    score: Score  # (inputs, direction) -> rows x N, larger for a likelier clone
+    needs_tokens: bool = False  # reads the captions' token ids (PairInputs.query_tokens / all_tokens)
+    directed: bool = False  # reads the direction; every other signal scores a pair alike in both
+    posterior: bool = False  # a probability, flagged above 1/2 (as AdaCL reads its candidates)
+    persistent: bool = False  # reads a PairScoreMemory of past scores (PairInputs.memory, keyed by sample ids)
+    random: bool = False  # a control that reads no content: scores drawn afresh each step (PairInputs.draw)
+
+
+SIGNALS: Registry[CloneSignal] = Registry("clone signal")
+
+
+def register_signal(
+    name: str,
+    *,
+    needs_tokens: bool = False,
+    directed: bool = False,
+    posterior: bool = False,
+    persistent: bool = False,
+    random: bool = False,
+) -> Callable[[Score], Score]:
+    def add(score: Score) -> Score:
+        SIGNALS.add(name, CloneSignal(score, needs_tokens, directed, posterior, persistent, random))
+        return score
 
     return add
 
 
-@register_signal("gda", directed=True)
+def signal(name: str) -> CloneSignal:
+    """The registered signal `name`; ValueError naming the registered ones if there is none."""
+    return SIGNALS.get(name)
+
+
+@register_signal("gda", directed=True, posterior=True)
 def gda_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
-    """AdaCL's reading: this direction's posterior p(clone | logit)."""
-    return gda_clone_posterior(inputs.logits[direction], inputs.positive_col, inputs.rows, inputs.logit_scale)
+    """AdaCL's reading: this direction's posterior p(clone | logit), under the loss's default options."""
+    posterior, _ = gda_clone_posterior(inputs.logits[direction], inputs.positive_col, inputs.rows, inputs.logit_scale)
+    return posterior.float()
 
 
-@register_signal("gda_both")
+@register_signal("gda_both", posterior=True)
 def gda_both_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     """Both directions must call the pair a clone: the smaller of the two directions' posteriors."""
     return torch.minimum(gda_signal(inputs, "i2t"), gda_signal(inputs, "t2i"))
@@ -268,9 +296,9 @@ def mean_of_standardized(inputs: PairInputs, direction: str, names: Tuple[str, .
     """The mean of the named signals, each standardized over its row's negatives first (so a cosine, an overlap
     and a posterior count alike): a negative that several views place far above its row's other negatives."""
     negative = negative_mask(inputs)
-    return sum(standardized_over_negatives(SIGNALS[name](inputs, direction).float(), negative) for name in names) / len(
-        names
-    )
+    return sum(
+        standardized_over_negatives(signal(name).score(inputs, direction).float(), negative) for name in names
+    ) / len(names)
 
 
 # Combinations: the views that need no token ids, and with them.
@@ -280,10 +308,21 @@ COMBINATIONS = {
     "text_image_tokens": ("text", "image", "tokens"),
     "all": ("text", "image", "cross_both", "tokens"),
 }
+
+
+def register_combination(name: str, parts: Tuple[str, ...]) -> None:
+    """`name` as the mean of the standardized `parts`, declaring what any of its parts declares."""
+    declared = [signal(part) for part in parts]
+    register_signal(
+        name,
+        needs_tokens=any(part.needs_tokens for part in declared),
+        directed=any(part.directed for part in declared),
+        persistent=any(part.persistent for part in declared),
+    )(partial(mean_of_standardized, names=parts))
+
+
 for _name, _parts in COMBINATIONS.items():
-    register_signal(_name, needs_tokens="tokens" in _parts, directed=bool(DIRECTED.intersection(_parts)))(
-        partial(mean_of_standardized, names=_parts)
-    )
+    register_combination(_name, _parts)
 
 
 # Persistence over steps: the memory holds the row-standardized score of this signal (the model's own views; no
@@ -293,10 +332,10 @@ PERSISTENCE_BASE = "features"
 
 def persistence_current(inputs: PairInputs) -> torch.Tensor:
     """rows x N: this step's row-standardized PERSISTENCE_BASE score (the same in both directions)."""
-    return standardized_over_negatives(SIGNALS[PERSISTENCE_BASE](inputs, "i2t").float(), negative_mask(inputs))
+    return standardized_over_negatives(signal(PERSISTENCE_BASE).score(inputs, "i2t").float(), negative_mask(inputs))
 
 
-@register_signal("persistence")
+@register_signal("persistence", persistent=True)
 def persistence_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     """This step's score averaged with the pair's past ones (`PairScoreMemory.blend`); without a memory, or for
     a pair met for the first time, this step's score."""
@@ -308,10 +347,30 @@ def persistence_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
     return inputs.memory.blend(inputs.query_ids, inputs.all_ids, current)
 
 
-register_signal("persistence_text_image_tokens", needs_tokens=True)(
-    partial(mean_of_standardized, names=("persistence", "text_image_tokens"))
-)
-PERSISTENT = ("persistence", "persistence_text_image_tokens")  # the signals that read a PairScoreMemory
+register_combination("persistence_text_image_tokens", ("persistence", "text_image_tokens"))
+
+
+@register_signal("random", random=True)
+def random_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
+    """A control, no clone signal: a uniform score per pair, drawn afresh at each draw (`PairInputs.draw`), the
+    same for a pair wherever its row is held (a hash of the pair's places in the global batch and the draw, so
+    exact across ranks with no random generator to keep in step). With a quota it flags a random share of every
+    row's negatives."""
+    columns = torch.arange(inputs.all_image.shape[0], device=inputs.positive_col.device)
+    draw = torch.zeros((), dtype=torch.long) if inputs.draw is None else inputs.draw  # a tool's one batch: draw 0
+    return uniform_hash(inputs.positive_col[:, None], columns[None, :], draw.to(columns.device))
+
+
+HASH_MASK = 2**31 - 1  # every product below stays under 2**62: no int64 overflow on any device
+
+
+def uniform_hash(row: torch.Tensor, col: torch.Tensor, draw: torch.Tensor) -> torch.Tensor:
+    """Broadcast float32 in [0, 1): an integer hash of (row, col, draw) (three rounds of multiply and xorshift in
+    31 bits), the same on every device."""
+    mixed = (row * 40503 + col * 65599 + (draw & HASH_MASK) * 1103) & HASH_MASK
+    for multiplier in (1274126177, 1911520717, 2048419325):
+        mixed = ((mixed ^ (mixed >> 15)) * multiplier) & HASH_MASK
+    return (mixed >> 7).float() / float(2**24)
 
 
 def persistence_update(inputs: PairInputs, world_size: int):
@@ -335,15 +394,21 @@ def negative_mask(inputs: PairInputs) -> torch.Tensor:
 def clone_scores(inputs: PairInputs, name: str, direction: str) -> torch.Tensor:
     """rows x N scores of the registered signal `name` for `direction`; the positives are set to -inf, so a
     threshold or a top-k over a row never picks its own pair."""
-    if name not in SIGNALS:
-        raise ValueError(f"unknown clone signal {name!r}; choose from {', '.join(SIGNALS)}")
-    return SIGNALS[name](inputs, direction).float().masked_fill(~negative_mask(inputs), float("-inf"))
+    return signal(name).score(inputs, direction).float().masked_fill(~negative_mask(inputs), float("-inf"))
+
+
+def flag_quota(scores: torch.Tensor, quota: float) -> torch.Tensor:
+    """rows x N: each row's round(quota x negatives) highest-scoring negatives (at least one), the same number in
+    every row; `scores` as `clone_scores` returns them (the positives at -inf, so never among them)."""
+    count = min(max(1, round(quota * (scores.shape[1] - 1))), scores.shape[1] - 1)
+    top = scores.topk(count, dim=1).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, top, True)
 
 
 def flag_clones(name: str, scores: torch.Tensor, negative: torch.Tensor, threshold: float) -> torch.Tensor:
-    """rows x N: the negatives the signal calls clones at the loss's operating point. A posterior (`POSTERIORS`)
-    above 1/2, as AdaCL's candidates; any other score `threshold` standard deviations above the mean of its row's
+    """rows x N: the negatives the signal calls clones at the loss's operating point. A posterior
+    (`CloneSignal.posterior`) above 1/2, as AdaCL's candidates; any other score `threshold` standard deviations above the mean of its row's
     negatives (`standardized_over_negatives`). Per row, so the flags of a rank's rows need no collective."""
-    if name in POSTERIORS:
+    if signal(name).posterior:
         return (scores > 0.5) & negative
     return (standardized_over_negatives(scores, negative) > threshold) & negative

@@ -5,7 +5,7 @@ checkpoints written under it keep loading after a rename."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Generic, Iterator, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -58,6 +58,13 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items or name in self._aliases
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names, in registration order (as `names()`)."""
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def items(self):
         return self._items.items()

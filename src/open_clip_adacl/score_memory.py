@@ -10,8 +10,8 @@ Keyed by sample ids (the trainer's global sample index), not by batch position, 
 wherever the two samples land. Exact across ranks: every rank updates its copy with the scores of every row of
 the global batch (`clone_signals.persistence_update` gathers a rank's rows first), so every copy stays the same
 and a rank's rows read what one process holding the whole batch reads. Memory: 12 bytes per pair ever met (an
-int64 key and a float32 average); sorted keys, so a read is a binary search. Not checkpointed: a resumed run
-starts it empty.
+int64 key and a float32 average); sorted keys, so a read is a binary search. Its buffers are checkpointed with
+the loss that holds it, so a resumed run continues with the pairs it had met.
 """
 
 from __future__ import annotations
@@ -34,18 +34,31 @@ def moving_average(past: torch.Tensor, current: torch.Tensor, momentum: float) -
     return past + momentum * (current - past)
 
 
-class PairScoreMemory:
-    """Per ordered pair of sample ids, the moving average of its clone score over the steps it was met."""
+class PairScoreMemory(torch.nn.Module):
+    """Per ordered pair of sample ids, the moving average of its clone score over the steps it was met.
+
+    Its two buffers (`keys`, sorted and unique, and `averages`) are its state: a loss that holds it as a
+    submodule checkpoints it with its `state_dict()`, of whatever size it has grown to, and loading one resizes
+    the buffers first. Every rank holds the same copy (see the module's docstring), so a checkpoint written on
+    any number of ranks resumes on any other."""
 
     def __init__(self, momentum: float = 0.5):
+        super().__init__()
         if not 0 < momentum <= 1:
             raise ValueError(f"momentum must be in (0, 1] (1: no memory), got {momentum}")
         self.momentum = momentum
-        self.keys = torch.empty(0, dtype=torch.long)  # sorted, unique
-        self.values = torch.empty(0)
+        self.register_buffer("keys", torch.empty(0, dtype=torch.long))
+        self.register_buffer("averages", torch.empty(0))
 
     def __len__(self) -> int:
         return self.keys.numel()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("keys", "averages"):
+            saved = state_dict.get(prefix + name)
+            if saved is not None:
+                setattr(self, name, torch.empty(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _find(self, keys: torch.Tensor):
         """(position in self.keys, found) of each key."""
@@ -59,23 +72,24 @@ class PairScoreMemory:
         the first time); the memory is unchanged."""
         keys = pair_keys(row_ids, col_ids)
         position, found = self._find(keys.reshape(-1))
-        past = self.values.to(scores.device, scores.dtype)[position] if len(self) else scores.reshape(-1)
+        past = self.averages.to(scores.device, scores.dtype)[position] if len(self) else scores.reshape(-1)
         blended = moving_average(past, scores.reshape(-1), self.momentum)
         return torch.where(found, blended, scores.reshape(-1)).reshape(scores.shape)
 
     def update(self, row_ids: torch.Tensor, col_ids: torch.Tensor, scores: torch.Tensor, keep: torch.Tensor) -> None:
         """Write `blend`'s averages of the pairs where `keep` (rows x N; a row's own pair is never kept). A pair
         listed twice in one step (a sample twice in a batch) keeps the mean of its blended scores."""
+        device = self.keys.device
         keys = pair_keys(row_ids, col_ids)[keep]
-        blended = self.blend(row_ids, col_ids, scores)[keep].float().cpu()
-        keys, inverse = torch.unique(keys.cpu(), return_inverse=True)
-        sums = torch.zeros(keys.numel()).index_add_(0, inverse, blended)
+        blended = self.blend(row_ids, col_ids, scores)[keep].float().to(device)
+        keys, inverse = torch.unique(keys.to(device), return_inverse=True)
+        sums = torch.zeros(keys.numel(), device=device).index_add_(0, inverse, blended)
         means = sums / torch.bincount(inverse, minlength=keys.numel()).float()
         position, found = self._find(keys)
-        self.values[position[found]] = means[found]
+        self.averages[position[found]] = means[found]
         merged_keys = torch.cat([self.keys, keys[~found]])
         order = torch.argsort(merged_keys)
-        self.keys, self.values = merged_keys[order], torch.cat([self.values, means[~found]])[order]
+        self.keys, self.averages = merged_keys[order], torch.cat([self.averages, means[~found]])[order]
 
     def clear(self) -> None:
-        self.keys, self.values = self.keys[:0], self.values[:0]
+        self.keys, self.averages = self.keys[:0], self.averages[:0]

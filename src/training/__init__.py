@@ -16,8 +16,9 @@ to: `LOSSES` (`open_clip_adacl.register_loss`), `SCHEDULES` (LR schedules), `SOU
 
 Built on the library `open_clip_adacl`. The tools that use the trainer live beside it as subpackages,
 and nothing else in the trainer imports them: evaluation after training (`training.evaluation`), the
-demo data (`training.synthetic_scenes`), the loss comparison (`training.loss_comparison`) and clone
-discovery over a dataset (`training.discover`).
+demo data (`training.synthetic_scenes`), export (`training.export`) and clone discovery over a dataset
+(`training.discover`). The laboratory (the studies and the loss comparison, `studies/` in the repository,
+not in the wheel) imports these names; nothing here imports it.
 """
 
 from importlib import import_module

@@ -1,11 +1,11 @@
-"""Synthetic inputs for the loss comparison's tests (tests/training/loss_comparison/): a tiny budget, data
+"""Synthetic inputs for the loss comparison's tests (tests/studies/comparison/): a tiny budget, data
 paths, run outcomes and a report context."""
 
 import math
 
-from training.loss_comparison.data import QUICK, Budget, data_from_manifest
-from training.loss_comparison.report import ReportContext
-from training.loss_comparison.stats import assess_run
+from studies.comparison.data import QUICK, Budget, data_from_manifest
+from studies.comparison.report import ReportContext
+from studies.comparison.stats import assess_run
 
 # The sizes of the `demo_shards` fixture (tests/conftest.py), so the runner reuses it as its data.
 TINY = Budget(
@@ -111,7 +111,7 @@ def report_context(tmp_path):
         "code": "git abc",
     }
     return ReportContext(
-        command="python -m training.loss_comparison --quick --seeds 0,1,2",
+        command="python -m studies.comparison --quick --seeds 0,1,2",
         budget=QUICK,
         data=data,
         data_seed=0,

@@ -261,3 +261,37 @@ def race_for_a_stale_lock(run_dir, trials, env=None):
         for proc in contenders:
             proc.communicate(timeout=60)
     return outcomes
+
+
+def stock_argv(demo_shards, logs, name, *extra, samples=128, batch_size=32, epochs=1, workers=0):
+    """Flags of stock open_clip_train (which our trainer takes too) for a tiny webdataset run on the demo shards:
+    `samples` / `batch_size` steps an epoch, every step logged, no evaluation unless `extra` asks for it."""
+    return [
+        "--train-data",
+        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
+        "--train-num-samples",
+        str(samples),
+        "--dataset-type",
+        "webdataset",
+        "--model",
+        "adacl-tiny",
+        "--batch-size",
+        str(batch_size),
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--workers",
+        str(workers),
+        "--device",
+        "cpu",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--epochs",
+        str(epochs),
+        "--log-every-n-steps",
+        "1",
+        *extra,
+    ]

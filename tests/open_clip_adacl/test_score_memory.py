@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl.clone_signals import (
     DIRECTIONS,
-    PERSISTENT,
+    SIGNALS,
     clone_scores,
     pair_inputs,
     persistence_current,
@@ -93,7 +93,14 @@ def _persistence_scores(rank: int, world_size: int):
             all_ids=gather_no_grad(ids[rows], world_size),
             memory=memory,
         )
-        found.append({(name, d): clone_scores(inputs, name, d) for name in PERSISTENT for d in DIRECTIONS})
+        found.append(
+            {
+                (name, d): clone_scores(inputs, name, d)
+                for name, signal in SIGNALS.items()
+                if signal.persistent
+                for d in DIRECTIONS
+            }
+        )
         found[-1]["current"] = persistence_current(inputs)
         memory.update(*persistence_update(inputs, world_size))
     return found

@@ -381,7 +381,16 @@ class AdaCLLoss(ContrastiveLoss):
     # --- forward -----------------------------------------------------------------------------------
 
     def forward(
-        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        logit_bias=None,
+        *,
+        sample_index=None,
+        family=None,
+        text_tokens=None,
+        output_dict=False,
     ):
         if self.fallback_counts.device != image_features.device:
             self.to(image_features.device)  # the state follows the features (a Python-side check)

@@ -18,22 +18,28 @@ the fits are `selection.batch_reference`'s, shared by every rank; the weights ar
 `threshold` standard deviations above its row's negatives (`clone_signals.flag_clones`; p is then 0 or 1). The
 token signals read the captions' token ids, which the trainer passes to a loss that `takes_text_tokens`.
 The persistence signals read a memory of past scores per pair of sample ids (`score_memory.PairScoreMemory`,
-`memory_momentum` the weight of the newest score), which a training step updates at `commit()` and which is
-not checkpointed (a resumed run starts it empty). docs/clone_signals.md measures each signal's precision and
-recall.
+`memory_momentum` the weight of the newest score), which a training step updates at `commit()`; it is a buffer
+of the loss, so a checkpoint holds it and a resumed run continues with it. docs/clone_signals.md measures each
+signal's precision and recall.
+
+The controls at a fixed dose: with `quota` q > 0, every row's round(q (N - 1)) highest-scoring negatives are
+flagged instead (`clone_signals.flag_quota`), so `discovery=random` (a fresh uniform draw per step, its count a
+buffer of the loss) and `discovery=cross` (the row's hardest negatives by its own cross-modal score) weight the
+same share of negatives as a discovery that flags that share on average: what is specific to finding clones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 
 from .. import adacl_math, clone_signals
 from ..score_memory import PairScoreMemory
-from ..selection import batch_reference, summarize_rows
-from .base import ContrastiveLoss, GlobalBatch, MechanismStats
+from .base import DIRECTIONS, FAMILY_FIELD, ContrastiveLoss, GlobalBatch, MechanismStats
 from .options import DistributedSetup, LossOptions, option
 from .registry import register_loss
 
@@ -50,7 +56,9 @@ class PosteriorWeightedLoss(ContrastiveLoss):
     Stats, per direction `d`, over the global batch: `d/clone_share` (share of negatives with posterior > 1/2:
     AdaCL's clone candidates), `d/posterior_mean` (mean posterior over the negatives), `d/flat_fit` (1 when a
     reference fit sat at the std floor: its posterior is then degenerate), `d/weighted_mass` (mean over rows of
-    the weighted negatives' softmax mass over the unweighted one: how much the weights changed the loss).
+    the weighted negatives' softmax mass over the unweighted one: how much the weights changed the loss); and where
+    the trainer passes families (`takes_family`: data whose json holds them), `d/sibling_share` (negatives of the
+    query's own family), `d/flag_precision` and `d/flag_recall` (the flags, p > 1/2, against those siblings).
     """
 
     @dataclass(frozen=True)
@@ -83,6 +91,16 @@ class PosteriorWeightedLoss(ContrastiveLoss):
             "the persistence signals: the weight of this step's score in a pair's moving average over "
             "the steps it met (1: no memory)",
         )
+        family_field: str = option(
+            FAMILY_FIELD,
+            "where the data has families: the json field of the family ids (or group ids) its stats measure the "
+            "discovery against (as oracle's family_field)",
+        )
+        quota: float = option(
+            0.0,
+            "flag each row's top share of its negatives by the discovery's score, the same number in every row "
+            "(the controls at a fixed dose: random, cross), instead of by threshold or posterior (0)",
+        )
 
         def check(self) -> None:
             super().check()
@@ -94,155 +112,177 @@ class PosteriorWeightedLoss(ContrastiveLoss):
                 raise ValueError(f"std_floor must be >= 0, got {self.std_floor}")
             if not 0 < self.memory_momentum <= 1:
                 raise ValueError(f"memory_momentum must be in (0, 1], got {self.memory_momentum}")
+            if not 0 <= self.quota < 1:
+                raise ValueError(f"quota must be in [0, 1) (0: no quota), got {self.quota}")
 
     console_stats = ("clone_share",)
     # What a comparison summarises per run: how many negatives the discovery flagged, how much the weights moved.
-    mechanism_stats = MechanismStats("adaclw", spreads=("clone_share", "weighted_mass"))
+    # Where the data carries families, also the share of negatives that are siblings and the flags' precision and
+    # recall against them, on the training batches.
+    mechanism_stats = MechanismStats(
+        "adaclw", spreads=("clone_share", "weighted_mass", "sibling_share", "flag_precision", "flag_recall")
+    )
     takes_text_tokens = True
+    takes_family = True  # where the data carries families: the discovery's precision and recall, per logged step
 
     def __init__(self, options: Optional[LossOptions] = None, dist: DistributedSetup = DistributedSetup()):
         super().__init__(options, dist)
-        persistent = self.options.discovery in clone_signals.PERSISTENT
-        self._memory = PairScoreMemory(self.options.memory_momentum) if persistent else None
-        self._step_weights = None  # a direction-free discovery's (p, log weight), kept for the step's other direction
+        self.discovery = clone_signals.signal(self.options.discovery)
+        # The persistence signals' past scores per pair of sample ids: a buffer of the loss, so checkpointed.
+        self.memory = PairScoreMemory(self.options.memory_momentum) if self.discovery.persistent else None
+        if self.discovery.random:  # the random control's draw: its training steps so far, checkpointed
+            self.register_buffer("draws", torch.zeros((), dtype=torch.long))
+
+    def reads_text_tokens(self) -> bool:
+        return self.discovery.needs_tokens
+
+    def reads_sample_index(self) -> bool:
+        return self.discovery.persistent  # the persistence signals key their memory by sample ids
 
     def reset_state(self) -> None:
-        if self._memory is not None:
-            self._memory.clear()
-
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, *, text_tokens=None, **inputs):
-        if self.options.discovery in clone_signals.NEEDS_TOKENS and text_tokens is None:
-            raise ValueError(
-                f"adaclw:discovery={self.options.discovery} reads the captions' token ids: pass "
-                "text_tokens= (the trainer does)"
-            )
-        self._text_tokens = text_tokens
-        return super().forward(image_features, text_features, logit_scale, logit_bias, **inputs)
+        if self.memory is not None:
+            self.memory.clear()
+        if self.discovery.random:
+            self.draws.zero_()
 
     def symmetric_loss(self, batch: GlobalBatch) -> torch.Tensor:
-        # The signals' inputs, gathered once per step for both directions.
-        self._pairs = (
-            None
-            if self.options.discovery == "gda"
-            else clone_signals.pair_inputs(
-                batch.logits_per_image,
-                batch.logits_per_text,
-                batch.labels,
-                batch.image_features,
-                batch.text_features,
-                batch.all_image_features,
-                batch.all_text_features,
-                batch.logit_scale,
-                batch.rows,
-                self._text_tokens if self.options.discovery in clone_signals.NEEDS_TOKENS else None,
-                self.dist.world_size,
-                batch.sample_index,
-                self._memory,
-            )
-        )
-        if self._memory is not None:
-            self._stage_memory_update(batch)
-        try:
-            return super().symmetric_loss(batch)
-        finally:
-            self._pairs = self._text_tokens = self._step_weights = None  # not kept past the step
+        if self.options.discovery == "gda":
+            weights = {direction: self._posterior_weights(batch, direction) for direction in DIRECTIONS}
+        else:
+            inputs = self._discovery_inputs(batch)  # read once per step, by both directions
+            if self.memory is not None and self.training:
+                self._stage_memory_update(inputs)
+            if self.discovery.random and self.training:
+                draws = self.draws
+                self.stage_update(lambda: draws.add_(1))
+            weights = self._signal_weights(batch, inputs)
+        return (
+            self._direction_loss(batch, "i2t", *weights["i2t"]) + self._direction_loss(batch, "t2i", *weights["t2i"])
+        ) / 2
 
-    def _stage_memory_update(self, batch: GlobalBatch) -> None:
-        """In training, this step's scores of the whole global batch (gathered now, on every rank) for the memory,
-        written at `commit()`; an evaluation pass reads the memory and leaves it."""
-        if batch.sample_index is None:
+    def _direction_loss(self, batch: GlobalBatch, direction: str, log_weight, stats) -> torch.Tensor:
+        if self.wants_stats and stats is not None:
+            with torch.no_grad():
+                self.stats.update(stats())
+        logits = batch.logits(direction)
+        return F.cross_entropy(logits if log_weight is None else logits + log_weight, batch.labels)
+
+    def _discovery_inputs(self, batch: GlobalBatch) -> clone_signals.PairInputs:
+        """What the discovery reads of the global batch (the batch's gathered token ids and sample ids, and the
+        pair memory), detached."""
+        name = self.options.discovery
+        if self.discovery.needs_tokens and batch.text_tokens is None:
             raise ValueError(
-                f"adaclw:discovery={self.options.discovery} keys its memory by sample ids: pass sample_index= "
-                "(the trainer does)"
+                f"adaclw:discovery={name} reads the captions' token ids: pass text_tokens= (the trainer does)"
             )
-        if self.training:
-            update = clone_signals.persistence_update(self._pairs, self.dist.world_size)
-            memory = self._memory
-            self.stage_update(lambda: memory.update(*update))
+        if self.discovery.persistent and batch.sample_index is None:
+            raise ValueError(
+                f"adaclw:discovery={name} keys its memory by sample ids: pass sample_index= (the trainer does)"
+            )
+        return clone_signals.PairInputs(
+            {"i2t": batch.logits_per_image.detach(), "t2i": batch.logits_per_text.detach()},
+            batch.labels,
+            batch.image_features.detach(),
+            batch.text_features.detach(),
+            batch.all_image_features.detach(),
+            batch.all_text_features.detach(),
+            batch.logit_scale.detach(),
+            batch.rows,
+            batch.query_text_tokens() if self.discovery.needs_tokens else None,
+            batch.text_tokens if self.discovery.needs_tokens else None,
+            batch.sample_index,
+            self.memory,
+            self.draws if self.discovery.random else None,
+        )
 
-    def adjust_logits(self, batch: GlobalBatch, direction: str) -> torch.Tensor:
+    def _stage_memory_update(self, inputs: clone_signals.PairInputs) -> None:
+        """This step's scores of the whole global batch (gathered now, on every rank) for the memory, written at
+        `commit()`; an evaluation pass reads the memory and leaves it."""
+        update = clone_signals.persistence_update(inputs, self.dist.world_size)
+        memory = self.memory
+        self.stage_update(lambda: memory.update(*update))
+
+    def _posterior_weights(self, batch: GlobalBatch, direction: str):
+        """(log weight, its stats) of AdaCL's posterior under this loss's options, for `direction`."""
         logits = batch.logits(direction)
         if logits.shape[1] < 2:  # no negatives to weight
-            return logits
-        if self.options.discovery != "gda":
-            return self._signal_weighted(batch, direction, logits)
+            return None, None
         options = self.options
-        scores = logits.detach()
-        summary = summarize_rows(scores, batch.labels, with_mean=options.salient == "mean")
-        floor = options.std_floor * batch.logit_scale.detach().double()  # the fits are in logit units
-        reference = batch_reference(scores, summary, batch.labels, batch.rows, salient=options.salient, std_floor=floor)
+        posterior, reference = clone_signals.gda_clone_posterior(
+            logits,
+            batch.labels,
+            batch.rows,
+            batch.logit_scale,
+            salient=options.salient,
+            prior_ratio=options.prior_ratio,
+            std_floor=options.std_floor,
+        )
         positive = batch.positive_mask()
-        posterior = adacl_math.gda_posterior(scores.double(), *reference, prior_ratio=options.prior_ratio)
         log_weight = posterior_log_weights(posterior, positive, options.weight).to(logits.dtype)
-        if self.wants_stats:
-            with torch.no_grad():
-                self.stats.update(
-                    self._direction_stats(batch, direction, scores, posterior, log_weight, positive, reference, floor)
-                )
-        return logits + log_weight
+        floor = options.std_floor * batch.logit_scale.detach().double()
 
-    def _signal_weighted(self, batch: GlobalBatch, direction: str, logits: torch.Tensor) -> torch.Tensor:
-        """The weights of `discovery`'s p: a posterior as it is, any other score's flags as 0 or 1."""
+        def stats():
+            flat = ((reference[1] <= floor) | (reference[3] <= floor)).double()
+            weighed = _weight_stats(batch, direction, logits.detach(), posterior, log_weight, positive)
+            return {**weighed, f"{direction}/flat_fit": flat}
+
+        return log_weight, stats
+
+    def _signal_weights(self, batch: GlobalBatch, inputs: clone_signals.PairInputs):
+        """Per direction, (log weight, its stats) of the discovery's p: a posterior as it is, any other score's flags
+        as 0 or 1. A signal that reads no direction (`CloneSignal.directed`) is computed once, for both."""
+        if batch.logits_per_image.shape[1] < 2:  # no negatives to weight
+            return {direction: (None, None) for direction in DIRECTIONS}
         positive = batch.positive_mask()
-        clone, log_weight = self._signal_weights(direction, positive, logits.dtype)
-        if self.wants_stats:
-            with torch.no_grad():
-                self.stats.update(self._weight_stats(batch, direction, logits.detach(), clone, log_weight, positive))
-        return logits + log_weight
-
-    def _signal_weights(self, direction: str, positive: torch.Tensor, dtype: torch.dtype):
-        """(p, log weight) of this step's discovery for `direction`; a signal that reads no direction
-        (`clone_signals.DIRECTED`) is computed for the first direction and reused, the same values, for the other."""
-        name = self.options.discovery
-        if name not in clone_signals.DIRECTED and self._step_weights is not None:
-            return self._step_weights
-        scores = clone_signals.clone_scores(self._pairs, name, direction)
-        clone = (
-            scores.clamp(min=0).double()
-            if name in clone_signals.POSTERIORS
-            else clone_signals.flag_clones(name, scores, ~positive, self.options.threshold).double()
-        )
-        self._step_weights = clone, posterior_log_weights(clone, positive, self.options.weight).to(dtype)
-        return self._step_weights
-
-    @staticmethod
-    def _weight_stats(
-        batch: GlobalBatch,
-        direction: str,
-        scores: torch.Tensor,
-        posterior: torch.Tensor,
-        log_weight: torch.Tensor,
-        positive: torch.Tensor,
-    ) -> Dict[str, torch.Tensor]:
-        negative = ~positive
-        negatives = scores.masked_fill(positive, float("-inf")).double()
-        log_ratio = torch.logsumexp(negatives + log_weight.double(), dim=1) - torch.logsumexp(negatives, dim=1)
-        totals = batch.rows.sum(
-            torch.stack(
-                [((posterior > 0.5) & negative).sum().double(), (posterior * negative).sum(), log_ratio.exp().sum()]
+        dtype = batch.logits_per_image.dtype
+        weights, clone, log_weight = {}, None, None
+        for direction in DIRECTIONS:
+            if clone is None or self.discovery.directed:
+                scores = clone_signals.clone_scores(inputs, self.options.discovery, direction)
+                if self.options.quota:
+                    clone = clone_signals.flag_quota(scores, self.options.quota).double()
+                elif self.discovery.posterior:
+                    clone = scores.clamp(min=0).double()
+                else:
+                    clone = clone_signals.flag_clones(
+                        self.options.discovery, scores, ~positive, self.options.threshold
+                    ).double()
+                log_weight = posterior_log_weights(clone, positive, self.options.weight).to(dtype)
+            weights[direction] = (
+                log_weight,
+                partial(_weight_stats, batch, direction, batch.logits(direction).detach(), clone, log_weight, positive),
             )
-        )
-        num_rows, num_negatives = scores.shape[1], scores.shape[1] * (scores.shape[1] - 1)
-        return {
-            f"{direction}/clone_share": totals[0] / num_negatives,
-            f"{direction}/posterior_mean": totals[1] / num_negatives,
-            f"{direction}/weighted_mass": totals[2] / num_rows,
-        }
+        return weights
 
-    @classmethod
-    def _direction_stats(
-        cls,
-        batch: GlobalBatch,
-        direction: str,
-        scores: torch.Tensor,
-        posterior: torch.Tensor,
-        log_weight: torch.Tensor,
-        positive: torch.Tensor,
-        reference: torch.Tensor,
-        floor: torch.Tensor,
-    ) -> Dict[str, torch.Tensor]:
-        flat = ((reference[1] <= floor) | (reference[3] <= floor)).double()
-        return {
-            **cls._weight_stats(batch, direction, scores, posterior, log_weight, positive),
-            f"{direction}/flat_fit": flat,
-        }
+
+def _weight_stats(
+    batch: GlobalBatch,
+    direction: str,
+    scores: torch.Tensor,
+    posterior: torch.Tensor,
+    log_weight: torch.Tensor,
+    positive: torch.Tensor,
+) -> Dict[str, torch.Tensor]:
+    """`direction`'s share of flagged negatives, mean posterior and weighted softmax mass over the global batch;
+    where the batch carries families, the share of negatives that are siblings (of the query's family) and the
+    flags' precision and recall against them."""
+    negative = ~positive
+    flagged = (posterior > 0.5) & negative
+    negatives = scores.masked_fill(positive, float("-inf")).double()
+    log_ratio = torch.logsumexp(negatives + log_weight.double(), dim=1) - torch.logsumexp(negatives, dim=1)
+    counts = [flagged.sum().double(), (posterior * negative).sum(), log_ratio.exp().sum()]
+    if batch.family is not None:
+        sibling = batch.sibling_mask()
+        counts += [sibling.sum().double(), (flagged & sibling).sum().double()]
+    totals = batch.rows.sum(torch.stack(counts))
+    num_rows, num_negatives = scores.shape[1], scores.shape[1] * (scores.shape[1] - 1)
+    stats = {
+        f"{direction}/clone_share": totals[0] / num_negatives,
+        f"{direction}/posterior_mean": totals[1] / num_negatives,
+        f"{direction}/weighted_mass": totals[2] / num_rows,
+    }
+    if batch.family is not None:
+        stats[f"{direction}/sibling_share"] = totals[3] / num_negatives
+        stats[f"{direction}/flag_precision"] = totals[4] / totals[0].clamp(min=1)
+        stats[f"{direction}/flag_recall"] = totals[4] / totals[3].clamp(min=1)
+    return stats

@@ -18,23 +18,21 @@ from typing import Dict
 
 import torch
 
-from .base import ContrastiveLoss, GlobalBatch
+from .base import FAMILY_FIELD, ContrastiveLoss, GlobalBatch
 from .options import LossOptions, option
 from .registry import register_loss
 
 
 def family_negative_mask(batch: GlobalBatch) -> torch.Tensor:
-    """rows x N, True where column j is a negative of row i from row i's own family (never for id -1)."""
+    """rows x N, True where column j is a negative of row i from row i's own family (never for id -1; with
+    group ids, sharing any one: `GlobalBatch.sibling_mask`)."""
     if batch.family is None:
         raise ValueError(
             "the oracle loss needs each sample's family id (family=): the trainer reads it from the "
             "json 'family' field of the training shards, which data written in families has "
             "(python -m training.synthetic_scenes)"
         )
-    family = batch.family.to(batch.labels.device)
-    row_family = family[batch.labels]
-    same = (row_family[:, None] == family[None, :]) & (row_family[:, None] >= 0)
-    return same & ~batch.positive_mask()
+    return batch.sibling_mask()
 
 
 @register_loss("oracle")
@@ -51,6 +49,11 @@ class OracleFamilyLoss(ContrastiveLoss):
             16.0,
             "how many times a negative from the query's own family counts in the softmax "
             "denominator (1: exactly clip; 0: family negatives removed)",
+        )
+        family_field: str = option(
+            FAMILY_FIELD,
+            "the json field of the data holding each sample's family id, or a list of group ids (one per kind of "
+            "sibling: a negative sharing the k-th id with the query is its clone; docs/losses.md)",
         )
 
         def check(self) -> None:

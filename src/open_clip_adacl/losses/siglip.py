@@ -39,7 +39,16 @@ class SigLipLoss(Loss):
         self.siglip = OpenClipSigLipLoss(rank=dist.rank, world_size=dist.world_size, dist_impl=self.options.dist_impl)
 
     def forward(
-        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        logit_bias=None,
+        *,
+        sample_index=None,
+        family=None,
+        text_tokens=None,
+        output_dict=False,
     ):
         if logit_bias is None:
             raise ValueError(

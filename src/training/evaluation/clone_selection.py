@@ -21,7 +21,7 @@ every clone caption are encoded once for all edit types, and an exact tie counts
 the tokenizer truncates the edit away, and then the model cannot tell the captions apart).
 
 Family selection: a sample's json may also list its whole family of siblings (`"family": [caption, ...]`,
-the glyph benchmark's, `training.glyphs`); `family_acc` is then the fraction of images whose true caption
+the glyph benchmark's, the lab's `studies.glyphs`); `family_acc` is then the fraction of images whose true caption
 beats every sibling's (picking the true member among its family; chance is 1 / (siblings + 1)), and the
 `family_*margin` metrics use the closest sibling. When the json also names each sibling's kind
 (`"family_kinds"`, parallel to `"family"`), the same is reported over the siblings that are not of the
@@ -32,7 +32,7 @@ kept out of the pooled `overall` metrics.
 Data: a folder of webdataset shards (`*.tar`) of `<key>.png` + `<key>.json` with
 `{"caption": str, "clones": {edit_type: str or null}, "family": [str, ...] (optional), "family_kinds": [str, ...]
 (optional)}` (written by
-`training.synthetic_scenes.writers` and `training.glyphs.writers`).
+`training.synthetic_scenes.writers` and `studies.glyphs.writers`).
 """
 
 from __future__ import annotations

@@ -439,7 +439,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--num-workers", type=int, default=4, help="capped at the shard count of a wds set")
     parser.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10])
-    parser.add_argument("--amp", action="store_true", help="mixed precision (GPU); fp32 by default")
+    parser.add_argument(
+        "--amp",
+        action="store_true",
+        help="clip-benchmark's default precision, autocast (bf16 on the CPU, fp16 on a GPU); fp32 by default, as "
+        "the stock `clip_benchmark eval --no_amp`",
+    )
     parser.add_argument(
         "--in-process",
         action="store_true",

@@ -87,8 +87,8 @@ def measure_siblings(cfg: DataConfig, *, epochs: int = 1, family_field: str = "f
     def sample_indices():
         for epoch in range(epochs):
             info.set_epoch(epoch)
-            for _, _, sample_index, _ in info.dataloader:
-                yield sample_index
+            for batch in info.dataloader:
+                yield batch.sample_index
 
     return count_siblings(sample_indices(), families, cfg.group_size)
 

@@ -276,14 +276,6 @@ def test_bench_loss_measures_every_case(monkeypatch):
             "adacl-calibrated/eager",
         ]
         assert all(len(times) == 2 and min(times) > 0 for times in rounds.values())
-    from training.loss_comparison.stats import paired_ratio
-
-    # Paired by round: a case twice as slow in every round is 2x whatever the drift between rounds.
-    ratio, low, high = paired_ratio([2.0, 4.0, 3.0], [1.0, 2.0, 1.5])
-    assert ratio == pytest.approx(2.0) and low == pytest.approx(2.0) and high == pytest.approx(2.0)
-    ratio, low, high = paired_ratio([1.1, 0.9, 1.0, 1.2], [1.0, 1.0, 1.0, 1.0])
-    assert low < ratio < high and ratio == pytest.approx((1.1 * 0.9 * 1.2) ** 0.25)
-    assert paired_ratio([1.0], [1.0]) is None
     assert bench.peak_memory_worker("adacl-calibrated/eager", 256, 16, "cpu", "random") >= 0
     row = {
         "inputs": "random",

@@ -126,7 +126,7 @@ def test_the_trainer_records_every_resolved_option_and_refuses_conflicts():
 
 
 def test_the_loss_comparison_accepts_the_preset_as_a_variant():
-    from training.loss_comparison.variants import parse_loss_variants
+    from studies.comparison.variants import parse_loss_variants
 
     (variant,) = parse_loss_variants("adacl:paper")
     assert variant.values(data_size=8) == {"loss": "adacl", "adacl_preset": "paper"}

@@ -143,14 +143,16 @@ def test_a_step_whose_stats_no_one_reads_leaves_them_out_and_trains_alike(discov
 
 
 def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
-    from training.trainer.engine.loop import _loss_of
+    from training.trainer.data import Batch, Skipped
+    from training.trainer.engine.loop import loss_inputs
 
     x, y, index = make_batches(1, 8, 8, data_size=8, seed=5)[0]
     tokens = torch.tensor([[49406, 300 + i // 2, 49407, 0] for i in range(8)])  # captions in pairs
     loss_fn = create_loss("adaclw", weight=16.0, discovery="tokens", threshold=1.5)
     with pytest.raises(ValueError, match="reads the captions' token ids: pass text_tokens="):
         loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
-    _loss_of(loss_fn, x, y, {"logit_scale": torch.tensor(LOGIT_SCALE)}, index, None, tokens)
+    batch = Batch(torch.zeros(8, 3, 2, 2), tokens, index, Skipped(torch.zeros(0), {}))
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), **loss_inputs(loss_fn, [batch]))
     # each row's one partner caption stands out; 8 of the 56 negatives
     assert float(loss_fn.stats["i2t/clone_share"]) == pytest.approx(8 / 56)
 
@@ -170,14 +172,109 @@ def test_the_persistence_memory_moves_at_commit_only_and_needs_sample_ids():
         loss_fn(x, y, torch.tensor(LOGIT_SCALE))
     loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
     loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)  # a forward drops the update staged before it
-    assert len(loss_fn._memory) == 0
+    assert len(loss_fn.memory) == 0
     loss_fn.commit()
-    assert len(loss_fn._memory) == 8 * 7
+    assert len(loss_fn.memory) == 8 * 7
     loss_fn.eval()
     loss_fn(*batches[1][:2], torch.tensor(LOGIT_SCALE), sample_index=batches[1][2])
     loss_fn.commit()
-    assert len(loss_fn._memory) == 8 * 7  # an evaluation pass reads the memory and leaves it
+    assert len(loss_fn.memory) == 8 * 7  # an evaluation pass reads the memory and leaves it
     loss_fn.reset_state()
-    assert len(loss_fn._memory) == 0
+    assert len(loss_fn.memory) == 0
     with pytest.raises(ValueError, match="memory_momentum must be in"):
         create_loss("adaclw", discovery="persistence", memory_momentum=1.5)
+
+
+def test_the_persistence_memory_is_the_losss_state_and_resumes_from_it_exactly():
+    """The memory is in the loss's state_dict, of whatever size it has grown to: a fresh loss loaded from it
+    continues bit for bit (value, gradient, memory); one that starts empty continues otherwise."""
+    batches = make_batches(3, 8, 8, data_size=10, seed=4)  # 8 of 10 ids a step: pairs meet again
+    scale = torch.tensor(LOGIT_SCALE)
+
+    def step(loss_fn, batch):
+        x, y, index = (tensor.detach().clone().requires_grad_(tensor.is_floating_point()) for tensor in batch)
+        value = loss_fn(x, y, scale, sample_index=index)
+        value.backward()
+        loss_fn.commit()
+        return value.detach(), x.grad
+
+    original = create_loss("adaclw", weight=16.0, discovery="persistence")
+    assert create_loss("adaclw", weight=16.0).state_dict() == {}  # a discovery without memory keeps no state
+    for batch in batches[:2]:
+        step(original, batch)
+    saved = original.state_dict()
+    assert set(saved) == {"memory.keys", "memory.averages"} and saved["memory.keys"].numel() > 8 * 7
+    resumed, fresh = (create_loss("adaclw", weight=16.0, discovery="persistence") for _ in range(2))
+    resumed.load_state_dict(saved)
+    expected, got, alone = (step(loss_fn, batches[2]) for loss_fn in (original, resumed, fresh))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert all(torch.equal(resumed.state_dict()[key], original.state_dict()[key]) for key in saved)
+    assert not torch.equal(alone[0], expected[0])  # the memory changed the loss
+
+
+def _dense_quota_adaclw(weight, count, signal):
+    """A quota written out: a negative counts `weight` times where it is among its row's `count` highest by
+    `signal(x, y, direction)`, found by sorting each row's negatives."""
+
+    def loss(x, y, scale, sample_index):
+        total = 0
+        for direction, logits in (("i2t", scale * x @ y.T), ("t2i", scale * y @ x.T)):
+            n = logits.shape[0]
+            scores = signal(x.detach(), y.detach(), direction)
+            flagged = torch.zeros(n, n, dtype=torch.bool)
+            for row in range(n):
+                negatives = sorted((col for col in range(n) if col != row), key=lambda col: -float(scores[row, col]))
+                flagged[row, negatives[:count]] = True
+            multiplicity = torch.where(flagged, weight, 1.0).to(logits.dtype)
+            total = total + ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
+        return total / 2
+
+    return loss
+
+
+def test_a_quota_weights_each_rows_hardest_negatives_by_its_own_cross_modal_score():
+    """The hard control at a fixed dose: `cross` with a quota of 0.2 flags the 3 hardest of each row's 15."""
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    x, y = x.double(), y.double()
+    loss_fn = create_loss("adaclw", weight=16.0, discovery="cross", quota=0.2)
+    hardest = _dense_quota_adaclw(16.0, 3, lambda x, y, direction: x @ y.T if direction == "i2t" else y @ x.T)
+    for a, b in zip(value_and_grads(loss_fn, x, y, index), value_and_grads(hardest, x, y, index)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)  # as the score discoveries' test
+    assert float(loss_fn.stats["i2t/clone_share"]) == pytest.approx(3 / 15)
+    with pytest.raises(ValueError, match="quota must be in"):
+        create_loss("adaclw", quota=1.0)
+
+
+def test_the_random_control_flags_a_fresh_quota_each_step_and_counts_its_draws():
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    loss_fn = create_loss("adaclw", weight=16.0, discovery="random", quota=0.2)
+    values = []
+    for _ in range(2):
+        values.append(loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index))
+        loss_fn.commit()
+        assert float(loss_fn.stats["t2i/clone_share"]) == pytest.approx(3 / 15)
+    assert values[0] != values[1] and int(loss_fn.state_dict()["draws"]) == 2
+    loss_fn.eval()
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
+    loss_fn.commit()
+    assert int(loss_fn.draws) == 2  # an evaluation pass draws no new step
+    loss_fn.reset_state()
+    assert int(loss_fn.draws) == 0
+
+
+def test_with_families_the_stats_give_the_flags_precision_and_recall_and_the_sibling_share():
+    """Families of 4 in a batch of 8: 3 of each row's 7 negatives are siblings. `cross` with a quota of 1/7 flags
+    each row's hardest negative; the stats count those that are siblings, over the flags and over the siblings."""
+    x, y, index = make_batches(1, 8, 8, data_size=8, seed=2)[0]
+    family = torch.arange(8) // 4
+    loss_fn = create_loss("adaclw", weight=16.0, discovery="cross", quota=1 / 7)
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index, family=family)
+    logits = x @ y.T
+    hardest = logits.masked_fill(torch.eye(8, dtype=torch.bool), float("-inf")).argmax(1)
+    siblings_found = int((family[hardest] == family).sum())
+    stats = {name: float(value) for name, value in loss_fn.stats.items()}
+    assert stats["i2t/sibling_share"] == pytest.approx(3 / 7)
+    assert stats["i2t/flag_precision"] == pytest.approx(siblings_found / 8)
+    assert stats["i2t/flag_recall"] == pytest.approx(siblings_found / 24)
+    loss_fn(x, y, torch.tensor(LOGIT_SCALE), sample_index=index)
+    assert "i2t/flag_precision" not in loss_fn.stats  # no families, no such stats

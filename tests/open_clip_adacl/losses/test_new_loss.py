@@ -11,8 +11,8 @@ import torch
 from helpers.registries import scratch_entries
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
+from studies.comparison.variants import parse_loss_variant
 from training import ConfigError, RunDir
-from training.loss_comparison.variants import parse_loss_variant
 from training.main import main
 from training.trainer.launch.params import build_parser
 from training.trainer.run_folder.checkpoint_files import load_checkpoint

@@ -62,6 +62,43 @@ def test_missing_family_ids_are_a_clear_error():
         create_loss("oracle", weight=-1.0)
 
 
+def test_group_ids_make_a_clone_of_every_negative_sharing_one_id_in_its_own_place():
+    """Group ids, one per kind of sibling (the glyph benchmark's one-edit relation): a base shares each kind's
+    group with that kind's sibling; two siblings of different kinds share none, so they are no clones of each
+    other; an id in another place is another kind's, never shared. One id per sample is the case K = 1."""
+    groups = torch.tensor([[10, 20, 30], [10, 21, 31], [12, 20, 32], [13, 23, 10], [-1, -1, -1]])
+    clones = torch.tensor(
+        [[0, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool
+    )
+    x, y, index = make_batches(1, 5, 8, data_size=5, seed=4)[0]
+    x, y = x.double(), y.double()
+    loss_fn = create_loss("oracle", weight=4.0)
+    ours = value_and_grads(loss_fn, x, y, index, family=groups)
+    for a, b in zip(ours, value_and_grads(_dense_pair_oracle(4.0, clones), x, y, index)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert loss_fn.stats["family_negatives"].item() == pytest.approx(4 / 5)
+    as_groups = value_and_grads(create_loss("oracle", weight=4.0), x, y, index, family=groups[:, :1])
+    as_ids = value_and_grads(create_loss("oracle", weight=4.0), x, y, index, family=groups[:, 0])
+    assert all(torch.equal(a, b) for a, b in zip(as_groups, as_ids))
+
+
+def _dense_pair_oracle(weight, clones):
+    """The oracle with its clone pairs given as a matrix."""
+
+    def loss(x, y, scale, sample_index):
+        multiplicity = torch.where(clones, weight, 1.0).to(x.dtype)
+        image_logits = scale * x @ y.T
+        return (
+            sum(
+                ((multiplicity * logits.exp()).sum(dim=1).log() - logits.diagonal()).mean()
+                for logits in (image_logits, image_logits.T)
+            )
+            / 2
+        )
+
+    return loss
+
+
 def test_two_ranks_match_single_process():
     batches = _with_families(make_batches(2, 8, 8, data_size=16, seed=3))
     assert_ranks_match_single_process("oracle", {"weight": 16.0}, batches)

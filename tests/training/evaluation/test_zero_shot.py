@@ -3,6 +3,8 @@ above-chance accuracy and recall, the in-process path gives the same numbers, an
 
 import csv
 import json
+import shlex
+import subprocess
 import sys
 
 import open_clip
@@ -10,6 +12,7 @@ import pytest
 from safetensors.torch import save_file
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
+from helpers import REPO
 from helpers.cli_errors import one_line_error
 from training.evaluation.zero_shot import (
     cli,
@@ -348,4 +351,73 @@ def test_several_datasets_sharing_one_root_are_refused_and_a_root_per_dataset_is
             if dataset in ("wds/scenes_color", "wds/scenes_shape")
         },
         abs=1e-6,
+    )
+
+
+def readme_stock_command():
+    """The README's `clip_benchmark eval` command (its "Export and evaluation" block), as the shell splits it."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("\nclip_benchmark eval ") + 1
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(lines))
+
+
+def with_values(argv, **values):
+    """`argv` with the values of the flags `values` (by name without dashes) replaced, or added when missing."""
+    argv = list(argv)
+    for name, value in values.items():
+        flag = f"--{name}"
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return argv
+
+
+@pytest.mark.slow
+def test_the_readmes_stock_command_and_the_table_agree_exactly(stock_cli_output, demo_shards, tmp_path):
+    """The README's stock command on the demo's export and sets (its dataset, root and output replaced; one worker per
+    shard) gives the table's numbers to the last digit; without its --no_amp it gives `--amp`'s table's."""
+    export_dir = stock_cli_output / "export"
+    table = read_table(stock_cli_output)
+    command = readme_stock_command()
+    assert command[:2] == ["clip_benchmark", "eval"] and "--no_amp" in command
+    amp_rows = main(
+        [
+            "--model",
+            f"local-dir:{export_dir}",
+            "--datasets",
+            "wds/scenes_color",
+            "--dataset-root-dir",
+            str(demo_shards / "benchmark" / "{dataset}"),
+            "--output-dir",
+            str(tmp_path / "amp"),
+            "--num-workers",
+            "1",
+            "--amp",
+        ]
+    )
+    amp_table = {(row["dataset"], row["task"], row["metric"]): row["value"] for row in amp_rows}
+    for amp, argv in ((False, command), (True, [arg for arg in command if arg != "--no_amp"])):
+        output = tmp_path / f"stock_amp{amp}.json"
+        argv = with_values(
+            argv[2:],
+            model=f"local-dir:{export_dir}",
+            dataset="wds/scenes_color",
+            dataset_root=str(demo_shards / "benchmark" / "scenes_color"),
+            output=str(output),
+            num_workers="1",
+        )
+        subprocess.run([sys.executable, "-m", "clip_benchmark.cli", "eval", *argv], check=True, capture_output=True)
+        stock = json.loads(output.read_text())["metrics"]
+        ours = amp_table if amp else table
+        for metric in ("acc1", "mean_per_class_recall"):
+            assert stock[metric] == ours[("wds/scenes_color", "zeroshot_classification", metric)], (amp, metric)
+    fp32 = table[("wds/scenes_color", "zeroshot_classification", "acc1")]
+    print(
+        f"scenes_color acc1: fp32 {fp32:.4f}, clip-benchmark's default (bf16 autocast) {amp_table[('wds/scenes_color', 'zeroshot_classification', 'acc1')]:.4f}"
     )

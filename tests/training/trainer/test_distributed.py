@@ -11,8 +11,10 @@ import torch
 from helpers.distributed_utils import free_port, run_on_ranks
 from helpers.run_utils import torchrun_command
 from open_clip_adacl import DistributedSetup, create_loss
+from training.trainer.data import Batch
+from training.trainer.data.samples import no_skips
 from training.trainer.distributed import DistributedEnv, first_slurm_host, unwrap_model, wrap_ddp
-from training.trainer.engine.loop import MicroBatch, forward_backward
+from training.trainer.engine.loop import forward_backward
 from training.trainer.engine.model import ModelConfig, build_model
 from training.trainer.engine.precision import build_precision
 
@@ -23,7 +25,7 @@ def _batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     images = torch.randn(BATCH, 3, 32, 32, generator=g)
     texts = torch.randint(1, 1000, (BATCH, 24), generator=g)
-    return MicroBatch(images, texts, torch.arange(BATCH))
+    return Batch(images, texts, torch.arange(BATCH), no_skips())
 
 
 def _trainer_step(model, world_size=1, rank=0, local_loss=False, gather_with_grad=False, batch=None):
@@ -62,7 +64,7 @@ def _ddp_rank(rank, world_size):
             rank,
             local_loss,
             gather_with_grad,
-            MicroBatch(full.images[own], full.texts[own], full.sample_index[own]),
+            Batch(full.images[own], full.texts[own], full.sample_index[own], no_skips()),
         )
     return results
 
@@ -103,7 +105,9 @@ def test_gradient_accumulation_matches_one_large_batch():
     reference.pop("loss")
     model = _fresh_model()
     loss_fn = create_loss("clip")
-    halves = [MicroBatch(batch.images[s], batch.texts[s], batch.sample_index[s]) for s in (slice(0, 4), slice(4, 8))]
+    halves = [
+        Batch(batch.images[s], batch.texts[s], batch.sample_index[s], no_skips()) for s in (slice(0, 4), slice(4, 8))
+    ]
     forward_backward(model, loss_fn, halves, build_precision("fp32", torch.device("cpu")))
     for name, p in model.named_parameters():
         # As in OpenCLIP, the loss runs once per micro-batch, each time with the live logit_scale.

@@ -12,6 +12,7 @@ import torch
 from open_clip_train.data import SharedEpoch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .batch import Batch
 from .config import DataConfig, global_batch
 from .registry import resolve_dataset_type
 from .samples import NO_FAMILY, no_skips
@@ -118,16 +119,16 @@ def indexed_data(
         num_batches = validation_batches(num_samples, cfg.batch_size)
     batches = _PermutedBatches(num_samples, cfg, num_batches, SharedEpoch(epoch), epoch, shuffle=train)
 
-    def collate(items: list[tuple[torch.Tensor, str, int]]) -> tuple[torch.Tensor, ...]:
+    def collate(items: list[tuple[torch.Tensor, str, int]]) -> Batch:
         images, texts, indices = zip(*items)
-        batch = (
+        return Batch(
             torch.stack(images),
             tokenizer(list(texts)),
             torch.tensor(indices, dtype=torch.long),
             no_skips(),
+            # Samples of a map-style dataset carry no json, so none has a family.
+            None if cfg.family_field is None else torch.full((len(items),), NO_FAMILY),
         )
-        # Samples of a map-style dataset carry no json, so none has a family.
-        return batch if cfg.family_field is None else (*batch, torch.full((len(items),), NO_FAMILY))
 
     dataloader = DataLoader(
         dataset,

@@ -10,16 +10,17 @@ import io
 import random
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Iterator, Mapping, NamedTuple
+from typing import Dict, Iterator, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .config import SKIP_REASONS
+from .config import SKIP_REASONS, DataError
 
-FAMILY_FIELD = "family"  # the json field data written in families (training.synthetic_scenes) holds its ids in
 NO_FAMILY = -1  # the family id of a sample without one
+# A sample's family: one id, or (data whose json lists them) a fixed number of group ids, each of its own kind.
+Family = Union[int, Tuple[int, ...]]
 
 
 # {shard url: {skip reason: visits}}: the shard visits cut short (unreadable_shard, bad_tar), by shard.
@@ -84,7 +85,22 @@ class Candidate:
     text: str
     image_bytes: bytes
     shard_run: tuple[int, int]  # (shard visit, position in the shard // group_size): the shuffle's unit
-    family: int = NO_FAMILY  # read only when DataConfig.family_field is set
+    family: Family = NO_FAMILY  # read only when DataConfig.family_field is set
+
+
+def family_tensor(families: Sequence[Family]) -> torch.Tensor:
+    """B int64 family ids, or B x K when the samples list K group ids each (a sample without any gets K times
+    NO_FAMILY); samples listing different numbers of ids are a DataError naming the field's contract."""
+    widths = {len(family) for family in families if isinstance(family, tuple)}
+    if not widths:
+        return torch.tensor(families, dtype=torch.long)
+    if len(widths) > 1:
+        raise DataError(
+            f"the samples' family fields list {sorted(widths)} group ids: a data set whose json lists group ids "
+            "must list the same number for every sample (-1 for a group it is in none of)"
+        )
+    (width,) = widths
+    return torch.tensor([family if isinstance(family, tuple) else (family,) * width for family in families])
 
 
 def decode_caption(data: bytes | None, *, max_bytes: int) -> tuple[str | None, str]:

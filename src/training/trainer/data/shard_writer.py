@@ -1,6 +1,6 @@
 """Writing webdataset shards the way the loader reads them: byte-identical tars for identical samples.
 
-The generated data sets (`training.synthetic_scenes`, `training.glyphs`) write their splits, clip-benchmark
+The generated data sets (`training.synthetic_scenes`, the laboratory's `studies.glyphs`) write their splits, clip-benchmark
 sets and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
 `nshards.txt` are written beside the tars on request.
 """

@@ -15,7 +15,7 @@ from webdataset.tariterators import base_plus_ext
 
 from .config import DataError
 from .pipes import open_shard
-from .samples import NO_FAMILY, Candidate, SkipCounter, decode_caption, describe_counts, stable_hash
+from .samples import NO_FAMILY, Candidate, Family, SkipCounter, decode_caption, describe_counts, stable_hash
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
@@ -193,13 +193,16 @@ def sample_index_of(sample: dict) -> int:
     return stable_hash(sample["__key__"]) >> 1
 
 
-def family_of(sample: dict, field: str) -> int:
-    """The json `field` when it is a non-negative integer (a family id), else NO_FAMILY.
+def family_of(sample: dict, field: str) -> Family:
+    """The json `field` when it is a non-negative integer (a family id), or the ids of a list of them (group ids,
+    one per kind, NO_FAMILY where an entry is not one); else NO_FAMILY.
 
     Raises ValueError when a json member is present but does not parse.
     """
     meta = json.loads(sample["json"]) if "json" in sample else None
     family = meta.get(field) if isinstance(meta, dict) else None
+    if isinstance(family, list):
+        return tuple(group if _is_long_id(group) else NO_FAMILY for group in family)
     return family if _is_long_id(family) else NO_FAMILY
 
 

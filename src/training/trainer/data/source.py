@@ -27,8 +27,8 @@ class LoaderInfo(DataInfo):
 class DataSource(abc.ABC):
     """A kind of data `--dataset-type` names: how its training and validation loaders are built.
 
-    The loaders yield OpenCLIP-style batches `(images, texts, sample_index, skipped)` (see
-    `training.trainer.data`); `training.trainer.data.loader` has the helpers that make one from a stream of whole
+    The loaders yield `Batch`es (`training.trainer.data.batch`: OpenCLIP-style `(images, texts, ...)` tuples with
+    named fields); `training.trainer.data.loader` has the helpers that make one from a stream of whole
     batches (`stream_data`) or from a map-style dataset of samples (`indexed_data`).
     """
 

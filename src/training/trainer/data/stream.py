@@ -18,8 +18,9 @@ from open_clip_train.data import SharedEpoch
 from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
+from .batch import Batch
 from .config import DataConfig, DataError
-from .samples import Candidate, SkipCounter, decode_image, describe_counts, seeded, stable_hash
+from .samples import Candidate, SkipCounter, decode_image, describe_counts, family_tensor, seeded, stable_hash
 from .shards import check_shard_sample, read_shard
 
 _SHUFFLE_INITIAL = 1000  # OpenCLIP's _SAMPLE_SHUFFLE_INITIAL
@@ -54,7 +55,7 @@ class ShardStream(IterableDataset):
         self.caption_keys = tuple(key.strip() for key in cfg.caption_key.split(","))
         self.val_caption_key = (cfg.val_caption_key or self.caption_keys[0]).strip()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+    def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.batches_per_reader is None:
@@ -62,7 +63,7 @@ class ShardStream(IterableDataset):
         else:
             yield from self._training_batches(worker, num_workers)
 
-    def _training_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _training_batches(self, worker: int, num_workers: int) -> Iterator[Batch]:
         epoch = self.shared_epoch.get_value()
         skip = self.cfg.skip_batches if epoch == self.start_epoch else 0
         reader = (worker + skip) % num_workers  # rotated so the resumed loader starts at batch `skip`
@@ -83,7 +84,7 @@ class ShardStream(IterableDataset):
                 batch = self._assemble(images, counter)
             yield batch
 
-    def _validation_batches(self, worker: int, num_workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _validation_batches(self, worker: int, num_workers: int) -> Iterator[Batch]:
         counter = SkipCounter()
         images = self._decoded(self._validation_candidates(worker, num_workers, counter), counter, bad_image_limit=None)
         while (batch := self._assemble(images, counter)) is not None:
@@ -227,11 +228,9 @@ class ShardStream(IterableDataset):
                     f"decoded ({describe_counts(counter.counts)}); are the shards' images corrupt?"
                 )
 
-    def _assemble(
-        self, images: Iterator[tuple[Image.Image, Candidate]], counter: SkipCounter
-    ) -> tuple[torch.Tensor, ...] | None:
-        """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty):
-        (images, texts, sample_index, Skipped) and, when `cfg.family_field` is set, the family ids.
+    def _assemble(self, images: Iterator[tuple[Image.Image, Candidate]], counter: SkipCounter) -> Batch | None:
+        """Transform and tokenize up to batch_size samples (fewer only when `images` runs out; None if empty),
+        with the family ids when `cfg.family_field` is set.
 
         A transform that raises on an image skips it (bad_image) and the next sample takes its
         place, so training batches always have batch_size rows.
@@ -254,13 +253,13 @@ class ShardStream(IterableDataset):
             return None
         # default_collate stacks straight into shared memory inside a DataLoader worker, so handing the
         # batch to the trainer does not copy the images a second time (torch.stack would).
-        batch = (
+        return Batch(
             default_collate(tensors),
             self.tokenizer(texts),
             torch.tensor(indices, dtype=torch.long),
             counter.take(),
+            None if self.cfg.family_field is None else family_tensor(families),
         )
-        return batch if self.cfg.family_field is None else (*batch, torch.tensor(families, dtype=torch.long))
 
 
 def _reader_name(cfg: DataConfig, reader: int, urls: Sequence[str]) -> str:

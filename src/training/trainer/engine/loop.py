@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from open_clip_adacl.losses.base import Loss
 
+from ..data.batch import Batch
 from ..data.samples import ShardVisits, merged_shard_visits
 from ..data.shards import SHARD_SKIP_REASONS
 from ..distributed import DistributedEnv, all_gather_object, all_reduce_sum, any_rank_each, unwrap_model
@@ -41,6 +42,7 @@ from .checkpoint import Checkpointer, TrainState
 from .precision import Precision
 
 MAX_LOGIT_SCALE = math.log(100)  # CLIP's clamp: the temperature never goes below 0.01
+LOSS_TERM = "contrastive_loss"  # the loss's one term, as OpenCLIP's ClipLoss and our losses name it (output_dict)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -69,14 +71,6 @@ class TrainConfig:
 
 
 @dataclass
-class MicroBatch:
-    images: torch.Tensor
-    texts: torch.Tensor
-    sample_index: torch.Tensor
-    family: Optional[torch.Tensor] = None  # each sample's family id, when the data carries them (a loss needs_family)
-
-
-@dataclass
 class StepOutput:
     loss: torch.Tensor  # detached loss of the step's samples
     stats: Dict[str, torch.Tensor]  # the loss's diagnostics (detached)
@@ -84,37 +78,25 @@ class StepOutput:
     finite: bool  # this rank's loss was finite
 
 
-def to_device(batch: Sequence[torch.Tensor], device: torch.device, input_dtype: Optional[torch.dtype]) -> MicroBatch:
-    images, texts, sample_index = batch[0], batch[1], batch[2]
-    family = batch[4] if len(batch) > 4 else None  # after the skips, when the data was asked for families
-    return MicroBatch(
-        images=images.to(device=device, dtype=input_dtype, non_blocking=True),
-        texts=texts.to(device=device, non_blocking=True),
-        sample_index=sample_index.to(device=device, non_blocking=True),
-        family=None if family is None else family.to(device=device, non_blocking=True),
-    )
+def loss_inputs(loss_fn: Loss, micro_batches: Sequence[Batch]) -> Dict[str, Optional[torch.Tensor]]:
+    """The loss's per-sample inputs, by name, for the samples of its global batch on this rank (a step's
+    micro-batches, in order): their indices always, their family ids and caption token ids where the loss
+    declares it reads them."""
 
+    def joined(field: str) -> Optional[torch.Tensor]:
+        parts = [getattr(batch, field) for batch in micro_batches]
+        return parts[0] if len(parts) == 1 or parts[0] is None else torch.cat(parts)
 
-def _loss_of(
-    loss_fn: Loss,
-    image_features,
-    text_features,
-    model_out: Dict[str, torch.Tensor],
-    sample_index: torch.Tensor,
-    family: Optional[torch.Tensor],
-    texts: torch.Tensor,
-) -> torch.Tensor:
-    inputs = {"family": family} if loss_fn.needs_family else {}
+    inputs = {"sample_index": joined("sample_index")}
+    if loss_fn.reads_family():
+        inputs["family"] = joined("family")
     if loss_fn.takes_text_tokens:
-        inputs["text_tokens"] = texts
-    return loss_fn(
-        image_features,
-        text_features,
-        model_out["logit_scale"],
-        model_out.get("logit_bias"),
-        sample_index=sample_index,
-        **inputs,
-    )
+        inputs["text_tokens"] = joined("texts")
+    return inputs
+
+
+def _loss_of(loss_fn: Loss, image_features, text_features, model_out: Dict[str, torch.Tensor], inputs) -> torch.Tensor:
+    return loss_fn(image_features, text_features, model_out["logit_scale"], model_out.get("logit_bias"), **inputs)
 
 
 def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
@@ -122,7 +104,7 @@ def _backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> Non
 
 
 def forward_backward(
-    model: torch.nn.Module, loss_fn: Loss, micro_batches: List[MicroBatch], precision: Precision
+    model: torch.nn.Module, loss_fn: Loss, micro_batches: List[Batch], precision: Precision
 ) -> StepOutput:
     """Accumulate into `.grad` the gradient of the loss over the batch formed by `micro_batches`.
 
@@ -137,23 +119,14 @@ def forward_backward(
         batch = micro_batches[0]
         with precision.autocast():
             model_out = model(batch.images, batch.texts)
-            loss = _loss_of(
-                loss_fn,
-                model_out["image_features"],
-                model_out["text_features"],
-                model_out,
-                batch.sample_index,
-                batch.family,
-                batch.texts,
-            )
+            inputs = loss_inputs(loss_fn, micro_batches)
+            loss = _loss_of(loss_fn, model_out["image_features"], model_out["text_features"], model_out, inputs)
         _backward(loss, precision.scaler)
         finite = bool(torch.isfinite(loss))
     else:
         with torch.no_grad(), precision.autocast():
             cached = [model(batch.images, batch.texts) for batch in micro_batches]
-        sample_index = torch.cat([batch.sample_index for batch in micro_batches])
-        family = None if micro_batches[0].family is None else torch.cat([batch.family for batch in micro_batches])
-        texts = torch.cat([batch.texts for batch in micro_batches])
+        inputs = loss_inputs(loss_fn, micro_batches)
         finite = True
         for j, batch in enumerate(micro_batches):
             # Gradients are all-reduced once, on the last micro-batch.
@@ -172,7 +145,7 @@ def forward_backward(
                         + [model_out["text_features"]]
                         + [c["text_features"] for c in cached[j + 1 :]]
                     )
-                    loss = _loss_of(loss_fn, image_features, text_features, model_out, sample_index, family, texts)
+                    loss = _loss_of(loss_fn, image_features, text_features, model_out, inputs)
                 _backward(loss, precision.scaler)
             finite = finite and bool(torch.isfinite(loss))
     stats = {name: value.detach() for name, value in loss_fn.stats.items()}
@@ -283,7 +256,7 @@ class EpochData(Protocol):
 def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     """Train on the rest of epoch `state.position.epoch` (all of it, or what follows a mid-epoch resume).
 
-    `data.dataloader` yields (images, texts, sample_index, skipped[, family]) and, when resuming mid-epoch,
+    `data.dataloader` yields `Batch`es (`training.trainer.data.batch`) and, when resuming mid-epoch,
     has already been told to skip the `state.position.batches_in_epoch` batches consumed before the
     interruption. `loss_fn.on_epoch_start(epoch)` is called first, also for an epoch resumed midway (the loss's
     restored state already reflects the epoch's earlier steps; the hook only sets the epoch).
@@ -302,18 +275,19 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
     step_in_epoch = first_step = position.batches_in_epoch // cfg.accum_freq
     num_nonfinite_at_start = state.num_nonfinite_steps
     epoch_start = end = time.monotonic()
+    first_step_end = None  # the rate left leaves out this launch's first step of the epoch (compile, loader start)
 
     batches = iter(dataloader)
     # Restored here, after the loader's iterator drew its seed, so the next batch and step see
     # exactly the random numbers they saw before the interruption.
     state.rng.restore_pending()
 
-    micro_batches: List[MicroBatch] = []
+    micro_batches: List[Batch] = []
     for batch in batches:
         if step_in_epoch >= steps_per_epoch:
             break
-        sums.add_skipped(batch[3])
-        micro_batches.append(to_device(batch, env.device, precision.input_dtype))
+        sums.add_skipped(batch.skipped)
+        micro_batches.append(batch.to(env.device, precision.input_dtype))
         position.batches_in_epoch += 1
         if len(micro_batches) < cfg.accum_freq:
             continue
@@ -330,8 +304,10 @@ def train_one_epoch(loop: EpochLoop, data: EpochData) -> EpochResult:
 
         batch_time = time.monotonic() - end
         end = time.monotonic()
+        first_step_end = end if first_step_end is None else first_step_end
         if env.is_master and logs_step(step_in_epoch, steps_per_epoch, cfg.log_every_n_steps):
-            seconds_per_step = (end - epoch_start) / (step_in_epoch - first_step)  # this launch's steps of the epoch
+            timed_steps = step_in_epoch - first_step - 1  # this launch's steps of the epoch after its first
+            seconds_per_step = (end - first_step_end) / timed_steps if timed_steps else None
             _log_step(
                 metrics,
                 state,
@@ -387,7 +363,7 @@ def logs_step(step_in_epoch: int, steps_per_epoch: int, log_every_n_steps: int) 
     return (step_in_epoch - 1) % log_every_n_steps == 0 or step_in_epoch == steps_per_epoch
 
 
-def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_samples: int) -> Tuple[StepOutput, bool]:
+def optimizer_step(loop: EpochLoop, micro_batches: List[Batch], step_samples: int) -> Tuple[StepOutput, bool]:
     """One step over `micro_batches`, `step_samples` samples over all ranks: the LR placed, the forward/backward
     (after which `micro_batches` is emptied, its tensors freed before the update), then on every rank the same
     decision, an update or (a non-finite loss on any rank) a skipped step, and the step counted. Also returns
@@ -418,8 +394,16 @@ def optimizer_step(loop: EpochLoop, micro_batches: List[MicroBatch], step_sample
     return out, preempted
 
 
-def time_left_text(seconds_per_step: float, epoch_steps_left: int, run_steps_left: Optional[int]) -> str:
-    """'time left: epoch 3 min, run 2 h 05 min': the steps left at the rate of this launch's steps so far."""
+def time_left_text(seconds_per_step: Optional[float], epoch_steps_left: int, run_steps_left: Optional[int]) -> str:
+    """'time left: epoch 3 min, run 2 h 05 min': the steps left at the rate of this launch's steps so far, its first
+    step in the epoch left out (None: no step after it yet). The first step of a launch starts the data loader's
+    workers and, with --torchcompile, compiles the model: adacl-tiny at batch 64 took 43 s for it with an empty
+    inductor cache (2.1 s with a warm one) against 0.13 s for each later step (Intel Xeon, 2 cores), so counted in,
+    it made the first estimates of a short run a hundred times too long."""
+    if seconds_per_step is None:
+        return (
+            "time left: from the next logged step (the first step, which compiles and starts the loader, is not timed)"
+        )
     text = f"time left: epoch {duration_text(seconds_per_step * epoch_steps_left)}"
     return text + (f", run {duration_text(seconds_per_step * run_steps_left)}" if run_steps_left is not None else "")
 
@@ -439,18 +423,22 @@ def _log_step(
     time_left: str = "",
 ) -> None:
     """OpenCLIP's console line, and a "train" line in metrics.jsonl / tensorboard (every stat; the
-    console line only the loss's `console_stats`, matched by the name after the direction, or all). A stat
+    console only the loss's `console_stats`, matched by the name after the direction, or all). A stat
     that is NaN has no value at this step (AdaCL's margins at a fallback step) and is left out of both, so a
     dashboard draws a gap there rather than a made-up 0 or 1.
 
-    The line is OpenCLIP's up to its loss, `[samples/samples per epoch (p%)]` (global samples) and
-    `Loss: value (the epoch's running mean)`, so that a parser of OpenCLIP's logs reads it; after a `|` come the
-    step, the samples seen in the run and the time left, then the loss's stats."""
+    The step line is OpenCLIP's (`open_clip_train.train.train_one_epoch`), `[samples/samples per epoch (p%)]`
+    (global samples), then each loss term and the total as `Name: value (the epoch's running mean)`, ending there
+    (our losses have the one term `Contrastive_loss`), so that a parser of OpenCLIP's logs, one anchored at the
+    line's end too, reads it. The next line, `Step N: ...`, holds what OpenCLIP does not print: the step, the
+    samples seen in the run, the time left and the loss's stats."""
     lr = optimizer.param_groups[0]["lr"]
     all_stats = {name: value.item() for name, value in out.stats.items()}
     stats = {name: value for name, value in all_stats.items() if not math.isnan(value)}
+    loss = out.loss.item()
     values: Dict[str, Any] = {
-        "loss": out.loss.item(),
+        "loss": loss,
+        LOSS_TERM: loss,  # the loss's one term, as OpenCLIP's losses name it in their output_dict
         "lr": lr,
         "logit_scale": out.logit_scale.item(),
         "samples_per_second": step_samples / batch_time,
@@ -463,18 +451,20 @@ def _log_step(
     percent = 100.0 * step_in_epoch / steps_per_epoch
     samples_per_epoch = steps_per_epoch * step_samples
     sample_digits = len(str(samples_per_epoch))
-    stats_text = console_stats_text(all_stats, console_stats)
-    progress = ", ".join(
-        part for part in (f"step {state.step}", f"samples seen {state.samples_seen}", time_left) if part
+    mean_loss = state.epoch_sums.mean_loss
+    loss_terms = " ".join(
+        f"{name.capitalize()}: {value:#.5g} ({mean_loss:#.5g})" for name, value in ((LOSS_TERM, loss), ("loss", loss))
     )
     logging.info(
         f"Train Epoch: {state.position.epoch} [{step_in_epoch * step_samples:>{sample_digits}}/{samples_per_epoch} "
         f"({percent:.0f}%)] "
         f"Data (t): {data_time:.3f} Batch (t): {batch_time:.3f}, {values['samples_per_second']:#g}/s, "
         f"{values['samples_per_second_per_gpu']:#g}/s/gpu LR: {lr:5f} Logit Scale: {values['logit_scale']:.3f} "
-        f"Loss: {values['loss']:#.5g} ({state.epoch_sums.mean_loss:#.5g}) | {progress}"
-        + (f" | {stats_text}" if stats_text else "")
+        + loss_terms
     )
+    stats_text = console_stats_text(all_stats, console_stats)
+    progress = ", ".join(part for part in (f"samples seen {state.samples_seen}", time_left) if part)
+    logging.info(f"Step {state.step}: {progress}" + (f" | {stats_text}" if stats_text else ""))
     metrics.write("train", step=state.step, epoch=state.position.epoch, values=values)
 
 

@@ -6,10 +6,11 @@
 - `imagenet_folder`: the ImageNet val `ImageFolder`, checked (1000 class folders with images) when
   a run starts; `zero_shot_imagenet`: zero-shot top-1/top-5 on it, with the classifier built by
   open_clip's `build_zero_shot_classifier`.
-- `write_results`: one JSON line per evaluated epoch in `results.jsonl`.
-
-Every metric name carries the `val/` prefix OpenCLIP uses for its TensorBoard scalars, so the
-trainer can log the returned dicts as they are.
+- `epoch_results`, `eval_line`, `write_results`: an evaluated epoch's metrics as OpenCLIP's `evaluate` reports
+  them: its `Eval Epoch: N key: value\t...` line, one JSON line in `results.jsonl` under its keys
+  (`image_to_text_R@1`, `clip_val_loss`, `imagenet-zeroshot-val-top1`, `epoch`, `num_samples`, in its order),
+  and `dashboard_values`, the same under its TensorBoard tags (`val/<key>`) for metrics.jsonl. The project's
+  extra, `clip_val_loss_chance`, comes after OpenCLIP's keys.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from tqdm import tqdm
 
 from ..run_folder.safe_write import RunFiles
 
-METRIC_PREFIX = "val/"
+METRIC_PREFIX = "val/"  # OpenCLIP's tensorboard tags of the evaluated metrics
+EXTRA_METRICS = ("clip_val_loss_chance",)  # ours, beside OpenCLIP's keys
 
 
 def progress(iterable: Iterable, description: str) -> Iterable:
@@ -65,9 +67,9 @@ def run_validation(
     Recall ranks each image's caption among all val captions and vice versa; features are kept
     on the CPU, so the val set must fit an N x N similarity matrix, as in OpenCLIP.
 
-    Returns `val/clip_val_loss`, its chance value `val/clip_val_loss_chance` (the same average of ln(batch
-    size): what equal logits give), `val/num_samples` and, for `image_to_text` and `text_to_image`,
-    `val/<direction>_R@1|5|10`, `_mean_rank` and `_median_rank`.
+    Returns, under OpenCLIP's keys and in its order, for `image_to_text` and `text_to_image`
+    `<direction>_mean_rank`, `_median_rank` and `_R@1|5|10`, then `clip_val_loss` and `num_samples`, then ours:
+    `clip_val_loss_chance`, the CLIP loss's chance value (the same average of ln(batch size): what equal logits give).
     """
     device = torch.device(device)
     clip_loss = ClipLoss()
@@ -94,12 +96,12 @@ def run_validation(
         logit_scale=logit_scale.mean().float().cpu(),
     )
     metrics = {
-        "clip_val_loss": cumulative_loss / num_samples,
-        "clip_val_loss_chance": cumulative_chance / num_samples,
-        "num_samples": num_samples,
         **retrieval,
+        "clip_val_loss": cumulative_loss / num_samples,
+        "num_samples": num_samples,
+        "clip_val_loss_chance": cumulative_chance / num_samples,
     }
-    return {METRIC_PREFIX + name: float(value) for name, value in metrics.items()}
+    return {name: float(value) for name, value in metrics.items()}
 
 
 def imagenet_folder(
@@ -147,7 +149,7 @@ def zero_shot_imagenet(
     `classnames[k]` names the k-th class folder in sorted order (ImageFolder's order, which is
     the synset order of open_clip's `IMAGENET_CLASSNAMES`); `templates` are all callables or all
     `str.format` strings with one `{}` (open_clip's convention). Top-5 is reported only when
-    there are at least 5 classes. Returns `val/imagenet-zeroshot-val-top1` (and `-top5`),
+    there are at least 5 classes. Returns `imagenet-zeroshot-val-top1` (and `-top5`),
     OpenCLIP's names.
     """
     device = torch.device(device)
@@ -177,10 +179,34 @@ def zero_shot_imagenet(
             ranked = logits.float().topk(max(top_k), dim=1).indices.cpu()
             for k in top_k:
                 num_correct[k] += (ranked[:, :k] == target[:, None]).any(dim=1).sum().item()
-    return {f"{METRIC_PREFIX}imagenet-zeroshot-val-top{k}": num_correct[k] / len(dataset) for k in top_k}
+    return {f"imagenet-zeroshot-val-top{k}": num_correct[k] / len(dataset) for k in top_k}
 
 
-def write_results(path: str | Path, epoch: int, metrics: Mapping[str, float], files: RunFiles | None = None) -> None:
-    """Append `{"epoch": epoch, **metrics}` as one JSON line to `path` (e.g. `<run>/results.jsonl`), through
-    the run's `files` (a failed write is logged and retried later, `training.trainer.run_folder.safe_write`)."""
-    (files or RunFiles()).append(path, json.dumps({"epoch": epoch, **metrics}) + "\n")
+def epoch_results(
+    epoch: int, zero_shot: Mapping[str, float], validation: Mapping[str, float]
+) -> dict[str, float | int]:
+    """An evaluated epoch's metrics in the order of OpenCLIP's `evaluate` (`open_clip_train.train`: the zero-shot
+    ones, then `get_clip_metrics`'s, `clip_val_loss`, `epoch`, `num_samples`), then the project's extras. `epoch`
+    is there also when only zero-shot ran (OpenCLIP then leaves it out): a resume cuts results.jsonl back by it."""
+    validation = dict(validation)
+    extras = {name: validation.pop(name) for name in EXTRA_METRICS if name in validation}
+    num_samples = {"num_samples": validation.pop("num_samples")} if "num_samples" in validation else {}
+    return {**zero_shot, **validation, "epoch": epoch, **num_samples, **extras}
+
+
+def eval_line(results: Mapping[str, float]) -> str:
+    """OpenCLIP's `Eval Epoch: N key: value<TAB>key: value...` line of `epoch_results`."""
+    return f"Eval Epoch: {results['epoch']} " + "\t".join(
+        f"{key}: {round(value, 4):.4f}" for key, value in results.items()
+    )
+
+
+def dashboard_values(results: Mapping[str, float]) -> dict[str, float]:
+    """`epoch_results` under OpenCLIP's tensorboard tags (`val/<key>`): a "val" line of metrics.jsonl."""
+    return {METRIC_PREFIX + key: value for key, value in results.items()}
+
+
+def write_results(path: str | Path, results: Mapping[str, float], files: RunFiles | None = None) -> None:
+    """Append `epoch_results` as one JSON line to `path` (`<run>/checkpoints/results.jsonl`), as OpenCLIP writes
+    it, through the run's `files` (a failed write is logged and retried later, `training.trainer.run_folder.safe_write`)."""
+    (files or RunFiles()).append(path, json.dumps(dict(results)) + "\n")

@@ -33,6 +33,7 @@ from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
 from ..run_folder.rewind import checkpoint_files, set_aside_earlier_launch
 from ..run_folder.safe_write import RunFiles, cause_of
 from .config import RESUME_LATEST, RunConfig
+from .params import dumped_args
 
 
 @dataclass
@@ -130,23 +131,25 @@ def cannot_create(directory: str) -> Optional[str]:
 
 
 def check_run_checkpoint_space(
-    paths: RunPaths, model: torch.nn.Module, loss_fn: Loss, kept: Dict[str, int], env: DistributedEnv
-) -> None:
+    paths: RunPaths, num_parameters: int, loss_fn: Loss, kept: Dict[str, int], env: DistributedEnv
+) -> Optional[str]:
     """Before training (rank 0 checks, every rank stops): the checkpoint folder takes a file and has room for one
-    checkpoint of this model, optimizer and loss state; rank 0 logs the disk the `kept` files will need."""
+    checkpoint of a model of `num_parameters`, its optimizer and the loss state; returns, on rank 0, the disk the
+    `kept` files will need (`checkpoint_disk_text`, for the run's plan line)."""
     if paths.checkpoint_dir is None:
-        return
-    problem = None
+        return None
+    problem = disk = None
     if env.is_master:
-        needed = estimated_checkpoint_bytes(sum(p.numel() for p in model.parameters()), state_bytes(loss_fn))
+        needed = estimated_checkpoint_bytes(num_parameters, state_bytes(loss_fn))
         try:
             check_checkpoint_space(paths.checkpoint_dir, needed)
-            log_checkpoint_disk(paths.checkpoint_dir, needed, kept, logging.info)
+            disk = checkpoint_disk_text(paths.checkpoint_dir, needed, kept)
         except ValueError as error:
             problem = str(error)
     problem = broadcast_object(problem, env)
     if problem:
         raise ConfigError(problem)
+    return disk
 
 
 def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss, kept: Dict[str, int]) -> None:
@@ -178,8 +181,12 @@ def check_dry_run_checkpoint_space(cfg: RunConfig, loss_fn: Loss, kept: Dict[str
 
 
 def log_checkpoint_disk(target: str, one_checkpoint: int, kept: Dict[str, int], log) -> None:
-    """One line with the disk the run's checkpoints will need: `kept` files of each kind at once, plus the one
-    being written (a temporary file until it is renamed), against what is free in `target` now."""
+    log(checkpoint_disk_text(target, one_checkpoint, kept))
+
+
+def checkpoint_disk_text(target: str, one_checkpoint: int, kept: Dict[str, int]) -> str:
+    """The disk the run's checkpoints will need: `kept` files of each kind at once, plus the one being written (a
+    temporary file until it is renamed), against what is free in `target` now."""
     existing = Path(target)
     while not existing.exists():
         existing = existing.parent
@@ -195,7 +202,7 @@ def log_checkpoint_disk(target: str, one_checkpoint: int, kept: Dict[str, int], 
             "; not enough: free space, raise --save-frequency or lower --keep-step-checkpoints, or the run "
             "stops saving when the disk fills"
         )
-    log(line)
+    return line
 
 
 def state_bytes(module: torch.nn.Module) -> int:
@@ -260,7 +267,7 @@ def write_params(recorded: Dict[str, Any], paths: RunPaths, env: DistributedEnv,
     if not env.is_master:
         return
     lines = [f"{name}: {value}" for name, value in recorded.items()]
-    logging.info("Params:\n  " + "\n  ".join(lines))
+    logging.info("Params:\n  " + "\n  ".join(f"{name}: {value}" for name, value in dumped_args(recorded).items()))
     if paths.run_dir is not None:
         path = Path(paths.run_dir, PARAMS_NAME)
         separator = "\n" if path.exists() else ""

@@ -6,8 +6,8 @@ the flag instead of argparse's generic "unrecognized arguments" or, worse, silen
 
 The flags are declared once, on the fields of the config dataclasses (`training.trainer.flags`, collected in
 `training.trainer.launch.config.run_flags()`); this module generates the parser from them, adds one flag per loss option
-(`--<loss>-<option>` or the option's own `flag`, from `open_clip_adacl.get_loss_class(name).Options`),
-the `--siglip` alias and the refused OpenCLIP flags.
+(`--<loss>-<option>` or the option's own `flag`: `open_clip_adacl.losses.flags`, which the plug-in for stock
+`open_clip_train` shares), the `--siglip` alias and the refused OpenCLIP flags.
 
 This module is the boundary between argparse and the typed world: `parse_args` returns the namespace,
 `validate_args` rejects bad combinations before any work (`RunConfig.check`), and `run_config`
@@ -20,15 +20,21 @@ import argparse
 import difflib
 import shlex
 import sys
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from open_clip_train.distributed import is_using_distributed, world_info_from_env
 from open_clip_train.params import get_default_params
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
-from open_clip_adacl import LossOption, LossOptions, get_loss_class, list_losses
+from open_clip_adacl import LossOption, LossOptions, get_loss_class
+from open_clip_adacl.losses.flags import (
+    add_loss_flag,
+    given_loss_options,
+    loss_flags,
+    loss_option_flag,
+    option_of,
+)
 from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LOGIT_SCALE
 
 from ..data.registry import resolve_dataset_type
@@ -81,43 +87,9 @@ class _UnsupportedFlag(argparse.Action):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LossFlag:
-    """One command-line flag carrying a loss option; several losses may share it (e.g. --data-size)."""
-
-    flag: str
-    dest: str
-    option: LossOption
-    losses: Tuple[str, ...]
-
-
-def loss_option_flag(loss_name: str, option: LossOption) -> str:
-    """`option.flag` when the loss sets one, else `--<loss>-<option-with-dashes>`."""
-    return option.flag or f"--{loss_name}-{option.name.replace('_', '-')}"
-
-
 def loss_option_dest(loss_name: str, option: LossOption) -> str:
     """The argparse destination of that option's flag (what `args_from_values` takes)."""
     return loss_flags()[loss_option_flag(loss_name, option)].dest
-
-
-def loss_flags() -> Dict[str, LossFlag]:
-    """Every registered loss's options, keyed by flag; refuses two incompatible uses of one flag."""
-    flags: Dict[str, LossFlag] = {}
-    for loss_name in list_losses():
-        for option in get_loss_class(loss_name).Options.specs():
-            flag = loss_option_flag(loss_name, option)
-            if flag in flags:
-                known = flags[flag]
-                if known.option.type is not option.type:
-                    raise RuntimeError(
-                        f"losses {known.losses} and {loss_name!r} declare {flag} with different types "
-                        f"({known.option.type.__name__} vs {option.type.__name__}); give one of them another flag"
-                    )
-                flags[flag] = LossFlag(flag, known.dest, known.option, known.losses + (loss_name,))
-            else:
-                flags[flag] = LossFlag(flag, flag.lstrip("-").replace("-", "_"), option, (loss_name,))
-    return flags
 
 
 def add_recipe_flag(group: argparse._ActionsContainer, default: Optional[str] = None, note: str = "") -> None:
@@ -125,36 +97,6 @@ def add_recipe_flag(group: argparse._ActionsContainer, default: Optional[str] = 
     group.add_argument(
         "--recipe", default=default, choices=sorted(RECIPES), help=RECIPE_HELP + (f". {note}" if note else "")
     )
-
-
-def add_loss_flag(group: argparse._ArgumentGroup, loss_flag: LossFlag) -> None:
-    option = loss_flag.option
-    defaults = {name: option_of(name, loss_flag.flag).default for name in loss_flag.losses}
-    default_text = (
-        str(option.default)
-        if len(set(map(repr, defaults.values()))) == 1
-        else ", ".join(f"{name}: {value}" for name, value in defaults.items())
-    )
-    help_text = f"{option.help} (--loss {'/'.join(loss_flag.losses)}; default {default_text})"
-    # None means "not given": the chosen loss's own default applies, and giving a flag that the chosen
-    # loss does not declare is an error instead of being silently ignored.
-    if option.type is bool:
-        group.add_argument(
-            loss_flag.flag, dest=loss_flag.dest, default=None, action=argparse.BooleanOptionalAction, help=help_text
-        )
-    else:
-        choices = [c for c in option.choices if c is not None] if option.choices else None
-        group.add_argument(
-            loss_flag.flag, dest=loss_flag.dest, default=None, type=option.type, choices=choices, help=help_text
-        )
-
-
-def option_of(loss_name: str, flag: str) -> LossOption:
-    """The option of `loss_name` carried by `flag`."""
-    for option in get_loss_class(loss_name).Options.specs():
-        if loss_option_flag(loss_name, option) == flag:
-            return option
-    raise KeyError(f"loss {loss_name!r} has no option behind {flag}")
 
 
 def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -165,20 +107,15 @@ def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
     Raises ConfigError for a loss flag given while another loss is chosen, and for a given value that
     contradicts the chosen preset (the values are validated by `validate_args`).
     """
-    given: Dict[str, Any] = {}
-    own_flags = []
-    for loss_flag in loss_flags().values():
-        value = getattr(args, loss_flag.dest)
-        if args.loss in loss_flag.losses:
-            option = option_of(args.loss, loss_flag.flag)
-            own_flags.append((loss_flag.dest, option.name))
-            if value is not None:
-                given[option.name] = value
-        elif value is not None:
-            raise ConfigError(
-                f"{loss_flag.flag} is an option of --loss {'/'.join(loss_flag.losses)}, but --loss is "
-                f"{args.loss!r}; drop the flag or choose one of those losses"
-            )
+    try:
+        given = given_loss_options(args.loss, vars(args))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    own_flags = [
+        (loss_flag.dest, option_of(args.loss, loss_flag.flag).name)
+        for loss_flag in loss_flags().values()
+        if args.loss in loss_flag.losses
+    ]
     try:
         options = get_loss_class(args.loss).Options.resolved_values(**given)
     except ValueError as error:
@@ -424,6 +361,18 @@ def logit_init_for_loss(loss_name: str) -> Dict[str, float]:
     if get_loss_class(loss_name).needs_logit_bias:
         return {"init_logit_scale": SIGLIP_INIT_LOGIT_SCALE, "init_logit_bias": SIGLIP_INIT_LOGIT_BIAS}
     return {}
+
+
+def dumped_args(recorded: Mapping[str, Any]) -> Dict[str, Any]:
+    """The recorded arguments as the run's log lists them ("Params:"): without the option flags of the losses the
+    run did not choose (None, every one of them); params.txt and params.json keep every argument."""
+    chosen = recorded.get("loss")
+    unused = {
+        loss_flag.dest
+        for loss_flag in loss_flags().values()
+        if chosen not in loss_flag.losses and recorded.get(loss_flag.dest) is None
+    }
+    return {name: value for name, value in recorded.items() if name not in unused}
 
 
 def arg_values(args: argparse.Namespace) -> Dict[str, Any]:

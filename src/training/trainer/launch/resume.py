@@ -125,9 +125,8 @@ def translated_position(checkpoint: Mapping[str, Any], request: ResumeRequest) -
 def _changed_loss_options(checkpoint: Mapping[str, Any], request: ResumeRequest) -> Dict[str, tuple]:
     old = (checkpoint.get("args") or {}).get("loss_options") or {}
     new = request.args.get("loss_options") or {}
-    return {
-        name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)
-    }
+    # An option the checkpoint does not name came after it was written: it ran as that option's default.
+    return {name: (old[name], new.get(name)) for name in sorted(old) if old[name] != new.get(name)}
 
 
 def resume(

@@ -1,8 +1,10 @@
 """The checks before any work, on every rank (so that all of them stop together), and the plan they print:
-the data, --pretrained, --imagenet-val and the schedule's length (`--dry-run` stops after them)."""
+the data, --pretrained, --imagenet-val and the schedule's length (`--dry-run` stops after them); a run's log
+starts with that plan (`plan_line`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from typing import List, Optional
@@ -11,7 +13,7 @@ import torchvision
 
 from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
 from ..distributed import resolved_device_type
-from ..engine.model import check_pretrained
+from ..engine.model import ModelConfig, check_pretrained, parameter_count
 from ..engine.validation import imagenet_folder
 from ..flags import ConfigError
 from ..run_folder.checkpoint_files import checkpoint_candidates
@@ -82,6 +84,26 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         )
     warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
+
+
+def plan_line(plan: StartupPlan, disk: Optional[str]) -> str:
+    """The run's first log line: its plan (ranks x batch x accum, steps, epochs) and the disk its checkpoints need;
+    the loss options it changes follow on lines of their own."""
+    first, *options = plan.text.split("\n")
+    return "\n".join([f"Plan: {first}" + (f"; {disk}" if disk else ""), *options])
+
+
+def quiet_parameter_count(cfg: ModelConfig) -> Optional[int]:
+    """The model's parameters, counted on the meta device before any weights exist and without open_clip's lines
+    about it (they belong to the real model's creation); None when it cannot be sized so (a hub model not in the
+    cache yet: the run sizes it once built)."""
+    logging.disable(logging.WARNING)
+    try:
+        return parameter_count(cfg)
+    except Exception:  # noqa: BLE001 - any failure only postpones the sizing
+        return None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def changed_option_lines(options) -> List[str]:

@@ -25,7 +25,6 @@ from torchvision.datasets import ImageFolder
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
 
 from ..data import (
-    FAMILY_FIELD,
     SKIP_REASONS,
     DataConfig,
     LoaderInfo,
@@ -48,7 +47,14 @@ from ..engine.model import ModelBundle, build_model, open_clip_model_config, pre
 from ..engine.optimizer import build_optimizer
 from ..engine.precision import build_precision
 from ..engine.schedule import build_scheduler
-from ..engine.validation import run_validation, write_results, zero_shot_imagenet
+from ..engine.validation import (
+    dashboard_values,
+    epoch_results,
+    eval_line,
+    run_validation,
+    write_results,
+    zero_shot_imagenet,
+)
 from ..flags import ConfigError
 from ..preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, requeue_slurm_job
 from ..run_folder.layout import CHECKPOINT_DIR_NAME, LOG_NAME, RESULTS_NAME, RunDir
@@ -72,7 +78,7 @@ from .folder import (
     write_params,
 )
 from .resume import dry_run_changes, resume_or_start_over
-from .startup import StartupPlan, check_startup, resume_note
+from .startup import StartupPlan, check_startup, plan_line, quiet_parameter_count, resume_note
 
 # The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
 PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
@@ -207,11 +213,15 @@ class Trainer:
         the run folder (held by rank 0 with `lock`), the model, optimizer and precision, the starting point
         (`resume_or_start_over`, recorded in params.txt), then the data, schedule and epoch loop from there."""
         cfg = self.cfg
-        paths, recorded = self._open_run_folder(lock, env, plan)
+        paths, recorded, disk_checked = self._open_run_folder(lock, env, plan, loss_fn)
         bundle = self._build_model(env)
         optimizer = build_optimizer(bundle.model, cfg.optimizer)
         precision = build_precision(cfg.model.precision, env.device)
-        check_run_checkpoint_space(paths, bundle.model, loss_fn, cfg.checkpoints.files_kept(plan.total_steps), env)
+        if not disk_checked:  # the model could not be sized before it was built
+            num_parameters = sum(parameter.numel() for parameter in bundle.model.parameters())
+            disk = check_run_checkpoint_space(paths, num_parameters, loss_fn, self._files_kept(plan), env)
+            if disk:
+                logging.info(disk)
         state = TrainState()
         components = run_components(
             model=bundle.model, optimizer=optimizer, scaler=precision.scaler, loss=loss_fn, state=state
@@ -228,7 +238,7 @@ class Trainer:
             env,
             epoch=position.epoch,
             skip_batches=position.batches_in_epoch,
-            families=loss_fn.needs_family,
+            family_field=loss_fn.family_field() if loss_fn.reads_family() else None,
         )
         val_data = build_val_data_if_needed(cfg.data, bundle, env)
         imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
@@ -274,8 +284,11 @@ class Trainer:
         )
         return RunParts(paths, files, data, val_data, imagenet, bundle.tokenizer, loop)
 
-    def _open_run_folder(self, lock: RunLock, env: DistributedEnv, plan: StartupPlan) -> Tuple[RunPaths, dict]:
-        """The run's paths, its log, the folder held by rank 0, and the arguments it records."""
+    def _open_run_folder(
+        self, lock: RunLock, env: DistributedEnv, plan: StartupPlan, loss_fn: Loss
+    ) -> Tuple[RunPaths, dict, bool]:
+        """The run's paths, its log, the folder held by rank 0, and the arguments it records; the log's first line is
+        the run's plan with the disk its checkpoints need, checked (False: the model could not be sized yet)."""
         cfg = self.cfg
         paths = build_run_paths(cfg, env)
         setup_logging(
@@ -285,13 +298,21 @@ class Trainer:
             log_all_ranks=cfg.logging.log_local,
         )
         hold_run_dir(lock, paths, env)
+        num_parameters = quiet_parameter_count(cfg.model)
+        disk = None
+        if num_parameters is not None:
+            disk = check_run_checkpoint_space(paths, num_parameters, loss_fn, self._files_kept(plan), env)
+        logging.info(plan_line(plan, disk))
         logging.info(
             f"Rank {env.rank} of {env.world_size} on {env.device}, precision {cfg.model.precision}; run {paths.name}"
         )
         recorded = recorded_args(cfg, paths)
         for warning in plan.warnings if env.is_master else []:
             logging.warning(warning)
-        return paths, recorded
+        return paths, recorded, num_parameters is not None
+
+    def _files_kept(self, plan: StartupPlan) -> Dict[str, int]:
+        return self.cfg.checkpoints.files_kept(plan.total_steps)
 
     def _build_model(self, env: DistributedEnv) -> ModelBundle:
         """The model, with the same initial weights on every rank (then back to the rank's own random stream)."""
@@ -366,9 +387,9 @@ class Trainer:
             return
         model = unwrap_model(loop.model)
         completed, is_last = state.position.epoch, state.position.epoch == cfg.total_epochs
-        results = {}
+        validation, zero_shot = {}, {}
         if parts.val_data is not None and cfg.val_frequency and (completed % cfg.val_frequency == 0 or is_last):
-            results.update(
+            validation.update(
                 run_validation(
                     model,
                     parts.val_data.dataloader,
@@ -379,7 +400,7 @@ class Trainer:
                 )
             )
         if parts.imagenet is not None and (completed % cfg.zeroshot_frequency == 0 or is_last):
-            results.update(
+            zero_shot.update(
                 zero_shot_imagenet(
                     model,
                     parts.tokenizer,
@@ -391,12 +412,13 @@ class Trainer:
                     input_dtype=precision.input_dtype,
                 )
             )
-        if not results:
+        if not (validation or zero_shot):
             return
-        logging.info(f"Eval Epoch: {completed} " + "\t".join(f"{k}: {v:.4f}" for k, v in results.items()))
-        loop.metrics.write("val", step=state.step, epoch=completed, values=results)
+        results = epoch_results(completed, zero_shot, validation)
+        logging.info(eval_line(results))
+        loop.metrics.write("val", step=state.step, epoch=completed, values=dashboard_values(results))
         if parts.paths.checkpoint_dir is not None:
-            write_results(Path(parts.paths.checkpoint_dir) / RESULTS_NAME, completed, results, parts.files)
+            write_results(Path(parts.paths.checkpoint_dir) / RESULTS_NAME, results, parts.files)
 
     def _final_checkpoint_missing(self, parts: RunParts) -> str:
         """Why the run that trained every epoch has no final checkpoint, and what to do."""
@@ -506,16 +528,22 @@ def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
 
 
 def build_data(
-    cfg: DataConfig, bundle: ModelBundle, env: DistributedEnv, *, epoch: int, skip_batches: int, families: bool = False
+    cfg: DataConfig,
+    bundle: ModelBundle,
+    env: DistributedEnv,
+    *,
+    epoch: int,
+    skip_batches: int,
+    family_field: Optional[str] = None,
 ):
-    """The training stream for this rank (the shards were checked by `check_startup`); with `families`
-    (a loss that `needs_family`) its batches carry each sample's family id."""
+    """The training stream for this rank (the shards were checked by `check_startup`); with `family_field`
+    (a loss that `reads_family()`) its batches carry each sample's family ids read from that json field."""
     cfg = replace(
         cfg,
         rank=env.rank,
         world_size=env.world_size,
         skip_batches=skip_batches,
-        family_field=FAMILY_FIELD if families else None,
+        family_field=family_field,
     )
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)

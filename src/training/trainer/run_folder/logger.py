@@ -2,7 +2,7 @@
 
 metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoch":
 - kind "train": a logged training step (every --log-every-n-steps steps of an epoch, and its last):
-  loss, lr, logit_scale, samples_per_second, samples_per_second_per_gpu, data_time, batch_time,
+  loss, contrastive_loss (its one term, as OpenCLIP's losses name it), lr, logit_scale, samples_per_second, samples_per_second_per_gpu, data_time, batch_time,
   num_nonfinite_steps, and the loss's own diagnostics as "stats/<name>" (floats; logged, never
   part of the loss);
 - kind "epoch": a completed epoch's summary (an epoch cut short by preemption writes none): loss
@@ -10,14 +10,17 @@ metrics.jsonl holds one JSON object per line, each with "kind", "step" and "epoc
   "skipped/<reason>" counts per skip reason, and their totals skipped_shard_visits (shard visits
   cut short: unreadable_shard, bad_tar) and skipped_samples; skipped_shards names the shards of those
   visits ({shard: {reason: visits}}, MAX_NAMED_SHARDS at most; the epoch's log line names them too);
-- kind "val": validation / zero-shot metrics after an epoch.
+- kind "val": validation / zero-shot metrics after an epoch, by their tensorboard tags (`val/clip_val_loss`,
+  `val/image_to_text_R@1`, ...); `checkpoints/results.jsonl` holds the same values under OpenCLIP's own keys
+  (`training.trainer.engine.validation`).
 
-Tensorboard tags are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
-`train/loss`, `train/scale` (the logit scale), `train/lr`, `train/samples_per_second`, ... at the
-step, `val/<metric>` (e.g. `val/clip_val_loss`, `val/imagenet-zeroshot-val-top1`) at the epoch;
+Tensorboard tags and steps are OpenCLIP 3.3.0's (`open_clip_train.train`), so its dashboards work unchanged:
+`train/loss`, `train/contrastive_loss` (the loss's term), `train/scale` (the logit scale), `train/lr`,
+`train/samples_per_second`, ... at the step's index counted from 0 (metrics.jsonl's `step` minus 1),
+`val/<metric>` (e.g. `val/clip_val_loss`, `val/imagenet-zeroshot-val-top1`) at the epoch;
 ours: the loss's stats as `loss_stats/<name>` and the epoch summaries as `epoch/<name>`. wandb
-(`--report-to wandb`) gets the same keys, all at the training step (wandb needs steps that never
-decrease; OpenCLIP does the same), with the epoch as the "epoch" key.
+(`--report-to wandb`) gets the same keys at OpenCLIP's wandb steps (training at the step's index,
+validation at the steps taken: wandb needs steps that never decrease), with the epoch as the "epoch" key.
 
 After a resume from step S, `drop_lines_after` removes the lines of steps after S (written by
 the interrupted run, which the resumed run replays), so metrics.jsonl holds each step once.
@@ -161,8 +164,16 @@ def dashboard_tag(kind: str, name: str) -> str:
 
 
 def dashboard_step(kind: str, step: int, epoch: int) -> int:
-    """OpenCLIP logs validation at the epoch, training at the step."""
-    return epoch if kind == "val" else step
+    """A line's tensorboard step, as OpenCLIP numbers it (`open_clip_train.train`): validation at the epoch (1 after
+    the first), the rest at the step's index counted from 0 (`num_batches_per_epoch * epoch + i_accum`), where
+    metrics.jsonl's `step` counts the steps taken (1 after the first)."""
+    return epoch if kind == "val" else step - 1
+
+
+def wandb_step(kind: str, step: int) -> int:
+    """A line's wandb step, as OpenCLIP's: training at the step's index from 0, validation at the steps taken
+    (`num_batches_per_epoch * epoch`), so that the steps never decrease."""
+    return step if kind == "val" else step - 1
 
 
 def _plain(value: Any) -> Any:
@@ -268,7 +279,7 @@ class MetricsWriter:
                 self._drop_tensorboard(f"the TensorBoard events from step {step} on", error)
         if self.wandb_run is not None:
             try:
-                self.wandb_run.log({**scalars, "epoch": epoch}, step=step)
+                self.wandb_run.log({**scalars, "epoch": epoch}, step=wandb_step(kind, step))
             except Exception as error:  # noqa: BLE001 - wandb raises its own types for a failed write
                 self._drop_wandb(f"the wandb logs from step {step} on", error)
 

@@ -1,7 +1,8 @@
 """The exact code a run ran: the git commit of the source tree, a hash of any uncommitted change and the
 changed paths with their own hashes; the identity of a checkpoint a run starts from; and the identity a
 reusable run folder records (a study's common pretraining: recipe, seed, data seed, code), which it must
-match to be reused.
+match to be reused; and the machine a measurement ran on (`machine_info`: CPU model and family, cores, load,
+library versions, code), which every benchmark and comparison report names.
 
 The loss comparison keeps them in each run's outcome, so results can be paired only between runs of
 the same code (docs/cluster.md, "Running the loss comparison"), and "no code differs" between two runs
@@ -11,7 +12,10 @@ with uncommitted changes can be checked path by path.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import os
+import platform
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -125,3 +129,41 @@ def check_or_record_identity(run_path: Path, identity: Mapping[str, Any]) -> Non
     ]
     if differences:
         raise ValueError(f"{run_path} was trained otherwise ({'; '.join(differences)}); remove it to train again")
+
+
+def machine_info(device: str) -> Dict[str, str]:
+    """CPU (with its family and model numbers, which tell apart CPUs that /proc/cpuinfo names alike), cores,
+    load, library versions, code version (and the GPU when running on one)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        fields: Dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+        cpu = fields.get("model name", cpu)
+        if "cpu family" in fields and "model" in fields:
+            cpu += f" (family {fields['cpu family']}, model {fields['model']})"
+    info = {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "open_clip": package_version("open_clip_torch"),
+        "clip_benchmark": package_version("clip-benchmark"),
+        "load": ", ".join(f"{value:.1f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "?",
+        "code": code_version(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = f", GPU {torch.cuda.get_device_name(0)}"
+    return info
+
+
+def package_version(name: str) -> str:
+    """The installed distribution's version (clip_benchmark's own `__version__` is stale)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"

@@ -13,7 +13,7 @@ from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 from helpers.data_utils import assert_same_batches, byte_tokenizer, config, decode_texts, indices
-from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
+from training.trainer.data import SKIP_REASONS, DataConfig, DataError, build_train_data, build_val_data
 
 
 def train_batches(cfg, epoch=0, preprocess=to_tensor, epochs=(None,)):
@@ -46,7 +46,8 @@ def test_batches_have_the_documented_format_with_open_clip_transforms(demo_shard
     batches = list(info.dataloader)
     assert len(batches) == 8
     meta = split_samples(demo_shards)
-    for images, texts, sample_index, (skip_counts, shard_visits) in batches:
+    for images, texts, sample_index, (skip_counts, shard_visits), family in batches:
+        assert family is None  # not asked for (DataConfig.family_field)
         assert images.shape == (64, 3, 32, 32) and images.dtype == torch.float32
         assert texts.shape == (64, 24) and texts.dtype == torch.long
         assert sample_index.dtype == torch.long and skip_counts.dtype == torch.long
@@ -203,7 +204,7 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
     info = build_train_data(cfg, to_tensor, byte_tokenizer)
     batches = list(info.dataloader)
     assert info.num_batches == len(batches) == 6
-    images, texts, sample_index, (skip_counts, shard_visits) = batches[0]
+    images, texts, sample_index, (skip_counts, shard_visits), _ = batches[0]
     assert images.shape == (16, 3, 224, 224) and sample_index.dtype == torch.long
     assert skip_counts.shape == (len(SKIP_REASONS),) and shard_visits == {}
     assert_same_batches(
@@ -212,18 +213,18 @@ def test_synthetic_data_has_the_same_format_and_resumes(demo_shards):
 
 
 def test_family_ids_ride_along_only_when_asked_for(demo_shards):
-    """With family_field set, a fifth tensor holds each row's json family (-1 where data has none)."""
+    """With family_field set, each batch's `family` holds each row's json family (-1 where data has none)."""
     plain = train_batches(config(demo_shards, train_num_samples=64))
     with_families = train_batches(config(demo_shards, train_num_samples=64, family_field="family"))
-    assert all(len(batch) == 4 for batch in plain) and all(len(batch) == 5 for batch in with_families)
+    assert all(batch.family is None for batch in plain) and all(batch.family is not None for batch in with_families)
     assert_same_batches(with_families, plain)
     families = {key: meta["family"] for key, meta in split_samples(demo_shards).items()}
-    assert all(batch[4].tolist() == [families[key] for key in batch[2].tolist()] for batch in with_families)
-    assert len({family for batch in with_families for family in batch[4].tolist()}) > 1
+    assert all(batch.family.tolist() == [families[key] for key in batch[2].tolist()] for batch in with_families)
+    assert len({family for batch in with_families for family in batch.family.tolist()}) > 1
     synthetic = DataConfig(
         dataset_type="synthetic", train_num_samples=32, batch_size=16, workers=0, family_field="family"
     )
-    assert all(torch.equal(batch[4], torch.full((16,), -1)) for batch in train_batches(synthetic))
+    assert all(torch.equal(batch.family, torch.full((16,), -1)) for batch in train_batches(synthetic))
 
 
 def test_impossible_configurations_are_rejected(demo_shards):
@@ -253,3 +254,18 @@ def test_reading_in_the_main_process_leaves_the_callers_random_state_alone(demo_
     for _ in build_train_data(config(demo_shards, workers=0), augment, byte_tokenizer).dataloader:
         pass
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_family_field_listing_group_ids_gives_each_sample_a_row_of_them():
+    from training.trainer.data.samples import family_tensor
+    from training.trainer.data.shards import family_of
+
+    def sample(**meta):
+        return {"json": json.dumps(meta).encode()}
+
+    assert family_of(sample(family=3), "family") == 3 and family_of(sample(), "family") == -1
+    assert family_of(sample(groups=[4, "x", -2, 7]), "groups") == (4, -1, -1, 7)
+    assert family_tensor([3, -1]).tolist() == [3, -1]
+    assert family_tensor([(4, 5), -1, (6, 7)]).tolist() == [[4, 5], [-1, -1], [6, 7]]  # none: -1 in every place
+    with pytest.raises(DataError, match="must list the same number for every sample"):
+        family_tensor([(4, 5), (6,)])

@@ -240,10 +240,10 @@ def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_need
         "step_6.pt",
     ]  # 2 steps per epoch
     size = max(p.stat().st_size for p in checkpoints.glob("*.pt")) / 1e9
-    logged = [
-        line.split(" | ")[-1]
+    logged = [  # the disk is part of the run's plan line, its log's first: "Plan: ...; checkpoints: ..."
+        "checkpoints: " + line.split("; checkpoints: ", 1)[1]
         for line in (tmp_path / "bounded" / "out.log").read_text().splitlines()
-        if " | checkpoints: " in line
+        if "; checkpoints: " in line
     ]
     assert len(planned) == 1 and logged[0].split(" in ")[0] == planned[0].split(" in ")[0]
     assert re.fullmatch(

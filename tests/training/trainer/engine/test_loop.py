@@ -14,6 +14,7 @@ from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
 from training import RunDir
 from training.main import main
+from training.trainer.data import Batch
 from training.trainer.data.samples import MAX_NAMED_SHARDS, Skipped
 from training.trainer.distributed import DistributedEnv
 from training.trainer.engine.checkpoint import CheckpointConfig, Checkpointer, TrainState, run_components
@@ -56,34 +57,39 @@ def train_argv(demo_shards, logs, name, *extra):
 
 # A parser written for OpenCLIP's console lines (open_clip_train/train.py 3.3.0, train_one_epoch's logging.info):
 # epoch, [samples/samples per epoch (percent)], data and batch time, throughput, LR, logit scale, then each loss
-# as "Name: value (running mean)", of which "Loss:" is the total.
+# term as "Name: value (running mean)" (`loss_name.capitalize()`, ClipLoss's one term "Contrastive_loss"), of which
+# "Loss:" is the total and the line's end.
 OPENCLIP_LINE = re.compile(
     r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<samples>\d+)/(?P<samples_per_epoch>\d+) \((?P<percent>\d+)%\)\] "
     r"Data \(t\): (?P<data_time>[\d.]+) Batch \(t\): (?P<batch_time>[\d.]+), (?P<throughput>[\d.e+]+)/s, "
     r"(?P<throughput_per_gpu>[\d.e+]+)/s/gpu LR: (?P<lr>[\d.]+) Logit Scale: (?P<logit_scale>[\d.]+) "
-    r"(?:\w+: [\d.]+ \([\d.]+\) )*Loss: (?P<loss>[\d.]+) \((?P<loss_mean>[\d.]+)\)"
+    r"Contrastive_loss: (?P<term>[\d.]+) \((?P<term_mean>[\d.]+)\) Loss: (?P<loss>[\d.]+) \((?P<loss_mean>[\d.]+)\)$"
 )
 # What OpenCLIP 3.3.0 prints for a CLIP loss, as its f-string formats it.
 OPENCLIP_EXAMPLE = (
     "Train Epoch: 0 [ 4096/10000 (41%)] Data (t): 0.123 Batch (t): 0.456, 8982.46/s, 1122.81/s/gpu "
     "LR: 0.000500 Logit Scale: 14.286 Contrastive_loss: 5.1234 (5.3456) Loss: 5.1234 (5.3456)"
 )
+# Ours, the line after each step line.
 PROGRESS = re.compile(
-    r" \| step (?P<step>\d+), samples seen (?P<seen>\d+), time left: epoch (?P<epoch_left>[^,]+), "
-    r"run (?P<run_left>\d+ s|\d+ min|\d+ h \d\d min)"
+    r"^Step (?P<step>\d+): samples seen (?P<seen>\d+), time left: (?:epoch (?P<epoch_left>[^,]+), "
+    r"run (?P<run_left>\d+ s|\d+ min|\d+ h \d\d min)|from the next logged step .*)"
 )
 
 
 def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
     """Every step's console line parses with OPENCLIP_LINE (as OpenCLIP's own does), its numbers are the step's,
-    and after it come the step, the samples seen and the time left in the epoch and the run."""
+    and the next line holds the step, the samples seen and the time left in the epoch and the run (from the second
+    step of an epoch on: the first is not timed)."""
     assert OPENCLIP_LINE.match(OPENCLIP_EXAMPLE)
-    lines = [line.split(" | INFO | ")[-1] for line in out_log.splitlines() if "Train Epoch: " in line]
-    assert len(lines) == len(steps)
+    messages = [line.split(" | INFO | ")[-1] for line in out_log.splitlines()]
+    indices = [index for index, message in enumerate(messages) if message.startswith("Train Epoch: ")]
+    assert len(indices) == len(steps)
     epoch_losses = []
-    for line, record in zip(lines, steps):
-        parsed, progress = OPENCLIP_LINE.match(line), PROGRESS.search(line)
-        assert parsed and progress, line
+    for index, record in zip(indices, steps):
+        line = messages[index]
+        parsed, progress = OPENCLIP_LINE.match(line), PROGRESS.match(messages[index + 1])
+        assert parsed and progress, (line, messages[index + 1])
         step_in_epoch = (record["step"] - 1) % steps_per_epoch + 1
         epoch_losses = epoch_losses[: step_in_epoch - 1] + [record["loss"]]
         assert int(parsed["epoch"]) == record["epoch"]
@@ -91,12 +97,14 @@ def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
             step_in_epoch * batch_size,
             steps_per_epoch * batch_size,
         )
-        assert float(parsed["loss"]) == pytest.approx(record["loss"], rel=1e-4)
+        assert float(parsed["loss"]) == pytest.approx(record["loss"], rel=1e-4) == float(parsed["term"])
         assert float(parsed["loss_mean"]) == pytest.approx(sum(epoch_losses) / len(epoch_losses), rel=1e-4)
         assert float(parsed["throughput"]) == pytest.approx(record["samples_per_second"], rel=1e-4)
         assert (int(progress["step"]), int(progress["seen"])) == (record["step"], record["step"] * batch_size)
-        assert progress["epoch_left"] == "0 s" or step_in_epoch < steps_per_epoch
-    assert PROGRESS.search(lines[-1])["run_left"] == "0 s" and PROGRESS.search(lines[0])["run_left"] != "0 s"
+        assert (progress["epoch_left"] is None) == (step_in_epoch == 1)  # the epoch's first step is not timed
+        assert progress["epoch_left"] in (None, "0 s") or step_in_epoch < steps_per_epoch
+    last, second = PROGRESS.match(messages[indices[-1] + 1]), PROGRESS.match(messages[indices[1] + 1])
+    assert last["run_left"] == "0 s" and second["run_left"] != "0 s"
 
 
 def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
@@ -247,7 +255,7 @@ def _batches(poisoned, num=6, batch=4):
         if i in poisoned:
             index = -index - 1
         out.append(
-            (
+            Batch(
                 torch.randn(batch, 3, 32, 32, generator=g),
                 torch.randint(1, 500, (batch, 24), generator=g),
                 index,
@@ -334,10 +342,10 @@ def test_the_epoch_summary_names_the_shards_whose_visits_were_cut_short(tmp_path
     MAX_NAMED_SHARDS only, with the visits of the others counted as "and K more visits"."""
     batches = _batches(poisoned=set(), num=2 + MAX_NAMED_SHARDS)
     shards = [f"/data/shard-{i}.tar" for i in range(MAX_NAMED_SHARDS + 2)]
-    batches[0] = (*batches[0][:3], Skipped(torch.tensor([1, 0]), {shards[0]: {"bad_tar": 1}}))
+    batches[0] = batches[0]._replace(skipped=Skipped(torch.tensor([1, 0]), {shards[0]: {"bad_tar": 1}}))
     for i, batch in enumerate(batches[1:], start=1):  # shard 0 cut again, then one more shard per batch
         visits = {shards[0]: {"bad_tar": 1}, shards[i]: {"bad_tar": 1}}
-        batches[i] = (*batch[:3], Skipped(torch.tensor([2, 0]), visits))
+        batches[i] = batch._replace(skipped=Skipped(torch.tensor([2, 0]), visits))
     trainer, _ = _trainer(tmp_path)
     trainer = dataclasses.replace(trainer, skip_reasons=("bad_tar", "empty_caption"))
     with caplog.at_level(logging.INFO):
@@ -356,7 +364,7 @@ def test_a_resumed_epoch_names_the_shards_cut_before_the_interruption(tmp_path):
     summary of the uninterrupted epoch."""
     batches = _batches(poisoned=set())
     for i in (1, 4):
-        batches[i] = (*batches[i][:3], Skipped(torch.tensor([1, 0]), {f"/data/cut-{i}.tar": {"bad_tar": 1}}))
+        batches[i] = batches[i]._replace(skipped=Skipped(torch.tensor([1, 0]), {f"/data/cut-{i}.tar": {"bad_tar": 1}}))
     whole, *_ = _run_epoch(batches, tmp_path / "whole", save_every=3)
     resumed, _ = _trainer(tmp_path / "resumed")
     components = run_components(
@@ -440,7 +448,7 @@ def test_accumulation_takes_one_step_per_accum_freq_batches(tmp_path):
 def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
     clean = _batches(poisoned=set(), num=3)
     poisoned = list(clean)
-    poisoned.insert(1, (torch.full_like(clean[1][0], float("nan")), *clean[1][1:]))  # NaN images: NaN features
+    poisoned.insert(1, clean[1]._replace(images=torch.full_like(clean[1].images, float("nan"))))  # NaN features
     for run in ("poisoned", "clean"):
         (tmp_path / run).mkdir()
     result, _, _, loss_fn = _run_epoch(poisoned, tmp_path / "poisoned", loss_fn=create_loss("adacl", queue_size=8))

@@ -12,7 +12,15 @@ from torchvision.transforms.functional import to_tensor
 
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 from training.trainer.data.samples import no_skips
-from training.trainer.engine.validation import imagenet_folder, run_validation, write_results, zero_shot_imagenet
+from training.trainer.engine.validation import (
+    dashboard_values,
+    epoch_results,
+    eval_line,
+    imagenet_folder,
+    run_validation,
+    write_results,
+    zero_shot_imagenet,
+)
 
 
 class FeatureClip(torch.nn.Module):
@@ -72,13 +80,13 @@ def test_run_validation_matches_brute_force():
         epoch=1,
     )
     similarity = F.normalize(image_features, dim=-1) @ F.normalize(text_features, dim=-1).T
-    assert metrics["val/num_samples"] == num_samples
+    assert metrics["num_samples"] == num_samples
     for k in (1, 5, 10):
-        assert metrics[f"val/image_to_text_R@{k}"] == pytest.approx(brute_force_recall(similarity, k))
-        assert metrics[f"val/text_to_image_R@{k}"] == pytest.approx(brute_force_recall(similarity.T, k))
-    assert 0.0 < metrics["val/image_to_text_R@1"] < metrics["val/image_to_text_R@10"] < 1.0
+        assert metrics[f"image_to_text_R@{k}"] == pytest.approx(brute_force_recall(similarity, k))
+        assert metrics[f"text_to_image_R@{k}"] == pytest.approx(brute_force_recall(similarity.T, k))
+    assert 0.0 < metrics["image_to_text_R@1"] < metrics["image_to_text_R@10"] < 1.0
     expected_loss = brute_force_clip_loss(image_features, text_features, logit_scale, batch_size)
-    assert metrics["val/clip_val_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["clip_val_loss"] == pytest.approx(expected_loss, rel=1e-5)
 
 
 def test_run_validation_on_tiny_clip_accepts_tuple_outputs():
@@ -94,9 +102,9 @@ def test_run_validation_on_tiny_clip_accepts_tuple_outputs():
         for b in range(2)
     ]
     metrics = run_validation(model, batches, device="cpu", epoch=3)
-    assert metrics["val/num_samples"] == 12
+    assert metrics["num_samples"] == 12
     assert all(isinstance(value, float) and math.isfinite(value) for value in metrics.values())
-    assert 0.0 <= metrics["val/text_to_image_R@1"] <= metrics["val/text_to_image_R@10"] <= 1.0
+    assert 0.0 <= metrics["text_to_image_R@1"] <= metrics["text_to_image_R@10"] <= 1.0
 
 
 COLORS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
@@ -146,7 +154,7 @@ def test_zero_shot_on_fake_image_folder_has_the_known_accuracy(tmp_path):
         classnames=classnames,
         templates=["a photo of {}", "a drawing of {}"],
     )
-    assert metrics == {"val/imagenet-zeroshot-val-top1": pytest.approx(7 / 8)}
+    assert metrics == {"imagenet-zeroshot-val-top1": pytest.approx(7 / 8)}
 
 
 def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
@@ -164,8 +172,8 @@ def test_zero_shot_with_open_clip_model_and_tokenizer(tmp_path):
         classnames=classnames,
         templates=["a photo of a {}."],
     )
-    assert set(metrics) == {"val/imagenet-zeroshot-val-top1", "val/imagenet-zeroshot-val-top5"}
-    assert 0.0 <= metrics["val/imagenet-zeroshot-val-top1"] <= metrics["val/imagenet-zeroshot-val-top5"] <= 1.0
+    assert set(metrics) == {"imagenet-zeroshot-val-top1", "imagenet-zeroshot-val-top5"}
+    assert 0.0 <= metrics["imagenet-zeroshot-val-top1"] <= metrics["imagenet-zeroshot-val-top5"] <= 1.0
 
 
 def test_zero_shot_refuses_mismatched_classnames(tmp_path):
@@ -195,7 +203,32 @@ def test_imagenet_folder_names_what_is_wrong(tmp_path):
 
 def test_write_results_appends_one_line_per_epoch(tmp_path):
     path = tmp_path / "run" / "results.jsonl"
-    write_results(path, 1, {"val/clip_val_loss": 2.5})
-    write_results(path, 2, {"val/clip_val_loss": 2.0})
+    write_results(path, epoch_results(1, {}, {"clip_val_loss": 2.5, "num_samples": 8}))
+    write_results(path, epoch_results(2, {}, {"clip_val_loss": 2.0, "num_samples": 8}))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines == [{"epoch": 1, "val/clip_val_loss": 2.5}, {"epoch": 2, "val/clip_val_loss": 2.0}]
+    assert lines == [
+        {"clip_val_loss": 2.5, "epoch": 1, "num_samples": 8},
+        {"clip_val_loss": 2.0, "epoch": 2, "num_samples": 8},
+    ]
+
+
+def test_an_epochs_results_are_in_openclips_order_and_line():
+    """open_clip_train/train.py 3.3.0, `evaluate`: `metrics.update(zero_shot_metrics)`, then `{**val_metrics,
+    "clip_val_loss": ..., "epoch": epoch, "num_samples": ...}`, logged as `f"Eval Epoch: {epoch} " + "\\t".join(
+    f"{k}: {round(v, 4):.4f}" ...)`; our extra comes last."""
+    validation = {"image_to_text_R@1": 0.25, "clip_val_loss": 2.0, "num_samples": 8, "clip_val_loss_chance": 2.08}
+    results = epoch_results(3, {"imagenet-zeroshot-val-top1": 0.125}, validation)
+    assert list(results) == [
+        "imagenet-zeroshot-val-top1",
+        "image_to_text_R@1",
+        "clip_val_loss",
+        "epoch",
+        "num_samples",
+        "clip_val_loss_chance",
+    ]
+    assert eval_line(results) == (
+        "Eval Epoch: 3 imagenet-zeroshot-val-top1: 0.1250\timage_to_text_R@1: 0.2500\tclip_val_loss: 2.0000\t"
+        "epoch: 3.0000\tnum_samples: 8.0000\tclip_val_loss_chance: 2.0800"
+    )
+    assert dashboard_values(results)["val/image_to_text_R@1"] == 0.25
+    assert list(epoch_results(3, {"imagenet-zeroshot-val-top1": 0.125}, {})) == ["imagenet-zeroshot-val-top1", "epoch"]

@@ -110,7 +110,7 @@ def test_model_card_has_the_training_command_and_results(pretrained, demo_shards
     assert "--model adacl-tiny" in card and "--loss adacl" in card and "1 epochs, 2 steps" in card
     assert "open_clip.create_model_and_transforms('hf-hub:someone/adacl-tiny-demo')" in card
     [results] = [json.loads(line) for line in (checkpoint.parent / "results.jsonl").read_text().splitlines()]
-    assert f"| val/clip_val_loss | {results['val/clip_val_loss']:.4f} |" in card
+    assert f"| clip_val_loss | {results['clip_val_loss']:.4f} |" in card
 
 
 def test_model_card_takes_the_license_and_the_evaluation_table(pretrained, tmp_path):

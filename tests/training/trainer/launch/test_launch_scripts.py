@@ -128,15 +128,72 @@ def test_torchrun_recipe_dry_run_checks_arguments_and_shards(
     )
 
 
-def test_slurm_recipe_dry_run_plans_for_slurm_ntasks(img2dataset_dir, tmp_path):
+@pytest.mark.parametrize(
+    "recipe, model, batch_size, name, val_samples",
+    [
+        ("cc3m", "RN50", 512, "cc3m-rn50-adacl", "13000"),  # CC3M's val split: 13000 samples unless VAL_NUM_SAMPLES
+        pytest.param("cc12m", "ViT-B-32", 1024, "cc12m-vitb32-adacl", None, marks=pytest.mark.slow),
+    ],
+)
+def test_slurm_recipe_dry_run_plans_for_slurm_ntasks(
+    img2dataset_dir, tmp_path, recipe, model, batch_size, name, val_samples
+):
+    """Each recipe of slurm.sbatch, dry run for SLURM_NTASKS ranks: its model and per-rank batch, the name the torchrun
+    script of the recipe uses, and the settings docs/cluster.md lists reaching the trainer."""
+    val_shard = str(img2dataset_dir.parent / "val.tar")
+    os.symlink(img2dataset_dir / "00000.tar", val_shard)
     env = clean_env(
-        DATA_DIR=str(img2dataset_dir), RECIPE="cc3m", SLURM_NTASKS="2", WORKERS="1", LOGS=str(tmp_path / "logs")
+        DATA_DIR=str(img2dataset_dir),
+        RECIPE=recipe,
+        SLURM_NTASKS="2",
+        WORKERS="1",
+        LOGS=str(tmp_path / "logs"),
+        VAL_DATA=val_shard,
     )
     result = run_recipe("slurm.sbatch", env, "--dry-run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "dry run OK: --model RN50 --loss adacl" in result.stdout and "2 rank(s) x batch 512" in result.stdout
+    assert f"dry run OK: --model {model} --loss adacl" in result.stdout
+    assert f"2 rank(s) x batch {batch_size}" in result.stdout
     command = launch_command(result.stdout)
     assert command[:4] == ["srun", "--cpu-bind=none", "--kill-on-bad-exit=1", sys.executable]
+    args = parse_args(command[7:])
+    assert (args.name, args.resume, args.slurm_requeue, args.workers) == (name, "latest", True, 1)
+    assert (args.val_data, args.val_num_samples) == (val_shard, val_samples and int(val_samples))
+
+
+@pytest.mark.parametrize(
+    "script, variables",
+    [
+        ("slurm.sbatch", {"SLURM_NTASKS": "1", "RECIPE": "cc3m"}),
+        pytest.param("cc3m_rn50_torchrun.sh", {"GPUS": "1"}, marks=pytest.mark.slow),
+    ],
+)
+def test_a_missing_imagenet_val_stops_the_dry_run(img2dataset_dir, tmp_path, script, variables):
+    env = clean_env(DATA_DIR=str(img2dataset_dir), WORKERS="1", IMAGENET_VAL=str(tmp_path / "no-imagenet"))
+    result = run_recipe(script, {**env, **variables}, "--device", "cpu", "--dry-run")
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --imagenet-val: {tmp_path / 'no-imagenet'} is not a directory"), last
+
+
+def doc_block_after(text, heading):
+    """The first ```bash block after `heading` in a Markdown text, as lines."""
+    start = text.index("```bash\n", text.index(heading)) + len("```bash\n")
+    return text[start : text.index("```", start)].splitlines()
+
+
+def test_the_docs_slurm_snippets_are_the_scripts_lines():
+    """docs/cluster.md shows slurm.sbatch's lines as the script has them: its SLURM lines (#SBATCH and the srun line's
+    flags, the same --name) and its submit and dry-run commands, the one-node (8 GPUs) and CC3M ones included."""
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    script = (LAUNCH / "slurm.sbatch").read_text()
+    script_lines = [line.strip() for line in script.splitlines()]
+    snippet = [line.split("  #")[0].strip() for line in doc_block_after(doc, "**The SLURM lines**")]
+    shown = [line for line in snippet if line and line != "..."]
+    assert len(shown) >= 6 and [line for line in shown if line not in script_lines] == []
+    submits = [line.strip() for line in doc_block_after(doc, "## 2. Launch") if "slurm.sbatch" in line]
+    assert any("sbatch --nodes=1" in line and "RECIPE=cc3m" in line for line in submits), submits
+    assert [line for line in submits if f"#   {line}" not in script] == []  # the script's own usage lines
 
 
 STUB_SRUN = """#!/usr/bin/env bash
@@ -165,6 +222,10 @@ def test_slurm_recipe_runs_srun_with_the_first_host_as_master(img2dataset_dir, t
         SLURM_SUBMIT_DIR=str(REPO),
         SRUN_RECORD=str(record),
         LOGS=str(tmp_path / "logs"),
+        VAL_DATA="/data/cc12m/val.tar",
+        VAL_NUM_SAMPLES="9000",
+        IMAGENET_VAL="/data/imagenet/val",
+        NAME="cc12m-run",
     )
     env["PATH"] = os.pathsep.join([str(stubs), env["PATH"]])
     result = subprocess.run(
@@ -189,7 +250,14 @@ def test_slurm_recipe_runs_srun_with_the_first_host_as_master(img2dataset_dir, t
         world_size=16,
         logs=tmp_path / "logs",
     )
-    assert parse_args(trainer_argv).epochs == 1  # extra flags come last, so they override
+    args = parse_args(trainer_argv)
+    assert args.epochs == 1  # extra flags come last, so they override
+    assert (args.val_data, args.val_num_samples, args.imagenet_val, args.name) == (
+        "/data/cc12m/val.tar",
+        9000,
+        "/data/imagenet/val",
+        "cc12m-run",
+    )
 
 
 @pytest.mark.parametrize(

@@ -70,19 +70,18 @@ def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
     assert unknown.returncode == 2 and "unknown recipe 'cc15m'; the recipes are" in unknown.stderr
 
 
-def test_the_comparisons_budgets_and_the_studys_regimes_are_recipes():
-    from training.loss_comparison.data import FULL, QUICK
-
-    assert (QUICK.batch_size, QUICK.epochs, QUICK.lr, QUICK.device) == (64, 3, 2e-3, "cpu")  # comparison-quick's
-    assert (FULL.batch_size, FULL.device) == (256, "cuda")
-    scratch = QUICK.with_recipe("clone-scratch")
-    assert (scratch.epochs, scratch.trainer_values, scratch.num_train) == (24, {"train_group_size": 8}, 4096)
-    pseudo = parse_args(["--train-data", "x.tar", "--recipe", "clone-pseudo"])  # one regime's run, by hand
-    assert (pseudo.epochs, pseudo.train_group_size, pseudo.caption_key, pseudo.val_caption_key) == (
-        24,
-        8,
-        "txt_pseudo",
-        "txt",
+def test_the_product_lists_its_own_recipes_only():
+    """The trainer's recipe book holds the product's recipes; the lab's (studies.recipes) join it only in a
+    process that loads the lab, so `--recipe` and `python -m training.trainer.launch.recipes` list these three."""
+    listed = subprocess.run(
+        [sys.executable, "-c", "import training; print(sorted(training.RECIPES))"], capture_output=True, text=True
     )
-    transfer = parse_args(["--train-data", "x.tar", "--recipe", "clone-transfer"])
-    assert (transfer.epochs, transfer.lr, transfer.warmup) == (8, 1e-3, 10)
+    assert listed.stdout.strip() == "['cc12m-vitb32', 'cc3m-rn50', 'demo']", listed.stderr[-2000:]
+    shown = subprocess.run(
+        [sys.executable, "-m", "training.trainer.launch.recipes", "--help"], capture_output=True, text=True
+    ).stdout
+    assert "one of cc12m-vitb32, cc3m-rn50, demo" in " ".join(shown.split())
+    unknown = subprocess.run(
+        [sys.executable, "-m", "training.trainer.launch.recipes", "clone-scratch"], capture_output=True, text=True
+    )
+    assert unknown.returncode == 2 and "unknown recipe 'clone-scratch'" in unknown.stderr

@@ -10,7 +10,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from helpers.run_utils import assert_same_final_state, losses_by_step
+from helpers.run_utils import losses_by_step
 from training import ConfigError, RunDir
 from training import main as entry
 from training.main import main
@@ -358,26 +358,3 @@ def test_logs_that_cannot_hold_a_folder_are_refused_before_training(demo_shards,
     for extra in (["--dry-run"], []):
         with pytest.raises(ConfigError, match=r"(is a file, not a folder|cannot create .*Not a directory)"):
             main(argv(demo_shards, tmp_path / "logs", "run", *extra))
-
-
-def test_a_run_with_the_adacl_memory_bank_resumes_exactly(demo_shards, tmp_path):
-    """The memory bank (docs/adacl.md §7) in place of the queue, 2 epochs of 4 steps: resumed from step_6.pt, in
-    epoch 1, the run logs the uninterrupted run's losses and ends with its state, the bank's included."""
-
-    def bank_argv(name, *extra):
-        args = argv(demo_shards, tmp_path, name, *extra)
-        args[args.index("--train-num-samples") + 1] = "128"
-        position = args.index("--adacl-queue-size")
-        args[position : position + 2] = ["--adacl-bank-size", "48", "--data-size", "512"]
-        return args
-
-    main(bank_argv("reference"))
-    summary = main(bank_argv("resumed", "--resume", str(tmp_path / "reference" / "checkpoints" / "step_6.pt")))
-    assert summary.step == 8
-    expected, resumed = losses_by_step(tmp_path / "reference"), losses_by_step(tmp_path / "resumed")
-    assert sorted(resumed) == [7, 8]
-    for step, loss in resumed.items():
-        assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
-    assert_same_final_state(tmp_path / "resumed", tmp_path / "reference")  # loss buffers with torch.equal
-    bank = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "epoch_2.pt")["loss"]
-    assert bank["bank_image"].shape[0] == 512 and int((bank["bank_stamp"] > 0).sum()) >= 128

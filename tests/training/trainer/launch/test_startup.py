@@ -251,3 +251,28 @@ def test_dry_run_lists_the_loss_options_that_differ_from_their_defaults_one_a_li
         f"  loss option {name}" for name in expected
     ]
     assert all(line.endswith(f"(default {expected[line.split(':')[0].split()[-1]]})") for line in listed)
+
+
+def test_a_runs_log_starts_with_its_plan_and_lists_only_the_chosen_losss_options(demo_shards, tmp_path):
+    """out.log's first line is the plan (ranks x batch x accum, steps, epochs, the checkpoints' disk), the loss
+    options the run changes under it; the "Params:" dump leaves out the other losses' options (all unset), which
+    params.txt keeps, and the first step's time left is not an estimate from that step alone."""
+    main(
+        train_argv(
+            demo_shards, tmp_path, "plan", "--loss", "adacl", "--adacl-queue-size", "64", "--log-every-n-steps", "1"
+        )
+    )
+    messages = [line.split(" | ", 2)[-1] for line in (tmp_path / "plan" / "out.log").read_text().splitlines()]
+    assert messages[0].startswith(
+        "Plan: --model adacl-tiny --loss adacl; 1 rank(s) x batch 32 x accum 1 = 32 samples per step; 64 samples "
+        "per rank and epoch, 2 steps per epoch, 2 steps in 1 epochs; checkpoints: about 0.04 GB each"
+    )
+    assert messages[1] == "  loss option queue_size: 64 (default 0)"
+    assert messages[2].startswith("Rank 0 of 1 on cpu")
+    dump = messages[messages.index("Params:") + 1 : messages.index("Params:") + 200]
+    names = [line.split(":")[0].strip() for line in dump if line.startswith("  ")]
+    assert "adacl_queue_size" in names and "loss" in names
+    assert not [name for name in names if name.startswith(("adaclw_", "glofnd_", "fne_", "hnnce_", "oracle_"))]
+    assert "glofnd_alpha: None" in (tmp_path / "plan" / "params.txt").read_text()
+    [first_step] = [message for message in messages if message.startswith("Step 1: ")]
+    assert "time left: from the next logged step" in first_step

@@ -9,6 +9,7 @@ from training.main import main
 # The scalars open_clip_train.train logs (train_one_epoch's log_data and evaluate's metrics).
 OPENCLIP_TRAIN_TAGS = {
     "train/loss",
+    "train/contrastive_loss",
     "train/scale",
     "train/lr",
     "train/data_time",
@@ -74,8 +75,13 @@ def test_tensorboard_tags_are_openclips(tensorboard_scalars):
     tags = set(tensorboard_scalars)
     assert OPENCLIP_TRAIN_TAGS <= tags and OPENCLIP_VAL_TAGS <= tags
     assert not any(tag.startswith(("val/val/", "train/logit_scale", "train/stats")) for tag in tags)
-    assert tensorboard_scalars["train/loss"] == [(r["step"], pytest.approx(r["loss"])) for r in train_records]
-    assert tensorboard_scalars["train/scale"] == [(r["step"], pytest.approx(r["logit_scale"])) for r in train_records]
+    # At the step's index from 0, as OpenCLIP's `step = num_batches_per_epoch * epoch + i_accum`.
+    assert tensorboard_scalars["train/loss"] == [(r["step"] - 1, pytest.approx(r["loss"])) for r in train_records]
+    assert tensorboard_scalars["train/scale"] == [
+        (r["step"] - 1, pytest.approx(r["logit_scale"])) for r in train_records
+    ]
+    assert tensorboard_scalars["train/contrastive_loss"] == tensorboard_scalars["train/loss"]
+    assert tensorboard_scalars["train/loss"][0][0] == 0
     assert [step for step, _ in tensorboard_scalars["val/clip_val_loss"]] == [1, 2]  # at the epoch, as OpenCLIP
 
 

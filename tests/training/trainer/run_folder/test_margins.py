@@ -96,7 +96,7 @@ def test_a_fallback_step_has_no_margin_in_metrics_or_tensorboard(every_step_logg
     events.Reload()
     counted = counted_fallbacks(every_step_logged)
     for direction in DIRECTIONS:
-        modulated = [r["step"] for r in records if r[f"stats/{direction}/modulated"] == 1]
+        modulated = [r["step"] - 1 for r in records if r[f"stats/{direction}/modulated"] == 1]  # tensorboard's step
         fell_back = [r for r in records if r[f"stats/{direction}/modulated"] == 0]
         assert len(fell_back) == counted[direction] > 0
         assert not any(f"stats/{direction}/{name}" in r for r in fell_back for name in MARGIN_PANELS)
@@ -137,9 +137,11 @@ def test_the_fallback_share_is_drawn_over_windows_of_the_usual_logging_gap():
 
 def test_the_console_line_keeps_adacls_stats_short(every_step_logged):
     lines = [
-        line for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines() if "Train Epoch" in line
+        line
+        for line in (Path(every_step_logged.run_dir) / "out.log").read_text().splitlines()
+        if "INFO | Step " in line
     ]
-    stats = [line.rsplit(" | ", 1)[-1] for line in lines]  # after OpenCLIP's line and the progress
+    stats = [line.rsplit(" | ", 1)[-1] for line in lines]  # the line after OpenCLIP's: the progress, then the stats
     assert all(text.startswith("i2t/t2i m2: ") and " fallbacks: " in text and len(text) < 120 for text in stats)
     assert any("m2: -/" in line or "/-" in line for line in lines)  # a fallback step's margin: no value
 

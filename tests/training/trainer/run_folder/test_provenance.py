@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from studies.comparison.jobs import pretrained_identity
 from training import RunDir
-from training.loss_comparison.jobs import pretrained_identity
 from training.trainer.run_folder import provenance
 
 REPO = Path(__file__).resolve().parents[4]
