@@ -156,13 +156,19 @@ def test_stock_flags_the_loss_cannot_train_with_are_refused_before_any_work(demo
 
 def test_adacls_state_moves_once_per_optimizer_step_in_stock_open_clip_train(demo_shards, tmp_path):
     """Stock's trainer with --accum-freq 2 (2 steps of 2 micro-batches): AdaCL's counters hold one count per optimizer
-    step, its moving average has moved, and epoch_1.pt and epoch_latest.pt carry that state; params.txt the loss."""
+    step, its moving average has moved where a step modulated, and epoch_1.pt and epoch_latest.pt carry that state;
+    params.txt the loss."""
     logs = tmp_path / "logs"
     main(["--loss", "adacl", *stock_argv(demo_shards, logs, "accum", "--accum-freq", "2", "--save-most-recent")])
     first = saved_loss(logs / "accum" / "checkpoints" / "epoch_1.pt")
     assert first["loss"] == "adacl" and first["options"]["mode"] == "calibrated"
     assert committed_steps(first["state_dict"]) == [2, 2]  # 4 micro-batches, 2 optimizer steps
-    assert first["state_dict"]["ema_valid"].all() and first["state_dict"]["ema_margins"][:, 0].gt(0).all()
+    # The moving average moves exactly in the directions where a committed step modulated (which directions fall
+    # back on a random-init model depends on the CPU's bf16 arithmetic; on every machine tried, at least one modulates).
+    state = first["state_dict"]
+    modulated = state["modulated_steps"].gt(0)
+    assert modulated.any() and torch.equal(state["ema_valid"], modulated)
+    assert torch.equal(state["ema_margins"][:, 0].gt(0), modulated)
     latest = saved_loss(logs / "accum" / "checkpoints" / "epoch_latest.pt")
     assert all(torch.equal(latest["state_dict"][key], value) for key, value in first["state_dict"].items())
     params = (logs / "accum" / "params.txt").read_text()
