@@ -1,12 +1,12 @@
-"""Every relative link of the README, CONTRIBUTING.md and the docs (docs/results and its archive included) reaches
-a committed file, and a link to a Markdown heading reaches a heading of that page: moving a report (into
-docs/results/archive/) or renaming a section breaks no page that cites it."""
+"""Every relative link of the README, CONTRIBUTING.md, CHANGELOG.md and the docs (docs/results and its archive
+included) reaches a committed file, and a link to a Markdown heading reaches a heading of that page: moving a report
+(into docs/results/archive/) or renaming a section breaks no page that cites it."""
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def heading_anchors(page: Path) -> set:

@@ -248,21 +248,22 @@ def test_requirements_txt_replaces_a_webdataset_1_by_the_one_open_clip_train_run
     assert installed == {"open_clip_adacl": "0.1.0", "webdataset": "0.2.86"}
 
 
-# `python -m TOOL` in an environment without clip_benchmark (`pip install -e .`, the extras left out): an import of
+# `python -m TOOL --help` in an environment without PACKAGE (`pip install -e .`, the extras left out): an import of
 # it fails as it would there.
-WITHOUT_CLIP_BENCHMARK = (
-    "import runpy, sys; sys.modules['clip_benchmark'] = None; sys.argv = [sys.argv[1], '--help']; "
+WITHOUT_PACKAGE = (
+    "import runpy, sys; sys.modules[sys.argv[2]] = None; sys.argv = [sys.argv[1], '--help']; "
     "runpy.run_module(sys.argv[0], run_name='__main__')"
 )
 
 
-def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_CLIP_BENCHMARK, "training.evaluation"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+def run_without(tool, package):
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_PACKAGE, tool, package], capture_output=True, text=True, timeout=300
     )
+
+
+def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
+    result = run_without("training.evaluation", "clip_benchmark")
     assert (result.returncode, result.stdout) == (2, ""), result.stderr[-2000:]
     assert result.stderr == (
         "error: python -m training.evaluation needs clip_benchmark, part of the [eval] extra: pip "
@@ -270,3 +271,13 @@ def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
     )
     # the console script starts where the command does
     assert '"adacl-evaluate=training.evaluation.__main__:cli"' in (ROOT / "setup.py").read_text()
+
+
+def test_the_trainer_without_its_extra_is_one_line_naming_the_extra():
+    package = "webdataset"
+    result = run_without("training.main", package)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr[-2000:]
+    assert result.stderr == (
+        f"error: python -m training.main needs {package}, part of the [training] extra: pip "
+        "install 'open_clip_adacl[training]' (from the repository: pip install -r requirements.txt)\n"
+    )

@@ -22,15 +22,22 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from .trainer.data import DataError, data_error_reason
-from .trainer.distributed import failed_collective
-from .trainer.engine.loop import NonFiniteLossError
-from .trainer.flags import ConfigError
-from .trainer.launch import params
-from .trainer.launch.config import RunConfig
-from .trainer.launch.trainer import FinalCheckpointError, RunSummary, Trainer
-from .trainer.preemption import Preempted
-from .trainer.run_folder.logger import end_logging
+try:
+    from .trainer.data import DataError, data_error_reason
+    from .trainer.distributed import failed_collective
+    from .trainer.engine.loop import NonFiniteLossError
+    from .trainer.flags import ConfigError
+    from .trainer.launch import params
+    from .trainer.launch.config import RunConfig
+    from .trainer.launch.trainer import FinalCheckpointError, RunSummary, Trainer
+    from .trainer.preemption import Preempted
+    from .trainer.run_folder.logger import end_logging
+except ModuleNotFoundError as missing:  # without the [training] extra: one line as a command, the error as a library
+    if __name__ != "__main__":
+        raise
+    from .trainer.extras import exit_for_missing_extra
+
+    exit_for_missing_extra(missing, "python -m training.main", "training")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[RunSummary]:

@@ -1,6 +1,6 @@
 """`python -m training.evaluation`: zero-shot evaluation with the stock clip-benchmark (`training.evaluation.zero_shot`)."""
 
-from training.trainer.launch.tool_flags import exit_for_missing_extra
+from training.trainer.extras import exit_for_missing_extra
 
 
 def cli() -> None:

@@ -243,6 +243,7 @@ def args_from_values(values: Mapping[str, Any], recipe: Optional[str] = None) ->
 def _completed(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> argparse.Namespace:
     """The parsed flags with what they imply filled in: the recipe's overridden values, --siglip, OpenCLIP's
     model-dependent optimizer defaults and the chosen loss's options."""
+    _drop_recipe_options_of_other_losses(args, recipe_defaults)
     # params.txt records which of the recipe's values the command line replaced.
     args.recipe_overrides = sorted(dest for dest, value in recipe_defaults.items() if getattr(args, dest) != value)
     vars(args).update(with_canonical_names(vars(args)))  # an old name of a loss, source or schedule
@@ -255,6 +256,16 @@ def _completed(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> 
             setattr(args, name, value)
     args.loss_options = resolve_loss_options(args)
     return args
+
+
+def _drop_recipe_options_of_other_losses(args: argparse.Namespace, recipe_defaults: Mapping[str, Any]) -> None:
+    """A recipe's loss options belong to its loss: where `--loss` names another one, the options the recipe set for
+    it (and the command line did not give) are dropped, so `--recipe demo --loss clip` trains clip."""
+    flags_by_dest = {loss_flag.dest: loss_flag for loss_flag in loss_flags().values()}
+    for dest, value in recipe_defaults.items():
+        loss_flag = flags_by_dest.get(dest)
+        if loss_flag and args.loss not in loss_flag.losses and getattr(args, dest) == value:
+            setattr(args, dest, None)
 
 
 def given_values(argv: Sequence[str]) -> Dict[str, Any]:

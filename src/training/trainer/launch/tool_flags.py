@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-from typing import Any, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .config import run_flags
 from .params import add_loss_flag, add_recipe_flag, loss_flags
@@ -24,21 +23,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message}\n")
-
-
-def exit_for_missing_extra(error: ModuleNotFoundError, command: str, extra: str) -> NoReturn:
-    """A tool whose extra is not installed (`pip install -e .` leaves the extras out) ends in one line naming the
-    extra, as a missing wandb does, instead of the import's traceback; a module of this project that is missing is a
-    broken install, and its error is raised as it is."""
-    package = (error.name or "").split(".")[0]
-    if not package or package in ("training", "open_clip_adacl"):
-        raise error
-    print(
-        f"error: {command} needs {package}, part of the [{extra}] extra: pip install 'open_clip_adacl[{extra}]' "
-        "(from the repository: pip install -r requirements.txt)",
-        file=sys.stderr,
-    )
-    sys.exit(2)
 
 
 def add_trainer_flags(

@@ -321,6 +321,22 @@ def test_the_run_config_is_built_once_and_leaves_the_arguments_alone():
     assert params.run_config(parse_args(_valid("--logs", "none"))).logging.logs is None
 
 
+def test_a_recipes_loss_options_go_with_its_loss():
+    """The demo recipe trains adaclw with text_image_tokens; `--loss clip` beside it trains clip, the recipe's adaclw
+    option dropped (and recorded as overridden), while the same option given on the command line is refused."""
+    recipe = parse_args(["--recipe", "demo", "--train-data", "x.tar"])
+    assert (recipe.loss, recipe.loss_options["discovery"]) == ("adaclw", "text_image_tokens")
+    clip = parse_args(["--recipe", "demo", "--loss", "clip", "--train-data", "x.tar"])
+    assert clip.loss == "clip" and clip.adaclw_discovery is None and clip.loss_options == recipe_free_clip_options()
+    assert {"loss", "adaclw_discovery"} <= set(clip.recipe_overrides)
+    with pytest.raises(ConfigError, match="--adaclw-discovery is an option of --loss adaclw"):
+        parse_args(["--recipe", "demo", "--loss", "clip", "--adaclw-discovery", "gda", "--train-data", "x.tar"])
+
+
+def recipe_free_clip_options():
+    return parse_args(["--loss", "clip", "--train-data", "x.tar"]).loss_options
+
+
 def test_python_states_a_run_as_flag_values_and_gets_the_command_lines_run():
     argv = [
         "--train-data",

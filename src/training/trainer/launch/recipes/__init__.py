@@ -111,14 +111,17 @@ def cc12m_vitb32() -> Dict[str, Any]:
 
 @recipe("demo")
 def demo() -> Dict[str, Any]:
-    """The README's demo: adacl-tiny with AdaCL on the generated scenes, on the CPU, in minutes; whole
-    families of one-edit siblings in each batch (the clone negatives)."""
+    """The README's demo: adacl-tiny on the generated scenes, on the CPU, in minutes, with the clone-aware loss the
+    findings support (`adaclw` weighting the negatives `text_image_tokens` flags; docs/findings.md); whole families of
+    one-edit siblings in each batch (the clone negatives). scripts/demo.sh trains it and `--loss clip` on the same seed
+    and data order."""
     return dict(
         model="adacl-tiny",
-        loss="adacl",
+        loss="adaclw",
+        adaclw_discovery="text_image_tokens",
         dataset_type="webdataset",
         batch_size=128,
-        epochs=8,
+        epochs=4,
         lr=2e-3,
         wd=0.1,
         warmup=50,
