@@ -4,112 +4,21 @@ on the GPU code path forced on the CPU: every read of a tensor's values into Pyt
 boolean-mask indexing, ...) and every tensor made from host values on a device (a copy that waits
 for the device's queue). docs/adacl.md §6 states the count; it must not grow with N or the ranks."""
 
-import contextlib
-import os
-import sys
 from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.runtime.cache_dir_utils import cache_dir
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.bench_scripts import bench_script
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss, fused, row_passes
 
-# Methods that read values back, or whose output shape depends on them.
-READING_METHODS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "nonzero",
-    "masked_select",
-    "unique",
-    "bincount",
-    "repeat_interleave",
-)
-READING_FUNCTIONS = ("nonzero", "masked_select", "unique", "bincount", "repeat_interleave", "argwhere")
+step_costs = bench_script("step_costs")  # the counter, shared with scripts/bench_costs.py
+counting_host_reads = step_costs.counting_host_reads
 # The loss in one process reads nothing back; with several ranks, the check that every rank holds the
 # same number of rows reads its 2-element all-reduce once (distributed.check_equal_local_rows).
 EXPECTED = {1: Counter(), 2: Counter({"Tensor.tolist": 1})}
-
-
-INDEXING_OPS = (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_)
-
-
-class _BooleanMaskIndexing(TorchDispatchMode):
-    """Counts indexing with a boolean mask (whose output size depends on the values), seen at the aten
-    level: setting `Tensor.__getitem__` would make every tensor a Python sequence for good."""
-
-    def __init__(self, counts: Counter):
-        super().__init__()
-        self.counts = counts
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in INDEXING_OPS and any(
-            index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]
-        ):
-            self.counts[f"aten.{func.overloadpacket.__name__} with a boolean mask"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def counting_host_reads(boolean_masks: bool = True):
-    """Counts, by name, the calls that would make the host wait for a device. `boolean_masks`: also
-    boolean-mask indexing, through a dispatch mode, under which compiled code does not run (so not
-    with the fused passes, whose compiled graphs hold no Python-level indexing)."""
-    counts = Counter()
-    patched = []
-
-    def wrap(owner, name, counts_call=lambda *args, **kwargs: True):
-        original = getattr(owner, name)
-        own = name in vars(owner)  # else inherited from torch._C.TensorBase: deleted again afterwards
-
-        def counted(*args, **kwargs):
-            if counts_call(*args, **kwargs):
-                counts[f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"] += 1
-            return original(*args, **kwargs)
-
-        patched.append((owner, name, original, own))
-        setattr(owner, name, counted)
-
-    for name in READING_METHODS:
-        if hasattr(torch.Tensor, name):
-            wrap(torch.Tensor, name)
-    for name in READING_FUNCTIONS:
-        wrap(torch, name)
-    for name in ("tensor", "as_tensor"):  # host data copied to a device
-        wrap(
-            torch,
-            name,
-            lambda data, *args, **kwargs: (
-                kwargs.get("device") is not None
-                and not isinstance(data, torch.Tensor)
-                and not _generated_by_inductor(sys._getframe(2))
-            ),
-        )  # 1: `counted`, 2: its caller
-    try:
-        with _BooleanMaskIndexing(counts) if boolean_masks else contextlib.nullcontext():
-            yield counts
-    finally:
-        for owner, name, original, own in reversed(patched):
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
-
-
-def _generated_by_inductor(frame) -> bool:
-    """Whether `frame` runs code that inductor generated. The passes compiled for the CPU are called through
-    inductor's C++ wrapper (fused.py), whose Python side makes each symbolic size a CPU tensor: not a copy
-    to a device, and not made on a GPU, where the passes are compiled without that wrapper."""
-    return os.path.abspath(frame.f_code.co_filename).startswith(os.path.abspath(cache_dir()))
 
 
 def _features(num, seed=0):
