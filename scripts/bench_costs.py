@@ -44,7 +44,7 @@ SIGLIP_BIAS = -10.0  # SigLIP's logit bias at initialisation
 @dataclass
 class Case:
     name: str
-    build: Callable[[int], torch.nn.Module]  # N -> the loss
+    build: Callable[..., torch.nn.Module]  # (N, DistributedSetup or None) -> the loss
 
 
 def loss_cases() -> List[Case]:
@@ -53,16 +53,17 @@ def loss_cases() -> List[Case]:
 
     from open_clip_adacl import clone_signals, create_loss, get_loss_class, list_losses
 
-    def registered(name: str, **options) -> Callable[[int], torch.nn.Module]:
-        def build(num: int) -> torch.nn.Module:
+    def registered(name: str, **options) -> Callable[..., torch.nn.Module]:
+        def build(num: int, dist=None) -> torch.nn.Module:
             accepted = {spec.name for spec in get_loss_class(name).Options.specs()}
-            loss_fn = create_loss(name, **options, **({"data_size": num} if "data_size" in accepted else {}))
+            sized = {"data_size": num} if "data_size" in accepted else {}
+            loss_fn = create_loss(name, dist=dist, **options, **sized)
             loss_fn.wants_stats = False  # a step the trainer does not log
             return loss_fn
 
         return build
 
-    cases = [Case(BASELINE, lambda num: open_clip.ClipLoss())]
+    cases = [Case(BASELINE, lambda num, dist=None: open_clip.ClipLoss())]
     for name in list_losses():
         if name == "adacl":
             cases += [Case(f"adacl ({mode})", registered(name, mode=mode)) for mode in ("calibrated", "literal")]
@@ -83,10 +84,13 @@ class StepInputs:
     text_tokens: torch.Tensor
 
 
-def step_inputs(num: int, dim: int) -> StepInputs:
+def step_inputs(num: int, dim: int, rows: slice = slice(None)) -> StepInputs:
+    """The `rows` of a global batch of `num` (a rank's share: all by default)."""
     image, text = make_features(num, dim, "cpu", INPUT_KIND)
     ids = torch.arange(num)
-    return StepInputs(image, text, INPUTS[INPUT_KIND], ids, ids // CLUSTER_SIZE, make_tokens(num))
+    parts = (image, text, ids, ids // CLUSTER_SIZE, make_tokens(num))
+    image, text, ids, family, tokens = (part[rows] for part in parts)
+    return StepInputs(image, text, INPUTS[INPUT_KIND], ids, family, tokens)
 
 
 def train_step(loss_fn: torch.nn.Module, inputs: StepInputs) -> None:

@@ -48,8 +48,9 @@ FLOAT32_BYTES = 4
 
 @dataclass
 class StepCosts:
-    """The aten ops seen and the bytes of their inputs and outputs of at least `square` elements (views and
-    unwritten allocations touch none), in passes over a `square`-element float32 matrix."""
+    """The aten ops seen and the bytes of their inputs and outputs that store at least `square` elements (views,
+    unwritten allocations and a sparse tensor's unstored entries touch none), in passes over a `square`-element
+    float32 matrix."""
 
     square: int
     ops: int = 0
@@ -65,11 +66,16 @@ class StepCosts:
         self.op_names[func.overloadpacket.__name__] += 1
         if func.is_view or func.overloadpacket.__name__ in UNWRITTEN_OPS:
             return
-        self.big_bytes += sum(
-            leaf.numel() * leaf.element_size()
-            for leaf in tree_leaves((args, kwargs, output))
-            if isinstance(leaf, torch.Tensor) and leaf.numel() >= self.square
-        )
+        tensors = [leaf for leaf in tree_leaves((args, kwargs, output)) if isinstance(leaf, torch.Tensor)]
+        stored = [(_stored_elements(tensor), tensor.element_size()) for tensor in tensors]
+        self.big_bytes += sum(elements * size for elements, size in stored if elements >= self.square)
+
+
+def _stored_elements(tensor: torch.Tensor) -> int:
+    """The elements `tensor` stores: all of a dense one, the values of a sparse one (its indices aside)."""
+    if tensor.layout == torch.strided:
+        return tensor.numel()
+    return (tensor._values() if tensor.layout == torch.sparse_coo else tensor.values()).numel()
 
 
 class _DispatchCounter(TorchDispatchMode):

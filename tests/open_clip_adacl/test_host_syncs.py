@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from helpers.bench_scripts import bench_script
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss, fused, row_passes
+from open_clip_adacl.losses import ContrastiveLoss
 
 step_costs = bench_script("step_costs")  # the counter, shared with scripts/bench_costs.py
 counting_host_reads = step_costs.counting_host_reads
@@ -114,3 +115,54 @@ def test_a_full_memory_bank_reads_nothing_back_in_the_loss_call(monkeypatch):
         reads.append((step_reads, commit_reads))
     assert reads[1] == (Counter({"Tensor.__int__": 1}), Counter({"Tensor.__bool__": 1, "Tensor.__int__": 1}))
     assert reads[2] == (EXPECTED[1], Counter({"Tensor.__bool__": 1}))
+
+
+def _every_loss_counted(rank, world_size, num):
+    """Per case of scripts/bench_costs.py (every registered loss; adacl in both modes, adaclw with each discovery):
+    the host reads of its second step (forward + backward) on the GPU code path, this rank's rows of the batch."""
+    bench_costs = bench_script("bench_costs")
+    dist = DistributedSetup(
+        rank=rank, world_size=world_size, local_loss=world_size > 1, gather_with_grad=world_size > 1
+    )
+    inputs = bench_costs.step_inputs(num, 16, slice(rank * num // world_size, (rank + 1) * num // world_size))
+    counts, gathering = {}, set()
+    with step_costs.gpu_code_path():
+        for case in bench_costs.loss_cases()[1:]:  # the registered losses (OpenCLIP's ClipLoss first)
+            loss_fn = case.build(num, dist)
+            counts[case.name] = Counter(bench_costs.count_case(loss_fn, inputs)["host_waits"])
+            if isinstance(loss_fn, ContrastiveLoss):  # gathers the batch with distributed.gather_batch
+                gathering.add(case.name)
+    return counts, gathering
+
+
+def test_every_registered_loss_reads_nothing_back_on_the_gpu_path():
+    from open_clip_adacl import clone_signals, list_losses
+
+    counts, _ = _every_loss_counted(0, 1, 48)
+    assert set(counts) >= {f"adaclw/{name}" for name in clone_signals.SIGNALS} | set(list_losses()) - {
+        "adacl",
+        "adaclw",
+    }
+    assert counts == dict.fromkeys(counts, EXPECTED[1])
+
+
+@pytest.mark.slow  # every loss on two fresh processes: about 20 s on 2 cores
+def test_every_registered_loss_on_two_ranks_reads_only_the_rank_check():
+    """A loss that gathers the batch as ContrastiveLoss does reads the rank check once (EXPECTED); siglip, which
+    exchanges the features between ranks itself, reads nothing."""
+    for counts, gathering in run_on_ranks(_every_loss_counted, 2, 48):
+        assert gathering >= {"adacl (calibrated)", "adaclw/text_image_tokens", "oracle"}
+        assert counts == {name: EXPECTED[2 if name in gathering else 1] for name in counts}
+
+
+def test_a_bad_sample_id_stops_the_gpu_path_with_its_message():
+    """The sample ids' checks make no host wait on the GPU path: the device asserts them (here, on the CPU, at
+    once), with the message the CPU path raises."""
+    with step_costs.gpu_code_path():
+        loss_fn = create_loss("adaclw", discovery="persistence")
+        image, text = _features(8)
+        with pytest.raises(RuntimeError, match=r"sample ids must lie in \[0, 2\*\*31\)"):
+            loss_fn(image, text, torch.tensor(14.3), sample_index=torch.arange(8) - 1)
+        loss_fn = create_loss("glofnd", data_size=8)
+        with pytest.raises(RuntimeError, match="outside the per-sample state bank of data_size=8"):
+            loss_fn(image, text, torch.tensor(14.3), sample_index=torch.arange(8) + 1)
