@@ -43,6 +43,10 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     assert "## Loss only, peak memory" in summary and "| extra peak |" in summary
     for loss in ("clip | -", "adacl-literal | auto", "adacl-calibrated | auto"):
         assert re.search(rf"\| trained-50 \| 128 \| 1 \| {loss} \| \d+\.\d \|", summary), loss
+    # the fourth part: every registered loss beside ClipLoss (on the CPU the GPU's path forced, no peak memory)
+    assert "## Every registered loss, time, peak memory and host waits" in summary
+    for loss in ("ClipLoss", "adacl (calibrated)", "adaclw/text_image_tokens", "siglip"):
+        assert f"| {loss} | 64 | " in summary, loss
 
 
 def test_gpu_bench_refuses_unexpected_arguments_in_one_line():
@@ -343,6 +347,8 @@ def test_bench_costs_counts_every_registered_loss_beside_clip_loss(tmp_path):
     base = rows[0]
     assert base["ops_ratio"] == base["passes_ratio"] == base["time_ratio"] == 1.0 and base["host_waits"] == {}
     assert all(row["ops"] > 0 and row["square_passes"] > 0 and row["seconds"] > 0 for row in rows)
+    with pytest.raises(SystemExit):  # a case that is none, or CUDA where there is none (one line, argparse's)
+        bench.parse_args(["--losses", "adaclw/nope"])
     report = output.read_text()
     assert "| ClipLoss | 24 | " in report and "against ClipLoss in the same run" in report and "; code " in report
     # The counter sees a host wait where there is one, and counts the N x N traffic of what it sees.
