@@ -122,10 +122,10 @@ def standardized_over_negatives(scores: torch.Tensor, negative: torch.Tensor) ->
     stands out of its own row, where one threshold over the whole batch would flag every negative of a crowded
     row and none of a sparse one (docs/clone_signals.md measures both)."""
     count = negative.sum(1, keepdim=True).clamp(min=1)
-    values = torch.where(negative, scores, torch.zeros_like(scores))
-    mean = values.sum(1, keepdim=True) / count
-    spread = (torch.where(negative, scores - mean, torch.zeros_like(scores)) ** 2).sum(1, keepdim=True) / count
-    return torch.where(negative, (scores - mean) / spread.sqrt().clamp(min=1e-12), torch.zeros_like(scores))
+    mean = torch.where(negative, scores, 0.0).sum(1, keepdim=True) / count
+    centered = scores - mean  # one N x N pass, read by the spread and divided in place after it
+    spread = torch.where(negative, centered, 0.0).pow_(2).sum(1, keepdim=True) / count
+    return torch.where(negative, centered.div_(spread.sqrt().clamp(min=1e-12)), 0.0)
 
 
 NO_TOKEN = torch.iinfo(torch.long).max  # sorts after every token id: where a slot holds no token of a set
@@ -213,7 +213,7 @@ def weighted_token_overlap(
     candidates = _sparse_rows(candidate_columns, candidate_held.float(), width)
     shared = torch.sparse.mm(query, candidates.t()).to_dense()
     either = _row_sums(query_weights)[:, None] + _row_sums(candidate_weights)[None, :] - shared
-    return torch.where(either > 0, shared / either.clamp(min=1e-12), torch.zeros_like(shared))
+    return torch.where(either > 0, shared / either.clamp(min=1e-12), 0.0)
 
 
 def gda_clone_posterior(
