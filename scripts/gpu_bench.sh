@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU throughput and peak memory of AdaCL against CLIP, one command, at most 12 minutes (three parts of at most 4):
+# GPU throughput and peak memory of AdaCL against CLIP, one command, at most 17 minutes (four parts of at most 4 or 5):
 #   bash scripts/gpu_bench.sh [OUTPUT_DIR]            on a CUDA machine; OUTPUT_DIR defaults to docs/gpu_bench
 #   bash scripts/gpu_bench.sh --smoke OUTPUT_DIR      the same steps on the CPU at toy sizes (a check, seconds)
 # Needs the project installed (e.g. `source scripts/setup_env.sh`).
@@ -9,9 +9,13 @@
 #      features at logit scale 14.3, trained-like ones at 50 and 100): ClipLoss and AdaCL's two modes on
 #      each selection path, auto (the default), fused (Triton kernels) and eager (scripts/bench_loss.py);
 #   3. the loss's peak memory at N = 32768, D = 512 (torch.cuda.max_memory_allocated, each case in a fresh
-#      process; trained-like inputs at 50, the default path and the eager passes) and its ratio to ClipLoss's.
-# Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md, memory.md and summary.md (device, commit, commands,
-# the one table of the first two parts, then each part's own report); paste summary.md where docs/THROUGHPUT.md says.
+#      process; trained-like inputs at 50, the default path and the eager passes) and its ratio to ClipLoss's;
+#   4. every registered loss (adacl in both modes, adaclw with each discovery) at N = 32768, D = 512 on the
+#      trained-like inputs at 50: time, peak memory, aten ops, host waits, each beside ClipLoss's
+#      (scripts/bench_costs.py --device cuda).
+# Writes OUTPUT_DIR/step.json, step.md, loss.json, loss.md, memory.md, costs.md and summary.md (device, commit,
+# commands, the one table of the first two parts, then each part's own report); paste summary.md where
+# docs/THROUGHPUT.md says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0
@@ -33,6 +37,7 @@ if (( SMOKE )); then
     STEP=("$PYTHON" scripts/bench_step.py --smoke --device cpu)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --repeats 1 --device cpu)
     MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 128 --dim 32 --device cpu --inputs trained-50 --paths auto --memory-only)
+    COSTS=("$PYTHON" scripts/bench_costs.py --sizes 64 --dim 16 --repeats 1 --device cpu)
 else
     if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
         echo "error: no CUDA device; run with --smoke for a CPU check" >&2
@@ -41,11 +46,13 @@ else
     STEP=("$PYTHON" scripts/bench_step.py --cases ViT-B-32:256 --device cuda --precision amp --warmup-steps 5 --repeats 20)
     LOSS=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --repeats 5)
     MEMORY=("$PYTHON" scripts/bench_loss.py --sizes 32768 --dim 512 --device cuda --inputs trained-50 --paths auto eager --memory-only)
+    COSTS=("$PYTHON" scripts/bench_costs.py --sizes 32768 --dim 512 --repeats 3 --device cuda)
 fi
 mkdir -p "$OUT_DIR"
 timeout 240 "${STEP[@]}" --output "$OUT_DIR/step.json" > "$OUT_DIR/step.md"
 timeout 240 "${LOSS[@]}" --output "$OUT_DIR/loss.md" --json "$OUT_DIR/loss.json" > /dev/null
 timeout 240 "${MEMORY[@]}" --output "$OUT_DIR/memory.md" > /dev/null
+timeout 300 "${COSTS[@]}" --output "$OUT_DIR/costs.md" > /dev/null
 {
     echo "# GPU benchmarks, $(date -u +%Y-%m-%d)"
     echo
@@ -56,6 +63,8 @@ timeout 240 "${MEMORY[@]}" --output "$OUT_DIR/memory.md" > /dev/null
     echo "\`${LOSS[*]}\`"
     echo
     echo "\`${MEMORY[*]}\`"
+    echo
+    echo "\`${COSTS[*]}\`"
     echo
     "$PYTHON" scripts/bench_loss.py --combine "$OUT_DIR/step.json" "$OUT_DIR/loss.json"
     echo
@@ -70,5 +79,9 @@ timeout 240 "${MEMORY[@]}" --output "$OUT_DIR/memory.md" > /dev/null
     echo "## Loss only, peak memory"
     echo
     cat "$OUT_DIR/memory.md"
+    echo
+    echo "## Every registered loss, time, peak memory and host waits"
+    echo
+    cat "$OUT_DIR/costs.md"
 } > "$OUT_DIR/summary.md"
 cat "$OUT_DIR/summary.md"

@@ -43,6 +43,10 @@ def test_gpu_bench_smoke_runs_every_step_on_cpu(tmp_path):
     assert "## Loss only, peak memory" in summary and "| extra peak |" in summary
     for loss in ("clip | -", "adacl-literal | auto", "adacl-calibrated | auto"):
         assert re.search(rf"\| trained-50 \| 128 \| 1 \| {loss} \| \d+\.\d \|", summary), loss
+    # the fourth part: every registered loss beside ClipLoss (on the CPU the GPU's path forced, no peak memory)
+    assert "## Every registered loss, time, peak memory and host waits" in summary
+    for loss in ("ClipLoss", "adacl (calibrated)", "adaclw/text_image_tokens", "siglip"):
+        assert f"| {loss} | 64 | " in summary, loss
 
 
 def test_gpu_bench_refuses_unexpected_arguments_in_one_line():
@@ -329,3 +333,32 @@ def test_bench_loss_discovery_inputs_are_a_training_steps():
     for _ in range(2):
         bench.run_case("adaclw/persistence", loss, image, text, 50.0, tokens[:32])
         assert len(loss.memory) == 32 * 31
+
+
+def test_bench_costs_counts_every_registered_loss_beside_clip_loss(tmp_path):
+    from open_clip_adacl import clone_signals, list_losses
+
+    bench = bench_script("bench_costs")
+    output = tmp_path / "costs.md"
+    rows = bench.main(["--sizes", "24", "--dim", "8", "--repeats", "1", "--output", str(output)])
+    names = [row["loss"] for row in rows]
+    expected = {"ClipLoss", "adacl (calibrated)", "adacl (literal)"} | {f"adaclw/{s}" for s in clone_signals.SIGNALS}
+    assert names[0] == "ClipLoss" and set(names) == expected | (set(list_losses()) - {"adacl", "adaclw"})
+    base = rows[0]
+    assert base["ops_ratio"] == base["passes_ratio"] == base["time_ratio"] == 1.0 and base["host_waits"] == {}
+    assert all(row["ops"] > 0 and row["square_passes"] > 0 and row["seconds"] > 0 for row in rows)
+    with pytest.raises(SystemExit):  # a case that is none, or CUDA where there is none (one line, argparse's)
+        bench.parse_args(["--losses", "adaclw/nope"])
+    report = output.read_text()
+    assert "| ClipLoss | 24 | " in report and "against ClipLoss in the same run" in report and "; code " in report
+    # The counter sees a host wait where there is one, and counts the N x N traffic of what it sees.
+    step_costs = bench_script("step_costs")
+    import torch
+
+    square = torch.ones(24, 24)
+    with step_costs.counting_host_reads(costs_of=24) as reads:
+        (square * 2)[square > 0].sum().item()
+        torch.arange(3).repeat_interleave(2)  # fixed output size: no wait
+    assert reads == {"aten.index with a boolean mask": 1, "Tensor.item": 1}
+    # mul: in and out; gt: in, and a bool out; index: the float and the bool in, every entry out; sum: in
+    assert reads.costs.square_passes == 1 + 1 + 1 + 0.25 + 1 + 0.25 + 1 + 1

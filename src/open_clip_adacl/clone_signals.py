@@ -122,44 +122,75 @@ def standardized_over_negatives(scores: torch.Tensor, negative: torch.Tensor) ->
     stands out of its own row, where one threshold over the whole batch would flag every negative of a crowded
     row and none of a sparse one (docs/clone_signals.md measures both)."""
     count = negative.sum(1, keepdim=True).clamp(min=1)
-    values = torch.where(negative, scores, torch.zeros_like(scores))
-    mean = values.sum(1, keepdim=True) / count
-    spread = (torch.where(negative, scores - mean, torch.zeros_like(scores)) ** 2).sum(1, keepdim=True) / count
-    return torch.where(negative, (scores - mean) / spread.sqrt().clamp(min=1e-12), torch.zeros_like(scores))
+    mean = torch.where(negative, scores, 0.0).sum(1, keepdim=True) / count
+    centered = scores - mean  # one N x N pass, read by the spread and divided in place after it
+    spread = torch.where(negative, centered, 0.0).pow_(2).sum(1, keepdim=True) / count
+    return torch.where(negative, centered.div_(spread.sqrt().clamp(min=1e-12)), 0.0)
 
 
-def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN):
-    """(vocabulary, idf): the distinct token ids of the batch's captions and log(N / captions holding each).
+NO_TOKEN = torch.iinfo(torch.long).max  # sorts after every token id: where a slot holds no token of a set
+
+
+def caption_token_sets(tokens: torch.Tensor, pad_token: int = PAD_TOKEN) -> Tuple[torch.Tensor, torch.Tensor]:
+    """rows x L each: every caption's token ids sorted, and whether each is a member of the caption's set of
+    tokens (not padding, not a repeat of the token before it). A fixed shape, whatever the captions hold."""
+    ordered = tokens.sort(dim=1).values
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    return ordered, first & (ordered != pad_token)
+
+
+def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(vocabulary, idf), N x L entries each: the batch's captions' token sets, every caption's members in one
+    sorted list (NO_TOKEN in the slots that hold none, at its end), and at each entry log(N / captions holding
+    its token). A token's column is the position of its first entry (`token_presence`), so columns keep the
+    tokens' order, and the sizes depend on the batch's shape only, not on what it holds.
 
     A token every caption holds (the start and end tokens, a word every caption repeats) weighs 0; a token of
     few captions (the detail that tells a caption apart) weighs most. Computed over the global batch, so every
     rank gets the same weights."""
-    present = torch.unique(all_tokens[all_tokens != pad_token])
-    document_frequency = (
-        torch.sparse.sum(token_presence(all_tokens, present), 0).to_dense()
-        if present.numel()
-        else torch.zeros(0, device=all_tokens.device)
+    ordered, member = caption_token_sets(all_tokens, pad_token)
+    vocabulary = torch.where(member, ordered, NO_TOKEN).reshape(-1).sort().values
+    # a caption holds a token once, so the entries of a token are the captions holding it
+    document_frequency = torch.searchsorted(vocabulary, vocabulary, right=True) - torch.searchsorted(
+        vocabulary, vocabulary
     )
-    return present, torch.log(all_tokens.shape[0] / document_frequency.clamp(min=1))
+    return vocabulary, torch.log(all_tokens.shape[0] / document_frequency.float().clamp(min=1))
 
 
-def token_presence(tokens: torch.Tensor, vocabulary: torch.Tensor) -> torch.Tensor:
-    """rows x V, sparse: 1 where a caption holds the (sorted) vocabulary's token; a set of tokens, not counts.
-    Sparse because a caption holds a few dozen of the batch's thousands of distinct tokens."""
-    size = (tokens.shape[0], vocabulary.numel())
-    if vocabulary.numel() == 0:
-        return torch.sparse_coo_tensor(
-            torch.zeros(2, 0, dtype=torch.long, device=tokens.device), torch.zeros(0, device=tokens.device), size
-        )
-    flat = tokens.reshape(-1)
-    position = torch.searchsorted(vocabulary, flat).clamp(max=vocabulary.numel() - 1)
-    found = vocabulary[position] == flat
-    row = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(tokens.shape[1])
-    entry = torch.unique(row[found] * vocabulary.numel() + position[found])  # a token held twice counts once
-    indices = torch.stack([entry // vocabulary.numel(), entry % vocabulary.numel()])
+def token_presence(
+    tokens: torch.Tensor, vocabulary: torch.Tensor, unused_column: int, pad_token: int = PAD_TOKEN
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows x L column of each slot, whether it holds a token of `vocabulary`), the columns of each row
+    ascending: a held token's column is its first entry in `vocabulary` (`token_idf`); a slot holding none
+    (padding, a repeat, a token not in the vocabulary) gets column `unused_column` + its slot, after every held
+    one. A set of tokens, not counts, of a fixed number of slots per caption."""
+    ordered, member = caption_token_sets(tokens, pad_token)
+    position = torch.searchsorted(vocabulary, ordered).clamp(max=vocabulary.numel() - 1)
+    held = member & (vocabulary[position] == ordered)
+    slots = torch.arange(tokens.shape[1], device=tokens.device)
+    columns, order = torch.where(held, position, unused_column + slots).sort(dim=1)
+    return columns, held.gather(1, order)
+
+
+def _sparse_rows(columns: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+    """The rows x `width` sparse matrix of `values` at `columns` (rows x L, each row's columns ascending and
+    distinct: coalesced as it is)."""
+    rows = torch.arange(columns.shape[0], device=columns.device)[:, None].expand_as(columns)
     return torch.sparse_coo_tensor(
-        indices, torch.ones(entry.numel(), device=tokens.device), size, check_invariants=False, is_coalesced=True
+        torch.stack([rows.reshape(-1), columns.reshape(-1)]),
+        values.reshape(-1),
+        (columns.shape[0], width),
+        check_invariants=False,
+        is_coalesced=True,
     )
+
+
+def _row_sums(values: torch.Tensor) -> torch.Tensor:
+    """Each row's sum, added up slot by slot (the sparse product's order, so a row's mass and its shared mass with
+    an identical caption are the same float)."""
+    rows = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(values)
+    return values.new_zeros(values.shape[0]).index_add_(0, rows.reshape(-1), values.reshape(-1))
 
 
 def weighted_token_overlap(
@@ -167,19 +198,22 @@ def weighted_token_overlap(
 ) -> torch.Tensor:
     """rows x N weighted Jaccard of the token sets: the idf of the tokens both captions hold over the idf of
     the tokens either holds (1: the same words; 0: nothing rare in common); 0 where neither holds any.
-    One sparse product: each caption meets only the captions that share a token with it."""
+    One sparse product: each caption meets only the captions that share a token with it. Every caption has
+    one entry per slot (0 where the slot holds no token, in columns of the query's and the candidates' own past
+    the vocabulary, so two such entries never meet): shapes fixed by the batch's, nothing read back."""
     vocabulary, idf = token_idf(all_tokens, pad_token)
-    query, candidates = token_presence(query_tokens, vocabulary), token_presence(all_tokens, vocabulary)
-    weighted = torch.sparse_coo_tensor(
-        query.indices(), idf[query.indices()[1]], query.shape, check_invariants=False, is_coalesced=True
-    )
-    shared = torch.sparse.mm(weighted, candidates.t()).to_dense()
-    query_mass = torch.zeros(query.shape[0], device=idf.device).index_add_(0, query.indices()[0], weighted.values())
-    candidate_mass = torch.zeros(candidates.shape[0], device=idf.device).index_add_(
-        0, candidates.indices()[0], idf[candidates.indices()[1]]
-    )
-    either = query_mass[:, None] + candidate_mass[None, :] - shared
-    return torch.where(either > 0, shared / either.clamp(min=1e-12), torch.zeros_like(shared))
+    length, size = all_tokens.shape[1], vocabulary.numel()
+    query_columns, query_held = token_presence(query_tokens, vocabulary, size, pad_token)
+    candidate_columns, candidate_held = token_presence(all_tokens, vocabulary, size + length, pad_token)
+    width = size + 2 * length
+    weights = torch.cat([idf, idf.new_zeros(2 * length)])
+    query_weights = torch.where(query_held, weights[query_columns], 0.0)
+    candidate_weights = torch.where(candidate_held, weights[candidate_columns], 0.0)
+    query = _sparse_rows(query_columns, query_weights, width)
+    candidates = _sparse_rows(candidate_columns, candidate_held.float(), width)
+    shared = torch.sparse.mm(query, candidates.t()).to_dense()
+    either = _row_sums(query_weights)[:, None] + _row_sums(candidate_weights)[None, :] - shared
+    return torch.where(either > 0, shared / either.clamp(min=1e-12), 0.0)
 
 
 def gda_clone_posterior(

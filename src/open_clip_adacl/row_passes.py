@@ -162,3 +162,15 @@ def reading_back_is_free(device: torch.device) -> bool:
 def min_or(values: torch.Tensor, empty: float) -> torch.Tensor:
     """values.min(), or `empty` when a rank has no rows (the number of rows is known on the host)."""
     return values.min() if values.numel() else torch.full((), empty, dtype=values.dtype, device=values.device)
+
+
+def require(holds: torch.Tensor, message: str) -> None:
+    """Raise ValueError(`message`) unless the 0-dim bool `holds` is True. Where reading back is free (the CPU)
+    it is read at once; elsewhere the device asserts it in its queue (`torch._assert_async`: a failure stops
+    the run at the device's next synchronisation, with the message where the device reports it), so a check of
+    the inputs makes no host wait."""
+    if reading_back_is_free(holds.device):
+        if not bool(holds):
+            raise ValueError(message)
+        return
+    torch._assert_async(holds, message)

@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import torch
 
+from .row_passes import require
+
 ID_BITS = 31  # a sample id must be below 2**31: the pair key packs two ids into one int64
 
 
 def pair_keys(row_ids: torch.Tensor, col_ids: torch.Tensor) -> torch.Tensor:
     """rows x N int64 keys of the ordered pairs (row_ids[i], col_ids[j])."""
     row_ids, col_ids = row_ids.long(), col_ids.long()
-    if row_ids.numel() and (min(row_ids.min(), col_ids.min()) < 0 or max(row_ids.max(), col_ids.max()) >= 2**ID_BITS):
-        raise ValueError(f"sample ids must lie in [0, 2**{ID_BITS}) to key the pair memory")
+    if row_ids.numel() and col_ids.numel():
+        ids = torch.cat([row_ids.reshape(-1), col_ids.reshape(-1)])
+        require(
+            ((ids >= 0) & (ids < 2**ID_BITS)).all(), f"sample ids must lie in [0, 2**{ID_BITS}) to key the pair memory"
+        )
     return (row_ids[:, None] << ID_BITS) | col_ids[None, :]
 
 

@@ -18,6 +18,8 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from . import row_passes
+
 
 class SampleStateBank(nn.Module):
     """Float state per sample, one column per named field, for sample indices in [0, data_size)."""
@@ -48,6 +50,13 @@ class SampleStateBank(nn.Module):
         if index.dtype.is_floating_point or index.dtype == torch.bool:
             raise TypeError(f"sample indices must be integers, got {index.dtype}")
         outside = (index < 0) | (index >= self.data_size)
+        if not row_passes.reading_back_is_free(index.device):  # the device checks it, with no host wait
+            row_passes.require(
+                ~outside.any(),
+                f"a sample index is outside the per-sample state bank of data_size={self.data_size}; set "
+                f"--data-size (data_size) to at least the largest sample index + 1, i.e. the training set size",
+            )
+            return
         if bool(outside.any()):
             raise ValueError(
                 f"sample index {int(index[outside][0])} is outside the per-sample state bank of data_size="

@@ -4,112 +4,22 @@ on the GPU code path forced on the CPU: every read of a tensor's values into Pyt
 boolean-mask indexing, ...) and every tensor made from host values on a device (a copy that waits
 for the device's queue). docs/adacl.md §6 states the count; it must not grow with N or the ranks."""
 
-import contextlib
-import os
-import sys
 from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.runtime.cache_dir_utils import cache_dir
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.bench_scripts import bench_script
 from helpers.distributed_utils import run_on_ranks
 from open_clip_adacl import DistributedSetup, create_loss, fused, row_passes
+from open_clip_adacl.losses import ContrastiveLoss
 
-# Methods that read values back, or whose output shape depends on them.
-READING_METHODS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "nonzero",
-    "masked_select",
-    "unique",
-    "bincount",
-    "repeat_interleave",
-)
-READING_FUNCTIONS = ("nonzero", "masked_select", "unique", "bincount", "repeat_interleave", "argwhere")
+step_costs = bench_script("step_costs")  # the counter, shared with scripts/bench_costs.py
+counting_host_reads = step_costs.counting_host_reads
 # The loss in one process reads nothing back; with several ranks, the check that every rank holds the
 # same number of rows reads its 2-element all-reduce once (distributed.check_equal_local_rows).
 EXPECTED = {1: Counter(), 2: Counter({"Tensor.tolist": 1})}
-
-
-INDEXING_OPS = (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_)
-
-
-class _BooleanMaskIndexing(TorchDispatchMode):
-    """Counts indexing with a boolean mask (whose output size depends on the values), seen at the aten
-    level: setting `Tensor.__getitem__` would make every tensor a Python sequence for good."""
-
-    def __init__(self, counts: Counter):
-        super().__init__()
-        self.counts = counts
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in INDEXING_OPS and any(
-            index is not None and index.dtype in (torch.bool, torch.uint8) for index in args[1]
-        ):
-            self.counts[f"aten.{func.overloadpacket.__name__} with a boolean mask"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def counting_host_reads(boolean_masks: bool = True):
-    """Counts, by name, the calls that would make the host wait for a device. `boolean_masks`: also
-    boolean-mask indexing, through a dispatch mode, under which compiled code does not run (so not
-    with the fused passes, whose compiled graphs hold no Python-level indexing)."""
-    counts = Counter()
-    patched = []
-
-    def wrap(owner, name, counts_call=lambda *args, **kwargs: True):
-        original = getattr(owner, name)
-        own = name in vars(owner)  # else inherited from torch._C.TensorBase: deleted again afterwards
-
-        def counted(*args, **kwargs):
-            if counts_call(*args, **kwargs):
-                counts[f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"] += 1
-            return original(*args, **kwargs)
-
-        patched.append((owner, name, original, own))
-        setattr(owner, name, counted)
-
-    for name in READING_METHODS:
-        if hasattr(torch.Tensor, name):
-            wrap(torch.Tensor, name)
-    for name in READING_FUNCTIONS:
-        wrap(torch, name)
-    for name in ("tensor", "as_tensor"):  # host data copied to a device
-        wrap(
-            torch,
-            name,
-            lambda data, *args, **kwargs: (
-                kwargs.get("device") is not None
-                and not isinstance(data, torch.Tensor)
-                and not _generated_by_inductor(sys._getframe(2))
-            ),
-        )  # 1: `counted`, 2: its caller
-    try:
-        with _BooleanMaskIndexing(counts) if boolean_masks else contextlib.nullcontext():
-            yield counts
-    finally:
-        for owner, name, original, own in reversed(patched):
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
-
-
-def _generated_by_inductor(frame) -> bool:
-    """Whether `frame` runs code that inductor generated. The passes compiled for the CPU are called through
-    inductor's C++ wrapper (fused.py), whose Python side makes each symbolic size a CPU tensor: not a copy
-    to a device, and not made on a GPU, where the passes are compiled without that wrapper."""
-    return os.path.abspath(frame.f_code.co_filename).startswith(os.path.abspath(cache_dir()))
 
 
 def _features(num, seed=0):
@@ -205,3 +115,54 @@ def test_a_full_memory_bank_reads_nothing_back_in_the_loss_call(monkeypatch):
         reads.append((step_reads, commit_reads))
     assert reads[1] == (Counter({"Tensor.__int__": 1}), Counter({"Tensor.__bool__": 1, "Tensor.__int__": 1}))
     assert reads[2] == (EXPECTED[1], Counter({"Tensor.__bool__": 1}))
+
+
+def _every_loss_counted(rank, world_size, num):
+    """Per case of scripts/bench_costs.py (every registered loss; adacl in both modes, adaclw with each discovery):
+    the host reads of its second step (forward + backward) on the GPU code path, this rank's rows of the batch."""
+    bench_costs = bench_script("bench_costs")
+    dist = DistributedSetup(
+        rank=rank, world_size=world_size, local_loss=world_size > 1, gather_with_grad=world_size > 1
+    )
+    inputs = bench_costs.step_inputs(num, 16, slice(rank * num // world_size, (rank + 1) * num // world_size))
+    counts, gathering = {}, set()
+    with step_costs.gpu_code_path():
+        for case in bench_costs.loss_cases()[1:]:  # the registered losses (OpenCLIP's ClipLoss first)
+            loss_fn = case.build(num, dist)
+            counts[case.name] = Counter(bench_costs.count_case(loss_fn, inputs)["host_waits"])
+            if isinstance(loss_fn, ContrastiveLoss):  # gathers the batch with distributed.gather_batch
+                gathering.add(case.name)
+    return counts, gathering
+
+
+def test_every_registered_loss_reads_nothing_back_on_the_gpu_path():
+    from open_clip_adacl import clone_signals, list_losses
+
+    counts, _ = _every_loss_counted(0, 1, 48)
+    assert set(counts) >= {f"adaclw/{name}" for name in clone_signals.SIGNALS} | set(list_losses()) - {
+        "adacl",
+        "adaclw",
+    }
+    assert counts == dict.fromkeys(counts, EXPECTED[1])
+
+
+@pytest.mark.slow  # every loss on two fresh processes: about 20 s on 2 cores
+def test_every_registered_loss_on_two_ranks_reads_only_the_rank_check():
+    """A loss that gathers the batch as ContrastiveLoss does reads the rank check once (EXPECTED); siglip, which
+    exchanges the features between ranks itself, reads nothing."""
+    for counts, gathering in run_on_ranks(_every_loss_counted, 2, 48):
+        assert gathering >= {"adacl (calibrated)", "adaclw/text_image_tokens", "oracle"}
+        assert counts == {name: EXPECTED[2 if name in gathering else 1] for name in counts}
+
+
+def test_a_bad_sample_id_stops_the_gpu_path_with_its_message():
+    """The sample ids' checks make no host wait on the GPU path: the device asserts them (here, on the CPU, at
+    once), with the message the CPU path raises."""
+    with step_costs.gpu_code_path():
+        loss_fn = create_loss("adaclw", discovery="persistence")
+        image, text = _features(8)
+        with pytest.raises(RuntimeError, match=r"sample ids must lie in \[0, 2\*\*31\)"):
+            loss_fn(image, text, torch.tensor(14.3), sample_index=torch.arange(8) - 1)
+        loss_fn = create_loss("glofnd", data_size=8)
+        with pytest.raises(RuntimeError, match="outside the per-sample state bank of data_size=8"):
+            loss_fn(image, text, torch.tensor(14.3), sample_index=torch.arange(8) + 1)
