@@ -22,6 +22,7 @@ class LoaderInfo(DataInfo):
 
     num_samples: int = 0
     num_batches: int = 0
+    data_size: int | None = None  # the samples the data holds when known without reading it (sizes.json, rows)
 
 
 class DataSource(abc.ABC):

@@ -19,6 +19,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 from open_clip_adacl import LossOptions
+from open_clip_adacl.flag_numbers import numbers_problem
 from open_clip_adacl.losses import SampleStateOptions
 from open_clip_adacl.losses.registry import LOSSES, accepted_loss_names
 from open_clip_adacl.registry import Registry
@@ -35,6 +36,7 @@ from ..preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
 
 RESUME_LATEST = "latest"
 DASHBOARDS = ("tensorboard", "wandb")
+SEED_MAX = 2**32 - 1  # numpy.random.seed takes seeds in [0, 2**32 - 1]; each rank seeds with --seed + its rank
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,15 @@ class RunConfig:
 
     def check(self, world_size: int) -> None:
         """Each part's own checks, then those spanning parts; raises ConfigError saying what to change."""
+        for dest, value in self.recorded_args.items():
+            problem = numbers_problem(value)
+            if problem:
+                raise ConfigError(f"--{dest.replace('_', '-')} {problem}")
+        if not 0 <= self.seed <= SEED_MAX - (world_size - 1):
+            raise ConfigError(
+                f"--seed must be in [0, {SEED_MAX - (world_size - 1)}], got {self.seed}: each of the {world_size} "
+                f"rank(s) seeds numpy with --seed + its rank, and numpy takes seeds in [0, 2**32 - 1]"
+            )
         if self.epochs < 1:
             raise ConfigError(
                 f"--epochs must be >= 1, got {self.epochs}: such a run trains nothing (to evaluate a "

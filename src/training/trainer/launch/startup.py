@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import torchvision
 
+from open_clip_adacl.flag_numbers import INT64_MAX
+
 from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
 from ..distributed import resolved_device_type
 from ..engine.model import ModelConfig, check_pretrained, parameter_count
@@ -67,6 +69,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         except ValueError as error:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs
+    if total_steps > INT64_MAX:
+        raise ConfigError(
+            f"--epochs {cfg.epochs} x {steps_per_epoch} steps per epoch = {total_steps} steps, more than a 64-bit "
+            "step counter holds (2**63 - 1); lower --epochs or --train-num-samples"
+        )
     batch_size = cfg.data.batch_size
     text = (
         f"--model {cfg.model.name} --loss {cfg.loss.name}; {world_size} rank(s) x "
@@ -82,7 +89,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
             f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
             "the steps)"
         )
-    warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
+    warnings += [
+        warning
+        for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg), epoch_beyond_data_warning(cfg, data))
+        if warning
+    ]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
 
 
@@ -129,6 +140,18 @@ def amp_on_cpu_warning(cfg: RunConfig) -> Optional[str]:
     return (
         f"--precision {cfg.model.precision} on the CPU: autocast trains slower there than fp32 (3x for "
         "adacl-tiny on 2 cores); drop --precision (fp32 is the CPU's default) unless you are testing it"
+    )
+
+
+def epoch_beyond_data_warning(cfg: RunConfig, data) -> Optional[str]:
+    """--train-num-samples above the samples the training data holds (when known: sizes.json, a csv's rows): an
+    epoch then shows each sample several times, which a user who meant "one pass" would not guess."""
+    wanted, held = cfg.data.train_num_samples, data.data_size
+    if wanted is None or not held or wanted <= held:
+        return None
+    return (
+        f"--train-num-samples {wanted} is more than the {held} samples of --train-data: an epoch shows each sample "
+        f"about {wanted / held:.3g} times; lower it to {held} for one pass per epoch"
     )
 
 

@@ -43,7 +43,7 @@ from ..distributed import (
 )
 from ..engine.checkpoint import Checkpointer, TrainState, run_components
 from ..engine.loop import EpochLoop, NonFiniteLossError, train_one_epoch
-from ..engine.model import ModelBundle, build_model, open_clip_model_config, preprocess_config
+from ..engine.model import ModelBundle, build_model, check_model_loads, open_clip_model_config, preprocess_config
 from ..engine.optimizer import build_optimizer
 from ..engine.precision import build_precision
 from ..engine.schedule import build_scheduler
@@ -168,6 +168,7 @@ class Trainer:
     def _dry_run(self, plan: StartupPlan, world_size: int) -> None:
         cfg = self.cfg
         loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
+        check_model_loads(cfg.model)
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
             run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)

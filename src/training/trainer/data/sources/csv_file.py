@@ -78,7 +78,9 @@ class CsvFile(DataSource):
             start_epoch=epoch,
             batches_per_reader=num_batches // num_readers,
         )
-        return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info = stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info.data_size = len(rows)
+        return info
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         rows = read_csv_rows(cfg.val_data, self.options(cfg), "val_data (--val-data)")
