@@ -242,10 +242,7 @@ class RunConfig:
         ):
             if given and self.resume is None:
                 raise ConfigError(f"{flag_name} only applies when resuming; add --resume latest or --resume PATH")
-        options = self.loss.options
-        data_size = (
-            options.data_size if isinstance(options, SampleStateOptions) and options.keeps_sample_state else None
-        )
+        data_size = sample_state_rows(self.loss.options)
         train_num_samples = self.data.train_num_samples
         if data_size is not None and train_num_samples is not None and data_size < train_num_samples:
             raise ConfigError(
@@ -253,6 +250,11 @@ class RunConfig:
                 f"per-sample state indexed by sample_index, so set --data-size to at least the number of samples "
                 f"in the training set"
             )
+
+
+def sample_state_rows(options: LossOptions) -> Optional[int]:
+    """The rows of the loss's per-sample state (--data-size) when its options keep one, else None."""
+    return options.data_size if isinstance(options, SampleStateOptions) and options.keeps_sample_state else None
 
 
 # The order of the flags within each --help section.

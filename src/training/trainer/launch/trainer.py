@@ -63,7 +63,7 @@ from ..run_folder.logger import MetricsWriter, WandbConfig, setup_logging
 from ..run_folder.margins import write_margins_plot
 from ..run_folder.safe_write import RunFiles
 from . import params
-from .config import RESUME_LATEST, LossConfig, RunConfig
+from .config import RESUME_LATEST, LossConfig, RunConfig, sample_state_rows
 from .folder import (
     LossJournals,
     RunPaths,
@@ -240,6 +240,7 @@ class Trainer:
             epoch=position.epoch,
             skip_batches=position.batches_in_epoch,
             family_field=loss_fn.family_field() if loss_fn.reads_family() else None,
+            sample_index_limit=sample_state_rows(cfg.loss.options),
         )
         val_data = build_val_data_if_needed(cfg.data, bundle, env)
         imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
@@ -536,15 +537,18 @@ def build_data(
     epoch: int,
     skip_batches: int,
     family_field: Optional[str] = None,
+    sample_index_limit: Optional[int] = None,
 ):
     """The training stream for this rank (the shards were checked by `check_startup`); with `family_field`
-    (a loss that `reads_family()`) its batches carry each sample's family ids read from that json field."""
+    (a loss that `reads_family()`) its batches carry each sample's family ids read from that json field; with
+    `sample_index_limit` (a loss's per-sample state) a sample whose id cannot index that state is skipped."""
     cfg = replace(
         cfg,
         rank=env.rank,
         world_size=env.world_size,
         skip_batches=skip_batches,
         family_field=family_field,
+        sample_index_limit=sample_index_limit,
     )
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)

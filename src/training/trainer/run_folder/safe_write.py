@@ -40,6 +40,15 @@ def cause_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def write_failure(error: BaseException, folder: str | os.PathLike) -> str | None:
+    """A tool's write into `folder` that failed for a cause of the disk or its permissions (`cause_of`), in one
+    line naming the file (or the folder, when the error does not): what a command prints instead of a traceback.
+    None for any other error (a bug to show in full)."""
+    if not isinstance(error, OSError) or error.errno not in _CAUSES:
+        return None
+    return f"could not write {error.filename or f'into {folder}'} ({cause_of(error)})"
+
+
 class RunFiles:
     """Appends to the run's record files; a failed write is logged, kept and retried (see the module)."""
 
