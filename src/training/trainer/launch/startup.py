@@ -13,7 +13,14 @@ import torchvision
 
 from open_clip_adacl.flag_numbers import INT64_MAX
 
-from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
+from ..data import (
+    build_train_data,
+    build_val_data,
+    check_data_fields,
+    get_data_source,
+    resolve_dataset_type,
+    samples_per_step,
+)
 from ..distributed import resolved_device_type
 from ..engine.model import ModelConfig, check_pretrained, parameter_count
 from ..engine.validation import imagenet_folder
@@ -62,6 +69,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         check_pretrained(cfg.model.name, cfg.model.pretrained, cfg.model.cache_dir)
     except ValueError as error:
         raise ConfigError(f"--pretrained {cfg.model.pretrained}: {error}") from error
+    half_weights = half_weights_on_cpu(cfg)
+    if half_weights:
+        raise ConfigError(half_weights)
     imagenet = None
     if cfg.validation.imagenet_val and cfg.validation.zeroshot_frequency:
         try:
@@ -152,6 +162,38 @@ def epoch_beyond_data_warning(cfg: RunConfig, data) -> Optional[str]:
     return (
         f"--train-num-samples {wanted} is more than the {held} samples of --train-data: an epoch shows each sample "
         f"about {wanted / held:.3g} times; lower it to {held} for one pass per epoch"
+    )
+
+
+def loss_input_warnings(cfg: RunConfig, loss_fn) -> List[str]:
+    """A loss that reads the captions' token ids (a token discovery) on data whose samples share one caption: every
+    pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    if not loss_fn.reads_text_tokens():
+        return []
+    source = get_data_source(resolve_dataset_type(cfg.data.dataset_type, cfg.data.train_data))
+    if not source.one_caption:
+        return []
+    return [
+        f"--loss {cfg.loss.name} reads the captions' token ids, and --dataset-type {cfg.data.dataset_type} gives "
+        "every sample the same caption: its discovery can tell no pair apart and flags nothing; train on data with "
+        "captions, or choose a discovery that reads the embeddings"
+    ]
+
+
+# Precisions that keep the weights, and so AdamW's moments, in float16 (OpenCLIP's fp16 and pure_fp16).
+HALF_WEIGHT_PRECISIONS = ("fp16", "pure_fp16")
+
+
+def half_weights_on_cpu(cfg: RunConfig) -> Optional[str]:
+    """--precision fp16 or pure_fp16 on a run that lands on the CPU: float16 weights and optimizer moments, where
+    AdamW's squared gradients underflow to zero and its first update overflows; the CPU has no float16 speed to win
+    that for (on an accelerator OpenCLIP's default, amp, keeps fp32 weights with a gradient scaler)."""
+    if cfg.model.precision not in HALF_WEIGHT_PRECISIONS or resolved_device_type(cfg.distributed.device) != "cpu":
+        return None
+    return (
+        f"--precision {cfg.model.precision} on the CPU keeps the weights and AdamW's moments in float16, where squared "
+        "gradients underflow to zero and the first update overflows (adacl-tiny's loss is NaN from step 2 on); "
+        "drop --precision (fp32, the CPU's default) or pass --precision bf16"
     )
 
 

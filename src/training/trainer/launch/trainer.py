@@ -78,7 +78,14 @@ from .folder import (
     write_params,
 )
 from .resume import dry_run_changes, resume_or_start_over
-from .startup import StartupPlan, check_startup, plan_line, quiet_parameter_count, resume_note
+from .startup import (
+    StartupPlan,
+    check_startup,
+    loss_input_warnings,
+    plan_line,
+    quiet_parameter_count,
+    resume_note,
+)
 
 # The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
 PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
@@ -160,6 +167,7 @@ class Trainer:
             configure_torch(env.device)
             seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
             loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
+            plan.warnings += loss_input_warnings(cfg, loss_fn)
             with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
                 return self._train(self._build(lock, env, plan, loss_fn, preemption))
         finally:
@@ -168,6 +176,7 @@ class Trainer:
     def _dry_run(self, plan: StartupPlan, world_size: int) -> None:
         cfg = self.cfg
         loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
+        plan.warnings += loss_input_warnings(cfg, loss_fn)
         check_model_loads(cfg.model)
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
