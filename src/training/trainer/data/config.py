@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
+from ..flags import LAUNCH_SETTING, SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
 from .registry import AUTO, dataset_type_help, makes_its_own_samples, registered_dataset_types
 
 SKIP_REASONS = (
@@ -99,6 +99,7 @@ class DataConfig:
         "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
         "(counted as unreadable_shard, its URL logged); 0: wait forever.",
         metavar="SECONDS",
+        resume=LAUNCH_SETTING,
     )
     max_image_bytes: int = flag(
         64 * 2**20,

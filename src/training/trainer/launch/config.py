@@ -31,7 +31,7 @@ from ..engine.loop import TrainConfig
 from ..engine.model import ModelConfig
 from ..engine.optimizer import OptimizerConfig
 from ..engine.schedule import SCHEDULES, SchedulerConfig
-from ..flags import SAMPLE_ORDER, ConfigError, Flag, HelpGroup, declared_flags, flag, from_flag
+from ..flags import LAUNCH_SETTING, SAMPLE_ORDER, ConfigError, Flag, HelpGroup, declared_flags, flag, from_flag
 from ..preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
 
 RESUME_LATEST = "latest"
@@ -130,8 +130,10 @@ class DistributedConfig:
         "Accelerator to use (the default falls back to cpu with a warning when unavailable; "
         "a device given by name that is unavailable is refused).",
     )
-    dist_url: Optional[str] = flag(None, "url used to set up distributed training")
-    dist_backend: Optional[str] = flag(None, "distributed backend (default: nccl on CUDA, gloo on CPU)")
+    dist_url: Optional[str] = flag(None, "url used to set up distributed training", resume=LAUNCH_SETTING)
+    dist_backend: Optional[str] = flag(
+        None, "distributed backend (default: nccl on CUDA, gloo on CPU)", resume=LAUNCH_SETTING
+    )
     use_bn_sync: bool = flag(False, "Whether to use batch norm sync.")
     ddp_static_graph: bool = flag(False, "Enable static graph optimization for DDP.")
     no_set_device_rank: bool = flag(False, "Don't set device index from local rank.")
@@ -142,6 +144,7 @@ class DistributedConfig:
         name="--dist-timeout",
         metavar="SECONDS",
         group=HelpGroup.CLUSTER,
+        resume=LAUNCH_SETTING,
     )
 
     def check(self) -> None:

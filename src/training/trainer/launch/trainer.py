@@ -204,14 +204,20 @@ class Trainer:
             raise
         unwritten = loop.metrics.close()
         checkpointer, state = loop.checkpointer, loop.state
-        last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
+        # A launch that trained nothing (the run was finished) names the checkpoint it resumed as the last one.
+        last_checkpoint = str(checkpointer.last_good) if checkpointer and checkpointer.last_good else None
         summary = RunSummary(
             parts.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint, unwritten
         )
-        loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
         not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
+        if final_loss is None:
+            logging.info(
+                f"Nothing to train: the run was already finished (all {summary.epoch} epochs, {summary.step} steps); "
+                f"its last checkpoint is {summary.checkpoint}{not_written}; raise --epochs to train it further"
+            )
+            return summary
         logging.info(
-            f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
+            f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {final_loss:.4f}, "
             f"last checkpoint {summary.checkpoint}{not_written}"
         )
         return summary

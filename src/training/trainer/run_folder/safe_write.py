@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -31,9 +32,38 @@ _CAUSES = {
 }
 
 
+def free_inodes(path: str | os.PathLike) -> int | None:
+    """The files that can still be created on the file system holding `path` (or its nearest existing folder); None
+    where it does not count them (it reports no inodes at all, as btrfs does) or cannot be asked."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        stats = os.statvfs(existing)
+    except OSError:
+        return None
+    return stats.f_favail if stats.f_files else None
+
+
+def no_inodes_text(path: str | os.PathLike) -> str:
+    """What a full disk is when its bytes are not: "no free inodes (X MB free, but no file can be created)"."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return f"no free inodes ({shutil.disk_usage(existing).free / 1e6:.0f} MB free, but no file can be created there)"
+
+
 def cause_of(error: BaseException) -> str:
     """Why a write failed, in words first: "disk full ([Errno 28] No space left on device)", "permission
-    denied (...)"; another error by its type and first line."""
+    denied (...)", "no free inodes (...)" when a full disk has bytes left; another error by its type and first
+    line."""
+    if (
+        isinstance(error, OSError)
+        and error.errno == errno.ENOSPC
+        and error.filename
+        and free_inodes(error.filename) == 0
+    ):
+        return f"{no_inodes_text(error.filename)} ([Errno {error.errno}] {error.strerror})"
     if isinstance(error, OSError) and error.errno in _CAUSES:
         return f"{_CAUSES[error.errno]} ([Errno {error.errno}] {error.strerror})"
     text = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
