@@ -2,7 +2,8 @@
 (CPU), each fault injected for real (signals, truncated, bit-flipped and empty files, a file-size limit, a
 full tmpfs, /dev/full, failing and stalling pipes, cut and lying tars, device files as images, absent ranks, a
 second launch, two launches racing for a stale lock, launches without --name in the same second, a diverging loss,
-a read-only run folder), printing the "fault -> what happens -> what is lost" table of docs/cluster.md. Rows
+a read-only run folder; a new user's bad numbers, environment variables, model folders and samples, declared in
+`helpers.fault_rows`), printing the "fault -> what happens -> what is lost" table of docs/cluster.md. Rows
 that check a promise say so at their end (e.g. "the epoch summary names both shards: True"); run against an
 earlier tree (PYTHONPATH=<that tree>/src) they show what it did instead. It lives beside the tests because it is built on their harness
 (`helpers.run_utils`, `helpers.distributed_utils`, importable here as for any script in this folder).
@@ -39,13 +40,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+import numpy as np
 import torch
+from PIL import Image
 
 from helpers.data_utils import write_shard_with_a_huge_member
 from helpers.distributed_utils import free_port
+from helpers.fault_rows import ROWS, grey16_png, launcher_free, write_fault_inputs
 from helpers.run_utils import catches, children, flip_bits, kill_run, processes_running, race_for_a_stale_lock, running
 from training import RunDir
 from training.synthetic_scenes.writers import write_demo_dataset
+from training.trainer.data.samples import decode_image
 from training.trainer.launch.params import argv_from_values
 from training.trainer.run_folder.layout import RESULTS_NAME, read_json_lines, step_checkpoint_number
 
@@ -1056,6 +1061,76 @@ class Bench:
             "that shard's samples",
         )
 
+    def new_user_faults(self) -> None:
+        """The rows of `helpers.fault_rows` (a new user's mistakes and odd inputs), each its command in a process of
+        its own: its status, its line, and whether the row's promise holds."""
+        inputs = write_fault_inputs(self.work / "new-user", self.data, self.train_in_a_process)
+        for row in ROWS:
+            limit = row.file_size_limit
+            result = subprocess.run(
+                [sys.executable, "-m", row.tool, *row.argv(inputs)],
+                env={**launcher_free(self.env), **row.env},
+                capture_output=True,
+                text=True,
+                timeout=900,
+                preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))) if limit else None,
+            )
+            output = result.stdout + result.stderr
+            problems = row.problems(inputs, result.returncode, output)
+            self.add(
+                row.fault,
+                f"rc {result.returncode}: `{row.outcome(inputs, output)[:190]}...`; traceback: "
+                f"{'Traceback' in output}; the row holds: {not problems}{'' if not problems else f' ({problems})'}",
+                row.lost,
+            )
+
+        png = grey16_png()
+        clipped = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        trained = np.asarray(decode_image(png, max_pixels=10**6)[0])
+        self.add(
+            "a 16-bit grey PNG (a ramp from 0 to 65535), decoded as training decodes it",
+            f"RGB of mean {trained.mean():.1f} of 255, {100 * (trained == 255).mean():.1f}% white (PIL's own "
+            f"conversion: mean {clipped.mean():.1f}, {100 * (clipped == 255).mean():.1f}% white)",
+            "nothing",
+        )
+
+    def train_in_a_process(self, argv: List[str]) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "training.main", *argv], env=self.env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    def inodes_and_read_only(self) -> None:
+        """A run folder on a tmpfs out of inodes (bytes free), and a read-only checkpoints/ (a read-only bind mount)
+        holding the temporary file of a killed save: the lines name the inodes and the read-only folder."""
+        folder = self.work / "no-inodes"
+        with tmpfs(folder, "200m,nr_inodes=16"):
+            for index in range(64):
+                try:
+                    (folder / f"file-{index}").touch()
+                except OSError:
+                    break
+            for label, extra in (("`--dry-run`", {"dry_run": True}), ("a real run", {})):
+                result, _ = self.run(1, self.values("inodes", 1, logs=str(folder), **extra))
+                self.add(
+                    f"`--logs` on a file system out of inodes (a tmpfs of 200 MB, 16 inodes, all used), {label}",
+                    f"rc {result.returncode}: `{last_line(result.stderr)[:190]}...`; traceback: "
+                    f"{'Traceback' in result.stderr}",
+                    "nothing (refused before any step)",
+                )
+        name = "read-only-checkpoints"
+        shutil.copytree(self.base_run(1), self.run_dir(name))
+        (self.run_dir(name) / "run.lock").unlink(missing_ok=True)
+        (self.run_dir(name) / "checkpoints" / ".step_5.pt.abcd1234.tmp").write_bytes(b"cut")
+        with read_only(self.run_dir(name) / "checkpoints"):
+            result, _ = self.run(1, self.values(name, 1, resume="latest"))
+        self.add(
+            "`--resume latest` with a read-only `checkpoints/` (a read-only bind mount) holding a killed save's "
+            "temporary file",
+            f"rc {result.returncode}: `{last_line(result.stderr)[:190]}...`; traceback: {'Traceback' in result.stderr}",
+            "nothing (refused before any step)",
+        )
+
 
 class CallsPrint:
     """Pickled as a call of `print`: what a malicious checkpoint holds in place of tensors."""
@@ -1178,6 +1253,8 @@ def main() -> None:
         "empty_checkpoint": bench.empty_checkpoint,
         "text_only_first_shard": bench.text_only_first_shard,
         "rank_dies": bench.rank_dies,
+        "new_user_faults": bench.new_user_faults,
+        "inodes_and_read_only": bench.inodes_and_read_only,
     }
     needs_root = {
         "records_on_a_full_disk",
@@ -1186,6 +1263,7 @@ def main() -> None:
         "read_only_resume",
         "lock_of_another_host",
         "one_line_errors",
+        "inodes_and_read_only",
     }  # they mount a folder, or name a host
     print("| fault | what happens | what is lost |\n|---|---|---|", flush=True)
     for name in args.cases or cases:

@@ -211,11 +211,19 @@ def model_card(
         f"model, _, preprocess = open_clip.create_model_and_transforms('hf-hub:{repo_id}')\n"
         f"tokenizer = open_clip.get_tokenizer('hf-hub:{repo_id}')\n```\n"
     )
-    # The last line of the checkpoint's own epoch: a later one belongs to training it does not hold.
-    own = [line for line in results if line.get("epoch") == checkpoint.get("epoch")]
+    # The last line of the checkpoint's own epoch: a later one belongs to training it does not hold, and so does that
+    # epoch's own line for a checkpoint saved inside the next epoch (a step_N.pt: validation ran at the boundary).
+    position = checkpoint.get("data") if isinstance(checkpoint.get("data"), dict) else {}
+    into_epoch = position.get("batches_in_epoch", 0)
+    own = [line for line in results if line.get("epoch") == checkpoint.get("epoch")] if not into_epoch else []
     if own:
         comparison = f"Validation after epoch {own[-1]['epoch']} (the trainer's results.jsonl):\n\n" + markdown_table(
             ["metric", "value"], [(name, value) for name, value in own[-1].items() if name != "epoch"]
+        )
+    elif into_epoch:
+        comparison = (
+            f"No validation results belong to these weights: they were saved {into_epoch} batch(es) into epoch "
+            f"{checkpoint.get('epoch', '?')}, and the trainer validates at the end of an epoch."
         )
     else:
         comparison = (

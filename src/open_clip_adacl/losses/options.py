@@ -19,6 +19,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Sequence, Tuple
 
+from ..flag_numbers import number_problem
+
 
 @dataclass(frozen=True)
 class DistributedSetup:
@@ -192,6 +194,9 @@ def _checked_value(spec: LossOption, value: Any) -> Any:
     if not isinstance(value, spec.type) or (spec.type is int and isinstance(value, bool)):
         article = "an" if spec.type is int else "a"
         raise ValueError(f"option {spec.name} must be {article} {spec.type.__name__}, got {value!r}")
+    problem = number_problem(value)
+    if problem:
+        raise ValueError(f"option {spec.name}: {problem}")
     if spec.choices is not None and value not in spec.choices:
         raise ValueError(
             f"option {spec.name} must be one of {[c for c in spec.choices if c is not None]}, got {value!r}"

@@ -27,6 +27,7 @@ from ..trainer.launch.tool_flags import add_trainer_flags
 from ..trainer.progress import eta_text
 from ..trainer.run_folder.checkpoint_files import load_checkpoint
 from ..trainer.run_folder.logger import setup_logging
+from ..trainer.run_folder.safe_write import write_failure
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import discovery_loader
@@ -190,8 +191,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     env = init_distributed(args.device)
     try:
         return _run(args, env)
+    except OSError as error:
+        failure = write_failure(error, args.output)
+        if failure is None:
+            raise
+        raise ReportNotWritten(f"{failure}; free space or choose another --output, then --continue the run") from None
     finally:
         shutdown(env)
+
+
+class ReportNotWritten(RuntimeError):
+    """The report's folder took no more writes (a full disk, a revoked permission): the run stops in one line."""
 
 
 def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
@@ -381,9 +391,13 @@ def _cpu_seconds() -> float:
 
 
 def cli() -> None:
-    """Console entry point (`adacl-discover`): a failure prints one line and exits with status 2."""
+    """Console entry point (`adacl-discover`): a failure prints one line and exits with status 2 (1: the report's
+    folder took no more writes)."""
     try:
         main()
     except (ValueError, FileNotFoundError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except ReportNotWritten as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -47,7 +47,7 @@ from clip_benchmark.metrics import image_caption_selection, zeroshot_classificat
 
 from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs (e.g. adacl-tiny) for --in-process
 from training.export import CONFIG_NAME, export, markdown_table
-from training.trainer.engine.model import check_pretrained
+from training.trainer.engine.model import check_pretrained, load_problem
 from training.trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
 
 from .clone_selection import evaluate_clone_selection
@@ -172,17 +172,6 @@ def check_export(folder: Path) -> None:
             f"--model {LOCAL_DIR}{folder}: the export does not load ({load_problem(error)}); export it "
             "again with python -m training.export"
         ) from None
-
-
-def load_problem(error: Exception) -> str:
-    """The line of a load failure that says what is wrong: load_state_dict's first size mismatch or missing key
-    (after its header line), else the first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    detail = next(
-        (line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
-        lines[0] if lines else type(error).__name__,
-    )
-    return f"{type(error).__name__}: {detail[:300]}"
 
 
 def check_distinct_roots(roots: dict[str, Path], root_template: str) -> None:

@@ -22,7 +22,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -57,6 +57,45 @@ class DistributedEnv:
     @property
     def is_local_master(self) -> bool:
         return self.local_rank == 0
+
+
+# What OpenCLIP's `world_info_from_env` reads, each list in its order of precedence (the first one set wins).
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+RANK_VARIABLES = ("RANK", "PMI_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+# Each launcher variable read as a whole number, with its smallest and largest value and what it means.
+LAUNCHER_NUMBERS = {
+    **{name: (1, None, "the number of processes") for name in WORLD_SIZE_VARIABLES},
+    **{name: (0, None, "this process's rank") for name in RANK_VARIABLES + LOCAL_RANK_VARIABLES},
+    "MASTER_PORT": (1, 65535, "the rendezvous port"),
+    "SLURM_JOB_ID": (0, None, "the SLURM job's id"),
+}
+
+
+def launch_environment_problem(environ: Mapping[str, str]) -> Optional[str]:
+    """Why the launcher's variables in `environ` cannot start this process (None when they can): each one set is a
+    whole number in its range, and the rank is below the world size. Read before OpenCLIP reads them with
+    `int()`, whose traceback would name neither the variable nor the fix."""
+    for name, (low, high, meaning) in LAUNCHER_NUMBERS.items():
+        if name not in environ:
+            continue
+        text = environ[name].strip()
+        value = int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+        if value is None or value < low or (high is not None and value > high):
+            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            return (
+                f"{name}={environ[name]!r} is not a whole number {bounds} ({meaning}, which torchrun and srun set); "
+                f"unset it, or launch with torchrun or srun"
+            )
+    rank_name = next((name for name in RANK_VARIABLES if name in environ), None)
+    size_name = next((name for name in WORLD_SIZE_VARIABLES if name in environ), None)
+    if rank_name and size_name and int(environ[rank_name]) >= int(environ[size_name]):
+        size = int(environ[size_name])
+        return (
+            f"{rank_name}={environ[rank_name].strip()} is not below {size_name}={size} (the ranks of {size} "
+            f"process(es) are 0..{size - 1}); launch with torchrun or srun, which number them, or fix the variables"
+        )
+    return None
 
 
 def first_slurm_host(nodelist: str) -> str:

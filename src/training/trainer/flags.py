@@ -27,7 +27,9 @@ _SAME_AS_FLAG = object()  # field_default not given: the dataclass default is th
 # What a flag's value fixes that a resumed run must keep (training.trainer.launch.resume checks them):
 SAMPLE_ORDER = "sample_order"  # with the world size, which samples each batch of an epoch holds
 MODEL_SHAPE = "model_shape"  # the shapes of the weights
-RESUME_ROLES = (SAMPLE_ORDER, MODEL_SHAPE)
+# How this launch runs, not what it trains (timeouts, the rendezvous, the logging cadence): free to change on resume.
+LAUNCH_SETTING = "launch_setting"
+RESUME_ROLES = (SAMPLE_ORDER, MODEL_SHAPE, LAUNCH_SETTING)
 
 
 class ConfigError(ValueError):
@@ -141,7 +143,8 @@ def flag(
     type). `name` defaults to `--<field name with dashes>`; `group` to the class's `FLAG_GROUP`; `convert`
     turns the parsed value into the field's value. `field_default` is the dataclass's default when it
     differs from the flag's (dataclasses.MISSING: the field is required when the class is built in code).
-    `resume` says what the value fixes that a resumed run must keep (SAMPLE_ORDER or MODEL_SHAPE)."""
+    `resume` says what the value fixes that a resumed run must keep (SAMPLE_ORDER or MODEL_SHAPE), or that it is a
+    setting of the launch alone, which a resume may change unremarked (LAUNCH_SETTING)."""
     if resume not in (None, *RESUME_ROLES):
         raise TypeError(f"resume={resume!r}: choose one of {RESUME_ROLES}")
     declaration = _Declaration(default, help, name, type, choices, nargs, action, metavar, group, convert, resume)

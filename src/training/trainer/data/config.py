@@ -7,14 +7,14 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
+from ..flags import LAUNCH_SETTING, SAMPLE_ORDER, ConfigError, HelpGroup, flag, from_flag
 from .registry import AUTO, dataset_type_help, makes_its_own_samples, registered_dataset_types
 
 SKIP_REASONS = (
     "unreadable_shard",  # the shard file could not be opened or read (counted once per visit)
     "bad_tar",  # not a tar, or truncated / corrupt mid-way (counted once per visit)
     "duplicate_key",  # a sample whose key already appeared in the same shard
-    "missing_image",  # no jpg/jpeg/png/webp member
+    "missing_image",  # no jpg/jpeg/png/webp/gif member
     "bad_image",  # the image does not decode (or the transform raises on it)
     "huge_image",  # more pixels than DataConfig.max_image_pixels (checked before decoding)
     "missing_caption",  # the chosen caption field is absent
@@ -24,6 +24,8 @@ SKIP_REASONS = (
     "not_a_file",  # a csv image path names a device, FIFO or socket, not a regular file (never read)
     "oversized_image",  # an image of more bytes than DataConfig.max_image_bytes (never decoded)
     "oversized_caption",  # a caption of more bytes than DataConfig.max_caption_bytes (never tokenized)
+    "bad_path",  # a csv image path no file can have (a NUL byte in it; never looked up)
+    "bad_sample_key",  # for a loss with per-sample state: no json "key" that is an integer in [0, --data-size)
 )
 
 
@@ -97,6 +99,7 @@ class DataConfig:
         "Seconds a `pipe:` shard's command may send no data before it is ended and the shard skipped "
         "(counted as unreadable_shard, its URL logged); 0: wait forever.",
         metavar="SECONDS",
+        resume=LAUNCH_SETTING,
     )
     max_image_bytes: int = flag(
         64 * 2**20,
@@ -124,6 +127,9 @@ class DataConfig:
     family_field: str | None = None
     """The json field of each sample's family id; when set, batches carry the ids as a fifth tensor (-1: the
     sample has none). The trainer sets it for a loss that `needs_family`."""
+    sample_index_limit: int | None = None
+    """For a loss that keeps state per sample (the trainer sets it to --data-size): each sample's id must be its json
+    "key", an integer in [0, limit); a sample without one is skipped as bad_sample_key."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
 

@@ -125,11 +125,26 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str 
             image = Image.open(io.BytesIO(data))
             if image.width * image.height > max_pixels:
                 return None, "huge_image"
-            return image.convert("RGB"), None
+            return rgb_image(image), None
     except Image.DecompressionBombError:
         return None, "huge_image"
     except Exception:  # noqa: BLE001 - PIL raises many types (OSError, SyntaxError, ValueError, ...) on bad bytes
         return None, "bad_image"
+
+
+# PIL's integer and float grey modes: `convert("RGB")` clips their values at 255, so a 16-bit PNG turns white.
+WIDE_GREY_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+WIDE_GREY_MAX = 65535  # a 16-bit PNG's white; PIL opens 16-bit greys as I;16 (or I)
+
+
+def rgb_image(image: Image.Image) -> Image.Image:
+    """`image` (its first frame, for an animated one) as 8-bit RGB with the same look: 16-bit and other wide grey
+    values are scaled from 0..65535 to 0..255 (clipped outside it) instead of clipped at 255; every other mode
+    (palette, CMYK, 1-bit, with alpha) is PIL's own conversion."""
+    if image.mode not in WIDE_GREY_MODES:
+        return image.convert("RGB")
+    grey = np.asarray(image, dtype=np.float64) * (255 / WIDE_GREY_MAX)
+    return Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8), mode="L").convert("RGB")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from .config import DataError
 from .pipes import open_shard
 from .samples import NO_FAMILY, Candidate, Family, SkipCounter, decode_caption, describe_counts, stable_hash
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif")  # a gif is read as its first frame
 # Skip reasons that count shard visits cut short, not samples (the epoch log reports them apart).
 SHARD_SKIP_REASONS = ("unreadable_shard", "bad_tar")
 # Samples read per shard before any work to check that the caption and image fields exist, and the readable
@@ -156,9 +156,11 @@ def check_shard_sample(
     shard_run: tuple[int, int],
     max_image_bytes: int,
     max_caption_bytes: int,
+    sample_index_limit: int | None = None,
 ) -> tuple[str | None, Candidate | None]:
     """Training's checks of one tar sample that need no image decoding: (None, the candidate) or (the
-    skip reason, None). With several caption keys, the one read is drawn by (seed, epoch, sample)."""
+    skip reason, None). With several caption keys, the one read is drawn by (seed, epoch, sample). With
+    `sample_index_limit` (a loss's per-sample state) the id must be the json "key", an integer below it."""
     image_key = next((ext for ext in IMAGE_EXTENSIONS if ext in sample), None)
     if image_key is None:
         return "missing_image", None
@@ -167,6 +169,8 @@ def check_shard_sample(
     try:
         sample_index = sample_index_of(sample)
         family = NO_FAMILY if family_field is None else family_of(sample, family_field)
+        if sample_index_limit is not None and not usable_sample_key(json_sample_key(sample), sample_index_limit):
+            return "bad_sample_key", None
     except ValueError:
         return "bad_json", None
     field = caption_keys[0]
@@ -183,14 +187,28 @@ def sample_index_of(sample: dict) -> int:
 
     Raises ValueError when a json member is present but does not parse.
     """
-    if "json" in sample:
-        meta = json.loads(sample["json"])  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        key = meta.get("key") if isinstance(meta, dict) else None
-        if isinstance(key, str) and key.isascii() and key.isdigit():
-            key = int(key)
-        if _is_long_id(key):
-            return key
-    return stable_hash(sample["__key__"]) >> 1
+    key = json_sample_key(sample)
+    return key if key is not None else stable_hash(sample["__key__"]) >> 1
+
+
+def json_sample_key(sample: dict) -> int | None:
+    """The json "key" (an integer, or a string of digits) when it is a non-negative integer that fits a LongTensor;
+    None when there is none (no json, no key, a negative, fractional, non-numeric or too large one).
+
+    Raises ValueError when a json member is present but does not parse.
+    """
+    if "json" not in sample:
+        return None
+    meta = json.loads(sample["json"])  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    key = meta.get("key") if isinstance(meta, dict) else None
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        key = int(key)
+    return key if _is_long_id(key) else None
+
+
+def usable_sample_key(key: int | None, limit: int) -> bool:
+    """Whether a sample's key can index a per-sample state of `limit` rows (--data-size)."""
+    return key is not None and key < limit
 
 
 def family_of(sample: dict, field: str) -> Family:

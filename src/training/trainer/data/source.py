@@ -22,6 +22,7 @@ class LoaderInfo(DataInfo):
 
     num_samples: int = 0
     num_batches: int = 0
+    data_size: int | None = None  # the samples the data holds when known without reading it (sizes.json, rows)
 
 
 class DataSource(abc.ABC):
@@ -38,6 +39,8 @@ class DataSource(abc.ABC):
     """Endings of --train-data / --val-data (".tar") for which --dataset-type auto picks this source."""
     reads_data: ClassVar[bool] = True
     """False for a source that makes its own samples and needs no --train-data / --val-data."""
+    one_caption: ClassVar[bool] = False
+    """True for a source whose samples all have the same caption (a loss reading the captions learns nothing)."""
     Options: ClassVar[type] = NoOptions
     """The source's own flags (a frozen dataclass of `flag(...)` fields, e.g. csv's --csv-separator); the run's
     values reach it as `cfg.source_options`."""

@@ -204,6 +204,7 @@ class ShardStream(IterableDataset):
             shard_run=shard_run,
             max_image_bytes=self.cfg.max_image_bytes,
             max_caption_bytes=self.cfg.max_caption_bytes,
+            sample_index_limit=self.cfg.sample_index_limit,
         )
         if reason is not None:
             counter.add(reason)

@@ -289,12 +289,7 @@ class CheckpointConfig:
     def files_kept(self, total_steps: int) -> Dict[str, int]:
         """The most checkpoint files of each kind a run of `total_steps` steps keeps at once (`save_epoch`,
         `maybe_save_step`, `_save_and_prune`), for the disk it will need."""
-        epochs = range(1, self.total_epochs + 1)
-        epoch_files = sum(
-            1
-            for epoch in epochs
-            if epoch == self.total_epochs or (self.save_frequency > 0 and epoch % self.save_frequency == 0)
-        )
+        epoch_files = saved_epochs(self.total_epochs, self.save_frequency)
         step_files = total_steps // self.save_every_n_steps if self.save_every_n_steps else 0
         keep_steps = 1 if self.delete_previous else self.keep_step_checkpoints
         return {
@@ -302,6 +297,14 @@ class CheckpointConfig:
             "epoch_latest.pt": int(self.save_most_recent),
             "step_N.pt": min(step_files, keep_steps) if keep_steps else step_files,
         }
+
+
+def saved_epochs(total_epochs: int, save_frequency: int) -> int:
+    """How many of epochs 1..total_epochs end with an epoch checkpoint: each multiple of `save_frequency` (none
+    when it is <= 0) and the last; counted without visiting each epoch, so that any --epochs is sized at once."""
+    multiples = total_epochs // save_frequency if save_frequency > 0 else 0
+    last_is_a_multiple = save_frequency > 0 and total_epochs % save_frequency == 0
+    return multiples + (0 if last_is_a_multiple else 1)
 
 
 class Checkpointer:

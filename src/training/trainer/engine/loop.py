@@ -34,7 +34,7 @@ from ..data.batch import Batch
 from ..data.samples import ShardVisits, merged_shard_visits
 from ..data.shards import SHARD_SKIP_REASONS
 from ..distributed import DistributedEnv, all_gather_object, all_reduce_sum, any_rank_each, unwrap_model
-from ..flags import SAMPLE_ORDER, ConfigError, HelpGroup, flag
+from ..flags import LAUNCH_SETTING, SAMPLE_ORDER, ConfigError, HelpGroup, flag
 from ..preemption import PreemptionFlag
 from ..progress import duration_text
 from ..run_folder.logger import MetricsWriter
@@ -55,7 +55,9 @@ class TrainConfig:
 
     accum_freq: int = flag(1, "Update the model every --accum-freq steps.", resume=SAMPLE_ORDER)
     grad_clip_norm: Optional[float] = flag(None, "Gradient clip.")
-    log_every_n_steps: int = flag(100, "Log every n steps to console/metrics.jsonl/tensorboard.", group=HelpGroup.LOGS)
+    log_every_n_steps: int = flag(
+        100, "Log every n steps to console/metrics.jsonl/tensorboard.", group=HelpGroup.LOGS, resume=LAUNCH_SETTING
+    )
     max_nonfinite_steps: int = flag(10, "Skip steps whose loss is NaN/inf; stop after this many in a row.")
     skip_scheduler: bool = flag(False, "Use this flag to skip the learning rate decay.")
 

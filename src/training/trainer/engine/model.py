@@ -11,12 +11,14 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import pickle
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import open_clip
 import torch
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
+from open_clip.factory import HF_HUB_PREFIX, LOCAL_DIR_PREFIX
 from open_clip_train.params import ParseKwargs
 
 import open_clip_adacl  # noqa: F401  (registers our model configs, e.g. adacl-tiny, with open_clip)
@@ -25,6 +27,9 @@ from ..flags import MODEL_SHAPE, ConfigError, HelpGroup, OneOrSeveral, flag
 from ..run_folder.checkpoint_digest import CheckpointDamaged
 from ..run_folder.checkpoint_files import first_line, load_checkpoint
 from .precision import PRECISIONS
+
+# Models whose config and weights come from outside the code: a folder (an export) or the Hugging Face hub.
+SOURCED_MODEL_PREFIXES = (LOCAL_DIR_PREFIX, HF_HUB_PREFIX)
 
 
 def _image_size(size: Union[None, int, List[int]]) -> Union[None, int, Tuple[int, int]]:
@@ -111,7 +116,7 @@ class ModelConfig:
     model_kwargs: Dict[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
-        if self.name.startswith(("local-dir:", "hf-hub:")):
+        if self.name.startswith(SOURCED_MODEL_PREFIXES):
             return
         known = open_clip.list_models()
         if self.name not in known:
@@ -151,23 +156,67 @@ def parameter_count(cfg: ModelConfig) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
-    """The CLIP model (dict output), its train/val transforms and tokenizer; towers locked as asked."""
-    model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
-        cfg.name,
-        cfg.pretrained or None,
-        precision=cfg.precision,
-        device=device,
-        image_mean=cfg.image_mean,
-        image_std=cfg.image_std,
-        image_interpolation=cfg.image_interpolation,
-        image_resize_mode=cfg.image_resize_mode,
-        aug_cfg=cfg.aug_cfg,
-        pretrained_image=cfg.pretrained_image,
-        output_dict=True,
-        cache_dir=cfg.cache_dir,
-        **architecture_kwargs(cfg),
+def load_problem(error: Exception) -> str:
+    """The line of a model load's failure that says what is wrong: load_state_dict's first size mismatch or
+    missing key (after its header line), a pickle refused in our words (`first_line`), else the first line."""
+    if isinstance(error, pickle.UnpicklingError):
+        return first_line(error)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    detail = next(
+        (line for line in lines[1:] if line.startswith(("size mismatch", "Missing key", "Unexpected key"))),
+        lines[0] if lines else type(error).__name__,
     )
+    return f"{type(error).__name__}: {detail[:300]}"
+
+
+def model_source_problem(name: str, error: Exception) -> str:
+    """One line for a `local-dir:` or `hf-hub:` model that does not load, naming what to do about it."""
+    if name.startswith(HF_HUB_PREFIX):
+        return (
+            f"--model {name}: cannot be fetched from the Hugging Face hub or its cache ({load_problem(error)}); "
+            "connect to the network (or unset HF_HUB_OFFLINE) once to fill the cache, or pass a model folder as "
+            f"--model {LOCAL_DIR_PREFIX}DIR"
+        )
+    return (
+        f"--model {name}: the folder's model does not load ({load_problem(error)}); export it again with "
+        "python -m training.export"
+    )
+
+
+def check_model_loads(cfg: ModelConfig) -> None:
+    """A `local-dir:` or `hf-hub:` model is built once on the CPU (the dry run's check: its config and weights come
+    from outside the code); a ConfigError in one line when it cannot be."""
+    if not cfg.name.startswith(SOURCED_MODEL_PREFIXES):
+        return
+    try:
+        open_clip.create_model(cfg.name, device="cpu", cache_dir=cfg.cache_dir, **architecture_kwargs(cfg))
+    except Exception as error:  # noqa: BLE001 - the hub's, safetensors' and torch's errors, each its own type
+        raise ConfigError(model_source_problem(cfg.name, error)) from None
+
+
+def build_model(cfg: ModelConfig, device: torch.device) -> ModelBundle:
+    """The CLIP model (dict output), its train/val transforms and tokenizer; towers locked as asked. A `local-dir:`
+    or `hf-hub:` model that does not load is a ConfigError in one line (`model_source_problem`)."""
+    try:
+        model, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+            cfg.name,
+            cfg.pretrained or None,
+            precision=cfg.precision,
+            device=device,
+            image_mean=cfg.image_mean,
+            image_std=cfg.image_std,
+            image_interpolation=cfg.image_interpolation,
+            image_resize_mode=cfg.image_resize_mode,
+            aug_cfg=cfg.aug_cfg,
+            pretrained_image=cfg.pretrained_image,
+            output_dict=True,
+            cache_dir=cfg.cache_dir,
+            **architecture_kwargs(cfg),
+        )
+    except Exception as error:
+        if not cfg.name.startswith(SOURCED_MODEL_PREFIXES):
+            raise
+        raise ConfigError(model_source_problem(cfg.name, error)) from None
     if cfg.lock_image:
         # LiT: https://arxiv.org/abs/2111.07991
         model.lock_image_tower(
@@ -196,7 +245,7 @@ def check_pretrained(model_name: str, pretrained: str, cache_dir: Optional[str] 
     or state dict (open_clip's `load_checkpoint` formats) whose content digest, when it carries one, matches.
     Returns None for no pretrained weights.
     """
-    if not pretrained or model_name.startswith(("local-dir:", "hf-hub:")):
+    if not pretrained or model_name.startswith(SOURCED_MODEL_PREFIXES):
         return None
     tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if tag_cfg:

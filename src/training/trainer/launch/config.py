@@ -19,6 +19,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 from open_clip_adacl import LossOptions
+from open_clip_adacl.flag_numbers import numbers_problem
 from open_clip_adacl.losses import SampleStateOptions
 from open_clip_adacl.losses.registry import LOSSES, accepted_loss_names
 from open_clip_adacl.registry import Registry
@@ -30,11 +31,12 @@ from ..engine.loop import TrainConfig
 from ..engine.model import ModelConfig
 from ..engine.optimizer import OptimizerConfig
 from ..engine.schedule import SCHEDULES, SchedulerConfig
-from ..flags import SAMPLE_ORDER, ConfigError, Flag, HelpGroup, declared_flags, flag, from_flag
+from ..flags import LAUNCH_SETTING, SAMPLE_ORDER, ConfigError, Flag, HelpGroup, declared_flags, flag, from_flag
 from ..preemption import DEFAULT_PREEMPT_SIGNALS, parse_preempt_signals
 
 RESUME_LATEST = "latest"
 DASHBOARDS = ("tensorboard", "wandb")
+SEED_MAX = 2**32 - 1  # numpy.random.seed takes seeds in [0, 2**32 - 1]; each rank seeds with --seed + its rank
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,10 @@ class DistributedConfig:
         "Accelerator to use (the default falls back to cpu with a warning when unavailable; "
         "a device given by name that is unavailable is refused).",
     )
-    dist_url: Optional[str] = flag(None, "url used to set up distributed training")
-    dist_backend: Optional[str] = flag(None, "distributed backend (default: nccl on CUDA, gloo on CPU)")
+    dist_url: Optional[str] = flag(None, "url used to set up distributed training", resume=LAUNCH_SETTING)
+    dist_backend: Optional[str] = flag(
+        None, "distributed backend (default: nccl on CUDA, gloo on CPU)", resume=LAUNCH_SETTING
+    )
     use_bn_sync: bool = flag(False, "Whether to use batch norm sync.")
     ddp_static_graph: bool = flag(False, "Enable static graph optimization for DDP.")
     no_set_device_rank: bool = flag(False, "Don't set device index from local rank.")
@@ -140,6 +144,7 @@ class DistributedConfig:
         name="--dist-timeout",
         metavar="SECONDS",
         group=HelpGroup.CLUSTER,
+        resume=LAUNCH_SETTING,
     )
 
     def check(self) -> None:
@@ -201,6 +206,15 @@ class RunConfig:
 
     def check(self, world_size: int) -> None:
         """Each part's own checks, then those spanning parts; raises ConfigError saying what to change."""
+        for dest, value in self.recorded_args.items():
+            problem = numbers_problem(value)
+            if problem:
+                raise ConfigError(f"--{dest.replace('_', '-')} {problem}")
+        if not 0 <= self.seed <= SEED_MAX - (world_size - 1):
+            raise ConfigError(
+                f"--seed must be in [0, {SEED_MAX - (world_size - 1)}], got {self.seed}: each of the {world_size} "
+                f"rank(s) seeds numpy with --seed + its rank, and numpy takes seeds in [0, 2**32 - 1]"
+            )
         if self.epochs < 1:
             raise ConfigError(
                 f"--epochs must be >= 1, got {self.epochs}: such a run trains nothing (to evaluate a "
@@ -231,10 +245,7 @@ class RunConfig:
         ):
             if given and self.resume is None:
                 raise ConfigError(f"{flag_name} only applies when resuming; add --resume latest or --resume PATH")
-        options = self.loss.options
-        data_size = (
-            options.data_size if isinstance(options, SampleStateOptions) and options.keeps_sample_state else None
-        )
+        data_size = sample_state_rows(self.loss.options)
         train_num_samples = self.data.train_num_samples
         if data_size is not None and train_num_samples is not None and data_size < train_num_samples:
             raise ConfigError(
@@ -242,6 +253,11 @@ class RunConfig:
                 f"per-sample state indexed by sample_index, so set --data-size to at least the number of samples "
                 f"in the training set"
             )
+
+
+def sample_state_rows(options: LossOptions) -> Optional[int]:
+    """The rows of the loss's per-sample state (--data-size) when its options keep one, else None."""
+    return options.data_size if isinstance(options, SampleStateOptions) and options.keeps_sample_state else None
 
 
 # The order of the flags within each --help section.

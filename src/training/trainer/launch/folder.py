@@ -4,6 +4,7 @@ earlier launch's files aside, params.txt and the loss's journals (their names: `
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from ..run_folder.checkpoint_files import (
 from ..run_folder.layout import ARGS_NAME, CHECKPOINT_DIR_NAME, LOG_NAME, PARAMS_NAME, RunDir
 from ..run_folder.lock import LOCK_NAME, RunInUse, RunLock
 from ..run_folder.rewind import checkpoint_files, set_aside_earlier_launch
-from ..run_folder.safe_write import RunFiles, cause_of
+from ..run_folder.safe_write import RunFiles, cause_of, free_inodes, no_inodes_text
 from .config import RESUME_LATEST, RunConfig
 from .params import dumped_args
 
@@ -59,7 +60,6 @@ def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
     if env.is_master and paths.run_dir is not None:
         try:
             lock.acquire(paths.run_dir)
-            remove_stale_temporary_files([paths.run_dir, paths.checkpoint_dir])
         except RunInUse as error:
             problem = str(error)
         except OSError as error:
@@ -67,6 +67,15 @@ def hold_run_dir(lock: RunLock, paths: RunPaths, env: DistributedEnv) -> None:
                 f"cannot write the run's lock {os.path.join(paths.run_dir, LOCK_NAME)} ({cause_of(error)}): "
                 "a run writes into its folder; make it writable, or choose another --logs or --name"
             )
+        else:
+            try:
+                remove_stale_temporary_files([paths.run_dir, paths.checkpoint_dir])
+            except OSError as error:  # the lock was written: the folder holding the leftover is the one refusing
+                problem = (
+                    f"cannot remove {error.filename or 'a temporary file'} that a cut write left ({cause_of(error)}): "
+                    "the run writes its checkpoints beside it; make that folder writable, or choose another --logs "
+                    "or --name"
+                )
     problem = broadcast_object(problem, env)
     if problem:
         raise ConfigError(problem)
@@ -124,8 +133,9 @@ def cannot_create(directory: str) -> Optional[str]:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:
         return (
-            f"cannot create {directory} ({error.strerror}: {error.filename}); choose another --logs or "
-            "--name, or fix the path"
+            f"cannot create {directory} ({error.strerror}: {error.filename}"
+            + (f"; {no_inodes_text(directory)}" if error.errno == errno.ENOSPC and free_inodes(directory) == 0 else "")
+            + "); choose another --logs or --name, or fix the path"
         )
     return None
 

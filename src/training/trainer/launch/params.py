@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shlex
 import sys
 from types import MappingProxyType
@@ -39,7 +40,7 @@ from open_clip_adacl.losses.siglip import SIGLIP_INIT_LOGIT_BIAS, SIGLIP_INIT_LO
 
 from ..data.registry import resolve_dataset_type
 from ..data.source import get_data_source
-from ..distributed import resolved_device_type, unavailable_device
+from ..distributed import launch_environment_problem, resolved_device_type, unavailable_device
 from ..engine.precision import resolve_precision
 from ..engine.schedule import SCHEDULES
 from ..flags import ConfigError, HelpGroup, config_from_args
@@ -363,7 +364,11 @@ def argv_from_values(values: Mapping[str, Any], skip_defaults: bool = False) -> 
 
 
 def world_size_from_env() -> int:
-    """The world size torchrun or SLURM announce (1 when launched plainly); reads the environment only."""
+    """The world size torchrun or SLURM announce (1 when launched plainly); reads the environment only, and
+    refuses launcher variables that cannot start the run (`launch_environment_problem`) in one line."""
+    problem = launch_environment_problem(os.environ)
+    if problem:
+        raise ConfigError(problem)
     return world_info_from_env()[2] if is_using_distributed() else 1
 
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..data import DataPosition, global_batch
 from ..distributed import DistributedEnv, any_rank, barrier, broadcast_object
 from ..engine.checkpoint import TrainState, is_per_rank, plain_args
-from ..flags import MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
+from ..flags import LAUNCH_SETTING, MODEL_SHAPE, SAMPLE_ORDER, ConfigError, flags_fixing
 from ..run_folder.checkpoint_files import (
     checkpoint_candidates,
     first_line,
@@ -264,8 +264,15 @@ LAUNCH_ARGS = (
 
 def run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
     """Every recorded argument whose value differs (a checkpoint that recorded none: none), RUN_CHANGING_ARGS first,
-    but those `check_resume` rules on (architecture, sample order) and this launch's own decisions (LAUNCH_ARGS)."""
-    ruled = {*flags_fixing(run_flags(), MODEL_SHAPE), *flags_fixing(run_flags(), SAMPLE_ORDER), *LAUNCH_ARGS}
+    but those `check_resume` rules on (architecture, sample order), this launch's own decisions (LAUNCH_ARGS) and
+    the settings of how a launch runs (flags declared LAUNCH_SETTING: a timeout, the logging cadence)."""
+    flags = run_flags()
+    ruled = {
+        *flags_fixing(flags, MODEL_SHAPE),
+        *flags_fixing(flags, SAMPLE_ORDER),
+        *flags_fixing(flags, LAUNCH_SETTING),
+    }
+    ruled.update(LAUNCH_ARGS)
     names = [*RUN_CHANGING_ARGS, *sorted(set(old) - set(RUN_CHANGING_ARGS))]  # the explained ones first
     return {
         name: (old[name], new.get(name))

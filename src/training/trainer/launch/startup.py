@@ -11,7 +11,16 @@ from typing import List, Optional
 
 import torchvision
 
-from ..data import build_train_data, build_val_data, check_data_fields, samples_per_step
+from open_clip_adacl.flag_numbers import INT64_MAX
+
+from ..data import (
+    build_train_data,
+    build_val_data,
+    check_data_fields,
+    get_data_source,
+    resolve_dataset_type,
+    samples_per_step,
+)
 from ..distributed import resolved_device_type
 from ..engine.model import ModelConfig, check_pretrained, parameter_count
 from ..engine.validation import imagenet_folder
@@ -60,6 +69,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         check_pretrained(cfg.model.name, cfg.model.pretrained, cfg.model.cache_dir)
     except ValueError as error:
         raise ConfigError(f"--pretrained {cfg.model.pretrained}: {error}") from error
+    half_weights = half_weights_on_cpu(cfg)
+    if half_weights:
+        raise ConfigError(half_weights)
     imagenet = None
     if cfg.validation.imagenet_val and cfg.validation.zeroshot_frequency:
         try:
@@ -67,6 +79,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         except ValueError as error:
             raise ConfigError(f"--imagenet-val: {error}") from error
     total_steps = steps_per_epoch * cfg.epochs
+    if total_steps > INT64_MAX:
+        raise ConfigError(
+            f"--epochs {cfg.epochs} x {steps_per_epoch} steps per epoch = {total_steps} steps, more than a 64-bit "
+            "step counter holds (2**63 - 1); lower --epochs or --train-num-samples"
+        )
     batch_size = cfg.data.batch_size
     text = (
         f"--model {cfg.model.name} --loss {cfg.loss.name}; {world_size} rank(s) x "
@@ -82,7 +99,11 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
             f"reaches --lr {cfg.schedule.lr}; lower --warmup (OpenCLIP's recipes warm up for a few % of "
             "the steps)"
         )
-    warnings += [warning for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg)) if warning]
+    warnings += [
+        warning
+        for warning in (amp_on_cpu_warning(cfg), unnamed_resume_warning(cfg), epoch_beyond_data_warning(cfg, data))
+        if warning
+    ]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
 
 
@@ -129,6 +150,50 @@ def amp_on_cpu_warning(cfg: RunConfig) -> Optional[str]:
     return (
         f"--precision {cfg.model.precision} on the CPU: autocast trains slower there than fp32 (3x for "
         "adacl-tiny on 2 cores); drop --precision (fp32 is the CPU's default) unless you are testing it"
+    )
+
+
+def epoch_beyond_data_warning(cfg: RunConfig, data) -> Optional[str]:
+    """--train-num-samples above the samples the training data holds (when known: sizes.json, a csv's rows): an
+    epoch then shows each sample several times, which a user who meant "one pass" would not guess."""
+    wanted, held = cfg.data.train_num_samples, data.data_size
+    if wanted is None or not held or wanted <= held:
+        return None
+    return (
+        f"--train-num-samples {wanted} is more than the {held} samples of --train-data: an epoch shows each sample "
+        f"about {wanted / held:.3g} times; lower it to {held} for one pass per epoch"
+    )
+
+
+def loss_input_warnings(cfg: RunConfig, loss_fn) -> List[str]:
+    """A loss that reads the captions' token ids (a token discovery) on data whose samples share one caption: every
+    pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    if not loss_fn.reads_text_tokens():
+        return []
+    source = get_data_source(resolve_dataset_type(cfg.data.dataset_type, cfg.data.train_data))
+    if not source.one_caption:
+        return []
+    return [
+        f"--loss {cfg.loss.name} reads the captions' token ids, and --dataset-type {cfg.data.dataset_type} gives "
+        "every sample the same caption: its discovery can tell no pair apart and flags nothing; train on data with "
+        "captions, or choose a discovery that reads the embeddings"
+    ]
+
+
+# Precisions that keep the weights, and so AdamW's moments, in float16 (OpenCLIP's fp16 and pure_fp16).
+HALF_WEIGHT_PRECISIONS = ("fp16", "pure_fp16")
+
+
+def half_weights_on_cpu(cfg: RunConfig) -> Optional[str]:
+    """--precision fp16 or pure_fp16 on a run that lands on the CPU: float16 weights and optimizer moments, where
+    AdamW's squared gradients underflow to zero and its first update overflows; the CPU has no float16 speed to win
+    that for (on an accelerator OpenCLIP's default, amp, keeps fp32 weights with a gradient scaler)."""
+    if cfg.model.precision not in HALF_WEIGHT_PRECISIONS or resolved_device_type(cfg.distributed.device) != "cpu":
+        return None
+    return (
+        f"--precision {cfg.model.precision} on the CPU keeps the weights and AdamW's moments in float16, where squared "
+        "gradients underflow to zero and the first update overflows (adacl-tiny's loss is NaN from step 2 on); "
+        "drop --precision (fp32, the CPU's default) or pass --precision bf16"
     )
 
 

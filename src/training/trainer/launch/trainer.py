@@ -43,7 +43,7 @@ from ..distributed import (
 )
 from ..engine.checkpoint import Checkpointer, TrainState, run_components
 from ..engine.loop import EpochLoop, NonFiniteLossError, train_one_epoch
-from ..engine.model import ModelBundle, build_model, open_clip_model_config, preprocess_config
+from ..engine.model import ModelBundle, build_model, check_model_loads, open_clip_model_config, preprocess_config
 from ..engine.optimizer import build_optimizer
 from ..engine.precision import build_precision
 from ..engine.schedule import build_scheduler
@@ -63,7 +63,7 @@ from ..run_folder.logger import MetricsWriter, WandbConfig, setup_logging
 from ..run_folder.margins import write_margins_plot
 from ..run_folder.safe_write import RunFiles
 from . import params
-from .config import RESUME_LATEST, LossConfig, RunConfig
+from .config import RESUME_LATEST, LossConfig, RunConfig, sample_state_rows
 from .folder import (
     LossJournals,
     RunPaths,
@@ -78,7 +78,14 @@ from .folder import (
     write_params,
 )
 from .resume import dry_run_changes, resume_or_start_over
-from .startup import StartupPlan, check_startup, plan_line, quiet_parameter_count, resume_note
+from .startup import (
+    StartupPlan,
+    check_startup,
+    loss_input_warnings,
+    plan_line,
+    quiet_parameter_count,
+    resume_note,
+)
 
 # The plots a loss may ask for (`Loss.plots`), by name: rank 0 redraws each into the run folder at every epoch end.
 PLOTS: Dict[str, Callable[[str], object]] = {"margins": write_margins_plot}
@@ -160,6 +167,7 @@ class Trainer:
             configure_torch(env.device)
             seed_everything(cfg.seed + env.rank)  # this rank's random stream (OpenCLIP's seeding)
             loss_fn = build_loss(cfg.loss, env)  # first, so that a bad loss option fails before anything is written
+            plan.warnings += loss_input_warnings(cfg, loss_fn)
             with PreemptionFlag().watching(cfg.preempt_signals) as preemption, RunLock() as lock:
                 return self._train(self._build(lock, env, plan, loss_fn, preemption))
         finally:
@@ -168,6 +176,8 @@ class Trainer:
     def _dry_run(self, plan: StartupPlan, world_size: int) -> None:
         cfg = self.cfg
         loss_fn = build_loss(cfg.loss, DistributedEnv(world_size=world_size))  # the loss's own checks of its setup
+        plan.warnings += loss_input_warnings(cfg, loss_fn)
+        check_model_loads(cfg.model)
         # Only a named run can collide (the default name is the start time); the run checks every rank's log.
         if cfg.logging.name is not None and cfg.logging.logs is not None:
             run_dir = os.path.join(cfg.logging.logs, cfg.logging.name)
@@ -194,14 +204,20 @@ class Trainer:
             raise
         unwritten = loop.metrics.close()
         checkpointer, state = loop.checkpointer, loop.state
-        last_checkpoint = str(checkpointer.last_saved) if checkpointer and checkpointer.last_saved else None
+        # A launch that trained nothing (the run was finished) names the checkpoint it resumed as the last one.
+        last_checkpoint = str(checkpointer.last_good) if checkpointer and checkpointer.last_good else None
         summary = RunSummary(
             parts.paths.run_dir, state.position.epoch, state.step, final_loss, last_checkpoint, unwritten
         )
-        loss_text = f"{final_loss:.4f}" if final_loss is not None else "n/a (no epoch left to train)"
         not_written = f"; {len(unwritten)} record file(s) NOT fully written (NOT WRITTEN above)" if unwritten else ""
+        if final_loss is None:
+            logging.info(
+                f"Nothing to train: the run was already finished (all {summary.epoch} epochs, {summary.step} steps); "
+                f"its last checkpoint is {summary.checkpoint}{not_written}; raise --epochs to train it further"
+            )
+            return summary
         logging.info(
-            f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {loss_text}, "
+            f"Done: {summary.epoch} epochs, {summary.step} steps, final epoch loss {final_loss:.4f}, "
             f"last checkpoint {summary.checkpoint}{not_written}"
         )
         return summary
@@ -239,6 +255,7 @@ class Trainer:
             epoch=position.epoch,
             skip_batches=position.batches_in_epoch,
             family_field=loss_fn.family_field() if loss_fn.reads_family() else None,
+            sample_index_limit=sample_state_rows(cfg.loss.options),
         )
         val_data = build_val_data_if_needed(cfg.data, bundle, env)
         imagenet = plan.imagenet if env.is_master else None  # rank 0 evaluates, as in OpenCLIP
@@ -535,15 +552,18 @@ def build_data(
     epoch: int,
     skip_batches: int,
     family_field: Optional[str] = None,
+    sample_index_limit: Optional[int] = None,
 ):
     """The training stream for this rank (the shards were checked by `check_startup`); with `family_field`
-    (a loss that `reads_family()`) its batches carry each sample's family ids read from that json field."""
+    (a loss that `reads_family()`) its batches carry each sample's family ids read from that json field; with
+    `sample_index_limit` (a loss's per-sample state) a sample whose id cannot index that state is skipped."""
     cfg = replace(
         cfg,
         rank=env.rank,
         world_size=env.world_size,
         skip_batches=skip_batches,
         family_field=family_field,
+        sample_index_limit=sample_index_limit,
     )
     try:
         data = build_train_data(cfg, bundle.preprocess_train, bundle.tokenizer, epoch=epoch)

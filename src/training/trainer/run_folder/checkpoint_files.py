@@ -19,7 +19,7 @@ import torch
 
 from .checkpoint_digest import verify_digest
 from .layout import CHECKPOINT_FILE_NAME
-from .safe_write import ErrorRecordingFile
+from .safe_write import ErrorRecordingFile, free_inodes, no_inodes_text
 
 # The temporary files of `atomic_file`: ".<target>.<mkstemp's 8 characters>.tmp".
 TEMPORARY_FILE_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
@@ -228,6 +228,11 @@ def check_checkpoint_space(checkpoint_dir: os.PathLike, needed_bytes: int) -> No
     if not existing.is_dir():
         raise ValueError(
             f"checkpoints go to {target}, but {existing} is a file, not a folder; choose another --logs or --name"
+        )
+    if free_inodes(existing) == 0:
+        raise ValueError(
+            f"checkpoints go to {target}, but its file system has {no_inodes_text(existing)}; delete files there "
+            "or choose another --logs"
         )
     try:  # writing is the only reliable test (os.access says yes to root on a read-only mount's files)
         with tempfile.TemporaryFile(dir=existing):

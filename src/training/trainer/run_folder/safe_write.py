@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -31,13 +32,51 @@ _CAUSES = {
 }
 
 
+def free_inodes(path: str | os.PathLike) -> int | None:
+    """The files that can still be created on the file system holding `path` (or its nearest existing folder); None
+    where it does not count them (it reports no inodes at all, as btrfs does) or cannot be asked."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        stats = os.statvfs(existing)
+    except OSError:
+        return None
+    return stats.f_favail if stats.f_files else None
+
+
+def no_inodes_text(path: str | os.PathLike) -> str:
+    """What a full disk is when its bytes are not: "no free inodes (X MB free, but no file can be created)"."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return f"no free inodes ({shutil.disk_usage(existing).free / 1e6:.0f} MB free, but no file can be created there)"
+
+
 def cause_of(error: BaseException) -> str:
     """Why a write failed, in words first: "disk full ([Errno 28] No space left on device)", "permission
-    denied (...)"; another error by its type and first line."""
+    denied (...)", "no free inodes (...)" when a full disk has bytes left; another error by its type and first
+    line."""
+    if (
+        isinstance(error, OSError)
+        and error.errno == errno.ENOSPC
+        and error.filename
+        and free_inodes(error.filename) == 0
+    ):
+        return f"{no_inodes_text(error.filename)} ([Errno {error.errno}] {error.strerror})"
     if isinstance(error, OSError) and error.errno in _CAUSES:
         return f"{_CAUSES[error.errno]} ([Errno {error.errno}] {error.strerror})"
     text = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def write_failure(error: BaseException, folder: str | os.PathLike) -> str | None:
+    """A tool's write into `folder` that failed for a cause of the disk or its permissions (`cause_of`), in one
+    line naming the file (or the folder, when the error does not): what a command prints instead of a traceback.
+    None for any other error (a bug to show in full)."""
+    if not isinstance(error, OSError) or error.errno not in _CAUSES:
+        return None
+    return f"could not write {error.filename or f'into {folder}'} ({cause_of(error)})"
 
 
 class RunFiles:

@@ -558,6 +558,48 @@ def test_a_run_folder_that_takes_no_lock_file_is_one_error_line(demo_shards, bas
         main(argv(demo_shards, tmp_path, "locked", "--resume", "latest"))
 
 
+def test_a_cut_writes_leftover_in_a_folder_that_refuses_removal_is_named_as_that_folders_problem(
+    demo_shards, base_run, tmp_path, monkeypatch
+):
+    """checkpoints/ read-only (here: removing in it fails with EROFS; tests/fault_table.py mounts one) while it holds
+    a killed save's temporary file: the line names that file and the read-only file system, not the run's lock."""
+    run_dir = tmp_path / "read-only"
+    shutil.copytree(base_run, run_dir)
+    leftover = run_dir / "checkpoints" / ".step_5.pt.abcd1234.tmp"
+    leftover.write_bytes(b"cut")
+    real_unlink = Path.unlink
+
+    def read_only_unlink(path, *args, **kwargs):
+        if path.parent == leftover.parent:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only_unlink)
+    with pytest.raises(
+        ConfigError,
+        match=rf"^cannot remove {leftover} that a cut write left \(read-only file system \(\[Errno 30\] "
+        r"Read-only file system\)\): the run writes its checkpoints beside it; make that folder writable",
+    ):
+        main(argv(demo_shards, tmp_path, "read-only", "--resume", "latest"))
+
+
+def test_a_file_system_out_of_inodes_is_named_so_at_the_start_and_at_a_failed_write(demo_shards, tmp_path, monkeypatch):
+    """Bytes free but no inode left (the statvfs of every folder says so here; tests/fault_table.py mounts such a
+    tmpfs): the start-up check and a failed write's cause say "no free inodes", not "disk full"."""
+    real_statvfs = os.statvfs
+
+    def no_inodes(path):
+        stats = list(real_statvfs(path))
+        stats[5], stats[6], stats[7] = 16, 0, 0  # f_files, f_ffree, f_favail
+        return os.statvfs_result(stats)
+
+    monkeypatch.setattr(os, "statvfs", no_inodes)
+    with pytest.raises(ConfigError, match=r"but its file system has no free inodes \(\d+ MB free, but no file can be "):
+        main(argv(demo_shards, tmp_path, "no-inodes", "--dry-run"))
+    cause = safe_write.cause_of(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl")))
+    assert re.match(r"^no free inodes \(\d+ MB free, but no file can be created there\) \(\[Errno 28\]", cause)
+
+
 def test_a_name_outside_logs_is_warned_about_and_an_empty_name_refused(demo_shards, tmp_path, capsys):
     logs = tmp_path / "logs"
     assert main(argv(demo_shards, logs, "../outside", "--dry-run")) is None

@@ -78,7 +78,9 @@ class CsvFile(DataSource):
             start_epoch=epoch,
             batches_per_reader=num_batches // num_readers,
         )
-        return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info = stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info.data_size = len(rows)
+        return info
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         rows = read_csv_rows(cfg.val_data, self.options(cfg), "val_data (--val-data)")
@@ -170,12 +172,29 @@ def _rows(path: str, options: CsvFile.Options, data_flag: str) -> tuple[CsvRow, 
                 f"with --csv-separator {options.csv_separator!r}; pass the flags naming its columns"
             )
         image_column, caption_column = header.index(options.csv_img_key), header.index(options.csv_caption_key)
-        return tuple(
-            CsvRow(
-                row[image_column] if len(row) > image_column else None,
-                row[caption_column] if len(row) > caption_column else None,
+        rows = []
+        first_line = reader.line_num + 1
+        for row in reader:
+            check_row_lines(row, first_line, reader.line_num, options.csv_separator, path, data_flag)
+            rows.append(
+                CsvRow(
+                    row[image_column] if len(row) > image_column else None,
+                    row[caption_column] if len(row) > caption_column else None,
+                )
             )
-            for row in reader
+            first_line = reader.line_num + 1
+        return tuple(rows)
+
+
+def check_row_lines(row: list[str], first_line: int, last_line: int, separator: str, path: str, data_flag: str) -> None:
+    """A row read from several lines is a quoted field with line breaks; one whose field also holds the separator
+    swallowed whole rows after it (an unbalanced quote): a ValueError naming the lines, instead of an epoch
+    silently made of fewer rows than the file has lines."""
+    if last_line > first_line and any("\n" in field and separator in field for field in row):
+        raise ValueError(
+            f'{data_flag}: {path}: the row on line {first_line} runs to line {last_line}: a quote (") in it opens a '
+            f"field that swallows the {last_line - first_line} lines after it, whose rows would be lost; close or "
+            "remove that quote"
         )
 
 
@@ -291,7 +310,10 @@ def read_image_file(path: str, max_bytes: int) -> tuple[str | None, bytes]:
     missing, unreadable or a directory, not_a_file for a device, FIFO or socket (never opened, as opening some
     devices acts; the file opened is checked again, without waiting for a FIFO's writer, should the path have
     changed meanwhile), oversized_image for a file of more than `max_bytes` bytes (at most one byte more is
-    read, so a file that grows while it is read is caught too)."""
+    read, so a file that grows while it is read is caught too), bad_path for a path no file can have (a NUL byte,
+    which the OS cannot take)."""
+    if "\0" in path:
+        return "bad_path", b""
     try:
         reason = _file_kind_reason(os.stat(path).st_mode)
         if reason is not None:

@@ -26,6 +26,7 @@ _PASS_IMAGE_SIZE = (224, 224)  # an ordered pass has no transform to size its im
 class Synthetic(DataSource):
     description = "random-noise images with a dummy caption, --train-num-samples of them (a smoke test)"
     reads_data = False
+    one_caption = True  # OpenCLIP's dummy caption
 
     def train_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable, epoch: int) -> LoaderInfo:
         dataset = SyntheticDataset(preprocess, _num_samples(cfg.train_num_samples), cfg.seed)

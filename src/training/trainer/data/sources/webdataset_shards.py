@@ -57,7 +57,9 @@ class WebdatasetShards(DataSource):
             batches_per_reader=num_batches // num_readers,
             shuffle_size=shuffle_size,
         )
-        return stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info = stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
+        info.data_size = dataset_size
+        return info
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
         urls, _ = expand_urls(cfg.val_data)
