@@ -223,21 +223,27 @@ def markdown_table(rows: Sequence[dict], device: str = "cpu") -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from training.trainer.launch.tool_flags import add_trainer_flags
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 4096], help="global batch sizes N")
     parser.add_argument("--dim", type=int, default=512, help="feature width D")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per case (median reported)")
     parser.add_argument("--losses", nargs="+", metavar="CASE", help="measure only these cases beside ClipLoss")
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="cpu: the GPU's code path forced on the CPU; cuda: the device's own path, with peak memory",
+    add_trainer_flags(
+        parser,
+        ("device",),
+        defaults={"device": "cpu"},
+        notes={
+            "device": "Here: cpu (the GPU's code path forced on the CPU) or cuda (the device's own, with peak memory)."
+        },
     )
     parser.add_argument("--output", help="also write the report to this file")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.dim < 1 or min(args.sizes) < 3:
         parser.error("--repeats and --dim must be at least 1 and every --sizes value at least 3")
+    if args.device not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device}: choose cpu or cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; measure the GPU's path on the CPU with --device cpu")
     known = {case.name for case in loss_cases()}

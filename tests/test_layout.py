@@ -423,6 +423,7 @@ def test_scripts_holds_the_benchmarks_and_launchers_only():
     """A study's driver is a module of the lab, studies/ (docs/architecture.md); scripts/ keeps the speed and memory
     benchmarks, the demo, the glyph data's installer, the launch recipes and the test runner."""
     scripts = SRC.parent / "scripts"
-    kept = {"demo.sh", "glyph_data.sh", "gpu_bench.sh", "launch", "setup_env.sh", "test.sh"}
+    # step_costs.py: the counter of ops, host waits and N x N passes that bench_costs.py and a test share
+    kept = {"demo.sh", "glyph_data.sh", "gpu_bench.sh", "launch", "setup_env.sh", "step_costs.py", "test.sh"}
     listed = {path.name for path in scripts.iterdir() if path.name != "__pycache__"}
     assert sorted(name for name in listed - kept if not (name.startswith("bench_") and name.endswith(".py"))) == []

@@ -28,12 +28,26 @@ class CountingClip(ContrastiveLoss):
         self.epoch.fill_(epoch)
 
     def forward(
-        self, image_features, text_features, logit_scale, logit_bias=None, *, sample_index=None, output_dict=False
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        logit_bias=None,
+        *,
+        sample_index=None,
+        output_dict=False,
+        **inputs,  # what a caller passes every registered loss (family, text tokens): clip's to read or ignore
     ):
         self.num_calls += 1
         self.index_sum += sample_index.double().sum()
         return super().forward(
-            image_features, text_features, logit_scale, logit_bias, sample_index=sample_index, output_dict=output_dict
+            image_features,
+            text_features,
+            logit_scale,
+            logit_bias,
+            sample_index=sample_index,
+            output_dict=output_dict,
+            **inputs,
         )
 
 

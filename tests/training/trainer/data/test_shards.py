@@ -184,7 +184,7 @@ def test_the_startup_check_skips_a_stalled_pipe_shard_and_probes_past_a_first_sh
     with pytest.raises(
         ValueError,
         match=r"^none of the first 64 samples of --train-data has an image field "
-        r"\(jpg, jpeg, png, webp\) \(in any of its first 2 readable shards\); their "
+        r"\(jpg, jpeg, png, webp, gif\) \(in any of its first 2 readable shards\); their "
         r"fields are \['txt'\]",
     ):
         check_sample_fields(
