@@ -127,7 +127,7 @@ def glyphs_finetune_gold_long_16fam() -> Dict[str, Any]:
     return {**glyphs_finetune_gold_long(), "batch_size": 128}
 
 
-# The loss table's finding tested where it could fail (studies.controls, docs/preregistration_controls.md): the
+# The loss table's finding tested where it could fail (studies.robustness, docs/preregistration_robustness.md): the
 # frozen cell with its batches drawn at random, and with weak captions.
 @recipe("glyphs-finetune-gold-long-16fam-random")
 def glyphs_finetune_gold_long_16fam_random() -> Dict[str, Any]:
