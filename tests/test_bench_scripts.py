@@ -56,6 +56,7 @@ def test_gpu_bench_refuses_unexpected_arguments_in_one_line():
     ]
 
 
+@pytest.mark.slow
 def test_combining_files_that_are_not_benchmark_output_is_one_line(tmp_path):
     (tmp_path / "step.json").write_text("{}")
     result = subprocess.run(
@@ -133,6 +134,7 @@ def test_bench_loss_measures_each_cases_peak_memory_in_one_process_and_per_rank(
         assert printed in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_loss_refuses_ranks_it_cannot_measure_in_one_line():
     for extra in (["--ranks", "2"], ["--memory", "--ranks", "3"], ["--memory", "--ranks", "2", "--device", "cuda"]):
         result = subprocess.run(

@@ -244,6 +244,7 @@ def test_no_retired_record_name_is_left_in_src():
 
 # (`python -m studies.comparison` runs in the loss comparison's job tests, every job being such a process, and
 # `python -m training.discover` in its own tests.) The lab's commands run from the repository root, as its docs say.
+@pytest.mark.slow
 @pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.evaluation", "studies", "studies.glyphs"])
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
@@ -280,6 +281,7 @@ def test_no_tool_declares_a_flag_of_the_trainer_again():
     assert repeated == []
 
 
+@pytest.mark.slow
 def test_training_exports_its_public_face_from_the_layers_that_define_it():
     """`from training import Trainer, RunConfig, RunDir, ...` gives the defining layer's object, in a fresh
     process (no import circle: each name imports only its own layer and those below)."""

@@ -67,12 +67,14 @@ def trained_run(demo_shards, module_tmp):
     return summary, logs / "run", sorted(path.name for path in cwd.iterdir())
 
 
+@pytest.mark.slow
 def test_training_writes_only_under_logs(trained_run):
     summary, run_dir, left_in_cwd = trained_run
     assert left_in_cwd == []
     assert Path(summary.checkpoint).parent == run_dir / "checkpoints"
 
 
+@pytest.mark.slow
 def test_export_evaluation_discovery_and_margins_write_only_where_named(trained_run, demo_shards, tmp_path, empty_cwd):
     summary, run_dir, _ = trained_run
     out = tmp_path / "out"

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 from typing import List, Sequence
 
+import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +131,7 @@ def resolve_offline(
     )
 
 
+@pytest.mark.slow
 def test_requirements_txt_keeps_the_torch_the_environment_has(tmp_path):
     # The environment holds another torch and its torchvision than constraints.txt pins (a cluster's stack).
     other_stack = tmp_path / "site"
@@ -173,6 +175,7 @@ def training_extra() -> List[Requirement]:
     return [Requirement(text) for text in setup_value("EXTRAS_REQUIRE")["training"]]
 
 
+@pytest.mark.slow
 def test_the_library_requires_only_what_it_imports_and_the_trainer_its_extra():
     """`pip install open_clip_adacl` brings the loss library (torch and the open_clip it extends); the trainer's
     own dependencies are its [training] extra, as OpenCLIP keeps open_clip_train's, and `import open_clip_adacl`
@@ -262,6 +265,7 @@ def run_without(tool, package):
     )
 
 
+@pytest.mark.slow
 def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
     result = run_without("training.evaluation", "clip_benchmark")
     assert (result.returncode, result.stdout) == (2, ""), result.stderr[-2000:]
@@ -273,6 +277,7 @@ def test_evaluation_without_its_extra_is_one_line_naming_the_extra():
     assert '"adacl-evaluate=training.evaluation.__main__:cli"' in (ROOT / "setup.py").read_text()
 
 
+@pytest.mark.slow
 def test_the_trainer_without_its_extra_is_one_line_naming_the_extra():
     package = "webdataset"
     result = run_without("training.main", package)

@@ -3,6 +3,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO, TESTS
 
 pytest_plugins = ["pytester"]
@@ -25,6 +27,7 @@ def record(tmp_path, shared, name):
 """
 
 
+@pytest.mark.slow
 def test_passing_tests_leave_no_folder_and_a_failing_one_keeps_its_own(pytester):
     pytester.makeini((REPO / "pytest.ini").read_text().replace("pythonpath = tests", f"pythonpath = {TESTS}"))
     pytester.makeconftest((TESTS / "conftest.py").read_text())

@@ -166,6 +166,7 @@ def _all_scores(rank: int, world_size: int):
     return {(name, direction): clone_scores(inputs, name, direction) for name in SIGNALS for direction in DIRECTIONS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_signal_on_ranks_matches_one_process(world_size):
     whole = _all_scores(0, 1)

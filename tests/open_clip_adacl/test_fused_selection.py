@@ -82,6 +82,7 @@ def test_fused_selections_are_bit_identical_to_eager(anchor_stat, region, path, 
     assert not fused._failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])  # float16 takes bfloat16's path
 def test_fused_selections_are_bit_identical_in_every_dtype(dtype, path, monkeypatch):
     for case, logits in enumerate(_random_cases()[:2]):
@@ -212,6 +213,7 @@ def test_auto_keeps_the_eager_passes_where_nothing_compiles(fresh_decisions):
     assert fused.decisions()[0]["fused_ms"] is None and fused.decisions()[0]["choice"] == "eager"
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_eager_passes_run_after_one_log_line(tmp_path):
     # A fresh process with no C++ compiler and an empty compile cache: the selection falls back.
     script = textwrap.dedent("""
@@ -270,7 +272,7 @@ def _step_values(loss_fn, image, text):
     return [loss.detach(), image.grad, text.grad, scale.grad, *loss_fn.stats.values()]
 
 
-@pytest.mark.parametrize("fused_mode", ["off", "on"])
+@pytest.mark.parametrize("fused_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "options",
     [{}, {"anchor_stat": "mean", "candidate_region": "gda", "queue_size": 16}],

@@ -61,7 +61,8 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("fused_mode", ["off", "on"])
+# "on" compiles the fused passes (about 50 s on 2 cores with an empty compile cache): in the slow tests.
+@pytest.mark.parametrize("fused_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
 def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypatch):
     monkeypatch.setattr(row_passes, "reading_back_is_free", row_passes.reading_back_is_free)  # restored after
@@ -74,7 +75,8 @@ def test_one_process_reads_nothing_back_whatever_n(options, fused_mode, monkeypa
 
 
 # "on" compiles the fused passes on each rank (about 30 s on 2 cores): in the slow tests, as in test_selection.
-@pytest.mark.parametrize("fused_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("fused_mode", ["off", "on"])
 def test_two_ranks_read_back_once_whatever_n(fused_mode):
     for counts, compiled, failed in run_on_ranks(_counted_steps, 2, (24, 80), {}, fused_mode):
         assert counts == {24: EXPECTED[2], 80: EXPECTED[2]}

@@ -286,7 +286,8 @@ def _rank_selects(rank, world_size, logits):
     return results
 
 
-@pytest.mark.parametrize("fused_passes", ["off", pytest.param("on", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("fused_passes", ["off", "on"])
 def test_three_ranks_with_unequal_rows_select_exactly_and_the_loss_refuses_them(fused_passes, monkeypatch):
     # Through the fused passes too (docs/adacl.md §6.1): rank 1 holds no row and runs the eager passes.
     monkeypatch.setenv(fused.ENV_VARIABLE, fused_passes)  # the spawned ranks inherit it

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 load_lab()  # every command's reports and section reports, as `python -m studies reports` finds them
 
 
+@pytest.mark.slow
 def test_every_study_report_regenerates_from_the_committed_per_run_csvs(tmp_path):
     """`write_reports` on a copy of docs/ (no run folder anywhere) writes every glyph report, glyphs.md, the loss
     table's shares, the robustness summary, the clone study's cell reports, reassessed.md and RESULTS.md, plots included, as committed;

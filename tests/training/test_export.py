@@ -64,6 +64,7 @@ def _write_checkpoint(tmp_path, argv):
     return path, bundle, args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, image_size", [([], 32), (["--force-image-size", "40", "--siglip"], 40)])
 def test_export_loads_in_stock_open_clip_with_identical_embeddings(tmp_path, argv, image_size):
     checkpoint, bundle, _ = _write_checkpoint(tmp_path, argv)
@@ -123,6 +124,7 @@ def test_export_files_get_the_umask_mode(tmp_path, umask, mode):
     }
 
 
+@pytest.mark.slow
 def test_export_cli_reports_a_checkpoint_without_config(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "bare.pt")
     result = subprocess.run(

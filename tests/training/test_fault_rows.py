@@ -69,6 +69,7 @@ def as_process(row: FaultRow, inputs) -> tuple:
     return result.returncode, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", [row for row in ROWS if not row.file_size_limit], ids=lambda row: row.name)
 def test_a_fault_row_holds_for_its_command(row, inputs, monkeypatch, capsys):
     status, output = in_process(row, inputs, monkeypatch, capsys)

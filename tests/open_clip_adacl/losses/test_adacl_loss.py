@@ -62,7 +62,8 @@ def test_one_matmul_gives_both_directions_logits_unless_modulation_is_off():
     assert torch.equal(separate.logits_per_text, scale * y @ x.T)
 
 
-@pytest.mark.parametrize("fused_passes", ["on", "off"])
+# "on" compiles the fused passes (about 50 s on 2 cores with an empty compile cache): in the slow tests.
+@pytest.mark.parametrize("fused_passes", ["off", pytest.param("on", marks=pytest.mark.slow)])
 def test_no_key_matrix_outlives_the_selection(fused_passes, monkeypatch):
     # The backward pass, where the loss's peak memory lies, must not hold the selection's rows x N int32 keys.
     import gc

@@ -48,6 +48,7 @@ def test_each_run_gets_its_share_of_threads_capped_by_the_callers(monkeypatch):
     assert worker_environment(1)["OMP_NUM_THREADS"] == "1" and worker_environment(1)["MKL_NUM_THREADS"] == "1"
 
 
+@pytest.mark.slow
 def test_a_run_whose_process_fails_gets_a_failed_record(tmp_path):
     job = RunJob(
         label="clip",

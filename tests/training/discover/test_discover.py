@@ -110,6 +110,7 @@ def page_sources(output):
     return parser
 
 
+@pytest.mark.slow
 def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
     output = tmp_path / "report"
     summary = run(
@@ -173,6 +174,7 @@ def test_report_on_family_data(family_data, checkpoint, tmp_path, capsys):
     assert json.loads((output / "summary.json").read_text())["directions"]["both"] == both
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_loses_and_repeats_no_pair(family_data, weights, tmp_path):
     flags = ["--pretrained", weights, "--batch-size", "4", "--page-pairs", "5"]
     expected = tmp_path / "uninterrupted"
@@ -261,6 +263,7 @@ def _discover_on_rank(rank, world_size, data, output, weights):
     )
 
 
+@pytest.mark.slow
 def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
     data = _damaged_shards(tmp_path / "shards")
     # One rank with 2 data workers (each takes every other batch), 2 ranks reading in their main process.
@@ -349,6 +352,7 @@ def test_a_checkpoint_whose_contents_do_not_match_its_digest_is_one_line(family_
         run(family_data, tmp_path / "out", model=("--checkpoint", str(damaged)))
 
 
+@pytest.mark.slow
 def test_unusable_shards_and_captions_are_one_line(family_data, weights, tmp_path):
     empty = tmp_path / "empty.tar"
     empty.write_bytes(b"")

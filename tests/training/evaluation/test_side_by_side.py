@@ -42,6 +42,7 @@ def test_two_runs_show_each_value_and_the_second_minus_the_first(tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "run, message",
     [

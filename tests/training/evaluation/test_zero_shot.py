@@ -93,6 +93,7 @@ def read_table(output_dir):
         return {(row["dataset"], row["task"], row["metric"]): float(row["value"]) for row in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_stock_cli_table_lists_every_metric_in_unit_range(stock_cli_output):
     table = read_table(stock_cli_output)
     # clip-benchmark reports top-5 accuracy only for sets of at least 5 classes
@@ -120,6 +121,7 @@ def test_stock_cli_table_lists_every_metric_in_unit_range(stock_cli_output):
     assert raw["model"] == f"local-dir:{stock_cli_output / 'export'}"  # the stock CLI ran on the export
 
 
+@pytest.mark.slow
 def test_trained_model_is_far_above_chance_through_the_stock_cli(stock_cli_output):
     table = read_table(stock_cli_output)
     # 96 steps learn colour (acc1 ~0.5 against 1/7) but not yet shape, which stays near chance.
@@ -131,6 +133,7 @@ def test_trained_model_is_far_above_chance_through_the_stock_cli(stock_cli_outpu
     assert table[("clone_selection", "clone_selection", "color_acc")] > 0.75
 
 
+@pytest.mark.slow
 def test_in_process_path_agrees_with_stock_cli(stock_cli_output, demo_shards, tmp_path):
     rows = main(
         [
@@ -169,6 +172,7 @@ def test_library_model_names_need_an_export_for_the_stock_cli(tmp_path, capsys):
     assert "pass --checkpoint CKPT" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_reports_missing_datasets_in_one_line_before_running_clip_benchmark(
     stock_cli_output, tmp_path, monkeypatch, capsys
 ):
@@ -300,6 +304,7 @@ def test_a_truncated_or_mismatched_export_is_named_in_one_line(tmp_path, monkeyp
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow
 def test_several_datasets_sharing_one_root_are_refused_and_a_root_per_dataset_is_not(
     stock_cli_output, demo_shards, tmp_path, monkeypatch, capsys
 ):

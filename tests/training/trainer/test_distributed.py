@@ -191,6 +191,7 @@ def _first_epoch(demo_shards, logs):
     return run
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_train_and_checkpoint(demo_shards, tmp_path):
     _first_epoch(demo_shards, tmp_path)
 
@@ -207,6 +208,7 @@ def test_torchrun_two_ranks_resume_latest(demo_shards, tmp_path):
     assert load_checkpoint(run / "checkpoints" / "epoch_2.pt")["step"] == 16
 
 
+@pytest.mark.slow
 def test_ranks_announced_by_slurm_that_never_arrive_stop_the_run_within_dist_timeout(demo_shards, tmp_path):
     """`SLURM_NTASKS=2 SLURM_PROCID=0 python -m training.main` without srun: rank 1 never comes."""
     env = {

@@ -119,7 +119,8 @@ def single_reference(demo_shards, module_tmp):
 
 
 # SIGUSR1 takes the same path as SIGTERM (about 17 s each on 2 cores): in the slow tests.
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_a_signal_mid_epoch_saves_that_step_requeues_and_the_resume_loses_nothing(
     demo_shards, single_reference, slurm_job, tmp_path, sig
 ):

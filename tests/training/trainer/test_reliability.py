@@ -216,6 +216,7 @@ def write_hostile_set(directory):
     return urls, len(good_keys) + 1 + 1, expected  # + the 40 x 40 image, + sample 202
 
 
+@pytest.mark.slow
 def test_training_on_hostile_shards_completes_and_reports_every_skip(demo_shards, tmp_path):
     urls, num_good, expected = write_hostile_set(tmp_path / "hostile")
     num_samples = 512 + num_good
@@ -318,6 +319,7 @@ def test_no_readable_shard_stops_before_training(tmp_path):
     assert not (tmp_path / "stop").exists()
 
 
+@pytest.mark.slow
 def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_path):
     """The shards open and have the fields, but no sample in them is usable (no caption is UTF-8): found in a
     DataLoader worker mid-run. (A field missing from every sample is refused at startup: test_startup.)"""

@@ -148,6 +148,7 @@ def test_group_size_keeps_runs_of_consecutive_samples_whole_in_every_batch(demo_
     assert any(abs(a - b) > 8 for a, b in zip(ungrouped, ungrouped[1:8]))  # group size 1 scatters them
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers,group_size", [(0, 1), (2, 1), (2, 8)])
 def test_skip_batches_resumes_exactly_mid_epoch(demo_shards, workers, group_size):
     augment = open_clip.image_transform(32, is_train=True)  # random crops: augmentation must match too

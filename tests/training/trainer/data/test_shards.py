@@ -241,6 +241,7 @@ def test_a_member_over_the_size_caps_is_skipped_from_its_header_unread(tmp_path,
     assert counter.counts.sum() == 0  # a whole shard: nothing else counted
 
 
+@pytest.mark.slow
 def test_a_shard_cut_at_a_member_boundary_or_ending_in_a_lying_header_is_counted_and_named(tmp_path, caplog):
     write_tar(tmp_path / "good.tar", [good(key) for key in range(6)])
     data = (tmp_path / "good.tar").read_bytes()

@@ -131,7 +131,8 @@ def _relative_difference(state: Dict[str, torch.Tensor], reference: Dict[str, to
 
 
 # On 2 gloo ranks every run again: about 45 s on 2 cores, so in the slow tests (scripts/test.sh --slow-only).
-@pytest.mark.parametrize("world_size", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
 @pytest.mark.parametrize("run", list(RUNS))
 def test_accumulated_micro_batches_train_like_one_large_batch(trained, run, world_size):
     (weights, loss_state), (reference_weights, reference_state) = (

@@ -70,6 +70,7 @@ SLOW_SAVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_during_checkpoint_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     path = tmp_path / "step_1.pt"
     save_atomic({"step": 1}, path)
@@ -306,6 +307,7 @@ def reference_run(demo_shards, module_tmp):
     return logs / "reference", summary
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_continues_exactly(demo_shards, reference_run, tmp_path):
     reference_dir, reference = reference_run
     assert reference.step == 16 and sorted(p.name for p in (reference_dir / "checkpoints").glob("step_*")) == [
@@ -342,6 +344,7 @@ KILLABLE_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_latest_finishes_the_run(demo_shards, reference_run, tmp_path):
     reference_dir, _ = reference_run
     argv = run_argv(demo_shards, tmp_path, "killed")

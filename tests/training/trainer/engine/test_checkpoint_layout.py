@@ -111,6 +111,7 @@ def test_a_checkpoint_in_the_earlier_layout_is_converted_on_load(caplog):
     assert converted["optimizer"]["state"].keys() == raw["optimizer"]["state"].keys()
 
 
+@pytest.mark.slow
 def test_a_run_resumed_from_the_earlier_layout_goes_on_as_the_run_that_wrote_it(fixture_model, tmp_path):
     """The fixture's run trained 16 steps; resumed from its step 3 in the earlier layout, the steps 4..16
     and both epoch summaries (epoch 0's counts the 3 steps before the checkpoint) are the ones it logged."""

@@ -107,6 +107,7 @@ def check_openclip_log_lines(out_log, steps, *, steps_per_epoch, batch_size):
     assert last["run_left"] == "0 s" and second["run_left"] != "0 s"
 
 
+@pytest.mark.slow
 def test_training_on_demo_shards_lowers_the_loss(demo_shards, tmp_path):
     summary = main(
         train_argv(

@@ -84,6 +84,7 @@ def assert_recipe_arguments(trainer_argv, *, shards_dir, model, batch_size, worl
     assert urls == [str(shards_dir / f"{index:05d}.tar") for index in range(NUM_SHARDS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, variables, model, batch_size, rendezvous",
     [
@@ -128,6 +129,7 @@ def test_torchrun_recipe_dry_run_checks_arguments_and_shards(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "recipe, model, batch_size, name, val_samples",
     [
@@ -280,6 +282,7 @@ def test_recipes_refuse_bad_settings_before_launching(img2dataset_dir, tmp_path,
     assert "launch command" not in result.stdout  # nothing was launched
 
 
+@pytest.mark.slow
 def test_recipe_dry_run_names_a_missing_shard(img2dataset_dir):
     (img2dataset_dir / "00002.tar").unlink()  # a shard img2dataset failed to write
     result = run_recipe(
@@ -335,6 +338,7 @@ def _slurm_job_id_with_free_port():
     raise RuntimeError("no free port in 29500..39499")
 
 
+@pytest.mark.slow
 def test_ranks_started_by_srun_train_together(demo_shards, tmp_path):
     """Two processes with only srun's variables (SLURM_JOB_NODELIST, no MASTER_ADDR/PORT) run
     `training.main` with --loss adacl as ranks 0 and 1 of one DDP job."""

@@ -65,6 +65,7 @@ def test_the_launcher_puts_a_separator_after_the_trainer_module(argv, expected):
     assert with_separator(argv) == expected
 
 
+@pytest.mark.slow
 def test_torchrun_launcher_runs_the_trainer_without_a_separator(demo_shards, tmp_path):
     """`--logs` right after the module: plain torchrun refuses it as ambiguous, training.torchrun passes it on."""
     result = subprocess.run(

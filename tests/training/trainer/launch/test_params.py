@@ -271,6 +271,7 @@ def test_the_run_config_resolves_the_precision_for_the_device_the_run_falls_back
     assert params.run_config(parse_args(_valid("--precision", "bf16"))).model.precision == "bf16"
 
 
+@pytest.mark.slow
 def test_cli_prints_config_errors_and_exits_with_status_2():
     import subprocess
     import sys

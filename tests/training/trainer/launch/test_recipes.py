@@ -44,6 +44,7 @@ def test_the_global_batch_is_split_over_the_ranks_the_environment_announces():
         assert args.batch_size == 300 and args.recipe_overrides == []  # the split was never the recipe's value
 
 
+@pytest.mark.slow
 def test_the_shell_check_refuses_a_bad_split_fast_and_prints_argv():
     recipes = [sys.executable, "-m", "training.trainer.launch.recipes"]
     check = subprocess.run([*recipes, "cc12m-vitb32", "--world-size", "3", "--check"], capture_output=True, text=True)

@@ -81,6 +81,7 @@ def step_checkpoint(base_run, step):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -169,6 +170,7 @@ def test_a_world_size_change_is_refused_mid_epoch_and_allowed_at_an_epoch_bounda
     assert translated_position(fake_checkpoint(2, 40), anyway) == 80
 
 
+@pytest.mark.slow
 def test_resume_anyway_continues_at_the_same_number_of_samples_into_the_epoch(demo_shards, base_run, tmp_path):
     summary = main(
         argv(
@@ -188,6 +190,7 @@ def test_resume_anyway_continues_at_the_same_number_of_samples_into_the_epoch(de
     assert summary.step == 3 + (16 - 6) + 16
 
 
+@pytest.mark.slow
 def test_an_epoch_boundary_batch_change_keeps_the_lr_schedule_of_the_samples_trained(demo_shards, base_run, tmp_path):
     """Batch 32 -> 64 after epoch 1: the schedule goes on from the 256 samples trained (OpenCLIP's
     schedule in units of the first launch's global batch), each step now moving it by two units."""
@@ -222,6 +225,7 @@ def copy_run(base_run, tmp_path, name):
     return run_dir
 
 
+@pytest.mark.slow
 def test_resume_latest_falls_back_past_unreadable_checkpoints_naming_them(demo_shards, base_run, tmp_path):
     run_dir = copy_run(base_run, tmp_path, "truncated")
     for name in ("epoch_2.pt", "step_15.pt"):  # the newest two, cut short as by a full disk or a dying copy
@@ -247,6 +251,7 @@ def test_an_unreadable_resume_path_is_one_error_naming_it(demo_shards, tmp_path)
         main(argv(demo_shards, tmp_path, "broken", "--resume", str(broken)))
 
 
+@pytest.mark.slow
 def test_resume_path_into_its_own_run_rolls_back_and_keeps_the_newer_files(demo_shards, base_run, tmp_path):
     run_dir = copy_run(base_run, tmp_path, "rolled")
     summary = main(argv(demo_shards, tmp_path, "rolled", "--resume", str(run_dir / "checkpoints" / "step_6.pt")))

@@ -70,6 +70,7 @@ def tensorboard_scalars(demo_shards, module_tmp):
     return scalars, RunDir(logs / "tb").metrics("train")
 
 
+@pytest.mark.slow
 def test_tensorboard_tags_are_openclips(tensorboard_scalars):
     tensorboard_scalars, train_records = tensorboard_scalars
     tags = set(tensorboard_scalars)
@@ -92,6 +93,7 @@ def test_loss_stats_and_epoch_summaries_have_their_own_prefixes(tensorboard_scal
     assert {tag.split("/")[0] for tag in tags} == {"train", "val", "loss_stats", "epoch"}
 
 
+@pytest.mark.slow
 def test_wandb_runs_offline_with_the_same_keys(demo_shards, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
     monkeypatch.setenv("WANDB_MODE", "offline")

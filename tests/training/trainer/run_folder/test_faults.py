@@ -307,6 +307,7 @@ def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shard
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_the_schedule_epochs_or_clipping_names_each_change(demo_shards, base_run, tmp_path):
     summary = main(
         argv(
@@ -419,6 +420,7 @@ def test_a_rank_that_dies_is_reported_in_one_line_by_the_survivor(demo_shards, t
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stalled_pipe_shard_listed_first_is_skipped_by_the_startup_check(demo_shards, tmp_path, caplog):
     """The start-up field check reads under --shard-timeout as training does: the stalled first shard is ended,
     counted and the next one read; the run trains on the shard that streams."""

@@ -72,6 +72,7 @@ def counted_fallbacks(summary):
     return {direction: int(counts[index].sum()) for index, direction in enumerate(DIRECTIONS)}
 
 
+@pytest.mark.slow
 def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_counted(every_step_logged):
     run = Path(every_step_logged.run_dir)
     assert (run / "margins.png").read_bytes().startswith(b"\x89PNG")
