@@ -129,34 +129,28 @@ def positive_quadratic_intervals(
     """
     a, b, c = _f64(quadratic), _f64(linear), _f64(constant)
     inf = torch.full_like(a, float("inf"))
+    minus_inf = -inf
     discriminant = b * b - 4 * a * c
     q = -0.5 * (b + torch.copysign(discriminant.clamp(min=0).sqrt(), b))
     # q = 0 only if b = 0 and the discriminant is 0, i.e. c = 0: a double root at 0.
     first, second = q / a, torch.where(q == 0, torch.zeros_like(q), c / q)
     low, high = torch.minimum(first, second), torch.maximum(first, second)
     real_roots = discriminant >= 0
-    # a > 0: outside the roots (everything without real roots); a < 0: between them (nothing).
-    outside = torch.stack(
-        [torch.stack([-inf, torch.where(real_roots, low, inf)]), torch.stack([torch.where(real_roots, high, inf), inf])]
-    )
-    between = torch.stack([torch.stack([low, torch.where(real_roots, high, -inf)]), torch.stack([inf, -inf])])
+    # Each case as (a_0, b_0, a_1, b_1). a > 0: outside the roots (everything without real roots); a < 0:
+    # between them (nothing).
+    outside = torch.stack([minus_inf, torch.where(real_roots, low, inf), torch.where(real_roots, high, inf), inf])
+    between = torch.stack([low, torch.where(real_roots, high, minus_inf), inf, minus_inf])
     # a = 0: the line b s + c > 0 (everything or nothing when b = 0 too).
-    root = -c / b
-    line = torch.stack(
-        [
-            torch.stack(
-                [torch.where(b > 0, root, torch.where((b < 0) | (c > 0), -inf, inf)), torch.where(b < 0, root, inf)]
-            ),
-            torch.stack([inf, -inf]),
-        ]
-    )
-    intervals = torch.where(a > 0, outside, torch.where(a < 0, between, line))
+    root, falling = -c / b, b < 0
+    rising_start = torch.where(b > 0, root, torch.where(falling | (c > 0), minus_inf, inf))
+    line = torch.stack([rising_start, torch.where(falling, root, inf), inf, minus_inf])
+    intervals = torch.where(a > 0, outside, torch.where(a < 0, between, line)).view(2, 2)
     parameters = [a, b, c]
     if lower is not None:
         parameters.append(_f64(lower).to(a.device))
-        intervals[:, 0] = torch.maximum(intervals[:, 0], parameters[-1])
+        intervals = torch.maximum(intervals, torch.stack([parameters[-1], minus_inf]))  # a_k raised to `lower`
     finite = torch.isfinite(torch.stack(parameters)).all()
-    empty = torch.stack([inf, -inf]).expand(2, 2)  # made on the device: a tensor from host values would wait for it
+    empty = torch.stack([inf, minus_inf]).expand(2, 2)  # made on the device: a tensor from host values would wait
     return torch.where(finite, intervals, empty)
 
 

@@ -32,25 +32,35 @@ _HALF = _RADIX // 2
 _LOW_MASK = _RADIX - 1
 HIGH_BINS = _RADIX  # bins of the first pass's histogram (`high_histogram`)
 INT32_MIN = torch.iinfo(torch.int32).min
-# Counters per bin of the GPU path's histograms (`_histogram`): 65,536 bins x 32 lanes of int64 is 16 MB.
+# Counters per bin of the GPU path's histograms at most (`_histogram`): 65,536 bins x 32 lanes of int32 is 8 MB.
 HISTOGRAM_LANES = 32
 # The first-pass bins of non-finite floats: high 16 bits 0x7f80-0x7fff and 0xff80-0xffff (every exponent bit
 # set), which hold no finite float (`high_histogram` indices).
 _NON_FINITE_BINS = (slice(_HALF - 128, _HALF), slice(_RADIX - 128, _RADIX))
 
 
-def _histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """Counts of each bin index (int64). `torch.bincount` on CUDA reads the maximum back to the host,
-    so the GPU path scatters instead, each bin spread over `HISTOGRAM_LANES` counters by the entry's
-    position and the lanes summed after: trained logits put about 1% of all keys into one bin, and atomic
-    adds to one address take turns (docs/THROUGHPUT.md, the GPU section)."""
-    if row_passes.reading_back_is_free(bins.device):
-        return torch.bincount(bins, minlength=num_bins)
-    lanes = torch.arange(bins.numel(), dtype=torch.int64, device=bins.device).remainder_(HISTOGRAM_LANES)
-    spread = lanes.add_(bins.reshape(-1).long() * HISTOGRAM_LANES)
-    counts = torch.zeros(num_bins * HISTOGRAM_LANES, dtype=torch.int64, device=bins.device)
-    ones = torch.ones((), dtype=torch.int64, device=bins.device).expand(spread.numel())
-    return counts.index_add_(0, spread, ones).view(num_bins, HISTOGRAM_LANES).sum(dim=1)
+def _lane_histogram(
+    bins: torch.Tensor, num_bins: int, offset: int = 0, weights: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """The GPU path's histogram (int64, `num_bins`) of a rows x C block of bin indices plus `offset`, each entry
+    counted `weights` (int32, the block's shape) times, or once. `torch.bincount` on CUDA reads the maximum back
+    to the host, so this scatters instead, each bin spread over `_lanes` counters by the entry's column and the
+    lanes summed after: trained logits put about 1% of all keys into one bin, and atomic adds to one address take
+    turns (docs/THROUGHPUT.md, the GPU section). The counts are the same whatever the lanes (integer sums)."""
+    lanes = _lanes(bins.numel(), num_bins)
+    lane = torch.arange(bins.shape[-1], dtype=torch.int32, device=bins.device).remainder_(lanes).add_(offset * lanes)
+    spread = torch.add(lane, bins, alpha=lanes)  # one op: (bin + offset) * lanes + the column's lane
+    # int32 counters: a block holds fewer than 2^31 entries (a row chunk: row_passes.CHUNK_ELEMENTS).
+    counts = torch.zeros(num_bins * lanes, dtype=torch.int32, device=bins.device)
+    if weights is None:
+        weights = torch.ones((), dtype=torch.int32, device=bins.device).expand(spread.shape)
+    return counts.index_add_(0, spread.view(-1), weights.reshape(-1)).view(num_bins, lanes).sum(1, dtype=torch.int64)
+
+
+def _lanes(num_entries: int, num_bins: int) -> int:
+    """Counters per bin: up to `HISTOGRAM_LANES`, and no more counters than entries, so that a small block (a
+    batch of 256 has 65,536 keys) is not outweighed by zeroing and summing 2^21 counters."""
+    return max(1, min(HISTOGRAM_LANES, num_entries // num_bins))
 
 
 def _scatter_histogram(bins: torch.Tensor, num_bins: int) -> torch.Tensor:
@@ -78,9 +88,11 @@ def key_blocks(keys) -> Iterator[Tuple[int, int, torch.Tensor]]:
 
 
 def high_histogram(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Histogram (65,536 bins, index = high 16 bits + 2^15) of int32 keys; `out` (int32, keys'
-    shape) receives the bin indices."""
-    return _histogram(_high_bins(keys, out).reshape(-1), _RADIX)
+    """Histogram (65,536 bins, index = high 16 bits + 2^15) of a rows x C block of int32 keys; `out` (int32,
+    keys' shape) receives the bin indices (on a GPU: the high 16 bits)."""
+    if row_passes.reading_back_is_free(keys.device):
+        return torch.bincount(_high_bins(keys, out).reshape(-1), minlength=_RADIX)
+    return _lane_histogram(torch.bitwise_right_shift(keys, RADIX_BITS, out=out), _RADIX, offset=_HALF)
 
 
 def _high_bins(keys: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -106,8 +118,14 @@ _LOW_BINS = _RADIX + 2 * _LOW_OFFSET
 
 
 def _low_histogram(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """Histogram (`_LOW_BINS`) of the low 16 bits of the keys whose high 16 bits equal `high`."""
-    return _histogram(_low_bins(keys, high).reshape(-1), _LOW_BINS)
+    """Histogram (`_LOW_BINS`) of the low 16 bits of the keys whose high 16 bits equal `high`. On a GPU every key
+    is counted in the bin of its low 16 bits, 1 or 0 times as its high bits are `high` or not: a rows x C block
+    whose keys lie nearly all outside that bin then spreads its adds over every bin, with no bins to dump them
+    in (`_low_bins`)."""
+    if row_passes.reading_back_is_free(keys.device):
+        return torch.bincount(_low_bins(keys, high).reshape(-1), minlength=_LOW_BINS)
+    in_bin = torch.eq(keys >> RADIX_BITS, high).to(torch.int32)
+    return _lane_histogram(keys & _LOW_MASK, _LOW_BINS, offset=_LOW_OFFSET, weights=in_bin)
 
 
 def _low_bins(keys: torch.Tensor, high: torch.Tensor) -> torch.Tensor:

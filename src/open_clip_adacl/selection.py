@@ -35,7 +35,7 @@ give the same bits as the eager passes, which remain the reference and the fallb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -116,21 +116,25 @@ def summarize_rows(logits: torch.Tensor, positive_col: torch.Tensor, with_mean: 
 # --- global reductions over rows ------------------------------------------------------------------
 
 
-def _owned_row(values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(values[local position of global `row`], whether this rank holds that row). `row_index`
-    (contiguous) is the global index of each local row; a rank that does not hold the row gets some
-    other row of `values` (zeros when it has no rows at all), which callers mask out."""
+def _owned_rows(
+    values: torch.Tensor, wanted: torch.Tensor, row_index: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values[local position of each global row of `wanted` (k,)], whether this rank holds each), (k, ...) and
+    (k,). `row_index` (contiguous) is the global index of each local row; for a row this rank does not hold it
+    gives some other row of `values` (zeros when it has no rows at all), which callers mask out."""
     if row_index.numel() == 0:
-        return values.new_zeros(values.shape[1:]), torch.zeros((), dtype=torch.bool, device=values.device)
-    local = (row - row_index[0]).clamp(0, row_index.shape[0] - 1).view(1)
-    return values.index_select(0, local).squeeze(0), row_index.index_select(0, local).squeeze(0) == row
+        owned = torch.zeros(wanted.shape, dtype=torch.bool, device=values.device)
+        return values.new_zeros(wanted.shape + values.shape[1:]), owned
+    local = (wanted - row_index[0]).clamp(0, row_index.shape[0] - 1)
+    return values.index_select(0, local), row_index.index_select(0, local) == wanted
 
 
 def row_value_from_owner(
     values: torch.Tensor, row: torch.Tensor, row_index: torch.Tensor, rows: RowGroup
 ) -> torch.Tensor:
     """values[global row] on every rank, bit-exactly, from this rank's per-row vector `values`."""
-    return rows.from_owner(*_owned_row(values, row, row_index))
+    value, is_owner = _owned_rows(values, row.view(1), row_index)
+    return rows.from_owner(value, is_owner).squeeze(0)
 
 
 def global_reference_rows(
@@ -157,15 +161,17 @@ def reference_fits(
     """(mu_c, sigma_c, mu_n, sigma_n), float64 (4,): Gaussians of the least salient row's negatives
     (class clone) and of the most salient row's (class not clone), fitted by each row's owner and
     shared bit-exactly (one all-reduce)."""
-    fits, owned = [], []
+    reference_rows = torch.stack([clone_row, salient_row])
+    row_logits, is_owner = _owned_rows(logits, reference_rows, positive_col)
     cols = torch.arange(logits.shape[1], device=logits.device)
-    for row in (clone_row, salient_row):
-        # A row's global index is its positive column.
-        row_logits, is_owner = _owned_row(logits, row, positive_col)
-        row_positive, _ = _owned_row(positive_col, row, positive_col)
-        fits.extend(adacl_math.gaussian_fit(row_logits, cols != row_positive, std_floor))
-        owned.extend([is_owner, is_owner])
-    return rows.from_owner(torch.stack(fits), torch.stack(owned))
+    # A row's global index is its positive column; a rank that does not own a row fits some other row, which
+    # `from_owner` discards.
+    fits = [
+        value
+        for row, values in zip(reference_rows, row_logits)
+        for value in adacl_math.gaussian_fit(values, cols != row, std_floor)
+    ]
+    return rows.from_owner(torch.stack(fits), is_owner.repeat_interleave(2))
 
 
 # --- candidates and their gaps --------------------------------------------------------------------
@@ -197,19 +203,43 @@ def candidate_bounds(intervals: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     return torch.stack([lo, hi + 0.0], dim=1)
 
 
-Bounds = List[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
+class IntervalEdges(NamedTuple):
+    """Both closed intervals of `candidate_bounds` as `_outside_bits` tests them where nothing is read back."""
+
+    edges: torch.Tensor  # (4,): `interval_edges`
+    bits_by_count: torch.Tensor  # (5,) int32: NOT_CANDIDATE_BITS for an even number of edges below x, else 0
+
+
+# The (lo, hi) pairs that `_outside_bits` tests, None where a side needs no test; or both intervals as they are.
+Bounds = Union[List[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]], IntervalEdges]
+
+
+def interval_edges(bounds: torch.Tensor) -> torch.Tensor:
+    """The sorted edges e (4,) of the two closed intervals `bounds` (`candidate_bounds` of
+    `adacl_math.positive_quadratic_intervals`, which never overlap): a finite x of their dtype lies in one of
+    them exactly when an odd number of edges lie below it, the count that `torch.bucketize(x, e)` returns.
+
+    [lo, hi] holds x exactly when lo' < x and not hi < x, lo' the float just below lo; an empty interval
+    (lo > hi) becomes the empty (hi, hi]. Each interval then adds 1 to the count of x inside it and 0 or 2 to
+    that of any other x, and sorting the edges leaves every count as it is.
+    """
+    lo, hi = bounds.unbind(1)
+    below = torch.where(lo <= hi, torch.nextafter(lo, torch.full_like(lo, float("-inf"))), hi)
+    return torch.stack([below, hi], dim=1).view(-1).sort().values
 
 
 def _bounds_to_test(bounds: torch.Tensor) -> Bounds:
-    """The (lo, hi) pairs that `_outside_bits` tests; None: that side needs no test.
+    """What `_outside_bits` tests.
 
     On a GPU both intervals are tested as they are (reading the bounds back would make the device
-    wait). On the CPU, where reading them back costs nothing, an empty interval is dropped and an
-    unbounded side (every finite x passes it) is not tested, which saves whole passes over the
-    logits and gives the same keys.
+    wait), by counting the `interval_edges` below each entry: one search per entry instead of a dozen
+    passes of arithmetic. On the CPU, where reading them back costs nothing, an empty interval is
+    dropped and an unbounded side (every finite x passes it) is not tested, which saves whole passes
+    over the logits and gives the same keys.
     """
     if not row_passes.reading_back_is_free(bounds.device):
-        return [(lo, hi) for lo, hi in bounds]
+        counts = torch.arange(5, dtype=torch.int32, device=bounds.device)
+        return IntervalEdges(interval_edges(bounds), counts.bitwise_and_(1).sub_(1).bitwise_and_(NOT_CANDIDATE_BITS))
     largest = torch.finfo(bounds.dtype).max
     tested: Bounds = []
     for (lo, hi), (lo_value, hi_value) in zip(bounds, bounds.tolist()):
@@ -223,16 +253,21 @@ def _outside_bits(x: torch.Tensor, bounds: Bounds, out: torch.Tensor, scratch: C
     closed `bounds` and 0 where it lies in one; returns False, writing nothing, when some interval
     holds every finite x. Non-finite x: any value (see NOT_CANDIDATE_BITS).
 
-    An interval's margin min(x - lo, hi - x) has its sign bit clear exactly when x is inside (see
-    `candidate_bounds`), and so does the max of the intervals' margins for their union. Arithmetic
-    and one shift instead of comparisons and `torch.where`, which cost more on CPUs.
+    `IntervalEdges`: the count of edges below x looked up. Else an interval's margin min(x - lo, hi - x)
+    has its sign bit clear exactly when x is inside (see `candidate_bounds`), and so does the max of the
+    intervals' margins for their union: arithmetic and one shift instead of comparisons and `torch.where`,
+    which cost more on CPUs.
     """
+    rows = x.shape[0]
+    if isinstance(bounds, IntervalEdges):
+        below = torch.bucketize(x, bounds.edges, out_int32=True, out=scratch.get("below", torch.int32, rows))
+        torch.index_select(bounds.bits_by_count, 0, below.view(-1), out=out.view(-1))
+        return True
     if not bounds:
         out.fill_(NOT_CANDIDATE_BITS)
         return True
     if any(lo is None and hi is None for lo, hi in bounds):
         return False
-    rows = x.shape[0]
     margin = out.view(torch.float32) if x.dtype == torch.float32 else scratch.get("margin", x.dtype, rows)
     for index, (lo, hi) in enumerate(bounds):
         term = margin if index == 0 else scratch.get("term", x.dtype, rows)
@@ -281,6 +316,14 @@ def candidate_keys(
     lowest, as in the method's dense definition that the tests check against.
     """
     bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
+    return _keys_within(logits, positive, positive_col, bounds, fused_passes)
+
+
+def _keys_within(
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, fused_passes: bool
+) -> Tuple[Keys, torch.Tensor, torch.Tensor]:
+    """`candidate_keys` of the candidates within `bounds` (`_candidate_bounds`), which the selection computes
+    once for all its passes."""
     if fused_passes:
         return _compiled_candidate_keys(logits, positive, positive_col, bounds)
     keys = KeyBlocks(logits, positive, positive_col, bounds)
@@ -306,7 +349,9 @@ class KeyBlocks:
     a pass reads them (`radix_select.key_blocks`), into one chunk-sized buffer: a few ops per entry instead
     of a rows x C int32 matrix held from the first pass to the last. The AdaCL loss selects its two
     directions side by side, and two such matrices alive at once were the eager path's peak memory
-    (docs/THROUGHPUT.md). A block is valid until the next one is made."""
+    (docs/THROUGHPUT.md). A block is valid until the next one is made; a pass that asks again for the rows
+    of the block made last gets it as it is, so that rows that fit one chunk (every row of a batch of up to
+    4096 on a GPU) have their keys computed once for all the passes."""
 
     def __init__(self, logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor):
         self.logits, self.positive_col = logits, positive_col
@@ -315,14 +360,18 @@ class KeyBlocks:
         self.positive = positive.to(self.dtype)[:, None] + 0.0
         self.bounds = _bounds_to_test(bounds)
         self.scratch = ChunkScratch(*logits.shape, logits.device)
+        self._made: Optional[Tuple[int, int, torch.Tensor]] = None  # the last block made: (start, stop, keys)
 
     def numel(self) -> int:
         return self.logits.numel()
 
     def blocks(self) -> Iterator[Tuple[int, int, torch.Tensor]]:
-        """(start, stop, keys of rows start:stop) over this rank's rows, in row chunks."""
+        """(start, stop, keys of rows start:stop) over this rank's rows, in row chunks. The passes only read
+        the blocks, so the block made last is still valid."""
         for start, stop in row_chunks(*self.shape, self.device):
-            yield start, stop, self._block(start, stop)
+            if self._made is None or self._made[:2] != (start, stop):
+                self._made = (start, stop, self._block(start, stop))
+            yield self._made
 
     def _block(self, start: int, stop: int) -> torch.Tensor:
         x = self.logits[start:stop].to(self.dtype)
@@ -442,17 +491,11 @@ def _lower_median_from_logits(
 
 
 def _median_without_keys(
-    logits: torch.Tensor,
-    positive: torch.Tensor,
-    positive_col: torch.Tensor,
-    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    lower: Optional[torch.Tensor],
-    rows: RowGroup,
+    logits: torch.Tensor, positive: torch.Tensor, positive_col: torch.Tensor, bounds: torch.Tensor, rows: RowGroup
 ) -> Optional[Tuple[torch.Tensor, ...]]:
     """`_lower_median_from_logits` where the fused passes are wanted, else None (the caller writes keys).
     `auto` times both ways on this rank's rows alone (no collective), so that ranks choosing
     differently still run the same collectives."""
-    bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
     alone = RowGroup(split_across_ranks=False)
 
     def compiled():
@@ -460,7 +503,7 @@ def _median_without_keys(
             raise fused.Unavailable("median")
 
     def eager():
-        _anchor_search(logits, positive, positive_col, coefficients, lower, "median", alone, fused_passes=False)
+        _anchor_search(logits, positive, positive_col, bounds, "median", alone, fused_passes=False)
 
     if not fused.wanted(logits, "median", compiled, eager):
         return None
@@ -527,17 +570,16 @@ def _anchor_search(
     logits: torch.Tensor,
     positive: torch.Tensor,
     positive_col: torch.Tensor,
-    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    lower: Optional[torch.Tensor],
+    bounds: torch.Tensor,
     anchor_stat: str,
     rows: RowGroup,
     *,
     fused_passes: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(global candidate count, anchor key, its lowest global row): `candidate_keys` and the search among
-    them, by the compiled passes (`fused_passes`; raises `fused.Unavailable` before any collective) or the
-    eager ones."""
-    candidates = candidate_keys(logits, positive, positive_col, coefficients, lower, fused_passes=fused_passes)
+    """(global candidate count, anchor key, its lowest global row): `candidate_keys` within `bounds` and the
+    search among them, by the compiled passes (`fused_passes`; raises `fused.Unavailable` before any
+    collective) or the eager ones."""
+    candidates = _keys_within(logits, positive, positive_col, bounds, fused_passes)
     return _anchor_from_keys(candidates, anchor_stat, positive_col, rows, fused_passes)
 
 
@@ -545,15 +587,14 @@ def _anchor(
     logits: torch.Tensor,
     positive: torch.Tensor,
     positive_col: torch.Tensor,
-    coefficients: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    lower: Optional[torch.Tensor],
+    bounds: torch.Tensor,
     anchor_stat: str,
     rows: RowGroup,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`_anchor_search` by the passes `fused.wanted` picks for the whole search (keys and anchor). `auto`
     times both ways on this rank's rows alone (no collective), so that ranks choosing differently still
     run the same collectives."""
-    args = (logits, positive, positive_col, coefficients, lower, anchor_stat)
+    args = (logits, positive, positive_col, bounds, anchor_stat)
     alone = RowGroup(split_across_ranks=False)
     if fused.wanted(
         logits,
@@ -645,12 +686,11 @@ def select_anchor(
         else:
             coefficients = adacl_math.gda_log_odds_coefficients(*reference, prior_ratio=prior_ratio)
         lower = reference[2] if region == "upper" else None
+        bounds = _candidate_bounds(coefficients, lower, working_dtype(logits.dtype))
         median = None
         if anchor_stat == "median" and not row_passes.reading_back_is_free(logits.device):
-            median = _median_without_keys(logits, summary.positive, positive_col, coefficients, lower, rows)
-        count, key, row = median or _anchor(
-            logits, summary.positive, positive_col, coefficients, lower, anchor_stat, rows
-        )
+            median = _median_without_keys(logits, summary.positive, positive_col, bounds, rows)
+        count, key, row = median or _anchor(logits, summary.positive, positive_col, bounds, anchor_stat, rows)
     found = count > 0
     return AnchorSelection(
         torch.where(found, row, -1),
