@@ -115,6 +115,7 @@ def test_export_evaluation_discovery_and_margins_write_only_where_named(trained_
     assert {path.name for path in out.iterdir()} == {"export", "hub", "eval", "discover"}
 
 
+@pytest.mark.slow
 def test_data_writers_write_only_under_output(tmp_path, empty_cwd):
     scenes_main(
         [

@@ -36,6 +36,7 @@ def fresh_copy(target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_only_open_clip_adacl_and_training_and_none_of_the_lab(tmp_path):
     # Build from a fresh copy of the whole repository (the lab beside src/ included), so that the build's own
     # directories stay out of the work tree and a lab a build could pick up is there to be picked up.
@@ -231,6 +232,7 @@ def metadata_wheel(folder: Path, name: str, version: str) -> Path:
     return wheel
 
 
+@pytest.mark.slow
 def test_requirements_txt_replaces_a_webdataset_1_by_the_one_open_clip_train_runs_with(tmp_path):
     # The environment holds webdataset 1.0.2 (what pip picks for an open range); the index offers 0.2.86 and 1.0.2.
     other_stack = tmp_path / "site"

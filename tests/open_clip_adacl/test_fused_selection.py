@@ -31,7 +31,8 @@ def small_chunks(monkeypatch):
     monkeypatch.setitem(row_passes.CHUNK_ELEMENTS, "cpu", 5 * 48)
 
 
-@pytest.fixture(params=["cpu", "device"])
+# `device` compiles passes of its own (about 30 s on 2 cores with an empty compile cache): in the slow tests.
+@pytest.fixture(params=["cpu", pytest.param("device", marks=pytest.mark.slow)])
 def path(request, monkeypatch):
     """Both code paths on the CPU, as in test_selection.py: `device` never reads a value back."""
     if request.param == "device":

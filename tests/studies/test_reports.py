@@ -83,6 +83,7 @@ FOOTER_NOTE = re.compile(r" \(These runs were judged when this report was first 
 MISSING_RUN = re.compile(r"^- `([^`]+)`: \*\*missing\*\*: no record \(not finished, or not started\)$", re.MULTILINE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(reports.section_reports()))
 def test_each_comparison_reports_sections_are_what_its_committed_per_run_csv_renders(name):
     page = REPO / "docs" / "results" / f"{name}.md"

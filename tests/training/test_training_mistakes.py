@@ -3,6 +3,8 @@ anything is written (or, for a shell's escaped tab, understood): `python -m trai
 
 import tarfile
 
+import pytest
+
 from helpers.cli_errors import one_line_error
 from training.main import cli, main
 from training.trainer import distributed
@@ -103,6 +105,7 @@ def test_no_epochs_and_a_missing_device_are_refused(demo_shards, tmp_path, monke
     assert not logs.exists()
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_weight_decay_names_it_in_the_dry_run_and_the_run(demo_shards, tmp_path, capsys):
     logs, shard = tmp_path / "logs", demo_shards / "train" / "shard-000000.tar"
     main(argv(logs, shard, "--wd", "0.1"))

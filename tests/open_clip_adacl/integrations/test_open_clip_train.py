@@ -135,6 +135,7 @@ def test_bad_loss_flags_are_one_line(argv, message, tmp_path):
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -154,6 +155,7 @@ def test_stock_flags_the_loss_cannot_train_with_are_refused_before_any_work(demo
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adacls_state_moves_once_per_optimizer_step_in_stock_open_clip_train(demo_shards, tmp_path):
     """Stock's trainer with --accum-freq 2 (2 steps of 2 micro-batches): AdaCL's counters hold one count per optimizer
     step, its moving average has moved where a step modulated, and epoch_1.pt and epoch_latest.pt carry that state;

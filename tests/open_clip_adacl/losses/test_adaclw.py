@@ -91,6 +91,7 @@ def test_bad_options_are_clear_errors():
         create_loss("adaclw", prior_ratio=0.0)
 
 
+@pytest.mark.slow
 def test_two_ranks_match_single_process():
     assert_ranks_match_single_process("adaclw", {"weight": 16.0}, make_batches(2, 8, 8, data_size=16, seed=3))
 

@@ -169,6 +169,7 @@ def test_state_survives_save_and_resume_exactly():
     assert all(not value.any() for value in resumed.state_dict().values())
 
 
+@pytest.mark.slow
 def test_two_ranks_match_single_process_and_share_state():
     batches = make_batches(3, 8, 8, data_size=100, seed=6)
     assert_ranks_match_single_process("fne", dict(ACTIVE, min_matched=2), batches)

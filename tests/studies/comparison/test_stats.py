@@ -251,6 +251,7 @@ def test_the_equivalence_test_uses_the_90_percent_interval():
     )
 
 
+@pytest.mark.slow
 def test_pairs_needed_follow_the_observed_spread():
     from studies.comparison.stats import pairs_needed
 

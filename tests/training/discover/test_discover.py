@@ -297,6 +297,7 @@ def test_two_ranks_flag_the_pairs_one_rank_flags(tmp_path, weights):
         assert all(d["signals"]["text"]["flagged"] > 0 for d in record["directions"])
 
 
+@pytest.mark.slow
 def test_other_clone_signals_are_counted_against_the_families(family_data, checkpoint, tmp_path, capsys):
     summary = run(
         family_data,

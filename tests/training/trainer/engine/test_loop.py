@@ -160,6 +160,7 @@ def test_the_console_line_says_the_directions_once_and_only_the_losss_console_st
     assert console_stats_text({}, None) == ""
 
 
+@pytest.mark.slow
 def test_an_existing_run_is_not_overwritten(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "once", "--epochs", "1", "--train-num-samples", "64"))
     from training import ConfigError
@@ -463,6 +464,7 @@ def test_a_nonfinite_batch_leaves_the_adacl_queue_unchanged(tmp_path):
     assert loss_fn.queue_filled == 8 and torch.isfinite(loss_fn.queue_image).all()
 
 
+@pytest.mark.slow
 def test_lock_logit_scale_keeps_the_temperature_while_the_towers_train(demo_shards, tmp_path):
     main(train_argv(demo_shards, tmp_path, "locked", "--epochs", "1", "--lock-logit-scale"))
     steps = RunDir(tmp_path / "locked").metrics("train")

@@ -128,6 +128,7 @@ def test_a_resume_that_cannot_be_honoured_is_refused_in_one_line(demo_shards, ba
     assert not (tmp_path / "changed" / "metrics.jsonl").exists()  # refused before training
 
 
+@pytest.mark.slow
 def test_reset_loss_state_accepts_another_loss_or_loss_options(demo_shards, base_run, tmp_path):
     summary = main(
         argv(

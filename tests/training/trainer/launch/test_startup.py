@@ -253,6 +253,7 @@ def test_dry_run_lists_the_loss_options_that_differ_from_their_defaults_one_a_li
     assert all(line.endswith(f"(default {expected[line.split(':')[0].split()[-1]]})") for line in listed)
 
 
+@pytest.mark.slow
 def test_a_runs_log_starts_with_its_plan_and_lists_only_the_chosen_losss_options(demo_shards, tmp_path):
     """out.log's first line is the plan (ranks x batch x accum, steps, epochs, the checkpoints' disk), the loss
     options the run changes under it; the "Params:" dump leaves out the other losses' options (all unset), which

@@ -86,6 +86,7 @@ def test_tensorboard_tags_are_openclips(tensorboard_scalars):
     assert [step for step, _ in tensorboard_scalars["val/clip_val_loss"]] == [1, 2]  # at the epoch, as OpenCLIP
 
 
+@pytest.mark.slow
 def test_loss_stats_and_epoch_summaries_have_their_own_prefixes(tensorboard_scalars):
     tags = set(tensorboard_scalars[0])
     assert {"loss_stats/i2t/m1", "loss_stats/t2i/anchor"} <= tags

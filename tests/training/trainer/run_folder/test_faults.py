@@ -72,6 +72,7 @@ def result_epochs(run_dir):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_full_disk_and_a_revoked_permission_for_the_records_do_not_stop_training(
     demo_shards, tmp_path, monkeypatch, caplog
 ):
@@ -144,6 +145,7 @@ def test_a_checkpoint_save_on_a_full_disk_is_reported_as_disk_full(tmp_path, mon
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_bit_flipped_checkpoint_is_refused_and_resume_latest_falls_back_past_it(
     demo_shards, base_run, tmp_path, caplog
 ):
@@ -217,6 +219,7 @@ def test_a_second_launch_of_a_running_run_is_refused_in_one_line(demo_shards, ba
     assert not (run_dir / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_a_restart_from_scratch_records_each_step_once(demo_shards, base_run, tmp_path):
     """Every checkpoint unreadable: --resume latest starts over and the earlier records go aside."""
     run_dir = tmp_path / "over"
@@ -249,6 +252,7 @@ def test_a_run_folder_without_a_checkpoint_does_not_block_a_rerun(demo_shards, t
     assert len(list(run_dir.glob("started_over_*/metrics.jsonl"))) == 1
 
 
+@pytest.mark.slow
 def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoch(demo_shards, base_run, tmp_path):
     run_dir = tmp_path / "rolled"
     shutil.copytree(base_run, run_dir)
@@ -266,6 +270,7 @@ def test_a_roll_back_trims_results_and_the_model_card_takes_the_checkpoints_epoc
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stalled_pipe_shard_is_ended_and_skipped_within_the_timeout(demo_shards, tmp_path):
     train = demo_shards / "train"
     shards = [f"pipe:cat {train}/shard-00000{k}.tar" for k in range(2)] + ["pipe:sleep 617"]
@@ -499,6 +504,7 @@ def test_sigterm_during_a_stalled_startup_read_stops_the_run_with_status_75(demo
     assert processes_running(b"sleep 623") == []
 
 
+@pytest.mark.slow
 def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(
     demo_shards, tmp_path, monkeypatch, caplog, capsys
 ):
@@ -539,6 +545,7 @@ def test_tensorboard_and_out_log_on_a_full_disk_do_not_stop_training(
     assert "Traceback" not in capsys.readouterr().err  # nor the writer thread's own report
 
 
+@pytest.mark.slow
 def test_two_launches_racing_for_a_stale_lock_never_both_hold_it(tmp_path):
     """Twenty trials of two processes taking a dead owner's run.lock at the same moment: one holds it each time."""
     outcomes = race_for_a_stale_lock(tmp_path, trials=20, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -614,6 +621,7 @@ def test_a_name_outside_logs_is_warned_about_and_an_empty_name_refused(demo_shar
             main(argv(demo_shards, logs, name, "--dry-run"))
 
 
+@pytest.mark.slow
 def test_an_empty_checkpoint_is_named_in_plain_words(demo_shards, base_run, tmp_path, caplog):
     run_dir = tmp_path / "empty"
     shutil.copytree(base_run, run_dir)

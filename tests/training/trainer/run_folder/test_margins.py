@@ -89,6 +89,7 @@ def test_the_run_writes_margins_png_and_fallbacks_are_gaps_as_many_as_the_loss_c
         assert not any(map(math.isnan, traces.values[f"{direction}/candidates"]))
 
 
+@pytest.mark.slow
 def test_a_fallback_step_has_no_margin_in_metrics_or_tensorboard(every_step_logged):
     """At a fallback step vanilla's (t, 0) is applied but no margin was chosen: no point, rather than 1 and 0."""
     run = Path(every_step_logged.run_dir)
