@@ -36,6 +36,10 @@ EXTRAS_REQUIRE = {
         "requests",  # clip_benchmark.cli imports it
         "matplotlib",
         "scipy",  # paired-t intervals: the benchmarks' (training.trainer.timing) and the lab's comparisons
+        # Exactly 1.4.2: the lab's icon data set (studies.icons, docs/icons.md) is defined by the Material Design
+        # Icons 6.9.96 font and charmap this wheel ships (another version renames, adds or redraws icons, and so
+        # changes the families). The lab reads the two files; it never imports qtawesome (that needs a Qt binding).
+        "qtawesome==1.4.2",
     ],
     "wandb": ["wandb"],
     "test": ["pytest", "pytest-timeout", "pytest-xdist", "packaging", "ruff"],  # ruff: the linter .ci/run runs

@@ -1,9 +1,10 @@
-"""A study's data set: the glyphs (`studies.glyphs`) or the synthetic scenes (`training.synthetic_scenes`),
-written once under the study's output root and reused while their manifest says they are the same data.
+"""A study's data set: the glyphs (`studies.glyphs`), the icons (`studies.icons`) or the synthetic scenes
+(`training.synthetic_scenes`), written once under the study's output root and reused while their manifest says
+they are the same data.
 
-Each data set is a value (`GlyphData`, `SceneData`) that knows its folder, writes itself, and says how a
-comparison reads it: as its own data with its evaluation sets (`OwnData`, the glyphs) or as the demo data of
-the comparison's budget (a data folder, the scenes).
+Each data set is a value (`GlyphData`, `IconData`, `SceneData`) that knows its folder, writes itself, and says how
+a comparison reads it: as its own data with its evaluation sets (`OwnData`, the glyphs and the icons) or as the
+demo data of the comparison's budget (a data folder, the scenes).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, ClassVar, Optional, Tuple, Union
 
 from .comparison import QUICK, Benchmarks, ComparisonData, OwnData
 
@@ -39,31 +40,39 @@ def training_data(data_dir: Path, manifest: dict, with_num_samples: bool) -> Tra
 
 
 @dataclass(frozen=True)
-class GlyphData:
-    """The glyph data of one data seed (docs/glyphs.md), in <root>/data."""
+class WrittenDataSet:
+    """A data set of the lab that a writer puts in <root>/<FOLDER> once (`write`, its LAYOUT_VERSION), read as a
+    comparison's own data with its clip-benchmark sets and clone selection; one per data seed."""
 
     seed: int = 0
+    FOLDER: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    def writer(self) -> Tuple[Callable[..., object], int]:
+        """The writer (`write(folder, seed=...)`) and the layout version it writes."""
+        raise NotImplementedError
 
     def folder(self, root: Path) -> Path:
-        return root / "data"
+        return root / self.FOLDER
 
     def prepare(self, root: Path) -> dict:
-        """Write the data once; returns its manifest (an error if the folder holds another data seed's)."""
-        from .glyphs import write_glyph_dataset
-        from .glyphs.writers import LAYOUT_VERSION
-
+        """Write the data once; returns its manifest (an error if the folder holds another data seed's, or an
+        earlier layout's)."""
+        write, layout_version = self.writer()
         data_dir = self.folder(root)
         manifest_path = data_dir / "manifest.json"
         if not manifest_path.is_file():
-            print(f"== writing the glyph data into {data_dir}", flush=True)
-            write_glyph_dataset(data_dir, seed=self.seed)
+            print(f"== writing the {self.WHAT} into {data_dir}", flush=True)
+            write(data_dir, seed=self.seed)
         manifest = json.loads(manifest_path.read_text())
         if manifest["seed"] != self.seed:
-            raise ValueError(f"{data_dir} holds glyph data of data seed {manifest['seed']}, not {self.seed}: remove it")
-        if manifest.get("layout_version") != LAYOUT_VERSION:
             raise ValueError(
-                f"{data_dir} holds glyph data of an earlier layout ({manifest.get('layout_version', 1)}, this writer's "
-                f"is {LAYOUT_VERSION}): remove it, and it is written again"
+                f"{data_dir} holds {self.WHAT} of data seed {manifest['seed']}, not {self.seed}: remove it"
+            )
+        if manifest.get("layout_version") != layout_version:
+            raise ValueError(
+                f"{data_dir} holds {self.WHAT} of an earlier layout ({manifest.get('layout_version', 1)}, this "
+                f"writer's is {layout_version}): remove it, and it is written again"
             )
         return manifest
 
@@ -71,7 +80,7 @@ class GlyphData:
         return training_data(self.folder(root), self.prepare(root), with_num_samples=True)
 
     def comparison_data(self, root: Path) -> "ComparisonInputs":
-        """The glyphs as a comparison's own data: evaluated on their retrieval set and clone selection."""
+        """The data as a comparison's own data: evaluated on its clip-benchmark sets and clone selection."""
         data_dir, manifest = self.folder(root), self.prepare(root)
         training = training_data(data_dir, manifest, with_num_samples=True)
         data = ComparisonData(
@@ -87,6 +96,35 @@ class GlyphData:
             str(data_dir / manifest["clone_selection"]),
         )
         return ComparisonInputs(own_data=OwnData(data, benchmarks))
+
+
+@dataclass(frozen=True)
+class GlyphData(WrittenDataSet):
+    """The glyph data of one data seed (docs/glyphs.md), in <root>/data."""
+
+    FOLDER: ClassVar[str] = "data"
+    WHAT: ClassVar[str] = "glyph data"
+
+    def writer(self) -> Tuple[Callable[..., object], int]:
+        from .glyphs import write_glyph_dataset
+        from .glyphs.writers import LAYOUT_VERSION
+
+        return write_glyph_dataset, LAYOUT_VERSION
+
+
+@dataclass(frozen=True)
+class IconData(WrittenDataSet):
+    """The icon data of one data seed (docs/icons.md), in <root>/icon_data. No study trains on it yet
+    (docs/preregistration_icons.md registers what will)."""
+
+    FOLDER: ClassVar[str] = "icon_data"
+    WHAT: ClassVar[str] = "icon data"
+
+    def writer(self) -> Tuple[Callable[..., object], int]:
+        from .icons import write_icon_dataset
+        from .icons.writers import LAYOUT_VERSION
+
+        return write_icon_dataset, LAYOUT_VERSION
 
 
 @dataclass(frozen=True)
@@ -146,4 +184,4 @@ class ComparisonInputs:
     data_seed: int = 0
 
 
-DataSet = Union[GlyphData, SceneData]
+DataSet = Union[GlyphData, IconData, SceneData]

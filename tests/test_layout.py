@@ -5,8 +5,8 @@ command-line package runs as `python -m`.
 open_clip_adacl (the library) <- training.trainer's foundations (flags, distributed, preemption, progress, timing)
 <- training.trainer.data, training.trainer.run_folder <- training.trainer.engine <- training.trainer.launch
 <- training.main (and `training` itself) <- the tools: training.export, training.torchrun, training.evaluation,
-training.synthetic_scenes, training.discover. The lab, outside the wheel, on top of them all: studies.recipes and
-studies.glyphs <- studies.comparison <- studies (its studies and measurements, which reach the loss comparison
+training.synthetic_scenes, training.discover. The lab, outside the wheel, on top of them all: studies.recipes,
+studies.glyphs and studies.icons <- studies.comparison <- studies (its studies and measurements, which reach the loss comparison
 only through its face). Checkpoints are read in one place; no name private to one package (`_x`) is imported into
 or out of the lab, and no test loads a file by its path.
 """
@@ -46,13 +46,15 @@ ALLOWED = {
 }
 PRODUCT = set(ALLOWED)
 # The lab's floors, each on the whole product and the floors below it.
-LAB_RECIPES, GLYPHS, COMPARISON, STUDIES = "studies.recipes", "studies.glyphs", "studies.comparison", "studies"
+LAB_RECIPES, GLYPHS, ICONS = "studies.recipes", "studies.glyphs", "studies.icons"
+COMPARISON, STUDIES = "studies.comparison", "studies"
 ALLOWED.update(
     {
         LAB_RECIPES: PRODUCT,
         GLYPHS: PRODUCT,
+        ICONS: PRODUCT,
         COMPARISON: PRODUCT | {LAB_RECIPES},
-        STUDIES: PRODUCT | {LAB_RECIPES, GLYPHS, COMPARISON},
+        STUDIES: PRODUCT | {LAB_RECIPES, GLYPHS, ICONS, COMPARISON},
     }
 )
 # src/training lists the entry point, the trainer's layers (one package) and the tools, each a command.
@@ -245,7 +247,9 @@ def test_no_retired_record_name_is_left_in_src():
 # (`python -m studies.comparison` runs in the loss comparison's job tests, every job being such a process, and
 # `python -m training.discover` in its own tests.) The lab's commands run from the repository root, as its docs say.
 @pytest.mark.slow
-@pytest.mark.parametrize("package", ["training.synthetic_scenes", "training.evaluation", "studies", "studies.glyphs"])
+@pytest.mark.parametrize(
+    "package", ["training.synthetic_scenes", "training.evaluation", "studies", "studies.glyphs", "studies.icons"]
+)
 def test_each_command_line_package_runs_as_a_module(package):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
@@ -376,7 +380,7 @@ def test_the_studies_use_the_loss_comparison_only_through_its_face():
 def test_no_private_name_crosses_into_or_out_of_the_lab():
     """No module or test imports a `_name` of the lab from outside it, and the lab imports none from the product
     (it reaches the product through its public names)."""
-    in_lab = {"studies", LAB_RECIPES, GLYPHS, COMPARISON}
+    in_lab = {"studies", LAB_RECIPES, GLYPHS, ICONS, COMPARISON}
     crossing = [
         f"{path.relative_to(ROOT)}: {module}.{name}"
         for path in [*house_files(), *sorted((ROOT / "tests").rglob("*.py"))]

@@ -39,7 +39,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from training.trainer.data.shard_writer import encode_png, json_bytes, write_shards
+from training.trainer.data.shard_writer import (
+    encode_png,
+    json_bytes,
+    write_classification_set,
+    write_retrieval_set,
+    write_shards,
+)
 
 from .catalogue import ATTRIBUTE_KINDS, FACES, Glyph, Letter, SiblingIndex, all_glyphs, font_dir
 from .rendering import render_glyph
@@ -156,22 +162,11 @@ def write_glyph_dataset(
     )
     first_test = first_val + len(by_split["val"])
     test = by_split["test"]
-    retrieval = root / "benchmark" / RETRIEVAL_SET
-    write_shards(
-        retrieval / "test",
-        (
-            {
-                "__key__": f"{index:06d}",
-                "png": encode_png(render_glyph(glyph, image_size)),
-                "txt": glyph.caption.encode(),
-            }
-            for index, glyph in enumerate(test)
-        ),
+    retrieval = write_retrieval_set(
+        root / "benchmark" / RETRIEVAL_SET,
+        ((render_glyph(glyph, image_size), glyph.caption) for glyph in test),
         shard_size,
-        "{}.tar",
-        with_nshards=True,
     )
-    (retrieval / "dataset_type.txt").write_text("retrieval\n")
     letters = _write_letters_set(root / "benchmark" / LETTERS_SET, test, image_size, shard_size)
     write_shards(
         root / "clone_selection",
@@ -301,23 +296,8 @@ def _write_letters_set(root: Path, test: Sequence[Glyph], image_size: int, shard
     """clip-benchmark wds classification of each test glyph's letter, among the letters of the test glyphs."""
     classes = sorted({letter_class(glyph.letter) for glyph in test})
     index = {name: label for label, name in enumerate(classes)}
-    write_shards(
-        root / "test",
-        (
-            {
-                "__key__": f"{offset:06d}",
-                "png": encode_png(render_glyph(glyph, image_size)),
-                "cls": str(index[letter_class(glyph.letter)]).encode(),
-            }
-            for offset, glyph in enumerate(test)
-        ),
-        shard_size,
-        "{}.tar",
-        with_nshards=True,
-    )
-    (root / "classnames.txt").write_text("\n".join(classes) + "\n")
-    (root / "zeroshot_classification_templates.txt").write_text("\n".join(LETTERS_TEMPLATES) + "\n")
-    return root
+    samples = ((render_glyph(glyph, image_size), index[letter_class(glyph.letter)]) for glyph in test)
+    return write_classification_set(root, samples, classes, LETTERS_TEMPLATES, shard_size)
 
 
 def _plain_samples(glyphs: Sequence[Glyph], first_key: int, image_size: int) -> Iterator[dict]:

@@ -45,7 +45,13 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from training.trainer.data.shard_writer import encode_png, json_bytes, write_shards
+from training.trainer.data.shard_writer import (
+    encode_png,
+    json_bytes,
+    write_classification_set,
+    write_retrieval_set,
+    write_shards,
+)
 
 from .captions import CAPTION_KEYS, PSEUDO_CAPTION_KEY, caption, caption_likeness, facts, paraphrases, pseudo_caption
 from .edits import EDIT_TYPES, edit_caption, family_edit, sample_family
@@ -234,34 +240,23 @@ def _write_classification_set(
     else:
         templates = [f"a large {{c}} {shape}" for shape in SHAPES]
 
-    def samples() -> Iterator[dict]:
+    def samples() -> Iterator[tuple]:
         for index in range(count):
             label = index % len(classes)
             scene = _dominant_object_scene(
                 np.random.default_rng([seed, _STREAMS[name], index]), config, attribute, classes[label]
             )
-            yield {"__key__": f"{index:06d}", "png": encode_png(render(scene)), "cls": str(label).encode()}
+            yield render(scene), label
 
-    root = benchmark_dir / name
-    write_shards(root / "test", samples(), shard_size, "{}.tar", with_nshards=True)
-    (root / "classnames.txt").write_text("\n".join(classes) + "\n")
-    (root / "zeroshot_classification_templates.txt").write_text("\n".join(templates) + "\n")
-    return root
+    return write_classification_set(benchmark_dir / name, samples(), classes, templates, shard_size)
 
 
 def _write_retrieval_set(root: Path, scenes: list[Scene], shard_size: int) -> Path:
-    """clip-benchmark wds retrieval set: each test image with its three true captions."""
+    """clip-benchmark wds retrieval set: each test image with its three true captions (one a line)."""
     samples = (
-        {
-            "__key__": f"{index:06d}",
-            "png": encode_png(render(scene)),
-            "txt": "\n".join([caption(scene.description), *paraphrases(scene.description)]).encode(),
-        }
-        for index, scene in enumerate(scenes)
+        (render(scene), "\n".join([caption(scene.description), *paraphrases(scene.description)])) for scene in scenes
     )
-    write_shards(root / "test", samples, shard_size, "{}.tar", with_nshards=True)
-    (root / "dataset_type.txt").write_text("retrieval\n")
-    return root
+    return write_retrieval_set(root, samples, shard_size)
 
 
 def _scene_json(scene: Scene) -> dict:

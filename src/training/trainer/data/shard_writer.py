@@ -1,8 +1,9 @@
 """Writing webdataset shards the way the loader reads them: byte-identical tars for identical samples.
 
-The generated data sets (`training.synthetic_scenes`, the laboratory's `studies.glyphs`) write their splits, clip-benchmark
-sets and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
-`nshards.txt` are written beside the tars on request.
+The generated data sets (`training.synthetic_scenes`, the laboratory's `studies.glyphs` and `studies.icons`) write their
+splits and clone-selection sets with `write_shards`; `sizes.json` (read by get_dataset_size) and clip-benchmark's
+`nshards.txt` are written beside the tars on request. `write_classification_set` and `write_retrieval_set` write a
+clip-benchmark `wds/` set (`test/<n>.tar`, `nshards.txt` and the files its task reads).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import io
 import itertools
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence, Tuple
 
 import webdataset as wds
 from PIL import Image
@@ -66,3 +67,45 @@ def encode_png(image: Image.Image) -> bytes:
 def json_bytes(obj: dict) -> bytes:
     """A json member with sorted keys (byte-identical for equal objects)."""
     return json.dumps(obj, sort_keys=True).encode()
+
+
+def write_classification_set(
+    root: Path,
+    samples: Iterable[Tuple[Image.Image, int]],
+    classes: Sequence[str],
+    templates: Sequence[str],
+    shard_size: int,
+) -> Path:
+    """A clip-benchmark `wds/` zero-shot classification set in `root`: (image, class index) samples as
+    test/<n>.tar of <key>.png + <key>.cls, `classnames.txt` and `zeroshot_classification_templates.txt`
+    (each template with a `{c}`); returns `root`."""
+    write_shards(
+        root / "test",
+        (
+            {"__key__": f"{index:06d}", "png": encode_png(image), "cls": str(label).encode()}
+            for index, (image, label) in enumerate(samples)
+        ),
+        shard_size,
+        "{}.tar",
+        with_nshards=True,
+    )
+    (root / "classnames.txt").write_text("\n".join(classes) + "\n")
+    (root / "zeroshot_classification_templates.txt").write_text("\n".join(templates) + "\n")
+    return root
+
+
+def write_retrieval_set(root: Path, samples: Iterable[Tuple[Image.Image, str]], shard_size: int) -> Path:
+    """A clip-benchmark `wds/` retrieval set in `root`: (image, caption) samples as test/<n>.tar of <key>.png +
+    <key>.txt, and `dataset_type.txt`; returns `root`."""
+    write_shards(
+        root / "test",
+        (
+            {"__key__": f"{index:06d}", "png": encode_png(image), "txt": caption.encode()}
+            for index, (image, caption) in enumerate(samples)
+        ),
+        shard_size,
+        "{}.tar",
+        with_nshards=True,
+    )
+    (root / "dataset_type.txt").write_text("retrieval\n")
+    return root
