@@ -136,13 +136,13 @@ ROWS = (
         "adaclw-weight-nan",
         "`--loss adaclw --adaclw-weight nan`",
         ["--loss", "adaclw", "--adaclw-weight", "nan"],
-        r"^error: --loss adaclw: option weight: nan is not a finite number",
+        r"^error: --loss adaclw: --adaclw-weight: nan is not a finite number",
     ),
     _bad_number(
         "adaclw-threshold-inf",
         "`--loss adaclw --adaclw-discovery tokens --adaclw-threshold inf` (a threshold that flags nothing)",
         ["--loss", "adaclw", "--adaclw-discovery", "tokens", "--adaclw-threshold", "inf"],
-        r"^error: --loss adaclw: option threshold: inf is not a finite number",
+        r"^error: --loss adaclw: --adaclw-threshold: inf is not a finite number",
     ),
     _bad_number(
         "fp16-on-cpu",

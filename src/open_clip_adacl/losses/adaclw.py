@@ -113,7 +113,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
             if not 0 < self.memory_momentum <= 1:
                 raise ValueError(f"memory_momentum must be in (0, 1], got {self.memory_momentum}")
             if not 0 <= self.quota < 1:
-                raise ValueError(f"quota must be in [0, 1) (0: no quota), got {self.quota}")
+                raise ValueError(f"quota must be in [0, 1) (0: off), got {self.quota}")
 
     console_stats = ("clone_share",)
     # What a comparison summarises per run: how many negatives the discovery flagged, how much the weights moved.
