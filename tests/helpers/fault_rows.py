@@ -192,6 +192,22 @@ ROWS = (
         "warning: --loss adaclw",
         r"gives every sample the same caption: its discovery can tell no pair apart and flags nothing",
     ),
+    FaultRow(
+        "adaclw-threshold-beyond-batch",
+        "`--loss adaclw --adaclw-discovery image --adaclw-threshold 8` at batch 32 x `--accum-freq 2` (no score of 63 "
+        "negatives stands 8 standard deviations out), `--dry-run`",
+        lambda i: run_flags(
+            i,
+            "threshold",
+            *("--loss", "adaclw", "--adaclw-discovery", "image", "--adaclw-threshold", "8", "--accum-freq", "2"),
+            "--dry-run",
+        ),
+        0,
+        "warning: --loss adaclw",
+        r"^warning: --loss adaclw: --adaclw-threshold 8 flags nothing at a global batch of 64: no score of a row's 63 "
+        r"negatives stands more than sqrt\(62\) = 7\.87 standard deviations above their mean, so every negative "
+        r"counts once and the loss trains as clip; pass a --adaclw-threshold below 7\.87",
+    ),
     *(
         FaultRow(
             f"hf-hub-offline{suffix}",

@@ -67,9 +67,10 @@ def flag_text(loss_name: str, message: str) -> str:
     return pattern.sub(lambda match: flags[match.group(1)], message)
 
 
-def loss_error_line(loss_name: str, error: BaseException) -> str:
-    """A command line's one line for an error of `--loss loss_name` (its options, its setup), by the flags."""
-    return f"--loss {loss_name}: {flag_text(loss_name, str(error))}"
+def loss_line(loss_name: str, problem: object) -> str:
+    """A command line's one line for an error of `--loss loss_name` (its options, its setup) or a warning about
+    them, by the flags."""
+    return f"--loss {loss_name}: {flag_text(loss_name, str(problem))}"
 
 
 def option_of(loss_name: str, flag: str) -> LossOption:

@@ -12,6 +12,7 @@ from typing import List, Optional
 import torchvision
 
 from open_clip_adacl.flag_numbers import INT64_MAX
+from open_clip_adacl.losses.flags import loss_line
 
 from ..data import (
     build_train_data,
@@ -166,14 +167,17 @@ def epoch_beyond_data_warning(cfg: RunConfig, data) -> Optional[str]:
 
 
 def loss_input_warnings(cfg: RunConfig, loss_fn) -> List[str]:
-    """A loss that reads the captions' token ids (a token discovery) on data whose samples share one caption: every
-    pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    """Options under which the loss changes nothing at this run's global batch (`Loss.idle_options`, by their
+    flags), and a loss that reads the captions' token ids (a token discovery) on data whose samples share one
+    caption: every pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    global_batch = samples_per_step(cfg.data.batch_size, loss_fn.dist.world_size, cfg.train.accum_freq)
+    warnings = [loss_line(cfg.loss.name, line) for line in loss_fn.idle_options(global_batch)]
     if not loss_fn.reads_text_tokens():
-        return []
+        return warnings
     source = get_data_source(resolve_dataset_type(cfg.data.dataset_type, cfg.data.train_data))
     if not source.one_caption:
-        return []
-    return [
+        return warnings
+    return warnings + [
         f"--loss {cfg.loss.name} reads the captions' token ids, and --dataset-type {cfg.data.dataset_type} gives "
         "every sample the same caption: its discovery can tell no pair apart and flags nothing; train on data with "
         "captions, or choose a discovery that reads the embeddings"
