@@ -25,6 +25,7 @@ from PIL import Image
 # The sample keys `--loss glofnd` cannot index, in the order the first shard's samples get them (--data-size 1000).
 BAD_SAMPLE_KEYS = (-3, "abc", 1.5, 2**70, 10**6)
 GLOFND_DATA_SIZE = 1000
+CSV_DATA_SIZE = 100  # --data-size of the glofnd run on rows.tsv, whose 128 rows are samples 0..127
 NUL_ROW = 3  # the csv row whose image path holds a NUL byte
 QUOTE_ROW = 3  # the tsv row whose caption opens a quote it never closes
 
@@ -269,6 +270,18 @@ ROWS = (
         lost="those samples",
     ),
     FaultRow(
+        "csv-rows-beyond-data-size",
+        f"`--loss glofnd --data-size {CSV_DATA_SIZE} --train-num-samples 64` on a tsv of 128 rows (row k is sample k; "
+        "an epoch draws from all), `--dry-run`",
+        lambda i: run_flags(
+            i, "glofnd-csv", "--loss", "glofnd", "--data-size", str(CSV_DATA_SIZE), "--dry-run", data=i.path("rows.tsv")
+        ),
+        2,
+        "error:",
+        rf"^error: --data-size {CSV_DATA_SIZE} is less than the 128 rows of --train-data .*rows\.tsv \(row k "
+        rf"is sample k, and --loss glofnd keeps a state per sample\): rows {CSV_DATA_SIZE}\.\.127 have none; pass --data-size 128",
+    ),
+    FaultRow(
         "gif-members",
         "a shard whose images are `.gif` members",
         lambda i: run_flags(i, "gif", data=i.path("gif.tar"), samples=128),
@@ -348,6 +361,7 @@ def write_fault_inputs(work: Path, demo: Path, train: Callable[[List[str]], obje
     )
     quoted = [(path, '"' + caption if index == QUOTE_ROW else caption) for index, (path, caption) in enumerate(rows)]
     (work / "quote.tsv").write_text("filepath\ttitle\n" + "".join(f"{path}\t{caption}\n" for path, caption in quoted))
+    (work / "rows.tsv").write_text("filepath\ttitle\n" + "".join(f"{path}\t{caption}\n" for path, caption in rows))
     train(run_flags(inputs, "finished"))
     train(
         run_flags(

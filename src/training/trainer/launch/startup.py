@@ -28,7 +28,7 @@ from ..engine.validation import imagenet_folder
 from ..flags import ConfigError
 from ..run_folder.checkpoint_files import checkpoint_candidates
 from ..run_folder.layout import CHECKPOINT_DIR_NAME
-from .config import RESUME_LATEST, RunConfig
+from .config import RESUME_LATEST, RunConfig, sample_state_rows
 
 
 @dataclass
@@ -59,6 +59,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         check_data_fields(cfg.data)
     except ValueError as error:  # a DataError (no readable sample) is the run's to report, as for the loaders
         raise ConfigError(str(error)) from error
+    state_problem = sample_state_problem(cfg, data)
+    if state_problem:
+        raise ConfigError(state_problem)
     accum_freq = cfg.train.accum_freq
     steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:
@@ -106,6 +109,20 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         if warning
     ]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
+
+
+def sample_state_problem(cfg: RunConfig, data) -> Optional[str]:
+    """A loss's per-sample state (--data-size rows) that some sample ids of the training data, known before any is
+    read (a csv's: its row numbers), cannot index. A shard's sample keys are known only when read: those are
+    skipped as bad_sample_key (`DataConfig.sample_index_limit`)."""
+    rows, ids_below = sample_state_rows(cfg.loss.options), data.sample_ids_below
+    if rows is None or ids_below is None or ids_below <= rows:
+        return None
+    return (
+        f"--data-size {rows} is less than the {ids_below} rows of --train-data {cfg.data.train_data} (row k is "
+        f"sample k, and --loss {cfg.loss.name} keeps a state per sample): rows {rows}..{ids_below - 1} have none; "
+        f"pass --data-size {ids_below}"
+    )
 
 
 def plan_line(plan: StartupPlan, disk: Optional[str]) -> str:
