@@ -311,10 +311,11 @@ ROWS = (
     ),
     FaultRow(
         "discover-full-disk",
-        "`training.discover --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`)",
+        "`training.discover --model local-dir:EXPORT --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`): the "
+        "report's pairs do not fit",
         lambda i: [
-            "--checkpoint",
-            str(i.logs / "finished" / "checkpoints" / "epoch_1.pt"),
+            "--model",
+            f"local-dir:{i.path('export')}",  # not --checkpoint, whose export to a temporary folder fills it first
             "--data",
             str(i.demo / "train" / "shard-000000.tar"),
             "--output",
@@ -334,6 +335,47 @@ ROWS = (
         lost="the report (what was written stays for --continue)",
         tool="training.discover",
         file_size_limit=20_000,
+    ),
+    FaultRow(
+        "export-full-disk",
+        "`training.export --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`): the weights do not fit",
+        lambda i: [
+            "--checkpoint",
+            str(i.logs / "finished" / "checkpoints" / "epoch_1.pt"),
+            "--output",
+            i.path("full-export"),
+        ],
+        1,
+        "error:",
+        r"^error: could not write .*full-export \(file too large for the file-size limit .*\); free space or choose "
+        r"another --output \(none of the export is left there\)",
+        lost="the export (none of its files is left)",
+        tool="training.export",
+        file_size_limit=20_000,
+    ),
+    FaultRow(
+        "evaluation-full-disk",
+        "`training.evaluation` (the stock clip-benchmark CLI) on a disk that fills after 100 bytes (`RLIMIT_FSIZE`): "
+        "its result does not fit",
+        lambda i: [
+            "--model",
+            f"local-dir:{i.path('export')}",
+            "--datasets",
+            "wds/scenes_shape",
+            "--dataset-root-dir",
+            str(i.demo / "benchmark" / "{dataset}"),
+            "--output-dir",
+            i.path("full-evaluation"),
+            "--num-workers",
+            "0",
+        ],
+        1,
+        "error:",
+        r"^error: could not write into .*full-evaluation/clip_benchmark \(file too large for the file-size limit "
+        r".*\); free space or choose another --output-dir$",
+        lost="the evaluation (no result is left half written)",
+        tool="training.evaluation",
+        file_size_limit=100,
     ),
 )
 ROW_NAMES = {row.name: row for row in ROWS}
