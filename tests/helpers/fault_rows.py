@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from PIL import Image
 
+from helpers.run_utils import tiny_argv
+
 # The sample keys `--loss glofnd` cannot index, in the order the first shard's samples get them (--data-size 1000).
 BAD_SAMPLE_KEYS = (-3, "abc", 1.5, 2**70, 10**6)
 GLOFND_DATA_SIZE = 1000
@@ -89,29 +91,7 @@ class FaultRow:
 
 def run_flags(inputs: FaultInputs, name: str, *extra: str, data: Optional[str] = None, samples: int = 64) -> List[str]:
     """A tiny clip run of 1 epoch on the demo shards (or `data`), named `name`."""
-    return [
-        "--train-data",
-        data or inputs.shards,
-        "--train-num-samples",
-        str(samples),
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--epochs",
-        "1",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(inputs.logs),
-        "--name",
-        name,
-        *extra,
-    ]
+    return tiny_argv(inputs.logs, name, *extra, data=data or inputs.shards, samples=samples)
 
 
 def _bad_number(name: str, fault: str, flags: Sequence[str], expect: str, **kwargs) -> FaultRow:
