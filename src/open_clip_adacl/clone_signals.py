@@ -21,6 +21,7 @@ and `python -m studies signals` (their precision and recall against known famili
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, Optional, Tuple
@@ -126,6 +127,14 @@ def standardized_over_negatives(scores: torch.Tensor, negative: torch.Tensor) ->
     centered = scores - mean  # one N x N pass, read by the spread and divided in place after it
     spread = torch.where(negative, centered, 0.0).pow_(2).sum(1, keepdim=True) / count
     return torch.where(negative, centered.div_(spread.sqrt().clamp(min=1e-12)), 0.0)
+
+
+def max_standardized_score(negatives: int) -> float:
+    """The most a score of a row of `negatives` negatives can stand above their mean in `standardized_over_negatives`,
+    whatever they hold: sqrt(negatives - 1), reached when all the others are equal (Samuelson's inequality, for the
+    population standard deviation it divides by); 0 for one negative. A threshold at or above it flags nothing (at
+    it, float rounding may flag the outlier of such a row of equal negatives)."""
+    return math.sqrt(max(negatives - 1, 0))
 
 
 NO_TOKEN = torch.iinfo(torch.long).max  # sorts after every token id: where a slot holds no token of a set

@@ -24,7 +24,10 @@ card's text and as its metadata's model-index, which the hub shows as the model'
 
 Files are written atomically with the umask's mode, as checkpoints are, into an empty (or new) folder: one
 that holds something is refused unless `--overwrite`, so an export never sits beside another model's files.
-A --checkpoint that is a folder, missing or not a weights file is one line saying so.
+They are written and checked in a staged folder inside it and moved in together at the end, so an export that
+fails (a full disk, a read-only folder) leaves none of its files there, and the command says so in one line
+naming the file and the cause (exit status 1). A --checkpoint that is a folder, missing or not a weights file
+is one line saying so.
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ from safetensors.torch import save
 from .trainer.launch.params import command_line
 from .trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
 from .trainer.run_folder.checkpoint_digest import CheckpointDamaged
-from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint
+from .trainer.run_folder.checkpoint_files import atomic_file, checkpoint_candidates, load_checkpoint, staged_folder
 
 # the trainer's validation results, next to the checkpoints:
 from .trainer.run_folder.layout import CHECKPOINT_DIR_NAME, RESULTS_NAME, read_json_lines
+from .trainer.run_folder.safe_write import WRITE_FAILED_STATUS, WriteFailed, tool_writes
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -75,7 +79,10 @@ def export(
     """Write DIR/open_clip_config.json and DIR/open_clip_model.safetensors; returns DIR. DIR must be empty
     (or new) unless `overwrite`."""
     check_output_folder(Path(output_dir), overwrite)
-    return _export_loaded(read_checkpoint(checkpoint_path), output_dir, model_name)
+    checkpoint = read_checkpoint(checkpoint_path)
+    with staged_folder(output_dir) as stage:
+        _write_export(checkpoint, stage, model_name)
+    return Path(output_dir)
 
 
 def export_for_hub(
@@ -92,14 +99,15 @@ def export_for_hub(
     check_output_folder(Path(hf_dir), overwrite)  # before reading anything
     evaluation = read_eval_table(Path(eval_dir)) if eval_dir is not None else []  # before writing anything
     checkpoint = read_checkpoint(checkpoint_path)
-    hf_dir = _export_loaded(checkpoint, hf_dir, model_name)
-    tokenizer = open_clip.get_tokenizer(f"local-dir:{hf_dir}")
-    if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
-        tokenizer.save_pretrained(str(hf_dir))
     results = read_json_lines(Path(checkpoint_path).parent / RESULTS_NAME)
     card = model_card(checkpoint, results, repo_id, license=license, evaluation=evaluation)
-    _write_text(hf_dir / README_NAME, str(card))
-    return hf_dir
+    with staged_folder(hf_dir) as stage:
+        _write_export(checkpoint, stage, model_name)
+        tokenizer = open_clip.get_tokenizer(f"local-dir:{stage}")
+        if hasattr(tokenizer, "save_pretrained"):  # Hugging Face tokenizers only (see the module docstring)
+            tokenizer.save_pretrained(str(stage))
+        _write_text(stage / README_NAME, str(card))
+    return Path(hf_dir)
 
 
 def check_output_folder(folder: Path, overwrite: bool) -> None:
@@ -262,19 +270,17 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _export_loaded(checkpoint: Dict[str, Any], output_dir: str | Path, model_name: Optional[str]) -> Path:
+def _write_export(checkpoint: Dict[str, Any], folder: Path, model_name: Optional[str]) -> None:
+    """The config and the weights into `folder` (a staged one: `staged_folder`), checked by loading them back."""
     config = _configs(checkpoint, model_name)
     state_dict = checkpoint.get("state_dict", checkpoint)
     state_dict = {
         (k[len("module.") :] if k.startswith("module.") else k): v.contiguous() for k, v in state_dict.items()
     }
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(output_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
-    with atomic_file(output_dir / WEIGHTS_NAME) as f:  # safetensors' save_file would leave it 0600
+    _write_text(folder / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+    with atomic_file(folder / WEIGHTS_NAME) as f:  # safetensors' save_file would leave it 0600
         f.write(save(state_dict))
-    verify_export(output_dir, state_dict)
-    return output_dir
+    verify_export(folder, state_dict)
 
 
 def verify_export(output_dir: Path, state_dict: Dict[str, torch.Tensor]) -> None:
@@ -283,7 +289,7 @@ def verify_export(output_dir: Path, state_dict: Dict[str, torch.Tensor]) -> None
     loaded = model.state_dict()
     mismatched = [k for k, v in state_dict.items() if k not in loaded or not torch.equal(loaded[k], v)]
     if mismatched:
-        raise RuntimeError(f"the export in {output_dir} does not reproduce the checkpoint: {mismatched[:5]}")
+        raise RuntimeError(f"the export does not reproduce the checkpoint: {mismatched[:5]}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Path:
@@ -325,6 +331,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     args = parser.parse_args(argv)
     if not args.hf_dir and (args.eval_dir or args.license != "other"):
         parser.error("--license and --eval-dir go into the model card: use them with --hf-dir")
+    target = "--hf-dir" if args.hf_dir else "--output"
+    with tool_writes(
+        args.hf_dir or args.output, f"free space or choose another {target} (none of the export is left there)"
+    ):
+        return _run(args)
+
+
+def _run(args) -> Path:
     if args.hf_dir:
         output = export_for_hub(
             args.checkpoint,
@@ -346,8 +360,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
 
 
 def cli() -> None:
+    """Console entry point (`adacl-export`): a failure prints one line and exits with status 2 (WRITE_FAILED_STATUS:
+    the folder took no more writes)."""
     try:
         main(sys.argv[1:])
+    except WriteFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(WRITE_FAILED_STATUS)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -22,9 +22,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from PIL import Image
 
+from helpers.run_utils import tiny_argv
+
 # The sample keys `--loss glofnd` cannot index, in the order the first shard's samples get them (--data-size 1000).
 BAD_SAMPLE_KEYS = (-3, "abc", 1.5, 2**70, 10**6)
 GLOFND_DATA_SIZE = 1000
+CSV_DATA_SIZE = 100  # --data-size of the glofnd run on rows.tsv, whose 128 rows are samples 0..127
 NUL_ROW = 3  # the csv row whose image path holds a NUL byte
 QUOTE_ROW = 3  # the tsv row whose caption opens a quote it never closes
 
@@ -88,29 +91,7 @@ class FaultRow:
 
 def run_flags(inputs: FaultInputs, name: str, *extra: str, data: Optional[str] = None, samples: int = 64) -> List[str]:
     """A tiny clip run of 1 epoch on the demo shards (or `data`), named `name`."""
-    return [
-        "--train-data",
-        data or inputs.shards,
-        "--train-num-samples",
-        str(samples),
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--epochs",
-        "1",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(inputs.logs),
-        "--name",
-        name,
-        *extra,
-    ]
+    return tiny_argv(inputs.logs, name, *extra, data=data or inputs.shards, samples=samples)
 
 
 def _bad_number(name: str, fault: str, flags: Sequence[str], expect: str, **kwargs) -> FaultRow:
@@ -136,13 +117,13 @@ ROWS = (
         "adaclw-weight-nan",
         "`--loss adaclw --adaclw-weight nan`",
         ["--loss", "adaclw", "--adaclw-weight", "nan"],
-        r"^error: --loss adaclw: option weight: nan is not a finite number",
+        r"^error: --loss adaclw: --adaclw-weight: nan is not a finite number",
     ),
     _bad_number(
         "adaclw-threshold-inf",
         "`--loss adaclw --adaclw-discovery tokens --adaclw-threshold inf` (a threshold that flags nothing)",
         ["--loss", "adaclw", "--adaclw-discovery", "tokens", "--adaclw-threshold", "inf"],
-        r"^error: --loss adaclw: option threshold: inf is not a finite number",
+        r"^error: --loss adaclw: --adaclw-threshold: inf is not a finite number",
     ),
     _bad_number(
         "fp16-on-cpu",
@@ -191,6 +172,22 @@ ROWS = (
         0,
         "warning: --loss adaclw",
         r"gives every sample the same caption: its discovery can tell no pair apart and flags nothing",
+    ),
+    FaultRow(
+        "adaclw-threshold-beyond-batch",
+        "`--loss adaclw --adaclw-discovery image --adaclw-threshold 8` at batch 32 x `--accum-freq 2` (no score of 63 "
+        "negatives stands 8 standard deviations out), `--dry-run`",
+        lambda i: run_flags(
+            i,
+            "threshold",
+            *("--loss", "adaclw", "--adaclw-discovery", "image", "--adaclw-threshold", "8", "--accum-freq", "2"),
+            "--dry-run",
+        ),
+        0,
+        "warning: --loss adaclw",
+        r"^warning: --loss adaclw: --adaclw-threshold 8 flags nothing at a global batch of 64: no score of a row's 63 "
+        r"negatives stands more than sqrt\(62\) = 7\.87 standard deviations above their mean, so every negative "
+        r"counts once and the loss trains as clip; pass a --adaclw-threshold below 7\.87",
     ),
     *(
         FaultRow(
@@ -253,6 +250,18 @@ ROWS = (
         lost="those samples",
     ),
     FaultRow(
+        "csv-rows-beyond-data-size",
+        f"`--loss glofnd --data-size {CSV_DATA_SIZE} --train-num-samples 64` on a tsv of 128 rows (row k is sample k; "
+        "an epoch draws from all), `--dry-run`",
+        lambda i: run_flags(
+            i, "glofnd-csv", "--loss", "glofnd", "--data-size", str(CSV_DATA_SIZE), "--dry-run", data=i.path("rows.tsv")
+        ),
+        2,
+        "error:",
+        rf"^error: --data-size {CSV_DATA_SIZE} is less than the 128 rows of --train-data .*rows\.tsv \(row k "
+        rf"is sample k, and --loss glofnd keeps a state per sample\): rows {CSV_DATA_SIZE}\.\.127 have none; pass --data-size 128",
+    ),
+    FaultRow(
         "gif-members",
         "a shard whose images are `.gif` members",
         lambda i: run_flags(i, "gif", data=i.path("gif.tar"), samples=128),
@@ -282,10 +291,11 @@ ROWS = (
     ),
     FaultRow(
         "discover-full-disk",
-        "`training.discover --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`)",
+        "`training.discover --model local-dir:EXPORT --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`): the "
+        "report's pairs do not fit",
         lambda i: [
-            "--checkpoint",
-            str(i.logs / "finished" / "checkpoints" / "epoch_1.pt"),
+            "--model",
+            f"local-dir:{i.path('export')}",  # not --checkpoint, whose export to a temporary folder fills it first
             "--data",
             str(i.demo / "train" / "shard-000000.tar"),
             "--output",
@@ -305,6 +315,47 @@ ROWS = (
         lost="the report (what was written stays for --continue)",
         tool="training.discover",
         file_size_limit=20_000,
+    ),
+    FaultRow(
+        "export-full-disk",
+        "`training.export --output` on a disk that fills after 20 kB (`RLIMIT_FSIZE`): the weights do not fit",
+        lambda i: [
+            "--checkpoint",
+            str(i.logs / "finished" / "checkpoints" / "epoch_1.pt"),
+            "--output",
+            i.path("full-export"),
+        ],
+        1,
+        "error:",
+        r"^error: could not write .*full-export \(file too large for the file-size limit .*\); free space or choose "
+        r"another --output \(none of the export is left there\)",
+        lost="the export (none of its files is left)",
+        tool="training.export",
+        file_size_limit=20_000,
+    ),
+    FaultRow(
+        "evaluation-full-disk",
+        "`training.evaluation` (the stock clip-benchmark CLI) on a disk that fills after 100 bytes (`RLIMIT_FSIZE`): "
+        "its result does not fit",
+        lambda i: [
+            "--model",
+            f"local-dir:{i.path('export')}",
+            "--datasets",
+            "wds/scenes_shape",
+            "--dataset-root-dir",
+            str(i.demo / "benchmark" / "{dataset}"),
+            "--output-dir",
+            i.path("full-evaluation"),
+            "--num-workers",
+            "0",
+        ],
+        1,
+        "error:",
+        r"^error: could not write into .*full-evaluation/clip_benchmark \(file too large for the file-size limit "
+        r".*\); free space or choose another --output-dir$",
+        lost="the evaluation (no result is left half written)",
+        tool="training.evaluation",
+        file_size_limit=100,
     ),
 )
 ROW_NAMES = {row.name: row for row in ROWS}
@@ -332,6 +383,7 @@ def write_fault_inputs(work: Path, demo: Path, train: Callable[[List[str]], obje
     )
     quoted = [(path, '"' + caption if index == QUOTE_ROW else caption) for index, (path, caption) in enumerate(rows)]
     (work / "quote.tsv").write_text("filepath\ttitle\n" + "".join(f"{path}\t{caption}\n" for path, caption in quoted))
+    (work / "rows.tsv").write_text("filepath\ttitle\n" + "".join(f"{path}\t{caption}\n" for path, caption in rows))
     train(run_flags(inputs, "finished"))
     train(
         run_flags(

@@ -136,30 +136,20 @@ def digest(state_dict):
     return h.hexdigest()
 
 
-def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32, epochs=2, save_every=3):
-    """A single-process AdaCL run (its queue on) on the demo shards with validation: `samples` / `batch_size`
-    steps per epoch, step_N.pt every `save_every` steps, each kept (the resume tests start from early ones)."""
+def tiny_argv(logs, name, *extra, data=None, samples=None, batch_size=32, epochs=1, warmup=1):
+    """A tiny run of adacl-tiny in one process on the CPU (no loader workers), named `name` under `logs`: on `data`
+    (`--train-data`, when given), `samples` an epoch (`--train-num-samples`, when given: else all of `data`),
+    `epochs` of them (None: the trainer's default), then `extra` (a flag given again there wins)."""
     return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        str(samples),
-        "--val-data",
-        str(demo_shards / "val" / "shard-000000.tar"),
+        *(["--train-data", str(data)] if data is not None else []),
+        *(["--train-num-samples", str(samples)] if samples is not None else []),
+        *(["--epochs", str(epochs)] if epochs is not None else []),
         "--model",
         "adacl-tiny",
-        "--loss",
-        "adacl",
-        "--adacl-queue-size",
-        "40",
         "--batch-size",
         str(batch_size),
-        "--epochs",
-        str(epochs),
-        "--lr",
-        "2e-3",
         "--warmup",
-        "3",
+        str(warmup),
         "--workers",
         "0",
         "--device",
@@ -168,14 +158,25 @@ def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32
         str(logs),
         "--name",
         name,
-        "--log-every-n-steps",
-        "1",
-        "--save-every-n-steps",
-        str(save_every),
-        "--keep-step-checkpoints",
-        "0",
         *extra,
     ]
+
+
+def single_rank_argv(demo_shards, logs, name, *extra, samples=256, batch_size=32, epochs=2, save_every=3):
+    """A single-process AdaCL run (its queue on) on the demo shards with validation: `samples` / `batch_size`
+    steps per epoch, step_N.pt every `save_every` steps, each kept (the resume tests start from early ones)."""
+    return tiny_argv(
+        logs,
+        name,
+        *("--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--loss", "adacl", "--adacl-queue-size", "40"),
+        *("--lr", "2e-3", "--log-every-n-steps", "1", "--save-every-n-steps", str(save_every)),
+        *("--keep-step-checkpoints", "0", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=samples,
+        batch_size=batch_size,
+        epochs=epochs,
+        warmup=3,
+    )
 
 
 def flip_bits(path, count=64):

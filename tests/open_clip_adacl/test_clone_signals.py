@@ -1,6 +1,8 @@
 """`open_clip_adacl.clone_signals`: each signal's math on cases worked by hand, and every registered signal exact
 across 2 and 3 gloo ranks (each holding its own rows) against one process holding the whole batch."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from open_clip_adacl.clone_signals import (
     clone_scores,
     flag_clones,
     flag_quota,
+    max_standardized_score,
     pair_inputs,
     persistence_update,
     standardized_over_negatives,
@@ -65,6 +68,24 @@ def test_flags_are_posteriors_above_one_half_or_scores_standing_out_of_their_row
     cosine = torch.tensor([[1.0, 0.1, 0.1, 0.1, 0.1, 0.9]])  # one negative far above the others
     assert flag_clones("text", cosine, negative, 1.5).tolist() == [[False, False, False, False, False, True]]
     assert not flag_clones("text", cosine, negative, 2.5).any()  # 2 standard deviations above, not 2.5
+
+
+@pytest.mark.parametrize("negatives", [1, 2, 7, 31, 255])
+def test_no_standardized_score_stands_above_sqrt_of_negatives_minus_one_and_one_outlier_reaches_it(negatives):
+    """Samuelson's bound: above it nothing is flagged, whatever the scores (at it, only float32's rounding of a row
+    whose other negatives are all equal, as 2 negatives always are: 5e-6 of it, measured); just below, the row of
+    one outlier among equal negatives is flagged, so no lower threshold can be called idle."""
+    bound = max_standardized_score(negatives)
+    assert bound == math.sqrt(negatives - 1)
+    negative = torch.ones(512, negatives + 1, dtype=torch.bool)
+    negative[:, 0] = False  # the row's own pair
+    for scores in (torch.randn(512, negatives + 1), torch.rand(512, negatives + 1) ** 8):
+        assert standardized_over_negatives(scores, negative).max() <= bound * (1 + 1e-4)
+        assert not flag_clones("image", scores, negative, bound * (1 + 1e-4)).any()
+    outlier = torch.zeros(1, negatives + 1, dtype=torch.float64)
+    outlier[0, -1] = 1.0
+    flagged = flag_clones("image", outlier, negative[:1], bound * (1 - 1e-9))
+    assert flagged.sum() == (1 if negatives > 1 else 0)
 
 
 def test_a_combination_is_the_mean_of_its_standardized_parts():

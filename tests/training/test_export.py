@@ -1,17 +1,21 @@
 """Export: stock open_clip loads `local-dir:DIR` in a fresh process (no open_clip_adacl) with identical embeddings."""
 
+import contextlib
+import errno
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import open_clip
 import pytest
 import torch
 
+import training.export as export_module
 from open_clip_adacl import create_loss
-from training.export import CONFIG_NAME, WEIGHTS_NAME, export, model_card, public_value
+from training.export import CONFIG_NAME, README_NAME, WEIGHTS_NAME, export, model_card, public_value
 from training.export import cli as export_cli
 from training.trainer.data import DataPosition
 from training.trainer.distributed import DistributedEnv
@@ -144,14 +148,14 @@ def test_export_cli_reports_a_checkpoint_without_config(tmp_path):
     assert result.returncode == 2 and "pass --model NAME" in result.stderr
 
 
-def export_cli_error(argv, monkeypatch, capsys) -> str:
-    """What `python -m training.export ARGV` prints when it refuses: exit status 2, one line on stderr, nothing
-    on stdout."""
+def export_cli_error(argv, monkeypatch, capsys, status=2) -> str:
+    """What `python -m training.export ARGV` prints when it refuses: exit status `status`, one line on stderr,
+    nothing on stdout."""
     monkeypatch.setattr(sys, "argv", ["python -m training.export", *map(str, argv)])
     with pytest.raises(SystemExit) as exit_info:
         export_cli()
     captured = capsys.readouterr()
-    assert exit_info.value.code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+    assert exit_info.value.code == status and captured.out == "" and captured.err.count("\n") == 1, captured
     assert captured.err.startswith("error: ")
     return captured.err.strip()
 
@@ -201,6 +205,42 @@ def test_export_refuses_a_folder_that_is_not_empty_unless_overwrite(tmp_path, mo
     )
     export_cli()
     assert {CONFIG_NAME, WEIGHTS_NAME, "other_model.safetensors"} <= {path.name for path in out.iterdir()}
+
+
+@pytest.mark.parametrize(
+    "target, refused, code, cause, existing",
+    [
+        ("--output", WEIGHTS_NAME, errno.ENOSPC, "disk full ([Errno 28] No space left on device)", False),
+        ("--hf-dir", README_NAME, errno.EROFS, "read-only file system ([Errno 30] Read-only file system)", True),
+        ("--hf-dir", CONFIG_NAME, errno.EACCES, "permission denied ([Errno 13] Permission denied)", False),
+    ],
+)
+def test_a_write_the_disk_refuses_is_one_line_and_leaves_no_file_of_the_export(
+    tmp_path, monkeypatch, capsys, target, refused, code, cause, existing
+):
+    """The file `refused` fails as a write on a full, read-only or forbidden disk does (an OSError without a file
+    name, as write() raises it): status 1, one line naming the folder, the cause and the fix, and the folder as
+    it was (gone when the export made it), not a config without weights or a model without its card."""
+    checkpoint, _, _ = _write_checkpoint(tmp_path, [])
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    real_atomic_file = export_module.atomic_file
+
+    @contextlib.contextmanager
+    def refusing(path, mode="wb"):
+        with real_atomic_file(path, mode) as f:
+            if Path(path).name == refused:
+                raise OSError(code, os.strerror(code))
+            yield f
+
+    monkeypatch.setattr(export_module, "atomic_file", refusing)
+    error = export_cli_error(["--checkpoint", checkpoint, target, out], monkeypatch, capsys, status=1)
+    assert (
+        error
+        == f"error: could not write {out} ({cause}); free space or choose another {target} (none of the export is left there)"
+    )
+    assert (list(out.iterdir()) == []) if existing else not out.exists()
 
 
 def test_model_card_cuts_relative_paths_too(tmp_path):

@@ -6,6 +6,7 @@ import tarfile
 import pytest
 
 from helpers.cli_errors import one_line_error
+from helpers.run_utils import tiny_argv
 from training.main import cli, main
 from training.trainer import distributed
 
@@ -27,27 +28,7 @@ def write_tsv(demo_shards, folder, *, image_folder):
 
 
 def argv(logs, train_data, *extra):
-    return [
-        "--train-data",
-        str(train_data),
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--epochs",
-        "1",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
-        "run",
-        *extra,
-    ]
+    return tiny_argv(logs, "run", *extra, data=train_data)
 
 
 def training_cli_error(arguments, monkeypatch, capsys) -> str:

@@ -52,7 +52,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..losses import DistributedSetup, Loss, LossOptions, get_loss_class
-from ..losses.flags import add_loss_flag, given_loss_options, loss_flags, loss_option_flag
+from ..losses.flags import add_loss_flag, given_loss_options, loss_flags, loss_line, loss_option_flag
 from ..losses.registry import LOSSES, accepted_loss_names
 
 CHECKPOINT_KEY = "open_clip_adacl_loss"  # in a checkpoint's "optimizer" entry: {"loss", "options", "state_dict"}
@@ -146,7 +146,7 @@ class LossPlugin:
         try:
             options = loss_cls.Options.build(**given)
         except ValueError as error:
-            raise PluginError(f"--loss {name}: {error}") from None
+            raise PluginError(loss_line(name, error)) from None
         plugin = cls(name, options)
         if loss_cls(options).reads_sample_index():  # an option that keeps per-sample state
             raise PluginError(_unfed_message(f"--loss {name}{plugin.changed_flags()}", ["index (sample_index)"]))
@@ -422,7 +422,7 @@ def split_argv(argv: Sequence[str]) -> Tuple[Optional[str], Dict[str, Any], List
         given = given_loss_options(name, values)
         return name, get_loss_class(name).Options.resolved_values(**given), stock_argv
     except ValueError as error:
-        raise PluginError(f"--loss {name}: {error}") from None
+        raise PluginError(loss_line(name, error)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None):

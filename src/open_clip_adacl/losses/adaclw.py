@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,7 @@ class PosteriorWeightedLoss(ContrastiveLoss):
             if not 0 < self.memory_momentum <= 1:
                 raise ValueError(f"memory_momentum must be in (0, 1], got {self.memory_momentum}")
             if not 0 <= self.quota < 1:
-                raise ValueError(f"quota must be in [0, 1) (0: no quota), got {self.quota}")
+                raise ValueError(f"quota must be in [0, 1) (0: off), got {self.quota}")
 
     console_stats = ("clone_share",)
     # What a comparison summarises per run: how many negatives the discovery flagged, how much the weights moved.
@@ -138,6 +138,22 @@ class PosteriorWeightedLoss(ContrastiveLoss):
 
     def reads_sample_index(self) -> bool:
         return self.discovery.persistent  # the persistence signals key their memory by sample ids
+
+    def idle_options(self, global_batch: int) -> List[str]:
+        """A threshold no standardized score of a row can pass (`clone_signals.max_standardized_score` of its
+        global_batch - 1 negatives, with --accum-freq the accumulated batch's): every step flags nothing, no negative
+        is weighted, and the loss is clip. Where the threshold is read at all: a discovery without a posterior and
+        no quota."""
+        threshold = self.options.threshold
+        reachable = clone_signals.max_standardized_score(global_batch - 1)
+        if self.discovery.posterior or self.options.quota or threshold < reachable:
+            return []
+        return [
+            f"threshold {threshold:g} flags nothing at a global batch of {global_batch}: no score of a row's "
+            f"{global_batch - 1} negatives stands more than sqrt({global_batch - 2}) = {reachable:.3g} standard "
+            f"deviations above their mean, so every negative counts once and the loss trains as clip; pass a "
+            f"threshold below {reachable:.3g} (the default is {clone_signals.STANDARD_THRESHOLD:g})"
+        ]
 
     def reset_state(self) -> None:
         if self.memory is not None:

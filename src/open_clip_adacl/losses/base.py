@@ -120,6 +120,11 @@ class Loss(nn.Module):
         every step). None by default."""
         return {}
 
+    def idle_options(self, global_batch: int) -> List[str]:
+        """Why this loss's options make it change nothing on global batches of `global_batch` samples, a line each
+        naming the options and the fix (none by default): the trainer warns with each once, before any step."""
+        return []
+
     def reads_family(self) -> bool:
         """Whether the trainer should read each sample's family id from the data for this loss (-1 where a sample
         has none): a loss that needs them, or takes them for its stats."""

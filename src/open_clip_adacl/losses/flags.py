@@ -3,12 +3,14 @@
 
 The trainer's command line (`training.main`) and the plug-in for stock OpenCLIP's trainer
 (`open_clip_adacl.integrations.open_clip_train`) both take their loss flags from here, so a loss option has one
-name wherever it is given.
+name wherever it is given; `flag_text` words a loss's message (which names its options, as a Python caller passes
+them) by those flags, for a user who typed them.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Tuple
 
@@ -48,6 +50,27 @@ def loss_flags() -> Dict[str, LossFlag]:
             else:
                 flags[flag] = LossFlag(flag, flag.lstrip("-").replace("-", "_"), option, (loss_name,))
     return flags
+
+
+def flag_text(loss_name: str, message: str) -> str:
+    """`message` of `loss_name` (an error of its options, a warning about them) with each of its options named by
+    its flag: "option weight: nan ..." and "weight must be >= 1" read "--adaclw-weight: nan ..." and "--adaclw-weight
+    must be >= 1". A name is replaced where it stands as a word of its own (not inside another name, a quoted value,
+    a `loss:option=value` variant or a call's keyword), and not where the flag already follows it in parentheses."""
+    flags = {spec.name: loss_option_flag(loss_name, spec) for spec in get_loss_class(loss_name).Options.specs()}
+    if not flags:
+        return message
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))  # prior_ratio before prior
+    # "option NAME" or NAME, not after a word character, dash, quote, dot or colon, not as "(NAME=", not before a
+    # word character, dash, quote or "(", and not before " (--"
+    pattern = re.compile(rf"(?:\boption )?(?<![\w\-'.:])(?!(?<=\()(?:{names})=)({names})(?![\w\-'(])(?! \(--)")
+    return pattern.sub(lambda match: flags[match.group(1)], message)
+
+
+def loss_line(loss_name: str, problem: object) -> str:
+    """A command line's one line for an error of `--loss loss_name` (its options, its setup) or a warning about
+    them, by the flags."""
+    return f"--loss {loss_name}: {flag_text(loss_name, str(problem))}"
 
 
 def option_of(loss_name: str, flag: str) -> LossOption:

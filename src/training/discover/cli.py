@@ -27,7 +27,7 @@ from ..trainer.launch.tool_flags import add_trainer_flags
 from ..trainer.progress import eta_text
 from ..trainer.run_folder.checkpoint_files import load_checkpoint
 from ..trainer.run_folder.logger import setup_logging
-from ..trainer.run_folder.safe_write import write_failure
+from ..trainer.run_folder.safe_write import WRITE_FAILED_STATUS, WriteFailed, tool_writes
 from . import report
 from .batch import BatchResult, DiscoveryOptions, Encoder, batch_thumbnails, discover_batch
 from .data import discovery_loader
@@ -190,18 +190,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     env = init_distributed(args.device)
     try:
-        return _run(args, env)
-    except OSError as error:
-        failure = write_failure(error, args.output)
-        if failure is None:
-            raise
-        raise ReportNotWritten(f"{failure}; free space or choose another --output, then --continue the run") from None
+        with tool_writes(args.output, "free space or choose another --output, then --continue the run"):
+            return _run(args, env)
     finally:
         shutdown(env)
-
-
-class ReportNotWritten(RuntimeError):
-    """The report's folder took no more writes (a full disk, a revoked permission): the run stops in one line."""
 
 
 def _run(args: argparse.Namespace, env: DistributedEnv) -> Dict[str, Any]:
@@ -398,6 +390,6 @@ def cli() -> None:
     except (ValueError, FileNotFoundError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except ReportNotWritten as error:
+    except WriteFailed as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(WRITE_FAILED_STATUS)

@@ -13,14 +13,17 @@ our clone-negative selection when the demo data has its set, and writes one tabl
     python -m training.evaluation --model local-dir:export --datasets imagenet1k,mscoco_captions \
         --dataset-root-dir '/data/{dataset}' --output-dir eval
 
-By default each task runs as a subprocess of the stock CLI, exactly what a user would type:
+By default each task runs as a subprocess of the stock CLI, exactly what a user would type (run by
+`training.evaluation.stock_cli`, which says a result it cannot write in one line instead of a traceback):
 
     clip_benchmark eval --model local-dir:export --pretrained none --dataset wds/scenes_shape \
         --dataset_root demo/benchmark/scenes_shape --task zeroshot_classification \
         --no_amp --num_workers 1 --recall_k 1 5 10 --output scenes_shape.json
 
 `--in-process` calls clip-benchmark's own dataset builders and metrics on a model loaded once in
-this process instead (the same numbers, without a fresh interpreter per task).
+this process instead (the same numbers, without a fresh interpreter per task). Every file is written whole or
+not at all (`atomic_file`, the stock CLI's results through a staged folder); a write that fails (a full disk, a
+read-only folder) ends the command in one line naming the file or folder and the cause, with exit status 1.
 """
 
 from __future__ import annotations
@@ -49,8 +52,11 @@ from open_clip_adacl import MODEL_CONFIG_DIR  # importing registers our configs 
 from training.export import CONFIG_NAME, export, markdown_table
 from training.trainer.engine.model import check_pretrained, load_problem
 from training.trainer.launch.tool_flags import OneLineErrorParser, add_trainer_flags
+from training.trainer.run_folder.checkpoint_files import atomic_file, staged_folder
+from training.trainer.run_folder.safe_write import WRITE_FAILED_STATUS, WriteFailed, tool_writes
 
 from .clone_selection import evaluate_clone_selection
+from .stock_cli import STOCK_WRITE_FAILED, WRITE_FIX
 
 CLASSIFICATION = "zeroshot_classification"
 RETRIEVAL = "zeroshot_retrieval"
@@ -235,36 +241,39 @@ def run_stock_cli(
     amp: bool,
     recall_k: Sequence[int],
 ) -> list[Path]:
-    """Run `python -m clip_benchmark.cli eval` for one task on `datasets`; return their result JSON paths."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "clip_benchmark.cli",
-        "eval",
-        "--model",
-        model,
-        "--pretrained",
-        pretrained,
-        "--dataset",
-        *datasets,
-        "--dataset_root",
-        root_template,
-        "--task",
-        task,
-        "--batch_size",
-        str(batch_size),
-        "--num_workers",
-        str(num_workers),
-        "--recall_k",
-        *map(str, recall_k),
-        "--output",
-        str(results_dir / "{dataset}_{task}.json"),
-        "--quiet",
-    ]
-    if not amp:
-        command.append("--no_amp")
-    subprocess.run(command, check=True)
+    """Run `python -m clip_benchmark.cli eval` for one task on `datasets` (through `stock_cli`: a failed write is
+    one line), its results written into a staged folder and moved into `results_dir` once it succeeds, so that a
+    result it cut short is not left there; return their result JSON paths."""
+    with staged_folder(results_dir) as stage:
+        command = [
+            sys.executable,
+            "-m",
+            "training.evaluation.stock_cli",
+            str(results_dir),
+            "eval",
+            "--model",
+            model,
+            "--pretrained",
+            pretrained,
+            "--dataset",
+            *datasets,
+            "--dataset_root",
+            root_template,
+            "--task",
+            task,
+            "--batch_size",
+            str(batch_size),
+            "--num_workers",
+            str(num_workers),
+            "--recall_k",
+            *map(str, recall_k),
+            "--output",
+            str(stage / "{dataset}_{task}.json"),
+            "--quiet",
+        ]
+        if not amp:
+            command.append("--no_amp")
+        subprocess.run(command, check=True)
     return [result_path(results_dir, dataset, task) for dataset in datasets]
 
 
@@ -321,7 +330,8 @@ def write_result(path: Path, dataset: str, model: str, pretrained: str, task: st
         "metrics": metrics,
         "language": "en",
     }
-    path.write_text(json.dumps(dump))
+    with atomic_file(path, "w") as f:
+        f.write(json.dumps(dump))
     return path
 
 
@@ -349,12 +359,13 @@ def format_markdown(rows: Sequence[dict]) -> str:
 def write_table(rows: Sequence[dict], output_dir: Path) -> str:
     """Write `results.csv` and `results.md` under `output_dir`; return the Markdown."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    with (output_dir / "results.csv").open("w", newline="") as f:
+    with atomic_file(output_dir / "results.csv", "w") as f:
         writer = csv.DictWriter(f, fieldnames=TABLE_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     markdown = format_markdown(rows)
-    (output_dir / "results.md").write_text(markdown)
+    with atomic_file(output_dir / "results.md", "w") as f:
+        f.write(markdown)
     return markdown
 
 
@@ -469,8 +480,14 @@ def select_datasets(args: argparse.Namespace) -> tuple[list[str], str, Path | No
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    """Evaluate, write OUTPUT_DIR/results.csv and results.md, print the table; return its rows."""
+    """Evaluate, write OUTPUT_DIR/results.csv and results.md, print the table; return its rows. A write that fails
+    (a full disk, a read-only folder) is a WriteFailed naming the file or folder and the cause."""
     args = parse_args(argv)
+    with tool_writes(args.output_dir, WRITE_FIX):
+        return _evaluate(args)
+
+
+def _evaluate(args: argparse.Namespace) -> list[dict]:
     datasets, root_template, clone_dir = select_datasets(args)
     check_dataset_names(datasets)
     roots = {dataset: dataset_root(root_template, dataset) for dataset in datasets}
@@ -543,10 +560,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 def cli() -> None:
-    """Console entry point (`adacl-evaluate`): a failure prints one line and exits with status 2."""
+    """Console entry point (`adacl-evaluate`): a failure prints one line and exits with status 2 (WRITE_FAILED_STATUS:
+    the output took no more writes)."""
     try:
         main()
+    except WriteFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(WRITE_FAILED_STATUS)
     except subprocess.CalledProcessError as error:
+        if error.returncode == STOCK_WRITE_FAILED:  # its one line is said
+            sys.exit(WRITE_FAILED_STATUS)
         print(
             f"error: clip_benchmark eval failed with exit status {error.returncode} (its output is above)",
             file=sys.stderr,

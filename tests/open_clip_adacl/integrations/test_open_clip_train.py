@@ -125,7 +125,7 @@ def test_a_refused_loss_is_one_error_line_from_the_command_line(demo_shards, tmp
     [
         (["--adacl-mode", "literal"], "--adacl-mode is a loss option: give --loss too"),
         (["--loss", "clip", "--adacl-mode", "literal"], "--adacl-mode is an option of --loss adacl"),
-        (["--loss", "adacl", "--adacl-eps", "2"], "--loss adacl: eps must be in (0, 1), got 2.0"),
+        (["--loss", "adacl", "--adacl-eps", "2"], "--loss adacl: --adacl-eps must be in (0, 1), got 2.0"),
         (["--loss", "adacl", "--adacl-mode", "exact"], "argument --adacl-mode: invalid choice: 'exact'"),
     ],
 )

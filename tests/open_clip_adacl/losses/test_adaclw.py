@@ -143,6 +143,30 @@ def test_a_step_whose_stats_no_one_reads_leaves_them_out_and_trains_alike(discov
     assert "i2t/clone_share" in logged.stats and unlogged.stats == {}
 
 
+@pytest.mark.parametrize("discovery", ["image", "persistence", "random"])
+def test_a_threshold_no_row_can_pass_flags_nothing_trains_as_clip_and_says_so(discovery):
+    """16 samples: a row's 15 negatives stand at most sqrt(14) standard deviations above their mean
+    (`clone_signals.max_standardized_score`); at that threshold the loss is clip to the bit, and it says which
+    option makes it so; a posterior (gda) or a quota does not read the threshold."""
+    x, y, index = make_batches(1, 16, 8, data_size=24, seed=1)[0]
+    bound = math.sqrt(14)
+    idle = create_loss("adaclw", weight=16.0, discovery=discovery, threshold=bound)
+    for a, b in zip(
+        value_and_grads(idle, x, y, index), value_and_grads(create_loss("clip", shared_matmul=True), x, y, index)
+    ):
+        assert torch.equal(a, b)
+    assert float(idle.stats["i2t/clone_share"]) == float(idle.stats["t2i/clone_share"]) == 0
+    assert idle.idle_options(16) == [
+        f"threshold {bound:g} flags nothing at a global batch of 16: no score of a row's 15 negatives stands more "
+        "than sqrt(14) = 3.74 standard deviations above their mean, so every negative counts once and the loss "
+        "trains as clip; pass a threshold below 3.74 (the default is 1.5)"
+    ]
+    assert idle.idle_options(64) == []  # sqrt(62) is out of reach of no threshold below it
+    assert create_loss("adaclw", discovery=discovery, threshold=bound - 0.01).idle_options(16) == []
+    assert create_loss("adaclw", discovery=discovery, threshold=bound, quota=0.1).idle_options(16) == []
+    assert create_loss("adaclw", discovery="gda", threshold=bound).idle_options(16) == []
+
+
 def test_the_token_discovery_reads_the_token_ids_the_trainer_passes():
     from training.trainer.data import Batch, Skipped
     from training.trainer.engine.loop import loss_inputs

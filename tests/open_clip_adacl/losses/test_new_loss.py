@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers.registries import scratch_entries
+from helpers.run_utils import tiny_argv
 from open_clip_adacl import DistributedSetup, LossOptions, option, register_loss
 from open_clip_adacl.losses import ContrastiveLoss, GlobalBatch, registry
 from studies.comparison.variants import parse_loss_variant
@@ -51,35 +52,13 @@ def registered(monkeypatch):
 
 
 def _argv(logs, *extra):
-    return [
-        "--dataset-type",
-        "synthetic",
-        "--train-num-samples",
-        "32",
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "8",
-        "--accum-freq",
-        "2",
-        "--epochs",
-        "1",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         "tempered",
-        "--loss",
-        NAME,
-        *extra,
-    ]
+        *("--dataset-type", "synthetic", "--accum-freq", "2", "--lr", "1e-3", "--loss", NAME, *extra),
+        samples=32,
+        batch_size=8,
+    )
 
 
 def test_a_loss_declared_in_one_file_trains_through_the_trainer(registered, tmp_path):
@@ -101,7 +80,7 @@ def test_the_loss_comparison_takes_it_as_a_variant(registered):
 
 
 def test_its_options_are_validated_and_its_flags_belong_to_it(registered, tmp_path):
-    with pytest.raises(ConfigError, match="--loss tempered: temper must be > 0, got -1.0"):
+    with pytest.raises(ConfigError, match="--loss tempered: --tempered-temper must be > 0, got -1.0"):
         main(_argv(tmp_path, "--tempered-temper", "-1", "--dry-run"))
     with pytest.raises(ConfigError, match="--tempered-temper is an option of --loss tempered, but --loss is 'clip'"):
         main(_argv(tmp_path, "--tempered-temper", "2", "--dry-run") + ["--loss", "clip"])

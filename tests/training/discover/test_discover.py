@@ -18,6 +18,7 @@ import torch
 from helpers import REPO
 from helpers.data_utils import good, png, write_tar
 from helpers.distributed_utils import run_on_ranks
+from helpers.run_utils import tiny_argv
 from training.discover import main
 from training.discover.cli import _Progress, planned_samples
 from training.discover.store import BATCHES_FILE, PAIRS_FILE
@@ -44,32 +45,13 @@ def checkpoint(family_data, module_tmp):
     """epoch_1.pt of 3 AdaCL steps on the family data, trained with the 'gda' candidate region."""
     logs = module_tmp("logs")
     summary = train_main(
-        [
-            "--train-data",
-            family_data,
-            "--model",
-            "adacl-tiny",
-            "--loss",
-            "adacl",
-            "--adacl-candidate-region",
-            "gda",
-            "--batch-size",
-            "64",
-            "--epochs",
-            "1",
-            "--lr",
-            "1e-3",
-            "--warmup",
-            "1",
-            "--workers",
-            "0",
-            "--device",
-            "cpu",
-            "--logs",
-            str(logs),
-            "--name",
+        tiny_argv(
+            logs,
             "tiny",
-        ]
+            *("--loss", "adacl", "--adacl-candidate-region", "gda", "--lr", "1e-3"),
+            data=family_data,
+            batch_size=64,
+        )
     )
     return summary.checkpoint
 

@@ -1,11 +1,15 @@
 """training.evaluation.zero_shot on a briefly trained adacl-tiny: the stock clip-benchmark CLI on its export gives
 above-chance accuracy and recall, the in-process path gives the same numbers, and the table lists them."""
 
+import contextlib
 import csv
+import errno
 import json
+import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import open_clip
 import pytest
@@ -14,6 +18,7 @@ from safetensors.torch import save_file
 import open_clip_adacl  # noqa: F401  (registers adacl-tiny)
 from helpers import REPO
 from helpers.cli_errors import one_line_error
+from training.evaluation import stock_cli, zero_shot
 from training.evaluation.zero_shot import (
     cli,
     closest_dataset,
@@ -302,6 +307,62 @@ def test_a_truncated_or_mismatched_export_is_named_in_one_line(tmp_path, monkeyp
         assert error.startswith(f"error: --model local-dir:{export_dir}: the export does not load ({problem}")
         assert error.endswith("); export it again with python -m training.export")
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_table_the_disk_refuses_is_one_line_and_is_not_left_half_written(tmp_path, monkeypatch, capsys):
+    """results.csv fails as a write on a full disk does (an OSError without a file name): status 1, one line naming
+    the folder, the cause and the fix; the result written before it stays whole, no table or temporary file does.
+    The evaluation itself is not what fails here, so it is a fixed number."""
+    (tmp_path / "x" / "test").mkdir(parents=True)
+    (tmp_path / "x" / "test" / "nshards.txt").write_text("1\n")
+    export_dir, out = write_export(tmp_path / "export"), tmp_path / "eval"
+    monkeypatch.setattr(zero_shot, "evaluate_dataset", lambda *args, **kwargs: {"acc1": 0.5})
+    real_atomic_file = zero_shot.atomic_file
+
+    @contextlib.contextmanager
+    def refusing(path, mode="wb"):
+        with real_atomic_file(path, mode) as f:
+            if Path(path).name == "results.csv":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            yield f
+
+    monkeypatch.setattr(zero_shot, "atomic_file", refusing)
+    argv = ["--model", f"local-dir:{export_dir}", "--datasets", "wds/x", "--dataset-root-dir", tmp_path / "{dataset}"]
+    error = one_line_error(cli, "adacl-evaluate", [*argv, "--output-dir", out, "--in-process"], monkeypatch, capsys, 1)
+    assert error == (
+        f"error: could not write into {out} (disk full ([Errno 28] No space left on device)); free space or choose "
+        "another --output-dir"
+    )
+    assert [path.relative_to(out).as_posix() for path in sorted(out.rglob("*"))] == [
+        "clip_benchmark",
+        "clip_benchmark/x_zeroshot_classification.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    "code, filename, cause",
+    [
+        (errno.ENOSPC, None, "disk full ([Errno 28] No space left on device)"),
+        (errno.EROFS, "stage/x_task.json", "read-only file system ([Errno 30] Read-only file system)"),
+    ],
+)
+def test_the_stock_clis_failed_write_is_one_line_naming_the_results_folder(
+    tmp_path, monkeypatch, capsys, code, filename, cause
+):
+    """The stock CLI writes its result with open() and json.dump: a write fails without a file name, an open with
+    the staged file's (which its caller removes); either way the line names the results' folder."""
+
+    def refused(*args, **kwargs):
+        raise OSError(code, os.strerror(code), filename)
+
+    monkeypatch.setattr(stock_cli.runpy, "run_module", refused)
+    monkeypatch.setattr(sys, "argv", ["stock_cli", str(tmp_path), "eval", "--output", "stage/{dataset}_{task}.json"])
+    with pytest.raises(SystemExit) as stop:
+        stock_cli.cli()
+    assert stop.value.code == stock_cli.STOCK_WRITE_FAILED
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: could not write into {tmp_path} ({cause}); free space or choose another --output-dir"
+    ]
 
 
 @pytest.mark.slow

@@ -348,7 +348,7 @@ def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_pa
         (["--loss", "glofnd", "--dry-run"], "--loss glofnd: .*data_size"),  # the dry run builds the loss
         (
             ["--loss", "adacl", "--adacl-anchor-max", "1.5", "--dry-run"],
-            "--loss adacl: a fixed boundary must lie above anchor_max",
+            "--loss adacl: a fixed --adacl-boundary must lie above --adacl-anchor-max",
         ),
         (
             ["--loss", "adacl", "--adacl-bank-size", "64", "--data-size", "100"],
@@ -367,7 +367,8 @@ def test_shards_without_a_usable_sample_stop_the_run_with_a_clear_message(tmp_pa
                 "512",
                 "--dry-run",
             ],
-            "--loss adacl: queue_size and bank_size are two kinds of extra negatives; set one of them, not both",
+            "--loss adacl: --adacl-queue-size and --adacl-bank-size are two kinds of extra negatives; set one of them, not "
+            "both",
         ),
     ],
 )

@@ -128,8 +128,9 @@ class DataConfig:
     """The json field of each sample's family id; when set, batches carry the ids as a fifth tensor (-1: the
     sample has none). The trainer sets it for a loss that `needs_family`."""
     sample_index_limit: int | None = None
-    """For a loss that keeps state per sample (the trainer sets it to --data-size): each sample's id must be its json
-    "key", an integer in [0, limit); a sample without one is skipped as bad_sample_key."""
+    """For a loss that keeps state per sample (the trainer sets it to --data-size): each shard sample's id must be its
+    json "key", an integer in [0, limit); a sample without one is skipped as bad_sample_key. A csv's ids, its row
+    numbers, are known before any is read (`LoaderInfo.sample_ids_below`): the trainer refuses a csv of more rows."""
     max_image_pixels: int = Image.MAX_IMAGE_PIXELS
     """Images with more pixels are skipped as huge_image before decoding."""
 

@@ -23,6 +23,7 @@ class LoaderInfo(DataInfo):
     num_samples: int = 0
     num_batches: int = 0
     data_size: int | None = None  # the samples the data holds when known without reading it (sizes.json, rows)
+    sample_ids_below: int | None = None  # every sample_index is below it, when known before reading (a csv's rows)
 
 
 class DataSource(abc.ABC):

@@ -33,6 +33,7 @@ from open_clip_adacl.losses.flags import (
     add_loss_flag,
     given_loss_options,
     loss_flags,
+    loss_line,
     loss_option_flag,
     option_of,
 )
@@ -120,7 +121,7 @@ def resolve_loss_options(args: argparse.Namespace) -> Dict[str, Any]:
     try:
         options = get_loss_class(args.loss).Options.resolved_values(**given)
     except ValueError as error:
-        raise ConfigError(f"--loss {args.loss}: {error}") from None
+        raise ConfigError(loss_line(args.loss, error)) from None
     for dest, name in own_flags:
         setattr(args, dest, options[name])
     return options
@@ -406,7 +407,7 @@ def validated_loss_options(args: argparse.Namespace) -> LossOptions:
     try:
         return get_loss_class(args.loss).Options(**args.loss_options)
     except ValueError as error:
-        raise ConfigError(f"--loss {args.loss}: {error}") from None
+        raise ConfigError(loss_line(args.loss, error)) from None
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:

@@ -12,6 +12,7 @@ from typing import List, Optional
 import torchvision
 
 from open_clip_adacl.flag_numbers import INT64_MAX
+from open_clip_adacl.losses.flags import loss_line
 
 from ..data import (
     build_train_data,
@@ -27,7 +28,7 @@ from ..engine.validation import imagenet_folder
 from ..flags import ConfigError
 from ..run_folder.checkpoint_files import checkpoint_candidates
 from ..run_folder.layout import CHECKPOINT_DIR_NAME
-from .config import RESUME_LATEST, RunConfig
+from .config import RESUME_LATEST, RunConfig, sample_state_rows
 
 
 @dataclass
@@ -58,6 +59,9 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         check_data_fields(cfg.data)
     except ValueError as error:  # a DataError (no readable sample) is the run's to report, as for the loaders
         raise ConfigError(str(error)) from error
+    state_problem = sample_state_problem(cfg, data)
+    if state_problem:
+        raise ConfigError(state_problem)
     accum_freq = cfg.train.accum_freq
     steps_per_epoch = data.num_batches // accum_freq
     if steps_per_epoch < 1:
@@ -105,6 +109,20 @@ def check_startup(cfg: RunConfig, world_size: int) -> StartupPlan:
         if warning
     ]
     return StartupPlan(text, data.num_batches, total_steps, imagenet, warnings)
+
+
+def sample_state_problem(cfg: RunConfig, data) -> Optional[str]:
+    """A loss's per-sample state (--data-size rows) that some sample ids of the training data, known before any is
+    read (a csv's: its row numbers), cannot index. A shard's sample keys are known only when read: those are
+    skipped as bad_sample_key (`DataConfig.sample_index_limit`)."""
+    rows, ids_below = sample_state_rows(cfg.loss.options), data.sample_ids_below
+    if rows is None or ids_below is None or ids_below <= rows:
+        return None
+    return (
+        f"--data-size {rows} is less than the {ids_below} rows of --train-data {cfg.data.train_data} (row k is "
+        f"sample k, and --loss {cfg.loss.name} keeps a state per sample): rows {rows}..{ids_below - 1} have none; "
+        f"pass --data-size {ids_below}"
+    )
 
 
 def plan_line(plan: StartupPlan, disk: Optional[str]) -> str:
@@ -166,14 +184,17 @@ def epoch_beyond_data_warning(cfg: RunConfig, data) -> Optional[str]:
 
 
 def loss_input_warnings(cfg: RunConfig, loss_fn) -> List[str]:
-    """A loss that reads the captions' token ids (a token discovery) on data whose samples share one caption: every
-    pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    """Options under which the loss changes nothing at this run's global batch (`Loss.idle_options`, by their
+    flags), and a loss that reads the captions' token ids (a token discovery) on data whose samples share one
+    caption: every pair of captions is alike, so it flags nothing and trains as its plain base loss."""
+    global_batch = samples_per_step(cfg.data.batch_size, loss_fn.dist.world_size, cfg.train.accum_freq)
+    warnings = [loss_line(cfg.loss.name, line) for line in loss_fn.idle_options(global_batch)]
     if not loss_fn.reads_text_tokens():
-        return []
+        return warnings
     source = get_data_source(resolve_dataset_type(cfg.data.dataset_type, cfg.data.train_data))
     if not source.one_caption:
-        return []
-    return [
+        return warnings
+    return warnings + [
         f"--loss {cfg.loss.name} reads the captions' token ids, and --dataset-type {cfg.data.dataset_type} gives "
         "every sample the same caption: its discovery can tell no pair apart and flags nothing; train on data with "
         "captions, or choose a discovery that reads the embeddings"

@@ -23,6 +23,7 @@ import torch
 from torchvision.datasets import ImageFolder
 
 from open_clip_adacl import DistributedSetup, Loss, get_loss_class
+from open_clip_adacl.losses.flags import loss_line
 
 from ..data import (
     SKIP_REASONS,
@@ -534,7 +535,7 @@ def build_loss(cfg: LossConfig, env: DistributedEnv) -> Loss:
     try:
         loss_fn = get_loss_class(cfg.name)(cfg.options, dist)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"--loss {cfg.name}: {error}") from error
+        raise ConfigError(loss_line(cfg.name, error)) from error
     unknown = [plot for plot in loss_fn.plots if plot not in PLOTS]
     if unknown:
         raise ConfigError(

@@ -56,6 +56,32 @@ def atomic_file(path: os.PathLike, mode: str = "wb") -> Iterator[IO]:
         raise
 
 
+@contextmanager
+def staged_folder(folder: os.PathLike) -> Iterator[Path]:
+    """A temporary folder inside `folder` (made if missing) for the block to write a set of files into; when the
+    block ends they are renamed into `folder`, each over its namesake, and when it fails none is: the temporary
+    folder goes, and `folder` with it when this made it, so that no part of the set stands there as if whole. An
+    OSError of a file in the temporary folder (or of none) names `folder`, where the user looks."""
+    folder = Path(folder)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = None
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".staged.", suffix=".tmp", dir=folder))
+        yield stage
+        for path in sorted(stage.iterdir()):
+            os.replace(path, folder / path.name)
+    except BaseException as error:
+        if isinstance(error, OSError) and (error.filename is None or str(error.filename).startswith(str(stage))):
+            error.filename = str(folder)
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
 def remove_stale_temporary_files(folders: List[os.PathLike]) -> List[Path]:
     """Remove the temporary files of `atomic_file` in `folders`, left by a process killed while it wrote (a
     checkpoint's is as large as the checkpoint); call it only while holding the run's lock, when no other

@@ -12,12 +12,13 @@ one line, and the same listing at the end.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Iterator, List, Sequence
 
 _CAUSES = {
     errno.ENOSPC: "disk full",
@@ -77,6 +78,27 @@ def write_failure(error: BaseException, folder: str | os.PathLike) -> str | None
     if not isinstance(error, OSError) or error.errno not in _CAUSES:
         return None
     return f"could not write {error.filename or f'into {folder}'} ({cause_of(error)})"
+
+
+WRITE_FAILED_STATUS = 1  # a tool's exit status when its output took no more writes (2: a mistake in its input)
+
+
+class WriteFailed(RuntimeError):
+    """A tool's output took no more writes (a full disk, a read-only folder, a revoked permission): its command
+    ends in this one line, `error: <it>`, with WRITE_FAILED_STATUS."""
+
+
+@contextlib.contextmanager
+def tool_writes(folder: str | os.PathLike, fix: str) -> Iterator[None]:
+    """The block's OSError of the disk or its permissions (`write_failure`) as WriteFailed("could not write FILE
+    (CAUSE); FIX"); any other error as it is."""
+    try:
+        yield
+    except OSError as error:
+        failure = write_failure(error, folder)
+        if failure is None:
+            raise
+        raise WriteFailed(f"{failure}; {fix}") from None
 
 
 class RunFiles:

@@ -8,6 +8,7 @@ import pytest
 import webdataset as wds
 from torchvision.transforms.functional import to_tensor
 
+from helpers.run_utils import tiny_argv
 from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.data import SKIP_REASONS, DataConfig, build_train_data, build_val_data
@@ -88,35 +89,17 @@ def test_a_missing_column_names_the_flag(csv_dataset):
 
 
 def test_a_csv_dataset_trains_through_training_main(csv_dataset, tmp_path):
-    argv = [
-        "--train-data",
-        str(csv_dataset),
-        "--dataset-type",
+    argv = tiny_argv(
+        tmp_path,
         "csv",
-        "--csv-separator",
-        ",",
-        "--csv-img-key",
-        "image",
-        "--csv-caption-key",
-        "caption",
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "16",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(tmp_path),
-        "--epochs",
-        "2",
-    ]
+        *("--dataset-type", "csv", "--csv-separator", ",", "--csv-img-key", "image", "--csv-caption-key", "caption"),
+        data=csv_dataset,
+        batch_size=16,
+        epochs=2,
+    )
     with pytest.raises(ConfigError, match="--csv-caption-key"):
         main([*argv, "--csv-caption-key", "title", "--dry-run"])
-    summary = main([*argv, "--name", "csv"])
+    summary = main(argv)
     epochs = RunDir(tmp_path / "csv").metrics("epoch")
     assert summary.step == 2 * ((NUM_GOOD + 3) // 16)  # OpenCLIP's epoch: every row, whole batches
     # Each epoch reads all rows but the few left over; every bad row met is counted under its reason.

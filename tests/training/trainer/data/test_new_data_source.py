@@ -16,6 +16,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from helpers.registries import scratch_entries
+from helpers.run_utils import tiny_argv
 from training import RunDir
 from training.discover import main as discover
 from training.main import main
@@ -116,34 +117,14 @@ def test_a_data_source_declared_in_one_file_trains_through_the_trainer(registere
     assert "--pairs-separator PAIRS_SEPARATOR Between a .pairs line's colour and its caption." in help_text
     train, val = write_pairs(tmp_path / "train.pairs", 24, "|"), write_pairs(tmp_path / "val.pairs", 10, "|")
     summary = main(
-        [
-            "--dataset-type",
-            NAME,
-            "--train-data",
-            str(train),
-            "--val-data",
-            str(val),
-            "--model",
-            "adacl-tiny",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "2",
-            "--lr",
-            "1e-3",
-            "--warmup",
-            "1",
-            "--workers",
-            "0",
-            "--device",
-            "cpu",
-            "--logs",
-            str(tmp_path),
-            "--name",
+        tiny_argv(
+            tmp_path,
             "pairs",
-            "--pairs-separator",
-            "|",
-        ]
+            *("--dataset-type", NAME, "--val-data", str(val), "--lr", "1e-3", "--pairs-separator", "|"),
+            data=train,
+            batch_size=8,
+            epochs=2,
+        )
     )
     run = tmp_path / "pairs"
     assert f"dataset_type: {NAME}" in (run / "params.txt").read_text()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers.counting_loss import COUNTING_LOSS, TESTS_DIR, register_counting_loss
-from helpers.run_utils import assert_same_final_state, losses_by_step
+from helpers.run_utils import assert_same_final_state, losses_by_step, tiny_argv
 from training import RunDir
 from training.main import main
 from training.trainer.distributed import DistributedEnv
@@ -162,32 +162,14 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
     previous = os.umask(0o022)
     try:
         main(
-            [
-                "--train-data",
-                str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-                "--train-num-samples",
-                "64",
-                "--model",
-                "adacl-tiny",
-                "--batch-size",
-                "32",
-                "--warmup",
-                "1",
-                "--workers",
-                "0",
-                "--device",
-                "cpu",
-                "--logs",
-                str(tmp_path),
-                "--name",
+            tiny_argv(
+                tmp_path,
                 "keep",
-                "--epochs",
-                "3",
-                "--save-every-n-steps",
-                "1",
-                "--keep-step-checkpoints",
-                "2",
-            ]
+                *("--save-every-n-steps", "1", "--keep-step-checkpoints", "2"),
+                data=demo_shards / "train" / "shard-{000000..000003}.tar",
+                samples=64,
+                epochs=3,
+            )
         )
     finally:
         os.umask(previous)
@@ -204,30 +186,15 @@ def test_keep_step_checkpoints_keeps_the_newest_k_and_every_epoch_checkpoint(dem
 
 
 def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_needs(demo_shards, tmp_path, capsys):
-    argv = [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "64",
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(tmp_path),
-        "--name",
+    argv = tiny_argv(
+        tmp_path,
         "bounded",
-        "--epochs",
-        "3",
         "--save-every-n-steps",
         "1",
-    ]
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=64,
+        epochs=3,
+    )
     main([*argv, "--dry-run"])
     planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints: ")]
     main(argv)
@@ -263,39 +230,16 @@ def test_a_run_keeps_three_step_checkpoints_by_default_and_says_the_disk_it_need
 
 def run_argv(demo_shards, logs, name, *extra):
     # 2 epochs of 8 steps (256 samples per epoch, batch 32).
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "256",
-        "--model",
-        "adacl-tiny",
-        "--loss",
-        COUNTING_LOSS,
-        "--batch-size",
-        "32",
-        "--epochs",
-        "2",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "3",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         name,
-        "--log-every-n-steps",
-        "1",
-        "--save-every-n-steps",
-        "3",
-        "--keep-step-checkpoints",
-        "0",
-        *extra,
-    ]
+        *("--loss", COUNTING_LOSS, "--lr", "2e-3", "--log-every-n-steps", "1", "--save-every-n-steps", "3"),
+        *("--keep-step-checkpoints", "0", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=256,
+        epochs=2,
+        warmup=3,
+    )
 
 
 @pytest.fixture(scope="module")

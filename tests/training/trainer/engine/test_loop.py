@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers.run_utils import tiny_argv
 from open_clip_adacl import create_loss
 from open_clip_adacl.losses.base import Loss
 from training import RunDir
@@ -28,31 +29,20 @@ from training.trainer.run_folder.logger import MetricsWriter
 
 
 def train_argv(demo_shards, logs, name, *extra):
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
+    return tiny_argv(
+        logs,
+        name,
         "--lr",
         "2e-3",
-        "--warmup",
-        "4",
         "--wd",
         "0.1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
-        name,
         "--log-every-n-steps",
         "1",
         *extra,
-    ]
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        epochs=None,
+        warmup=4,
+    )
 
 
 # A parser written for OpenCLIP's console lines (open_clip_train/train.py 3.3.0, train_one_epoch's logging.info):

@@ -10,6 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
+from helpers.run_utils import tiny_argv
 from open_clip_adacl import fused
 from training.evaluation.zero_shot import write_table
 from training.export import README_NAME, WEIGHTS_NAME, export_for_hub
@@ -20,33 +21,13 @@ from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
 
 def run_argv(demo_shards, logs, name, *extra):
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "64",
-        "--val-data",
-        str(demo_shards / "val" / "shard-000000.tar"),
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         name,
-        "--epochs",
-        "1",
-        *extra,
-    ]
+        *("--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--lr", "1e-3", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=64,
+    )
 
 
 @pytest.fixture(scope="module")

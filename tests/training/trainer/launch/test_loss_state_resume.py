@@ -5,7 +5,7 @@ for bit, and ends with its state; resumed with --reset-loss-state it does not (s
 import pytest
 import torch
 
-from helpers.run_utils import assert_same_final_state, losses_by_step
+from helpers.run_utils import assert_same_final_state, losses_by_step, tiny_argv
 from training.main import main
 from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
@@ -35,38 +35,16 @@ RESUME_FROM = 6  # 2 batches into epoch 1 (4 steps an epoch)
 
 def argv(demo_shards, logs, name, loss_flags, *extra):
     """2 epochs of 4 steps (batch 32 of 128 samples, so pairs of samples meet again), step_N.pt every 3 steps."""
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "128",
-        "--model",
-        "adacl-tiny",
-        *loss_flags,
-        "--batch-size",
-        "32",
-        "--epochs",
-        "2",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "2",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         name,
-        "--log-every-n-steps",
-        "1",
-        "--save-every-n-steps",
-        "3",
-        "--keep-step-checkpoints",
-        "0",
-        *extra,
-    ]
+        *(*loss_flags, "--lr", "2e-3", "--log-every-n-steps", "1", "--save-every-n-steps", "3"),
+        *("--keep-step-checkpoints", "0", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=128,
+        epochs=2,
+        warmup=2,
+    )
 
 
 @pytest.mark.parametrize(

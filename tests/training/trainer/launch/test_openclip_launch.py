@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from helpers.run_utils import tiny_argv
 from training import RunDir
 from training.main import main
 from training.torchrun import with_separator
@@ -15,31 +16,13 @@ from training.trainer.run_folder.checkpoint_files import load_checkpoint
 @pytest.mark.slow  # about 60 s on 2 cores, nearly all of it compiling
 def test_torchcompile_trains_on_the_cpu_and_saves_plain_weights(demo_shards, tmp_path):
     summary = main(
-        [
-            "--train-data",
-            str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-            "--train-num-samples",
-            "64",
-            "--model",
-            "adacl-tiny",
-            "--batch-size",
-            "32",
-            "--warmup",
-            "1",
-            "--workers",
-            "0",
-            "--device",
-            "cpu",
-            "--logs",
-            str(tmp_path),
-            "--name",
+        tiny_argv(
+            tmp_path,
             "compiled",
-            "--epochs",
-            "1",
-            "--log-every-n-steps",
-            "1",
-            "--torchcompile",
-        ]
+            *("--log-every-n-steps", "1", "--torchcompile"),
+            data=demo_shards / "train" / "shard-{000000..000003}.tar",
+            samples=64,
+        )
     )
     assert "Compiling model..." in (tmp_path / "compiled" / "out.log").read_text()
     losses = [record["loss"] for record in RunDir(tmp_path / "compiled").metrics("train")]

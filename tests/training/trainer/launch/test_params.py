@@ -243,6 +243,44 @@ def test_loss_flag_value_is_passed_and_choices_are_checked():
         parse_args(_valid("--loss", "siglip", "--loss-dist-impl", "sideways"))
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--loss", "adaclw", "--adaclw-weight", "nan"],
+            "--loss adaclw: --adaclw-weight: nan is not a finite number (NaN or infinity would make the run's numbers "
+            "NaN); pass a finite one",
+        ),
+        (
+            ["--loss", "adaclw", "--adaclw-weight", "0.5"],
+            "--loss adaclw: --adaclw-weight must be >= 1 (1 is clip), got 0.5",
+        ),
+        (
+            ["--loss", "adacl", "--adacl-anchor-min", "0.5", "--adacl-anchor-max", "0.2"],
+            "--loss adacl: need --adacl-anchor-min <= --adacl-anchor-max, got 0.5, 0.2",
+        ),
+        (
+            ["--loss", "adacl", "--adacl-preset", "paper", "--adacl-mode", "calibrated"],
+            "--loss adacl: --adacl-preset 'paper' sets --adacl-mode='literal'; drop --adacl-mode='calibrated' or the "
+            "--adacl-preset",
+        ),
+        (
+            ["--loss", "glofnd"],
+            "--loss glofnd: data_size (--data-size) must be the number of training samples, >= 1, got None: it sizes "
+            "the loss's per-sample state",
+        ),
+    ],
+)
+def test_a_loss_options_error_names_the_flags_typed_not_the_option_names(extra, message):
+    """The loss says `weight`, as a Python caller passes it (`Options.build(weight=...)`); the command line's user
+    typed --adaclw-weight, and reads that (a flag already named beside its option is not named twice)."""
+    with pytest.raises(ConfigError) as refused:
+        params.checked_config(parse_args(_valid(*extra)))
+    assert str(refused.value) == message
+    with pytest.raises(ValueError, match="weight must be >= 1 "):
+        get_loss_class("adaclw").Options.build(weight=0.5)
+
+
 def test_loss_flag_of_another_loss_is_an_error():
     with pytest.raises(ConfigError, match="--loss-dist-impl is an option of --loss siglip, but --loss is 'clip'"):
         parse_args(_valid("--loss", "clip", "--loss-dist-impl", "bidir"))

@@ -10,7 +10,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from helpers.run_utils import losses_by_step
+from helpers.run_utils import losses_by_step, tiny_argv
 from training import ConfigError, RunDir
 from training import main as entry
 from training.main import main
@@ -27,41 +27,16 @@ STEPS_PER_EPOCH = 8
 
 def argv(demo_shards, logs, name, *extra):
     """AdaCL with a 40-feature queue, 2 epochs of 8 steps (batch 32), step_N.pt every 3 steps, each kept."""
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "256",
-        "--model",
-        "adacl-tiny",
-        "--loss",
-        "adacl",
-        "--adacl-queue-size",
-        "40",
-        "--batch-size",
-        "32",
-        "--epochs",
-        "2",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "3",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         name,
-        "--log-every-n-steps",
-        "1",
-        "--save-every-n-steps",
-        "3",
-        "--keep-step-checkpoints",
-        "0",
-        *extra,
-    ]
+        *("--loss", "adacl", "--adacl-queue-size", "40", "--lr", "2e-3", "--log-every-n-steps", "1"),
+        *("--save-every-n-steps", "3", "--keep-step-checkpoints", "0", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=256,
+        epochs=2,
+        warmup=3,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers.run_utils import tiny_argv
 from training import ConfigError, RunDir
 from training.main import main
 from training.trainer.engine.model import ModelConfig, build_model
@@ -14,31 +15,9 @@ from training.trainer.run_folder.checkpoint_files import load_checkpoint
 
 
 def train_argv(demo_shards, logs, name, *extra):
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "64",
-        "--model",
-        "adacl-tiny",
-        "--batch-size",
-        "32",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
-        name,
-        "--epochs",
-        "1",
-        *extra,
-    ]
+    return tiny_argv(
+        logs, name, "--lr", "2e-3", *extra, data=demo_shards / "train" / "shard-{000000..000003}.tar", samples=64
+    )
 
 
 def dry_run_error(argv) -> str:

@@ -3,6 +3,7 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from helpers.run_utils import tiny_argv
 from training import RunDir
 from training.main import main
 
@@ -27,37 +28,15 @@ OPENCLIP_VAL_TAGS = {
 
 
 def run_argv(demo_shards, logs, name, *extra):
-    return [
-        "--train-data",
-        str(demo_shards / "train" / "shard-{000000..000003}.tar"),
-        "--train-num-samples",
-        "128",
-        "--val-data",
-        str(demo_shards / "val" / "shard-000000.tar"),
-        "--model",
-        "adacl-tiny",
-        "--loss",
-        "adacl",
-        "--batch-size",
-        "32",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "1",
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--logs",
-        str(logs),
-        "--name",
+    return tiny_argv(
+        logs,
         name,
-        "--epochs",
-        "2",
-        "--log-every-n-steps",
-        "2",
-        *extra,
-    ]
+        *("--val-data", str(demo_shards / "val" / "shard-000000.tar"), "--loss", "adacl", "--lr", "1e-3"),
+        *("--log-every-n-steps", "2", *extra),
+        data=demo_shards / "train" / "shard-{000000..000003}.tar",
+        samples=128,
+        epochs=2,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ class CsvFile(DataSource):
             batches_per_reader=num_batches // num_readers,
         )
         info = stream_data(stream, cfg.workers, num_batches * cfg.batch_size, num_batches)
-        info.data_size = len(rows)
+        info.data_size = info.sample_ids_below = len(rows)  # row k is sample k
         return info
 
     def val_data(self, cfg: DataConfig, preprocess: Callable, tokenizer: Callable) -> LoaderInfo:
