@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable, Dict, Optional, Tuple
+from functools import cached_property, partial
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -67,6 +67,28 @@ class PairInputs:
     @property
     def query_ids(self) -> torch.Tensor:
         return self.all_ids[self.positive_col]
+
+    @cached_property
+    def negatives(self) -> Negatives:
+        """Each row's negatives (False at its own column; `negative_mask`), made once per step, never written."""
+        columns = torch.arange(self.all_image.shape[0], device=self.positive_col.device)
+        return Negatives.of(columns[None, :] != self.positive_col[:, None])
+
+
+@dataclass(frozen=True)
+class Negatives:
+    """A rows x N mask of negatives with what standardizing over it reads, for scores standardized over the same
+    negatives one after the other."""
+
+    mask: torch.Tensor  # rows x N bool
+    positive: torch.Tensor  # ~mask
+    count: torch.Tensor  # rows x 1 int64: each row's negatives, at least 1 (a row without any divides by 1)
+
+    @classmethod
+    def of(cls, negative: Union[torch.Tensor, Negatives]) -> Negatives:
+        if isinstance(negative, Negatives):
+            return negative
+        return cls(negative, ~negative, negative.sum(1, keepdim=True).clamp(min=1))
 
 
 def pair_inputs(
@@ -117,16 +139,34 @@ def cosine_pairs(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tenso
     return queries.float() @ candidates.float().T
 
 
-def standardized_over_negatives(scores: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+def standardized_over_negatives(scores: torch.Tensor, negative: Union[torch.Tensor, Negatives]) -> torch.Tensor:
     """rows x N: each score minus the mean of its row's negatives, over their standard deviation (0 off the
     negatives). Rows differ in how similar everything is to them (a plain glyph is close to many): a clone
     stands out of its own row, where one threshold over the whole batch would flag every negative of a crowded
     row and none of a sparse one (docs/clone_signals.md measures both)."""
-    count = negative.sum(1, keepdim=True).clamp(min=1)
-    mean = torch.where(negative, scores, 0.0).sum(1, keepdim=True) / count
+    negatives = Negatives.of(negative)
+    centered, spread = _centered_over_negatives(scores, negatives)
+    return centered.div_(spread).masked_fill_(negatives.positive, 0.0)
+
+
+def standard_flags(scores: torch.Tensor, negative: Union[torch.Tensor, Negatives], threshold: float) -> torch.Tensor:
+    """rows x N: the negatives whose `standardized_over_negatives` score exceeds `threshold`, as the same floats
+    compare, without writing the standardized scores' zeros off the negatives (the mask drops those entries)."""
+    negatives = Negatives.of(negative)
+    centered, spread = _centered_over_negatives(scores, negatives)
+    return centered.div_(spread).gt(threshold).logical_and_(negatives.mask)
+
+
+def _centered_over_negatives(scores: torch.Tensor, negatives: Negatives) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows x N scores minus their row's negatives' mean, rows x 1 standard deviation of those negatives floored
+    at 1e-12): `standardized_over_negatives` before its division. The centered scores are a fresh tensor, which
+    the caller may divide in place."""
+    positive, count = negatives.positive, negatives.count
+    # masked_fill takes its 0 as a scalar: one op where torch.where would add one to make a 0-dim zero
+    mean = scores.masked_fill(positive, 0.0).sum(1, keepdim=True) / count
     centered = scores - mean  # one N x N pass, read by the spread and divided in place after it
-    spread = torch.where(negative, centered, 0.0).pow_(2).sum(1, keepdim=True) / count
-    return torch.where(negative, centered.div_(spread.sqrt().clamp(min=1e-12)), 0.0)
+    spread = centered.masked_fill(positive, 0.0).pow_(2).sum(1, keepdim=True) / count
+    return centered, spread.sqrt().clamp(min=1e-12)
 
 
 def max_standardized_score(negatives: int) -> float:
@@ -158,13 +198,17 @@ def token_idf(all_tokens: torch.Tensor, pad_token: int = PAD_TOKEN) -> Tuple[tor
     A token every caption holds (the start and end tokens, a word every caption repeats) weighs 0; a token of
     few captions (the detail that tells a caption apart) weighs most. Computed over the global batch, so every
     rank gets the same weights."""
-    ordered, member = caption_token_sets(all_tokens, pad_token)
+    return _idf_of_sets(*caption_token_sets(all_tokens, pad_token))
+
+
+def _idf_of_sets(ordered: torch.Tensor, member: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`token_idf` of the batch's `caption_token_sets`."""
     vocabulary = torch.where(member, ordered, NO_TOKEN).reshape(-1).sort().values
     # a caption holds a token once, so the entries of a token are the captions holding it
     document_frequency = torch.searchsorted(vocabulary, vocabulary, right=True) - torch.searchsorted(
         vocabulary, vocabulary
     )
-    return vocabulary, torch.log(all_tokens.shape[0] / document_frequency.float().clamp(min=1))
+    return vocabulary, torch.log(ordered.shape[0] / document_frequency.float().clamp(min=1))
 
 
 def token_presence(
@@ -174,10 +218,16 @@ def token_presence(
     ascending: a held token's column is its first entry in `vocabulary` (`token_idf`); a slot holding none
     (padding, a repeat, a token not in the vocabulary) gets column `unused_column` + its slot, after every held
     one. A set of tokens, not counts, of a fixed number of slots per caption."""
-    ordered, member = caption_token_sets(tokens, pad_token)
+    return _presence_of_sets(*caption_token_sets(tokens, pad_token), vocabulary, unused_column)
+
+
+def _presence_of_sets(
+    ordered: torch.Tensor, member: torch.Tensor, vocabulary: torch.Tensor, unused_column: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`token_presence` of captions' `caption_token_sets`."""
     position = torch.searchsorted(vocabulary, ordered).clamp(max=vocabulary.numel() - 1)
     held = member & (vocabulary[position] == ordered)
-    slots = torch.arange(tokens.shape[1], device=tokens.device)
+    slots = torch.arange(ordered.shape[1], device=ordered.device)
     columns, order = torch.where(held, position, unused_column + slots).sort(dim=1)
     return columns, held.gather(1, order)
 
@@ -210,19 +260,31 @@ def weighted_token_overlap(
     One sparse product: each caption meets only the captions that share a token with it. Every caption has
     one entry per slot (0 where the slot holds no token, in columns of the query's and the candidates' own past
     the vocabulary, so two such entries never meet): shapes fixed by the batch's, nothing read back."""
-    vocabulary, idf = token_idf(all_tokens, pad_token)
+    candidate_sets = caption_token_sets(all_tokens, pad_token)
+    vocabulary, idf = _idf_of_sets(*candidate_sets)
     length, size = all_tokens.shape[1], vocabulary.numel()
-    query_columns, query_held = token_presence(query_tokens, vocabulary, size, pad_token)
-    candidate_columns, candidate_held = token_presence(all_tokens, vocabulary, size + length, pad_token)
+    candidate_columns, candidate_held = _presence_of_sets(*candidate_sets, vocabulary, size + length)
     width = size + 2 * length
     weights = torch.cat([idf, idf.new_zeros(2 * length)])
-    query_weights = torch.where(query_held, weights[query_columns], 0.0)
     candidate_weights = torch.where(candidate_held, weights[candidate_columns], 0.0)
+    if query_tokens is all_tokens:  # every row queries: the candidates' own entries, spare slots moved apart
+        query_columns, query_weights = _own_spare_columns(candidate_columns, candidate_held, length), candidate_weights
+        query_mass = candidate_mass = _row_sums(candidate_weights)
+    else:
+        query_columns, query_held = token_presence(query_tokens, vocabulary, size, pad_token)
+        query_weights = torch.where(query_held, weights[query_columns], 0.0)
+        query_mass, candidate_mass = _row_sums(query_weights), _row_sums(candidate_weights)
     query = _sparse_rows(query_columns, query_weights, width)
     candidates = _sparse_rows(candidate_columns, candidate_held.float(), width)
     shared = torch.sparse.mm(query, candidates.t()).to_dense()
-    either = _row_sums(query_weights)[:, None] + _row_sums(candidate_weights)[None, :] - shared
+    either = query_mass[:, None] + candidate_mass[None, :] - shared
     return torch.where(either > 0, shared / either.clamp(min=1e-12), 0.0)
+
+
+def _own_spare_columns(columns: torch.Tensor, held: torch.Tensor, length: int) -> torch.Tensor:
+    """The columns `token_presence` gives captions as queries, from their columns as candidates (spare slots
+    `length` further on): the held columns precede the spare ones and are distinct, so both sort alike."""
+    return torch.where(held, columns, columns - length)
 
 
 def gda_clone_posterior(
@@ -338,9 +400,9 @@ def tokens_signal(inputs: PairInputs, direction: str) -> torch.Tensor:
 def mean_of_standardized(inputs: PairInputs, direction: str, names: Tuple[str, ...]) -> torch.Tensor:
     """The mean of the named signals, each standardized over its row's negatives first (so a cosine, an overlap
     and a posterior count alike): a negative that several views place far above its row's other negatives."""
-    negative = negative_mask(inputs)
+    negatives = inputs.negatives
     return sum(
-        standardized_over_negatives(signal(name).score(inputs, direction).float(), negative) for name in names
+        standardized_over_negatives(signal(name).score(inputs, direction).float(), negatives) for name in names
     ) / len(names)
 
 
@@ -429,9 +491,8 @@ def persistence_update(inputs: PairInputs, world_size: int):
 
 
 def negative_mask(inputs: PairInputs) -> torch.Tensor:
-    """rows x N, False at each row's own column."""
-    columns = torch.arange(inputs.all_image.shape[0], device=inputs.positive_col.device)
-    return columns[None, :] != inputs.positive_col[:, None]
+    """rows x N, False at each row's own column (the one mask of `inputs`: not to be written)."""
+    return inputs.negatives.mask
 
 
 def clone_scores(inputs: PairInputs, name: str, direction: str) -> torch.Tensor:
@@ -448,10 +509,19 @@ def flag_quota(scores: torch.Tensor, quota: float) -> torch.Tensor:
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, top, True)
 
 
-def flag_clones(name: str, scores: torch.Tensor, negative: torch.Tensor, threshold: float) -> torch.Tensor:
+def flag_clones(
+    name: str, scores: torch.Tensor, negative: Union[torch.Tensor, Negatives], threshold: float
+) -> torch.Tensor:
     """rows x N: the negatives the signal calls clones at the loss's operating point. A posterior
     (`CloneSignal.posterior`) above 1/2, as AdaCL's candidates; any other score `threshold` standard deviations above the mean of its row's
     negatives (`standardized_over_negatives`). Per row, so the flags of a rank's rows need no collective."""
     if signal(name).posterior:
-        return (scores > 0.5) & negative
-    return (standardized_over_negatives(scores, negative) > threshold) & negative
+        return (scores > 0.5) & Negatives.of(negative).mask
+    return standard_flags(scores, negative, threshold)
+
+
+def signal_flags(inputs: PairInputs, name: str, direction: str, threshold: float) -> torch.Tensor:
+    """`flag_clones` of the registered signal `name` for `direction`: the same flags, from its scores as they are
+    (the flags never hold a positive, so `clone_scores`' -inf there would change none and cost a pass)."""
+    scores = signal(name).score(inputs, direction).float()
+    return flag_clones(name, scores, inputs.negatives, threshold)

@@ -49,6 +49,13 @@ def posterior_log_weights(posterior: torch.Tensor, positive: torch.Tensor, weigh
     return torch.log1p((weight - 1.0) * posterior).masked_fill(positive, 0.0)
 
 
+def flag_log_weights(flags: torch.Tensor, weight: float, dtype: torch.dtype) -> torch.Tensor:
+    """`posterior_log_weights` of flags that hold no positive, as 0 or 1, in `dtype`: the same floats (log1p(weight
+    - 1) computed as there, in float64 on the device, then rounded), written in one pass over the flags."""
+    flagged = torch.full((), weight - 1.0, dtype=torch.float64, device=flags.device).log1p_().to(dtype)
+    return torch.where(flags, flagged, flagged.new_zeros(()))
+
+
 @register_loss("adaclw")
 class PosteriorWeightedLoss(ContrastiveLoss):
     """InfoNCE whose negatives count 1 + (weight - 1) p(clone | score) times in the denominator (ours).
@@ -252,18 +259,18 @@ class PosteriorWeightedLoss(ContrastiveLoss):
         positive = batch.positive_mask()
         dtype = batch.logits_per_image.dtype
         weights, clone, log_weight = {}, None, None
+        name, options = self.options.discovery, self.options
         for direction in DIRECTIONS:
             if clone is None or self.discovery.directed:
-                scores = clone_signals.clone_scores(inputs, self.options.discovery, direction)
-                if self.options.quota:
-                    clone = clone_signals.flag_quota(scores, self.options.quota).double()
-                elif self.discovery.posterior:
-                    clone = scores.clamp(min=0).double()
-                else:
-                    clone = clone_signals.flag_clones(
-                        self.options.discovery, scores, ~positive, self.options.threshold
+                if options.quota or self.discovery.posterior:
+                    scores = clone_signals.clone_scores(inputs, name, direction)
+                    clone = (
+                        clone_signals.flag_quota(scores, options.quota) if options.quota else scores.clamp(min=0)
                     ).double()
-                log_weight = posterior_log_weights(clone, positive, self.options.weight).to(dtype)
+                    log_weight = posterior_log_weights(clone, positive, options.weight).to(dtype)
+                else:  # flags of negatives only: their log weights straight from the flags
+                    clone = clone_signals.signal_flags(inputs, name, direction, options.threshold)
+                    log_weight = flag_log_weights(clone, options.weight, dtype)
             weights[direction] = (
                 log_weight,
                 partial(_weight_stats, batch, direction, batch.logits(direction).detach(), clone, log_weight, positive),
@@ -283,6 +290,7 @@ def _weight_stats(
     where the batch carries families, the share of negatives that are siblings (of the query's family) and the
     flags' precision and recall against them."""
     negative = ~positive
+    posterior = posterior.double()  # a discovery's flags are bool until their stats are asked for
     flagged = (posterior > 0.5) & negative
     negatives = scores.masked_fill(positive, float("-inf")).double()
     log_ratio = torch.logsumexp(negatives + log_weight.double(), dim=1) - torch.logsumexp(negatives, dim=1)
