@@ -110,7 +110,7 @@ def test_the_trainer_records_every_resolved_option_and_refuses_conflicts():
         args.adacl_positive_grad,
     ) == ("first-reading", "literal", "gda", "progressive", "fixed")
     assert args.loss_options["candidate_region"] == "gda"
-    with pytest.raises(ConfigError, match="drop candidate_region='upper' or the preset"):
+    with pytest.raises(ConfigError, match="drop --adacl-candidate-region='upper' or the --adacl-preset"):
         parse_args(
             [
                 "--train-data",
